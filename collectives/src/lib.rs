@@ -1,0 +1,74 @@
+//! Collective communication for shardtrain.
+//!
+//! One interface, [`Communicator`], is what the ZeRO engine talks to: all-gather,
+//! reduce-scatter, all-reduce, broadcast and barrier over equal-sized per-rank pieces.
+//! It is generic over the buffer type so that the same engine code drives
+//! host memory (`[f32]`, through [`tcp::TcpComm`]) and GPU memory (NCCL, in the
+//! trainer's CUDA backend).
+//!
+//! Conventions shared by every implementation:
+//! - `all_gather(send, recv)`: `recv.len() == world * send.len()`; rank r's `send`
+//!   lands in `recv[r*n..(r+1)*n]`.
+//! - `reduce_scatter(send, recv, op)`: `send.len() == world * recv.len()`; rank r
+//!   receives the reduction of every rank's `send[r*n..(r+1)*n]`.
+//! - Reductions are summed in rank order 0, 1, …, world-1 so results are
+//!   bit-identical from run to run (determinism is a project rule).
+
+pub mod tcp;
+
+use thiserror::Error;
+
+/// The reduction applied by reduce-scatter and all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise sum divided by the world size.
+    Avg,
+    /// Element-wise maximum.
+    Max,
+}
+
+/// Errors from any communicator.
+#[derive(Debug, Error)]
+pub enum CommError {
+    #[error("collective `{op}`: buffer sizes do not fit world size {world}: {detail}")]
+    BadSize { op: &'static str, world: usize, detail: String },
+    #[error("rank {peer} is unreachable ({context}): {source}. The rank probably died; check its log")]
+    PeerIo {
+        peer: usize,
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rendezvous of the host communicator failed: {0}")]
+    Setup(String),
+    #[error("peer {peer} sent a malformed frame: {detail}")]
+    Protocol { peer: usize, detail: String },
+    #[error("NCCL error in {op}: {detail}")]
+    Nccl { op: &'static str, detail: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Rank identity and synchronisation, independent of buffer type.
+pub trait Group {
+    /// This process's rank in `0..world()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn world(&self) -> usize;
+    /// Returns once every rank has entered the barrier.
+    fn barrier(&mut self) -> Result<(), CommError>;
+}
+
+/// Collectives on buffers of type `B` (e.g. `[f32]` on the host, a device slice on GPU).
+pub trait Communicator<B: ?Sized>: Group {
+    /// Gather every rank's `send` into `recv`, in rank order.
+    fn all_gather(&mut self, send: &B, recv: &mut B) -> Result<(), CommError>;
+    /// Reduce `send` across ranks; rank r keeps chunk r of the result in `recv`.
+    fn reduce_scatter(&mut self, send: &B, recv: &mut B, op: ReduceOp) -> Result<(), CommError>;
+    /// Reduce `buf` across ranks in place; every rank gets the full result.
+    fn all_reduce(&mut self, buf: &mut B, op: ReduceOp) -> Result<(), CommError>;
+    /// Copy `root`'s `buf` to every rank.
+    fn broadcast(&mut self, buf: &mut B, root: usize) -> Result<(), CommError>;
+}
