@@ -14,6 +14,8 @@
 //! - Reductions are summed in rank order 0, 1, …, world-1 so results are
 //!   bit-identical from run to run (determinism is a project rule).
 
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod tcp;
 
 use thiserror::Error;

@@ -1,1 +1,42 @@
-//! placeholder
+//! shardtrain's trainer: the GPT-2 model written once over a device backend, and the
+//! ZeRO engine (stages 0–3) that shards it across ranks.
+//!
+//! Where things are:
+//! - `config`: the TOML schema and validation;
+//! - `backend`: the device interface; `backend::cpu` is the f32 reference;
+//! - `model`: parameter layout (flat units), init, forward/backward;
+//! - `zero`: the per-unit sharding mechanism, stage policies, memory accounting;
+//! - `optim`: learning-rate schedule (AdamW itself is a backend op);
+//! - `train`: the training loop one rank runs.
+
+pub mod backend;
+pub mod config;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod rng;
+pub mod train;
+pub mod zero;
+
+pub use config::Config;
+pub use metrics::StepMetrics;
+pub use train::{train, TrainSummary};
+
+use thiserror::Error;
+
+/// Anything that stops training on a rank.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Backend(#[from] backend::BackendError),
+    #[error("communication failed: {0}")]
+    Comm(#[from] collectives::CommError),
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("stopped: {0}")]
+    Stopped(String),
+}

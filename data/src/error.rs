@@ -1,0 +1,148 @@
+//! The one error type of the `data` crate.
+//!
+//! Every message names the file or argument at fault and, where there is one, the
+//! fix (usually: re-create the shards with `launcher prepare-data`).
+
+use std::path::PathBuf;
+
+use crate::shard::{HEADER_BYTES, MAGIC, VERSION};
+
+/// Everything that can go wrong reading, writing, sampling or preparing token data.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// An I/O operation on `path` failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done, e.g. "open", "write", "rename to its final name".
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The file cannot even hold the 1024-byte header.
+    #[error(
+        "{} is {len} bytes, shorter than the {HEADER_BYTES}-byte llm.c shard header: the file is truncated or \
+         is not a token shard; re-create it with `launcher prepare-data`",
+        path.display()
+    )]
+    ShortHeader { path: PathBuf, len: u64 },
+
+    /// The header's first int is not the llm.c magic number.
+    #[error(
+        "{} is not an llm.c token shard: its header magic is {found}, expected {MAGIC}; point the data path at \
+         `.bin` shards written by llm.c or by `launcher prepare-data`",
+        path.display()
+    )]
+    BadMagic { path: PathBuf, found: i32 },
+
+    /// The header's version is not the one this reader understands.
+    #[error(
+        "{} has llm.c shard version {found}, but only version {VERSION} (GPT-2 tokens as u16) is supported; \
+         re-create it with `launcher prepare-data`",
+        path.display()
+    )]
+    BadVersion { path: PathBuf, found: i32 },
+
+    /// The header's token count is negative.
+    #[error("{} has a negative token count ({count}) in its header: the file is corrupt; re-create it", path.display())]
+    NegativeCount { path: PathBuf, count: i32 },
+
+    /// The file length disagrees with the header's token count.
+    #[error(
+        "{} is {}: its header says {tokens} tokens, so {expected} bytes were expected, but the file has {found} \
+         bytes; re-create it with `launcher prepare-data`",
+        path.display(),
+        if found < expected { "truncated" } else { "longer than its header says" }
+    )]
+    LengthMismatch { path: PathBuf, tokens: u64, expected: u64, found: u64 },
+
+    /// The mapped token bytes could not be viewed as `u16` (should not happen: the header is 1024 bytes).
+    #[error("{}: the token data is not 2-byte aligned in memory ({reason}); this is a bug, please report it", path.display())]
+    Misaligned { path: PathBuf, reason: String },
+
+    /// Too many tokens for the format's i32 count.
+    #[error(
+        "cannot write {}: {tokens} tokens do not fit the llm.c header's i32 count (max {}); use smaller shards",
+        path.display(),
+        i32::MAX
+    )]
+    TooManyTokens { path: PathBuf, tokens: usize },
+
+    /// The data path does not exist.
+    #[error(
+        "data path {} does not exist: give a directory of `.bin` token shards, one shard file, or a pattern such \
+         as `dir/name_train_*.bin`; create shards with `launcher prepare-data`",
+        path.display()
+    )]
+    NotFound { path: PathBuf },
+
+    /// A directory or pattern matched no shard of the requested split.
+    #[error(
+        "no {split} shards in {}: expected files named like {expected}; create them with `launcher prepare-data`",
+        dir.display()
+    )]
+    NoShards { dir: PathBuf, split: String, expected: String },
+
+    /// A shard cannot hold one training window.
+    #[error(
+        "shard {} holds {tokens} tokens, fewer than the {needed} needed for one window of seq_len {seq_len} \
+         (seq_len inputs + 1 target): lower model.seq_len, or remove the shard / re-run `launcher prepare-data` \
+         with larger shards",
+        path.display()
+    )]
+    ShardTooShort { path: PathBuf, tokens: usize, needed: usize, seq_len: usize },
+
+    /// The validation split is too small for one evaluation batch.
+    #[error(
+        "the {split} data in {} holds {tokens} tokens, fewer than the {needed} needed for one eval batch of \
+         {micro_batch} x {seq_len} tokens: lower the eval batch or seq_len, or prepare a larger validation split",
+        dir.display()
+    )]
+    SplitTooShort { dir: PathBuf, split: String, tokens: usize, needed: usize, micro_batch: usize, seq_len: usize },
+
+    /// A caller passed an argument outside its domain (seq_len 0, rank >= world, buffer size...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The text to prepare is empty.
+    #[error("input {} is empty (or only whitespace): there is nothing to tokenise", path.display())]
+    EmptyInput { path: PathBuf },
+
+    /// The text to prepare is not UTF-8.
+    #[error(
+        "input {} is not valid UTF-8: bad byte sequence at byte offset {offset}; convert it to UTF-8 first \
+         (e.g. `iconv -t UTF-8`)",
+        path.display()
+    )]
+    NotUtf8 { path: PathBuf, offset: usize },
+
+    /// The text tokenises to too few tokens for the requested validation split.
+    #[error(
+        "input {} tokenises to {total} tokens, too few for a validation split of {val} tokens plus any training \
+         tokens: use a larger input or a smaller validation split",
+        path.display()
+    )]
+    TooFewTokens { path: PathBuf, total: usize, val: usize },
+
+    /// The GPT-2 tokenizer failed.
+    #[error("GPT-2 tokenizer error: {0}")]
+    Tokenizer(String),
+
+    /// `ensure_builtin_dataset` was pointed at a directory holding something else.
+    #[error(
+        "{} exists but does not hold the built-in dataset (found {found}); refusing to replace it: pass an \
+         empty or non-existent directory",
+        dir.display()
+    )]
+    NotBuiltinDir { dir: PathBuf, found: String },
+}
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = DataError> = std::result::Result<T, E>;
+
+/// Build an [`DataError::Io`] mapper for `path`: `.map_err(io_err("open", path))`.
+pub(crate) fn io_err(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> DataError {
+    let path = path.into();
+    move |source| DataError::Io { action, path, source }
+}

@@ -1,0 +1,57 @@
+//! Helpers shared by the integration tests: tiny configs and synthetic token shards.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// A deliberately awkward tiny GPT: vocab 97, n_embd 36 and head size 12 divide by no
+/// world size we test, so every unit needs padding and shards are uneven.
+pub fn tiny_toml(stage: u8, world_accum: usize, activations: &str) -> String {
+    format!(
+        r#"
+[model]
+n_layer = 2
+n_head = 3
+n_embd = 36
+vocab_size = 97
+seq_len = 16
+
+[train]
+micro_batch = 2
+grad_accum = {world_accum}
+steps = 4
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 1
+weight_decay = 0.1
+grad_clip = 0.05
+seed = 42
+
+[zero]
+stage = {stage}
+
+[checkpointing]
+activations = {activations}
+"#
+    )
+}
+
+/// Write a learnable synthetic token shard (noisy arithmetic progressions mod `vocab`).
+pub fn write_synthetic_shard(dir: &Path, vocab: u32, n_tokens: usize) -> PathBuf {
+    let mut toks = Vec::with_capacity(n_tokens);
+    let mut state = 12345u64;
+    let mut cur = 0u32;
+    let mut stride = 1u32;
+    for i in 0..n_tokens {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if i % 24 == 0 {
+            stride = 1 + ((state >> 33) as u32 % 5);
+            cur = (state >> 40) as u32 % vocab;
+        }
+        let noise = (state >> 60) == 0;
+        cur = (cur + stride) % vocab;
+        toks.push(if noise { ((state >> 20) as u32 % vocab) as u16 } else { cur as u16 });
+    }
+    let path = dir.join("synthetic_train_000000.bin");
+    data::write_shard(&path, &toks).expect("write shard");
+    path
+}

@@ -1,0 +1,93 @@
+// Shared prelude of every CUDA kernel source in this directory (prepended by the
+// loader, so each .cu file compiles on its own with NVRTC and needs no CUDA headers).
+//
+// bf16 values travel as raw 16-bit words: conversion is a shift one way and the
+// hardware round-to-nearest-even instruction the other, which is exactly what
+// half::bf16::from_f32 does on the host, so host- and device-rounded values agree.
+
+typedef unsigned short bf16_t;
+typedef unsigned long long u64;
+
+// No math.h under NVRTC without headers: spell infinity out.
+#define F_INF __int_as_float(0x7f800000)
+#define LOG2E_F 1.4426950408889634f
+
+__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((unsigned)x) << 16); }
+
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// 8 bf16 in one 16-byte word <-> 8 floats.
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+    unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = (unsigned)f2bf(f[2 * i]) | ((unsigned)f2bf(f[2 * i + 1]) << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15) == 0; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32), returned to every thread.
+// The tree has a fixed shape, so the result is the same bits on every run. `sh` must
+// hold 32 floats; the leading barrier makes back-to-back calls on one `sh` safe.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : 0.f;
+    return warp_sum(r);
+}
+
+__device__ __forceinline__ double block_sum_d(double v, double* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double r = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(r);
+}
+
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : -F_INF;
+    return warp_max(r);
+}

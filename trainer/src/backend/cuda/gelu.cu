@@ -1,0 +1,54 @@
+// GELU, tanh approximation as in GPT-2 (twin of cpu/gelu.rs). Element-wise; 16-byte
+// accesses when every pointer allows it.
+
+#define GELU_K 0.7978845608f  // sqrt(2/pi)
+
+__device__ __forceinline__ float gelu_f(float x) {
+    const float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.f + tanhf(GELU_K * (x + cube)));
+}
+
+__device__ __forceinline__ float gelu_grad(float x) {
+    const float cube = 0.044715f * x * x * x;
+    const float th = tanhf(GELU_K * (x + cube));
+    const float sech2 = 1.f - th * th;
+    return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
+}
+
+extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long done = 0;
+    if (aligned16(out) && aligned16(inp)) {
+        const long long nv = n / 8;
+        for (long long i = t0; i < nv; i += stride) {
+            float x[8];
+            unpack8(((const uint4*)inp)[i], x);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = gelu_f(x[k]);
+            ((uint4*)out)[i] = pack8(x);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + t0; i < n; i += stride) out[i] = f2bf(gelu_f(bf2f(inp[i])));
+}
+
+// dinp = gelu'(inp) * dout (overwrite).
+extern "C" __global__ void gelu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long done = 0;
+    if (aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
+        const long long nv = n / 8;
+        for (long long i = t0; i < nv; i += stride) {
+            float x[8], g[8];
+            unpack8(((const uint4*)inp)[i], x);
+            unpack8(((const uint4*)dout)[i], g);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = gelu_grad(x[k]) * g[k];
+            ((uint4*)dinp)[i] = pack8(x);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + t0; i < n; i += stride) dinp[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(dout[i]));
+}

@@ -1,0 +1,108 @@
+// LayerNorm (twin of cpu/layernorm.rs). Statistics in fp32, two passes over the row
+// (mean, then the centred variance) as the CPU reference does.
+//
+// Backward is deterministic: each block owns a fixed chunk of rows and writes its
+// partial dw/db sums to a scratch array, which reduce_partials (cast.cu) then adds up
+// in chunk order. No atomics.
+
+#define LN_EPS 1e-5f
+
+// One warp per row; blockDim.x = 256 (8 rows per block).
+extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
+                                         const bf16_t* w, const bf16_t* b, int N, int C) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const bf16_t* x = inp + (long long)row * C;
+    bf16_t* o = out + (long long)row * C;
+    const bool vec = (C % 8 == 0) && aligned16(x) && aligned16(o) && aligned16(w) && aligned16(b);
+    float s = 0.f;
+    if (vec) {
+        for (int c = lane * 8; c < C; c += 256) {
+            float f[8];
+            unpack8(*(const uint4*)(x + c), f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) s += f[k];
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) s += bf2f(x[c]);
+    }
+    const float m = warp_sum(s) / C;
+    float v = 0.f;
+    if (vec) {
+        for (int c = lane * 8; c < C; c += 256) {
+            float f[8];
+            unpack8(*(const uint4*)(x + c), f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v += (f[k] - m) * (f[k] - m);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) {
+            const float d = bf2f(x[c]) - m;
+            v += d * d;
+        }
+    }
+    const float r = 1.f / sqrtf(warp_sum(v) / C + LN_EPS);
+    if (vec) {
+        for (int c = lane * 8; c < C; c += 256) {
+            float f[8], ww[8], bb[8];
+            unpack8(*(const uint4*)(x + c), f);
+            unpack8(*(const uint4*)(w + c), ww);
+            unpack8(*(const uint4*)(b + c), bb);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
+            *(uint4*)(o + c) = pack8(f);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) o[c] = f2bf((bf2f(x[c]) - m) * r * bf2f(w[c]) + bf2f(b[c]));
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+// Block k handles rows [k*rows_per_block, ...). dinp += (overwritten with the sum),
+// partial[k] = [dw (C) | db (C)] for the block's rows. Dynamic shared memory: 2*C floats.
+extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf16_t* dout,
+                                         const bf16_t* inp, const bf16_t* w, const float* mean,
+                                         const float* rstd, int N, int C, int rows_per_block) {
+    extern __shared__ float sacc[];  // [dw (C) | db (C)], slot c owned by thread c % blockDim
+    __shared__ float red[32];
+    float* dw_acc = sacc;
+    float* db_acc = sacc + C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        dw_acc[c] = 0.f;
+        db_acc[c] = 0.f;
+    }
+    const int r0 = blockIdx.x * rows_per_block;
+    const int r1 = min(N, r0 + rows_per_block);
+    for (int row = r0; row < r1; ++row) {
+        const bf16_t* x = inp + (long long)row * C;
+        const bf16_t* dy = dout + (long long)row * C;
+        bf16_t* dx = dinp + (long long)row * C;
+        const float m = mean[row], s = rstd[row];
+        float a = 0.f, bsum = 0.f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float norm = (bf2f(x[c]) - m) * s;
+            const float dn = bf2f(w[c]) * bf2f(dy[c]);
+            a += dn;
+            bsum += dn * norm;
+        }
+        a = block_sum(a, red) / C;
+        bsum = block_sum(bsum, red) / C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float g = bf2f(dy[c]);
+            const float norm = (bf2f(x[c]) - m) * s;
+            const float dn = bf2f(w[c]) * g;
+            db_acc[c] += g;
+            dw_acc[c] += norm * g;
+            dx[c] = f2bf(bf2f(dx[c]) + (dn - a - norm * bsum) * s);
+        }
+    }
+    float* p = partial + (long long)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        p[c] = dw_acc[c];
+        p[C + c] = db_acc[c];
+    }
+}

@@ -1,0 +1,396 @@
+//! Training configuration: the TOML schema, `--set section.key=value` overrides, and validation.
+//!
+//! Every field a user can set lives here. Unknown keys and wrong types are rejected
+//! by serde (`deny_unknown_fields`); impossible values are rejected by [`Config::validate`]
+//! with an error that names the key and says how to fix it.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A configuration problem, always naming the file/key and the fix.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("bad --set `{arg}`: {message}")]
+    Override { arg: String, message: String },
+    #[error("config key `{key}` = {value}: {message}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        message: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
+    #[serde(default)]
+    pub zero: ZeroConfig,
+    #[serde(default)]
+    pub checkpointing: CheckpointingConfig,
+    #[serde(default)]
+    pub offload: OffloadConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+    #[serde(default)]
+    pub output: OutputConfig,
+}
+
+/// GPT-2 shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    /// Rows of the token embedding / LM head. May exceed the tokenizer's 50257
+    /// (e.g. 50304) for faster matmuls; extra rows are never targets.
+    pub vocab_size: usize,
+    /// Context length T (also the number of learned positions).
+    pub seq_len: usize,
+}
+
+/// Optimisation hyper-parameters.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Sequences per rank per micro-step.
+    pub micro_batch: usize,
+    /// Micro-steps per optimizer step. Global batch = micro_batch * grad_accum * world.
+    pub grad_accum: usize,
+    /// Optimizer steps to run.
+    pub steps: usize,
+    pub lr: f32,
+    pub min_lr: f32,
+    pub warmup_steps: usize,
+    pub weight_decay: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Global gradient-norm clip; 0 disables clipping.
+    pub grad_clip: f32,
+    pub seed: u64,
+    /// Evaluate validation loss every this many steps (0 = never).
+    pub eval_every: usize,
+    /// Micro-batches per evaluation.
+    pub eval_batches: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            micro_batch: 4,
+            grad_accum: 1,
+            steps: 100,
+            lr: 6e-4,
+            min_lr: 6e-5,
+            warmup_steps: 10,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            seed: 1337,
+            eval_every: 0,
+            eval_batches: 4,
+        }
+    }
+}
+
+/// ZeRO stage and communication sizing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ZeroConfig {
+    /// 0 = data parallel, 1 = optimizer state sharded, 2 = + gradients, 3 = + parameters.
+    pub stage: u8,
+    /// Gradient reduce-scatter bucket size in MiB (GPU overlap granularity).
+    pub bucket_mb: f64,
+    /// Stage 3: how many blocks ahead to all-gather parameters.
+    pub prefetch_blocks: usize,
+}
+
+impl Default for ZeroConfig {
+    fn default() -> Self {
+        ZeroConfig {
+            stage: 0,
+            bucket_mb: 25.0,
+            prefetch_blocks: 1,
+        }
+    }
+}
+
+/// Which blocks recompute their forward during backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationCheckpointing {
+    /// Keep every activation.
+    None,
+    /// Checkpoint every block (same as `Every(1)`).
+    EveryLayer,
+    /// Checkpoint blocks whose index is a multiple of k.
+    Every(usize),
+}
+
+impl ActivationCheckpointing {
+    /// Whether block `layer` keeps only its input and recomputes the rest in backward.
+    pub fn is_checkpointed(self, layer: usize) -> bool {
+        match self {
+            ActivationCheckpointing::None => false,
+            ActivationCheckpointing::EveryLayer => true,
+            ActivationCheckpointing::Every(k) => k > 0 && layer % k == 0,
+        }
+    }
+}
+
+impl Serialize for ActivationCheckpointing {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ActivationCheckpointing::None => s.serialize_str("none"),
+            ActivationCheckpointing::EveryLayer => s.serialize_str("every_layer"),
+            ActivationCheckpointing::Every(k) => s.serialize_u64(*k as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ActivationCheckpointing {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = ActivationCheckpointing;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#""none", "every_layer", or a positive integer k (checkpoint every k-th block)"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "none" => Ok(ActivationCheckpointing::None),
+                    "every_layer" => Ok(ActivationCheckpointing::EveryLayer),
+                    other => Err(E::custom(format!(
+                        r#"unknown value "{other}": use "none", "every_layer", or a positive integer k"#
+                    ))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                if v <= 0 {
+                    return Err(E::custom(format!(
+                        "{v} is not a positive integer: use k >= 1 to checkpoint every k-th block, or \"none\""
+                    )));
+                }
+                Ok(ActivationCheckpointing::Every(v as usize))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                self.visit_i64(v as i64)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointingConfig {
+    pub activations: ActivationCheckpointing,
+}
+
+impl Default for CheckpointingConfig {
+    fn default() -> Self {
+        CheckpointingConfig {
+            activations: ActivationCheckpointing::None,
+        }
+    }
+}
+
+/// CPU offload. On the CPU backend all state already lives in host memory, so these are
+/// satisfied trivially; the CUDA backend moves optimizer state / parameters to pinned host memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OffloadConfig {
+    pub optimizer: bool,
+    pub params: bool,
+}
+
+/// Where tokens come from.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Directory (or single file) of llm.c token shards. Unset: the built-in generated corpus.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputConfig {
+    /// Run directory: rank logs, metrics.jsonl, built-in data cache.
+    pub dir: PathBuf,
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        OutputConfig {
+            dir: PathBuf::from("runs/default"),
+        }
+    }
+}
+
+impl Config {
+    /// Parse TOML text; `origin` names the source in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Read a file, apply `--set` overrides, validate.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut value: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            origin: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        for o in overrides {
+            apply_override(&mut value, o)?;
+        }
+        let origin = if overrides.is_empty() {
+            path.display().to_string()
+        } else {
+            format!("{} (with --set overrides)", path.display())
+        };
+        let cfg: Config = toml::Value::Table(value)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                origin,
+                message: e.to_string(),
+            })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reject impossible values with an error that names the key and the fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let m = &self.model;
+        let t = &self.train;
+        fn bad(key: &'static str, value: impl ToString, message: impl Into<String>) -> ConfigError {
+            ConfigError::Invalid {
+                key,
+                value: value.to_string(),
+                message: message.into(),
+            }
+        }
+        if m.n_layer == 0 {
+            return Err(bad("model.n_layer", m.n_layer, "must be at least 1"));
+        }
+        if m.n_head == 0 {
+            return Err(bad("model.n_head", m.n_head, "must be at least 1"));
+        }
+        if m.n_embd == 0 || m.n_embd % m.n_head != 0 {
+            return Err(bad(
+                "model.n_embd",
+                m.n_embd,
+                format!(
+                    "must be a positive multiple of model.n_head = {} (head size = n_embd / n_head)",
+                    m.n_head
+                ),
+            ));
+        }
+        if m.vocab_size < 2 {
+            return Err(bad("model.vocab_size", m.vocab_size, "must be at least 2"));
+        }
+        if m.vocab_size > u32::MAX as usize {
+            return Err(bad("model.vocab_size", m.vocab_size, "is too large"));
+        }
+        if m.seq_len == 0 {
+            return Err(bad("model.seq_len", m.seq_len, "must be at least 1"));
+        }
+        if t.micro_batch == 0 {
+            return Err(bad("train.micro_batch", t.micro_batch, "must be at least 1"));
+        }
+        if t.grad_accum == 0 {
+            return Err(bad("train.grad_accum", t.grad_accum, "must be at least 1"));
+        }
+        if !(t.lr.is_finite() && t.lr >= 0.0) {
+            return Err(bad("train.lr", t.lr, "must be a finite number >= 0"));
+        }
+        if !(t.min_lr.is_finite() && t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+            return Err(bad(
+                "train.min_lr",
+                t.min_lr,
+                format!("must be between 0 and train.lr = {}", t.lr),
+            ));
+        }
+        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
+            return Err(bad("train.weight_decay", t.weight_decay, "must be >= 0"));
+        }
+        if !(0.0..1.0).contains(&t.beta1) {
+            return Err(bad("train.beta1", t.beta1, "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&t.beta2) {
+            return Err(bad("train.beta2", t.beta2, "must be in [0, 1)"));
+        }
+        if !(t.eps.is_finite() && t.eps > 0.0) {
+            return Err(bad("train.eps", t.eps, "must be > 0 (e.g. 1e-8)"));
+        }
+        if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+            return Err(bad("train.grad_clip", t.grad_clip, "must be >= 0 (0 disables clipping)"));
+        }
+        if self.zero.stage > 3 {
+            return Err(bad(
+                "zero.stage",
+                self.zero.stage,
+                "ZeRO stages are 0 (data parallel), 1 (optimizer), 2 (+gradients) and 3 (+parameters)",
+            ));
+        }
+        if !(self.zero.bucket_mb.is_finite() && self.zero.bucket_mb > 0.0) {
+            return Err(bad("zero.bucket_mb", self.zero.bucket_mb, "must be > 0"));
+        }
+        if self.output.dir.as_os_str().is_empty() {
+            return Err(bad("output.dir", "\"\"", "must name a directory"));
+        }
+        Ok(())
+    }
+}
+
+/// Apply one `section.key=value` override to the raw TOML table. The value is parsed
+/// as TOML (so `3`, `1e-4`, `true`, `"text"` work); bare words fall back to strings.
+pub fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+    let err = |message: String| ConfigError::Override {
+        arg: arg.to_string(),
+        message,
+    };
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| err("expected section.key=value, e.g. --set zero.stage=3".into()))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(err(format!(
+            "`{key}` is not of the form section.key (e.g. train.lr)"
+        )));
+    }
+    let raw = raw.trim();
+    let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let section = table
+        .entry(parts[0].to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let section = section
+        .as_table_mut()
+        .ok_or_else(|| err(format!("`{}` is not a section in the config", parts[0])))?;
+    section.insert(parts[1].to_string(), value);
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! What a rank reports after each optimizer step (sent to the launcher, written to metrics.jsonl).
+
+use crate::zero::MemoryReport;
+use serde::{Deserialize, Serialize};
+
+/// One optimizer step as seen by one rank. Loss and norm are global (already reduced).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepMetrics {
+    /// 1-based optimizer step.
+    pub step: u64,
+    /// Mean training loss over the global batch.
+    pub loss: f64,
+    pub lr: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Tokens in the global batch.
+    pub tokens: u64,
+    /// Wall time of the step on this rank.
+    pub step_time_s: f64,
+    /// Validation loss, when evaluated at this step.
+    pub val_loss: Option<f64>,
+    /// This rank's memory by category.
+    pub memory: MemoryReport,
+}

@@ -1,0 +1,133 @@
+//! The training loop one rank runs: sample its part of the global batch, forward/backward
+//! every micro-step through the ZeRO engine, step the optimizer, report metrics.
+
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::metrics::StepMetrics;
+use crate::model::{Gpt, ModelLayout};
+use crate::optim::lr_at;
+use crate::zero::engine::{all_reduce_f64, StepHyper};
+use crate::zero::{Engine, EngineComm};
+use crate::TrainError;
+use collectives::Group;
+use data::{BatchSampler, Dataset, Split};
+use std::path::Path;
+use std::time::Instant;
+
+/// The result of a finished run on one rank.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub steps: usize,
+    /// Global mean loss of every step, in order.
+    pub losses: Vec<f64>,
+}
+
+/// One rank's model, engine and data: the pieces of the loop, usable step by step (tests).
+pub struct Trainer<B: Backend> {
+    pub cfg: Config,
+    pub engine: Engine<B>,
+    model: Gpt<B>,
+    sampler: BatchSampler,
+    inputs: Vec<u32>,
+    targets: Vec<u32>,
+    /// Optimizer steps taken so far.
+    pub step: usize,
+}
+
+impl<B: Backend> Trainer<B> {
+    /// Open the data, build the layout, initialise the engine and allocate activations.
+    pub fn new(cfg: &Config, be: &B, rank: usize, world: usize, data_path: &Path) -> Result<Trainer<B>, TrainError> {
+        let dataset = Dataset::open(data_path, Split::Train)?;
+        let max_tok = dataset.max_token() as usize;
+        if max_tok >= cfg.model.vocab_size {
+            return Err(TrainError::Invalid(format!(
+                "data {} holds token id {max_tok} but model.vocab_size = {}: set model.vocab_size to at least {} \
+                 (GPT-2 BPE data needs 50257, or 50304 for speed)",
+                data_path.display(),
+                cfg.model.vocab_size,
+                max_tok + 1
+            )));
+        }
+        let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
+        let layout = ModelLayout::new(&cfg.model);
+        let mut engine = Engine::new(be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?;
+        let model = Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
+        let n = cfg.train.micro_batch * cfg.model.seq_len;
+        Ok(Trainer { cfg: cfg.clone(), engine, model, sampler, inputs: vec![0; n], targets: vec![0; n], step: 0 })
+    }
+
+    /// Tokens in one global batch.
+    pub fn global_tokens(&self) -> u64 {
+        let t = &self.cfg.train;
+        (t.micro_batch * t.grad_accum * self.engine.world * self.cfg.model.seq_len) as u64
+    }
+
+    /// Run one optimizer step and return its metrics.
+    pub fn train_step<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<StepMetrics, TrainError> {
+        let t0 = Instant::now();
+        let tc = self.cfg.train.clone();
+        let (rank, world) = (self.engine.rank, self.engine.world);
+        let n = tc.micro_batch * self.cfg.model.seq_len;
+        // Mean over the global batch: every token's dloss is 1/(global tokens); reductions sum.
+        let dloss_scale = 1.0 / (n * tc.grad_accum * world) as f32;
+        self.engine.begin_step(be)?;
+        let mut loss_sum = 0.0f64;
+        for micro in 0..tc.grad_accum {
+            self.sampler.micro_batch(self.step as u64, rank, world, micro, tc.micro_batch, &mut self.inputs, &mut self.targets)?;
+            loss_sum += self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
+        }
+        let lr = lr_at(self.step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
+        let hyper = StepHyper {
+            lr,
+            weight_decay: tc.weight_decay,
+            beta1: tc.beta1,
+            beta2: tc.beta2,
+            eps: tc.eps,
+            grad_clip: tc.grad_clip,
+        };
+        let stats = self.engine.step(be, comm, hyper, self.step as u64 + 1)?;
+        let loss = all_reduce_f64(comm, loss_sum / tc.grad_accum as f64)? / world as f64;
+        be.synchronize()?;
+        self.step += 1;
+        Ok(StepMetrics {
+            step: self.step as u64,
+            loss,
+            lr,
+            grad_norm: stats.grad_norm,
+            tokens: self.global_tokens(),
+            step_time_s: t0.elapsed().as_secs_f64(),
+            val_loss: None,
+            memory: self.engine.memory(),
+        })
+    }
+
+    /// Every unit's parameters on the host, unpadded (gathers sharded ones).
+    pub fn full_params<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<Vec<Vec<f32>>, TrainError> {
+        (0..self.engine.num_units()).map(|i| self.engine.full_params_host(be, comm, i)).collect()
+    }
+}
+
+/// Train for `cfg.train.steps` steps, calling `on_step` after each (on every rank).
+pub fn train<B: Backend, C: EngineComm<B> + Group>(
+    cfg: &Config,
+    be: &B,
+    comm: &mut C,
+    data_path: &Path,
+    on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
+) -> Result<TrainSummary, TrainError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let mut trainer = Trainer::new(cfg, be, rank, world, data_path)?;
+    let mut losses = Vec::with_capacity(cfg.train.steps);
+    for _ in 0..cfg.train.steps {
+        let m = trainer.train_step(be, comm)?;
+        if !m.loss.is_finite() {
+            return Err(TrainError::Invalid(format!(
+                "loss became {} at step {}: lower train.lr or enable train.grad_clip",
+                m.loss, m.step
+            )));
+        }
+        losses.push(m.loss);
+        on_step(&m)?;
+    }
+    Ok(TrainSummary { steps: cfg.train.steps, losses })
+}

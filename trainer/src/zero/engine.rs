@@ -1,0 +1,370 @@
+//! The per-unit ZeRO mechanism shared by all stages; [`Policy`] says what is sharded.
+//!
+//! Life of a unit (one flat parameter group) in one optimizer step:
+//! 1. `gather` before its forward/backward (stage 3: all-gather the shards), `release` after;
+//! 2. backward accumulates into its full gradient buffer; `unit_backward_done` then
+//!    (stage 2/3) reduce-scatters it into this rank's gradient shard and frees it;
+//! 3. `step` finishes the reduction (stage 0 all-reduce, stage 1 reduce-scatter), computes
+//!    the global gradient norm over the *reduced* gradient (sharded stages sum their shards'
+//!    squares across ranks), clips, runs AdamW on the fp32 master weights this rank owns,
+//!    and publishes the new compute parameters (stage 1/2: all-gather).
+//!
+//! Every buffer goes through the [`MemoryLedger`], so the per-rank report covers them all.
+
+use super::memory::{Category, MemoryLedger, MemoryReport};
+use super::Policy;
+use crate::backend::{AdamWStep, BResult, Backend, Loc};
+use crate::model::{init, ModelLayout};
+use crate::TrainError;
+use collectives::{Communicator, ReduceOp};
+
+/// The collectives the engine needs: on compute buffers, on gradients, and on host scalars.
+pub trait EngineComm<B: Backend>: Communicator<B::Buf> + Communicator<B::Grad> + Communicator<[f32]> {}
+impl<B: Backend, T> EngineComm<B> for T where T: Communicator<B::Buf> + Communicator<B::Grad> + Communicator<[f32]> {}
+
+/// Shard sizes are rounded up to this many elements (aligned vector access on devices).
+const SHARD_ALIGN: usize = 8;
+
+/// Optimizer hyper-parameters for one step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepHyper {
+    pub lr: f32,
+    pub weight_decay: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Clip the global gradient norm to this value; 0 disables.
+    pub grad_clip: f32,
+}
+
+/// What one optimizer step measured.
+#[derive(Debug, Clone, Copy)]
+pub struct StepStats {
+    /// Global L2 norm of the reduced gradient, before clipping.
+    pub grad_norm: f64,
+    /// Factor applied to the gradient (1 when not clipped).
+    pub clip_scale: f32,
+}
+
+struct Unit<B: Backend> {
+    numel: usize,
+    /// Elements per rank; `padded = shard * world`.
+    shard: usize,
+    padded: usize,
+    /// Full compute parameters (always for stage 0-2; while gathered for stage 3).
+    params: Option<B::Buf>,
+    /// This rank's compute-parameter shard (stage >= 1).
+    param_shard: Option<B::Buf>,
+    /// Full gradient accumulation buffer (always for stage 0/1; during backward for 2/3).
+    grads: Option<B::Grad>,
+    /// This rank's reduced gradient shard (stage >= 1).
+    grad_shard: Option<B::Grad>,
+    master: B::F32,
+    m: B::F32,
+    v: B::F32,
+    /// Unit coordinate of `master[0]` and how many elements this rank optimises.
+    opt_off: usize,
+    opt_len: usize,
+}
+
+/// The ZeRO engine for one rank.
+pub struct Engine<B: Backend> {
+    pub policy: Policy,
+    pub rank: usize,
+    pub world: usize,
+    pub layout: ModelLayout,
+    units: Vec<Unit<B>>,
+    /// Stage 2/3 receive buffers for reduce-scatter before accumulating into the shard,
+    /// one per distinct shard length (the embedding unit and the blocks differ).
+    rs_scratch: Vec<(usize, B::Grad)>,
+    pub ledger: MemoryLedger,
+    sizes: crate::backend::ElemBytes,
+}
+
+fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m) * m
+}
+
+impl<B: Backend> Engine<B> {
+    /// Build every unit's state from the deterministic initialisation.
+    pub fn new(be: &B, layout: ModelLayout, stage: u8, rank: usize, world: usize, seed: u64) -> Result<Engine<B>, TrainError> {
+        let policy = Policy::for_stage(stage);
+        let sizes = be.elem_bytes();
+        let mut ledger = MemoryLedger::default();
+        let mut units = Vec::with_capacity(layout.units.len());
+        for ul in &layout.units {
+            let numel = ul.numel;
+            let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
+            let padded = shard * world;
+            let mut host = init::init_unit(&layout, ul, seed);
+            host.resize(padded, 0.0);
+            let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
+            let what = |s: &str| format!("{s} of unit {}", ul.name);
+            let mut master = be.alloc_f32(opt_len, &what("fp32 master weights"))?;
+            be.upload_f32(&host[opt_off..opt_off + opt_len], &mut master, 0)?;
+            let mut m = be.alloc_f32(opt_len, &what("AdamW m"))?;
+            let mut v = be.alloc_f32(opt_len, &what("AdamW v"))?;
+            let zeros = vec![0.0f32; opt_len];
+            be.upload_f32(&zeros, &mut m, 0)?;
+            be.upload_f32(&zeros, &mut v, 0)?;
+            ledger.alloc(Category::Optimizer, 3 * opt_len * sizes.f32);
+
+            let params = if policy.shard_params {
+                None
+            } else {
+                // Full compute copy straight from the initial values (no collective needed).
+                let mut staging = be.alloc_f32(padded, &what("init staging"))?;
+                be.upload_f32(&host, &mut staging, 0)?;
+                let mut p = be.alloc_buf(padded, &what("parameters"))?;
+                be.cast_to_buf(&mut p, 0, &staging, Loc::all(padded))?;
+                ledger.alloc(Category::Params, padded * sizes.buf);
+                Some(p)
+            };
+            let param_shard = if policy.shard_optimizer {
+                let mut p = be.alloc_buf(shard, &what("parameter shard"))?;
+                be.cast_to_buf(&mut p, 0, &master, Loc::all(shard))?;
+                ledger.alloc(Category::Params, shard * sizes.buf);
+                Some(p)
+            } else {
+                None
+            };
+            let grads = if policy.shard_grads {
+                None
+            } else {
+                let mut g = be.alloc_grad(padded, &what("gradients"))?;
+                be.zero_grad(&mut g, Loc::all(padded))?;
+                ledger.alloc(Category::Grads, padded * sizes.grad);
+                Some(g)
+            };
+            let grad_shard = if policy.shard_optimizer {
+                let mut g = be.alloc_grad(shard, &what("gradient shard"))?;
+                be.zero_grad(&mut g, Loc::all(shard))?;
+                ledger.alloc(Category::Grads, shard * sizes.grad);
+                Some(g)
+            } else {
+                None
+            };
+            units.push(Unit { numel, shard, padded, params, param_shard, grads, grad_shard, master, m, v, opt_off, opt_len });
+        }
+        let mut rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
+        if policy.shard_grads {
+            for u in &units {
+                if !rs_scratch.iter().any(|(n, _)| *n == u.shard) {
+                    ledger.alloc(Category::Comm, u.shard * sizes.grad);
+                    rs_scratch.push((u.shard, be.alloc_grad(u.shard, "reduce-scatter receive buffer")?));
+                }
+            }
+        }
+        Ok(Engine { policy, rank, world, layout, units, rs_scratch, ledger, sizes })
+    }
+
+    pub fn num_units(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Start accumulating a new optimizer step's gradients.
+    pub fn begin_step(&mut self, be: &B) -> BResult<()> {
+        for u in &mut self.units {
+            if let Some(g) = u.grads.as_mut() {
+                be.zero_grad(g, Loc::all(u.padded))?;
+            }
+            if let Some(g) = u.grad_shard.as_mut() {
+                be.zero_grad(g, Loc::all(u.shard))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Make unit `i`'s full parameters available (stage 3: all-gather its shards).
+    pub fn gather<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
+        let u = &mut self.units[i];
+        if u.params.is_some() {
+            return Ok(());
+        }
+        let mut full = be.alloc_buf(u.padded, &format!("gathered parameters of unit {}", self.layout.units[i].name))?;
+        let shard = u.param_shard.as_ref().expect("stage 3 keeps a parameter shard");
+        Communicator::<B::Buf>::all_gather(comm, shard, &mut full)?;
+        self.ledger.alloc(Category::Params, u.padded * self.sizes.buf);
+        u.params = Some(full);
+        Ok(())
+    }
+
+    /// Done with unit `i`'s parameters for now (stage 3: free the gathered copy).
+    pub fn release(&mut self, i: usize) {
+        let u = &mut self.units[i];
+        if self.policy.shard_params && u.params.take().is_some() {
+            self.ledger.free(Category::Params, u.padded * self.sizes.buf);
+        }
+    }
+
+    /// Unit `i`'s gathered parameters. Panics if not gathered: a bug in the model's schedule.
+    pub fn params(&self, i: usize) -> &B::Buf {
+        self.units[i].params.as_ref().expect("unit parameters used without gather()")
+    }
+
+    /// Parameters and the gradient accumulation buffer of unit `i` (allocated on first use
+    /// in a micro-step for stage 2/3).
+    pub fn params_and_grads(&mut self, be: &B, i: usize) -> BResult<(&B::Buf, &mut B::Grad)> {
+        let u = &mut self.units[i];
+        if u.grads.is_none() {
+            let mut g = be.alloc_grad(u.padded, &format!("gradients of unit {}", self.layout.units[i].name))?;
+            be.zero_grad(&mut g, Loc::all(u.padded))?;
+            self.ledger.alloc(Category::Grads, u.padded * self.sizes.grad);
+            u.grads = Some(g);
+        }
+        let p = u.params.as_ref().expect("unit parameters used without gather()");
+        let g = u.grads.as_mut().expect("allocated above");
+        Ok((p, g))
+    }
+
+    /// Gradient buffer alone (for ops that need no parameters, e.g. the embedding backward).
+    pub fn grads(&mut self, be: &B, i: usize) -> BResult<&mut B::Grad> {
+        let u = &mut self.units[i];
+        if u.grads.is_none() {
+            let mut g = be.alloc_grad(u.padded, &format!("gradients of unit {}", self.layout.units[i].name))?;
+            be.zero_grad(&mut g, Loc::all(u.padded))?;
+            self.ledger.alloc(Category::Grads, u.padded * self.sizes.grad);
+            u.grads = Some(g);
+        }
+        Ok(u.grads.as_mut().expect("allocated above"))
+    }
+
+    /// Unit `i`'s backward for this micro-step is complete. Stage 2/3: reduce-scatter the
+    /// full gradient into this rank's shard now and free it (gradient memory released
+    /// block by block during backward).
+    pub fn unit_backward_done<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
+        if !self.policy.shard_grads {
+            return Ok(());
+        }
+        let u = &mut self.units[i];
+        let Some(full) = u.grads.take() else { return Ok(()) };
+        let (_, scratch) = self
+            .rs_scratch
+            .iter_mut()
+            .find(|(n, _)| *n == u.shard)
+            .expect("a receive buffer exists for every shard length");
+        Communicator::<B::Grad>::reduce_scatter(comm, &full, scratch, ReduceOp::Sum)?;
+        let shard = u.grad_shard.as_mut().expect("sharded stages keep a gradient shard");
+        be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
+        self.ledger.free(Category::Grads, u.padded * self.sizes.grad);
+        Ok(())
+    }
+
+    /// Finish gradient reduction, clip by the global norm, update, publish parameters.
+    pub fn step<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, h: StepHyper, t: u64) -> Result<StepStats, TrainError> {
+        let (rank, policy) = (self.rank, self.policy);
+        // 1. Reduction not yet done during backward.
+        for u in &mut self.units {
+            if !policy.shard_optimizer {
+                let g = u.grads.as_mut().expect("stage 0 keeps full gradients");
+                Communicator::<B::Grad>::all_reduce(comm, g, ReduceOp::Sum)?;
+            } else if !policy.shard_grads {
+                let g = u.grads.as_ref().expect("stage 1 keeps full gradients");
+                let s = u.grad_shard.as_mut().expect("stage 1 keeps a gradient shard");
+                Communicator::<B::Grad>::reduce_scatter(comm, g, s, ReduceOp::Sum)?;
+            }
+        }
+        // 2. Global norm of the reduced gradient (padding is zero and adds nothing).
+        let mut sumsq = 0.0f64;
+        for u in &self.units {
+            if !policy.shard_optimizer {
+                sumsq += be.grad_sumsq(u.grads.as_ref().expect("stage 0 grads"), Loc::all(u.numel))?;
+            } else {
+                let lo = rank * u.shard;
+                let hi = ((rank + 1) * u.shard).min(u.numel);
+                if hi > lo {
+                    sumsq += be.grad_sumsq(u.grad_shard.as_ref().expect("grad shard"), Loc::new(0, hi - lo))?;
+                }
+            }
+        }
+        if policy.shard_optimizer {
+            sumsq = all_reduce_f64(comm, sumsq)?;
+        }
+        let grad_norm = sumsq.sqrt();
+        let clip_scale = if h.grad_clip > 0.0 && grad_norm > h.grad_clip as f64 {
+            (h.grad_clip as f64 / (grad_norm + 1e-6)) as f32
+        } else {
+            1.0
+        };
+        // 3. AdamW on the owned segment of every tensor.
+        for (ui, u) in self.units.iter_mut().enumerate() {
+            let (lo, hi) = (u.opt_off, u.opt_off + u.opt_len);
+            for ts in &self.layout.units[ui].tensors {
+                let a = ts.loc.off.max(lo);
+                let b = ts.loc.end().min(hi);
+                if a >= b {
+                    continue;
+                }
+                let step = AdamWStep {
+                    lr: h.lr,
+                    beta1: h.beta1,
+                    beta2: h.beta2,
+                    eps: h.eps,
+                    weight_decay: if ts.decay { h.weight_decay } else { 0.0 },
+                    t,
+                    grad_scale: clip_scale,
+                };
+                let moff = a - lo;
+                if policy.shard_optimizer {
+                    let p = u.param_shard.as_mut().expect("param shard");
+                    let g = u.grad_shard.as_ref().expect("grad shard");
+                    be.adamw(p, moff, &mut u.master, &mut u.m, &mut u.v, moff, g, moff, b - a, step)?;
+                } else {
+                    let p = u.params.as_mut().expect("stage 0 params");
+                    let g = u.grads.as_ref().expect("stage 0 grads");
+                    be.adamw(p, a, &mut u.master, &mut u.m, &mut u.v, moff, g, a, b - a, step)?;
+                }
+            }
+            // 4. Publish: stage 1/2 all-gather the updated shards into the full copy.
+            if policy.shard_optimizer && !policy.shard_params {
+                let s = u.param_shard.as_ref().expect("param shard");
+                let p = u.params.as_mut().expect("stage 1/2 params");
+                Communicator::<B::Buf>::all_gather(comm, s, p)?;
+            }
+        }
+        Ok(StepStats { grad_norm, clip_scale })
+    }
+
+    /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded.
+    /// For tests and export; not for the hot path.
+    pub fn full_params_host<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<Vec<f32>, TrainError> {
+        let was_gathered = self.units[i].params.is_some();
+        self.gather(be, comm, i)?;
+        let out = be.download_buf(self.params(i), Loc::all(self.units[i].numel))?;
+        if !was_gathered {
+            self.release(i);
+        }
+        Ok(out)
+    }
+
+    /// Overwrite one compute parameter (stage 0 only; finite-difference gradient checks).
+    pub fn set_param(&mut self, be: &B, unit: usize, index: usize, value: f32) -> Result<(), TrainError> {
+        if self.policy.stage != 0 {
+            return Err(TrainError::Invalid("set_param is only supported on ZeRO stage 0".into()));
+        }
+        let p = self.units[unit].params.as_mut().expect("stage 0 params");
+        be.upload_buf(&[value], p, index)?;
+        Ok(())
+    }
+
+    /// Unit `i`'s accumulated (unreduced) local gradient on the host (stage 0/1; tests).
+    pub fn local_grads_host(&self, be: &B, i: usize) -> Result<Vec<f32>, TrainError> {
+        let u = &self.units[i];
+        let g = u.grads.as_ref().ok_or_else(|| TrainError::Invalid("gradients are sharded on this stage".into()))?;
+        Ok(be.download_grad(g, Loc::all(u.numel))?)
+    }
+
+    pub fn memory(&self) -> MemoryReport {
+        self.ledger.report()
+    }
+}
+
+/// Sum an f64 across ranks exactly enough for norms: split into two f32 words
+/// (high and residual) so the f32 host collective loses nothing that matters.
+pub fn all_reduce_f64<C: Communicator<[f32]> + ?Sized>(comm: &mut C, x: f64) -> Result<f64, TrainError> {
+    let hi = x as f32;
+    let lo = (x - hi as f64) as f32;
+    let mut buf = [hi, lo];
+    comm.all_reduce(&mut buf[..], ReduceOp::Sum)?;
+    Ok(buf[0] as f64 + buf[1] as f64)
+}

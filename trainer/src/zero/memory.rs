@@ -1,0 +1,97 @@
+//! Per-rank memory accounting: every buffer the engine and the model allocate is
+//! recorded here by category, so a rank can say what it holds (and held at peak).
+
+use serde::{Deserialize, Serialize};
+
+/// What a buffer is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// Compute-precision parameters: full working copies and shards.
+    Params,
+    /// Parameter gradients: full accumulation buffers and reduced shards.
+    Grads,
+    /// fp32 master weights and AdamW moments.
+    Optimizer,
+    /// Saved forward activations and their backward scratch.
+    Activations,
+    /// Staging buffers for collectives.
+    Comm,
+    /// Everything else (token ids, loss buffers).
+    Workspace,
+}
+
+/// Bytes per category, now and at the peak of the total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryBytes {
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub comm: u64,
+    pub workspace: u64,
+}
+
+impl MemoryBytes {
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer + self.activations + self.comm + self.workspace
+    }
+    fn slot(&mut self, c: Category) -> &mut u64 {
+        match c {
+            Category::Params => &mut self.params,
+            Category::Grads => &mut self.grads,
+            Category::Optimizer => &mut self.optimizer,
+            Category::Activations => &mut self.activations,
+            Category::Comm => &mut self.comm,
+            Category::Workspace => &mut self.workspace,
+        }
+    }
+}
+
+/// A rank's memory report: the current bytes and the snapshot at the highest total seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    pub current: MemoryBytes,
+    pub peak: MemoryBytes,
+    pub peak_total: u64,
+}
+
+/// Running ledger of allocations.
+#[derive(Debug, Default, Clone)]
+pub struct MemoryLedger {
+    report: MemoryReport,
+}
+
+impl MemoryLedger {
+    pub fn alloc(&mut self, c: Category, bytes: usize) {
+        *self.report.current.slot(c) += bytes as u64;
+        let total = self.report.current.total();
+        if total > self.report.peak_total {
+            self.report.peak_total = total;
+            self.report.peak = self.report.current;
+        }
+    }
+    pub fn free(&mut self, c: Category, bytes: usize) {
+        let s = self.report.current.slot(c);
+        *s = s.saturating_sub(bytes as u64);
+    }
+    pub fn report(&self) -> MemoryReport {
+        self.report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn peak_tracks_highest_total() {
+        let mut l = MemoryLedger::default();
+        l.alloc(Category::Params, 100);
+        l.alloc(Category::Grads, 50);
+        l.free(Category::Grads, 50);
+        l.alloc(Category::Activations, 20);
+        let r = l.report();
+        assert_eq!(r.current.total(), 120);
+        assert_eq!(r.peak_total, 150);
+        assert_eq!(r.peak.grads, 50);
+    }
+}
