@@ -23,7 +23,8 @@ fn every_parameter_tensor_matches_finite_differences() {
     eng.begin_step(&be).expect("begin");
     model.step_micro(&be, &mut eng, &mut comm, &inputs, &targets, Some(1.0 / n as f32)).expect("fwd/bwd");
     let grads: Vec<Vec<f32>> = (0..eng.num_units()).map(|u| eng.local_grads_host(&be, u).expect("grads")).collect();
-    let params: Vec<Vec<f32>> = (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
+    let params: Vec<Vec<f32>> =
+        (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
 
     // Small against the 0.02 weight scale (truncation error), large against f32 loss rounding.
     let h = 1e-3f32;

@@ -22,11 +22,7 @@ pub enum ConfigError {
     #[error("bad --set `{arg}`: {message}")]
     Override { arg: String, message: String },
     #[error("config key `{key}` = {value}: {message}")]
-    Invalid {
-        key: &'static str,
-        value: String,
-        message: String,
-    },
+    Invalid { key: &'static str, value: String, message: String },
 }
 
 /// The whole configuration file.
@@ -123,11 +119,7 @@ pub struct ZeroConfig {
 
 impl Default for ZeroConfig {
     fn default() -> Self {
-        ZeroConfig {
-            stage: 0,
-            bucket_mb: 25.0,
-            prefetch_blocks: 1,
-        }
+        ZeroConfig { stage: 0, bucket_mb: 25.0, prefetch_blocks: 1 }
     }
 }
 
@@ -148,7 +140,7 @@ impl ActivationCheckpointing {
         match self {
             ActivationCheckpointing::None => false,
             ActivationCheckpointing::EveryLayer => true,
-            ActivationCheckpointing::Every(k) => k > 0 && layer % k == 0,
+            ActivationCheckpointing::Every(k) => k > 0 && layer.is_multiple_of(k),
         }
     }
 }
@@ -204,9 +196,7 @@ pub struct CheckpointingConfig {
 
 impl Default for CheckpointingConfig {
     fn default() -> Self {
-        CheckpointingConfig {
-            activations: ActivationCheckpointing::None,
-        }
+        CheckpointingConfig { activations: ActivationCheckpointing::None }
     }
 }
 
@@ -236,31 +226,22 @@ pub struct OutputConfig {
 
 impl Default for OutputConfig {
     fn default() -> Self {
-        OutputConfig {
-            dir: PathBuf::from("runs/default"),
-        }
+        OutputConfig { dir: PathBuf::from("runs/default") }
     }
 }
 
 impl Config {
     /// Parse TOML text; `origin` names the source in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            origin: origin.to_string(),
-            message: e.to_string(),
-        })
+        toml::from_str(text).map_err(|e| ConfigError::Parse { origin: origin.to_string(), message: e.to_string() })
     }
 
     /// Read a file, apply `--set` overrides, validate.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut value: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            origin: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut value: toml::Table = toml::from_str(&text)
+            .map_err(|e| ConfigError::Parse { origin: path.display().to_string(), message: e.to_string() })?;
         for o in overrides {
             apply_override(&mut value, o)?;
         }
@@ -271,10 +252,7 @@ impl Config {
         };
         let cfg: Config = toml::Value::Table(value)
             .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse {
-                origin,
-                message: e.to_string(),
-            })?;
+            .map_err(|e: toml::de::Error| ConfigError::Parse { origin, message: e.to_string() })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -284,11 +262,7 @@ impl Config {
         let m = &self.model;
         let t = &self.train;
         fn bad(key: &'static str, value: impl ToString, message: impl Into<String>) -> ConfigError {
-            ConfigError::Invalid {
-                key,
-                value: value.to_string(),
-                message: message.into(),
-            }
+            ConfigError::Invalid { key, value: value.to_string(), message: message.into() }
         }
         if m.n_layer == 0 {
             return Err(bad("model.n_layer", m.n_layer, "must be at least 1"));
@@ -296,14 +270,11 @@ impl Config {
         if m.n_head == 0 {
             return Err(bad("model.n_head", m.n_head, "must be at least 1"));
         }
-        if m.n_embd == 0 || m.n_embd % m.n_head != 0 {
+        if m.n_embd == 0 || !m.n_embd.is_multiple_of(m.n_head) {
             return Err(bad(
                 "model.n_embd",
                 m.n_embd,
-                format!(
-                    "must be a positive multiple of model.n_head = {} (head size = n_embd / n_head)",
-                    m.n_head
-                ),
+                format!("must be a positive multiple of model.n_head = {} (head size = n_embd / n_head)", m.n_head),
             ));
         }
         if m.vocab_size < 2 {
@@ -325,11 +296,7 @@ impl Config {
             return Err(bad("train.lr", t.lr, "must be a finite number >= 0"));
         }
         if !(t.min_lr.is_finite() && t.min_lr >= 0.0 && t.min_lr <= t.lr) {
-            return Err(bad(
-                "train.min_lr",
-                t.min_lr,
-                format!("must be between 0 and train.lr = {}", t.lr),
-            ));
+            return Err(bad("train.min_lr", t.min_lr, format!("must be between 0 and train.lr = {}", t.lr)));
         }
         if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
             return Err(bad("train.weight_decay", t.weight_decay, "must be >= 0"));
@@ -366,31 +333,22 @@ impl Config {
 /// Apply one `section.key=value` override to the raw TOML table. The value is parsed
 /// as TOML (so `3`, `1e-4`, `true`, `"text"` work); bare words fall back to strings.
 pub fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
-    let err = |message: String| ConfigError::Override {
-        arg: arg.to_string(),
-        message,
-    };
-    let (key, raw) = arg
-        .split_once('=')
-        .ok_or_else(|| err("expected section.key=value, e.g. --set zero.stage=3".into()))?;
+    let err = |message: String| ConfigError::Override { arg: arg.to_string(), message };
+    let (key, raw) =
+        arg.split_once('=').ok_or_else(|| err("expected section.key=value, e.g. --set zero.stage=3".into()))?;
     let key = key.trim();
     let parts: Vec<&str> = key.split('.').collect();
     if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-        return Err(err(format!(
-            "`{key}` is not of the form section.key (e.g. train.lr)"
-        )));
+        return Err(err(format!("`{key}` is not of the form section.key (e.g. train.lr)")));
     }
     let raw = raw.trim();
     let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(raw.into())),
         Err(_) => toml::Value::String(raw.to_string()),
     };
-    let section = table
-        .entry(parts[0].to_string())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    let section = section
-        .as_table_mut()
-        .ok_or_else(|| err(format!("`{}` is not a section in the config", parts[0])))?;
+    let section = table.entry(parts[0].to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let section =
+        section.as_table_mut().ok_or_else(|| err(format!("`{}` is not a section in the config", parts[0])))?;
     section.insert(parts[1].to_string(), value);
     Ok(())
 }

@@ -1,16 +1,11 @@
-//! Counter-based random numbers for initialisation.
+//! Counter-based random numbers for initialisation (normal draws on top of the data
+//! crate's SplitMix64, the project's one source of randomness).
 //!
 //! Hand-written on purpose: a value depends only on (seed, stream, index), never on
 //! the order of calls, the world size, or a crate version's stream — so every rank,
 //! on any ZeRO stage, initialises identical weights.
 
-/// SplitMix64 finaliser: a bijective 64-bit mix.
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use data::rng::splitmix64;
 
 /// Uniform in (0, 1) for (seed, stream, index).
 pub fn uniform(seed: u64, stream: u64, index: u64) -> f64 {

@@ -51,7 +51,8 @@ impl<B: Backend> Trainer<B> {
         let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
         let layout = ModelLayout::new(&cfg.model);
         let mut engine = Engine::new(be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?;
-        let model = Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
+        let model =
+            Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         Ok(Trainer { cfg: cfg.clone(), engine, model, sampler, inputs: vec![0; n], targets: vec![0; n], step: 0 })
     }
@@ -73,8 +74,17 @@ impl<B: Backend> Trainer<B> {
         self.engine.begin_step(be)?;
         let mut loss_sum = 0.0f64;
         for micro in 0..tc.grad_accum {
-            self.sampler.micro_batch(self.step as u64, rank, world, micro, tc.micro_batch, &mut self.inputs, &mut self.targets)?;
-            loss_sum += self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
+            self.sampler.micro_batch(
+                self.step as u64,
+                rank,
+                world,
+                micro,
+                tc.micro_batch,
+                &mut self.inputs,
+                &mut self.targets,
+            )?;
+            loss_sum +=
+                self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
         }
         let lr = lr_at(self.step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
         let hyper = StepHyper {

@@ -19,6 +19,9 @@
 //! unless the doc says `+=`.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod meta;
 
 use thiserror::Error;
 
@@ -46,11 +49,7 @@ impl Loc {
 #[derive(Debug, Error)]
 pub enum BackendError {
     #[error("out of memory on {device}: tried to allocate {bytes} bytes for {what}")]
-    OutOfMemory {
-        device: String,
-        bytes: usize,
-        what: String,
-    },
+    OutOfMemory { device: String, bytes: usize, what: String },
     #[error("{backend} backend is not available: {reason}")]
     Unavailable { backend: &'static str, reason: String },
     #[error("{0}")]
@@ -121,29 +120,105 @@ pub trait Backend {
     // ---- model operations ----
     /// `out[N,C] = wte[tokens] + wpe[t]`.
     #[allow(clippy::too_many_arguments)]
-    fn encoder_fwd(&self, out: &mut Self::Buf, tokens: &Self::Tokens, params: &Self::Buf, wte: Loc, wpe: Loc, b: usize, t: usize, c: usize) -> BResult<()>;
+    fn encoder_fwd(
+        &self,
+        out: &mut Self::Buf,
+        tokens: &Self::Tokens,
+        params: &Self::Buf,
+        wte: Loc,
+        wpe: Loc,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()>;
     /// `dwte[tokens] += dout`, `dwpe[t] += dout`.
     #[allow(clippy::too_many_arguments)]
-    fn encoder_bwd(&self, grads: &mut Self::Grad, dwte: Loc, dwpe: Loc, dout: &Self::Buf, tokens: &Self::Tokens, b: usize, t: usize, c: usize) -> BResult<()>;
+    fn encoder_bwd(
+        &self,
+        grads: &mut Self::Grad,
+        dwte: Loc,
+        dwpe: Loc,
+        dout: &Self::Buf,
+        tokens: &Self::Tokens,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()>;
     /// LayerNorm over the last dim; saves mean and 1/std per row.
     #[allow(clippy::too_many_arguments)]
-    fn layernorm_fwd(&self, out: &mut Self::Buf, mean: &mut Self::F32, rstd: &mut Self::F32, inp: &Self::Buf, params: &Self::Buf, w: Loc, bias: Loc, n: usize, c: usize) -> BResult<()>;
+    fn layernorm_fwd(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::F32,
+        rstd: &mut Self::F32,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        bias: Loc,
+        n: usize,
+        c: usize,
+    ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..`, `db += ..`.
     #[allow(clippy::too_many_arguments)]
-    fn layernorm_bwd(&self, dinp: &mut Self::Buf, grads: &mut Self::Grad, dw: Loc, db: Loc, dout: &Self::Buf, inp: &Self::Buf, params: &Self::Buf, w: Loc, mean: &Self::F32, rstd: &Self::F32, n: usize, c: usize) -> BResult<()>;
+    fn layernorm_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        grads: &mut Self::Grad,
+        dw: Loc,
+        db: Loc,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        mean: &Self::F32,
+        rstd: &Self::F32,
+        n: usize,
+        c: usize,
+    ) -> BResult<()>;
     /// `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias)`.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, params: &Self::Buf, w: Loc, bias: Option<Loc>, n: usize, c: usize, oc: usize) -> BResult<()>;
+    fn matmul_fwd(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        bias: Option<Loc>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()>;
     /// `dinp = dout · W` (overwritten), `dW += doutᵀ · inp`, `dbias += Σ dout`.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_bwd(&self, dinp: &mut Self::Buf, grads: &mut Self::Grad, dw: Loc, dbias: Option<Loc>, dout: &Self::Buf, inp: &Self::Buf, params: &Self::Buf, w: Loc, n: usize, c: usize, oc: usize) -> BResult<()>;
+    fn matmul_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        grads: &mut Self::Grad,
+        dw: Loc,
+        dbias: Option<Loc>,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()>;
     /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
     fn attention_saved_len(&self, s: AttnShape) -> usize;
     /// Causal multi-head self-attention: `qkv[N,3C]` → `out[N,C]`.
     fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()>;
     /// `dqkv` overwritten from `dout`.
     #[allow(clippy::too_many_arguments)]
-    fn attention_bwd(&self, dqkv: &mut Self::Buf, dout: &Self::Buf, qkv: &Self::Buf, out: &Self::Buf, saved: &Self::F32, s: AttnShape) -> BResult<()>;
+    fn attention_bwd(
+        &self,
+        dqkv: &mut Self::Buf,
+        dout: &Self::Buf,
+        qkv: &Self::Buf,
+        out: &Self::Buf,
+        saved: &Self::F32,
+        s: AttnShape,
+    ) -> BResult<()>;
     /// GELU (tanh approximation).
     fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()>;
     /// `dinp = gelu'(inp) · dout`.
@@ -153,11 +228,31 @@ pub trait Backend {
     /// Softmax cross-entropy over `logits[N,V]`: writes per-row losses, and overwrites
     /// `logits` with `dlogits = (softmax - onehot) · dloss_scale`.
     #[allow(clippy::too_many_arguments)]
-    fn cross_entropy_fwd_bwd(&self, logits: &mut Self::Buf, losses: &mut Self::F32, targets: &Self::Tokens, n: usize, v: usize, dloss_scale: f32) -> BResult<()>;
+    fn cross_entropy_fwd_bwd(
+        &self,
+        logits: &mut Self::Buf,
+        losses: &mut Self::F32,
+        targets: &Self::Tokens,
+        n: usize,
+        v: usize,
+        dloss_scale: f32,
+    ) -> BResult<()>;
     /// AdamW over one contiguous segment: `master/m/v[moff..moff+len]` with gradient
     /// `grads[goff..]`; the rounded result also goes to `params[poff..]`.
     #[allow(clippy::too_many_arguments)]
-    fn adamw(&self, params: &mut Self::Buf, poff: usize, master: &mut Self::F32, m: &mut Self::F32, v: &mut Self::F32, moff: usize, grads: &Self::Grad, goff: usize, len: usize, h: AdamWStep) -> BResult<()>;
+    fn adamw(
+        &self,
+        params: &mut Self::Buf,
+        poff: usize,
+        master: &mut Self::F32,
+        m: &mut Self::F32,
+        v: &mut Self::F32,
+        moff: usize,
+        grads: &Self::Grad,
+        goff: usize,
+        len: usize,
+        h: AdamWStep,
+    ) -> BResult<()>;
     /// Wait until queued device work is done (a no-op on the CPU).
     fn synchronize(&self) -> BResult<()>;
 }

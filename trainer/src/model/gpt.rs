@@ -63,7 +63,13 @@ pub struct Gpt<B: Backend> {
 
 impl<B: Backend> Gpt<B> {
     /// Allocate activations for micro-batch `b` (sequences of `cfg.seq_len`).
-    pub fn new(be: &B, layout: &ModelLayout, b: usize, ckpt: ActivationCheckpointing, ledger: &mut MemoryLedger) -> BResult<Gpt<B>> {
+    pub fn new(
+        be: &B,
+        layout: &ModelLayout,
+        b: usize,
+        ckpt: ActivationCheckpointing,
+        ledger: &mut MemoryLedger,
+    ) -> BResult<Gpt<B>> {
         let cfg = layout.cfg.clone();
         let (t, c, l) = (cfg.seq_len, cfg.n_embd, cfg.n_layer);
         let n = b * t;
@@ -73,7 +79,8 @@ impl<B: Backend> Gpt<B> {
             ledger.alloc(cat, len * sz.buf);
             be.alloc_buf(len, what)
         };
-        let resid = (0..=l).map(|_| buf(n * c, "residual stream", Category::Activations)).collect::<BResult<Vec<_>>>()?;
+        let resid =
+            (0..=l).map(|_| buf(n * c, "residual stream", Category::Activations)).collect::<BResult<Vec<_>>>()?;
         let tmp = buf(n * c, "block scratch", Category::Activations)?;
         let recompute_out = buf(n * c, "recompute scratch", Category::Activations)?;
         let lnf = buf(n * c, "final layernorm", Category::Activations)?;
@@ -173,7 +180,15 @@ impl<B: Backend> Gpt<B> {
     /// Forward up to the per-token losses. Returns the mean loss of this micro-batch.
     /// With `dloss_scale = Some(s)` the head's backward is also run (dlogits scaled by `s`)
     /// and the whole backward follows, accumulating parameter gradients in the engine.
-    pub fn step_micro<C: EngineComm<B>>(&mut self, be: &B, eng: &mut Engine<B>, comm: &mut C, inputs: &[u32], targets: &[u32], dloss_scale: Option<f32>) -> Result<f64, TrainError> {
+    pub fn step_micro<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        eng: &mut Engine<B>,
+        comm: &mut C,
+        inputs: &[u32],
+        targets: &[u32],
+        dloss_scale: Option<f32>,
+    ) -> Result<f64, TrainError> {
         let s = self.shape();
         let (t, c, v, l) = (s.t, s.c, self.cfg.vocab_size, self.cfg.n_layer);
         let n = s.b * t;
@@ -196,7 +211,17 @@ impl<B: Backend> Gpt<B> {
         eng.gather(be, comm, 0)?;
         {
             let p = eng.params(0);
-            be.layernorm_fwd(&mut self.lnf, &mut self.lnf_mean, &mut self.lnf_rstd, &self.resid[l], p, e.lnf_w, e.lnf_b, n, c)?;
+            be.layernorm_fwd(
+                &mut self.lnf,
+                &mut self.lnf_mean,
+                &mut self.lnf_rstd,
+                &self.resid[l],
+                p,
+                e.lnf_w,
+                e.lnf_b,
+                n,
+                c,
+            )?;
             be.matmul_fwd(&mut self.logits, &self.lnf, p, e.wte, None, n, c, v)?;
         }
         be.cross_entropy_fwd_bwd(&mut self.logits, &mut self.losses, &self.targets, n, v, dloss_scale.unwrap_or(0.0))?;
@@ -213,7 +238,20 @@ impl<B: Backend> Gpt<B> {
             // logits now hold dlogits.
             be.matmul_bwd(&mut self.g.dln, gr, e.wte, None, &self.logits, &self.lnf, p, e.wte, n, c, v)?;
             be.zero_buf(&mut self.g.dres, Loc::all(n * c))?;
-            be.layernorm_bwd(&mut self.g.dres, gr, e.lnf_w, e.lnf_b, &self.g.dln, &self.resid[l], p, e.lnf_w, &self.lnf_mean, &self.lnf_rstd, n, c)?;
+            be.layernorm_bwd(
+                &mut self.g.dres,
+                gr,
+                e.lnf_w,
+                e.lnf_b,
+                &self.g.dln,
+                &self.resid[l],
+                p,
+                e.lnf_w,
+                &self.lnf_mean,
+                &self.lnf_rstd,
+                n,
+                c,
+            )?;
         }
         eng.release(0);
         for layer in (0..l).rev() {
@@ -221,7 +259,16 @@ impl<B: Backend> Gpt<B> {
             eng.gather(be, comm, u)?;
             let slot = self.act_slot[layer];
             if self.ckpt.is_checkpointed(layer) {
-                block_forward(be, eng.params(u), &self.locs, s, &self.resid[layer], &mut self.recompute_out, &mut self.acts[slot], &mut self.tmp)?;
+                block_forward(
+                    be,
+                    eng.params(u),
+                    &self.locs,
+                    s,
+                    &self.resid[layer],
+                    &mut self.recompute_out,
+                    &mut self.acts[slot],
+                    &mut self.tmp,
+                )?;
             }
             let (p, gr) = eng.params_and_grads(be, u)?;
             block_backward(be, p, gr, &self.locs, s, &self.resid[layer], &self.acts[slot], &mut self.g)?;
@@ -237,7 +284,16 @@ impl<B: Backend> Gpt<B> {
 
 /// One transformer block forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`.
 #[allow(clippy::too_many_arguments)]
-fn block_forward<B: Backend>(be: &B, p: &B::Buf, k: &BlockLocs, s: AttnShape, x: &B::Buf, out: &mut B::Buf, a: &mut BlockActs<B>, tmp: &mut B::Buf) -> BResult<()> {
+fn block_forward<B: Backend>(
+    be: &B,
+    p: &B::Buf,
+    k: &BlockLocs,
+    s: AttnShape,
+    x: &B::Buf,
+    out: &mut B::Buf,
+    a: &mut BlockActs<B>,
+    tmp: &mut B::Buf,
+) -> BResult<()> {
     let c = s.c;
     let n = s.b * s.t;
     be.layernorm_fwd(&mut a.ln1, &mut a.ln1_mean, &mut a.ln1_rstd, x, p, k.ln1_w, k.ln1_b, n, c)?;
@@ -255,7 +311,16 @@ fn block_forward<B: Backend>(be: &B, p: &B::Buf, k: &BlockLocs, s: AttnShape, x:
 
 /// One block backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x).
 #[allow(clippy::too_many_arguments)]
-fn block_backward<B: Backend>(be: &B, p: &B::Buf, gr: &mut B::Grad, k: &BlockLocs, s: AttnShape, x: &B::Buf, a: &BlockActs<B>, g: &mut GradScratch<B>) -> BResult<()> {
+fn block_backward<B: Backend>(
+    be: &B,
+    p: &B::Buf,
+    gr: &mut B::Grad,
+    k: &BlockLocs,
+    s: AttnShape,
+    x: &B::Buf,
+    a: &BlockActs<B>,
+    g: &mut GradScratch<B>,
+) -> BResult<()> {
     let c = s.c;
     let n = s.b * s.t;
     // MLP

@@ -31,12 +31,7 @@ impl UnitLayout {
     fn push(&mut self, name: String, shape: &[usize]) -> Loc {
         let len: usize = shape.iter().product();
         let loc = Loc::new(self.numel, len);
-        self.tensors.push(TensorSpec {
-            name,
-            shape: shape.to_vec(),
-            loc,
-            decay: shape.len() >= 2,
-        });
+        self.tensors.push(TensorSpec { name, shape: shape.to_vec(), loc, decay: shape.len() >= 2 });
         self.numel += len;
         loc
     }

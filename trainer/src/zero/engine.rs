@@ -87,7 +87,14 @@ fn round_up(x: usize, m: usize) -> usize {
 
 impl<B: Backend> Engine<B> {
     /// Build every unit's state from the deterministic initialisation.
-    pub fn new(be: &B, layout: ModelLayout, stage: u8, rank: usize, world: usize, seed: u64) -> Result<Engine<B>, TrainError> {
+    pub fn new(
+        be: &B,
+        layout: ModelLayout,
+        stage: u8,
+        rank: usize,
+        world: usize,
+        seed: u64,
+    ) -> Result<Engine<B>, TrainError> {
         let policy = Policy::for_stage(stage);
         let sizes = be.elem_bytes();
         let mut ledger = MemoryLedger::default();
@@ -144,7 +151,20 @@ impl<B: Backend> Engine<B> {
             } else {
                 None
             };
-            units.push(Unit { numel, shard, padded, params, param_shard, grads, grad_shard, master, m, v, opt_off, opt_len });
+            units.push(Unit {
+                numel,
+                shard,
+                padded,
+                params,
+                param_shard,
+                grads,
+                grad_shard,
+                master,
+                m,
+                v,
+                opt_off,
+                opt_len,
+            });
         }
         let mut rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
         if policy.shard_grads {
@@ -251,7 +271,13 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Finish gradient reduction, clip by the global norm, update, publish parameters.
-    pub fn step<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, h: StepHyper, t: u64) -> Result<StepStats, TrainError> {
+    pub fn step<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        h: StepHyper,
+        t: u64,
+    ) -> Result<StepStats, TrainError> {
         let (rank, policy) = (self.rank, self.policy);
         // 1. Reduction not yet done during backward.
         for u in &mut self.units {
@@ -327,7 +353,12 @@ impl<B: Backend> Engine<B> {
 
     /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded.
     /// For tests and export; not for the hot path.
-    pub fn full_params_host<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<Vec<f32>, TrainError> {
+    pub fn full_params_host<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        i: usize,
+    ) -> Result<Vec<f32>, TrainError> {
         let was_gathered = self.units[i].params.is_some();
         self.gather(be, comm, i)?;
         let out = be.download_buf(self.params(i), Loc::all(self.units[i].numel))?;

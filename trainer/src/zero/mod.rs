@@ -12,6 +12,7 @@
 
 pub mod engine;
 pub mod memory;
+pub mod plan;
 
 pub use engine::{Engine, EngineComm, StepStats};
 pub use memory::{Category, MemoryBytes, MemoryLedger, MemoryReport};
@@ -30,11 +31,6 @@ pub struct Policy {
 
 impl Policy {
     pub fn for_stage(stage: u8) -> Policy {
-        Policy {
-            stage,
-            shard_optimizer: stage >= 1,
-            shard_grads: stage >= 2,
-            shard_params: stage >= 3,
-        }
+        Policy { stage, shard_optimizer: stage >= 1, shard_grads: stage >= 2, shard_params: stage >= 3 }
     }
 }

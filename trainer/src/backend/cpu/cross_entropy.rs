@@ -2,7 +2,14 @@
 
 /// Per row: `loss = logsumexp(logits) - logits[target]`; then `logits` is overwritten with
 /// `(softmax - onehot(target)) * dloss_scale`.
-pub fn cross_entropy_forward_backward(logits: &mut [f32], losses: &mut [f32], targets: &[u32], n: usize, v: usize, dloss_scale: f32) {
+pub fn cross_entropy_forward_backward(
+    logits: &mut [f32],
+    losses: &mut [f32],
+    targets: &[u32],
+    n: usize,
+    v: usize,
+    dloss_scale: f32,
+) {
     for i in 0..n {
         let row = &mut logits[i * v..(i + 1) * v];
         let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));

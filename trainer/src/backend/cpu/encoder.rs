@@ -15,7 +15,15 @@ pub fn encoder_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32]
 }
 
 /// `dwte[tok] += dout`, `dwpe[t] += dout`, in row order (deterministic).
-pub fn encoder_backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], b: usize, t: usize, c: usize) {
+pub fn encoder_backward(
+    dwte: &mut [f32],
+    dwpe: &mut [f32],
+    dout: &[f32],
+    tokens: &[u32],
+    b: usize,
+    t: usize,
+    c: usize,
+) {
     for bi in 0..b {
         for ti in 0..t {
             let tok = tokens[bi * t + ti] as usize;

@@ -3,7 +3,16 @@
 pub const LN_EPS: f32 = 1e-5;
 
 #[allow(clippy::too_many_arguments)]
-pub fn layernorm_forward(out: &mut [f32], mean: &mut [f32], rstd: &mut [f32], inp: &[f32], w: &[f32], b: &[f32], n: usize, c: usize) {
+pub fn layernorm_forward(
+    out: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    inp: &[f32],
+    w: &[f32],
+    b: &[f32],
+    n: usize,
+    c: usize,
+) {
     for i in 0..n {
         let x = &inp[i * c..(i + 1) * c];
         let m = x.iter().sum::<f32>() / c as f32;
@@ -20,7 +29,18 @@ pub fn layernorm_forward(out: &mut [f32], mean: &mut [f32], rstd: &mut [f32], in
 
 /// `dinp += ..`, `dw += ..`, `db += ..`.
 #[allow(clippy::too_many_arguments)]
-pub fn layernorm_backward(dinp: &mut [f32], dw: &mut [f32], db: &mut [f32], dout: &[f32], inp: &[f32], w: &[f32], mean: &[f32], rstd: &[f32], n: usize, c: usize) {
+pub fn layernorm_backward(
+    dinp: &mut [f32],
+    dw: &mut [f32],
+    db: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    n: usize,
+    c: usize,
+) {
     for i in 0..n {
         let x = &inp[i * c..(i + 1) * c];
         let dy = &dout[i * c..(i + 1) * c];

@@ -6,11 +6,20 @@ pub fn matmul_forward(out: &mut [f32], inp: &[f32], w: &[f32], bias: Option<&[f3
     assert!(out.len() == n * oc && inp.len() == n * c && w.len() == oc * c);
     unsafe {
         matrixmultiply::sgemm(
-            n, c, oc, 1.0,
-            inp.as_ptr(), c as isize, 1,
-            w.as_ptr(), 1, c as isize,
+            n,
+            c,
+            oc,
+            1.0,
+            inp.as_ptr(),
+            c as isize,
+            1,
+            w.as_ptr(),
+            1,
+            c as isize,
             0.0,
-            out.as_mut_ptr(), oc as isize, 1,
+            out.as_mut_ptr(),
+            oc as isize,
+            1,
         );
     }
     if let Some(bias) = bias {
@@ -24,23 +33,53 @@ pub fn matmul_forward(out: &mut [f32], inp: &[f32], w: &[f32], bias: Option<&[f3
 
 /// `dinp = dout · w` (overwrite), `dw += doutᵀ · inp`, `dbias += Σ_rows dout`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_backward(dinp: &mut [f32], dw: &mut [f32], dbias: Option<&mut [f32]>, dout: &[f32], inp: &[f32], w: &[f32], n: usize, c: usize, oc: usize) {
-    assert!(dinp.len() == n * c && dw.len() == oc * c && dout.len() == n * oc && inp.len() == n * c && w.len() == oc * c);
+pub fn matmul_backward(
+    dinp: &mut [f32],
+    dw: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    w: &[f32],
+    n: usize,
+    c: usize,
+    oc: usize,
+) {
+    assert!(
+        dinp.len() == n * c && dw.len() == oc * c && dout.len() == n * oc && inp.len() == n * c && w.len() == oc * c
+    );
     // SAFETY: lengths checked above match the strides.
     unsafe {
         matrixmultiply::sgemm(
-            n, oc, c, 1.0,
-            dout.as_ptr(), oc as isize, 1,
-            w.as_ptr(), c as isize, 1,
+            n,
+            oc,
+            c,
+            1.0,
+            dout.as_ptr(),
+            oc as isize,
+            1,
+            w.as_ptr(),
+            c as isize,
+            1,
             0.0,
-            dinp.as_mut_ptr(), c as isize, 1,
+            dinp.as_mut_ptr(),
+            c as isize,
+            1,
         );
         matrixmultiply::sgemm(
-            oc, n, c, 1.0,
-            dout.as_ptr(), 1, oc as isize,
-            inp.as_ptr(), c as isize, 1,
+            oc,
+            n,
+            c,
             1.0,
-            dw.as_mut_ptr(), c as isize, 1,
+            dout.as_ptr(),
+            1,
+            oc as isize,
+            inp.as_ptr(),
+            c as isize,
+            1,
+            1.0,
+            dw.as_mut_ptr(),
+            c as isize,
+            1,
         );
     }
     if let Some(db) = dbias {

@@ -6,8 +6,8 @@
 //! wires them into the [`Backend`] trait.
 
 mod adamw;
-mod comm;
 mod attention;
+mod comm;
 mod cross_entropy;
 mod encoder;
 mod gelu;
@@ -15,8 +15,8 @@ mod layernorm;
 mod matmul;
 
 pub use adamw::adamw_segment;
-pub use comm::HostComm;
 pub use attention::{attention_backward, attention_forward};
+pub use comm::HostComm;
 pub use cross_entropy::cross_entropy_forward_backward;
 pub use encoder::{encoder_backward, encoder_forward};
 pub use gelu::{gelu_backward, gelu_forward};
@@ -112,29 +112,133 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn encoder_fwd(&self, out: &mut Vec<f32>, tokens: &Vec<u32>, params: &Vec<f32>, wte: Loc, wpe: Loc, b: usize, t: usize, c: usize) -> BResult<()> {
-        encoder_forward(&mut out[..b * t * c], &tokens[..b * t], &params[wte.off..wte.end()], &params[wpe.off..wpe.end()], b, t, c);
+    fn encoder_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        tokens: &Vec<u32>,
+        params: &Vec<f32>,
+        wte: Loc,
+        wpe: Loc,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()> {
+        encoder_forward(
+            &mut out[..b * t * c],
+            &tokens[..b * t],
+            &params[wte.off..wte.end()],
+            &params[wpe.off..wpe.end()],
+            b,
+            t,
+            c,
+        );
         Ok(())
     }
-    fn encoder_bwd(&self, grads: &mut Vec<f32>, dwte: Loc, dwpe: Loc, dout: &Vec<f32>, tokens: &Vec<u32>, b: usize, t: usize, c: usize) -> BResult<()> {
+    fn encoder_bwd(
+        &self,
+        grads: &mut Vec<f32>,
+        dwte: Loc,
+        dwpe: Loc,
+        dout: &Vec<f32>,
+        tokens: &Vec<u32>,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()> {
         let (wte_g, wpe_g) = two_mut(grads, dwte, dwpe);
         encoder_backward(wte_g, wpe_g, &dout[..b * t * c], &tokens[..b * t], b, t, c);
         Ok(())
     }
-    fn layernorm_fwd(&self, out: &mut Vec<f32>, mean: &mut Vec<f32>, rstd: &mut Vec<f32>, inp: &Vec<f32>, params: &Vec<f32>, w: Loc, bias: Loc, n: usize, c: usize) -> BResult<()> {
-        layernorm_forward(&mut out[..n * c], &mut mean[..n], &mut rstd[..n], &inp[..n * c], &params[w.off..w.end()], &params[bias.off..bias.end()], n, c);
+    fn layernorm_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        params: &Vec<f32>,
+        w: Loc,
+        bias: Loc,
+        n: usize,
+        c: usize,
+    ) -> BResult<()> {
+        layernorm_forward(
+            &mut out[..n * c],
+            &mut mean[..n],
+            &mut rstd[..n],
+            &inp[..n * c],
+            &params[w.off..w.end()],
+            &params[bias.off..bias.end()],
+            n,
+            c,
+        );
         Ok(())
     }
-    fn layernorm_bwd(&self, dinp: &mut Vec<f32>, grads: &mut Vec<f32>, dw: Loc, db: Loc, dout: &Vec<f32>, inp: &Vec<f32>, params: &Vec<f32>, w: Loc, mean: &Vec<f32>, rstd: &Vec<f32>, n: usize, c: usize) -> BResult<()> {
+    fn layernorm_bwd(
+        &self,
+        dinp: &mut Vec<f32>,
+        grads: &mut Vec<f32>,
+        dw: Loc,
+        db: Loc,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        params: &Vec<f32>,
+        w: Loc,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        n: usize,
+        c: usize,
+    ) -> BResult<()> {
         let (dw_g, db_g) = two_mut(grads, dw, db);
-        layernorm_backward(&mut dinp[..n * c], dw_g, db_g, &dout[..n * c], &inp[..n * c], &params[w.off..w.end()], &mean[..n], &rstd[..n], n, c);
+        layernorm_backward(
+            &mut dinp[..n * c],
+            dw_g,
+            db_g,
+            &dout[..n * c],
+            &inp[..n * c],
+            &params[w.off..w.end()],
+            &mean[..n],
+            &rstd[..n],
+            n,
+            c,
+        );
         Ok(())
     }
-    fn matmul_fwd(&self, out: &mut Vec<f32>, inp: &Vec<f32>, params: &Vec<f32>, w: Loc, bias: Option<Loc>, n: usize, c: usize, oc: usize) -> BResult<()> {
-        matmul_forward(&mut out[..n * oc], &inp[..n * c], &params[w.off..w.end()], bias.map(|b| &params[b.off..b.end()]), n, c, oc);
+    fn matmul_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        params: &Vec<f32>,
+        w: Loc,
+        bias: Option<Loc>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
+        matmul_forward(
+            &mut out[..n * oc],
+            &inp[..n * c],
+            &params[w.off..w.end()],
+            bias.map(|b| &params[b.off..b.end()]),
+            n,
+            c,
+            oc,
+        );
         Ok(())
     }
-    fn matmul_bwd(&self, dinp: &mut Vec<f32>, grads: &mut Vec<f32>, dw: Loc, dbias: Option<Loc>, dout: &Vec<f32>, inp: &Vec<f32>, params: &Vec<f32>, w: Loc, n: usize, c: usize, oc: usize) -> BResult<()> {
+    fn matmul_bwd(
+        &self,
+        dinp: &mut Vec<f32>,
+        grads: &mut Vec<f32>,
+        dw: Loc,
+        dbias: Option<Loc>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        params: &Vec<f32>,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
         let (dw_g, db_g) = match dbias {
             Some(db) => {
                 let (a, b) = two_mut(grads, dw, db);
@@ -142,7 +246,17 @@ impl Backend for CpuBackend {
             }
             None => (&mut grads[dw.off..dw.end()], None),
         };
-        matmul_backward(&mut dinp[..n * c], dw_g, db_g, &dout[..n * oc], &inp[..n * c], &params[w.off..w.end()], n, c, oc);
+        matmul_backward(
+            &mut dinp[..n * c],
+            dw_g,
+            db_g,
+            &dout[..n * oc],
+            &inp[..n * c],
+            &params[w.off..w.end()],
+            n,
+            c,
+            oc,
+        );
         Ok(())
     }
     fn attention_saved_len(&self, s: AttnShape) -> usize {
@@ -153,9 +267,23 @@ impl Backend for CpuBackend {
         attention_forward(&mut out[..n * s.c], &mut saved[..self.attention_saved_len(s)], &qkv[..n * 3 * s.c], s);
         Ok(())
     }
-    fn attention_bwd(&self, dqkv: &mut Vec<f32>, dout: &Vec<f32>, qkv: &Vec<f32>, _out: &Vec<f32>, saved: &Vec<f32>, s: AttnShape) -> BResult<()> {
+    fn attention_bwd(
+        &self,
+        dqkv: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        qkv: &Vec<f32>,
+        _out: &Vec<f32>,
+        saved: &Vec<f32>,
+        s: AttnShape,
+    ) -> BResult<()> {
         let n = s.b * s.t;
-        attention_backward(&mut dqkv[..n * 3 * s.c], &dout[..n * s.c], &qkv[..n * 3 * s.c], &saved[..self.attention_saved_len(s)], s);
+        attention_backward(
+            &mut dqkv[..n * 3 * s.c],
+            &dout[..n * s.c],
+            &qkv[..n * 3 * s.c],
+            &saved[..self.attention_saved_len(s)],
+            s,
+        );
         Ok(())
     }
     fn gelu_fwd(&self, out: &mut Vec<f32>, inp: &Vec<f32>, n: usize) -> BResult<()> {
@@ -172,11 +300,31 @@ impl Backend for CpuBackend {
         }
         Ok(())
     }
-    fn cross_entropy_fwd_bwd(&self, logits: &mut Vec<f32>, losses: &mut Vec<f32>, targets: &Vec<u32>, n: usize, v: usize, dloss_scale: f32) -> BResult<()> {
+    fn cross_entropy_fwd_bwd(
+        &self,
+        logits: &mut Vec<f32>,
+        losses: &mut Vec<f32>,
+        targets: &Vec<u32>,
+        n: usize,
+        v: usize,
+        dloss_scale: f32,
+    ) -> BResult<()> {
         cross_entropy_forward_backward(&mut logits[..n * v], &mut losses[..n], &targets[..n], n, v, dloss_scale);
         Ok(())
     }
-    fn adamw(&self, params: &mut Vec<f32>, poff: usize, master: &mut Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, moff: usize, grads: &Vec<f32>, goff: usize, len: usize, h: AdamWStep) -> BResult<()> {
+    fn adamw(
+        &self,
+        params: &mut Vec<f32>,
+        poff: usize,
+        master: &mut Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        moff: usize,
+        grads: &Vec<f32>,
+        goff: usize,
+        len: usize,
+        h: AdamWStep,
+    ) -> BResult<()> {
         let r = moff..moff + len;
         adamw_segment(&mut master[r.clone()], &mut m[r.clone()], &mut v[r], &grads[goff..goff + len], h);
         params[poff..poff + len].copy_from_slice(&master[moff..moff + len]);

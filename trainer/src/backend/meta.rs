@@ -1,0 +1,280 @@
+//! The meta backend: buffers that hold only a length, operations that do nothing.
+//!
+//! Like PyTorch's `meta` device, it runs the real engine and model code paths — every
+//! allocation, gather, release and reduction in the real order — without memory or
+//! arithmetic, so [`crate::zero::plan`] can predict a rank's memory before launch.
+
+use super::{AdamWStep, AttnShape, BResult, Backend, ElemBytes, Loc};
+use collectives::{CommError, Communicator, Group, ReduceOp};
+
+/// A buffer that remembers only its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaBuf(pub usize);
+
+/// Counts as a backend with the element sizes of the backend it stands in for.
+#[derive(Debug, Clone, Copy)]
+pub struct MetaBackend {
+    pub sizes: ElemBytes,
+    /// fp32 elements of attention state per (b, t, nh) of the modelled backend.
+    pub attention_saved: fn(AttnShape) -> usize,
+}
+
+impl Backend for MetaBackend {
+    type Buf = MetaBuf;
+    type Grad = MetaBuf;
+    type F32 = MetaBuf;
+    type Tokens = MetaBuf;
+    fn name(&self) -> String {
+        "meta".into()
+    }
+    fn elem_bytes(&self) -> ElemBytes {
+        self.sizes
+    }
+    fn alloc_buf(&self, n: usize, _: &str) -> BResult<MetaBuf> {
+        Ok(MetaBuf(n))
+    }
+    fn alloc_grad(&self, n: usize, _: &str) -> BResult<MetaBuf> {
+        Ok(MetaBuf(n))
+    }
+    fn alloc_f32(&self, n: usize, _: &str) -> BResult<MetaBuf> {
+        Ok(MetaBuf(n))
+    }
+    fn alloc_tokens(&self, n: usize) -> BResult<MetaBuf> {
+        Ok(MetaBuf(n))
+    }
+    fn upload_tokens(&self, _: &[u32], _: &mut MetaBuf) -> BResult<()> {
+        Ok(())
+    }
+    fn upload_buf(&self, _: &[f32], _: &mut MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn upload_f32(&self, _: &[f32], _: &mut MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn download_f32(&self, _: &MetaBuf, at: Loc) -> BResult<Vec<f32>> {
+        Ok(vec![0.0; at.len])
+    }
+    fn download_buf(&self, _: &MetaBuf, at: Loc) -> BResult<Vec<f32>> {
+        Ok(vec![0.0; at.len])
+    }
+    fn download_grad(&self, _: &MetaBuf, at: Loc) -> BResult<Vec<f32>> {
+        Ok(vec![0.0; at.len])
+    }
+    fn cast_to_buf(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
+        Ok(())
+    }
+    fn zero_buf(&self, _: &mut MetaBuf, _: Loc) -> BResult<()> {
+        Ok(())
+    }
+    fn zero_grad(&self, _: &mut MetaBuf, _: Loc) -> BResult<()> {
+        Ok(())
+    }
+    fn add_grad(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
+        Ok(())
+    }
+    fn grad_sumsq(&self, _: &MetaBuf, _: Loc) -> BResult<f64> {
+        Ok(0.0)
+    }
+    fn copy_buf(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
+        Ok(())
+    }
+    fn encoder_fwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: Loc,
+        _: Loc,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn encoder_bwd(
+        &self,
+        _: &mut MetaBuf,
+        _: Loc,
+        _: Loc,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn layernorm_fwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: Loc,
+        _: Loc,
+        _: usize,
+        _: usize,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn layernorm_bwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: Loc,
+        _: Loc,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: Loc,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: usize,
+        _: usize,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn matmul_fwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: Loc,
+        _: Option<Loc>,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn matmul_bwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: Loc,
+        _: Option<Loc>,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: Loc,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn attention_saved_len(&self, s: AttnShape) -> usize {
+        (self.attention_saved)(s)
+    }
+    fn attention_fwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+        Ok(())
+    }
+    fn attention_bwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: AttnShape,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn residual_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn cross_entropy_fwd_bwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: usize,
+        _: usize,
+        _: f32,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn adamw(
+        &self,
+        _: &mut MetaBuf,
+        _: usize,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: usize,
+        _: &MetaBuf,
+        _: usize,
+        _: usize,
+        _: AdamWStep,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn synchronize(&self) -> BResult<()> {
+        Ok(())
+    }
+}
+
+/// A communicator for one modelled rank of a `world`-rank job: collectives check sizes
+/// like the real ones and move nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct MetaComm {
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl Group for MetaComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn barrier(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+impl Communicator<MetaBuf> for MetaComm {
+    fn all_gather(&mut self, send: &MetaBuf, recv: &mut MetaBuf) -> Result<(), CommError> {
+        check(send.0 * self.world == recv.0, "all_gather", self.world, send.0, recv.0)
+    }
+    fn reduce_scatter(&mut self, send: &MetaBuf, recv: &mut MetaBuf, _: ReduceOp) -> Result<(), CommError> {
+        check(recv.0 * self.world == send.0, "reduce_scatter", self.world, send.0, recv.0)
+    }
+    fn all_reduce(&mut self, _: &mut MetaBuf, _: ReduceOp) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn broadcast(&mut self, _: &mut MetaBuf, _: usize) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+impl Communicator<[f32]> for MetaComm {
+    fn all_gather(&mut self, _: &[f32], _: &mut [f32]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn reduce_scatter(&mut self, _: &[f32], _: &mut [f32], _: ReduceOp) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn all_reduce(&mut self, _: &mut [f32], _: ReduceOp) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn broadcast(&mut self, _: &mut [f32], _: usize) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+fn check(ok: bool, op: &'static str, world: usize, send: usize, recv: usize) -> Result<(), CommError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CommError::BadSize { op, world, detail: format!("send {send} / recv {recv} elements") })
+    }
+}

@@ -1,0 +1,43 @@
+//! Memory prediction before launch: run one optimizer step of the real engine and model
+//! on the [meta backend](crate::backend::meta), so the per-rank report (by category, and
+//! at peak) is exactly what the ledger will record in the real run.
+
+use super::{Engine, MemoryReport};
+use crate::backend::meta::{MetaBackend, MetaComm};
+use crate::backend::{AttnShape, ElemBytes};
+use crate::config::Config;
+use crate::model::{Gpt, ModelLayout};
+use crate::zero::engine::StepHyper;
+use crate::TrainError;
+
+/// Element sizes and attention state of the backend being planned for.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceModel {
+    pub sizes: ElemBytes,
+    pub attention_saved: fn(AttnShape) -> usize,
+}
+
+impl DeviceModel {
+    /// The f32 CPU backend (saves the full softmax: B·NH·T·T).
+    pub fn cpu() -> DeviceModel {
+        DeviceModel { sizes: ElemBytes { buf: 4, grad: 4, f32: 4 }, attention_saved: |s| s.b * s.nh * s.t * s.t }
+    }
+}
+
+/// Predicted memory of rank `rank` of `world` after one full training step.
+pub fn predict(cfg: &Config, world: usize, rank: usize, device: DeviceModel) -> Result<MemoryReport, TrainError> {
+    let be = MetaBackend { sizes: device.sizes, attention_saved: device.attention_saved };
+    let mut comm = MetaComm { rank, world };
+    let layout = ModelLayout::new(&cfg.model);
+    let mut eng = Engine::new(&be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?;
+    let mut model = Gpt::new(&be, &eng.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut eng.ledger)?;
+    let n = cfg.train.micro_batch * cfg.model.seq_len;
+    let toks = vec![0u32; n];
+    eng.begin_step(&be)?;
+    for _ in 0..cfg.train.grad_accum {
+        model.step_micro(&be, &mut eng, &mut comm, &toks, &toks, Some(1.0))?;
+    }
+    let h = StepHyper { lr: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.0 };
+    eng.step(&be, &mut comm, h, 1)?;
+    Ok(eng.memory())
+}
