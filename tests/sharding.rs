@@ -106,3 +106,38 @@ fn checkpointing_every_k_matches_none() {
     assert_eq!(a.losses, b.losses);
     assert_eq!(a.params, b.params);
 }
+
+#[test]
+fn validation_loss_is_agreed_by_all_ranks_and_finite() {
+    // Validation runs forward-only through the same gather schedule (stage 3 included).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    // A val shard next to the train shard.
+    let toks: Vec<u16> = (0..4000u32).map(|i| ((i * 7 + i / 13) % 97) as u16).collect();
+    data::write_shard(dir.path().join("synthetic_val_000000.bin"), &toks).expect("val shard");
+    let toml = common::tiny_toml(3, 1, "\"none\"") + "\n";
+    let mut cfg = Config::from_toml_str(&toml, "t").expect("cfg");
+    cfg.train.eval_every = 2;
+    cfg.train.eval_batches = 2;
+    let comms = TcpComm::local_group(2).expect("group");
+    let hs: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(rank, c)| {
+            let (cfg, dir) = (cfg.clone(), dir.path().to_path_buf());
+            std::thread::spawn(move || {
+                let be = CpuBackend;
+                let mut comm = HostComm(c);
+                let mut tr = Trainer::new(&cfg, &be, rank, 2, &dir).expect("trainer");
+                (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").val_loss).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let vals: Vec<Vec<Option<f64>>> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+    assert_eq!(vals[0], vals[1]);
+    assert!(vals[0][0].is_none() && vals[0][1].is_some() && vals[0][3].is_some(), "{:?}", vals[0]);
+    let _ = data;
+    for v in vals[0].iter().flatten() {
+        assert!(v.is_finite() && *v > 0.0 && *v < 6.0, "{v}");
+    }
+}

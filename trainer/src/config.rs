@@ -352,3 +352,93 @@ pub fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigEr
     section.insert(parts[1].to_string(), value);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "[model]\nn_layer = 2\nn_head = 2\nn_embd = 8\nvocab_size = 11\nseq_len = 4\n";
+
+    fn load_str(text: &str, overrides: &[&str]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, text).expect("write");
+        let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        Config::load(&p, &o)
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = load_str(BASE, &[]).expect("valid");
+        assert_eq!(c.zero.stage, 0);
+        assert_eq!(c.checkpointing.activations, ActivationCheckpointing::None);
+        assert_eq!(c.data.path, None);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = load_str(&format!("{BASE}[train]\nlearning_rate = 1.0\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("learning_rate"), "{e}");
+        let e = load_str(&format!("{BASE}[trian]\nlr = 1.0\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("trian"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let e = load_str(&format!("{BASE}[train]\nsteps = \"ten\"\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("steps") || e.contains("ten"), "{e}");
+    }
+
+    #[test]
+    fn impossible_values_name_key_and_fix() {
+        let e = load_str(BASE, &["zero.stage=7"]).unwrap_err().to_string();
+        assert!(e.contains("zero.stage") && e.contains("0 (data parallel)"), "{e}");
+        let e = load_str(&BASE.replace("n_embd = 8", "n_embd = 9"), &[]).unwrap_err().to_string();
+        assert!(e.contains("model.n_embd") && e.contains("multiple of model.n_head"), "{e}");
+        let e = load_str(BASE, &["train.micro_batch=0"]).unwrap_err().to_string();
+        assert!(e.contains("train.micro_batch"), "{e}");
+        let e = load_str(BASE, &["train.beta2=1.5"]).unwrap_err().to_string();
+        assert!(e.contains("train.beta2"), "{e}");
+        let e = load_str(BASE, &["train.min_lr=1.0", "train.lr=0.1"]).unwrap_err().to_string();
+        assert!(e.contains("train.min_lr"), "{e}");
+        let e = load_str(BASE, &["checkpointing.activations=0"]).unwrap_err().to_string();
+        assert!(e.contains("positive integer"), "{e}");
+        let e = load_str(BASE, &["checkpointing.activations=sometimes"]).unwrap_err().to_string();
+        assert!(e.contains("every_layer"), "{e}");
+    }
+
+    #[test]
+    fn overrides_apply_and_bad_ones_are_explained() {
+        let c =
+            load_str(BASE, &["zero.stage=3", "train.lr=1e-4", "checkpointing.activations=every_layer", "data.path=/x"])
+                .expect("valid");
+        assert_eq!(c.zero.stage, 3);
+        assert_eq!(c.train.lr, 1e-4);
+        assert_eq!(c.checkpointing.activations, ActivationCheckpointing::EveryLayer);
+        assert_eq!(c.data.path, Some(PathBuf::from("/x")));
+        let c = load_str(BASE, &["checkpointing.activations=2"]).expect("valid");
+        assert_eq!(c.checkpointing.activations, ActivationCheckpointing::Every(2));
+        let e = load_str(BASE, &["zero.stage"]).unwrap_err().to_string();
+        assert!(e.contains("section.key=value"), "{e}");
+        let e = load_str(BASE, &["stage=3"]).unwrap_err().to_string();
+        assert!(e.contains("section.key"), "{e}");
+        let e = load_str(BASE, &["zero.nonsense=3"]).unwrap_err().to_string();
+        assert!(e.contains("nonsense"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_and_bad_toml_are_reported() {
+        let e = Config::load(Path::new("/definitely/not/here.toml"), &[]).unwrap_err().to_string();
+        assert!(e.contains("/definitely/not/here.toml"), "{e}");
+        let e = load_str("[model\n", &[]).unwrap_err().to_string();
+        assert!(e.contains("c.toml"), "{e}");
+    }
+
+    #[test]
+    fn checkpoint_policy_selects_blocks() {
+        assert!(!ActivationCheckpointing::None.is_checkpointed(0));
+        assert!(ActivationCheckpointing::EveryLayer.is_checkpointed(3));
+        let e2 = ActivationCheckpointing::Every(2);
+        assert!(e2.is_checkpointed(0) && !e2.is_checkpointed(1) && e2.is_checkpointed(2));
+    }
+}

@@ -28,6 +28,8 @@ pub struct Trainer<B: Backend> {
     pub engine: Engine<B>,
     model: Gpt<B>,
     sampler: BatchSampler,
+    /// Validation split, when `train.eval_every > 0`.
+    val: Option<Dataset>,
     inputs: Vec<u32>,
     targets: Vec<u32>,
     /// Optimizer steps taken so far.
@@ -49,12 +51,31 @@ impl<B: Backend> Trainer<B> {
             )));
         }
         let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
+        let val = if cfg.train.eval_every > 0 {
+            let v = Dataset::open(data_path, Split::Val).map_err(|e| {
+                TrainError::Invalid(format!(
+                    "train.eval_every = {} needs a validation split: {e} (set train.eval_every = 0 to train without evaluation)",
+                    cfg.train.eval_every
+                ))
+            })?;
+            // Fail now, not at the first evaluation, if it cannot give every rank a batch.
+            let have = v.val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)?.len();
+            if have < world {
+                return Err(TrainError::Invalid(format!(
+                    "the validation split of {} holds {have} batches of micro_batch × seq_len tokens but {world} ranks                      need one each: add validation data or lower train.micro_batch",
+                    data_path.display()
+                )));
+            }
+            Some(v)
+        } else {
+            None
+        };
         let layout = ModelLayout::new(&cfg.model);
         let mut engine = Engine::new(be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?;
         let model =
             Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
-        Ok(Trainer { cfg: cfg.clone(), engine, model, sampler, inputs: vec![0; n], targets: vec![0; n], step: 0 })
+        Ok(Trainer { cfg: cfg.clone(), engine, model, sampler, val, inputs: vec![0; n], targets: vec![0; n], step: 0 })
     }
 
     /// Tokens in one global batch.
@@ -98,17 +119,47 @@ impl<B: Backend> Trainer<B> {
         let stats = self.engine.step(be, comm, hyper, self.step as u64 + 1)?;
         let loss = all_reduce_f64(comm, loss_sum / tc.grad_accum as f64)? / world as f64;
         be.synchronize()?;
+        let step_time_s = t0.elapsed().as_secs_f64();
         self.step += 1;
+        let ev = tc.eval_every;
+        let val_loss = if ev > 0 && (self.step % ev == 0 || self.step == tc.steps) {
+            Some(self.evaluate(be, comm)?)
+        } else {
+            None
+        };
         Ok(StepMetrics {
             step: self.step as u64,
             loss,
             lr,
             grad_norm: stats.grad_norm,
             tokens: self.global_tokens(),
-            step_time_s: t0.elapsed().as_secs_f64(),
-            val_loss: None,
+            step_time_s,
+            val_loss,
             memory: self.engine.memory(),
         })
+    }
+
+    /// Mean loss over `train.eval_batches` validation batches per rank (rank r takes
+    /// batches r, r+W, …, so the ranks together cover W·eval_batches distinct batches).
+    pub fn evaluate<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<f64, TrainError> {
+        let Some(val) = self.val.as_ref() else {
+            return Err(TrainError::Invalid("evaluation needs train.eval_every > 0 and a validation split".into()));
+        };
+        let (rank, world) = (self.engine.rank, self.engine.world);
+        let want = self.cfg.train.eval_batches * world;
+        let mut batches = val.val_batches(self.cfg.train.micro_batch, self.cfg.model.seq_len, want)?;
+        // Every rank must run the same number of forwards (stage 3 gathers are collective).
+        let per_rank = batches.len() / world;
+        let (mut sum, mut i, mut done) = (0.0f64, 0usize, 0usize);
+        while done < per_rank && batches.next_into(&mut self.inputs, &mut self.targets)? {
+            if i % world == rank {
+                sum += self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, None)?;
+                done += 1;
+            }
+            i += 1;
+        }
+        let mean = sum / per_rank.max(1) as f64;
+        Ok(all_reduce_f64(comm, mean)? / world as f64)
     }
 
     /// Every unit's parameters on the host, unpadded (gathers sharded ones).

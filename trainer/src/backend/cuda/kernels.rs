@@ -27,7 +27,11 @@ struct Source {
 }
 
 const SOURCES: &[Source] = &[
-    Source { name: "encoder", src: include_str!("encoder.cu"), functions: &["encoder_fwd", "encoder_bwd_wpe", "encoder_bwd_wte"] },
+    Source {
+        name: "encoder",
+        src: include_str!("encoder.cu"),
+        functions: &["encoder_fwd", "encoder_bwd_wpe", "encoder_bwd_wte"],
+    },
     Source { name: "layernorm", src: include_str!("layernorm.cu"), functions: &["layernorm_fwd", "layernorm_bwd"] },
     Source { name: "matmul", src: include_str!("matmul.cu"), functions: &["bias_grad_partial"] },
     Source {
@@ -50,7 +54,11 @@ const SOURCES: &[Source] = &[
     Source { name: "residual", src: include_str!("residual.cu"), functions: &["residual_fwd"] },
     Source { name: "cross_entropy", src: include_str!("cross_entropy.cu"), functions: &["cross_entropy_fwd_bwd"] },
     Source { name: "adamw", src: include_str!("adamw.cu"), functions: &["adamw"] },
-    Source { name: "cast", src: include_str!("cast.cu"), functions: &["cast_f32_bf16", "add_f32", "sumsq_partial", "reduce_partials"] },
+    Source {
+        name: "cast",
+        src: include_str!("cast.cu"),
+        functions: &["cast_f32_bf16", "add_f32", "sumsq_partial", "reduce_partials"],
+    },
 ];
 
 /// Functions that take more than the default 48 KiB of dynamic shared memory.
@@ -98,12 +106,13 @@ impl Kernels {
 
 /// Compile (or fetch from the cache) and load every kernel for `ctx`'s device.
 pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
-    let (major, minor) = ctx.compute_capability().map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
+    let (major, minor) =
+        ctx.compute_capability().map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
     let arch = format!("sm_{major}{minor}");
     let nvrtc = nvrtc_version();
-    let max_smem = ctx
-        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_err(|e| BackendError::Device(format!("reading the shared-memory limit: {e}")))? as usize;
+    let max_smem =
+        ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| BackendError::Device(format!("reading the shared-memory limit: {e}")))? as usize;
     let mut k = Kernels { functions: HashMap::new(), failed: HashMap::new(), max_smem };
     for s in SOURCES {
         match load_source(ctx, s, &arch, &nvrtc) {
@@ -114,7 +123,9 @@ pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
                         let static_smem = f.shared_size_bytes().unwrap_or(0).max(0) as usize;
                         let allow = max_smem.saturating_sub(static_smem) as i32;
                         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, allow)
-                            .map_err(|e| BackendError::Device(format!("raising the shared-memory limit of `{name}`: {e}")))?;
+                            .map_err(|e| {
+                            BackendError::Device(format!("raising the shared-memory limit of `{name}`: {e}"))
+                        })?;
                     }
                     k.functions.insert(name, f);
                 }
@@ -160,7 +171,12 @@ fn cuda_include_dirs() -> Vec<String> {
     dirs.into_iter().filter(|d| std::path::Path::new(d).is_dir()).collect()
 }
 
-fn load_source(ctx: &Arc<CudaContext>, s: &Source, arch: &str, nvrtc: &str) -> Result<Vec<(&'static str, CudaFunction)>, String> {
+fn load_source(
+    ctx: &Arc<CudaContext>,
+    s: &Source,
+    arch: &str,
+    nvrtc: &str,
+) -> Result<Vec<(&'static str, CudaFunction)>, String> {
     let full = format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", s.name, s.src);
     let opts = options(arch);
     let key = fnv1a(&[full.as_bytes(), arch.as_bytes(), opts.join(" ").as_bytes(), nvrtc.as_bytes()]);

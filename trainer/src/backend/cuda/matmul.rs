@@ -180,7 +180,15 @@ impl Lt {
                 self.workspace.len(),
                 stream,
             )
-            .map_err(|e| lt_err(&format!("matmul m={} n={} k={} transa={} transb={} out={:?}", g.m, g.n, g.k, g.transa, g.transb, g.out), e))
+            .map_err(|e| {
+                lt_err(
+                    &format!(
+                        "matmul m={} n={} k={} transa={} transb={} out={:?}",
+                        g.m, g.n, g.k, g.transa, g.transb, g.out
+                    ),
+                    e,
+                )
+            })
         }
     }
 
@@ -195,33 +203,63 @@ impl Lt {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
             .map_err(|e| lt_err("create matmul descriptor", e))?;
         // Made one by one so that each is owned (and freed) by `plan` from here on.
-        let mut plan = Plan { desc, a: std::ptr::null_mut(), b: std::ptr::null_mut(), d: std::ptr::null_mut(), algo: unsafe { std::mem::zeroed() } };
-        plan.a = lt::create_matrix_layout(bf16, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;
-        plan.b = lt::create_matrix_layout(bf16, br as u64, bc as u64, key.ldb as i64).map_err(|e| lt_err("layout B", e))?;
-        plan.d = lt::create_matrix_layout(dtype, key.m as u64, key.n as u64, key.ldd as i64).map_err(|e| lt_err("layout D", e))?;
-        let op = |t: bool| if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N };
+        let mut plan = Plan {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            algo: unsafe { std::mem::zeroed() },
+        };
+        plan.a =
+            lt::create_matrix_layout(bf16, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;
+        plan.b =
+            lt::create_matrix_layout(bf16, br as u64, bc as u64, key.ldb as i64).map_err(|e| lt_err("layout B", e))?;
+        plan.d = lt::create_matrix_layout(dtype, key.m as u64, key.n as u64, key.ldd as i64)
+            .map_err(|e| lt_err("layout D", e))?;
+        // cublasOperation_t as an int: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        let op = |t: bool| -> i32 { i32::from(t) };
         let pref = lt::create_matmul_pref().map_err(|e| lt_err("create preference", e))?;
         // SAFETY: descriptors created above; every attribute value is the documented type.
         let res = unsafe {
             let set_desc = |attr, p: *const c_void, n: usize| lt::set_matmul_desc_attribute(plan.desc, attr, p, n);
             let ta = op(key.transa);
             let tb = op(key.transb);
-            let mut r = set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &ta as *const _ as *const c_void, size_of::<sys::cublasOperation_t>());
+            let mut r = set_desc(
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &ta as *const _ as *const c_void,
+                size_of::<i32>(),
+            );
             if r.is_ok() {
-                r = set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &tb as *const _ as *const c_void, size_of::<sys::cublasOperation_t>());
+                r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                    &tb as *const _ as *const c_void,
+                    size_of::<i32>(),
+                );
             }
             if r.is_ok() && key.bias {
                 let epi = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
-                r = set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi as *const _ as *const c_void, size_of::<sys::cublasLtEpilogue_t>());
+                r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &epi as *const _ as *const c_void,
+                    size_of::<sys::cublasLtEpilogue_t>(),
+                );
                 if r.is_ok() {
                     let bt = bf16;
-                    r = set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt as *const _ as *const c_void, size_of::<sys::cudaDataType>());
+                    r = set_desc(
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                        &bt as *const _ as *const c_void,
+                        size_of::<sys::cudaDataType>(),
+                    );
                 }
             }
             let ws = self.workspace.len() as u64;
             let set_pref = |attr, p: *const c_void, n: usize| lt::set_matmul_pref_attribute(pref, attr, p, n);
             if r.is_ok() {
-                r = set_pref(sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const u64 as *const c_void, size_of::<u64>());
+                r = set_pref(
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const u64 as *const c_void,
+                    size_of::<u64>(),
+                );
             }
             let prefs = [
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
@@ -236,15 +274,17 @@ impl Lt {
                 }
             }
             let r = r.map_err(|e| lt_err("set attributes", e)).and_then(|_| {
-                lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref).map_err(|e| {
-                    lt_err(
-                        &format!(
-                            "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} alignments={:?}",
-                            key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.align
-                        ),
-                        e,
-                    )
-                })
+                lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref).map_err(
+                    |e| {
+                        lt_err(
+                            &format!(
+                                "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} alignments={:?}",
+                                key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.align
+                            ),
+                            e,
+                        )
+                    },
+                )
             });
             let _ = lt::destroy_matmul_pref(pref);
             r

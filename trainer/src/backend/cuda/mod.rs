@@ -26,7 +26,9 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use cudarc::driver::sys::cudaError_enum;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits,
+};
 use half::bf16;
 
 use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, ElemBytes, Loc};
@@ -63,10 +65,22 @@ fn missing_libraries() -> Vec<String> {
     // SAFETY: each check only asks the dynamic loader whether the library opens.
     let present = unsafe {
         [
-            ("cuda", "the NVIDIA driver's libcuda.so (installed with the driver)", cudarc::driver::sys::is_culib_present()),
+            (
+                "cuda",
+                "the NVIDIA driver's libcuda.so (installed with the driver)",
+                cudarc::driver::sys::is_culib_present(),
+            ),
             ("nvrtc", "libnvrtc.so (CUDA toolkit, e.g. /usr/local/cuda/lib64)", cudarc::nvrtc::sys::is_culib_present()),
-            ("cublas", "libcublas.so (CUDA toolkit, e.g. /usr/local/cuda/lib64)", cudarc::cublas::sys::is_culib_present()),
-            ("cublasLt", "libcublasLt.so (CUDA toolkit, e.g. /usr/local/cuda/lib64)", cudarc::cublaslt::sys::is_culib_present()),
+            (
+                "cublas",
+                "libcublas.so (CUDA toolkit, e.g. /usr/local/cuda/lib64)",
+                cudarc::cublas::sys::is_culib_present(),
+            ),
+            (
+                "cublasLt",
+                "libcublasLt.so (CUDA toolkit, e.g. /usr/local/cuda/lib64)",
+                cudarc::cublaslt::sys::is_culib_present(),
+            ),
         ]
     };
     present
@@ -108,7 +122,8 @@ impl CudaBackend {
         if ordinal >= n.max(0) as usize {
             return Err(unavailable(format!("device {ordinal} requested, but {n} CUDA device(s) are visible")));
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| unavailable(format!("creating a context on device {ordinal}: {e}")))?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| unavailable(format!("creating a context on device {ordinal}: {e}")))?;
         // One stream, in order: cudarc's per-buffer events would only add overhead.
         // Must precede every allocation (it applies to buffers made after it).
         // SAFETY: all work of this backend (and of an NCCL communicator built on
@@ -184,7 +199,12 @@ impl CudaBackend {
     }
 
     /// A scratch buffer of at least `n` elements (grown as needed), as a raw pointer.
-    fn scratch<T: DeviceRepr + ValidAsZeroBits>(&self, cell: &RefCell<Option<CudaSlice<T>>>, n: usize, what: &str) -> BResult<u64> {
+    fn scratch<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        cell: &RefCell<Option<CudaSlice<T>>>,
+        n: usize,
+        what: &str,
+    ) -> BResult<u64> {
         let mut c = cell.borrow_mut();
         if c.as_ref().is_none_or(|s| s.len() < n) {
             // The old buffer is freed in stream order: kernels queued on it finish first.
@@ -235,7 +255,10 @@ fn alloc_raw<T: DeviceRepr>(stream: &Arc<CudaStream>, device: &str, n: usize, wh
 fn check(what: &str, len: usize, off: usize, n: usize) -> BResult<()> {
     match off.checked_add(n) {
         Some(end) if end <= len => Ok(()),
-        _ => Err(BackendError::Device(format!("{what}: elements {off}..{} do not fit a buffer of {len}", off.saturating_add(n)))),
+        _ => Err(BackendError::Device(format!(
+            "{what}: elements {off}..{} do not fit a buffer of {len}",
+            off.saturating_add(n)
+        ))),
     }
 }
 
@@ -275,11 +298,15 @@ impl Backend for CudaBackend {
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
         check("upload_buf", dst.len(), off, host.len())?;
         let v: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
-        self.stream.memcpy_htod(&v, &mut dst.slice_mut(off..off + host.len())).map_err(|e| self.err("uploading a compute buffer", e))
+        self.stream
+            .memcpy_htod(&v, &mut dst.slice_mut(off..off + host.len()))
+            .map_err(|e| self.err("uploading a compute buffer", e))
     }
     fn upload_f32(&self, host: &[f32], dst: &mut Self::F32, off: usize) -> BResult<()> {
         check("upload_f32", dst.len(), off, host.len())?;
-        self.stream.memcpy_htod(host, &mut dst.slice_mut(off..off + host.len())).map_err(|e| self.err("uploading an fp32 buffer", e))
+        self.stream
+            .memcpy_htod(host, &mut dst.slice_mut(off..off + host.len()))
+            .map_err(|e| self.err("uploading an fp32 buffer", e))
     }
     fn download_f32(&self, src: &Self::F32, at: Loc) -> BResult<Vec<f32>> {
         check_loc("download_f32", src.len(), at)?;
@@ -287,7 +314,10 @@ impl Backend for CudaBackend {
     }
     fn download_buf(&self, src: &Self::Buf, at: Loc) -> BResult<Vec<f32>> {
         check_loc("download_buf", src.len(), at)?;
-        let v = self.stream.clone_dtoh(&src.slice(at.off..at.end())).map_err(|e| self.err("downloading a compute buffer", e))?;
+        let v = self
+            .stream
+            .clone_dtoh(&src.slice(at.off..at.end()))
+            .map_err(|e| self.err("downloading a compute buffer", e))?;
         Ok(v.into_iter().map(|x| x.to_f32()).collect())
     }
     fn download_grad(&self, src: &Self::Grad, at: Loc) -> BResult<Vec<f32>> {
@@ -299,7 +329,9 @@ impl Backend for CudaBackend {
     }
     fn zero_buf(&self, buf: &mut Self::Buf, at: Loc) -> BResult<()> {
         check_loc("zero_buf", buf.len(), at)?;
-        self.stream.memset_zeros(&mut buf.slice_mut(at.off..at.end())).map_err(|e| self.err("zeroing a compute buffer", e))
+        self.stream
+            .memset_zeros(&mut buf.slice_mut(at.off..at.end()))
+            .map_err(|e| self.err("zeroing a compute buffer", e))
     }
     fn zero_grad(&self, buf: &mut Self::Grad, at: Loc) -> BResult<()> {
         check_loc("zero_grad", buf.len(), at)?;
@@ -319,22 +351,90 @@ impl Backend for CudaBackend {
             .map_err(|e| self.err("copying a compute buffer", e))
     }
 
-    fn encoder_fwd(&self, out: &mut Self::Buf, tokens: &Self::Tokens, params: &Self::Buf, wte: Loc, wpe: Loc, b: usize, t: usize, c: usize) -> BResult<()> {
+    fn encoder_fwd(
+        &self,
+        out: &mut Self::Buf,
+        tokens: &Self::Tokens,
+        params: &Self::Buf,
+        wte: Loc,
+        wpe: Loc,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()> {
         self.op_encoder_fwd(out, tokens, params, wte, wpe, b, t, c)
     }
-    fn encoder_bwd(&self, grads: &mut Self::Grad, dwte: Loc, dwpe: Loc, dout: &Self::Buf, tokens: &Self::Tokens, b: usize, t: usize, c: usize) -> BResult<()> {
+    fn encoder_bwd(
+        &self,
+        grads: &mut Self::Grad,
+        dwte: Loc,
+        dwpe: Loc,
+        dout: &Self::Buf,
+        tokens: &Self::Tokens,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()> {
         self.op_encoder_bwd(grads, dwte, dwpe, dout, tokens, b, t, c)
     }
-    fn layernorm_fwd(&self, out: &mut Self::Buf, mean: &mut Self::F32, rstd: &mut Self::F32, inp: &Self::Buf, params: &Self::Buf, w: Loc, bias: Loc, n: usize, c: usize) -> BResult<()> {
+    fn layernorm_fwd(
+        &self,
+        out: &mut Self::Buf,
+        mean: &mut Self::F32,
+        rstd: &mut Self::F32,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        bias: Loc,
+        n: usize,
+        c: usize,
+    ) -> BResult<()> {
         self.op_layernorm_fwd(out, mean, rstd, inp, params, w, bias, n, c)
     }
-    fn layernorm_bwd(&self, dinp: &mut Self::Buf, grads: &mut Self::Grad, dw: Loc, db: Loc, dout: &Self::Buf, inp: &Self::Buf, params: &Self::Buf, w: Loc, mean: &Self::F32, rstd: &Self::F32, n: usize, c: usize) -> BResult<()> {
+    fn layernorm_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        grads: &mut Self::Grad,
+        dw: Loc,
+        db: Loc,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        mean: &Self::F32,
+        rstd: &Self::F32,
+        n: usize,
+        c: usize,
+    ) -> BResult<()> {
         self.op_layernorm_bwd(dinp, grads, dw, db, dout, inp, params, w, mean, rstd, n, c)
     }
-    fn matmul_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, params: &Self::Buf, w: Loc, bias: Option<Loc>, n: usize, c: usize, oc: usize) -> BResult<()> {
+    fn matmul_fwd(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        bias: Option<Loc>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
         self.op_matmul_fwd(out, inp, params, w, bias, n, c, oc)
     }
-    fn matmul_bwd(&self, dinp: &mut Self::Buf, grads: &mut Self::Grad, dw: Loc, dbias: Option<Loc>, dout: &Self::Buf, inp: &Self::Buf, params: &Self::Buf, w: Loc, n: usize, c: usize, oc: usize) -> BResult<()> {
+    fn matmul_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        grads: &mut Self::Grad,
+        dw: Loc,
+        dbias: Option<Loc>,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
         self.op_matmul_bwd(dinp, grads, dw, dbias, dout, inp, params, w, n, c, oc)
     }
     /// Only the per-row log-sum-exp: `B * NH * T` floats (flash attention recomputes
@@ -345,7 +445,15 @@ impl Backend for CudaBackend {
     fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()> {
         self.op_attention_fwd(out, saved, qkv, s)
     }
-    fn attention_bwd(&self, dqkv: &mut Self::Buf, dout: &Self::Buf, qkv: &Self::Buf, out: &Self::Buf, saved: &Self::F32, s: AttnShape) -> BResult<()> {
+    fn attention_bwd(
+        &self,
+        dqkv: &mut Self::Buf,
+        dout: &Self::Buf,
+        qkv: &Self::Buf,
+        out: &Self::Buf,
+        saved: &Self::F32,
+        s: AttnShape,
+    ) -> BResult<()> {
         self.op_attention_bwd(dqkv, dout, qkv, out, saved, s)
     }
     fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()> {
@@ -357,10 +465,30 @@ impl Backend for CudaBackend {
     fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()> {
         self.op_residual_fwd(out, a, b, n)
     }
-    fn cross_entropy_fwd_bwd(&self, logits: &mut Self::Buf, losses: &mut Self::F32, targets: &Self::Tokens, n: usize, v: usize, dloss_scale: f32) -> BResult<()> {
+    fn cross_entropy_fwd_bwd(
+        &self,
+        logits: &mut Self::Buf,
+        losses: &mut Self::F32,
+        targets: &Self::Tokens,
+        n: usize,
+        v: usize,
+        dloss_scale: f32,
+    ) -> BResult<()> {
         self.op_cross_entropy(logits, losses, targets, n, v, dloss_scale)
     }
-    fn adamw(&self, params: &mut Self::Buf, poff: usize, master: &mut Self::F32, m: &mut Self::F32, v: &mut Self::F32, moff: usize, grads: &Self::Grad, goff: usize, len: usize, h: AdamWStep) -> BResult<()> {
+    fn adamw(
+        &self,
+        params: &mut Self::Buf,
+        poff: usize,
+        master: &mut Self::F32,
+        m: &mut Self::F32,
+        v: &mut Self::F32,
+        moff: usize,
+        grads: &Self::Grad,
+        goff: usize,
+        len: usize,
+        h: AdamWStep,
+    ) -> BResult<()> {
         self.op_adamw(params, poff, master, m, v, moff, grads, goff, len, h)
     }
     fn synchronize(&self) -> BResult<()> {

@@ -62,11 +62,18 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&s.dst0).arg(&s.dst1).arg(&split).arg(&partial).arg(&nchunks_i).arg(&w_i);
         // SAFETY: partial holds nchunks*w floats; dst0/dst1 hold split and w-split.
-        unsafe { lb.launch(cfg((w.div_ceil(256) as u32, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err("reduce_partials", e))?;
+        unsafe { lb.launch(cfg((w.div_ceil(256) as u32, 1, 1), (256, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("reduce_partials", e))?;
         Ok(())
     }
 
-    pub(super) fn op_cast_to_buf(&self, dst: &mut CudaSlice<bf16>, doff: usize, src: &CudaSlice<f32>, at: Loc) -> BResult<()> {
+    pub(super) fn op_cast_to_buf(
+        &self,
+        dst: &mut CudaSlice<bf16>,
+        doff: usize,
+        src: &CudaSlice<f32>,
+        at: Loc,
+    ) -> BResult<()> {
         check_loc("cast_to_buf source", src.len(), at)?;
         check("cast_to_buf destination", dst.len(), doff, at.len)?;
         if at.len == 0 {
@@ -77,11 +84,18 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&d).arg(&s).arg(&n);
         // SAFETY: both ranges checked above.
-        unsafe { lb.launch(cfg((self.grid_for(at.len), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("cast_f32_bf16", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(at.len), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("cast_f32_bf16", e))?;
         Ok(())
     }
 
-    pub(super) fn op_add_grad(&self, dst: &mut CudaSlice<f32>, doff: usize, src: &CudaSlice<f32>, at: Loc) -> BResult<()> {
+    pub(super) fn op_add_grad(
+        &self,
+        dst: &mut CudaSlice<f32>,
+        doff: usize,
+        src: &CudaSlice<f32>,
+        at: Loc,
+    ) -> BResult<()> {
         check_loc("add_grad source", src.len(), at)?;
         check("add_grad destination", dst.len(), doff, at.len)?;
         if at.len == 0 {
@@ -92,7 +106,8 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&d).arg(&s).arg(&n);
         // SAFETY: both ranges checked above.
-        unsafe { lb.launch(cfg((self.grid_for(at.len), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("add_f32", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(at.len), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("add_f32", e))?;
         Ok(())
     }
 
@@ -109,34 +124,53 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&partial).arg(&x).arg(&n);
         // SAFETY: x range checked; partial holds `blocks` doubles.
-        unsafe { lb.launch(cfg((blocks as u32, 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("sumsq_partial", e))?;
+        unsafe { lb.launch(cfg((blocks as u32, 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("sumsq_partial", e))?;
         let cell = self.scratch_f64.borrow();
         let s = cell.as_ref().expect("allocated by scratch()");
-        let host = self.stream.clone_dtoh(&s.slice(0..blocks)).map_err(|e| self.err("downloading norm partial sums", e))?;
+        let host =
+            self.stream.clone_dtoh(&s.slice(0..blocks)).map_err(|e| self.err("downloading norm partial sums", e))?;
         Ok(host.iter().sum())
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_encoder_fwd(&self, out: &mut CudaSlice<bf16>, tokens: &CudaSlice<u32>, params: &CudaSlice<bf16>, wte: Loc, wpe: Loc, b: usize, t: usize, c: usize) -> BResult<()> {
+    pub(super) fn op_encoder_fwd(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        tokens: &CudaSlice<u32>,
+        params: &CudaSlice<bf16>,
+        wte: Loc,
+        wpe: Loc,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()> {
         let n = b * t;
         check("encoder_fwd out", out.len(), 0, n * c)?;
         check("encoder_fwd tokens", tokens.len(), 0, n)?;
         check_loc("encoder_fwd wte", params.len(), wte)?;
         check_loc("encoder_fwd wpe", params.len(), wpe)?;
         if c == 0 || wte.len % c != 0 || wpe.len < t * c {
-            return Err(bad(format!("encoder_fwd: wte ({}) must be a multiple of C = {c} and wpe ({}) hold T*C = {}", wte.len, wpe.len, t * c)));
+            return Err(bad(format!(
+                "encoder_fwd: wte ({}) must be a multiple of C = {c} and wpe ({}) hold T*C = {}",
+                wte.len,
+                wpe.len,
+                t * c
+            )));
         }
         if n == 0 {
             return Ok(());
         }
         let v = u32::try_from(wte.len / c).map_err(|_| bad("encoder_fwd: vocabulary too large".into()))?;
-        let (o, tk, e, p) = (self.ptr_mut(out, 0), self.ptr(tokens, 0), self.ptr(params, wte.off), self.ptr(params, wpe.off));
+        let (o, tk, e, p) =
+            (self.ptr_mut(out, 0), self.ptr(tokens, 0), self.ptr(params, wte.off), self.ptr(params, wpe.off));
         let (ni, ti, ci) = (to_i32("B*T", n)?, to_i32("T", t)?, to_i32("C", c)?);
         let f = self.f("encoder_fwd")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&tk).arg(&e).arg(&p).arg(&ni).arg(&ti).arg(&ci).arg(&v);
         // SAFETY: all ranges checked above; token ids are range-checked in the kernel.
-        unsafe { lb.launch(cfg((self.grid_for(n * c / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("encoder_fwd", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(n * c / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("encoder_fwd", e))?;
         Ok(())
     }
 
@@ -144,14 +178,27 @@ impl CudaBackend {
     /// (one small download of the token ids, which the loss download of the same
     /// micro-step waits for anyway), and each token's rows are summed in order.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_encoder_bwd(&self, grads: &mut CudaSlice<f32>, dwte: Loc, dwpe: Loc, dout: &CudaSlice<bf16>, tokens: &CudaSlice<u32>, b: usize, t: usize, c: usize) -> BResult<()> {
+    pub(super) fn op_encoder_bwd(
+        &self,
+        grads: &mut CudaSlice<f32>,
+        dwte: Loc,
+        dwpe: Loc,
+        dout: &CudaSlice<bf16>,
+        tokens: &CudaSlice<u32>,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) -> BResult<()> {
         let n = b * t;
         check_loc("encoder_bwd dwte", grads.len(), dwte)?;
         check_loc("encoder_bwd dwpe", grads.len(), dwpe)?;
         check("encoder_bwd dout", dout.len(), 0, n * c)?;
         check("encoder_bwd tokens", tokens.len(), 0, n)?;
         if c == 0 || dwte.len % c != 0 || dwpe.len < t * c {
-            return Err(bad(format!("encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({}) hold T*C", dwte.len, dwpe.len)));
+            return Err(bad(format!(
+                "encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({}) hold T*C",
+                dwte.len, dwpe.len
+            )));
         }
         if n == 0 {
             return Ok(());
@@ -183,7 +230,9 @@ impl CudaBackend {
         let plan_ptr = {
             let mut cell = self.scratch_u32.borrow_mut();
             let s = cell.as_mut().expect("allocated by scratch()");
-            self.stream.memcpy_htod(&plan, &mut s.slice_mut(0..plan_len)).map_err(|e| self.err("uploading the embedding plan", e))?;
+            self.stream
+                .memcpy_htod(&plan, &mut s.slice_mut(0..plan_len))
+                .map_err(|e| self.err("uploading the embedding plan", e))?;
             self.ptr(s, 0)
         };
         let (g_wte, g_wpe, d) = (self.ptr_mut(grads, dwte.off), self.ptr_mut(grads, dwpe.off), self.ptr(dout, 0));
@@ -192,17 +241,30 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&g_wte).arg(&d).arg(&plan_ptr).arg(&nbi).arg(&ci);
         // SAFETY: the plan indexes rows < n and tokens < vocab (checked above).
-        unsafe { lb.launch(cfg((nb as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("encoder_bwd_wte", e))?;
+        unsafe { lb.launch(cfg((nb as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("encoder_bwd_wte", e))?;
         let f = self.f("encoder_bwd_wpe")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&g_wpe).arg(&d).arg(&bi).arg(&ti).arg(&ci);
         // SAFETY: dwpe holds T*C, dout B*T*C (checked above).
-        unsafe { lb.launch(cfg((self.grid_for(t * c), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("encoder_bwd_wpe", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(t * c), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("encoder_bwd_wpe", e))?;
         Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_layernorm_fwd(&self, out: &mut CudaSlice<bf16>, mean: &mut CudaSlice<f32>, rstd: &mut CudaSlice<f32>, inp: &CudaSlice<bf16>, params: &CudaSlice<bf16>, w: Loc, bias: Loc, n: usize, c: usize) -> BResult<()> {
+    pub(super) fn op_layernorm_fwd(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        mean: &mut CudaSlice<f32>,
+        rstd: &mut CudaSlice<f32>,
+        inp: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        bias: Loc,
+        n: usize,
+        c: usize,
+    ) -> BResult<()> {
         check("layernorm_fwd out", out.len(), 0, n * c)?;
         check("layernorm_fwd inp", inp.len(), 0, n * c)?;
         check("layernorm_fwd mean", mean.len(), 0, n)?;
@@ -210,23 +272,48 @@ impl CudaBackend {
         check_loc("layernorm_fwd weight", params.len(), w)?;
         check_loc("layernorm_fwd bias", params.len(), bias)?;
         if w.len != c || bias.len != c {
-            return Err(bad(format!("layernorm_fwd: weight and bias must have C = {c} elements, have {} and {}", w.len, bias.len)));
+            return Err(bad(format!(
+                "layernorm_fwd: weight and bias must have C = {c} elements, have {} and {}",
+                w.len, bias.len
+            )));
         }
         if n == 0 {
             return Ok(());
         }
-        let (o, mp, rp, x, wp, bp) = (self.ptr_mut(out, 0), self.ptr_mut(mean, 0), self.ptr_mut(rstd, 0), self.ptr(inp, 0), self.ptr(params, w.off), self.ptr(params, bias.off));
+        let (o, mp, rp, x, wp, bp) = (
+            self.ptr_mut(out, 0),
+            self.ptr_mut(mean, 0),
+            self.ptr_mut(rstd, 0),
+            self.ptr(inp, 0),
+            self.ptr(params, w.off),
+            self.ptr(params, bias.off),
+        );
         let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
         let f = self.f("layernorm_fwd")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci);
         // SAFETY: all ranges checked above; one warp per row, rows < n.
-        unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err("layernorm_fwd", e))?;
+        unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("layernorm_fwd", e))?;
         Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_layernorm_bwd(&self, dinp: &mut CudaSlice<bf16>, grads: &mut CudaSlice<f32>, dw: Loc, db: Loc, dout: &CudaSlice<bf16>, inp: &CudaSlice<bf16>, params: &CudaSlice<bf16>, w: Loc, mean: &CudaSlice<f32>, rstd: &CudaSlice<f32>, n: usize, c: usize) -> BResult<()> {
+    pub(super) fn op_layernorm_bwd(
+        &self,
+        dinp: &mut CudaSlice<bf16>,
+        grads: &mut CudaSlice<f32>,
+        dw: Loc,
+        db: Loc,
+        dout: &CudaSlice<bf16>,
+        inp: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        mean: &CudaSlice<f32>,
+        rstd: &CudaSlice<f32>,
+        n: usize,
+        c: usize,
+    ) -> BResult<()> {
         check("layernorm_bwd dinp", dinp.len(), 0, n * c)?;
         check("layernorm_bwd dout", dout.len(), 0, n * c)?;
         check("layernorm_bwd inp", inp.len(), 0, n * c)?;
@@ -243,23 +330,44 @@ impl CudaBackend {
         }
         let smem = 2 * c * 4;
         if smem + 256 > self.kernels.max_smem {
-            return Err(bad(format!("layernorm_bwd: C = {c} needs {smem} bytes of shared memory, more than the device's {}", self.kernels.max_smem)));
+            return Err(bad(format!(
+                "layernorm_bwd: C = {c} needs {smem} bytes of shared memory, more than the device's {}",
+                self.kernels.max_smem
+            )));
         }
         let nblocks = n.div_ceil(LN_ROWS_PER_BLOCK);
         let partial = self.scratch_f32(nblocks * 2 * c)?;
-        let (dx, dy, x, wp, mp, rp) = (self.ptr_mut(dinp, 0), self.ptr(dout, 0), self.ptr(inp, 0), self.ptr(params, w.off), self.ptr(mean, 0), self.ptr(rstd, 0));
+        let (dx, dy, x, wp, mp, rp) = (
+            self.ptr_mut(dinp, 0),
+            self.ptr(dout, 0),
+            self.ptr(inp, 0),
+            self.ptr(params, w.off),
+            self.ptr(mean, 0),
+            self.ptr(rstd, 0),
+        );
         let (ni, ci, rpb) = (to_i32("N", n)?, to_i32("C", c)?, LN_ROWS_PER_BLOCK as i32);
         let f = self.f("layernorm_bwd")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpb);
         // SAFETY: all ranges checked above; partial holds nblocks*2C floats.
-        unsafe { lb.launch(cfg((nblocks as u32, 1, 1), (256, 1, 1), smem)) }.map_err(|e| self.launch_err("layernorm_bwd", e))?;
+        unsafe { lb.launch(cfg((nblocks as u32, 1, 1), (256, 1, 1), smem)) }
+            .map_err(|e| self.launch_err("layernorm_bwd", e))?;
         let s = Split { dst0: self.ptr_mut(grads, dw.off), dst1: self.ptr_mut(grads, db.off), split: c };
         self.reduce_partials(s, partial, nblocks, 2 * c)
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_matmul_fwd(&self, out: &mut CudaSlice<bf16>, inp: &CudaSlice<bf16>, params: &CudaSlice<bf16>, w: Loc, bias: Option<Loc>, n: usize, c: usize, oc: usize) -> BResult<()> {
+    pub(super) fn op_matmul_fwd(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        inp: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        bias: Option<Loc>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
         check("matmul_fwd out", out.len(), 0, n * oc)?;
         check("matmul_fwd inp", inp.len(), 0, n * c)?;
         check_loc("matmul_fwd weight", params.len(), w)?;
@@ -298,7 +406,20 @@ impl CudaBackend {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_matmul_bwd(&self, dinp: &mut CudaSlice<bf16>, grads: &mut CudaSlice<f32>, dw: Loc, dbias: Option<Loc>, dout: &CudaSlice<bf16>, inp: &CudaSlice<bf16>, params: &CudaSlice<bf16>, w: Loc, n: usize, c: usize, oc: usize) -> BResult<()> {
+    pub(super) fn op_matmul_bwd(
+        &self,
+        dinp: &mut CudaSlice<bf16>,
+        grads: &mut CudaSlice<f32>,
+        dw: Loc,
+        dbias: Option<Loc>,
+        dout: &CudaSlice<bf16>,
+        inp: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
         check("matmul_bwd dinp", dinp.len(), 0, n * c)?;
         check("matmul_bwd dout", dout.len(), 0, n * oc)?;
         check("matmul_bwd inp", inp.len(), 0, n * c)?;
@@ -365,7 +486,8 @@ impl CudaBackend {
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&partial).arg(&d).arg(&ni).arg(&oci).arg(&rpc);
             // SAFETY: dout holds n*oc; partial holds nchunks*oc floats.
-            unsafe { lb.launch(cfg((oc.div_ceil(64) as u32, nchunks as u32, 1), (64, 4, 1), 0)) }.map_err(|e| self.launch_err("bias_grad_partial", e))?;
+            unsafe { lb.launch(cfg((oc.div_ceil(64) as u32, nchunks as u32, 1), (64, 4, 1), 0)) }
+                .map_err(|e| self.launch_err("bias_grad_partial", e))?;
             let db = self.ptr_mut(grads, bl.off);
             self.reduce_partials(Split { dst0: db, dst1: db, split: oc }, partial, nchunks, oc)?;
         }
@@ -394,7 +516,13 @@ impl CudaBackend {
         floats * 4
     }
 
-    pub(super) fn op_attention_fwd(&self, out: &mut CudaSlice<bf16>, saved: &mut CudaSlice<f32>, qkv: &CudaSlice<bf16>, s: AttnShape) -> BResult<()> {
+    pub(super) fn op_attention_fwd(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        saved: &mut CudaSlice<f32>,
+        qkv: &CudaSlice<bf16>,
+        s: AttnShape,
+    ) -> BResult<()> {
         let (hs, scale) = self.attn_geometry(s)?;
         let n = s.b * s.t;
         check("attention_fwd out", out.len(), 0, n * s.c)?;
@@ -411,11 +539,20 @@ impl CudaBackend {
         lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&scale);
         let grid = (s.t.div_ceil(ATT_TILE) as u32, s.nh as u32, s.b as u32);
         // SAFETY: ranges checked above; the kernel guards rows >= T.
-        unsafe { lb.launch(cfg(grid, (256, 1, 1), Self::attn_smem(hs, "fwd"))) }.map_err(|e| self.launch_err(&name, e))?;
+        unsafe { lb.launch(cfg(grid, (256, 1, 1), Self::attn_smem(hs, "fwd"))) }
+            .map_err(|e| self.launch_err(&name, e))?;
         Ok(())
     }
 
-    pub(super) fn op_attention_bwd(&self, dqkv: &mut CudaSlice<bf16>, dout: &CudaSlice<bf16>, qkv: &CudaSlice<bf16>, out: &CudaSlice<bf16>, saved: &CudaSlice<f32>, s: AttnShape) -> BResult<()> {
+    pub(super) fn op_attention_bwd(
+        &self,
+        dqkv: &mut CudaSlice<bf16>,
+        dout: &CudaSlice<bf16>,
+        qkv: &CudaSlice<bf16>,
+        out: &CudaSlice<bf16>,
+        saved: &CudaSlice<f32>,
+        s: AttnShape,
+    ) -> BResult<()> {
         let (hs, scale) = self.attn_geometry(s)?;
         let n = s.b * s.t;
         check("attention_bwd dqkv", dqkv.len(), 0, n * 3 * s.c)?;
@@ -428,20 +565,23 @@ impl CudaBackend {
         }
         let rows = s.b * s.nh * s.t;
         let d = self.scratch_f32(rows)?;
-        let (dq, dy, q, o, l) = (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
+        let (dq, dy, q, o, l) =
+            (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
         let (bi, ti, nhi, hsi) = (to_i32("B", s.b)?, to_i32("T", s.t)?, to_i32("NH", s.nh)?, hs as i32);
         let f = self.f("attn_bwd_d")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
         // SAFETY: one warp per (b, t, h) row, rows < B*T*NH; D holds that many floats.
-        unsafe { lb.launch(cfg((rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err("attn_bwd_d", e))?;
+        unsafe { lb.launch(cfg((rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("attn_bwd_d", e))?;
         let grid = (s.t.div_ceil(ATT_TILE) as u32, s.nh as u32, s.b as u32);
         for (kind, name) in [("dkv", format!("attn_bwd_dkv_{hs}")), ("dq", format!("attn_bwd_dq_{hs}"))] {
             let f = self.f(&name)?;
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&scale);
             // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
-            unsafe { lb.launch(cfg(grid, (256, 1, 1), Self::attn_smem(hs, kind))) }.map_err(|e| self.launch_err(&name, e))?;
+            unsafe { lb.launch(cfg(grid, (256, 1, 1), Self::attn_smem(hs, kind))) }
+                .map_err(|e| self.launch_err(&name, e))?;
         }
         Ok(())
     }
@@ -457,11 +597,18 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&x).arg(&ni);
         // SAFETY: ranges checked above.
-        unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("gelu_fwd", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("gelu_fwd", e))?;
         Ok(())
     }
 
-    pub(super) fn op_gelu_bwd(&self, dinp: &mut CudaSlice<bf16>, inp: &CudaSlice<bf16>, dout: &CudaSlice<bf16>, n: usize) -> BResult<()> {
+    pub(super) fn op_gelu_bwd(
+        &self,
+        dinp: &mut CudaSlice<bf16>,
+        inp: &CudaSlice<bf16>,
+        dout: &CudaSlice<bf16>,
+        n: usize,
+    ) -> BResult<()> {
         check("gelu_bwd dinp", dinp.len(), 0, n)?;
         check("gelu_bwd inp", inp.len(), 0, n)?;
         check("gelu_bwd dout", dout.len(), 0, n)?;
@@ -473,11 +620,18 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dx).arg(&x).arg(&dy).arg(&ni);
         // SAFETY: ranges checked above.
-        unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("gelu_bwd", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("gelu_bwd", e))?;
         Ok(())
     }
 
-    pub(super) fn op_residual_fwd(&self, out: &mut CudaSlice<bf16>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, n: usize) -> BResult<()> {
+    pub(super) fn op_residual_fwd(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        a: &CudaSlice<bf16>,
+        b: &CudaSlice<bf16>,
+        n: usize,
+    ) -> BResult<()> {
         check("residual_fwd out", out.len(), 0, n)?;
         check("residual_fwd a", a.len(), 0, n)?;
         check("residual_fwd b", b.len(), 0, n)?;
@@ -489,11 +643,20 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&x).arg(&y).arg(&ni);
         // SAFETY: ranges checked above.
-        unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("residual_fwd", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("residual_fwd", e))?;
         Ok(())
     }
 
-    pub(super) fn op_cross_entropy(&self, logits: &mut CudaSlice<bf16>, losses: &mut CudaSlice<f32>, targets: &CudaSlice<u32>, n: usize, v: usize, dloss_scale: f32) -> BResult<()> {
+    pub(super) fn op_cross_entropy(
+        &self,
+        logits: &mut CudaSlice<bf16>,
+        losses: &mut CudaSlice<f32>,
+        targets: &CudaSlice<u32>,
+        n: usize,
+        v: usize,
+        dloss_scale: f32,
+    ) -> BResult<()> {
         check("cross_entropy logits", logits.len(), 0, n * v)?;
         check("cross_entropy losses", losses.len(), 0, n)?;
         check("cross_entropy targets", targets.len(), 0, n)?;
@@ -504,17 +667,31 @@ impl CudaBackend {
             return Err(bad("cross_entropy: empty vocabulary".into()));
         }
         let blocks = u32::try_from(n).map_err(|_| bad(format!("cross_entropy: {n} rows is too many")))?;
-        let (lg, ls, tg, vi) = (self.ptr_mut(logits, 0), self.ptr_mut(losses, 0), self.ptr(targets, 0), to_i32("V", v)?);
+        let (lg, ls, tg, vi) =
+            (self.ptr_mut(logits, 0), self.ptr_mut(losses, 0), self.ptr(targets, 0), to_i32("V", v)?);
         let f = self.f("cross_entropy_fwd_bwd")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&lg).arg(&ls).arg(&tg).arg(&vi).arg(&dloss_scale);
         // SAFETY: one block per row, rows < n; targets >= V give a NaN loss, no access.
-        unsafe { lb.launch(cfg((blocks, 1, 1), (1024, 1, 1), 0)) }.map_err(|e| self.launch_err("cross_entropy_fwd_bwd", e))?;
+        unsafe { lb.launch(cfg((blocks, 1, 1), (1024, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("cross_entropy_fwd_bwd", e))?;
         Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn op_adamw(&self, params: &mut CudaSlice<bf16>, poff: usize, master: &mut CudaSlice<f32>, m: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, moff: usize, grads: &CudaSlice<f32>, goff: usize, len: usize, h: AdamWStep) -> BResult<()> {
+    pub(super) fn op_adamw(
+        &self,
+        params: &mut CudaSlice<bf16>,
+        poff: usize,
+        master: &mut CudaSlice<f32>,
+        m: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        moff: usize,
+        grads: &CudaSlice<f32>,
+        goff: usize,
+        len: usize,
+        h: AdamWStep,
+    ) -> BResult<()> {
         check("adamw params", params.len(), poff, len)?;
         check("adamw master", master.len(), moff, len)?;
         check("adamw m", m.len(), moff, len)?;
@@ -526,12 +703,33 @@ impl CudaBackend {
         // Exactly as cpu/adamw.rs computes them.
         let bc1 = 1.0 - h.beta1.powi(h.t as i32);
         let bc2 = 1.0 - h.beta2.powi(h.t as i32);
-        let (p, w, mp, vp, g, n) = (self.ptr_mut(params, poff), self.ptr_mut(master, moff), self.ptr_mut(m, moff), self.ptr_mut(v, moff), self.ptr(grads, goff), len as i64);
+        let (p, w, mp, vp, g, n) = (
+            self.ptr_mut(params, poff),
+            self.ptr_mut(master, moff),
+            self.ptr_mut(m, moff),
+            self.ptr_mut(v, moff),
+            self.ptr(grads, goff),
+            len as i64,
+        );
         let f = self.f("adamw")?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&p).arg(&w).arg(&mp).arg(&vp).arg(&g).arg(&n).arg(&h.lr).arg(&h.beta1).arg(&h.beta2).arg(&h.eps).arg(&h.weight_decay).arg(&bc1).arg(&bc2).arg(&h.grad_scale);
+        lb.arg(&p)
+            .arg(&w)
+            .arg(&mp)
+            .arg(&vp)
+            .arg(&g)
+            .arg(&n)
+            .arg(&h.lr)
+            .arg(&h.beta1)
+            .arg(&h.beta2)
+            .arg(&h.eps)
+            .arg(&h.weight_decay)
+            .arg(&bc1)
+            .arg(&bc2)
+            .arg(&h.grad_scale);
         // SAFETY: ranges checked above.
-        unsafe { lb.launch(cfg((self.grid_for(len), 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err("adamw", e))?;
+        unsafe { lb.launch(cfg((self.grid_for(len), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("adamw", e))?;
         Ok(())
     }
 }
