@@ -122,7 +122,7 @@ impl<B: Backend> Trainer<B> {
         let step_time_s = t0.elapsed().as_secs_f64();
         self.step += 1;
         let ev = tc.eval_every;
-        let val_loss = if ev > 0 && (self.step % ev == 0 || self.step == tc.steps) {
+        let val_loss = if ev > 0 && (self.step.is_multiple_of(ev) || self.step == tc.steps) {
             Some(self.evaluate(be, comm)?)
         } else {
             None
