@@ -37,6 +37,10 @@ pub struct Config {
     #[serde(default)]
     pub checkpointing: CheckpointingConfig,
     #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    #[serde(default)]
+    pub init: InitConfig,
+    #[serde(default)]
     pub offload: OffloadConfig,
     #[serde(default)]
     pub data: DataConfig,
@@ -200,6 +204,39 @@ impl Default for CheckpointingConfig {
     }
 }
 
+/// Sharded training checkpoints.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Save every this many optimizer steps (0 = never).
+    pub every: usize,
+    /// Where checkpoints go; unset = `<output.dir>/checkpoints`.
+    pub dir: Option<PathBuf>,
+    /// Keep the newest `keep` checkpoints; older ones are removed after a new one is complete.
+    pub keep: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { every: 0, dir: None, keep: 3 }
+    }
+}
+
+impl Config {
+    /// The directory checkpoints are written to and resumed from.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.checkpoint.dir.clone().unwrap_or_else(|| self.output.dir.join("checkpoints"))
+    }
+}
+
+/// Where the initial weights come from.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct InitConfig {
+    /// A Hugging Face GPT-2 `model.safetensors` to start from (fine-tuning); unset = GPT-2 random init.
+    pub from: Option<PathBuf>,
+}
+
 /// CPU offload. On the CPU backend all state already lives in host memory, so these are
 /// satisfied trivially; the CUDA backend moves optimizer state / parameters to pinned host memory.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -322,6 +359,9 @@ impl Config {
         }
         if !(self.zero.bucket_mb.is_finite() && self.zero.bucket_mb > 0.0) {
             return Err(bad("zero.bucket_mb", self.zero.bucket_mb, "must be > 0"));
+        }
+        if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
+            return Err(bad("checkpoint.keep", 0, "must be at least 1 when checkpoint.every > 0"));
         }
         if self.output.dir.as_os_str().is_empty() {
             return Err(bad("output.dir", "\"\"", "must name a directory"));

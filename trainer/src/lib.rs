@@ -7,9 +7,11 @@
 //! - `model`: parameter layout (flat units), init, forward/backward;
 //! - `zero`: the per-unit sharding mechanism, stage policies, memory accounting;
 //! - `optim`: learning-rate schedule (AdamW itself is a backend op);
+//! - `checkpoint`: sharded save/resume with resharding, Hugging Face import/export;
 //! - `train`: the training loop one rank runs.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod config;
 pub mod metrics;
 pub mod model;
@@ -35,6 +37,8 @@ pub enum TrainError {
     Comm(#[from] collectives::CommError),
     #[error(transparent)]
     Data(#[from] data::DataError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("{0}")]
     Invalid(String),
     #[error("stopped: {0}")]

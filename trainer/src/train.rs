@@ -2,6 +2,7 @@
 //! every micro-step through the ZeRO engine, step the optimizer, report metrics.
 
 use crate::backend::Backend;
+use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
 use crate::metrics::StepMetrics;
 use crate::model::{Gpt, ModelLayout};
@@ -139,6 +140,35 @@ impl<B: Backend> Trainer<B> {
         })
     }
 
+    /// Continue from the checkpoint in `dir` (any world size and stage): load this rank's
+    /// optimizer-state range from whichever shards hold it, rebuild parameters, and take
+    /// up the step count (which is also the data position).
+    pub fn resume<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, dir: &Path) -> Result<(), TrainError> {
+        // Sizes are checked by every rank; the launcher verifies checksums once before spawning.
+        let reader = CheckpointReader::open(dir, false)?;
+        reader.check_model(&self.cfg.model)?;
+        if reader.manifest.step as usize > self.cfg.train.steps {
+            return Err(TrainError::Invalid(format!(
+                "checkpoint {} is at step {} but train.steps = {}: raise train.steps to continue",
+                dir.display(),
+                reader.manifest.step,
+                self.cfg.train.steps
+            )));
+        }
+        for i in 0..self.engine.num_units() {
+            let (lo, hi) = self.engine.held_range(i);
+            let state = reader.read_state(i, lo, hi)?;
+            self.engine.load_optimizer_state(be, comm, i, state)?;
+        }
+        self.step = reader.manifest.step as usize;
+        Ok(())
+    }
+
+    /// Save a sharded checkpoint of the current step (collective).
+    pub fn save_checkpoint<C: EngineComm<B>>(&self, be: &B, comm: &mut C) -> Result<std::path::PathBuf, TrainError> {
+        crate::checkpoint::save(be, comm, &self.engine, &self.cfg, self.step as u64, &self.cfg.checkpoint_dir())
+    }
+
     /// Mean loss over `train.eval_batches` validation batches per rank (rank r takes
     /// batches r, r+W, …, so the ranks together cover W·eval_batches distinct batches).
     pub fn evaluate<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<f64, TrainError> {
@@ -176,10 +206,27 @@ pub fn train<B: Backend, C: EngineComm<B> + Group>(
     data_path: &Path,
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
 ) -> Result<TrainSummary, TrainError> {
+    train_from(cfg, be, comm, data_path, None, on_step)
+}
+
+/// As [`train`], optionally resuming from a checkpoint directory first. Saves a
+/// checkpoint every `checkpoint.every` steps and after the last step.
+pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
+    cfg: &Config,
+    be: &B,
+    comm: &mut C,
+    data_path: &Path,
+    resume: Option<&Path>,
+    on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
+) -> Result<TrainSummary, TrainError> {
     let (rank, world) = (comm.rank(), comm.world());
     let mut trainer = Trainer::new(cfg, be, rank, world, data_path)?;
+    if let Some(dir) = resume {
+        trainer.resume(be, comm, dir)?;
+    }
     let mut losses = Vec::with_capacity(cfg.train.steps);
-    for _ in 0..cfg.train.steps {
+    let every = cfg.checkpoint.every;
+    while trainer.step < cfg.train.steps {
         let m = trainer.train_step(be, comm)?;
         if !m.loss.is_finite() {
             return Err(TrainError::Invalid(format!(
@@ -189,6 +236,9 @@ pub fn train<B: Backend, C: EngineComm<B> + Group>(
         }
         losses.push(m.loss);
         on_step(&m)?;
+        if every > 0 && (trainer.step.is_multiple_of(every) || trainer.step == cfg.train.steps) {
+            trainer.save_checkpoint(be, comm)?;
+        }
     }
     Ok(TrainSummary { steps: cfg.train.steps, losses })
 }

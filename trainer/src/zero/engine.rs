@@ -86,7 +86,7 @@ fn round_up(x: usize, m: usize) -> usize {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Build every unit's state from the deterministic initialisation.
+    /// Build every unit's state from the deterministic GPT-2 initialisation.
     pub fn new(
         be: &B,
         layout: ModelLayout,
@@ -95,15 +95,35 @@ impl<B: Backend> Engine<B> {
         world: usize,
         seed: u64,
     ) -> Result<Engine<B>, TrainError> {
+        let l2 = layout.clone();
+        Self::with_init(be, layout, stage, rank, world, &mut |i| Ok(init::init_unit(&l2, &l2.units[i], seed)))
+    }
+
+    /// Build every unit's state with `init_values(i)` giving unit `i`'s full (unpadded) values.
+    pub fn with_init(
+        be: &B,
+        layout: ModelLayout,
+        stage: u8,
+        rank: usize,
+        world: usize,
+        init_values: &mut dyn FnMut(usize) -> Result<Vec<f32>, TrainError>,
+    ) -> Result<Engine<B>, TrainError> {
         let policy = Policy::for_stage(stage);
         let sizes = be.elem_bytes();
         let mut ledger = MemoryLedger::default();
         let mut units = Vec::with_capacity(layout.units.len());
-        for ul in &layout.units {
+        for (ui, ul) in layout.units.iter().enumerate() {
             let numel = ul.numel;
             let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
             let padded = shard * world;
-            let mut host = init::init_unit(&layout, ul, seed);
+            let mut host = init_values(ui)?;
+            if host.len() != numel {
+                return Err(TrainError::Invalid(format!(
+                    "initial values of unit {} have {} elements, expected {numel}",
+                    ul.name,
+                    host.len()
+                )));
+            }
             host.resize(padded, 0.0);
             let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
             let what = |s: &str| format!("{s} of unit {}", ul.name);
@@ -383,6 +403,67 @@ impl<B: Backend> Engine<B> {
         let u = &self.units[i];
         let g = u.grads.as_ref().ok_or_else(|| TrainError::Invalid("gradients are sharded on this stage".into()))?;
         Ok(be.download_grad(g, Loc::all(u.numel))?)
+    }
+
+    /// The range `[lo, hi)` of unit `i` this rank writes to a checkpoint: its ZeRO shard
+    /// (clipped to the unpadded length). The same partition on every stage, so stage 0
+    /// saves in parallel too and any stage can reload it.
+    pub fn checkpoint_range(&self, i: usize) -> (usize, usize) {
+        let u = &self.units[i];
+        let lo = (self.rank * u.shard).min(u.numel);
+        let hi = ((self.rank + 1) * u.shard).min(u.numel);
+        (lo, hi)
+    }
+
+    /// fp32 master weights, AdamW m and v of unit `i` over `[lo, hi)` (which must lie
+    /// within what this rank holds).
+    pub fn optimizer_state_host(&self, be: &B, i: usize, lo: usize, hi: usize) -> Result<[Vec<f32>; 3], TrainError> {
+        let u = &self.units[i];
+        if lo < u.opt_off || hi > u.opt_off + u.opt_len {
+            return Err(TrainError::Invalid(format!("unit {i}: range {lo}..{hi} is not held by rank {}", self.rank)));
+        }
+        let at = Loc::new(lo - u.opt_off, hi - lo);
+        Ok([be.download_f32(&u.master, at)?, be.download_f32(&u.m, at)?, be.download_f32(&u.v, at)?])
+    }
+
+    /// The unpadded range of unit `i` whose optimizer state this rank holds.
+    pub fn held_range(&self, i: usize) -> (usize, usize) {
+        let u = &self.units[i];
+        (u.opt_off.min(u.numel), (u.opt_off + u.opt_len).min(u.numel))
+    }
+
+    /// Replace unit `i`'s optimizer state over its held range with `state` (master, m, v
+    /// for exactly `held_range(i)`), then rebuild the compute parameters from the master
+    /// weights the same way a step publishes them.
+    pub fn load_optimizer_state<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        i: usize,
+        state: [Vec<f32>; 3],
+    ) -> Result<(), TrainError> {
+        let (lo, hi) = self.held_range(i);
+        let policy = self.policy;
+        let u = &mut self.units[i];
+        if state.iter().any(|s| s.len() != hi - lo) {
+            return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));
+        }
+        let off = lo - u.opt_off;
+        be.upload_f32(&state[0], &mut u.master, off)?;
+        be.upload_f32(&state[1], &mut u.m, off)?;
+        be.upload_f32(&state[2], &mut u.v, off)?;
+        if policy.shard_optimizer {
+            let ps = u.param_shard.as_mut().expect("param shard");
+            be.cast_to_buf(ps, 0, &u.master, Loc::all(u.shard))?;
+            if !policy.shard_params {
+                let p = u.params.as_mut().expect("stage 1/2 params");
+                Communicator::<B::Buf>::all_gather(comm, u.param_shard.as_ref().expect("param shard"), p)?;
+            }
+        } else {
+            let p = u.params.as_mut().expect("stage 0 params");
+            be.cast_to_buf(p, 0, &u.master, Loc::all(u.padded))?;
+        }
+        Ok(())
     }
 
     pub fn memory(&self) -> MemoryReport {

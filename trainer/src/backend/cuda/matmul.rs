@@ -113,7 +113,7 @@ impl Drop for Lt {
 /// Largest power of two (up to 256) dividing the address: what cuBLASLt may assume.
 fn alignment(p: u64) -> u32 {
     let mut a = 256u32;
-    while a > 1 && p % a as u64 != 0 {
+    while a > 1 && !p.is_multiple_of(a as u64) {
         a /= 2;
     }
     a
@@ -142,11 +142,10 @@ impl Lt {
             align: [alignment(g.a), alignment(g.b), alignment(g.d), g.bias.map_or(256, alignment)],
         };
         let mut plans = self.plans.borrow_mut();
-        if !plans.contains_key(&key) {
-            let plan = self.plan(&key)?;
-            plans.insert(key, plan);
-        }
-        let plan = plans.get(&key).expect("inserted above");
+        let plan = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
+        };
         let alpha = 1.0f32;
         let beta = g.beta;
         // SAFETY: the plan's descriptors are live; the pointers address device buffers

@@ -150,7 +150,7 @@ impl CudaBackend {
         check("encoder_fwd tokens", tokens.len(), 0, n)?;
         check_loc("encoder_fwd wte", params.len(), wte)?;
         check_loc("encoder_fwd wpe", params.len(), wpe)?;
-        if c == 0 || wte.len % c != 0 || wpe.len < t * c {
+        if c == 0 || !wte.len.is_multiple_of(c) || wpe.len < t * c {
             return Err(bad(format!(
                 "encoder_fwd: wte ({}) must be a multiple of C = {c} and wpe ({}) hold T*C = {}",
                 wte.len,
@@ -194,7 +194,7 @@ impl CudaBackend {
         check_loc("encoder_bwd dwpe", grads.len(), dwpe)?;
         check("encoder_bwd dout", dout.len(), 0, n * c)?;
         check("encoder_bwd tokens", tokens.len(), 0, n)?;
-        if c == 0 || dwte.len % c != 0 || dwpe.len < t * c {
+        if c == 0 || !dwte.len.is_multiple_of(c) || dwpe.len < t * c {
             return Err(bad(format!(
                 "encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({}) hold T*C",
                 dwte.len, dwpe.len
@@ -496,7 +496,7 @@ impl CudaBackend {
 
     /// Head size, scale and the kernel-name suffix for an attention shape.
     fn attn_geometry(&self, s: AttnShape) -> BResult<(usize, f32)> {
-        if s.nh == 0 || s.c % s.nh != 0 {
+        if s.nh == 0 || !s.c.is_multiple_of(s.nh) {
             return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
         }
         let hs = s.c / s.nh;

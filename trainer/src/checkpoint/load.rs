@@ -1,0 +1,197 @@
+//! Reading checkpoints: validation before training, resharding reads, `latest` lookup.
+
+use super::manifest::{Manifest, FORMAT_VERSION};
+use super::save::file_crc;
+use super::{io_err, CheckpointError};
+use crate::config::ModelConfig;
+use crate::TrainError;
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// An opened checkpoint: manifest plus memory-mapped shard files.
+pub struct CheckpointReader {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    maps: Vec<Mmap>,
+}
+
+impl CheckpointReader {
+    /// Open `dir`: the manifest must parse and every shard file must exist with the
+    /// recorded size. `verify_checksums` also reads every file and compares CRC-32s.
+    pub fn open(dir: &Path, verify_checksums: bool) -> Result<CheckpointReader, CheckpointError> {
+        let bad = |problem: String| CheckpointError::Invalid { dir: dir.to_path_buf(), problem };
+        let mpath = dir.join("manifest.json");
+        if !mpath.exists() {
+            return Err(bad(
+                "manifest.json is missing: the save did not complete (a crash mid-save leaves no manifest)".into(),
+            ));
+        }
+        let text = fs::read(&mpath).map_err(io_err(&mpath))?;
+        let manifest: Manifest =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("manifest.json does not parse: {e}")))?;
+        if manifest.format != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format version {} but this build reads version {FORMAT_VERSION}",
+                manifest.format
+            )));
+        }
+        let mut maps = Vec::with_capacity(manifest.files.len());
+        for f in &manifest.files {
+            let p = dir.join(&f.name);
+            let file = fs::File::open(&p).map_err(|e| bad(format!("shard file {} cannot be opened: {e}", f.name)))?;
+            let len = file.metadata().map_err(io_err(&p))?.len();
+            if len != f.bytes {
+                return Err(bad(format!(
+                    "shard file {} has {len} bytes but the manifest recorded {} (truncated or replaced)",
+                    f.name, f.bytes
+                )));
+            }
+            if verify_checksums {
+                let (_, crc) = file_crc(&p)?;
+                if crc != f.crc32 {
+                    return Err(bad(format!(
+                        "shard file {} fails its checksum (CRC-32 {crc:08x}, manifest {:08x}): the file is corrupt",
+                        f.name, f.crc32
+                    )));
+                }
+            }
+            // SAFETY: checkpoint files are written once and never modified in place
+            // (saves go to a new directory that is renamed into place).
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err(&p))?;
+            SafeTensors::deserialize(&map)
+                .map_err(|e| bad(format!("shard file {} is not valid safetensors: {e}", f.name)))?;
+            maps.push(map);
+        }
+        Ok(CheckpointReader { dir: dir.to_path_buf(), manifest, maps })
+    }
+
+    /// The checkpoint must describe the same model shape as `model`.
+    pub fn check_model(&self, model: &ModelConfig) -> Result<(), CheckpointError> {
+        let m = &self.manifest.model;
+        let diffs: Vec<String> = [
+            ("n_layer", m.n_layer, model.n_layer),
+            ("n_head", m.n_head, model.n_head),
+            ("n_embd", m.n_embd, model.n_embd),
+            ("vocab_size", m.vocab_size, model.vocab_size),
+            ("seq_len", m.seq_len, model.seq_len),
+        ]
+        .iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(k, a, b)| format!("model.{k} is {a} in the checkpoint but {b} in the config"))
+        .collect();
+        if diffs.is_empty() {
+            Ok(())
+        } else {
+            Err(CheckpointError::Invalid {
+                dir: self.dir.clone(),
+                problem: format!("it is from another model shape: {}", diffs.join("; ")),
+            })
+        }
+    }
+
+    /// Master weights, m and v of `unit` over `[lo, hi)`, assembled from whichever shard
+    /// files hold pieces of it (this is the resharding read: no rank loads the whole model).
+    pub fn read_state(&self, unit: usize, lo: usize, hi: usize) -> Result<[Vec<f32>; 3], TrainError> {
+        let name = &self
+            .manifest
+            .units
+            .get(unit)
+            .ok_or_else(|| TrainError::Invalid(format!("checkpoint has no unit {unit}")))?
+            .name;
+        let mut out = [vec![0.0f32; hi - lo], vec![0.0f32; hi - lo], vec![0.0f32; hi - lo]];
+        let mut covered = 0;
+        for (fi, f) in self.manifest.files.iter().enumerate() {
+            for s in f.segments.iter().filter(|s| s.unit == unit) {
+                let (a, b) = (s.lo.max(lo), s.hi.min(hi));
+                if a >= b {
+                    continue;
+                }
+                let st = SafeTensors::deserialize(&self.maps[fi]).map_err(|e| self.bad(&f.name, e.to_string()))?;
+                for (k, tag) in ["master", "m", "v"].iter().enumerate() {
+                    let t = st.tensor(&format!("{name}.{tag}")).map_err(|e| self.bad(&f.name, e.to_string()))?;
+                    let bytes = &t.data()[(a - s.lo) * 4..(b - s.lo) * 4];
+                    for (dst, src) in out[k][a - lo..b - lo].iter_mut().zip(bytes.chunks_exact(4)) {
+                        *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+                    }
+                }
+                covered += b - a;
+            }
+        }
+        if covered != hi - lo {
+            return Err(TrainError::Checkpoint(CheckpointError::Invalid {
+                dir: self.dir.clone(),
+                problem: format!("unit {name} range {lo}..{hi} is not fully covered by the shard files"),
+            }));
+        }
+        Ok(out)
+    }
+
+    fn bad(&self, file: &str, e: String) -> TrainError {
+        TrainError::Checkpoint(CheckpointError::Invalid { dir: self.dir.clone(), problem: format!("{file}: {e}") })
+    }
+}
+
+/// Complete checkpoints (those with a manifest) under `root`, as (step, dir).
+pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    let mut out = vec![];
+    let rd = match fs::read_dir(root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(CheckpointError::Io { path: root.to_path_buf(), source: e }),
+    };
+    for entry in rd {
+        let entry = entry.map_err(io_err(root))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(step) = name.strip_prefix("step_").and_then(|s| s.parse::<u64>().ok()) {
+            out.push((step, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The newest checkpoint under `root` that validates completely (manifest, sizes,
+/// checksums). If newer ones are broken, the error says what is wrong with the newest
+/// and names the newest intact one to resume from instead.
+pub fn find_latest(root: &Path) -> Result<PathBuf, CheckpointError> {
+    let all = list_checkpoints(root)?;
+    if all.is_empty() {
+        return Err(CheckpointError::NoneFound {
+            dir: root.to_path_buf(),
+            detail: "it holds no step_* checkpoint directories (set checkpoint.every to save some)".into(),
+        });
+    }
+    let mut newest_problem: Option<CheckpointError> = None;
+    for (_, dir) in all.iter().rev() {
+        match CheckpointReader::open(dir, true) {
+            Ok(_) => {
+                return match newest_problem {
+                    None => Ok(dir.clone()),
+                    Some(p) => Err(CheckpointError::NoneFound {
+                        dir: root.to_path_buf(),
+                        detail: format!(
+                            "the newest checkpoint is broken ({p}); the newest intact one is {}: \
+                             resume from it with --resume {}",
+                            dir.display(),
+                            dir.display()
+                        ),
+                    }),
+                };
+            }
+            Err(e) => {
+                if newest_problem.is_none() {
+                    newest_problem = Some(e);
+                }
+            }
+        }
+    }
+    Err(CheckpointError::NoneFound {
+        dir: root.to_path_buf(),
+        detail: format!(
+            "no checkpoint is intact; the newest failed with: {}",
+            newest_problem.map(|e| e.to_string()).unwrap_or_default()
+        ),
+    })
+}

@@ -1,0 +1,48 @@
+//! The checkpoint manifest: what was saved, by whom, and how to check it.
+
+use crate::config::ModelConfig;
+use serde::{Deserialize, Serialize};
+
+/// Bumped when the on-disk format changes incompatibly.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One unit's range `[lo, hi)` held by a shard file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub unit: usize,
+    pub lo: usize,
+    pub hi: usize,
+}
+
+/// One shard file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub name: String,
+    pub rank: usize,
+    pub bytes: u64,
+    pub crc32: u32,
+    pub segments: Vec<Segment>,
+}
+
+/// One parameter unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitEntry {
+    pub name: String,
+    pub numel: usize,
+}
+
+/// Everything needed to validate and reload a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    /// Optimizer steps completed; training resumes at this step (and data position).
+    pub step: u64,
+    pub world: usize,
+    pub stage: u8,
+    pub seed: u64,
+    pub model: ModelConfig,
+    /// The full configuration of the run that saved it, as TOML.
+    pub config_toml: String,
+    pub units: Vec<UnitEntry>,
+    pub files: Vec<FileEntry>,
+}

@@ -1,0 +1,56 @@
+//! Sharded checkpoints: every rank writes its own shard in parallel, rank 0 writes one
+//! manifest last, and the whole directory appears atomically (written under a temporary
+//! name, fsynced, renamed). Loading validates every file (presence, size, CRC-32, model
+//! shape) before training starts and reshards on the fly: a checkpoint from N ranks at
+//! stage s loads on M ranks at stage t, each rank reading only the byte ranges it needs.
+//!
+//! Layout of one checkpoint, `<checkpoint.dir>/step_000100/`:
+//! - `manifest.json` — config, step, world size, stage, per-unit sizes, per-file size,
+//!   CRC-32 and the unit ranges it holds;
+//! - `rank00000.safetensors`, … — for each unit, this rank's range of the fp32 master
+//!   weights, AdamW m and v (`h.3.master`, `h.3.m`, `h.3.v`).
+//!
+//! The data position is the step: batches are a pure function of (seed, step, row), and
+//! initialisation is counter-based, so there is no other RNG state to save.
+
+pub mod hf;
+pub mod load;
+pub mod manifest;
+pub mod save;
+
+pub use load::{find_latest, CheckpointReader};
+pub use manifest::{FileEntry, Manifest, Segment, UnitEntry};
+pub use save::save;
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Checkpoint problems, always naming the file and what is wrong.
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("checkpoint I/O on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {dir} is not usable: {problem}")]
+    Invalid { dir: PathBuf, problem: String },
+    #[error("no checkpoint to resume in {dir}: {detail}")]
+    NoneFound { dir: PathBuf, detail: String },
+}
+
+pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let path = path.into();
+    move |source| CheckpointError::Io { path, source }
+}
+
+/// The directory name of the checkpoint at `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step_{step:08}")
+}
+
+/// The shard file of `rank`.
+pub fn shard_file_name(rank: usize) -> String {
+    format!("rank{rank:05}.safetensors")
+}

@@ -1,0 +1,155 @@
+//! Writing a sharded checkpoint: all ranks in parallel, manifest last, atomic rename.
+
+use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
+use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::zero::{Engine, EngineComm};
+use crate::TrainError;
+use collectives::Group;
+use safetensors::tensor::{Dtype, TensorView};
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Save this rank's shard of the engine state at `step` into `<root>/step_<step>/`.
+/// Collective: every rank must call it. Returns the checkpoint directory.
+pub fn save<B: Backend, C: EngineComm<B>>(
+    be: &B,
+    comm: &mut C,
+    eng: &Engine<B>,
+    cfg: &Config,
+    step: u64,
+    root: &Path,
+) -> Result<PathBuf, TrainError> {
+    let rank = eng.rank;
+    let name = step_dir_name(step);
+    let final_dir = root.join(&name);
+    let tmp_dir = root.join(format!(".{name}.partial"));
+    if rank == 0 {
+        fs::create_dir_all(root).map_err(io_err(root))?;
+        if tmp_dir.exists() {
+            // Left by a crash mid-save: it never became a checkpoint, so it is safe to drop.
+            fs::remove_dir_all(&tmp_dir).map_err(io_err(&tmp_dir))?;
+        }
+        fs::create_dir(&tmp_dir).map_err(io_err(&tmp_dir))?;
+    }
+    Group::barrier(comm)?;
+
+    // 1. This rank's shard: its partition of every unit's master, m, v.
+    let mut owned: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut segments = Vec::new();
+    for (i, unit) in eng.layout.units.iter().enumerate() {
+        let (lo, hi) = eng.checkpoint_range(i);
+        if hi <= lo {
+            continue;
+        }
+        let state = eng.optimizer_state_host(be, i, lo, hi)?;
+        for (tag, vals) in ["master", "m", "v"].iter().zip(state) {
+            owned.push((format!("{}.{tag}", unit.name), bytemuck::cast_slice(&vals).to_vec()));
+        }
+        segments.push(Segment { unit: i, lo, hi });
+    }
+    let file = shard_file_name(rank);
+    let path = tmp_dir.join(&file);
+    write_tensors(&path, &owned)?;
+    let (bytes, crc32) = file_crc(&path)?;
+    let entry = FileEntry { name: file, rank, bytes, crc32, segments };
+    let sum_path = tmp_dir.join(format!("{}.sum.json", shard_file_name(rank)));
+    write_atomic(&sum_path, serde_json::to_vec(&entry).map_err(|e| TrainError::Invalid(e.to_string()))?.as_slice())?;
+    Group::barrier(comm)?;
+
+    // 2. Rank 0: collect the entries, write the manifest last, publish atomically, prune.
+    if rank == 0 {
+        let mut files = Vec::with_capacity(eng.world);
+        for r in 0..eng.world {
+            let p = tmp_dir.join(format!("{}.sum.json", shard_file_name(r)));
+            let text = fs::read(&p).map_err(io_err(&p))?;
+            let e: FileEntry = serde_json::from_slice(&text).map_err(|e| CheckpointError::Invalid {
+                dir: tmp_dir.clone(),
+                problem: format!("{}: {e}", p.display()),
+            })?;
+            fs::remove_file(&p).map_err(io_err(&p))?;
+            files.push(e);
+        }
+        let manifest = Manifest {
+            format: FORMAT_VERSION,
+            step,
+            world: eng.world,
+            stage: eng.policy.stage,
+            seed: cfg.train.seed,
+            model: cfg.model.clone(),
+            config_toml: toml::to_string(cfg).map_err(|e| TrainError::Invalid(e.to_string()))?,
+            units: eng.layout.units.iter().map(|u| UnitEntry { name: u.name.clone(), numel: u.numel }).collect(),
+            files,
+        };
+        let text = serde_json::to_vec_pretty(&manifest).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        write_atomic(&tmp_dir.join("manifest.json"), &text)?;
+        fsync_dir(&tmp_dir)?;
+        if final_dir.exists() {
+            fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?;
+        }
+        fs::rename(&tmp_dir, &final_dir).map_err(io_err(&final_dir))?;
+        fsync_dir(root)?;
+        prune(root, cfg.checkpoint.keep)?;
+    }
+    Group::barrier(comm)?;
+    Ok(final_dir)
+}
+
+/// Remove complete checkpoints beyond the newest `keep` (only ever after a new one is complete).
+fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
+    let mut steps = super::load::list_checkpoints(root)?;
+    steps.sort();
+    if steps.len() > keep {
+        for (_, dir) in &steps[..steps.len() - keep] {
+            fs::remove_dir_all(dir).map_err(io_err(dir))?;
+        }
+    }
+    Ok(())
+}
+
+/// Serialise `(name, f32 bytes)` 1-D tensors as safetensors, fsync, rename into place.
+pub(crate) fn write_tensors(path: &Path, tensors: &[(String, Vec<u8>)]) -> Result<(), TrainError> {
+    let views = tensors
+        .iter()
+        .map(|(n, b)| Ok((n.clone(), TensorView::new(Dtype::F32, vec![b.len() / 4], b)?)))
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
+        .map_err(|e| TrainError::Invalid(format!("building {}: {e}", path.display())))?;
+    let tmp = path.with_extension("partial");
+    safetensors::serialize_to_file(views, None, &tmp)
+        .map_err(|e| TrainError::Invalid(format!("writing {}: {e}", tmp.display())))?;
+    fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))?;
+    Ok(())
+}
+
+/// Write bytes under a temporary name, fsync, rename.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension("partial");
+    let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    fs::File::open(dir).and_then(|f| f.sync_all()).map_err(io_err(dir))
+}
+
+/// Size and CRC-32 of a file, streamed.
+pub(crate) fn file_crc(path: &Path) -> Result<(u64, u32), CheckpointError> {
+    let mut f = fs::File::open(path).map_err(io_err(path))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, h.finalize()))
+}
