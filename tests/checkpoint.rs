@@ -173,3 +173,64 @@ fn retention_keeps_the_newest_and_ignores_partial_saves() {
     assert_eq!(names, vec!["step_00000003", "step_00000004"]);
     assert_eq!(find_latest(&ck).expect("latest"), ck.join("step_00000004"));
 }
+
+#[test]
+fn hugging_face_export_import_export_is_bit_identical() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ck, data) = saved_checkpoint(dir.path());
+    let a = dir.path().join("a.safetensors");
+    let summary = trainer::checkpoint::hf::export(&ck.join("step_00000002"), &a).expect("export");
+    assert_eq!(summary.tensors, 4 + 2 * 12);
+
+    // Names and Hugging Face (Conv1D) layouts.
+    let bytes = std::fs::read(&a).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
+    let shape = |n: &str| st.tensor(n).expect(n).shape().to_vec();
+    assert_eq!(shape("transformer.wte.weight"), vec![97, 36]);
+    assert_eq!(shape("transformer.wpe.weight"), vec![16, 36]);
+    assert_eq!(shape("transformer.h.1.attn.c_attn.weight"), vec![36, 108]);
+    assert_eq!(shape("transformer.h.1.mlp.c_fc.weight"), vec![36, 144]);
+    assert_eq!(shape("transformer.h.1.mlp.c_proj.weight"), vec![144, 36]);
+    assert_eq!(shape("transformer.ln_f.bias"), vec![36]);
+    assert!(st.tensor("lm_head.weight").is_err(), "the head is tied to wte and not written");
+
+    // Import it as the initial weights on another layout, save, export again.
+    let ck2 = dir.path().join("ck2");
+    let mut cfg = cfg_for(3, 3, &ck2);
+    cfg.init.from = Some(a.clone());
+    let comms = TcpComm::local_group(3).expect("group");
+    let hs: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(rank, c)| {
+            let (cfg, data) = (cfg.clone(), data.clone());
+            std::thread::spawn(move || {
+                let be = CpuBackend;
+                let mut comm = HostComm(c);
+                let tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
+                tr.save_checkpoint(&be, &mut comm).expect("save");
+            })
+        })
+        .collect();
+    hs.into_iter().for_each(|h| h.join().expect("rank"));
+    let b = dir.path().join("b.safetensors");
+    trainer::checkpoint::hf::export(&ck2.join("step_00000000"), &b).expect("export again");
+    assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"), "round trip must be bit-identical");
+}
+
+#[test]
+fn import_errors_name_the_tensor() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ck, data) = saved_checkpoint(dir.path());
+    let a = dir.path().join("a.safetensors");
+    trainer::checkpoint::hf::export(&ck.join("step_00000002"), &a).expect("export");
+    let mut cfg = cfg_for(1, 0, &ck);
+    cfg.init.from = Some(a);
+    cfg.model.n_layer = 3;
+    let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
+    assert!(e.contains("h.2.ln_1.weight") && e.contains("missing"), "{e}");
+    cfg.model.n_layer = 2;
+    cfg.init.from = Some(dir.path().join("nope.safetensors"));
+    let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
+    assert!(e.contains("nope.safetensors"), "{e}");
+}

@@ -2,6 +2,7 @@
 //! every micro-step through the ZeRO engine, step the optimizer, report metrics.
 
 use crate::backend::Backend;
+use crate::checkpoint::hf::HfWeights;
 use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
 use crate::metrics::StepMetrics;
@@ -72,7 +73,14 @@ impl<B: Backend> Trainer<B> {
             None
         };
         let layout = ModelLayout::new(&cfg.model);
-        let mut engine = Engine::new(be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?;
+        let mut engine = match &cfg.init.from {
+            None => Engine::new(be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?,
+            Some(path) => {
+                let hf = HfWeights::open(path)?;
+                let l2 = layout.clone();
+                Engine::with_init(be, layout, cfg.zero.stage, rank, world, &mut |u| hf.unit_values(&l2, u))?
+            }
+        };
         let model =
             Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;

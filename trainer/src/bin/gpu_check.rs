@@ -682,6 +682,15 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
     });
     let t_hb = tm.rows.last().map_or(0.0, |r| r.1);
     drop(logits);
+    // The same head with the vocabulary padded to a multiple of 64 (as llm.c does): is
+    // the odd leading dimension costing anything?
+    let vp = v.div_ceil(64) * 64;
+    let mut logits_p = newbuf(n * vp, &chunk)?;
+    let eparams_p = newbuf(vp * c, &small)?;
+    tm.time(&format!("matmul_fwd lm head padded (768->{vp})"), 2, 10, tflops(2.0 * (n * c * vp) as f64), || {
+        be.matmul_fwd(&mut logits_p, &x, &eparams_p, Loc::new(0, vp * c), None, n, c, vp)
+    });
+    drop((logits_p, eparams_p));
     // Optimizer over all 124M parameters in one segment.
     let np = 124_475_904usize;
     let mut p = be.alloc_buf(np, "")?;
