@@ -17,7 +17,7 @@ struct Job {
 }
 
 impl Job {
-    /// The shared tiny GPT (vocab 97, 4 steps) on a synthetic shard, output in the temp dir.
+    /// The shared tiny GPT (vocab 97, a few steps) on a synthetic shard, output in the temp dir.
     fn new() -> Job {
         Job::with_toml(&common::tiny_toml(0, 1, "\"none\""))
     }
@@ -38,6 +38,12 @@ impl Job {
 
     fn out(&self) -> PathBuf {
         self.dir.path().join("out")
+    }
+
+    /// The job's config as the trainer reads it (tests derive their expectations from it).
+    fn cfg(&self) -> trainer::Config {
+        let text = std::fs::read_to_string(&self.config).expect("read config");
+        trainer::Config::from_toml_str(&text, "job.toml").expect("valid test config")
     }
 
     /// `launcher --cpus N CONFIG args...` with extra environment.
@@ -137,16 +143,18 @@ fn two_ranks_train_end_to_end() {
     let run = job.run(2, &["--set", "zero.stage=2"], &[]);
     run.assert_success();
 
+    let cfg = job.cfg();
+    let steps = cfg.train.steps;
+    let global_tokens = (cfg.train.micro_batch * cfg.train.grad_accum * 2 * cfg.model.seq_len) as u64;
     let metrics = job.metrics();
-    assert_eq!(metrics.len(), 4, "one line per step");
+    assert_eq!(metrics.len(), steps, "one line per step");
     for (i, m) in metrics.iter().enumerate() {
         assert_eq!(m["step"], i as u64 + 1);
         for key in ["loss", "lr", "grad_norm", "step_time_s", "tokens_per_s"] {
             let v = m[key].as_f64().unwrap_or(f64::NAN);
             assert!(v.is_finite() && v > 0.0, "step {}: {key} = {}", i + 1, m[key]);
         }
-        // micro_batch 2 × grad_accum 1 × 2 ranks × seq_len 16
-        assert_eq!(m["tokens"], 64);
+        assert_eq!(m["tokens"], global_tokens);
         let mem = m["memory"].as_array().expect("memory array");
         assert_eq!(mem.len(), 2, "memory of both ranks");
         for (r, rank_mem) in mem.iter().enumerate() {
@@ -154,16 +162,18 @@ fn two_ranks_train_end_to_end() {
             for key in ["params", "grads", "optimizer", "activations", "comm", "workspace", "total", "peak_total"] {
                 assert!(rank_mem[key].is_u64(), "step {} rank {r}: {key} missing in {rank_mem}", i + 1);
             }
-            assert!(rank_mem["total"].as_u64() > Some(0) && rank_mem["peak_total"].as_u64() >= rank_mem["total"].as_u64());
+            assert!(
+                rank_mem["total"].as_u64() > Some(0) && rank_mem["peak_total"].as_u64() >= rank_mem["total"].as_u64()
+            );
         }
     }
     for r in 0..2 {
         let log = std::fs::read_to_string(job.out().join(format!("logs/rank{r}.log"))).expect("rank log");
-        assert!(log.contains(&format!("rank {r} step 4/4")), "rank {r} log:\n{log}");
+        assert!(log.contains(&format!("rank {r} step {steps}/{steps}")), "rank {r} log:\n{log}");
     }
     assert!(job.out().join("config.resolved.toml").is_file());
     let stdout = run.stdout();
-    assert!(stdout.contains("steps: 4") && stdout.contains("tokens/s"), "summary missing:\n{stdout}");
+    assert!(stdout.contains(&format!("steps: {steps}")) && stdout.contains("tokens/s"), "summary missing:\n{stdout}");
     assert!(stdout.contains(&job.out().join("metrics.jsonl").display().to_string()), "{stdout}");
     assert!(job.live_ranks().is_empty());
 }
@@ -175,8 +185,8 @@ fn stage3_on_three_ranks_matches_one_rank_with_accumulation() {
     let sharded = job.losses();
     job.run(1, &["--set", "zero.stage=0", "--set", "train.grad_accum=3"], &[]).assert_success();
     let single = job.losses();
-    assert_eq!(sharded.len(), 4);
-    assert_eq!(single.len(), 4);
+    assert_eq!(sharded.len(), job.cfg().train.steps);
+    assert_eq!(single.len(), sharded.len());
     for (step, (a, b)) in sharded.iter().zip(&single).enumerate() {
         let rel = ((a - b) / b).abs();
         assert!(rel <= 1e-5, "step {}: 3 ranks stage 3 loss {a} vs 1 rank {b} (rel {rel:e})", step + 1);
@@ -213,18 +223,30 @@ fn rank_crash_stops_the_job() {
     assert_fault_stops_job("0:2:abort", 0, "SIGABRT");
 }
 
+/// Kills the launcher if the test fails while it runs, so no job outlives the test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn interrupt_kills_every_rank() {
     let job = Job::new();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_launcher"))
-        .args(["--cpus", "2"])
-        .arg(&job.config)
-        .args(["--set", "train.steps=100000"])
-        .env_remove("SHARDTRAIN_FAULT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the launcher");
+    let mut launcher = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_launcher"))
+            .args(["--cpus", "2"])
+            .arg(&job.config)
+            .args(["--set", "train.steps=100000"])
+            .env_remove("SHARDTRAIN_FAULT")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the launcher"),
+    );
     // Wait until training runs, then Ctrl-C the launcher alone (not its process group).
     let deadline = Instant::now() + Duration::from_secs(60);
     let metrics = job.out().join("metrics.jsonl");
@@ -233,10 +255,10 @@ fn interrupt_kills_every_rank() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(job.live_ranks().len(), 2, "both ranks run before the interrupt");
-    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill -INT");
+    let sent = Command::new("kill").args(["-INT", &launcher.0.id().to_string()]).status().expect("kill -INT");
     assert!(sent.success());
     let start = Instant::now();
-    let status = child.wait().expect("wait for the launcher");
+    let status = launcher.0.wait().expect("wait for the launcher");
     assert!(start.elapsed() < Duration::from_secs(10), "took {:?} to stop", start.elapsed());
     assert_eq!(status.code(), Some(130));
     let left = wait_gone(&job);
@@ -245,23 +267,26 @@ fn interrupt_kills_every_rank() {
 
 #[test]
 fn bad_config_stops_before_any_rank_starts() {
-    let cases: Vec<(Job, Vec<&str>, &str)> = vec![
-        (Job::with_toml(&format!("{}\n", common::tiny_toml(0, 1, "\"none\"").replace("[zero]", "[zero]\nbogus_key = 1"))), vec![], "bogus_key"),
-        (Job::new(), vec!["--set", "train.stepz=3"], "stepz"),
-        (Job::new(), vec!["--set", "train.steps=\"many\""], "steps"),
-        (Job::new(), vec!["--set", "zero.stage=7"], "zero.stage"),
-        (Job::new(), vec!["--set", "model.vocab_size=50"], "model.vocab_size"),
-        (Job::new(), vec!["--set", "data.path='/nonexistent/shards'"], "/nonexistent/shards"),
+    // (extra TOML appended to the config, --set arguments, what stderr must name)
+    let cases: [(&str, &[&str], &[&str]); 6] = [
+        ("[bogus_section]\nx = 1\n", &[], &["bogus_section"]),
+        ("", &["--set", "train.stepz=3"], &["stepz"]),
+        ("", &["--set", "train.steps=\"many\""], &["train.steps", "many"]),
+        ("", &["--set", "zero.stage=7"], &["zero.stage"]),
+        ("", &["--set", "model.vocab_size=50"], &["model.vocab_size", "96"]),
+        ("", &["--set", "data.path='/nonexistent/shards'"], &["/nonexistent/shards", "prepare-data"]),
     ];
-    for (job, args, needle) in &cases {
+    for (extra, args, needles) in cases {
+        let job = Job::with_toml(&format!("{}\n{extra}", common::tiny_toml(0, 1, "\"none\"")));
         let run = job.run(2, args, &[]);
         let stderr = run.stderr();
         assert_eq!(run.code(), Some(2), "{args:?}: expected exit code 2, stderr:\n{stderr}");
-        assert!(stderr.contains(needle), "{args:?}: stderr must name `{needle}`:\n{stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "{args:?}: stderr must name `{needle}`:\n{stderr}");
+        }
         assert_eq!(stderr.lines().filter(|l| l.starts_with("error")).count(), 1, "{args:?}: printed once:\n{stderr}");
         assert!(!job.out().join("logs/rank0.log").exists(), "{args:?}: no rank may start");
     }
-    assert!(cases[5].0.run(1, &["--set", "data.path='/nonexistent/shards'"], &[]).stderr().contains("prepare-data"));
 }
 
 #[test]

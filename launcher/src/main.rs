@@ -1,1 +1,63 @@
-fn main() {}
+//! `launcher`: starts a shardtrain job and watches it.
+//!
+//! `launcher --cpus N CONFIG [--set section.key=value]...` checks the config and data
+//! once (`setup`), starts N rank processes of this same binary (`ranks`), runs the
+//! rendezvous that connects them (`rendezvous`, `protocol`), shows progress and writes
+//! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
+//! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
+//!
+//! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
+//! 2 it never started (bad arguments, config or data: nothing was spawned); 130 interrupted.
+
+mod cli;
+mod device;
+mod fault;
+mod metrics;
+mod prepare;
+mod progress;
+mod protocol;
+mod ranks;
+mod rendezvous;
+mod setup;
+mod supervise;
+mod worker;
+
+use clap::Parser;
+use cli::{Cli, Command};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Worker(args)) => worker::run(args),
+        Some(Command::PrepareData(args)) => report(prepare::run(&args)),
+        None => report(launch(&cli.launch)),
+    }
+}
+
+/// Check everything, then run the job on a small async runtime (it only waits on sockets and processes).
+fn launch(args: &cli::LaunchArgs) -> anyhow::Result<()> {
+    let plan = setup::plan(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the launcher's async runtime: {e}"))?;
+    runtime.block_on(supervise::run(&plan))
+}
+
+/// Print an error once, with its causes, and map it to the exit code.
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<setup::SetupError>().is_some() {
+                ExitCode::from(2)
+            } else if e.downcast_ref::<supervise::Interrupted>().is_some() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

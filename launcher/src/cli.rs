@@ -1,0 +1,113 @@
+//! The command line: `launcher --cpus N CONFIG [--set section.key=value]...` trains,
+//! `launcher prepare-data` tokenizes text, and the hidden `launcher worker` is one rank
+//! (the launcher starts its own binary with it; users never type it).
+
+use crate::device::Device;
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "launcher",
+    version,
+    about = "Train GPT-2 with ZeRO-sharded ranks: one process per CPU rank (or GPU), a rendezvous, \
+             progress, metrics.jsonl, and a clean stop when any rank fails",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tokenize a UTF-8 text file with the GPT-2 BPE into token shards (train + val) for `data.path`.
+    PrepareData(PrepareDataArgs),
+    /// One rank of a job (started by the launcher; not for direct use).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+/// Options of a training launch (the default command).
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("device").required(true).args(["cpus", "gpus"]))]
+pub struct LaunchArgs {
+    /// Train with N CPU ranks on this node, one OS process each.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub cpus: Option<u32>,
+    /// Train with N GPU ranks on this node (not built into this version: use --cpus).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub gpus: Option<u32>,
+    /// The TOML config file.
+    #[arg(value_name = "CONFIG", required = true)]
+    pub config: Option<PathBuf>,
+    /// Override one config value, e.g. `--set zero.stage=3 --set train.steps=20`. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Multi-node: the rendezvous address, HOST:PORT of node 0 (node 0 listens there).
+    /// Single-node runs pick a free loopback port by themselves.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub master_addr: Option<SocketAddr>,
+    /// Multi-node: how many nodes take part (each runs this launcher with the same config and --cpus).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub nnodes: u32,
+    /// Multi-node: this node's index in 0..nnodes (node 0 hosts the rendezvous); ranks are node_rank*N + local.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub node_rank: u32,
+}
+
+impl LaunchArgs {
+    /// The device kind and ranks per node chosen by `--cpus` / `--gpus` (clap makes exactly one present).
+    pub fn device(&self) -> (Device, usize) {
+        match (self.cpus, self.gpus) {
+            (Some(n), _) => (Device::Cpu, n as usize),
+            (None, Some(n)) => (Device::Gpu, n as usize),
+            (None, None) => (Device::Cpu, 1),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PrepareDataArgs {
+    /// UTF-8 text file to tokenize.
+    #[arg(value_name = "INPUT.txt")]
+    pub input: PathBuf,
+    /// Directory to write the shards into (created if missing); point `data.path` at it.
+    #[arg(value_name = "OUT_DIR")]
+    pub out_dir: PathBuf,
+    /// Name prefix of the shard files (defaults to the input file's stem).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Fraction of the tokens (from the start of the text) that become the validation split.
+    #[arg(long, value_name = "F", default_value_t = 0.1)]
+    pub val_fraction: f64,
+    /// Tokens per shard file.
+    #[arg(long, value_name = "N", default_value_t = 100_000_000)]
+    pub shard_tokens: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The launcher's rendezvous address.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub rendezvous: SocketAddr,
+    /// This process's global rank.
+    #[arg(long)]
+    pub rank: u32,
+    /// Number of ranks in the job.
+    #[arg(long)]
+    pub world: u32,
+    /// The resolved, validated config written by the launcher.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Interface the data-plane listener binds (127.0.0.1 on one node, 0.0.0.0 across nodes).
+    #[arg(long, value_name = "IP")]
+    pub bind_host: std::net::IpAddr,
+    /// Which backend this rank computes on.
+    #[arg(long, value_enum)]
+    pub device: Device,
+}

@@ -1,0 +1,69 @@
+//! What a rank computes on, whether this build can do it, and the environment every
+//! rank process gets for it (thread counts, NCCL/NVSHMEM settings).
+
+use clap::ValueEnum;
+
+/// The backend a rank runs. The GPU path is reserved: the CUDA backend plugs in here
+/// (an NCCL id in the rendezvous `Start`, the CUDA backend in the worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+impl Device {
+    /// The spelling of the worker's `--device` value and of messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        }
+    }
+
+    /// Why this build cannot run ranks on this device, if it cannot.
+    pub fn unavailable_reason(self) -> Option<String> {
+        match self {
+            Device::Cpu => None,
+            Device::Gpu => Some(
+                "--gpus: the CUDA backend is not built into this version of shardtrain; \
+                 train on CPU ranks with --cpus N instead"
+                    .to_string(),
+            ),
+        }
+    }
+
+    /// Environment variables for a rank process when `local_ranks` ranks share this node.
+    pub fn rank_env(self, local_ranks: usize) -> Vec<(&'static str, String)> {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        vec![
+            // matrixmultiply's thread count: the node's cores divided between its ranks.
+            ("MATMUL_NUM_THREADS", (cores / local_ranks.max(1)).max(1).to_string()),
+            // NVLink SHARP / multicast stays off on the machines this runs on (see KINDS.md):
+            // set for every rank whatever the device, so no library turns it on by itself.
+            ("NCCL_NVLS_ENABLE", "0".to_string()),
+            ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1".to_string()),
+            ("NVSHMEM_DISABLE_NVLS", "1".to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_divides_cores_and_disables_multicast() {
+        let env = Device::Cpu.rank_env(1_000_000);
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("MATMUL_NUM_THREADS").as_deref(), Some("1"));
+        assert_eq!(get("NCCL_NVLS_ENABLE").as_deref(), Some("0"));
+        assert_eq!(get("TORCH_SYMM_MEM_DISABLE_MULTICAST").as_deref(), Some("1"));
+        assert_eq!(get("NVSHMEM_DISABLE_NVLS").as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn gpu_is_reported_unavailable() {
+        assert!(Device::Cpu.unavailable_reason().is_none());
+        assert!(Device::Gpu.unavailable_reason().unwrap_or_default().contains("not built"));
+    }
+}

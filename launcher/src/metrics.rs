@@ -1,0 +1,221 @@
+//! Joins the ranks' per-step reports into one record per step (written as a line of
+//! `metrics.jsonl` once every rank has reported that step) and keeps what the end-of-run
+//! summary needs.
+
+use anyhow::Context;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use trainer::zero::MemoryBytes;
+use trainer::StepMetrics;
+
+/// One rank's memory at a step, in bytes.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RankMemory {
+    pub rank: usize,
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub comm: u64,
+    pub workspace: u64,
+    /// Sum of the categories now.
+    pub total: u64,
+    /// Highest total so far.
+    pub peak_total: u64,
+    /// The categories at the moment of that peak.
+    pub peak: MemoryBytes,
+}
+
+/// One line of `metrics.jsonl`: a step as seen by the whole job.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StepRecord {
+    pub step: u64,
+    /// Mean training loss over the global batch.
+    pub loss: f64,
+    pub lr: f32,
+    pub grad_norm: f64,
+    /// Tokens in the global batch.
+    pub tokens: u64,
+    /// The slowest rank's step time.
+    pub step_time_s: f64,
+    /// Global tokens / slowest step time.
+    pub tokens_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    pub memory: Vec<RankMemory>,
+}
+
+impl StepRecord {
+    fn join(reports: Vec<StepMetrics>) -> StepRecord {
+        let first = &reports[0];
+        let step_time_s = reports.iter().map(|m| m.step_time_s).fold(0.0, f64::max);
+        let memory = reports
+            .iter()
+            .enumerate()
+            .map(|(rank, m)| {
+                let c = m.memory.current;
+                RankMemory {
+                    rank,
+                    params: c.params,
+                    grads: c.grads,
+                    optimizer: c.optimizer,
+                    activations: c.activations,
+                    comm: c.comm,
+                    workspace: c.workspace,
+                    total: c.total(),
+                    peak_total: m.memory.peak_total,
+                    peak: m.memory.peak,
+                }
+            })
+            .collect();
+        StepRecord {
+            step: first.step,
+            loss: first.loss,
+            lr: first.lr,
+            grad_norm: first.grad_norm,
+            tokens: first.tokens,
+            step_time_s,
+            tokens_per_s: if step_time_s > 0.0 { first.tokens as f64 / step_time_s } else { 0.0 },
+            val_loss: reports.iter().find_map(|m| m.val_loss),
+            memory,
+        }
+    }
+}
+
+/// Collects per-rank reports and appends complete steps to `metrics.jsonl`.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: std::fs::File,
+    world: usize,
+    pending: BTreeMap<u64, Vec<Option<StepMetrics>>>,
+    first: Option<StepRecord>,
+    last: Option<StepRecord>,
+    /// Tokens and slowest-rank seconds of every step after the first (for mean throughput).
+    tokens_after_first: u64,
+    seconds_after_first: f64,
+}
+
+impl MetricsLog {
+    /// Append to `path` (the launcher truncated it before the run).
+    pub fn open(path: &Path, world: usize) -> anyhow::Result<MetricsLog> {
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .with_context(|| format!("cannot open {} for writing", path.display()))?;
+        Ok(MetricsLog {
+            path: path.to_path_buf(),
+            file,
+            world,
+            pending: BTreeMap::new(),
+            first: None,
+            last: None,
+            tokens_after_first: 0,
+            seconds_after_first: 0.0,
+        })
+    }
+
+    /// Record `rank`'s report; when it completes a step, write and return that step's record.
+    pub fn add(&mut self, rank: usize, m: StepMetrics) -> anyhow::Result<Option<StepRecord>> {
+        let slots = self.pending.entry(m.step).or_insert_with(|| vec![None; self.world]);
+        let Some(slot) = slots.get_mut(rank) else {
+            anyhow::bail!("rank {rank} reported a step but the job has {} ranks", self.world);
+        };
+        let step = m.step;
+        *slot = Some(m);
+        if slots.iter().any(Option::is_none) {
+            return Ok(None);
+        }
+        let reports = self.pending.remove(&step).unwrap_or_default().into_iter().flatten().collect();
+        let rec = StepRecord::join(reports);
+        let mut line = serde_json::to_string(&rec).context("cannot encode a metrics record")?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", self.path.display()))?;
+        if self.first.is_none() {
+            self.first = Some(rec.clone());
+        } else {
+            self.tokens_after_first += rec.tokens;
+            self.seconds_after_first += rec.step_time_s;
+        }
+        self.last = Some(rec.clone());
+        Ok(Some(rec))
+    }
+
+    /// The end-of-run summary, as printable text.
+    pub fn summary(&self) -> String {
+        let Some(last) = &self.last else {
+            return format!("no step completed; metrics: {}", self.path.display());
+        };
+        let mean_tps = if self.seconds_after_first > 0.0 {
+            self.tokens_after_first as f64 / self.seconds_after_first
+        } else {
+            last.tokens_per_s
+        };
+        let first_loss = self.first.as_ref().map_or(last.loss, |f| f.loss);
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let mut s = format!(
+            "steps: {}\nloss: {:.4} (first step {:.4})\nmean throughput: {:.0} tokens/s (excluding the first step)\n\
+             peak memory per rank (MiB, by category at the peak):\n  {:>4} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n",
+            last.step, last.loss, first_loss, mean_tps, "rank", "params", "grads", "optimizer", "activations", "comm",
+            "workspace", "total"
+        );
+        for m in &last.memory {
+            let p = &m.peak;
+            s += &format!(
+                "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>9.2} {:>9.2}\n",
+                m.rank,
+                mib(p.params),
+                mib(p.grads),
+                mib(p.optimizer),
+                mib(p.activations),
+                mib(p.comm),
+                mib(p.workspace),
+                mib(m.peak_total)
+            );
+        }
+        s += &format!("metrics: {}", self.path.display());
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trainer::zero::MemoryReport;
+
+    fn report(step: u64, time: f64, params: u64) -> StepMetrics {
+        let bytes = MemoryBytes { params, ..MemoryBytes::default() };
+        StepMetrics {
+            step,
+            loss: 2.0 / step as f64,
+            lr: 1e-3,
+            grad_norm: 0.5,
+            tokens: 1000,
+            step_time_s: time,
+            val_loss: None,
+            memory: MemoryReport { current: bytes, peak: bytes, peak_total: params },
+        }
+    }
+
+    #[test]
+    fn a_step_is_written_once_every_rank_reported_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, 2).expect("open");
+        assert!(log.add(1, report(1, 0.5, 10)).expect("add").is_none());
+        assert!(log.add(1, report(2, 0.5, 10)).expect("add").is_none());
+        let rec = log.add(0, report(1, 0.25, 20)).expect("add").expect("complete");
+        assert_eq!(rec.step_time_s, 0.5);
+        assert_eq!(rec.tokens_per_s, 2000.0);
+        assert_eq!(rec.memory.iter().map(|m| (m.rank, m.params)).collect::<Vec<_>>(), vec![(0, 20), (1, 10)]);
+        log.add(0, report(2, 0.1, 20)).expect("add").expect("complete");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["step"], 2);
+        assert!(log.summary().contains("2000 tokens/s"), "{}", log.summary());
+        assert!(log.add(5, report(3, 0.1, 1)).is_err());
+    }
+}

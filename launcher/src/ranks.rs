@@ -1,0 +1,150 @@
+//! Rank processes on this node: spawning them (this same binary with the hidden `worker`
+//! subcommand, the rank environment, output into `logs/rank<r>.log`), watching them exit,
+//! killing them, and reading a log's tail for error reports.
+
+use crate::setup::RunPlan;
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use tokio::sync::{mpsc, watch};
+
+/// A rank process ended.
+#[derive(Debug)]
+pub struct Exited {
+    pub rank: usize,
+    pub status: std::io::Result<ExitStatus>,
+}
+
+/// Spawn every rank of this node. Each gets a task that reports its exit on `exits` and
+/// kills it (SIGKILL) as soon as `kill` turns true. Returns the pids, by local index.
+pub fn spawn_all(
+    plan: &RunPlan,
+    rendezvous: SocketAddr,
+    exits: &mpsc::UnboundedSender<Exited>,
+    kill: &watch::Receiver<bool>,
+) -> anyhow::Result<Vec<u32>> {
+    let exe = std::env::current_exe().context("cannot find the launcher's own executable to start the ranks")?;
+    let bind_host = if plan.multi_node() { "0.0.0.0" } else { "127.0.0.1" };
+    let env = plan.device.rank_env(plan.local_ranks);
+    let mut pids = Vec::new();
+    for rank in plan.local_rank_ids() {
+        let log_path = plan.log_path(rank);
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create the log file {}", log_path.display()))?;
+        let log_err = log.try_clone().with_context(|| format!("cannot reopen {}", log_path.display()))?;
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("worker")
+            .arg("--rendezvous")
+            .arg(rendezvous.to_string())
+            .arg("--rank")
+            .arg(rank.to_string())
+            .arg("--world")
+            .arg(plan.world.to_string())
+            .arg("--config")
+            .arg(&plan.resolved_config)
+            .arg("--bind-host")
+            .arg(bind_host)
+            .arg("--device")
+            .arg(plan.device.name())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .kill_on_drop(true);
+        // Own process group: a terminal's Ctrl-C reaches only the launcher, which then stops
+        // every rank itself (and reports an interrupt rather than ranks dying of SIGINT).
+        #[cfg(unix)]
+        cmd.process_group(0);
+        let mut child = cmd.spawn().with_context(|| format!("cannot start rank {rank} ({})", exe.display()))?;
+        pids.push(child.id().unwrap_or(0));
+        let exits = exits.clone();
+        let mut kill = kill.clone();
+        tokio::spawn(async move {
+            let killed = async move {
+                // Also fires when the launcher drops the sender: no rank outlives its supervisor.
+                let _ = kill.wait_for(|k| *k).await;
+            };
+            let status = tokio::select! {
+                status = child.wait() => status,
+                _ = killed => {
+                    let _ = child.start_kill();
+                    child.wait().await
+                }
+            };
+            let _ = exits.send(Exited { rank, status });
+        });
+    }
+    Ok(pids)
+}
+
+/// "exited with code 3", "killed by signal 6 (SIGABRT)", ...
+pub fn describe_status(status: &std::io::Result<ExitStatus>) -> String {
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => return format!("could not be waited for ({e})"),
+    };
+    if let Some(code) = status.code() {
+        return format!("exited with code {code}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                2 => " (SIGINT)",
+                4 => " (SIGILL)",
+                6 => " (SIGABRT)",
+                7 => " (SIGBUS)",
+                9 => " (SIGKILL)",
+                11 => " (SIGSEGV, a crash)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            let core = if status.core_dumped() { ", core dumped" } else { "" };
+            return format!("was killed by signal {sig}{name}{core}");
+        }
+    }
+    format!("ended with {status}")
+}
+
+/// The last `n` lines of a log file (or a note saying why there are none).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<&str> = text.lines().collect();
+            if lines.is_empty() {
+                return "    (the log is empty)".to_string();
+            }
+            lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+        }
+        Err(e) => format!("    (cannot read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("r.log");
+        let text: String = (0..50).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&p, text).expect("write");
+        let tail = log_tail(&p, 20);
+        assert_eq!(tail.lines().count(), 20);
+        assert!(tail.starts_with("    line 30"));
+        assert!(tail.ends_with("line 49"));
+        assert!(log_tail(&dir.path().join("missing"), 5).contains("cannot read"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn statuses_are_described() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(describe_status(&Ok(ExitStatus::from_raw(3 << 8))), "exited with code 3");
+        assert!(describe_status(&Ok(ExitStatus::from_raw(6))).contains("SIGABRT"));
+    }
+}

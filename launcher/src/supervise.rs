@@ -1,0 +1,414 @@
+//! Runs a job and decides whether a rank has failed. This is where that decision lives.
+//!
+//! The supervisor owns the rendezvous listener (node 0), the rank processes of this node
+//! and every control connection, and reacts to one stream of events:
+//! - a rank process exiting non-zero or by a signal, exiting before `Done`, its control
+//!   connection dropping before `Done`, or a `Failed` message → the job has failed;
+//! - a rank not saying hello within [`HELLO_TIMEOUT`] → the job has failed, naming it;
+//! - Ctrl-C / SIGTERM → the job is interrupted.
+//!
+//! On failure the supervisor waits [`SETTLE`] for the rest of the evidence (when one rank
+//! crashes, its peers fail a moment later with "rank r is unreachable"), then kills every
+//! rank of this node (SIGKILL), closes every control connection (ranks on other nodes exit
+//! when theirs closes), reaps all processes, and reports the rank that failed *first*: the
+//! one that crashed or erred on its own, not its peers that lost it.
+
+use crate::metrics::MetricsLog;
+use crate::progress::Progress;
+use crate::protocol::{self, Msg};
+use crate::ranks::{self, describe_status, log_tail, Exited};
+use crate::rendezvous::{self, ConnEvent};
+use crate::setup::RunPlan;
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Every rank must say hello within this long of being started.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+/// After the first sign of failure, how long to collect evidence before killing.
+pub const SETTLE: Duration = Duration::from_millis(1000);
+/// After every rank reported `Done`, how long their processes may take to exit.
+const EXIT_GRACE: Duration = Duration::from_secs(30);
+/// Log lines shown for a failed rank.
+const TAIL_LINES: usize = 20;
+
+/// The job was stopped by Ctrl-C or SIGTERM (exit code 130).
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted: stopped all {0} ranks of this node")]
+pub struct Interrupted(pub usize);
+
+/// What the supervisor knows about one rank.
+#[derive(Default)]
+struct RankState {
+    local: bool,
+    data_addr: Option<String>,
+    writer: Option<OwnedWriteHalf>,
+    last_step: u64,
+    done: bool,
+    /// `Failed` message and the peer it blames.
+    failed: Option<(String, Option<u32>)>,
+    exit: Option<std::io::Result<ExitStatus>>,
+    /// The control connection ended (with the error, if it broke).
+    closed: Option<Option<String>>,
+    /// Order in which ranks first showed trouble (lower = earlier).
+    trouble_seq: Option<u64>,
+    /// The process was still running at teardown and was killed by the launcher.
+    killed: bool,
+}
+
+impl RankState {
+    /// Remember when this rank first showed trouble.
+    fn mark_trouble(&mut self, seq: &mut u64) {
+        if self.trouble_seq.is_none() {
+            self.trouble_seq = Some(*seq);
+            *seq += 1;
+        }
+    }
+    fn exited_ok(&self) -> bool {
+        matches!(&self.exit, Some(Ok(s)) if s.success())
+    }
+}
+
+/// Why the job is being stopped.
+enum Stop {
+    /// Ranks failed; details are in the rank states.
+    Failure,
+    /// Some ranks never said hello.
+    HelloTimeout(Vec<usize>),
+    /// A connection that cannot take part (duplicate rank, wrong version, ...).
+    Fatal(String),
+    Interrupted,
+}
+
+/// Run the job to the end; `Ok` when every rank finished.
+pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
+    let (conn_tx, mut conn_rx) = mpsc::unbounded_channel::<ConnEvent>();
+    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<Exited>();
+    let (kill_tx, kill_rx) = watch::channel(false);
+
+    // Node 0 hosts the rendezvous; other nodes point their ranks at it.
+    let (rendezvous_addr, acceptor) = if plan.is_master() {
+        let bind = plan.master_addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let listener = TcpListener::bind(bind).await.with_context(|| {
+            format!("cannot listen for ranks on {bind}: pick a free port in --master-addr, or check the address")
+        })?;
+        let addr = listener.local_addr().context("cannot read the rendezvous address")?;
+        (addr, Some(tokio::spawn(rendezvous::accept_loop(listener, plan.world, conn_tx.clone()))))
+    } else {
+        (plan.master_addr.context("--master-addr is required on nodes other than 0")?, None)
+    };
+    drop(conn_tx);
+
+    let mut ranks: Vec<RankState> = (0..plan.world).map(|_| RankState::default()).collect();
+    for r in plan.local_rank_ids() {
+        ranks[r].local = true;
+    }
+    let pids = ranks::spawn_all(plan, rendezvous_addr, &exit_tx, &kill_rx)?;
+    drop(exit_tx);
+    drop(kill_rx);
+
+    let total_steps = plan.cfg.train.steps as u64;
+    let mut metrics = if plan.is_master() { Some(MetricsLog::open(&plan.metrics_path, plan.world)?) } else { None };
+    let mut progress = Progress::new(total_steps, plan.is_master());
+    progress.println(&format!(
+        "launched {} {} rank(s) on node {} (world {}, pids {:?}); rendezvous {}; logs in {}",
+        plan.local_ranks,
+        plan.device.name().to_uppercase(),
+        plan.node_rank,
+        plan.world,
+        pids,
+        rendezvous_addr,
+        plan.logs_dir.display()
+    ));
+
+    let hello_deadline = Instant::now() + HELLO_TIMEOUT;
+    let mut started = !plan.is_master();
+    let mut stop: Option<(Stop, Instant)> = None;
+    let mut done_since: Option<Instant> = None;
+    let mut seq = 0u64;
+    let (mut sigint, mut sigterm) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+
+    loop {
+        if done_since.is_none() && ranks.iter().all(|r| r.done) {
+            done_since = Some(Instant::now());
+        }
+        if stop.is_none() && finished(plan, &ranks) {
+            break;
+        }
+        if let Some(since) = done_since {
+            if stop.is_none() && since.elapsed() >= EXIT_GRACE {
+                let slow: Vec<usize> = plan.local_rank_ids().filter(|&r| ranks[r].exit.is_none()).collect();
+                progress.println(&format!(
+                    "launcher: warning: ranks {slow:?} finished training but did not exit within {EXIT_GRACE:?}: killing them"
+                ));
+                break;
+            }
+        }
+        // Once stopping, nothing more can be learned when every rank is gone.
+        if stop.is_some()
+            && ranks.iter().all(|r| (!r.local || r.exit.is_some()) && (r.writer.is_none() || r.closed.is_some()))
+        {
+            break;
+        }
+        let settle_at = stop.as_ref().map(|(_, t)| *t + SETTLE);
+        tokio::select! {
+            Some(ev) = conn_rx.recv() => match ev {
+                ConnEvent::Hello { rank, data_addr, writer } => {
+                    if ranks[rank].data_addr.is_some() {
+                        fail(&mut stop, Stop::Fatal(format!("two workers claim rank {rank}: give each node a distinct --node-rank")));
+                        continue;
+                    }
+                    ranks[rank].data_addr = Some(data_addr);
+                    ranks[rank].writer = Some(writer);
+                    if !started && stop.is_none() && ranks.iter().all(|r| r.data_addr.is_some()) {
+                        started = true;
+                        if let Some(a) = &acceptor {
+                            a.abort();
+                        }
+                        send_start(&mut ranks, &progress).await;
+                    }
+                }
+                ConnEvent::Msg { rank, msg } => match msg {
+                    Msg::Step { metrics: m, .. } => {
+                        ranks[rank].last_step = m.step;
+                        if let Some(log) = metrics.as_mut() {
+                            match log.add(rank, m) {
+                                Ok(Some(rec)) => progress.step(&rec),
+                                Ok(None) => {}
+                                Err(e) => progress.println(&format!("launcher: warning: {e:#}")),
+                            }
+                        }
+                    }
+                    Msg::Done { .. } => ranks[rank].done = true,
+                    Msg::Failed { message, peer, .. } => {
+                        ranks[rank].failed = Some((message, peer));
+                        ranks[rank].mark_trouble(&mut seq);
+                        fail(&mut stop, Stop::Failure);
+                    }
+                    other => fail(&mut stop, Stop::Fatal(format!("rank {rank} sent an unexpected control message: {other:?}"))),
+                },
+                // `Done` travels on the same connection before it closes, so a close without it is a failure.
+                ConnEvent::Closed { rank, error } => {
+                    ranks[rank].closed = Some(error);
+                    if !ranks[rank].done {
+                        ranks[rank].mark_trouble(&mut seq);
+                        fail(&mut stop, Stop::Failure);
+                    }
+                }
+                ConnEvent::Rejected { peer, reason, fatal } => {
+                    if fatal {
+                        fail(&mut stop, Stop::Fatal(reason));
+                    } else {
+                        progress.println(&format!("launcher: ignored a connection from {peer}: {reason}"));
+                    }
+                }
+            },
+            Some(Exited { rank, status }) = exit_rx.recv() => {
+                // A clean exit is judged by its connection (`Done` then close); a clean exit of a rank
+                // that never connected, or any unclean exit, is a failure now.
+                let clean = matches!(&status, Ok(s) if s.success());
+                ranks[rank].exit = Some(status);
+                if !clean || (plan.is_master() && ranks[rank].data_addr.is_none()) {
+                    ranks[rank].mark_trouble(&mut seq);
+                    fail(&mut stop, Stop::Failure);
+                }
+            }
+            _ = sigint.recv() => {
+                stop = Some((Stop::Interrupted, Instant::now()));
+                break;
+            }
+            _ = sigterm.recv() => {
+                stop = Some((Stop::Interrupted, Instant::now()));
+                break;
+            }
+            _ = tokio::time::sleep_until(hello_deadline), if !started && stop.is_none() => {
+                fail(&mut stop, Stop::HelloTimeout((0..plan.world).filter(|&r| ranks[r].data_addr.is_none()).collect()));
+            }
+            _ = tokio::time::sleep_until(settle_at.unwrap_or(hello_deadline)), if settle_at.is_some() => break,
+            _ = tokio::time::sleep(Duration::from_millis(500)), if done_since.is_some() => {}
+        }
+    }
+
+    // Tear down: kill this node's ranks, close every control connection, reap.
+    let _ = kill_tx.send(true);
+    if let Some(a) = &acceptor {
+        a.abort();
+    }
+    for r in ranks.iter_mut() {
+        r.writer = None;
+    }
+    let reap_deadline = Instant::now() + Duration::from_secs(10);
+    while ranks.iter().any(|r| r.local && r.exit.is_none()) {
+        match tokio::time::timeout_at(reap_deadline, exit_rx.recv()).await {
+            Ok(Some(Exited { rank, status })) => {
+                ranks[rank].killed = true;
+                ranks[rank].exit = Some(status);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    progress.finish();
+    let leftover: Vec<usize> = (0..plan.world).filter(|&r| ranks[r].local && ranks[r].exit.is_none()).collect();
+    if !leftover.is_empty() {
+        eprintln!(
+            "launcher: warning: ranks {leftover:?} could not be reaped (pids {pids:?}); check for leftover processes"
+        );
+    }
+
+    match stop {
+        None => {
+            match &metrics {
+                Some(log) => println!("{}", log.summary()),
+                None => println!(
+                    "node {}: ranks {} finished; metrics and progress are on node 0",
+                    plan.node_rank,
+                    join(&plan.local_rank_ids().collect::<Vec<_>>())
+                ),
+            }
+            Ok(())
+        }
+        Some((Stop::Interrupted, _)) => Err(Interrupted(plan.local_ranks).into()),
+        Some((Stop::Fatal(msg), _)) => anyhow::bail!("{msg}\nstopped every rank of this node"),
+        Some((Stop::HelloTimeout(missing), _)) => anyhow::bail!(hello_timeout_report(plan, &ranks, &missing)),
+        Some((Stop::Failure, _)) => anyhow::bail!(failure_report(plan, &ranks)),
+    }
+}
+
+/// Start stopping the job, unless it is already stopping for an earlier reason.
+fn fail(stop: &mut Option<(Stop, Instant)>, why: Stop) {
+    stop.get_or_insert((why, Instant::now()));
+}
+
+/// Every rank reported `Done` (node 0) and every local process exited cleanly.
+fn finished(plan: &RunPlan, ranks: &[RankState]) -> bool {
+    let all_exited = ranks.iter().filter(|r| r.local).all(|r| r.exited_ok());
+    all_exited && (!plan.is_master() || ranks.iter().all(|r| r.done))
+}
+
+/// Tell every rank the group's addresses; a rank that cannot be told has failed.
+async fn send_start(ranks: &mut [RankState], progress: &Progress) {
+    let peers: Vec<String> = ranks.iter().map(|r| r.data_addr.clone().unwrap_or_default()).collect();
+    let start = Msg::Start { world: ranks.len() as u32, peers, nccl_id: None };
+    for (rank, r) in ranks.iter_mut().enumerate() {
+        if let Some(w) = r.writer.as_mut() {
+            if let Err(e) = protocol::send_async(w, &start).await {
+                // The reader side will report the closed connection; say why here.
+                progress.println(&format!("launcher: cannot send Start to rank {rank}: {e}"));
+            }
+        }
+    }
+}
+
+/// Pick the rank that failed first and describe it, the others, and its log tail.
+fn failure_report(plan: &RunPlan, ranks: &[RankState]) -> String {
+    let culprit = culprit(ranks);
+    let r = &ranks[culprit];
+    let mut what = Vec::new();
+    if let Some((message, _)) = &r.failed {
+        what.push(format!("reported: {message}"));
+    }
+    what.push(fate(r));
+    let after = if r.last_step > 0 {
+        format!("after step {} of {}", r.last_step, plan.cfg.train.steps)
+    } else {
+        "before its first step".to_string()
+    };
+    let mut s = format!("rank {culprit} failed {after}: {}", what.join("; "));
+    let others: Vec<String> = (0..ranks.len())
+        .filter(|&o| o != culprit)
+        .map(|o| match &ranks[o].failed {
+            Some((_, Some(peer))) => format!("rank {o} {} after losing rank {peer}", fate(&ranks[o])),
+            _ => format!("rank {o} {}", fate(&ranks[o])),
+        })
+        .collect();
+    if !others.is_empty() {
+        s += &format!(
+            "
+the other ranks were stopped: {}",
+            others.join("; ")
+        );
+    }
+    s += &log_section(plan, culprit);
+    s
+}
+
+/// How a rank's process (or, on another node, its connection) ended.
+fn fate(r: &RankState) -> String {
+    match &r.exit {
+        Some(_) if r.killed => "was killed by the launcher".to_string(),
+        Some(status) if r.exited_ok() && !r.done => format!("{} without finishing", describe_status(status)),
+        Some(status) => describe_status(status),
+        None if r.local => "could not be reaped".to_string(),
+        None => match &r.closed {
+            Some(Some(e)) => format!("lost its control connection ({e})"),
+            Some(None) => "closed its control connection".to_string(),
+            None => "was told to stop".to_string(),
+        },
+    }
+}
+
+/// The earliest rank that failed on its own account; else the rank others blamed; else the first in trouble.
+fn culprit(ranks: &[RankState]) -> usize {
+    let troubled = || {
+        let mut t: Vec<(u64, usize)> =
+            ranks.iter().enumerate().filter_map(|(i, r)| r.trouble_seq.map(|s| (s, i))).collect();
+        t.sort();
+        t.into_iter().map(|(_, i)| i)
+    };
+    let blames_peer = |r: &RankState| matches!(r.failed, Some((_, Some(_))));
+    if let Some(root) = troubled().find(|&i| !blames_peer(&ranks[i])) {
+        return root;
+    }
+    if let Some(p) = troubled().find_map(|i| ranks[i].failed.as_ref().and_then(|(_, p)| *p)) {
+        if (p as usize) < ranks.len() {
+            return p as usize;
+        }
+    }
+    troubled().next().unwrap_or(0)
+}
+
+fn hello_timeout_report(plan: &RunPlan, ranks: &[RankState], missing: &[usize]) -> String {
+    let mut s = format!(
+        "rank{} {} did not connect to the rendezvous within {}s; stopped every rank",
+        if missing.len() > 1 { "s" } else { "" },
+        join(missing),
+        HELLO_TIMEOUT.as_secs()
+    );
+    let remote: Vec<usize> = missing.iter().copied().filter(|&r| !ranks[r].local).collect();
+    if !remote.is_empty() {
+        s += &format!(
+            "\nmissing ranks on other nodes: {}; is `launcher --nnodes {} --node-rank K --master-addr {}` running \
+             on every node K, with the same --cpus?",
+            join(&remote),
+            plan.world / plan.local_ranks,
+            plan.master_addr.map(|a| a.to_string()).unwrap_or_default()
+        );
+    }
+    if let Some(&first_local) = missing.iter().find(|&&r| ranks[r].local) {
+        s += &log_section(plan, first_local);
+    }
+    s
+}
+
+fn log_section(plan: &RunPlan, rank: usize) -> String {
+    if !plan.local_rank_ids().contains(&rank) {
+        return format!("\nrank {rank} ran on another node: see logs/rank{rank}.log in that node's output.dir");
+    }
+    let path = plan.log_path(rank);
+    format!("\nlast {TAIL_LINES} lines of {}:\n{}", path.display(), log_tail(&path, TAIL_LINES))
+}
+
+fn join(ranks: &[usize]) -> String {
+    ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn signal(kind: SignalKind) -> anyhow::Result<Signal> {
+    tokio::signal::unix::signal(kind)
+        .with_context(|| format!("cannot install a handler for signal {}", kind.as_raw_value()))
+}
