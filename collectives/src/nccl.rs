@@ -165,11 +165,7 @@ impl NcclComm {
         self.stream.synchronize().map_err(|e| cuda_err(op, e))
     }
 
-    fn dev_all_gather<T: NcclType>(
-        &mut self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
-    ) -> Result<(), CommError> {
+    fn dev_all_gather<T: NcclType>(&mut self, send: &CudaSlice<T>, recv: &mut CudaSlice<T>) -> Result<(), CommError> {
         let n = send.len();
         if recv.len() != n * self.world {
             return Err(self.bad_size(
@@ -204,11 +200,7 @@ impl NcclComm {
         Ok(())
     }
 
-    fn dev_all_reduce<T: NcclType>(
-        &mut self,
-        buf: &mut CudaSlice<T>,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn dev_all_reduce<T: NcclType>(&mut self, buf: &mut CudaSlice<T>, op: ReduceOp) -> Result<(), CommError> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -216,11 +208,7 @@ impl NcclComm {
         Ok(())
     }
 
-    fn dev_broadcast<T: NcclType>(
-        &mut self,
-        buf: &mut CudaSlice<T>,
-        root: usize,
-    ) -> Result<(), CommError> {
+    fn dev_broadcast<T: NcclType>(&mut self, buf: &mut CudaSlice<T>, root: usize) -> Result<(), CommError> {
         if root >= self.world {
             return Err(self.bad_size("broadcast", format!("root {root} is not a rank")));
         }

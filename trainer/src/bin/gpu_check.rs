@@ -6,6 +6,8 @@
 //!   the GPU never writes fails), forward and backward, at GPT-2 shapes and at odd
 //!   ones; bit-for-bit repeat checks of the backward ops; then a timing table (median
 //!   of event-timed repeats) at GPT-2 124M shapes (B=16, T=1024, C=768).
+//! - `gpu-check kernels-small`: the checks without the large cases (for
+//!   `compute-sanitizer`, which runs kernels far slower).
 //! - `gpu-check timing`: only the timing table.
 //! - `gpu-check nccl [world]`: spawns one process per GPU (itself, the NCCL id passed as
 //!   hex on the command line) and checks all-gather, reduce-scatter (sum, avg), all-reduce,
@@ -22,14 +24,17 @@ use collectives::{CommError, Communicator, Group, ReduceOp};
 use cudarc::driver::{sys as dsys, CudaSlice};
 use half::bf16;
 use trainer::backend::cpu::CpuBackend;
-use trainer::backend::cuda::CudaBackend;
+use trainer::backend::cuda::{AttentionImpl, CudaBackend};
 use trainer::backend::{AdamWStep, AttnShape, BResult, Backend, BackendError, Loc};
 use trainer::zero::EngineComm;
 
-// The engine's collective bound must hold for the real pair (compile-time check).
+// The engine's collective bound must hold for the real pair, and the backend must be
+// movable to a rank's thread (compile-time checks).
 const _: fn() = || {
     fn needs<C: EngineComm<CudaBackend>>() {}
+    fn send<T: Send>() {}
     needs::<NcclComm>();
+    send::<CudaBackend>();
 };
 
 /// SplitMix64: the check's own random numbers (fresh per run unless GPU_CHECK_SEED is set).
@@ -185,7 +190,7 @@ fn run_check(rep: &mut Report, name: &str, f: impl FnOnce(&mut Report) -> BResul
     eprintln!("  checked {name} in {:.1} s", t0.elapsed().as_secs_f64());
 }
 
-fn check_kernels(be: &CudaBackend, rng: &mut Rng) -> Report {
+fn check_kernels(be: &CudaBackend, rng: &mut Rng, small: bool) -> Report {
     let cpu = CpuBackend;
     let mut rep = Report::default();
     for f in be.kernel_failures() {
@@ -283,9 +288,14 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng) -> Report {
         (256usize, 768usize, 2304usize, 0usize, true),
         (256, 3072, 768, 0, true),
         (64, 768, 50257, 0, false),
+        (3000, 64, 50257, 0, false),
+        (1100, 64, 1001, 5, true),
         (37, 72, 50, 8, true),
         (37, 75, 51, 3, true),
     ] {
+        if small && n * oc > 4 << 20 {
+            continue;
+        }
         let tag = format!("matmul N{n} C{c} OC{oc} off{off}");
         run_check(&mut rep, &tag, |rep| {
             let w = Loc::new(off, oc * c);
@@ -324,8 +334,13 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng) -> Report {
         });
     }
 
-    // ---- attention ----
-    for &(b, t, nh, hs) in &[(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 32), (1, 130, 2, 128), (2, 64, 2, 64)] {
+    // ---- attention: the tensor-core kernels (head size 64) and the SIMT ones ----
+    for &(b, t, nh, hs) in
+        &[(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 64), (2, 77, 3, 32), (1, 130, 2, 128), (2, 64, 2, 64)]
+    {
+        if small && t > 512 {
+            continue;
+        }
         let tag = format!("attention B{b} T{t} NH{nh} HS{hs}");
         run_check(&mut rep, &tag, |rep| {
             let c = nh * hs;
@@ -335,16 +350,11 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng) -> Report {
             let mut outc = vec![0.0; n * c];
             let mut att = vec![0.0; cpu.attention_saved_len(s)];
             cpu.attention_fwd(&mut outc, &mut att, &qkv, s)?;
-            let gq = up_buf(be, &qkv)?;
-            let mut outg = be.alloc_buf(n * c, "")?;
-            let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
-            poison_buf(be, &mut outg, n * c)?;
-            poison_f32(be, &mut saved, be.attention_saved_len(s))?;
-            be.attention_fwd(&mut outg, &mut saved, &gq, s)?;
-            rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * c))?, &outc, TOL_BF16);
-            // The saved log-sum-exp (base 2) against the CPU's probabilities: at the
+            let dout = rng.vec(n * c, 1.0);
+            let mut dqc = vec![0.0; n * 3 * c];
+            cpu.attention_bwd(&mut dqc, &dout, &qkv, &outc, &att, s)?;
+            // The saved log-sum-exp (base 2) from the CPU's probabilities: at the
             // diagonal p = exp2(s2 - lse), so lse = s2 - log2(p) with s2 = q.k*scale*log2 e.
-            let lse = be.download_f32(&saved, Loc::all(b * nh * t))?;
             let scale = 1.0 / (hs as f32).sqrt();
             let mut want = vec![0.0f32; b * nh * t];
             for bi in 0..b {
@@ -358,26 +368,36 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng) -> Report {
                     }
                 }
             }
-            rep.cmp(&format!("{tag} fwd"), "lse", &lse, &want, 1e-3);
-            let dout = rng.vec(n * c, 1.0);
-            let mut dqc = vec![0.0; n * 3 * c];
-            cpu.attention_bwd(&mut dqc, &dout, &qkv, &outc, &att, s)?;
-            let gdo = up_buf(be, &dout)?;
-            let run = || -> BResult<Vec<f32>> {
-                let mut dq = be.alloc_buf(n * 3 * c, "")?;
-                poison_buf(be, &mut dq, n * 3 * c)?;
-                be.attention_bwd(&mut dq, &gdo, &gq, &outg, &saved, s)?;
-                be.download_buf(&dq, Loc::all(n * 3 * c))
-            };
-            let d1 = run()?;
-            let pick = |v: &[f32], part: usize| -> Vec<f32> {
-                v.chunks(3 * c).flat_map(|r| r[part * c..(part + 1) * c].to_vec()).collect()
-            };
-            for (part, name) in ["dq", "dk", "dv"].iter().enumerate() {
-                rep.cmp(&format!("{tag} bwd"), name, &pick(&d1, part), &pick(&dqc, part), TOL_BF16);
+            let (gq, gdo) = (up_buf(be, &qkv)?, up_buf(be, &dout)?);
+            let impls: &[AttentionImpl] =
+                if hs == 64 { &[AttentionImpl::TensorCore, AttentionImpl::Simt] } else { &[AttentionImpl::Simt] };
+            for &imp in impls {
+                be.set_attention_impl(imp);
+                let tag = format!("{tag} {}", if imp == AttentionImpl::Simt { "simt" } else { "mma" });
+                let mut outg = be.alloc_buf(n * c, "")?;
+                let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
+                poison_buf(be, &mut outg, n * c)?;
+                poison_f32(be, &mut saved, be.attention_saved_len(s))?;
+                be.attention_fwd(&mut outg, &mut saved, &gq, s)?;
+                rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * c))?, &outc, TOL_BF16);
+                rep.cmp(&format!("{tag} fwd"), "lse", &be.download_f32(&saved, Loc::all(b * nh * t))?, &want, 1e-3);
+                let run = || -> BResult<Vec<f32>> {
+                    let mut dq = be.alloc_buf(n * 3 * c, "")?;
+                    poison_buf(be, &mut dq, n * 3 * c)?;
+                    be.attention_bwd(&mut dq, &gdo, &gq, &outg, &saved, s)?;
+                    be.download_buf(&dq, Loc::all(n * 3 * c))
+                };
+                let d1 = run()?;
+                let pick = |v: &[f32], part: usize| -> Vec<f32> {
+                    v.chunks(3 * c).flat_map(|r| r[part * c..(part + 1) * c].to_vec()).collect()
+                };
+                for (part, name) in ["dq", "dk", "dv"].iter().enumerate() {
+                    rep.cmp(&format!("{tag} bwd"), name, &pick(&d1, part), &pick(&dqc, part), TOL_BF16);
+                }
+                let d2 = run()?;
+                rep.same_bits(&format!("{tag} bwd"), "repeat", &d2, &d1);
             }
-            let d2 = run()?;
-            rep.same_bits(&format!("{tag} bwd"), "repeat", &d2, &d1);
+            be.set_attention_impl(AttentionImpl::TensorCore);
             Ok(())
         });
     }
@@ -484,6 +504,63 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng) -> Report {
         Ok(())
     });
     rep
+}
+
+/// One GPT training step end to end through the real engine and model code: a small
+/// GPT-2 (head size 64: the tensor-core attention; an odd vocabulary: the staged head)
+/// on the CUDA backend with a one-rank NCCL communicator, ZeRO stages 0 and 3, against
+/// the CPU backend: loss, every unit's gradient, and the parameters after one AdamW step.
+fn check_model(be: &CudaBackend, rng: &mut Rng, rep: &mut Report) -> Result<(), String> {
+    use trainer::backend::cpu::HostComm;
+    use trainer::config::{ActivationCheckpointing, ModelConfig};
+    use trainer::model::{Gpt, ModelLayout};
+    use trainer::zero::engine::StepHyper;
+    use trainer::zero::Engine;
+    let cfg = ModelConfig { n_layer: 2, n_head: 2, n_embd: 128, vocab_size: 1001, seq_len: 256 };
+    let (b, seed) = (4usize, 11u64);
+    let n = b * cfg.seq_len;
+    let layout = ModelLayout::new(&cfg);
+    let inputs: Vec<u32> = (0..n).map(|_| rng.below(cfg.vocab_size as u32)).collect();
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(cfg.vocab_size as u32)).collect();
+    let h = StepHyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+    let scale = Some(1.0 / n as f32);
+
+    let cpu = CpuBackend;
+    let mut ccomm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(s)?.remove(0));
+    let mut ceng = Engine::new(&cpu, layout.clone(), 0, 0, 1, seed).map_err(s)?;
+    let mut cm = Gpt::new(&cpu, &layout, b, ActivationCheckpointing::None, &mut ceng.ledger).map_err(s)?;
+    ceng.begin_step(&cpu).map_err(s)?;
+    let closs = cm.step_micro(&cpu, &mut ceng, &mut ccomm, &inputs, &targets, scale).map_err(s)?;
+    let cgrads: Vec<Vec<f32>> =
+        (0..ceng.num_units()).map(|u| ceng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(s)?;
+    ceng.step(&cpu, &mut ccomm, h, 1).map_err(s)?;
+    let cparams: Vec<Vec<f32>> = (0..ceng.num_units())
+        .map(|u| ceng.full_params_host(&cpu, &mut ccomm, u))
+        .collect::<Result<_, _>>()
+        .map_err(s)?;
+
+    let id = nccl_unique_id().map_err(s)?;
+    let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(s)?;
+    for stage in [0u8, 3] {
+        let tag = format!("model step (GPT L2 C128 V1001 T256 B4) stage {stage}");
+        let mut geng = Engine::new(be, layout.clone(), stage, 0, 1, seed).map_err(s)?;
+        let mut gm = Gpt::new(be, &layout, b, ActivationCheckpointing::None, &mut geng.ledger).map_err(s)?;
+        geng.begin_step(be).map_err(s)?;
+        let gloss = gm.step_micro(be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(s)?;
+        rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
+        if stage == 0 {
+            for (u, cg) in cgrads.iter().enumerate() {
+                let gg = geng.local_grads_host(be, u).map_err(s)?;
+                rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
+            }
+        }
+        geng.step(be, &mut gcomm, h, 1).map_err(s)?;
+        for (u, cp) in cparams.iter().enumerate() {
+            let gp = geng.full_params_host(be, &mut gcomm, u).map_err(s)?;
+            rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+        }
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------------ timing
@@ -648,9 +725,19 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
     let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
     // Causal: half of the T x T products. fwd: QK^T and PV; bwd: 5 products (+2 recomputed).
     let att_flop = 2.0 * 2.0 * (b * nh * t * t * (c / nh)) as f64 / 2.0;
-    tm.time("attention_fwd", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
+    be.set_attention_impl(AttentionImpl::Simt);
+    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
+    tm.time("attention_bwd (SIMT fp32)", 2, 10, tflops(2.5 * att_flop), || {
+        be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
+    });
+    be.set_attention_impl(AttentionImpl::TensorCore);
+    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || {
+        be.attention_fwd(&mut att, &mut saved, &qkv, s)
+    });
     let t_att_f = tm.rows.last().map_or(0.0, |r| r.1);
-    tm.time("attention_bwd", 2, 10, tflops(2.5 * att_flop), || be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s));
+    tm.time("attention_bwd (tensor cores)", 3, 20, tflops(2.5 * att_flop), || {
+        be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
+    });
     let t_att_b = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c));
     let t_gf = tm.rows.last().map_or(0.0, |r| r.1);
@@ -1055,9 +1142,9 @@ fn main() -> ExitCode {
     match mode {
         "nccl" => return nccl_main(&args),
         "nccl-rank" => return nccl_rank_main(&args),
-        "kernels" | "timing" | "all" => {}
+        "kernels" | "kernels-small" | "timing" | "all" => {}
         _ => {
-            println!("usage: gpu-check [kernels|timing|all|nccl [WORLD]]");
+            println!("usage: gpu-check [kernels|kernels-small|timing|all|nccl [WORLD]]");
             return ExitCode::FAILURE;
         }
     }
@@ -1081,7 +1168,12 @@ fn main() -> ExitCode {
     );
     let mut failed = 0;
     if mode != "timing" {
-        let rep = check_kernels(&be, &mut rng);
+        let mut rep = check_kernels(&be, &mut rng, mode == "kernels-small");
+        let t1 = Instant::now();
+        if let Err(e) = check_model(&be, &mut rng, &mut rep) {
+            rep.error("model step", e);
+        }
+        eprintln!("  checked the model step in {:.1} s", t1.elapsed().as_secs_f64());
         rep.print();
         failed += rep.failed();
         println!(
@@ -1089,7 +1181,7 @@ fn main() -> ExitCode {
             if rep.failed() == 0 { "all passed".to_string() } else { format!("{} failure(s)", rep.failed()) }
         );
     }
-    if mode != "kernels" || args.len() == 1 {
+    if mode == "timing" || mode == "all" || args.len() == 1 {
         if let Err(e) = timing(&be, &mut rng) {
             println!("timing failed: {e}");
             failed += 1;

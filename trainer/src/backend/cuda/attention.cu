@@ -400,3 +400,333 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
 ATTN_INSTANCES(32)
 ATTN_INSTANCES(64)
 ATTN_INSTANCES(128)
+
+// ============================================================================
+// Tensor-core path for head size 64 (every GPT-2 size): the same three kernels with
+// the products on mma.sync m16n8k16 (bf16 in, fp32 accumulate), FlashAttention-2
+// style. Block = 4 warps = 64 rows of the tile, 16 per warp. q, k, v, dO stay bf16
+// in shared memory (rows padded to 72 elements: conflict-free fragment loads and
+// ldmatrix rows). Probabilities and dS are rounded to bf16 only as mma operands;
+// the softmax statistics, D and every accumulator are fp32.
+//
+// Fragment layout of m16n8k16 (g = lane / 4, t = lane % 4):
+//   A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+//   B (16x8, "col"):      b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
+//   C (16x8):             c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// ============================================================================
+
+#define MLD 72  // bf16 per shared row (64 + 8)
+
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Four 8x8 b16 matrices, transposed: r0..r3 as described at the call sites.
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ unsigned ld32(const bf16_t* p) { return *(const unsigned*)p; }
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+}
+
+// 64 rows x 64 bf16 (row r at src + r*stride) -> dst[64][MLD]; rows >= nvalid zero.
+// 128 threads, 16-byte chunks, consecutive threads along a row (coalesced).
+__device__ __forceinline__ void load_tile16(bf16_t* dst, const bf16_t* src, long long stride, int nvalid) {
+    for (int c = threadIdx.x; c < 64 * 8; c += 128) {
+        const int r = c >> 3, ch = c & 7;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < nvalid) v = *(const uint4*)(src + (long long)r * stride + ch * 8);
+        *(uint4*)(dst + r * MLD + ch * 8) = v;
+    }
+}
+
+// A fragments (4 k-steps over 64 columns) of rows r0..r0+15 of a [64][MLD] tile.
+__device__ __forceinline__ void load_afrag(unsigned a[4][4], const bf16_t* X, int r0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const bf16_t* p = X + (r0 + g) * MLD + kk * 16 + 2 * t;
+        a[kk][0] = ld32(p);
+        a[kk][1] = ld32(p + 8 * MLD);
+        a[kk][2] = ld32(p + 8);
+        a[kk][3] = ld32(p + 8 * MLD + 8);
+    }
+}
+
+// acc[j] (16 x 64, 8 n-tiles) += A (16 x 64, fragments) * Y^T, Y a [64 n][MLD] tile.
+__device__ __forceinline__ void mma_abt(float acc[8][4], const unsigned a[4][4], const bf16_t* Y) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const bf16_t* p = Y + (j * 8 + g) * MLD + kk * 16 + 2 * t;
+            mma_bf16(acc[j], a[kk], ld32(p), ld32(p + 8));
+        }
+    }
+}
+
+// acc[j] (16 x 64) += P (16 x 64, C-layout fp32 registers) * Z, Z a [64 k][MLD] tile.
+__device__ __forceinline__ void mma_pz(float acc[8][4], const float P[8][4], const bf16_t* Z) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        unsigned a[4];
+        a[0] = pack2(P[2 * kk][0], P[2 * kk][1]);
+        a[1] = pack2(P[2 * kk][2], P[2 * kk][3]);
+        a[2] = pack2(P[2 * kk + 1][0], P[2 * kk + 1][1]);
+        a[3] = pack2(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+        const int row = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+            // r0, r1: B of n-tile 2jp (k rows 0-7, 8-15); r2, r3: of n-tile 2jp+1.
+            unsigned r[4];
+            ldsm_x4_trans(r, Z + row * MLD + 16 * jp + (lane >> 4) * 8);
+            mma_bf16(acc[2 * jp], a, r[0], r[1]);
+            mma_bf16(acc[2 * jp + 1], a, r[2], r[3]);
+        }
+    }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+__device__ __forceinline__ void zero84(float x[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[j][e] = 0.f;
+}
+
+// grid = (ceil(T/64), NH, B), 128 threads. Same outputs as attn_fwd_64.
+extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, float* lse, const bf16_t* qkv, int T,
+                                                                  int NH, float scale) {
+    __shared__ __align__(16) bf16_t Qs[64 * MLD];
+    __shared__ __align__(16) bf16_t Ks[64 * MLD];
+    __shared__ __align__(16) bf16_t Vs[64 * MLD];
+    const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * 64;
+    const long long C3 = 3LL * C;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * 64;
+    const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_tile16(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    __syncthreads();
+    unsigned qa[4][4];
+    load_afrag(qa, Qs, warp * 16);
+    float o[8][4];
+    zero84(o);
+    float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f};
+    const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+    for (int kt = 0; kt <= qt; ++kt) {
+        const int k0 = kt * 64;
+        __syncthreads();
+        load_tile16(Ks, base + C + (long long)k0 * C3, C3, min(64, T - k0));
+        load_tile16(Vs, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
+        __syncthreads();
+        float s[8][4];
+        zero84(s);
+        mma_abt(s, qa, Ks);
+        float mx[2] = {-F_INF, -F_INF};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
+                float v = s[j][e] * sl2;
+                if (k > q || k >= T) v = -F_INF;
+                s[j][e] = v;
+                mx[r] = fmaxf(mx[r], v);
+            }
+        float ref[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float mnew = fmaxf(m[r], quad_max(mx[r]));
+            ref[r] = mnew == -F_INF ? 0.f : mnew;
+            alpha[r] = exp2f(m[r] - ref[r]);
+            m[r] = mnew;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = exp2f(s[j][e] - ref[e >> 1]);
+                s[j][e] = p;
+                rs[e >> 1] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+        }
+        mma_pz(o, s, Vs);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = qrow + 8 * r;
+        if (q >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16_t* dst = out + ((long long)b * T + q) * C + h * 64 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) *(unsigned*)(dst + j * 8) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        if (t == 0) lse[((long long)b * NH + h) * T + q] = m[r] + log2f(l[r]);
+    }
+}
+
+// grid = (ceil(T/64), NH, B), 128 threads, block per key tile: dK, dV of dqkv.
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma64(bf16_t* dqkv, const bf16_t* dout,
+                                                                      const bf16_t* qkv, const float* lse,
+                                                                      const float* D, int T, int NH, float scale) {
+    __shared__ __align__(16) bf16_t Ks[64 * MLD];
+    __shared__ __align__(16) bf16_t Vs[64 * MLD];
+    __shared__ __align__(16) bf16_t Qs[64 * MLD];
+    __shared__ __align__(16) bf16_t dOs[64 * MLD];
+    __shared__ float lse_s[64], d_s[64];
+    const int nt = gridDim.x, kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * 64;
+    const long long C3 = 3LL * C;
+    const long long bh = (long long)b * NH + h;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * 64;
+    const bf16_t* dobase = dout + (long long)b * T * C + h * 64;
+    const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_tile16(Ks, base + C + (long long)k0 * C3, C3, min(64, T - k0));
+    load_tile16(Vs, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
+    __syncthreads();
+    unsigned ka[4][4], va[4][4];
+    load_afrag(ka, Ks, warp * 16);
+    load_afrag(va, Vs, warp * 16);
+    float dk[8][4], dv[8][4];
+    zero84(dk);
+    zero84(dv);
+    const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
+    for (int qt = kt; qt < nt; ++qt) {
+        const int q0 = qt * 64;
+        __syncthreads();
+        load_tile16(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+        load_tile16(dOs, dobase + (long long)q0 * C, C, min(64, T - q0));
+        if (threadIdx.x < 64) {
+            const int q = q0 + threadIdx.x;
+            lse_s[threadIdx.x] = q < T ? lse[bh * T + q] : 0.f;
+            d_s[threadIdx.x] = q < T ? D[bh * T + q] : 0.f;
+        }
+        __syncthreads();
+        float st[8][4], dpt[8][4];  // S^T and dP^T: rows = keys, columns = queries
+        zero84(st);
+        zero84(dpt);
+        mma_abt(st, ka, Qs);
+        mma_abt(dpt, va, dOs);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
+                const bool valid = k <= q && q < T && k < T;
+                const float p = valid ? exp2f(st[j][e] * sl2 - lse_s[qi]) : 0.f;
+                st[j][e] = p;
+                dpt[j][e] = p * (dpt[j][e] - d_s[qi]);
+            }
+        mma_pz(dv, st, dOs);   // dV += P^T dO
+        mma_pz(dk, dpt, Qs);   // dK += dS^T Q
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int k = krow + 8 * r;
+        if (k >= T) continue;
+        bf16_t* row = dqkv + ((long long)b * T + k) * C3 + h * 64 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            *(unsigned*)(row + C + j * 8) = pack2(dk[j][2 * r] * scale, dk[j][2 * r + 1] * scale);
+            *(unsigned*)(row + 2 * C + j * 8) = pack2(dv[j][2 * r], dv[j][2 * r + 1]);
+        }
+    }
+}
+
+// grid = (ceil(T/64), NH, B), 128 threads, block per query tile: dQ of dqkv.
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_mma64(bf16_t* dqkv, const bf16_t* dout,
+                                                                     const bf16_t* qkv, const float* lse,
+                                                                     const float* D, int T, int NH, float scale) {
+    __shared__ __align__(16) bf16_t Qs[64 * MLD];
+    __shared__ __align__(16) bf16_t dOs[64 * MLD];
+    __shared__ __align__(16) bf16_t Ks[64 * MLD];
+    __shared__ __align__(16) bf16_t Vs[64 * MLD];
+    const int nt = gridDim.x, qt = nt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * 64;
+    const long long C3 = 3LL * C;
+    const long long bh = (long long)b * NH + h;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * 64;
+    const bf16_t* dobase = dout + (long long)b * T * C + h * 64;
+    const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_tile16(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_tile16(dOs, dobase + (long long)q0 * C, C, min(64, T - q0));
+    __syncthreads();
+    unsigned qa[4][4], oa[4][4];
+    load_afrag(qa, Qs, warp * 16);
+    load_afrag(oa, dOs, warp * 16);
+    const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+    float lr[2], dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = qrow + 8 * r;
+        lr[r] = q < T ? lse[bh * T + q] : 0.f;
+        dr[r] = q < T ? D[bh * T + q] : 0.f;
+    }
+    float dq[8][4];
+    zero84(dq);
+    for (int kt = 0; kt <= qt; ++kt) {
+        const int k0 = kt * 64;
+        __syncthreads();
+        load_tile16(Ks, base + C + (long long)k0 * C3, C3, min(64, T - k0));
+        load_tile16(Vs, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        zero84(s);
+        zero84(dp);
+        mma_abt(s, qa, Ks);
+        mma_abt(dp, oa, Vs);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
+                const bool valid = k <= q && q < T && k < T;
+                const float p = valid ? exp2f(s[j][e] * sl2 - lr[r]) : 0.f;
+                s[j][e] = p * (dp[j][e] - dr[r]);
+            }
+        mma_pz(dq, s, Ks);  // dQ += dS K
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = qrow + 8 * r;
+        if (q >= T) continue;
+        bf16_t* row = dqkv + ((long long)b * T + q) * C3 + h * 64 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) *(unsigned*)(row + j * 8) = pack2(dq[j][2 * r] * scale, dq[j][2 * r + 1] * scale);
+    }
+}

@@ -33,7 +33,7 @@ const SOURCES: &[Source] = &[
         functions: &["encoder_fwd", "encoder_bwd_wpe", "encoder_bwd_wte"],
     },
     Source { name: "layernorm", src: include_str!("layernorm.cu"), functions: &["layernorm_fwd", "layernorm_bwd"] },
-    Source { name: "matmul", src: include_str!("matmul.cu"), functions: &["bias_grad_partial"] },
+    Source { name: "matmul", src: include_str!("matmul.cu"), functions: &["bias_grad_partial", "copy_rows_bf16"] },
     Source {
         name: "attention",
         src: include_str!("attention.cu"),
@@ -48,6 +48,9 @@ const SOURCES: &[Source] = &[
             "attn_fwd_128",
             "attn_bwd_dkv_128",
             "attn_bwd_dq_128",
+            "attn_fwd_mma64",
+            "attn_bwd_dkv_mma64",
+            "attn_bwd_dq_mma64",
         ],
     },
     Source { name: "gelu", src: include_str!("gelu.cu"), functions: &["gelu_fwd", "gelu_bwd"] },

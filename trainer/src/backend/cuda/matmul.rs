@@ -100,6 +100,11 @@ pub(super) struct Lt {
     plans: RefCell<HashMap<Key, Plan>>,
 }
 
+// SAFETY: a cuBLASLt handle may be used from any thread, one call at a time; `Lt` is
+// not `Sync` (its plan cache is a RefCell), so calls cannot overlap. This makes the
+// backend movable to the thread that runs its rank.
+unsafe impl Send for Lt {}
+
 impl Drop for Lt {
     fn drop(&mut self) {
         self.plans.borrow_mut().clear();

@@ -22,7 +22,7 @@ mod kernels;
 mod matmul;
 mod ops;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use cudarc::driver::sys::cudaError_enum;
@@ -34,6 +34,16 @@ use half::bf16;
 use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, ElemBytes, Loc};
 use kernels::Kernels;
 use matmul::Lt;
+
+/// Which attention kernels run (see `attention.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionImpl {
+    /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) where the head size is
+    /// 64; the fp32 SIMT kernels otherwise. The default.
+    TensorCore,
+    /// fp32 SIMT kernels for every head size (32, 64, 128): the slower cross-check.
+    Simt,
+}
 
 /// cuBLASLt workspace: NVIDIA's recommendation for Hopper.
 const LT_WORKSPACE: usize = 32 << 20;
@@ -52,6 +62,9 @@ pub struct CudaBackend {
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
     scratch_f64: RefCell<Option<CudaSlice<f64>>>,
     scratch_u32: RefCell<Option<CudaSlice<u32>>>,
+    scratch_bf16: RefCell<Option<CudaSlice<bf16>>>,
+    scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
+    attention: Cell<AttentionImpl>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -153,6 +166,12 @@ impl CudaBackend {
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
             scratch_u32: RefCell::new(None),
+            scratch_bf16: RefCell::new(None),
+            scratch_bf16_w: RefCell::new(None),
+            attention: Cell::new(match std::env::var("SHARDTRAIN_ATTENTION").as_deref() {
+                Ok("simt") => AttentionImpl::Simt,
+                _ => AttentionImpl::TensorCore,
+            }),
         })
     }
 
@@ -169,6 +188,18 @@ impl CudaBackend {
     /// Kernel files that failed to build (only with [`CudaBackend::new_lenient`]).
     pub fn kernel_failures(&self) -> Vec<String> {
         self.kernels.failures()
+    }
+
+    /// Choose the attention kernels (default: [`AttentionImpl::TensorCore`], or
+    /// `SHARDTRAIN_ATTENTION=simt` in the environment). Both compute the same function
+    /// and save the same state, so forward and backward may even use different ones.
+    pub fn set_attention_impl(&self, which: AttentionImpl) {
+        self.attention.set(which);
+    }
+
+    /// The attention kernels in use.
+    pub fn attention_impl(&self) -> AttentionImpl {
+        self.attention.get()
     }
 
     /// Number of streaming multiprocessors.
