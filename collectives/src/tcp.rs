@@ -16,6 +16,10 @@
 //! collectives or pass different sizes get [`CommError::Protocol`] instead of a hang or
 //! silently mixed-up data.
 //!
+//! Progress: a rank never blocks on a write. It pushes each outgoing message without
+//! blocking (small ones go out whole, with no thread), hands any rest to a thread of
+//! that link, and reads its incoming messages in turn; see `Mesh::exchange`.
+//!
 //! Failure handling: a link that fails (EOF, reset, io timeout, bad frame) is shut down
 //! at once so nothing on either side stays blocked on it; the collective then finishes
 //! with the healthy peers, returns the error and marks the communicator broken. A broken
@@ -23,7 +27,7 @@
 //! so their next collective fails with the real cause instead of waiting for the io
 //! timeout.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -45,8 +49,10 @@ const LOCAL_SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"STtc");
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"STfr");
 const PROTOCOL_VERSION: u32 = 1;
-const HELLO_LEN: usize = 24;
+const HELLO_LEN: usize = 32;
 const HEADER_LEN: usize = 40;
+/// After a collective has failed, how long to wait for each remaining peer's message.
+const FAILURE_PATIENCE: Duration = Duration::from_secs(1);
 /// Abort notices carry a human-readable message; anything longer is a corrupt stream.
 const MAX_ABORT_PAYLOAD: u64 = 64 * 1024;
 
@@ -168,6 +174,26 @@ struct Frame {
     count: u64,
 }
 
+/// A header and its payload, sent as one message.
+struct Outgoing<'a> {
+    header: [u8; HEADER_LEN],
+    payload: &'a [u8],
+}
+
+impl Outgoing<'_> {
+    fn len(&self) -> usize {
+        HEADER_LEN + self.payload.len()
+    }
+
+    /// What is left to send after the first `sent` bytes, as two slices.
+    fn rest(&self, sent: usize) -> (&[u8], &[u8]) {
+        match sent.checked_sub(HEADER_LEN) {
+            None => (&self.header[sent..], self.payload),
+            Some(k) => (&[], &self.payload[k.min(self.payload.len())..]),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Header {
     frame: Frame,
@@ -184,6 +210,8 @@ enum Class {
     Protocol,
     Read,
     Relayed,
+    /// A peer that stayed silent for the short wait granted after an earlier failure.
+    Impatient,
     Write,
     Local,
 }
@@ -269,10 +297,13 @@ impl PendingComm {
         self.addr
     }
 
-    /// Join the mesh: `peers[j]` is rank j's listener address (this rank's own entry is
-    /// not used). Rank i connects to every rank below it and accepts every rank above
-    /// it; each connection starts with a handshake carrying the rank, world size and
-    /// protocol version, so links are matched to ranks whatever order they arrive in.
+    /// Join the mesh: `peers[j]` is rank j's listener address, and every rank must pass
+    /// the same list (its own entry is not dialled, but the list identifies the group).
+    /// Rank i connects to every rank below it and accepts every rank above it; each
+    /// connection starts with a handshake carrying the rank, world size, protocol
+    /// version and a fingerprint of `peers`, so links are matched to ranks whatever
+    /// order they arrive in, and a process of another group that reaches this listener
+    /// (say, through a recycled port) is turned away instead of being wired in.
     /// Connecting is retried until `timeout` (peers may not be listening yet).
     pub fn connect(
         self,
@@ -297,12 +328,13 @@ impl PendingComm {
         if world == 1 {
             return Ok(TcpComm::single());
         }
+        let me = Hello { version: PROTOCOL_VERSION, rank: rank as u64, world: world as u64, group: fingerprint(peers) };
         let deadline = Instant::now() + timeout;
         let mut links: Vec<Option<Peer>> = (0..world).map(|_| None).collect();
         for (j, &addr) in peers.iter().enumerate().take(rank) {
-            links[j] = Some(connect_to(rank, world, j, addr, deadline, timeout)?);
+            links[j] = Some(connect_to(&me, j, addr, deadline, timeout)?);
         }
-        accept_from(&self.listener, rank, world, peers, &mut links, deadline, timeout)?;
+        accept_from(&self.listener, &me, peers, &mut links, deadline, timeout)?;
         let mut comm = TcpComm { mesh: Mesh::new(rank, world, links), scratch: Vec::new() };
         comm.set_io_timeout(DEFAULT_IO_TIMEOUT)?;
         Ok(comm)
@@ -314,30 +346,80 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
 }
 
-fn encode_hello(rank: usize, world: usize) -> [u8; HELLO_LEN] {
-    let mut b = [0u8; HELLO_LEN];
-    b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-    b[4..8].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    b[8..16].copy_from_slice(&(rank as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&(world as u64).to_le_bytes());
-    b
+/// FNV-1a over the peer list: identical on every rank of a group, stable across builds.
+fn fingerprint(peers: &[SocketAddr]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for a in peers {
+        for b in a.to_string().bytes().chain([b';']) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
 }
 
-/// A decoded handshake: (magic, version, rank, world).
-fn decode_hello(b: &[u8; HELLO_LEN]) -> (u32, u32, u64, u64) {
-    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    let u64_at = |i: usize| u64::from_le_bytes(std::array::from_fn(|k| b[i + k]));
-    (u32_at(0), u32_at(4), u64_at(8), u64_at(16))
+/// The handshake both ends of a new connection send. A rejection is a `Hello` with
+/// `rank == REJECTED` and `world` = length of the UTF-8 reason that follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hello {
+    version: u32,
+    rank: u64,
+    world: u64,
+    group: u64,
+}
+
+const REJECTED: u64 = u64::MAX;
+const MAX_REJECT_REASON: u64 = 4096;
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.version.to_le_bytes());
+        b[8..16].copy_from_slice(&self.rank.to_le_bytes());
+        b[16..24].copy_from_slice(&self.world.to_le_bytes());
+        b[24..32].copy_from_slice(&self.group.to_le_bytes());
+        b
+    }
+
+    /// `None` if the bytes do not start with the handshake magic.
+    fn decode(b: &[u8; HELLO_LEN]) -> Option<Hello> {
+        let u64_at = |i: usize| u64::from_le_bytes(std::array::from_fn(|k| b[i + k]));
+        if b[0..4] != HELLO_MAGIC.to_le_bytes() {
+            return None;
+        }
+        Some(Hello {
+            version: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            rank: u64_at(8),
+            world: u64_at(16),
+            group: u64_at(24),
+        })
+    }
+
+    /// Why a peer's `theirs` cannot join the group of `self`, if it cannot.
+    fn mismatch(&self, theirs: &Hello) -> Option<String> {
+        if theirs.version != self.version {
+            return Some(format!("protocol version {} (this rank speaks {})", theirs.version, self.version));
+        }
+        if theirs.world != self.world {
+            return Some(format!("a world of size {} (the world size here is {})", theirs.world, self.world));
+        }
+        if theirs.group != self.group {
+            return Some(
+                "a different peer address list (another group, or the ranks were given different lists)".into(),
+            );
+        }
+        None
+    }
 }
 
 fn connect_to(
-    rank: usize,
-    world: usize,
+    me: &Hello,
     peer: usize,
     addr: SocketAddr,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Peer, CommError> {
+    let rank = me.rank;
     let fail = |what: String| CommError::Setup(format!("rank {rank}: connecting to rank {peer} at {addr}: {what}"));
     let stream = loop {
         match TcpStream::connect_timeout(&addr, remaining(deadline).min(Duration::from_secs(5))) {
@@ -353,7 +435,7 @@ fn connect_to(
     stream.set_nodelay(true).map_err(io)?;
     stream.set_read_timeout(Some(remaining(deadline))).map_err(io)?;
     stream.set_write_timeout(Some(remaining(deadline))).map_err(io)?;
-    (&stream).write_all(&encode_hello(rank, world)).map_err(io)?;
+    (&stream).write_all(&me.encode()).map_err(io)?;
     let mut reply = [0u8; HELLO_LEN];
     (&stream).read_exact(&mut reply).map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
@@ -361,16 +443,24 @@ fn connect_to(
         }
         _ => fail(format!("no handshake reply: {e}")),
     })?;
-    let (magic, version, r, w) = decode_hello(&reply);
-    if magic != HELLO_MAGIC {
+    let Some(theirs) = Hello::decode(&reply) else {
         return Err(fail("the process listening there is not a shardtrain host communicator".into()));
+    };
+    if theirs.rank == REJECTED {
+        let mut reason = vec![0u8; theirs.world.min(MAX_REJECT_REASON) as usize];
+        let reason = match (&stream).read_exact(&mut reason) {
+            Ok(()) => String::from_utf8_lossy(&reason).into_owned(),
+            Err(e) => format!("(reason unreadable: {e})"),
+        };
+        return Err(fail(format!("the peer rejected this rank: {reason}")));
     }
-    if version != PROTOCOL_VERSION {
-        return Err(fail(format!("peer speaks protocol version {version}, this rank {PROTOCOL_VERSION}")));
+    if let Some(why) = me.mismatch(&theirs) {
+        return Err(fail(format!("the peer is in {why}")));
     }
-    if r != peer as u64 || w != world as u64 {
+    if theirs.rank != peer as u64 {
         return Err(fail(format!(
-            "the peer answered as rank {r} of {w}, expected rank {peer} of {world}; are the addresses in rank order?"
+            "the peer answered as rank {}, expected rank {peer}; are the addresses in rank order?",
+            theirs.rank
         )));
     }
     Ok(Peer { stream, addr })
@@ -378,14 +468,17 @@ fn connect_to(
 
 fn accept_from(
     listener: &TcpListener,
-    rank: usize,
-    world: usize,
+    me: &Hello,
     peers: &[SocketAddr],
     links: &mut [Option<Peer>],
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(), CommError> {
+    // Both fit usize: they came from usize values in `connect`.
+    let (rank, world) = (me.rank as usize, me.world as usize);
     let fail = |what: String| CommError::Setup(format!("rank {rank}: accepting peers on {}: {what}", peers[rank]));
+    // Connections turned away, reported if the wanted ranks then never arrive.
+    let mut rejected: Vec<String> = Vec::new();
     // std has no accept timeout: poll a nonblocking listener until the deadline.
     listener.set_nonblocking(true).map_err(|e| fail(e.to_string()))?;
     let missing =
@@ -397,47 +490,63 @@ fn accept_from(
                 if Instant::now() >= deadline {
                     let who: Vec<String> =
                         missing(links).into_iter().map(|j| format!("rank {j} ({})", peers[j])).collect();
-                    return Err(fail(format!("{} did not connect within {timeout:?}", who.join(", "))));
+                    let mut msg = format!("{} did not connect within {timeout:?}", who.join(", "));
+                    if !rejected.is_empty() {
+                        msg += &format!("; turned away: {}", rejected.join("; "));
+                    }
+                    return Err(fail(msg));
                 }
                 thread::sleep(Duration::from_millis(5));
                 continue;
             }
             Err(e) => return Err(fail(e.to_string())),
         };
-        let io = |e: io::Error| fail(format!("handshake with {from}: {e}"));
-        stream.set_nonblocking(false).map_err(io)?;
-        stream.set_nodelay(true).map_err(io)?;
-        // A stray client that never speaks must not eat the whole rendezvous.
-        stream.set_read_timeout(Some(remaining(deadline).min(Duration::from_secs(10)))).map_err(io)?;
-        stream.set_write_timeout(Some(remaining(deadline))).map_err(io)?;
-        let mut hello = [0u8; HELLO_LEN];
-        if (&stream).read_exact(&mut hello).is_err() {
-            continue; // not one of ours (port scanner, health check): ignore it
-        }
-        let (magic, version, r, w) = decode_hello(&hello);
-        if magic != HELLO_MAGIC {
-            continue;
-        }
-        if version != PROTOCOL_VERSION {
-            return Err(fail(format!("{from} speaks protocol version {version}, this rank {PROTOCOL_VERSION}")));
-        }
-        if w != world as u64 {
-            return Err(fail(format!("{from} claims rank {r} of a world of size {w}, but the world size is {world}")));
-        }
-        let j = match usize::try_from(r) {
-            Ok(j) if j > rank && j < world => j,
-            _ => {
-                return Err(fail(format!(
-                    "{from} claims rank {r}; only ranks {}..{world} connect to rank {rank}",
-                    rank + 1
-                )))
+        // Per-connection trouble only turns that connection away: it may be a stray.
+        let setup = (|| {
+            stream.set_nonblocking(false)?;
+            stream.set_nodelay(true)?;
+            // A stray client that never speaks must not eat the whole rendezvous.
+            stream.set_read_timeout(Some(remaining(deadline).min(Duration::from_secs(10))))?;
+            stream.set_write_timeout(Some(remaining(deadline)))?;
+            let mut hello = [0u8; HELLO_LEN];
+            (&stream).read_exact(&mut hello)?;
+            Ok::<_, io::Error>(Hello::decode(&hello))
+        })();
+        let theirs = match setup {
+            Ok(Some(h)) => h,
+            // Not one of ours (port scanner, health check): ignore it.
+            Ok(None) => continue,
+            Err(e) => {
+                rejected.push(format!("{from}: handshake failed: {e}"));
+                continue;
             }
         };
-        if links[j].is_some() {
-            return Err(fail(format!("rank {j} connected twice (again from {from})")));
+        let verdict = match me.mismatch(&theirs) {
+            Some(why) => Err(format!("it is in {why}")),
+            None => match usize::try_from(theirs.rank) {
+                Ok(j) if j > rank && j < world && links[j].is_some() => Err(format!("rank {j} is already connected")),
+                Ok(j) if j > rank && j < world => Ok(j),
+                _ => Err(format!(
+                    "it claims rank {}, but only ranks {}..{world} connect to rank {rank}",
+                    theirs.rank,
+                    rank + 1
+                )),
+            },
+        };
+        match verdict {
+            Ok(j) => match (&stream).write_all(&me.encode()) {
+                // Name it by its listener address, the one the rendezvous published.
+                Ok(()) => links[j] = Some(Peer { stream, addr: peers[j] }),
+                Err(e) => rejected.push(format!("{from} (rank {j}): handshake reply failed: {e}")),
+            },
+            Err(why) => {
+                // Turn it away with the reason (its own error will show it) and keep
+                // waiting for the ranks of this group.
+                let reject = Hello { rank: REJECTED, world: why.len() as u64, ..*me };
+                let _ = (&stream).write_all(&reject.encode()).and_then(|()| (&stream).write_all(why.as_bytes()));
+                rejected.push(format!("{from}: {why}"));
+            }
         }
-        (&stream).write_all(&encode_hello(rank, world)).map_err(io)?;
-        links[j] = Some(Peer { stream, addr: from });
     }
     Ok(())
 }
@@ -590,48 +699,110 @@ impl Mesh {
         }
     }
 
-    fn io_error(&self, peer: usize, doing: String, e: io::Error) -> CommError {
-        let source = match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+    /// `patience`: the shortened read timeout in force, if any (see [`Mesh::recv`]).
+    fn io_error(&self, peer: usize, doing: String, e: io::Error, patience: Option<Duration>) -> CommError {
+        let source = match (e.kind(), patience) {
+            (io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut, None) => io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
                     "no progress for {:?} (the io timeout): the rank is hung, slow, or in a collective that does not talk to this one",
                     self.io_timeout
                 ),
             ),
-            io::ErrorKind::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by the peer"),
+            (io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut, Some(t)) => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no progress for {t:?} (waited only that long: this collective had already failed)"),
+            ),
+            (io::ErrorKind::UnexpectedEof, _) => {
+                io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed by the peer")
+            }
             _ => e,
         };
         let addr = self.link(peer).map(|p| p.addr.to_string()).unwrap_or_default();
         CommError::PeerIo { peer, context: format!("rank {} {doing} {addr}", self.rank), source }
     }
 
-    fn write(&self, peer: usize, bytes: &[u8], frame: &Frame, seq: u64) -> Result<(), Failure> {
-        let fail = |e: io::Error| {
-            self.shutdown(peer);
-            let err = self.io_error(peer, format!("sending {} to", frame.describe(seq)), e);
-            Failure { class: Class::Write, link: peer, err }
+    fn write_failure(&self, peer: usize, frame: &Frame, seq: u64, e: io::Error) -> Failure {
+        self.shutdown(peer);
+        let err = self.io_error(peer, format!("sending {} to", frame.describe(seq)), e, None);
+        Failure { class: Class::Write, link: peer, err }
+    }
+
+    /// Send as much of `msg` as the socket takes without blocking; returns how much.
+    fn push(&self, peer: usize, msg: &Outgoing<'_>) -> io::Result<usize> {
+        let stream = &self.link(peer).map_err(io::Error::other)?.stream;
+        stream.set_nonblocking(true)?;
+        let mut sent = 0;
+        let pushed = loop {
+            if sent == msg.len() {
+                break Ok(sent);
+            }
+            let (a, b) = msg.rest(sent);
+            match (&*stream).write_vectored(&[IoSlice::new(a), IoSlice::new(b)]) {
+                Ok(0) => break Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(k) => sent += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(sent),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
         };
-        let p = self.link(peer).map_err(|err| Failure { class: Class::Local, link: peer, err })?;
-        (&p.stream).write_all(bytes).map_err(fail)
+        // Restore blocking mode even if the push failed; report the first error.
+        let restored = stream.set_nonblocking(false);
+        let sent = pushed?;
+        restored?;
+        Ok(sent)
+    }
+
+    /// Blocking write of what [`Mesh::push`] left of `msg`.
+    fn write_rest(&self, peer: usize, msg: &Outgoing<'_>, sent: usize) -> io::Result<()> {
+        let mut stream = &self.link(peer).map_err(io::Error::other)?.stream;
+        let (a, b) = msg.rest(sent);
+        stream.write_all(a)?;
+        stream.write_all(b)
     }
 
     /// Receive one frame of `frame` from `peer` into `buf`, checking its header.
-    fn recv(&self, peer: usize, frame: &Frame, seq: u64, buf: &mut [u8]) -> Result<(), Failure> {
-        let r = self.recv_inner(peer, frame, seq, buf);
+    /// With `patience`, wait at most that long for progress instead of the io timeout.
+    fn recv(
+        &self,
+        peer: usize,
+        frame: &Frame,
+        seq: u64,
+        buf: &mut [u8],
+        patience: Option<Duration>,
+    ) -> Result<(), Failure> {
+        let r = match (patience, self.link(peer)) {
+            (Some(t), Ok(p)) => match p.stream.set_read_timeout(Some(t)) {
+                Ok(()) => self.recv_inner(peer, frame, seq, buf, patience),
+                Err(e) => Err(Failure {
+                    class: Class::Local,
+                    link: peer,
+                    err: self.io_error(peer, "setting a read timeout on the link to".into(), e, None),
+                }),
+            },
+            _ => self.recv_inner(peer, frame, seq, buf, patience),
+        };
         if r.is_err() {
             self.shutdown(peer);
         }
         r
     }
 
-    fn recv_inner(&self, peer: usize, frame: &Frame, seq: u64, buf: &mut [u8]) -> Result<(), Failure> {
+    fn recv_inner(
+        &self,
+        peer: usize,
+        frame: &Frame,
+        seq: u64,
+        buf: &mut [u8],
+        patience: Option<Duration>,
+    ) -> Result<(), Failure> {
         let me = self.rank;
         let p = self.link(peer).map_err(|err| Failure { class: Class::Local, link: peer, err })?;
-        let read_fail = |e: io::Error| Failure {
-            class: Class::Read,
-            link: peer,
-            err: self.io_error(peer, format!("receiving {} from", frame.describe(seq)), e),
+        let read_fail = |e: io::Error| {
+            let timed_out = matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+            let class = if timed_out && patience.is_some() { Class::Impatient } else { Class::Read };
+            let err = self.io_error(peer, format!("receiving {} from", frame.describe(seq)), e, patience);
+            Failure { class, link: peer, err }
         };
         let protocol =
             |detail: String| Failure { class: Class::Protocol, link: peer, err: CommError::Protocol { peer, detail } };
@@ -644,7 +815,7 @@ impl Mesh {
             )));
         };
         if h.frame.op == code::ABORT {
-            return Err(self.relayed_abort(peer, &h));
+            return Err(self.relayed_abort(peer, &h, patience));
         }
         if h.from as usize != peer {
             return Err(protocol(format!(
@@ -672,7 +843,7 @@ impl Mesh {
     }
 
     /// Turn an abort notice from `peer` into the error it reports.
-    fn relayed_abort(&self, peer: usize, h: &Header) -> Failure {
+    fn relayed_abort(&self, peer: usize, h: &Header, patience: Option<Duration>) -> Failure {
         let me = self.rank;
         let protocol =
             |detail: String| Failure { class: Class::Protocol, link: peer, err: CommError::Protocol { peer, detail } };
@@ -681,7 +852,9 @@ impl Mesh {
         }
         let mut msg = vec![0u8; h.payload as usize];
         if let Err(e) = self.link(peer).and_then(|p| {
-            (&p.stream).read_exact(&mut msg).map_err(|e| self.io_error(peer, "reading an abort notice from".into(), e))
+            (&p.stream)
+                .read_exact(&mut msg)
+                .map_err(|e| self.io_error(peer, "reading an abort notice from".into(), e, patience))
         }) {
             return Failure { class: Class::Read, link: peer, err: e };
         }
@@ -703,13 +876,13 @@ impl Mesh {
     /// and receive exactly `recvs[i].1.len()` bytes from peer `recvs[i].0`, every
     /// message preceded by a header announcing `frame`.
     ///
-    /// Deadlock freedom: all headers go out first (they are tiny, so they never block
-    /// for long); then, if this rank sends any payload, every incoming link gets its
-    /// own reader thread while this thread writes, so each link is always drained and
-    /// no pair of ranks can block each other on full socket buffers. A rank that sends
-    /// no payload and expects payload from at most one peer just reads on this thread:
-    /// it drains its only payload source, and everything else it reads is headers
-    /// already sent.
+    /// Deadlock freedom: this thread never blocks on a write. Each message is first
+    /// pushed without blocking (small ones, the common case, go out whole and cost no
+    /// thread); what does not fit is finished by a thread dedicated to that link. Then
+    /// this thread reads the incoming messages one after the other. Every read
+    /// finishes, because on the sending side that message is either already in the
+    /// socket buffers or being written by a thread that waits for nothing but this
+    /// read; so no two ranks can block each other on full socket buffers.
     fn exchange(
         &mut self,
         frame: Frame,
@@ -721,66 +894,53 @@ impl Mesh {
         self.seq += 1;
         let mesh: &Mesh = self;
         let mut fails: Vec<Failure> = Vec::new();
-        let mut dead = vec![false; mesh.world];
+        let mut unfinished = Vec::new();
         for &(p, payload) in sends {
-            let h = Header { frame, from: mesh.rank as u32, seq, payload: payload.len() as u64 };
-            if let Err(f) = mesh.write(p, &h.encode(), &frame, seq) {
-                dead[p] = true;
-                fails.push(f);
+            let header = Header { frame, from: mesh.rank as u32, seq, payload: payload.len() as u64 }.encode();
+            let msg = Outgoing { header, payload };
+            match mesh.push(p, &msg) {
+                Ok(sent) if sent == msg.len() => {}
+                Ok(sent) => unfinished.push((p, msg, sent)),
+                Err(e) => fails.push(mesh.write_failure(p, &frame, seq, e)),
             }
         }
-        let writes_payload = sends.iter().any(|(_, b)| !b.is_empty());
-        let payload_sources = recvs.iter().filter(|(_, b)| !b.is_empty()).count();
-        if !writes_payload && payload_sources <= 1 {
+        thread::scope(|s| {
+            let mut writers = Vec::with_capacity(unfinished.len());
+            for (p, msg, sent) in unfinished {
+                let spawned = thread::Builder::new()
+                    .name(format!("tcp-comm-tx-{p}"))
+                    .spawn_scoped(s, move || mesh.write_rest(p, &msg, sent));
+                match spawned {
+                    Ok(h) => writers.push((p, h)),
+                    Err(e) => {
+                        // The peer would wait for the rest forever: cut the link instead.
+                        fails.push(mesh.write_failure(p, &frame, seq, e));
+                    }
+                }
+            }
+            // Links whose write failed are read all the same: what the peer sent is
+            // still queued and usually says why (e.g. it is in another collective).
             for (p, buf) in recvs {
-                if dead[p] {
-                    continue;
-                }
-                if let Err(f) = mesh.recv(p, &frame, seq, buf) {
+                // Once this collective has failed, keep draining the healthy peers (so
+                // their writers are not left blocked on us) but give up on a silent one
+                // quickly instead of after the full io timeout.
+                let patience = (!fails.is_empty()).then(|| mesh.io_timeout.min(FAILURE_PATIENCE));
+                if let Err(f) = mesh.recv(p, &frame, seq, buf, patience) {
                     fails.push(f);
-                    break; // nobody waits on our reads: no point reading the rest
                 }
             }
-        } else {
-            thread::scope(|s| {
-                let mut readers = Vec::with_capacity(recvs.len());
-                for (p, buf) in recvs {
-                    if dead[p] {
-                        continue;
-                    }
-                    let spawned = thread::Builder::new()
-                        .name(format!("tcp-comm-rx-{p}"))
-                        .spawn_scoped(s, move || mesh.recv(p, &frame, seq, buf));
-                    match spawned {
-                        Ok(h) => readers.push((p, h)),
-                        Err(e) => {
-                            mesh.shutdown(p);
-                            let err = CommError::Other(format!("cannot start a receive thread: {e}"));
-                            fails.push(Failure { class: Class::Local, link: p, err });
-                        }
+            for (p, h) in writers {
+                match h.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => fails.push(mesh.write_failure(p, &frame, seq, e)),
+                    Err(_) => {
+                        mesh.shutdown(p);
+                        let err = CommError::Other(format!("the thread sending to rank {p} panicked"));
+                        fails.push(Failure { class: Class::Local, link: p, err });
                     }
                 }
-                for &(p, payload) in sends {
-                    if dead[p] || payload.is_empty() {
-                        continue;
-                    }
-                    if let Err(f) = mesh.write(p, payload, &frame, seq) {
-                        fails.push(f);
-                    }
-                }
-                for (p, h) in readers {
-                    match h.join() {
-                        Ok(Ok(())) => {}
-                        Ok(Err(f)) => fails.push(f),
-                        Err(_) => {
-                            mesh.shutdown(p);
-                            let err = CommError::Other(format!("the thread receiving from rank {p} panicked"));
-                            fails.push(Failure { class: Class::Local, link: p, err });
-                        }
-                    }
-                }
-            });
-        }
+            }
+        });
         if fails.is_empty() {
             return Ok(());
         }
@@ -882,9 +1042,6 @@ impl<T: Element> Communicator<[T]> for TcpComm {
         let chunk = |q: usize| &send[q * n..(q + 1) * n];
         if w == 1 {
             recv.copy_from_slice(send);
-            if op == ReduceOp::Avg {
-                T::divide(recv, 1);
-            }
             return Ok(());
         }
         let frame = Frame::new(code::REDUCE_SCATTER, T::DTYPE, reduce_code(op), 0, n);
@@ -908,9 +1065,6 @@ impl<T: Element> Communicator<[T]> for TcpComm {
         let (r, w, n) = (self.mesh.rank, self.mesh.world, buf.len());
         self.mesh.check_usable()?;
         if w == 1 {
-            if op == ReduceOp::Avg {
-                T::divide(buf, 1);
-            }
             return Ok(());
         }
         // Chunk c is buf[c*k .. (c+1)*k] clipped to n: trailing chunks may be short or empty.

@@ -275,6 +275,25 @@ fn multi_megabyte_buffers_do_not_deadlock() {
 }
 
 #[test]
+fn slow_receiver_with_messages_larger_than_socket_buffers() {
+    // 16 MiB per message, more than the kernel buffers while the receiver is not
+    // reading: the sender must finish in a writer thread, not block.
+    let n = 4 << 20;
+    let got = run_group(2, |c| {
+        if c.rank() == 1 {
+            thread::sleep(Duration::from_millis(200));
+        }
+        let send = vec![c.rank() as f32 + 1.0; n];
+        let mut recv = vec![0.0f32; 2 * n];
+        c.all_gather(&send[..], &mut recv[..]).unwrap();
+        recv
+    });
+    for g in got {
+        assert!(g[..n].iter().all(|&x| x == 1.0) && g[n..].iter().all(|&x| x == 2.0));
+    }
+}
+
+#[test]
 fn world_of_one_copies_without_sockets() {
     let mut solo = TcpComm::local_group(1).unwrap().remove(0);
     let pending = TcpComm::bind("127.0.0.1:0").unwrap();
@@ -299,7 +318,7 @@ fn world_of_one_copies_without_sockets() {
 fn bad_sizes_are_reported_without_breaking_the_group() {
     let got = run_group(2, |c| {
         let mut errs = Vec::new();
-        let mut recv = vec![0.0f32; 5];
+        let mut recv = [0.0f32; 5];
         errs.push(c.all_gather(&[1.0f32, 2.0, 3.0][..], &mut recv[..]).unwrap_err());
         errs.push(c.reduce_scatter(&[0.0f32; 7][..], &mut recv[..3], ReduceOp::Sum).unwrap_err());
         errs.push(Communicator::<[f32]>::broadcast(c, &mut recv[..], 2).unwrap_err());
@@ -323,7 +342,7 @@ fn bad_sizes_are_reported_without_breaking_the_group() {
 #[test]
 fn mismatched_collectives_are_protocol_errors() {
     // Large enough that the payloads cannot sit in socket buffers: must not hang.
-    let n = 300_000;
+    let n = 3_000_000;
     let got = run_group(2, |c| {
         let first = if c.rank() == 0 {
             let mut recv = vec![0.0f32; 2 * n];
@@ -341,7 +360,7 @@ fn mismatched_collectives_are_protocol_errors() {
             CommError::Protocol { peer, .. } => assert_eq!(peer, 1 - rank, "{msg}"),
             other => panic!("rank {rank}: expected a protocol error, got {other}"),
         }
-        assert!(msg.contains("all_gather") && msg.contains("reduce_scatter") && msg.contains("300000"), "{msg}");
+        assert!(msg.contains("all_gather") && msg.contains("reduce_scatter") && msg.contains("3000000"), "{msg}");
         assert!(matches!(later, CommError::Other(_)) && later.to_string().contains("failed earlier"), "{later}");
     }
 }
@@ -524,12 +543,38 @@ fn world_size_disagreement_fails_setup() {
     let p0 = TcpComm::bind("127.0.0.1:0").unwrap();
     let p1 = TcpComm::bind("127.0.0.1:0").unwrap();
     let (a0, a1) = (p0.local_addr(), p1.local_addr());
-    let t0 = thread::spawn(move || p0.connect(0, 2, &[a0, a1], Duration::from_secs(2)));
-    let t1 = thread::spawn(move || p1.connect(1, 3, &[a0, a1, dead_addr()], Duration::from_secs(2)));
+    let t0 = thread::spawn(move || p0.connect(0, 2, &[a0, a1], Duration::from_millis(800)));
+    let t1 = thread::spawn(move || p1.connect(1, 3, &[a0, a1, dead_addr()], Duration::from_millis(800)));
     let e0 = t0.join().unwrap().unwrap_err().to_string();
     let e1 = t1.join().unwrap().unwrap_err().to_string();
-    assert!(e0.contains("world size is 2") && e0.contains("3"), "{e0}");
-    assert!(e1.contains("rank 0") && e1.contains(&a0.to_string()), "{e1}");
+    // Rank 1 is told why; rank 0 keeps waiting for a proper rank 1, then says whom it
+    // turned away.
+    assert!(e1.contains("rank 0") && e1.contains(&a0.to_string()) && e1.contains("rejected"), "{e1}");
+    assert!(e1.contains("world of size 3"), "{e1}");
+    assert!(e0.contains("rank 1") && e0.contains("did not connect") && e0.contains("world of size 3"), "{e0}");
+}
+
+#[test]
+fn stranger_is_turned_away_and_the_group_still_forms() {
+    let p0 = TcpComm::bind("127.0.0.1:0").unwrap();
+    let p1 = TcpComm::bind("127.0.0.1:0").unwrap();
+    let stranger = TcpComm::bind("127.0.0.1:0").unwrap();
+    let (a0, a1, a_s) = (p0.local_addr(), p1.local_addr(), stranger.local_addr());
+    let t0 = thread::spawn(move || p0.connect(0, 2, &[a0, a1], Duration::from_secs(5)));
+    // Same world size and rank, but another group's address list (e.g. a recycled port).
+    let err = stranger.connect(1, 2, &[a0, a_s], Duration::from_secs(5)).unwrap_err().to_string();
+    assert!(err.contains("rejected") && err.contains("different peer address list"), "{err}");
+    let t1 = thread::spawn(move || p1.connect(1, 2, &[a0, a1], Duration::from_secs(5)));
+    let mut comms = [t0.join().unwrap().unwrap(), t1.join().unwrap().unwrap()];
+    thread::scope(|s| {
+        for c in &mut comms {
+            s.spawn(move || {
+                let mut buf = [c.rank() as f32 + 1.0];
+                c.all_reduce(&mut buf[..], ReduceOp::Sum).unwrap();
+                assert_eq!(buf, [3.0]);
+            });
+        }
+    });
 }
 
 #[test]
