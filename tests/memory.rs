@@ -69,3 +69,14 @@ fn stages_shard_model_state_as_zero_paper() {
     // stage 3: everything sharded (steady state, after release)
     assert!((per_param[3] - 20.0 / 4.0).abs() < 0.3, "stage 3: {per_param:?}");
 }
+
+#[test]
+fn steady_state_steps_allocate_nothing_on_any_stage() {
+    for stage in 0..=3u8 {
+        for act in ["\"none\"", "\"every_layer\""] {
+            let cfg = Config::from_toml_str(&common::tiny_toml(stage, 2, act), "test").expect("cfg");
+            let (_, allocs) = trainer::zero::plan::dry_run(&cfg, 3, 1, DeviceModel::cuda(), 3).expect("dry run");
+            assert_eq!(allocs[0], allocs[2], "stage {stage} {act}: buffers allocated after step 1: {allocs:?}");
+        }
+    }
+}

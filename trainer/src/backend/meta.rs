@@ -12,11 +12,23 @@ use collectives::{CommError, Communicator, Group, ReduceOp};
 pub struct MetaBuf(pub usize);
 
 /// Counts as a backend with the element sizes of the backend it stands in for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct MetaBackend {
     pub sizes: ElemBytes,
     /// fp32 elements of attention state per (b, t, nh) of the modelled backend.
     pub attention_saved: fn(AttnShape) -> usize,
+    /// How many buffers were allocated so far (proves the steady state allocates nothing).
+    pub allocations: std::cell::Cell<usize>,
+}
+
+impl MetaBackend {
+    pub fn new(sizes: ElemBytes, attention_saved: fn(AttnShape) -> usize) -> MetaBackend {
+        MetaBackend { sizes, attention_saved, allocations: std::cell::Cell::new(0) }
+    }
+    fn counted(&self, n: usize) -> BResult<MetaBuf> {
+        self.allocations.set(self.allocations.get() + 1);
+        Ok(MetaBuf(n))
+    }
 }
 
 impl Backend for MetaBackend {
@@ -31,16 +43,16 @@ impl Backend for MetaBackend {
         self.sizes
     }
     fn alloc_buf(&self, n: usize, _: &str) -> BResult<MetaBuf> {
-        Ok(MetaBuf(n))
+        self.counted(n)
     }
     fn alloc_grad(&self, n: usize, _: &str) -> BResult<MetaBuf> {
-        Ok(MetaBuf(n))
+        self.counted(n)
     }
     fn alloc_f32(&self, n: usize, _: &str) -> BResult<MetaBuf> {
-        Ok(MetaBuf(n))
+        self.counted(n)
     }
     fn alloc_tokens(&self, n: usize) -> BResult<MetaBuf> {
-        Ok(MetaBuf(n))
+        self.counted(n)
     }
     fn upload_tokens(&self, _: &[u32], _: &mut MetaBuf) -> BResult<()> {
         Ok(())

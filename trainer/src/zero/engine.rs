@@ -77,6 +77,10 @@ pub struct Engine<B: Backend> {
     /// Stage 2/3 receive buffers for reduce-scatter before accumulating into the shard,
     /// one per distinct shard length (the embedding unit and the blocks differ).
     rs_scratch: Vec<(usize, B::Grad)>,
+    /// Released working buffers kept for reuse, by length (ledger category `Cached`):
+    /// after the first step, gathers and gradient buffers allocate nothing.
+    param_pool: Vec<(usize, B::Buf)>,
+    grad_pool: Vec<(usize, B::Grad)>,
     pub ledger: MemoryLedger,
     sizes: crate::backend::ElemBytes,
 }
@@ -195,7 +199,18 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-        Ok(Engine { policy, rank, world, layout, units, rs_scratch, ledger, sizes })
+        Ok(Engine {
+            policy,
+            rank,
+            world,
+            layout,
+            units,
+            rs_scratch,
+            param_pool: vec![],
+            grad_pool: vec![],
+            ledger,
+            sizes,
+        })
     }
 
     pub fn num_units(&self) -> usize {
@@ -221,19 +236,32 @@ impl<B: Backend> Engine<B> {
         if u.params.is_some() {
             return Ok(());
         }
-        let mut full = be.alloc_buf(u.padded, &format!("gathered parameters of unit {}", self.layout.units[i].name))?;
+        let bytes = u.padded * self.sizes.buf;
+        let mut full = match self.param_pool.iter().position(|(n, _)| *n == u.padded) {
+            Some(k) => {
+                self.ledger.reassign(Category::Cached, Category::Params, bytes);
+                self.param_pool.swap_remove(k).1
+            }
+            None => {
+                self.ledger.alloc(Category::Params, bytes);
+                be.alloc_buf(u.padded, &format!("gathered parameters of unit {}", self.layout.units[i].name))?
+            }
+        };
         let shard = u.param_shard.as_ref().expect("stage 3 keeps a parameter shard");
         Communicator::<B::Buf>::all_gather(comm, shard, &mut full)?;
-        self.ledger.alloc(Category::Params, u.padded * self.sizes.buf);
         u.params = Some(full);
         Ok(())
     }
 
-    /// Done with unit `i`'s parameters for now (stage 3: free the gathered copy).
+    /// Done with unit `i`'s parameters for now (stage 3: park the gathered copy in the pool).
     pub fn release(&mut self, i: usize) {
         let u = &mut self.units[i];
-        if self.policy.shard_params && u.params.take().is_some() {
-            self.ledger.free(Category::Params, u.padded * self.sizes.buf);
+        if !self.policy.shard_params {
+            return;
+        }
+        if let Some(buf) = u.params.take() {
+            self.ledger.reassign(Category::Params, Category::Cached, u.padded * self.sizes.buf);
+            self.param_pool.push((u.padded, buf));
         }
     }
 
@@ -245,13 +273,8 @@ impl<B: Backend> Engine<B> {
     /// Parameters and the gradient accumulation buffer of unit `i` (allocated on first use
     /// in a micro-step for stage 2/3).
     pub fn params_and_grads(&mut self, be: &B, i: usize) -> BResult<(&B::Buf, &mut B::Grad)> {
+        self.ensure_grads(be, i)?;
         let u = &mut self.units[i];
-        if u.grads.is_none() {
-            let mut g = be.alloc_grad(u.padded, &format!("gradients of unit {}", self.layout.units[i].name))?;
-            be.zero_grad(&mut g, Loc::all(u.padded))?;
-            self.ledger.alloc(Category::Grads, u.padded * self.sizes.grad);
-            u.grads = Some(g);
-        }
         let p = u.params.as_ref().expect("unit parameters used without gather()");
         let g = u.grads.as_mut().expect("allocated above");
         Ok((p, g))
@@ -259,14 +282,31 @@ impl<B: Backend> Engine<B> {
 
     /// Gradient buffer alone (for ops that need no parameters, e.g. the embedding backward).
     pub fn grads(&mut self, be: &B, i: usize) -> BResult<&mut B::Grad> {
+        self.ensure_grads(be, i)?;
+        Ok(self.units[i].grads.as_mut().expect("allocated above"))
+    }
+
+    /// Stage 2/3: give unit `i` a zeroed full gradient buffer for this micro-step, from the
+    /// pool when one of the right length is idle.
+    fn ensure_grads(&mut self, be: &B, i: usize) -> BResult<()> {
         let u = &mut self.units[i];
-        if u.grads.is_none() {
-            let mut g = be.alloc_grad(u.padded, &format!("gradients of unit {}", self.layout.units[i].name))?;
-            be.zero_grad(&mut g, Loc::all(u.padded))?;
-            self.ledger.alloc(Category::Grads, u.padded * self.sizes.grad);
-            u.grads = Some(g);
+        if u.grads.is_some() {
+            return Ok(());
         }
-        Ok(u.grads.as_mut().expect("allocated above"))
+        let bytes = u.padded * self.sizes.grad;
+        let mut g = match self.grad_pool.iter().position(|(n, _)| *n == u.padded) {
+            Some(k) => {
+                self.ledger.reassign(Category::Cached, Category::Grads, bytes);
+                self.grad_pool.swap_remove(k).1
+            }
+            None => {
+                self.ledger.alloc(Category::Grads, bytes);
+                be.alloc_grad(u.padded, &format!("gradients of unit {}", self.layout.units[i].name))?
+            }
+        };
+        be.zero_grad(&mut g, Loc::all(u.padded))?;
+        u.grads = Some(g);
+        Ok(())
     }
 
     /// Unit `i`'s backward for this micro-step is complete. Stage 2/3: reduce-scatter the
@@ -286,7 +326,8 @@ impl<B: Backend> Engine<B> {
         Communicator::<B::Grad>::reduce_scatter(comm, &full, scratch, ReduceOp::Sum)?;
         let shard = u.grad_shard.as_mut().expect("sharded stages keep a gradient shard");
         be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
-        self.ledger.free(Category::Grads, u.padded * self.sizes.grad);
+        self.ledger.reassign(Category::Grads, Category::Cached, u.padded * self.sizes.grad);
+        self.grad_pool.push((u.padded, full));
         Ok(())
     }
 

@@ -18,6 +18,10 @@ pub enum Category {
     Comm,
     /// Everything else (token ids, loss buffers).
     Workspace,
+    /// Idle working buffers the engine keeps for reuse (stage 3 gathered parameters,
+    /// stage 2/3 full gradients), so the steady-state step allocates nothing — like
+    /// PyTorch's reserved-but-unallocated memory, and counted just as honestly.
+    Cached,
 }
 
 /// Bytes per category, now and at the peak of the total.
@@ -29,11 +33,12 @@ pub struct MemoryBytes {
     pub activations: u64,
     pub comm: u64,
     pub workspace: u64,
+    pub cached: u64,
 }
 
 impl MemoryBytes {
     pub fn total(&self) -> u64 {
-        self.params + self.grads + self.optimizer + self.activations + self.comm + self.workspace
+        self.params + self.grads + self.optimizer + self.activations + self.comm + self.workspace + self.cached
     }
     fn slot(&mut self, c: Category) -> &mut u64 {
         match c {
@@ -43,6 +48,7 @@ impl MemoryBytes {
             Category::Activations => &mut self.activations,
             Category::Comm => &mut self.comm,
             Category::Workspace => &mut self.workspace,
+            Category::Cached => &mut self.cached,
         }
     }
 }
@@ -73,6 +79,11 @@ impl MemoryLedger {
     pub fn free(&mut self, c: Category, bytes: usize) {
         let s = self.report.current.slot(c);
         *s = s.saturating_sub(bytes as u64);
+    }
+    /// Move `bytes` from one category to another (e.g. a buffer parked in the pool).
+    pub fn reassign(&mut self, from: Category, to: Category, bytes: usize) {
+        self.free(from, bytes);
+        self.alloc(to, bytes);
     }
     pub fn report(&self) -> MemoryReport {
         self.report

@@ -22,22 +22,44 @@ impl DeviceModel {
     pub fn cpu() -> DeviceModel {
         DeviceModel { sizes: ElemBytes { buf: 4, grad: 4, f32: 4 }, attention_saved: |s| s.b * s.nh * s.t * s.t }
     }
+
+    /// The CUDA backend: bf16 compute buffers, fp32 gradients, flash attention saving
+    /// one fp32 log-sum-exp per (batch, head, position).
+    pub fn cuda() -> DeviceModel {
+        DeviceModel { sizes: ElemBytes { buf: 2, grad: 4, f32: 4 }, attention_saved: |s| s.b * s.nh * s.t }
+    }
 }
 
 /// Predicted memory of rank `rank` of `world` after one full training step.
 pub fn predict(cfg: &Config, world: usize, rank: usize, device: DeviceModel) -> Result<MemoryReport, TrainError> {
-    let be = MetaBackend { sizes: device.sizes, attention_saved: device.attention_saved };
+    Ok(dry_run(cfg, world, rank, device, 1)?.0)
+}
+
+/// Run `steps` optimizer steps on the meta backend; the memory report and the number of
+/// buffers allocated after each step (equal after the first: the steady state allocates nothing).
+pub fn dry_run(
+    cfg: &Config,
+    world: usize,
+    rank: usize,
+    device: DeviceModel,
+    steps: usize,
+) -> Result<(MemoryReport, Vec<usize>), TrainError> {
+    let be = MetaBackend::new(device.sizes, device.attention_saved);
     let mut comm = MetaComm { rank, world };
     let layout = ModelLayout::new(&cfg.model);
     let mut eng = Engine::new(&be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?;
     let mut model = Gpt::new(&be, &eng.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];
-    eng.begin_step(&be)?;
-    for _ in 0..cfg.train.grad_accum {
-        model.step_micro(&be, &mut eng, &mut comm, &toks, &toks, Some(1.0))?;
-    }
     let h = StepHyper { lr: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.0 };
-    eng.step(&be, &mut comm, h, 1)?;
-    Ok(eng.memory())
+    let mut allocs = Vec::with_capacity(steps);
+    for t in 1..=steps {
+        eng.begin_step(&be)?;
+        for _ in 0..cfg.train.grad_accum {
+            model.step_micro(&be, &mut eng, &mut comm, &toks, &toks, Some(1.0))?;
+        }
+        eng.step(&be, &mut comm, h, t as u64)?;
+        allocs.push(be.allocations.get());
+    }
+    Ok((eng.memory(), allocs))
 }
