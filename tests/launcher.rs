@@ -1,7 +1,8 @@
 //! The launcher as a user runs it: real rank processes over loopback TCP, end to end.
 //! Training runs, sharded-vs-single-rank loss equality through metrics.jsonl, failure
 //! handling with injected faults (a rank exiting, a rank crashing, Ctrl-C), errors that
-//! stop a job before it starts, and `prepare-data` feeding a run.
+//! stop a job before it starts, `prepare-data` feeding a run, `--resume` (resharded, exact,
+//! broken checkpoints refused), `export`, and `memory` predictions against a real run.
 
 mod common;
 
@@ -328,4 +329,242 @@ fn prepared_text_trains_with_the_gpt2_vocabulary() {
     assert_eq!(losses.len(), 2);
     // An untrained model over 50257 tokens starts near ln(50257) = 10.8.
     assert!((losses[0] - 50257f64.ln()).abs() < 1.0, "{losses:?}");
+}
+
+/// `launcher ARGS...` (a tool subcommand, or a launch given in full).
+fn launcher(args: &[&str]) -> Run {
+    run_launcher(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>(), &[])
+}
+
+fn steps_of(metrics: &[Value]) -> Vec<u64> {
+    metrics.iter().map(|m| m["step"].as_u64().expect("step")).collect()
+}
+
+/// A job of 2 ranks that trained the default 4 steps with a checkpoint every 2: step_00000002, step_00000004.
+fn job_with_checkpoints() -> (Job, PathBuf) {
+    let job = Job::new();
+    job.run(2, &["--set", "checkpoint.every=2"], &[]).assert_success();
+    let ck = job.out().join("checkpoints");
+    for step in ["step_00000002", "step_00000004"] {
+        for file in ["manifest.json", "rank00000.safetensors", "rank00001.safetensors"] {
+            assert!(ck.join(step).join(file).is_file(), "{step}/{file} missing");
+        }
+    }
+    (job, ck)
+}
+
+#[test]
+fn resume_latest_on_other_ranks_and_stage_continues_the_run() {
+    // A flat learning rate after warmup (min_lr = lr), so the schedules of the 4-step and the 6-step
+    // runs agree on their common steps. Global batch 12 sequences: 2 ranks × 3, 3 × 2, 1 × 6.
+    let flat = ["--set", "train.min_lr=3e-3"];
+    let job = Job::new();
+    job.run(2, &[&flat[..], &["--set", "train.grad_accum=3", "--set", "checkpoint.every=2"]].concat(), &[])
+        .assert_success();
+    let ck = job.out().join("checkpoints");
+    assert!(ck.join("step_00000002/manifest.json").is_file() && ck.join("step_00000004/manifest.json").is_file());
+    assert_eq!(steps_of(&job.metrics()), vec![1, 2, 3, 4]);
+
+    let run = job.run(
+        3,
+        &[
+            &flat[..],
+            &["--set", "train.steps=6", "--set", "zero.stage=3", "--set", "train.grad_accum=2", "--resume", "latest"],
+        ]
+        .concat(),
+        &[],
+    );
+    run.assert_success();
+    let stdout = run.stdout();
+    let from = ck.join("step_00000004");
+    assert!(stdout.contains(&format!("resuming from {} at step 4 of 6", from.display())), "{stdout}");
+    assert!(stdout.contains("step 5/6") && !stdout.contains("step 1/6"), "progress starts at step 5:\n{stdout}");
+
+    // metrics.jsonl continues the first run's file: steps 1-4 from 2 ranks, then 5 and 6 from 3.
+    let metrics = job.metrics();
+    assert_eq!(steps_of(&metrics), vec![1, 2, 3, 4, 5, 6]);
+    let ranks: Vec<usize> = metrics.iter().map(|m| m["memory"].as_array().expect("memory").len()).collect();
+    assert_eq!(ranks, vec![2, 2, 2, 2, 3, 3]);
+    let log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("rank 0 log");
+    let (before, after) = log.split_once("--- launcher: resuming from").expect("the log is continued after a marker");
+    assert!(before.contains("rank 0 step 4/4") && after.contains("rank 0 step 6/6"), "{log}");
+
+    let reference = Job::new();
+    reference
+        .run(1, &[&flat[..], &["--set", "train.steps=6", "--set", "train.grad_accum=6"]].concat(), &[])
+        .assert_success();
+    let (got, want) = (job.losses(), reference.losses());
+    assert_eq!(want.len(), 6);
+    for (step, (a, b)) in got.iter().zip(&want).enumerate() {
+        let rel = ((a - b) / b).abs();
+        assert!(rel <= 1e-5, "step {}: resumed run {a} vs uninterrupted 1-rank run {b} (rel {rel:e})", step + 1);
+    }
+}
+
+#[test]
+fn resume_after_a_crash_on_the_same_layout_is_exact() {
+    let uninterrupted = Job::new();
+    uninterrupted.run(2, &["--set", "train.steps=6", "--set", "zero.stage=1"], &[]).assert_success();
+    let want = uninterrupted.losses();
+    assert_eq!(want.len(), 6);
+
+    // Rank 1 dies after step 5; the last checkpoint is step 4.
+    let job = Job::new();
+    let args = ["--set", "train.steps=6", "--set", "zero.stage=1", "--set", "checkpoint.every=2"];
+    let crashed = job.run(2, &args, &[("SHARDTRAIN_FAULT", "1:5:exit")]);
+    assert_eq!(crashed.code(), Some(1), "stderr:\n{}", crashed.stderr());
+    let ck = job.out().join("checkpoints");
+    assert!(ck.join("step_00000004/manifest.json").is_file());
+    assert!(!ck.join("step_00000006").exists());
+    let interrupted = job.metrics();
+    assert!(steps_of(&interrupted).starts_with(&[1, 2, 3, 4]), "{interrupted:?}");
+
+    let run = job.run(2, &[&args[..], &["--resume", "latest"]].concat(), &[]);
+    run.assert_success();
+    assert!(run.stdout().contains("at step 4 of 6"), "{}", run.stdout());
+    // Each step once (the crashed run's step 5 was taken again), losses bit-identical.
+    let metrics = job.metrics();
+    assert_eq!(steps_of(&metrics), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(job.losses(), want, "resumed vs uninterrupted losses");
+    assert_eq!(&metrics[..4], &interrupted[..4], "the interrupted run's lines are kept as they were");
+    assert!(ck.join("step_00000006/manifest.json").is_file(), "the resumed run saves at its end");
+    // The crashed rank's log keeps its last words above the continuation.
+    let log = std::fs::read_to_string(job.out().join("logs/rank1.log")).expect("rank 1 log");
+    let (before, after) = log.split_once("--- launcher: resuming from").expect("continued log");
+    assert!(before.contains("injected fault") && after.contains("rank 1 step 6/6"), "{log}");
+}
+
+#[test]
+fn broken_checkpoints_are_refused_before_any_rank_starts() {
+    let (job, ck) = job_with_checkpoints();
+    let (step2, step4) = (ck.join("step_00000002"), ck.join("step_00000004"));
+    let shard = step4.join("rank00001.safetensors");
+    let metrics_before = std::fs::read(job.out().join("metrics.jsonl")).expect("metrics");
+    let log_before = std::fs::read(job.out().join("logs/rank0.log")).expect("log");
+    let resume = |what: &std::path::Path, extra: &[&str]| {
+        let what = what.display().to_string();
+        let run = job.run(2, &[&["--set", "train.steps=6", "--resume", &what], extra].concat(), &[]);
+        let stderr = run.stderr();
+        assert_eq!(run.code(), Some(2), "--resume {what}: exit code 2 expected; stderr:\n{stderr}");
+        assert_eq!(stderr.lines().filter(|l| l.starts_with("error")).count(), 1, "printed once:\n{stderr}");
+        stderr
+    };
+    let latest = std::path::Path::new("latest");
+
+    // One flipped byte inside rank 1's tensor data.
+    let mut bytes = std::fs::read(&shard).expect("read shard");
+    let n = bytes.len();
+    bytes[n - 5] ^= 0x40;
+    std::fs::write(&shard, &bytes).expect("write shard");
+    let e = resume(latest, &[]);
+    assert!(
+        e.contains("rank00001.safetensors") && e.contains("checksum") && e.contains(&step2.display().to_string()),
+        "must name the corrupt file and the newest intact checkpoint:\n{e}"
+    );
+    let e = resume(&step4, &[]);
+    assert!(e.contains("rank00001.safetensors") && e.contains("checksum"), "{e}");
+
+    // Truncated, then missing.
+    std::fs::write(&shard, &bytes[..n / 2]).expect("truncate");
+    let e = resume(&step4, &[]);
+    assert!(e.contains("rank00001.safetensors") && e.contains("bytes"), "{e}");
+    std::fs::remove_file(&shard).expect("rm");
+    let e = resume(&step4, &[]);
+    assert!(e.contains("rank00001.safetensors") && e.contains("cannot be opened"), "{e}");
+    let e = resume(latest, &[]);
+    assert!(e.contains("rank00001.safetensors") && e.contains(&step2.display().to_string()), "{e}");
+
+    // The checkpoint root instead of one checkpoint; another model shape; nothing left to train.
+    let e = resume(&ck, &[]);
+    assert!(e.contains("not one") && e.contains(&step2.display().to_string()), "{e}");
+    let e = resume(&step2, &["--set", "model.n_embd=48"]);
+    assert!(e.contains("model.n_embd is 36 in the checkpoint but 48"), "{e}");
+    let e = resume(&step2, &["--set", "train.steps=2"]);
+    assert!(e.contains("step 2 and train.steps = 2") && e.contains("raise train.steps"), "{e}");
+    let e = resume(&job.dir.path().join("nowhere"), &[]);
+    assert!(e.contains("nowhere") && e.contains("does not exist"), "{e}");
+
+    // Nothing was started or touched.
+    assert_eq!(std::fs::read(job.out().join("metrics.jsonl")).expect("metrics"), metrics_before);
+    assert_eq!(std::fs::read(job.out().join("logs/rank0.log")).expect("log"), log_before);
+}
+
+/// The JSON header of a safetensors file.
+fn safetensors_header(path: &std::path::Path) -> Value {
+    let bytes = std::fs::read(path).expect("read safetensors");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    serde_json::from_slice(&bytes[8..8 + n]).expect("header JSON")
+}
+
+#[test]
+fn export_writes_hugging_face_gpt2_weights() {
+    let (job, ck) = job_with_checkpoints();
+    let out = job.dir.path().join("model.safetensors");
+    let run = launcher(&["export", &ck.join("step_00000004").display().to_string(), &out.display().to_string()]);
+    run.assert_success();
+
+    let header = safetensors_header(&out);
+    let shape = |name: &str| -> Vec<u64> {
+        let t = &header[name];
+        assert_eq!(t["dtype"], "F32", "{name}: {t}");
+        t["shape"].as_array().unwrap_or_else(|| panic!("{name} missing")).iter().filter_map(Value::as_u64).collect()
+    };
+    let c = 36;
+    assert_eq!(shape("transformer.h.0.attn.c_attn.weight"), vec![c, 3 * c], "Conv1D layout [C, 3C]");
+    assert_eq!(shape("transformer.h.1.mlp.c_fc.weight"), vec![c, 4 * c]);
+    assert_eq!(shape("transformer.wte.weight"), vec![97, c]);
+    let tensors: Vec<&String> = header.as_object().expect("object").keys().filter(|k| *k != "__metadata__").collect();
+    let params: u64 = tensors.iter().map(|k| shape(k).iter().product::<u64>()).sum();
+    let stdout = run.stdout();
+    assert!(
+        stdout.contains(&format!("{} tensors, {params} parameters", tensors.len())) && stdout.contains("step 4"),
+        "{stdout}"
+    );
+    assert_eq!(tensors.len(), 4 + 2 * 12);
+
+    let run = launcher(&["export", &ck.display().to_string(), &out.display().to_string()]);
+    assert_eq!(run.code(), Some(1));
+    assert!(run.stderr().contains("step_00000004"), "a checkpoint root: suggests one:\n{}", run.stderr());
+}
+
+#[test]
+fn memory_prediction_matches_a_real_run() {
+    let job = Job::new();
+    let config = job.config.display().to_string();
+    let table = launcher(&["memory", &config, "--ranks", "2", "--set", "zero.stage=2"]);
+    table.assert_success();
+    let text = table.stdout();
+    for needle in ["stage 0 ", "stage 1 ", "stage 2*", "stage 3 ", "CPU backend's f32 accounting", "zero.stage = 2"] {
+        assert!(text.contains(needle), "`{needle}` missing:\n{text}");
+    }
+    let json = launcher(&["memory", &config, "--ranks", "2", "--set", "zero.stage=2", "--json"]);
+    json.assert_success();
+    let predicted: Value = serde_json::from_str(&json.stdout()).expect("JSON");
+    let stages = predicted["stages"].as_array().expect("stages");
+    assert_eq!(stages.len(), 4);
+    assert_eq!(predicted["config_stage"], 2);
+    let optimizer = |s: usize| stages[s]["ranks"][0]["current"]["optimizer"].as_u64().expect("bytes");
+    assert!(optimizer(1) < optimizer(0), "stage 1 shards the optimizer state");
+
+    job.run(2, &["--set", "zero.stage=2"], &[]).assert_success();
+    let metrics = job.metrics();
+    for r in 0..2 {
+        let p = &stages[2]["ranks"][r];
+        let step1 = &metrics[0]["memory"][r];
+        for key in ["params", "grads", "optimizer", "activations", "comm", "workspace", "cached"] {
+            assert_eq!(p["current"][key], step1[key], "rank {r} {key} after one step: predicted vs measured");
+        }
+        assert_eq!(p["peak"], step1["peak"], "rank {r}: categories at the peak");
+        for m in &metrics {
+            assert_eq!(p["peak_total"], m["memory"][r]["peak_total"], "rank {r} step {}: peak_total", m["step"]);
+        }
+    }
+    // The table's peak total of the config's stage is that number in MiB.
+    let peak = metrics[0]["memory"][0]["peak_total"].as_u64().expect("peak") as f64 / (1024.0 * 1024.0);
+    let row = text.lines().find(|l| l.trim_start().starts_with("total MiB")).expect("total row");
+    let cells: Vec<&str> = row.split_whitespace().skip(2).collect();
+    assert_eq!(cells[2], format!("{peak:.2}"), "{row}");
+
+    let bad = launcher(&["memory", &config, "--ranks", "2", "--set", "zero.stage=9"]);
+    assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
 }

@@ -1,6 +1,8 @@
-//! The command line: `launcher --cpus N CONFIG [--set section.key=value]...` trains,
-//! `launcher prepare-data` tokenizes text, and the hidden `launcher worker` is one rank
-//! (the launcher starts its own binary with it; users never type it).
+//! The command line: `launcher --cpus N CONFIG [--set section.key=value]... [--resume DIR|latest]`
+//! trains, `launcher prepare-data` tokenizes text, `launcher export` writes a checkpoint as a
+//! Hugging Face GPT-2 file, `launcher memory` predicts per-rank memory for every ZeRO stage,
+//! and the hidden `launcher worker` is one rank (the launcher starts its own binary with it;
+//! users never type it).
 
 use crate::device::Device;
 use clap::{Args, Parser, Subcommand};
@@ -27,6 +29,10 @@ pub struct Cli {
 pub enum Command {
     /// Tokenize a UTF-8 text file with the GPT-2 BPE into token shards (train + val) for `data.path`.
     PrepareData(PrepareDataArgs),
+    /// Write a checkpoint as one Hugging Face GPT-2 `model.safetensors` (GPT2LMHeadModel names, float32).
+    Export(ExportArgs),
+    /// Predict per-rank memory (by category, after one step and at the peak) for ZeRO stages 0-3 side by side.
+    Memory(MemoryArgs),
     /// One rank of a job (started by the launcher; not for direct use).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -58,6 +64,12 @@ pub struct LaunchArgs {
     /// Multi-node: this node's index in 0..nnodes (node 0 hosts the rendezvous); ranks are node_rank*N + local.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub node_rank: u32,
+    /// Continue from a checkpoint: its directory (`<checkpoint.dir>/step_00000100`) or `latest`, the
+    /// newest intact one in checkpoint.dir. Verified (every file's size and CRC-32, the model shape)
+    /// before any rank starts; --cpus and zero.stage may differ from the run that saved it.
+    /// metrics.jsonl and the rank logs of the run directory are continued, not replaced.
+    #[arg(long, value_name = "DIR|latest")]
+    pub resume: Option<PathBuf>,
 }
 
 impl LaunchArgs {
@@ -91,6 +103,35 @@ pub struct PrepareDataArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// One checkpoint directory, e.g. runs/tiny/checkpoints/step_00000100.
+    #[arg(value_name = "CKPT_DIR")]
+    pub checkpoint: PathBuf,
+    /// The safetensors file to write (replaced if it exists).
+    #[arg(value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct MemoryArgs {
+    /// The TOML config file.
+    #[arg(value_name = "CONFIG")]
+    pub config: PathBuf,
+    /// The number of ranks (the world size) to predict for.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub ranks: u32,
+    /// Override one config value, as for training. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Whose memory accounting to predict: `cpu` is the CPU backend (f32 everywhere).
+    #[arg(long, value_enum, default_value_t = crate::memory::MemoryDevice::Cpu)]
+    pub device: crate::memory::MemoryDevice,
+    /// Print exact bytes as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// The launcher's rendezvous address.
     #[arg(long, value_name = "HOST:PORT")]
@@ -110,4 +151,7 @@ pub struct WorkerArgs {
     /// Which backend this rank computes on.
     #[arg(long, value_enum)]
     pub device: Device,
+    /// Continue from this checkpoint directory (validated by the launcher).
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
 }

@@ -1,23 +1,28 @@
 //! `launcher`: starts a shardtrain job and watches it.
 //!
-//! `launcher --cpus N CONFIG [--set section.key=value]...` checks the config and data
-//! once (`setup`), starts N rank processes of this same binary (`ranks`), runs the
+//! `launcher --cpus N CONFIG [--set section.key=value]... [--resume DIR|latest]` checks the
+//! config, data and checkpoint once (`setup`, `resume`), starts N rank processes of this same binary (`ranks`), runs the
 //! rendezvous that connects them (`rendezvous`, `protocol`), shows progress and writes
 //! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
 //! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
+//! `prepare-data`, `export` and `memory` are tools that start no job.
 //!
 //! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
-//! 2 it never started (bad arguments, config or data: nothing was spawned); 130 interrupted.
+//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned);
+//! 130 interrupted. The tools exit 0, or 1 on failure (2 for bad arguments or config).
 
 mod cli;
 mod device;
+mod export;
 mod fault;
+mod memory;
 mod metrics;
 mod prepare;
 mod progress;
 mod protocol;
 mod ranks;
 mod rendezvous;
+mod resume;
 mod setup;
 mod supervise;
 mod worker;
@@ -31,6 +36,8 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Worker(args)) => worker::run(args),
         Some(Command::PrepareData(args)) => report(prepare::run(&args)),
+        Some(Command::Export(args)) => report(export::run(&args)),
+        Some(Command::Memory(args)) => report(memory::run(&args)),
         None => report(launch(&cli.launch)),
     }
 }

@@ -1,6 +1,12 @@
 //! Joins the ranks' per-step reports into one record per step (written as a line of
 //! `metrics.jsonl` once every rank has reported that step) and keeps what the end-of-run
 //! summary needs.
+//!
+//! Lines carry the real step numbers. A new run starts the file empty; a resumed run
+//! (`--resume`) continues the file of the run it resumes: the lines up to the checkpoint's
+//! step are kept, later ones (steps the interrupted run took after its last checkpoint,
+//! which are now taken again) are dropped, and the new steps are appended, so the file
+//! holds each step once, in order ([`start_file`]).
 
 use anyhow::Context;
 use serde::Serialize;
@@ -20,6 +26,8 @@ pub struct RankMemory {
     pub activations: u64,
     pub comm: u64,
     pub workspace: u64,
+    /// Buffers kept for reuse between steps (stage 2/3 working buffers).
+    pub cached: u64,
     /// Sum of the categories now.
     pub total: u64,
     /// Highest total so far.
@@ -64,6 +72,7 @@ impl StepRecord {
                     activations: c.activations,
                     comm: c.comm,
                     workspace: c.workspace,
+                    cached: c.cached,
                     total: c.total(),
                     peak_total: m.memory.peak_total,
                     peak: m.memory.peak,
@@ -84,6 +93,39 @@ impl StepRecord {
     }
 }
 
+/// Prepare `metrics.jsonl` for a run: empty it, or, resuming from `resume_step`, keep its
+/// lines up to that step (a missing file starts empty). Returns the steps kept and dropped.
+pub fn start_file(path: &Path, resume_step: Option<u64>) -> anyhow::Result<(usize, usize)> {
+    let Some(last) = resume_step else {
+        std::fs::write(path, b"").with_context(|| format!("cannot write {}", path.display()))?;
+        return Ok((0, 0));
+    };
+    let old = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {} to continue it", path.display())),
+    };
+    let mut kept = String::with_capacity(old.len());
+    let (mut n_kept, mut n_dropped) = (0, 0);
+    for line in old.lines() {
+        // A line cut short (the interrupted launcher died mid-write) has no step: dropped too.
+        let step = serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64());
+        match step {
+            Some(s) if s <= last => {
+                kept.push_str(line);
+                kept.push('\n');
+                n_kept += 1;
+            }
+            _ if line.trim().is_empty() => {}
+            _ => n_dropped += 1,
+        }
+    }
+    let tmp = path.with_extension("jsonl.partial");
+    std::fs::write(&tmp, kept).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok((n_kept, n_dropped))
+}
+
 /// Collects per-rank reports and appends complete steps to `metrics.jsonl`.
 pub struct MetricsLog {
     path: PathBuf,
@@ -98,7 +140,7 @@ pub struct MetricsLog {
 }
 
 impl MetricsLog {
-    /// Append to `path` (the launcher truncated it before the run).
+    /// Append to `path` (prepared by [`start_file`] before the run).
     pub fn open(path: &Path, world: usize) -> anyhow::Result<MetricsLog> {
         let file = std::fs::OpenOptions::new()
             .append(true)
@@ -153,18 +195,23 @@ impl MetricsLog {
         } else {
             last.tokens_per_s
         };
-        let first_loss = self.first.as_ref().map_or(last.loss, |f| f.loss);
+        let (first_step, first_loss) = self.first.as_ref().map_or((last.step, last.loss), |f| (f.step, f.loss));
+        let first = if first_step == 1 {
+            "the first step".to_string()
+        } else {
+            format!("step {first_step}, the first of this run")
+        };
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         let mut s = format!(
-            "steps: {}\nloss: {:.4} (first step {:.4})\nmean throughput: {:.0} tokens/s (excluding the first step)\n\
-             peak memory per rank (MiB, by category at the peak):\n  {:>4} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n",
+            "steps: {}\nloss: {:.4} ({:.4} at {first})\nmean throughput: {:.0} tokens/s (excluding the first step)\n\
+             peak memory per rank (MiB, by category at the peak):\n  {:>4} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
             last.step, last.loss, first_loss, mean_tps, "rank", "params", "grads", "optimizer", "activations", "comm",
-            "workspace", "total"
+            "workspace", "cached", "total"
         );
         for m in &last.memory {
             let p = &m.peak;
             s += &format!(
-                "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>9.2} {:>9.2}\n",
+                "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
                 m.rank,
                 mib(p.params),
                 mib(p.grads),
@@ -172,6 +219,7 @@ impl MetricsLog {
                 mib(p.activations),
                 mib(p.comm),
                 mib(p.workspace),
+                mib(p.cached),
                 mib(m.peak_total)
             );
         }
@@ -217,5 +265,30 @@ mod tests {
         assert_eq!(lines[1]["step"], 2);
         assert!(log.summary().contains("2000 tokens/s"), "{}", log.summary());
         assert!(log.add(5, report(3, 0.1, 1)).is_err());
+    }
+
+    #[test]
+    fn a_resumed_run_continues_the_file_up_to_its_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("metrics.jsonl");
+        // The interrupted run: steps 1-5 and a line cut short by its death; checkpoint at step 4.
+        let lines: String = (1..=5).map(|s| format!("{{\"step\":{s},\"loss\":1.0}}\n")).collect();
+        std::fs::write(&path, format!("{lines}{{\"step\":6,\"lo")).expect("write");
+        assert_eq!(start_file(&path, Some(4)).expect("start"), (4, 2));
+        let mut log = MetricsLog::open(&path, 1).expect("open");
+        log.add(0, report(5, 0.5, 10)).expect("add").expect("complete");
+        let steps: Vec<u64> = std::fs::read_to_string(&path)
+            .expect("read")
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["step"].as_u64().expect("step"))
+            .collect();
+        assert_eq!(steps, vec![1, 2, 3, 4, 5]);
+        assert!(log.summary().contains("at step 5, the first of this run"), "{}", log.summary());
+        // A new run empties it; resuming into a run directory without one starts it.
+        assert_eq!(start_file(&path, None).expect("start"), (0, 0));
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "");
+        let fresh = dir.path().join("new.jsonl");
+        assert_eq!(start_file(&fresh, Some(3)).expect("start"), (0, 0));
+        assert!(fresh.is_file());
     }
 }

@@ -1,5 +1,6 @@
 //! Training progress on the launcher's stdout: an indicatif bar on a terminal; otherwise
 //! (CI logs, pipes) one plain line at the first step, every ~10% of the steps, and the last.
+//! A resumed run starts at the checkpoint's step (the bar shows the steps done before it).
 
 use crate::metrics::StepRecord;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -16,12 +17,14 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Progress over `total` steps; `show` false (nodes other than 0, which see no steps) prints messages only.
-    pub fn new(total: u64, show: bool) -> Progress {
+    /// Progress over `total` steps of which `done` were done before this run (resume);
+    /// `show` false (nodes other than 0, which see no steps) prints messages only.
+    pub fn new(total: u64, done: u64, show: bool) -> Progress {
         let bar = (show && std::io::stdout().is_terminal()).then(|| {
             let style = ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} | {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stdout()).with_style(style);
+            bar.set_position(done);
             bar.set_message("waiting for the first step");
             bar.enable_steady_tick(Duration::from_millis(250));
             bar
@@ -32,6 +35,7 @@ impl Progress {
     /// Show a finished step.
     pub fn step(&mut self, rec: &StepRecord) {
         let now = Instant::now();
+        let first = self.first_at.is_none();
         let (s0, t0) = *self.first_at.get_or_insert((rec.step, now));
         let remaining = self.total.saturating_sub(rec.step);
         let eta = if rec.step > s0 {
@@ -47,7 +51,7 @@ impl Progress {
                 bar.set_message(msg);
             }
             None => {
-                if rec.step == 1 || rec.step.is_multiple_of(self.every) || rec.step == self.total {
+                if first || rec.step.is_multiple_of(self.every) || rec.step == self.total {
                     println!("step {:>width$}/{} | {msg}", rec.step, self.total, width = digits(self.total));
                 }
             }

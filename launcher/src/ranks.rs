@@ -1,9 +1,11 @@
 //! Rank processes on this node: spawning them (this same binary with the hidden `worker`
-//! subcommand, the rank environment, output into `logs/rank<r>.log`), watching them exit,
+//! subcommand, the rank environment, output into `logs/rank<r>.log`: a new file for a new
+//! run, appended to (after a marker line) when resuming), watching them exit,
 //! killing them, and reading a log's tail for error reports.
 
 use crate::setup::RunPlan;
 use anyhow::Context;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -30,8 +32,7 @@ pub fn spawn_all(
     let mut pids = Vec::new();
     for rank in plan.local_rank_ids() {
         let log_path = plan.log_path(rank);
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("cannot create the log file {}", log_path.display()))?;
+        let log = open_log(&log_path, plan)?;
         let log_err = log.try_clone().with_context(|| format!("cannot reopen {}", log_path.display()))?;
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.arg("worker")
@@ -47,6 +48,7 @@ pub fn spawn_all(
             .arg(bind_host)
             .arg("--device")
             .arg(plan.device.name())
+            .args(plan.resume.iter().flat_map(|r| [std::ffi::OsStr::new("--resume"), r.dir.as_os_str()]))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
@@ -76,6 +78,22 @@ pub fn spawn_all(
         });
     }
     Ok(pids)
+}
+
+/// A rank's log: created empty, or when resuming appended to after a marker line, so the
+/// interrupted run's log (and its last error) stays above the continuation.
+fn open_log(path: &Path, plan: &RunPlan) -> anyhow::Result<std::fs::File> {
+    let Some(resume) = &plan.resume else {
+        return std::fs::File::create(path).with_context(|| format!("cannot create the log file {}", path.display()));
+    };
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("cannot open the log file {}", path.display()))?;
+    writeln!(log, "--- launcher: resuming from {} at step {} ---", resume.dir.display(), resume.step)
+        .with_context(|| format!("cannot write the log file {}", path.display()))?;
+    Ok(log)
 }
 
 /// "exited with code 3", "killed by signal 6 (SIGABRT)", ...

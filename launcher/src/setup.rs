@@ -1,10 +1,11 @@
 //! Everything checked and prepared before any rank is spawned: the device, the node
-//! layout, the config (loaded and validated once, here), the data path, the run
-//! directory and the resolved config file the ranks read. A problem found here is a
-//! [`SetupError`]: printed once, exit code 2, nothing started.
+//! layout, the config (loaded and validated once, here), the checkpoint to resume from
+//! (`resume`), the data path, the run directory and the resolved config file the ranks
+//! read. A problem found here is a [`SetupError`]: printed once, exit code 2, nothing started.
 
 use crate::cli::LaunchArgs;
 use crate::device::Device;
+use crate::resume::Resume;
 use data::Split;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ impl From<trainer::config::ConfigError> for SetupError {
 /// A validated launch: what to spawn, where everything goes.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
-    /// The validated config; `data.path` and `output.dir` are resolved to absolute paths.
+    /// The validated config; `data.path`, `output.dir` and `checkpoint.dir` are resolved to absolute paths.
     pub cfg: Config,
     pub device: Device,
     /// Ranks on this node.
@@ -38,7 +39,10 @@ pub struct RunPlan {
     pub master_addr: Option<SocketAddr>,
     pub logs_dir: PathBuf,
     pub resolved_config: PathBuf,
+    /// `metrics.jsonl`: truncated for a new run; on resume, kept up to the checkpoint's step and appended to.
     pub metrics_path: PathBuf,
+    /// `--resume`: the validated checkpoint every rank continues from.
+    pub resume: Option<Resume>,
 }
 
 impl RunPlan {
@@ -82,6 +86,12 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let mut cfg = Config::load(config_path, &args.overrides)?;
 
     let out_dir = absolute(&cfg.output.dir);
+    cfg.output.dir = out_dir.clone();
+    cfg.checkpoint.dir = cfg.checkpoint.dir.as_deref().map(absolute);
+    let world = nnodes * local_ranks;
+    // Before anything is written: a checkpoint that cannot be resumed leaves the run directory as it was.
+    let resume = args.resume.as_deref().map(|arg| crate::resume::resolve(arg, &cfg, world)).transpose()?;
+
     let logs_dir = out_dir.join("logs");
     std::fs::create_dir_all(&logs_dir).map_err(|e| {
         SetupError(format!(
@@ -90,7 +100,6 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
             logs_dir.display()
         ))
     })?;
-    cfg.output.dir = out_dir.clone();
     let data_path = resolve_data(cfg.data.path.as_deref(), &out_dir)?;
     check_data(&cfg, &data_path)?;
     cfg.data.path = Some(data_path);
@@ -101,19 +110,21 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     write(&resolved_config, text.as_bytes())?;
     let metrics_path = out_dir.join("metrics.jsonl");
     if node_rank == 0 {
-        write(&metrics_path, b"")?;
+        crate::metrics::start_file(&metrics_path, resume.as_ref().map(|r| r.step))
+            .map_err(|e| SetupError(format!("{e:#}")))?;
     }
     Ok(RunPlan {
         cfg,
         device,
         local_ranks,
         first_rank: node_rank * local_ranks,
-        world: nnodes * local_ranks,
+        world,
         node_rank,
         master_addr: args.master_addr,
         logs_dir,
         resolved_config,
         metrics_path,
+        resume,
     })
 }
 
@@ -136,20 +147,11 @@ fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, SetupErr
 }
 
 /// Open the training shards once here, so data problems stop the job before any rank starts:
-/// unreadable shards, token ids the model's vocabulary cannot hold, shards shorter than a window.
+/// unreadable shards, token ids the model's vocabulary cannot hold (the trainer's own check,
+/// [`trainer::train::check_data_fits`]), shards shorter than a window.
 fn check_data(cfg: &Config, path: &Path) -> Result<(), SetupError> {
     let dataset = data::Dataset::open(path, Split::Train).map_err(|e| SetupError(format!("data.path: {e}")))?;
-    let max_token = dataset.max_token() as usize;
-    if max_token >= cfg.model.vocab_size {
-        return Err(SetupError(format!(
-            "config key `model.vocab_size` = {}: the data in {} holds token id {max_token}; set model.vocab_size to \
-             at least {} (GPT-2 BPE data, including the built-in corpus, needs {})",
-            cfg.model.vocab_size,
-            path.display(),
-            max_token + 1,
-            data::GPT2_VOCAB
-        )));
-    }
+    trainer::train::check_data_fits(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
     data::BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)
         .map_err(|e| SetupError(format!("data.path: {e}")))?;
     Ok(())

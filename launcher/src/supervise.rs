@@ -115,7 +115,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
 
     let total_steps = plan.cfg.train.steps as u64;
     let mut metrics = if plan.is_master() { Some(MetricsLog::open(&plan.metrics_path, plan.world)?) } else { None };
-    let mut progress = Progress::new(total_steps, plan.is_master());
+    let resumed_at = plan.resume.as_ref().map_or(0, |r| r.step);
+    let mut progress = Progress::new(total_steps, resumed_at, plan.is_master());
     progress.println(&format!(
         "launched {} {} rank(s) on node {} (world {}, pids {:?}); rendezvous {}; logs in {}",
         plan.local_ranks,
@@ -126,6 +127,21 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         rendezvous_addr,
         plan.logs_dir.display()
     ));
+    if let Some(r) = &plan.resume {
+        progress.println(&format!(
+            "resuming from {} at step {} of {total_steps} (saved by {} rank(s) at ZeRO stage {}; now {} rank(s) at \
+             stage {})",
+            r.dir.display(),
+            r.step,
+            r.saved_world,
+            r.saved_stage,
+            plan.world,
+            plan.cfg.zero.stage
+        ));
+        for note in &r.notes {
+            progress.println(&format!("note: {note}"));
+        }
+    }
 
     let hello_deadline = Instant::now() + HELLO_TIMEOUT;
     let mut started = !plan.is_master();
@@ -314,10 +330,10 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState]) -> String {
         what.push(format!("reported: {message}"));
     }
     what.push(fate(r));
-    let after = if r.last_step > 0 {
-        format!("after step {} of {}", r.last_step, plan.cfg.train.steps)
-    } else {
-        "before its first step".to_string()
+    let after = match (r.last_step, &plan.resume) {
+        (0, None) => "before its first step".to_string(),
+        (0, Some(resume)) => format!("before its first step after resuming at step {}", resume.step),
+        (step, _) => format!("after step {step} of {}", plan.cfg.train.steps),
     };
     let mut s = format!("rank {culprit} failed {after}: {}", what.join("; "));
     let others: Vec<String> = (0..ranks.len())

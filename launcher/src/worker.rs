@@ -1,6 +1,7 @@
 //! One rank (the hidden `launcher worker` subcommand): connect to the launcher, bind the
 //! data-plane listener, say hello, wait for `Start`, build the communicator group and
-//! train, reporting every step. Exit code 0 after `Done`, 1 after `Failed`.
+//! train (from `--resume DIR` when given: a checkpoint the launcher has already verified),
+//! reporting every step. Exit code 0 after `Done`, 1 after `Failed`.
 //!
 //! Everything this process prints goes to its `logs/rank<r>.log` (the launcher redirects it).
 
@@ -160,7 +161,7 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
                 }
                 Ok(())
             };
-            trainer::train(&cfg, &CpuBackend, &mut comm, &data_path, &mut on_step)
+            trainer::train::train_from(&cfg, &CpuBackend, &mut comm, &data_path, args.resume.as_deref(), &mut on_step)
         }
         Device::Gpu => return Err(Device::Gpu.unavailable_reason().unwrap_or_default().into()),
     };

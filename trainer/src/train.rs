@@ -42,16 +42,7 @@ impl<B: Backend> Trainer<B> {
     /// Open the data, build the layout, initialise the engine and allocate activations.
     pub fn new(cfg: &Config, be: &B, rank: usize, world: usize, data_path: &Path) -> Result<Trainer<B>, TrainError> {
         let dataset = Dataset::open(data_path, Split::Train)?;
-        let max_tok = dataset.max_token() as usize;
-        if max_tok >= cfg.model.vocab_size {
-            return Err(TrainError::Invalid(format!(
-                "data {} holds token id {max_tok} but model.vocab_size = {}: set model.vocab_size to at least {} \
-                 (GPT-2 BPE data needs 50257, or 50304 for speed)",
-                data_path.display(),
-                cfg.model.vocab_size,
-                max_tok + 1
-            )));
-        }
+        check_data_fits(cfg, &dataset, data_path)?;
         let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
         let val = if cfg.train.eval_every > 0 {
             let v = Dataset::open(data_path, Split::Val).map_err(|e| {
@@ -204,6 +195,22 @@ impl<B: Backend> Trainer<B> {
     pub fn full_params<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<Vec<Vec<f32>>, TrainError> {
         (0..self.engine.num_units()).map(|i| self.engine.full_params_host(be, comm, i)).collect()
     }
+}
+
+/// The model's vocabulary must hold every token id in the training data (the launcher
+/// calls this before spawning ranks; `Trainer::new` calls it again on every rank).
+pub fn check_data_fits(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
+    let max_tok = dataset.max_token() as usize;
+    if max_tok >= cfg.model.vocab_size {
+        return Err(TrainError::Invalid(format!(
+            "data {} holds token id {max_tok} but model.vocab_size = {}: set model.vocab_size to at least {} \
+             (GPT-2 BPE data needs 50257, or 50304 for speed)",
+            data_path.display(),
+            cfg.model.vocab_size,
+            max_tok + 1
+        )));
+    }
+    Ok(())
 }
 
 /// Train for `cfg.train.steps` steps, calling `on_step` after each (on every rank).

@@ -1,0 +1,193 @@
+//! `launcher memory CONFIG --ranks N`: the predicted memory of every rank, by category,
+//! after one optimizer step and at the peak within it, for ZeRO stages 0–3 side by side.
+//!
+//! The numbers come from [`trainer::zero::plan::predict`]: one step of the real engine and
+//! model on the meta backend (no data, no arithmetic), so they are exactly what the ledger of
+//! a real run records (`memory` in `metrics.jsonl`) for the backend whose element sizes and
+//! attention state the [`MemoryDevice`] describes.
+
+use crate::cli::MemoryArgs;
+use anyhow::Context;
+use clap::ValueEnum;
+use serde::Serialize;
+use trainer::config::ActivationCheckpointing;
+use trainer::model::ModelLayout;
+use trainer::zero::plan::{predict, DeviceModel};
+use trainer::zero::{MemoryBytes, MemoryReport};
+use trainer::Config;
+
+/// Whose memory accounting to predict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemoryDevice {
+    /// The CPU backend: every parameter, gradient, optimizer and activation element is an f32,
+    /// and attention keeps its full softmax.
+    Cpu,
+}
+
+impl MemoryDevice {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryDevice::Cpu => "cpu",
+        }
+    }
+
+    /// The element sizes and attention state the dry run models.
+    pub fn model(self) -> DeviceModel {
+        match self {
+            MemoryDevice::Cpu => DeviceModel::cpu(),
+        }
+    }
+
+    /// What the numbers account for, said in the output.
+    pub fn accounting(self) -> &'static str {
+        match self {
+            MemoryDevice::Cpu => {
+                "the CPU backend's f32 accounting: parameters, gradients, AdamW master/m/v, activations and \
+                 communication buffers are all 4-byte floats, and attention keeps its full B·heads·T·T softmax"
+            }
+        }
+    }
+}
+
+/// One stage's prediction for every rank.
+#[derive(Debug, Serialize)]
+struct StagePrediction {
+    stage: u8,
+    /// `ranks[r]`: rank r's report (current = after one step; peak = at the highest total).
+    ranks: Vec<MemoryReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct Prediction {
+    config: String,
+    ranks: usize,
+    device: &'static str,
+    accounting: &'static str,
+    /// The config's `zero.stage`.
+    config_stage: u8,
+    params: usize,
+    stages: Vec<StagePrediction>,
+}
+
+pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
+    let cfg = Config::load(&args.config, &args.overrides).map_err(|e| crate::setup::SetupError(e.to_string()))?;
+    let world = args.ranks as usize;
+    let device = args.device;
+    let stages = (0..=3u8)
+        .map(|stage| {
+            let mut c = cfg.clone();
+            c.zero.stage = stage;
+            let ranks = (0..world)
+                .map(|rank| predict(&c, world, rank, device.model()))
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("predicting ZeRO stage {stage} on {world} ranks"))?;
+            Ok(StagePrediction { stage, ranks })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let p = Prediction {
+        config: args.config.display().to_string(),
+        ranks: world,
+        device: device.name(),
+        accounting: device.accounting(),
+        config_stage: cfg.zero.stage,
+        params: ModelLayout::new(&cfg.model).num_params(),
+        stages,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&p).context("cannot encode the prediction")?);
+    } else {
+        print!("{}", table(&p, &cfg));
+    }
+    Ok(())
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The categories of a report, in display order, with their names.
+fn categories(b: &MemoryBytes) -> [(&'static str, u64); 7] {
+    [
+        ("params", b.params),
+        ("grads", b.grads),
+        ("optimizer", b.optimizer),
+        ("activations", b.activations),
+        ("comm", b.comm),
+        ("workspace", b.workspace),
+        ("cached", b.cached),
+    ]
+}
+
+/// The human-readable report: a header saying what is counted, then per rank (or once, when
+/// every rank predicts the same) a table with one column per stage.
+fn table(p: &Prediction, cfg: &Config) -> String {
+    let (m, t) = (&cfg.model, &cfg.train);
+    let mut s = format!(
+        "predicted memory per rank: {} on {} rank(s)\n\
+         model: {} layers, {} heads, n_embd {}, vocab {}, seq_len {} ({:.2} M parameters); \
+         micro_batch {} x grad_accum {}, activation checkpointing {}\n\
+         device: {} — {}\n\
+         from one optimizer step of the real engine on the meta backend (no data, no arithmetic): what the ledger \
+         of a real run records (metrics.jsonl `memory`). MiB = 2^20 bytes.\n",
+        p.config,
+        p.ranks,
+        m.n_layer,
+        m.n_head,
+        m.n_embd,
+        m.vocab_size,
+        m.seq_len,
+        p.params as f64 / 1e6,
+        t.micro_batch,
+        t.grad_accum,
+        match cfg.checkpointing.activations {
+            ActivationCheckpointing::None => "none".to_string(),
+            ActivationCheckpointing::EveryLayer => "every layer".to_string(),
+            ActivationCheckpointing::Every(k) => format!("every {k}th block"),
+        },
+        p.device,
+        p.accounting
+    );
+    let same = p.stages.iter().all(|st| st.ranks.windows(2).all(|w| w[0] == w[1]));
+    let ranks: Vec<usize> = if same { vec![0] } else { (0..p.ranks).collect() };
+    for r in ranks {
+        s += "\n";
+        if same {
+            s += &format!(
+                "every rank ({} of {}) predicts the same:\n",
+                if p.ranks == 1 { "the only one" } else { "all" },
+                p.ranks
+            );
+        } else {
+            s += &format!("rank {r}:\n");
+        }
+        let header: String = p
+            .stages
+            .iter()
+            .map(|st| {
+                let mark = if st.stage == p.config_stage { "*" } else { " " };
+                format!("{:>12}", format!("stage {}{mark}", st.stage))
+            })
+            .collect();
+        let reports: Vec<&MemoryReport> = p.stages.iter().map(|st| &st.ranks[r]).collect();
+        for (title, pick) in [
+            ("at the peak of a step", (|r: &MemoryReport| r.peak) as fn(&MemoryReport) -> MemoryBytes),
+            ("after one step", |r: &MemoryReport| r.current),
+        ] {
+            s += &format!("  {title:<24}{header}\n");
+            let rows: Vec<[(&str, u64); 7]> = reports.iter().map(|rep| categories(&pick(rep))).collect();
+            for c in 0..7 {
+                let name = rows[0][c].0;
+                let cells: String = rows.iter().map(|row| format!("{:>12}", mib(row[c].1))).collect();
+                s += &format!("    {name:<22}{cells}\n");
+            }
+            let totals: String = reports.iter().map(|rep| format!("{:>12}", mib(pick(rep).total()))).collect();
+            s += &format!("    {:<22}{totals}\n", "total MiB");
+        }
+    }
+    s += &format!(
+        "\n* zero.stage = {} in the config. Stages: 0 data parallel, 1 shards the optimizer state, \
+         2 + gradients, 3 + parameters.\n",
+        p.config_stage
+    );
+    s
+}

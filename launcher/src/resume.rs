@@ -1,0 +1,147 @@
+//! `--resume DIR|latest`: choosing the checkpoint and checking it once, before any rank starts.
+//!
+//! `latest` is the newest checkpoint under `checkpoint.dir` that validates completely
+//! ([`trainer::checkpoint::find_latest`]: when newer ones are broken its message says what
+//! is wrong with the newest and names the newest intact one). A directory given by name is
+//! opened with every file's size and CRC-32 verified. Either way the model shape must match
+//! the config and the checkpoint's step must leave steps to train. Any problem is a
+//! [`SetupError`] (exit code 2) that names the file and what is wrong with it.
+//!
+//! The ranks then only check sizes ([`trainer::train::Trainer::resume`]): the checksums were
+//! read here, once. The world size and ZeRO stage may differ from the run that saved it: each
+//! rank reads just the byte ranges it holds now (the trainer reshards).
+
+use crate::setup::SetupError;
+use std::path::{Path, PathBuf};
+use trainer::checkpoint::load::list_checkpoints;
+use trainer::checkpoint::{find_latest, CheckpointReader};
+use trainer::Config;
+
+/// The value of `--resume` that picks the newest intact checkpoint.
+pub const LATEST: &str = "latest";
+
+/// A validated checkpoint to continue from.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    /// The checkpoint directory (`.../step_00000100`), absolute; every worker gets `--resume` it.
+    pub dir: PathBuf,
+    /// Optimizer steps the checkpoint completed: training continues at `step + 1`.
+    pub step: u64,
+    /// World size and ZeRO stage of the run that saved it.
+    pub saved_world: usize,
+    pub saved_stage: u8,
+    /// Differences from the saved run worth knowing (the learning-rate schedule, the batch).
+    pub notes: Vec<String>,
+}
+
+/// Resolve `--resume` (`latest` or a directory) for a job of `world` ranks running `cfg`
+/// (whose paths are absolute already).
+pub fn resolve(arg: &Path, cfg: &Config, world: usize) -> Result<Resume, SetupError> {
+    let root = cfg.checkpoint_dir();
+    let reader = if arg == Path::new(LATEST) {
+        // find_latest verified every file's checksum of the one it returns: sizes suffice now.
+        let dir = find_latest(&root).map_err(|e| SetupError(format!("--resume {LATEST}: {e}")))?;
+        CheckpointReader::open(&dir, false)
+    } else {
+        let dir = std::path::absolute(arg).unwrap_or_else(|_| arg.to_path_buf());
+        if !dir.exists() {
+            return Err(SetupError(format!(
+                "--resume {}: {} does not exist; give a checkpoint directory (step_*) or `--resume {LATEST}` \
+                 for the newest intact one in checkpoint.dir = {}",
+                arg.display(),
+                dir.display(),
+                root.display()
+            )));
+        }
+        if let Some(hint) = root_hint(&dir) {
+            return Err(SetupError(format!("--resume {}: {hint}", arg.display())));
+        }
+        CheckpointReader::open(&dir, true)
+    }
+    .map_err(|e| SetupError(format!("--resume {}: {e}", arg.display())))?;
+    reader.check_model(&cfg.model).map_err(|e| SetupError(format!("--resume {}: {e}", arg.display())))?;
+
+    let m = &reader.manifest;
+    let steps = cfg.train.steps as u64;
+    if m.step >= steps {
+        return Err(SetupError(format!(
+            "--resume {}: checkpoint {} is at step {} and train.steps = {steps}, so there is nothing left to train: \
+             raise train.steps to continue, e.g. --set train.steps={}",
+            arg.display(),
+            reader.dir.display(),
+            m.step,
+            m.step + steps.max(1)
+        )));
+    }
+    Ok(Resume {
+        dir: reader.dir.clone(),
+        step: m.step,
+        saved_world: m.world,
+        saved_stage: m.stage,
+        notes: differences(&m.config_toml, m.world, cfg, world),
+    })
+}
+
+/// When `dir` is not one checkpoint but a directory of them, say which to pick.
+fn root_hint(dir: &Path) -> Option<String> {
+    let (count, intact) = checkpoint_root(dir)?;
+    let pick = match intact {
+        Some(d) => format!("pass one of them, e.g. --resume {}", d.display()),
+        None => "and none of them is intact".to_string(),
+    };
+    Some(format!(
+        "{} holds {count} checkpoints (step_* directories), it is not one: {pick}, or `--resume {LATEST}` with \
+         checkpoint.dir = {}",
+        dir.display(),
+        dir.display()
+    ))
+}
+
+/// If `dir` is a directory of checkpoints (no manifest of its own, `step_*` inside): how many
+/// it holds and the newest one that validates completely (sizes and checksums).
+pub fn checkpoint_root(dir: &Path) -> Option<(usize, Option<PathBuf>)> {
+    if dir.join("manifest.json").exists() {
+        return None;
+    }
+    let all = list_checkpoints(dir).ok().filter(|a| !a.is_empty())?;
+    let intact = all.iter().rev().find(|(_, d)| CheckpointReader::open(d, true).is_ok()).map(|(_, d)| d.clone());
+    Some((all.len(), intact))
+}
+
+/// What changed in `[train]` and in the global batch since the saved run (notes, not errors:
+/// resuming with other settings is allowed, but then it is not the saved run's continuation).
+fn differences(saved_toml: &str, saved_world: usize, cfg: &Config, world: usize) -> Vec<String> {
+    let Ok(saved) = Config::from_toml_str(saved_toml, "the checkpoint's config") else {
+        return vec![];
+    };
+    let mut notes = vec![];
+    let table = |c: &Config| toml::Value::try_from(&c.train).ok().and_then(|v| v.as_table().cloned());
+    if let (Some(old), Some(new)) = (table(&saved), table(cfg)) {
+        let changed: Vec<String> = new
+            .iter()
+            .filter(|(k, v)| k.as_str() != "steps" && old.get(*k) != Some(*v))
+            .map(|(k, v)| {
+                format!("train.{k} = {v} (was {})", old.get(k).map(|o| o.to_string()).unwrap_or("unset".into()))
+            })
+            .collect();
+        if !changed.is_empty() {
+            notes.push(format!("changed since the checkpoint was saved: {}", changed.join(", ")));
+        }
+        if saved.train.steps != cfg.train.steps {
+            notes.push(format!(
+                "train.steps = {} (the saved run had {}): from here on the learning rate follows the schedule of {} \
+                 steps (warmup, then cosine decay to min_lr at the last step)",
+                cfg.train.steps, saved.train.steps, cfg.train.steps
+            ));
+        }
+    }
+    let rows = |c: &Config, w: usize| c.train.micro_batch * c.train.grad_accum * w;
+    let (before, now) = (rows(&saved, saved_world), rows(cfg, world));
+    if before != now {
+        notes.push(format!(
+            "the global batch is {now} sequences (micro_batch × grad_accum × ranks); the saved run used {before}: \
+             keep it equal for the same training trajectory"
+        ));
+    }
+    notes
+}
