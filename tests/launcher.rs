@@ -291,12 +291,21 @@ fn bad_config_stops_before_any_rank_starts() {
 }
 
 #[test]
-fn gpus_are_reported_not_built() {
+fn gpus_without_cuda_are_refused_before_any_rank_starts() {
+    // On a machine without the CUDA libraries (CI) `--gpus` must say what is missing and start
+    // nothing; on a GPU machine this test is skipped with a message (scripts/gpu-test.sh covers it).
+    let cuda_here = ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists());
+    if cuda_here {
+        eprintln!("skipped: this machine has a CUDA driver; GPU behaviour is tested by scripts/gpu-test.sh");
+        return;
+    }
     let job = Job::new();
     let run = run_launcher(&["--gpus".into(), "1".into(), job.config.display().to_string()], &[]);
-    assert_ne!(run.code(), Some(0));
+    assert_eq!(run.code(), Some(2));
     let stderr = run.stderr();
-    assert!(stderr.contains("CUDA backend is not built") && stderr.contains("--cpus"), "{stderr}");
+    assert!(stderr.contains("--gpus") && stderr.contains("libcuda") && stderr.contains("LD_LIBRARY_PATH"), "{stderr}");
     assert!(!job.out().join("logs/rank0.log").exists());
 }
 

@@ -151,6 +151,9 @@ pub struct WorkerArgs {
     /// Which backend this rank computes on.
     #[arg(long, value_enum)]
     pub device: Device,
+    /// Index of this rank on its node (the GPU it uses).
+    #[arg(long, default_value_t = 0)]
+    pub local_rank: u32,
     /// Continue from this checkpoint directory (validated by the launcher).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,

@@ -15,6 +15,7 @@ mod cli;
 mod device;
 mod export;
 mod fault;
+mod gpu;
 mod memory;
 mod metrics;
 mod prepare;

@@ -22,12 +22,17 @@ pub enum MemoryDevice {
     /// The CPU backend: every parameter, gradient, optimizer and activation element is an f32,
     /// and attention keeps its full softmax.
     Cpu,
+    /// The CUDA backend: bf16 parameters and activations, fp32 gradients and optimizer state,
+    /// flash attention (one fp32 log-sum-exp per row). Tracked buffers only: the CUDA context,
+    /// cuBLAS workspace and NCCL buffers come on top (metrics.jsonl reports them as `untracked`).
+    Gpu,
 }
 
 impl MemoryDevice {
     pub fn name(self) -> &'static str {
         match self {
             MemoryDevice::Cpu => "cpu",
+            MemoryDevice::Gpu => "gpu",
         }
     }
 
@@ -35,6 +40,7 @@ impl MemoryDevice {
     pub fn model(self) -> DeviceModel {
         match self {
             MemoryDevice::Cpu => DeviceModel::cpu(),
+            MemoryDevice::Gpu => DeviceModel::cuda(),
         }
     }
 
@@ -44,6 +50,10 @@ impl MemoryDevice {
             MemoryDevice::Cpu => {
                 "the CPU backend's f32 accounting: parameters, gradients, AdamW master/m/v, activations and \
                  communication buffers are all 4-byte floats, and attention keeps its full B·heads·T·T softmax"
+            }
+            MemoryDevice::Gpu => {
+                "the CUDA backend's accounting: bf16 parameters and activations, fp32 gradients, master weights and \
+                 AdamW moments, flash attention; the CUDA context, cuBLAS workspace and NCCL buffers come on top"
             }
         }
     }

@@ -34,6 +34,13 @@ pub struct RankMemory {
     pub peak_total: u64,
     /// The categories at the moment of that peak.
     pub peak: MemoryBytes,
+    /// GPU ranks: bytes the driver reports in use on this rank's GPU (cuMemGetInfo).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_used: Option<u64>,
+    /// GPU ranks: `device_used` minus the tracked total — the CUDA context, library
+    /// workspaces and NCCL buffers the ledger does not own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untracked: Option<i64>,
 }
 
 /// One line of `metrics.jsonl`: a step as seen by the whole job.
@@ -76,6 +83,8 @@ impl StepRecord {
                     total: c.total(),
                     peak_total: m.memory.peak_total,
                     peak: m.memory.peak,
+                    device_used: m.device.map(|d| d.used),
+                    untracked: m.device.map(|d| d.used as i64 - c.total() as i64),
                 }
             })
             .collect();
@@ -244,6 +253,7 @@ mod tests {
             step_time_s: time,
             val_loss: None,
             memory: MemoryReport { current: bytes, peak: bytes, peak_total: params },
+            device: None,
         }
     }
 

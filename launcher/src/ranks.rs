@@ -48,6 +48,8 @@ pub fn spawn_all(
             .arg(bind_host)
             .arg("--device")
             .arg(plan.device.name())
+            .arg("--local-rank")
+            .arg((rank - plan.first_rank).to_string())
             .args(plan.resume.iter().flat_map(|r| [std::ffi::OsStr::new("--resume"), r.dir.as_os_str()]))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -43,6 +43,8 @@ pub struct RunPlan {
     pub metrics_path: PathBuf,
     /// `--resume`: the validated checkpoint every rank continues from.
     pub resume: Option<Resume>,
+    /// GPU jobs: the NCCL unique id node 0 hands every rank in `Start`.
+    pub nccl_id: Option<Vec<u8>>,
 }
 
 impl RunPlan {
@@ -68,6 +70,15 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let (device, local_ranks) = args.device();
     if let Some(reason) = device.unavailable_reason() {
         return Err(SetupError(reason));
+    }
+    let mut nccl_id = None;
+    if device == Device::Gpu {
+        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
+        let found = crate::gpu::preflight(local_ranks).map_err(SetupError)?;
+        println!("launcher: {found}");
+        if args.node_rank == 0 {
+            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
+        }
     }
     let (nnodes, node_rank) = (args.nnodes as usize, args.node_rank as usize);
     if node_rank >= nnodes {
@@ -125,6 +136,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         resolved_config,
         metrics_path,
         resume,
+        nccl_id,
     })
 }
 

@@ -187,7 +187,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                         if let Some(a) = &acceptor {
                             a.abort();
                         }
-                        send_start(&mut ranks, &progress).await;
+                        send_start(&mut ranks, &progress, &plan.nccl_id).await;
                     }
                 }
                 ConnEvent::Msg { rank, msg } => match msg {
@@ -308,9 +308,9 @@ fn finished(plan: &RunPlan, ranks: &[RankState]) -> bool {
 }
 
 /// Tell every rank the group's addresses; a rank that cannot be told has failed.
-async fn send_start(ranks: &mut [RankState], progress: &Progress) {
+async fn send_start(ranks: &mut [RankState], progress: &Progress, nccl_id: &Option<Vec<u8>>) {
     let peers: Vec<String> = ranks.iter().map(|r| r.data_addr.clone().unwrap_or_default()).collect();
-    let start = Msg::Start { world: ranks.len() as u32, peers, nccl_id: None };
+    let start = Msg::Start { world: ranks.len() as u32, peers, nccl_id: nccl_id.clone() };
     for (rank, r) in ranks.iter_mut().enumerate() {
         if let Some(w) = r.writer.as_mut() {
             if let Err(e) = protocol::send_async(w, &start).await {

@@ -122,17 +122,18 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
     protocol::send(control, &Msg::hello(args.rank, data_addr.to_string()))
         .map_err(|e| format!("cannot send hello to the launcher: {e}"))?;
 
-    let peers = match protocol::recv(control).map_err(|e| format!("waiting for Start from the launcher: {e}"))? {
-        Msg::Start { world: w, peers, nccl_id: _ } if w as usize == world && peers.len() == world => peers,
-        Msg::Start { world: w, peers, .. } => {
-            return Err(format!(
-                "the launcher started a world of {w} ranks with {} peers but this rank was told --world {world}",
-                peers.len()
-            )
-            .into())
-        }
-        other => return Err(format!("expected Start from the launcher, got {other:?}").into()),
-    };
+    let (peers, nccl_id) =
+        match protocol::recv(control).map_err(|e| format!("waiting for Start from the launcher: {e}"))? {
+            Msg::Start { world: w, peers, nccl_id } if w as usize == world && peers.len() == world => (peers, nccl_id),
+            Msg::Start { world: w, peers, .. } => {
+                return Err(format!(
+                    "the launcher started a world of {w} ranks with {} peers but this rank was told --world {world}",
+                    peers.len()
+                )
+                .into())
+            }
+            other => return Err(format!("expected Start from the launcher, got {other:?}").into()),
+        };
     let peers: Vec<SocketAddr> = peers
         .iter()
         .map(|p| p.parse().map_err(|e| format!("the launcher sent a bad peer address {p:?}: {e}")))
@@ -145,25 +146,32 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
         .map_err(|e| Failure { peer: lost_peer(&e), message: format!("cannot connect the data-plane group: {e}") })?;
     println!("rank {rank}/{world}: group connected");
 
+    let total = cfg.train.steps;
+    let mut on_step = |m: &trainer::StepMetrics| -> Result<(), TrainError> {
+        println!(
+            "rank {rank} step {}/{total} loss {:.6} lr {:.3e} grad_norm {:.4} time {:.3}s",
+            m.step, m.loss, m.lr, m.grad_norm, m.step_time_s
+        );
+        protocol::send(control, &Msg::Step { rank: args.rank, metrics: m.clone() })
+            .map_err(|e| TrainError::Stopped(format!("lost the launcher connection: {e}")))?;
+        if let Some(f) = &fault {
+            f.trigger(rank, m.step);
+        }
+        Ok(())
+    };
+    let resume = args.resume.as_deref();
     let result = match args.device {
         Device::Cpu => {
             let mut comm = HostComm(comm);
-            let total = cfg.train.steps;
-            let mut on_step = |m: &trainer::StepMetrics| -> Result<(), TrainError> {
-                println!(
-                    "rank {rank} step {}/{total} loss {:.6} lr {:.3e} grad_norm {:.4} time {:.3}s",
-                    m.step, m.loss, m.lr, m.grad_norm, m.step_time_s
-                );
-                protocol::send(control, &Msg::Step { rank: args.rank, metrics: m.clone() })
-                    .map_err(|e| TrainError::Stopped(format!("lost the launcher connection: {e}")))?;
-                if let Some(f) = &fault {
-                    f.trigger(rank, m.step);
-                }
-                Ok(())
-            };
-            trainer::train::train_from(&cfg, &CpuBackend, &mut comm, &data_path, args.resume.as_deref(), &mut on_step)
+            trainer::train::train_from(&cfg, &CpuBackend, &mut comm, &data_path, resume, &mut on_step)
         }
-        Device::Gpu => return Err(Device::Gpu.unavailable_reason().unwrap_or_default().into()),
+        Device::Gpu => {
+            // Collectives go through NCCL; the TCP group stays open (unused) until the end. A
+            // rank that dies is noticed by the launcher (process exit), which stops the rest.
+            let _host_group = comm;
+            let id = nccl_id.ok_or_else(|| "the launcher sent no NCCL id for a GPU job".to_string())?;
+            crate::gpu::train_rank(&cfg, &data_path, resume, rank, world, args.local_rank as usize, &id, &mut on_step)
+        }
     };
     finished.store(true, Ordering::SeqCst);
     result.map(|_| ()).map_err(Failure::from)

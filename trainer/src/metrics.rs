@@ -21,4 +21,15 @@ pub struct StepMetrics {
     pub val_loss: Option<f64>,
     /// This rank's memory by category.
     pub memory: MemoryReport,
+    /// What the device driver says this process's GPU holds (`None` on the CPU backend).
+    #[serde(default)]
+    pub device: Option<DeviceMemory>,
+}
+
+/// Device memory as the driver reports it (cuMemGetInfo): everything resident on the GPU,
+/// including what the ledger does not own (CUDA context, cuBLAS workspace, NCCL buffers).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub used: u64,
+    pub total: u64,
 }

@@ -136,6 +136,7 @@ impl<B: Backend> Trainer<B> {
             step_time_s,
             val_loss,
             memory: self.engine.memory(),
+            device: be.device_memory().map(|(used, total)| crate::metrics::DeviceMemory { used, total }),
         })
     }
 

@@ -255,6 +255,11 @@ pub trait Backend {
     ) -> BResult<()>;
     /// Wait until queued device work is done (a no-op on the CPU).
     fn synchronize(&self) -> BResult<()>;
+    /// Device memory in use and in total as the driver reports it; `None` where there is
+    /// no separate device memory (the CPU backend).
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// Element sizes of a backend's buffer roles.

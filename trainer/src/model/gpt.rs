@@ -23,8 +23,9 @@ struct BlockActs<B: Backend> {
     ln2: B::Buf,
     ln2_mean: B::F32,
     ln2_rstd: B::F32,
+    /// MLP hidden pre-activation. GELU(fch) is not saved: backward recomputes it
+    /// (one cheap element-wise pass) to save 4·C values per token per layer.
     fch: B::Buf,
-    fch_gelu: B::Buf,
 }
 
 /// Backward scratch shared by all blocks.
@@ -50,6 +51,8 @@ pub struct Gpt<B: Backend> {
     acts: Vec<BlockActs<B>>,
     act_slot: Vec<usize>,
     tmp: B::Buf,
+    /// GELU output of the block being computed (forward), shared by all blocks.
+    gelu_out: B::Buf,
     recompute_out: B::Buf,
     lnf: B::Buf,
     lnf_mean: B::F32,
@@ -82,6 +85,7 @@ impl<B: Backend> Gpt<B> {
         let resid =
             (0..=l).map(|_| buf(n * c, "residual stream", Category::Activations)).collect::<BResult<Vec<_>>>()?;
         let tmp = buf(n * c, "block scratch", Category::Activations)?;
+        let gelu_out = buf(n * 4 * c, "gelu output", Category::Activations)?;
         let recompute_out = buf(n * c, "recompute scratch", Category::Activations)?;
         let lnf = buf(n * c, "final layernorm", Category::Activations)?;
         let logits = buf(n * cfg.vocab_size, "logits", Category::Activations)?;
@@ -129,7 +133,6 @@ impl<B: Backend> Gpt<B> {
             let resid2 = bb(n * c, "residual")?;
             let ln2 = bb(n * c, "ln2")?;
             let fch = bb(n * 4 * c, "mlp hidden")?;
-            let fch_gelu = bb(n * 4 * c, "mlp gelu")?;
             let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
                 ledger.alloc(Category::Activations, len * sz.f32);
                 be.alloc_f32(len, what)
@@ -146,7 +149,6 @@ impl<B: Backend> Gpt<B> {
                 ln2_mean: ff(n, "ln2 mean")?,
                 ln2_rstd: ff(n, "ln2 rstd")?,
                 fch,
-                fch_gelu,
             });
         }
         ledger.alloc(Category::Workspace, 2 * n * 4);
@@ -161,6 +163,7 @@ impl<B: Backend> Gpt<B> {
             acts,
             act_slot,
             tmp,
+            gelu_out,
             recompute_out,
             lnf,
             lnf_mean,
@@ -205,7 +208,17 @@ impl<B: Backend> Gpt<B> {
             eng.gather(be, comm, u)?;
             let (x, rest) = self.resid.split_at_mut(layer + 1);
             let acts = &mut self.acts[self.act_slot[layer]];
-            block_forward(be, eng.params(u), &self.locs, s, &x[layer], &mut rest[0], acts, &mut self.tmp)?;
+            block_forward(
+                be,
+                eng.params(u),
+                &self.locs,
+                s,
+                &x[layer],
+                &mut rest[0],
+                acts,
+                &mut self.tmp,
+                &mut self.gelu_out,
+            )?;
             eng.release(u);
         }
         eng.gather(be, comm, 0)?;
@@ -268,6 +281,7 @@ impl<B: Backend> Gpt<B> {
                     &mut self.recompute_out,
                     &mut self.acts[slot],
                     &mut self.tmp,
+                    &mut self.gelu_out,
                 )?;
             }
             let (p, gr) = eng.params_and_grads(be, u)?;
@@ -293,6 +307,7 @@ fn block_forward<B: Backend>(
     out: &mut B::Buf,
     a: &mut BlockActs<B>,
     tmp: &mut B::Buf,
+    gelu_out: &mut B::Buf,
 ) -> BResult<()> {
     let c = s.c;
     let n = s.b * s.t;
@@ -303,8 +318,8 @@ fn block_forward<B: Backend>(
     be.residual_fwd(&mut a.resid2, x, tmp, n * c)?;
     be.layernorm_fwd(&mut a.ln2, &mut a.ln2_mean, &mut a.ln2_rstd, &a.resid2, p, k.ln2_w, k.ln2_b, n, c)?;
     be.matmul_fwd(&mut a.fch, &a.ln2, p, k.fc_w, Some(k.fc_b), n, c, 4 * c)?;
-    be.gelu_fwd(&mut a.fch_gelu, &a.fch, n * 4 * c)?;
-    be.matmul_fwd(tmp, &a.fch_gelu, p, k.fc2_w, Some(k.fc2_b), n, 4 * c, c)?;
+    be.gelu_fwd(gelu_out, &a.fch, n * 4 * c)?;
+    be.matmul_fwd(tmp, gelu_out, p, k.fc2_w, Some(k.fc2_b), n, 4 * c, c)?;
     be.residual_fwd(out, &a.resid2, tmp, n * c)?;
     Ok(())
 }
@@ -323,8 +338,9 @@ fn block_backward<B: Backend>(
 ) -> BResult<()> {
     let c = s.c;
     let n = s.b * s.t;
-    // MLP
-    be.matmul_bwd(&mut g.dbig1, gr, k.fc2_w, Some(k.fc2_b), &g.dres, &a.fch_gelu, p, k.fc2_w, n, 4 * c, c)?;
+    // MLP: recompute GELU(fch) into dbig2 (not saved in forward), then backprop through fc2 and GELU.
+    be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
+    be.matmul_bwd(&mut g.dbig1, gr, k.fc2_w, Some(k.fc2_b), &g.dres, &g.dbig2, p, k.fc2_w, n, 4 * c, c)?;
     be.gelu_bwd(&mut g.dbig2, &a.fch, &g.dbig1, n * 4 * c)?;
     be.matmul_bwd(&mut g.dln, gr, k.fc_w, Some(k.fc_b), &g.dbig2, &a.ln2, p, k.fc_w, n, c, 4 * c)?;
     // dres += through ln2 (the residual branch already carries dres itself)

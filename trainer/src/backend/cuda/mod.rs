@@ -526,4 +526,10 @@ impl Backend for CudaBackend {
         self.stream.synchronize().map_err(|e| self.err("synchronizing", e))?;
         self.ctx.check_err().map_err(|e| self.err("a deferred CUDA error", e))
     }
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        // Process-wide view of this device (context, library workspaces, NCCL, our buffers).
+        self.ctx.bind_to_thread().ok()?;
+        let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+        Some(((total - free) as u64, total as u64))
+    }
 }

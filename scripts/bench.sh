@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Benchmarks: shardtrain and the PyTorch FSDP2/DDP reference on the same GPUs, same model,
+# same batch, in the same call (so both see the same machine). Run on the GPU machine:
+#
+#   scripts/bench.sh [124m|1.5b|all]     # expects .carry/launcher and .carry/fsdp_gpt2.py
+#
+# Prints a Markdown table (tokens/s per GPU, MFU vs 989 TFLOP/s bf16 dense, step time,
+# peak memory per rank) and writes raw logs to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+BIN=${BIN:-.carry}
+WHAT=${1:-all}
+NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
+STEPS=${STEPS:-30}
+
+ours() { # name config stage batch extra...
+    local name=$1 cfg=$2 stage=$3 batch=$4; shift 4
+    "$BIN/launcher" --gpus "$NGPU" "$cfg" --set zero.stage="$stage" --set train.micro_batch="$batch" \
+        --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.eval_every=0 --set checkpoint.every=0 \
+        --set "output.dir=\"$OUT/$name\"" "$@" > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
+}
+ref() { # name mode layers embd heads batch extra...
+    local name=$1 mode=$2 l=$3 c=$4 h=$5 b=$6; shift 6
+    torchrun --standalone --nproc_per_node="$NGPU" "$BIN/fsdp_gpt2.py" --mode "$mode" --layers "$l" --embd "$c" \
+        --heads "$h" --batch "$b" --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 || echo "reference $name failed"
+}
+
+if [[ $WHAT == 124m || $WHAT == all ]]; then
+    ours ours-124m-z1 configs/gpt2-124m.toml 1 16
+    ours ours-124m-z3 configs/gpt2-124m.toml 3 16
+    ref ref-124m-fsdp fsdp 12 768 12 16
+    ref ref-124m-ddp ddp 12 768 12 16
+fi
+if [[ $WHAT == 1.5b || $WHAT == all ]]; then
+    ours ours-1.5b-z3 configs/gpt2-1.5b.toml 3 8
+    ours ours-1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
+    ref ref-1.5b-fsdp fsdp 48 1600 25 8
+    ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt
+fi
+
+python3 - "$OUT" "$NGPU" <<'PY'
+import json, glob, os, statistics, sys
+out, ngpu = sys.argv[1], int(sys.argv[2])
+GiB = 2**30
+def model_flops(L, C, V, T):
+    n = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C)
+    return 6 * (n - T * C) + 12 * L * T * C
+rows = []
+for d in sorted(glob.glob(f"{out}/ours-*/metrics.jsonl")):
+    name = d.split("/")[-2]
+    cfg = open(f"{out}/{name}/config.resolved.toml").read()
+    get = lambda k: int(next(l.split("=")[1].split("#")[0] for l in cfg.splitlines() if l.strip().startswith(k + " ")))
+    L, C, V, T = get("n_layer"), get("n_embd"), get("vocab_size"), get("seq_len")
+    recs = [json.loads(l) for l in open(d)]
+    steady = recs[5:] or recs
+    dt = statistics.median(r["step_time_s"] for r in steady)
+    tok = recs[-1]["tokens"] / ngpu / dt
+    peak = max(m.get("peak_total", 0) for r in recs for m in r["memory"]) / GiB
+    dev = max((m.get("device_used", 0) or 0) for r in recs for m in r["memory"]) / GiB
+    rows.append((name, tok, tok * model_flops(L, C, V, T) / 989e12, dt * 1e3, peak, dev))
+for f in sorted(glob.glob(f"{out}/ref-*.log")):
+    for line in open(f):
+        if line.startswith("RESULT"):
+            r = json.loads(line[7:])
+            if r["rank"] == 0:
+                rows.append((r["tag"], r["tok_s_rank"], r["mfu"], r["step_ms"], r["peak_alloc_GiB"], r["peak_reserved_GiB"]))
+print(f"| run ({ngpu} GPUs) | tokens/s per GPU | MFU | step ms | peak GiB (tracked / allocated) | device GiB (driver / reserved) |")
+print("|---|---|---|---|---|---|")
+for name, tok, mfu, ms, peak, dev in rows:
+    print(f"| {name} | {tok/1e3:.1f}k | {100*mfu:.1f}% | {ms:.1f} | {peak:.2f} | {dev:.2f} |")
+PY
