@@ -53,6 +53,17 @@ pub enum CommError {
     Other(String),
 }
 
+/// A collective that may still be running (see [`Communicator::all_gather_start`]).
+/// Hand it to [`Group::wait`] before reading the collective's output.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "wait for a started collective before reading its output"]
+pub struct Pending(pub u64);
+
+impl Pending {
+    /// A collective that already completed (synchronous implementations).
+    pub const DONE: Pending = Pending(0);
+}
+
 /// Rank identity and synchronisation, independent of buffer type.
 pub trait Group {
     /// This process's rank in `0..world()`.
@@ -61,6 +72,13 @@ pub trait Group {
     fn world(&self) -> usize;
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// Order later work after the started collective `p` (on a GPU: the compute stream
+    /// waits for the communication stream's event; no host wait). Synchronous
+    /// implementations have nothing to wait for.
+    fn wait(&mut self, p: Pending) -> Result<(), CommError> {
+        let _ = p;
+        Ok(())
+    }
 }
 
 /// Collectives on buffers of type `B` (e.g. `[f32]` on the host, a device slice on GPU).
@@ -73,4 +91,16 @@ pub trait Communicator<B: ?Sized>: Group {
     fn all_reduce(&mut self, buf: &mut B, op: ReduceOp) -> Result<(), CommError>;
     /// Copy `root`'s `buf` to every rank.
     fn broadcast(&mut self, buf: &mut B, root: usize) -> Result<(), CommError>;
+    /// Start an all-gather that may overlap later compute (the ZeRO-3 prefetch). `send`
+    /// and `recv` must stay untouched until [`Group::wait`] on the result. Default: synchronous.
+    fn all_gather_start(&mut self, send: &B, recv: &mut B) -> Result<Pending, CommError> {
+        self.all_gather(send, recv)?;
+        Ok(Pending::DONE)
+    }
+    /// Start a reduce-scatter that may overlap later compute (gradients of a finished
+    /// block while backward continues). Default: synchronous.
+    fn reduce_scatter_start(&mut self, send: &B, recv: &mut B, op: ReduceOp) -> Result<Pending, CommError> {
+        self.reduce_scatter(send, recv, op)?;
+        Ok(Pending::DONE)
+    }
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::{self, Comm, Id, NcclType};
 
-use crate::{CommError, Communicator, Group, ReduceOp};
+use crate::{CommError, Communicator, Group, Pending, ReduceOp};
 
 /// Bytes in an NCCL unique id.
 pub const NCCL_ID_BYTES: usize = 128;
@@ -103,7 +103,15 @@ fn red_op(op: ReduceOp) -> nccl::ReduceOp {
 /// One rank of an NCCL communicator. Not `Send`: use it on the thread that made it.
 pub struct NcclComm {
     comm: Comm,
+    /// The compute stream: device collectives are ordered after the work queued on it so
+    /// far, and (synchronous ones) before anything queued on it afterwards.
     stream: Arc<CudaStream>,
+    /// The communication stream every collective runs on, so started collectives
+    /// (`*_start`) overlap the compute stream's work.
+    comm_stream: Arc<CudaStream>,
+    /// Completion events of started collectives, by `Pending` id.
+    in_flight: Vec<(u64, cudarc::driver::CudaEvent)>,
+    next_id: u64,
     rank: usize,
     world: usize,
     /// Device staging for the `[f32]` (host) collectives; grown on demand.
@@ -137,13 +145,42 @@ impl NcclComm {
         }
         // NCCL uses the calling thread's current device.
         stream.context().bind_to_thread().map_err(|e| cuda_err("init", e))?;
-        let comm = Comm::from_rank(stream.clone(), rank, world, Id::uninit(raw)).map_err(|e| nccl_err("init", e))?;
-        Ok(NcclComm { comm, stream, rank, world, staging: None })
+        let comm_stream = stream.context().new_stream().map_err(|e| cuda_err("init", e))?;
+        let comm =
+            Comm::from_rank(comm_stream.clone(), rank, world, Id::uninit(raw)).map_err(|e| nccl_err("init", e))?;
+        Ok(NcclComm { comm, stream, comm_stream, in_flight: Vec::new(), next_id: 1, rank, world, staging: None })
     }
 
-    /// The stream the collectives are enqueued on.
+    /// The compute stream the collectives are ordered with.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Make the communication stream wait for everything queued on the compute stream
+    /// (inputs written, and earlier readers of the output buffer done).
+    fn after_compute(&self, op: &'static str) -> Result<(), CommError> {
+        let ev = self.stream.record_event(None).map_err(|e| cuda_err(op, e))?;
+        self.comm_stream.wait(&ev).map_err(|e| cuda_err(op, e))
+    }
+
+    /// Event marking the end of the last collective queued on the communication stream.
+    fn done_event(&self, op: &'static str) -> Result<cudarc::driver::CudaEvent, CommError> {
+        self.comm_stream.record_event(None).map_err(|e| cuda_err(op, e))
+    }
+
+    /// Synchronous semantics: later compute-stream work waits for the collective.
+    fn join(&self, op: &'static str) -> Result<(), CommError> {
+        let ev = self.done_event(op)?;
+        self.stream.wait(&ev).map_err(|e| cuda_err(op, e))
+    }
+
+    /// Started semantics: remember the completion event for `Group::wait`.
+    fn pending(&mut self, op: &'static str) -> Result<Pending, CommError> {
+        let ev = self.done_event(op)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.in_flight.push((id, ev));
+        Ok(Pending(id))
     }
 
     fn bad_size(&self, op: &'static str, detail: String) -> CommError {
@@ -155,14 +192,15 @@ impl NcclComm {
     fn staged(&mut self, n: usize) -> Result<(&Comm, &Arc<CudaStream>, &mut CudaSlice<f32>), CommError> {
         if self.staging.as_ref().is_none_or(|s| s.len() < n) {
             self.staging = None;
-            let s = self.stream.alloc_zeros::<f32>(n.max(64)).map_err(|e| cuda_err("alloc staging", e))?;
+            let s = self.comm_stream.alloc_zeros::<f32>(n.max(64)).map_err(|e| cuda_err("alloc staging", e))?;
             self.staging = Some(s);
         }
-        Ok((&self.comm, &self.stream, self.staging.as_mut().expect("allocated above")))
+        Ok((&self.comm, &self.comm_stream, self.staging.as_mut().expect("allocated above")))
     }
 
+    /// Host collectives: wait on the host for the communication stream.
     fn sync(&self, op: &'static str) -> Result<(), CommError> {
-        self.stream.synchronize().map_err(|e| cuda_err(op, e))
+        self.comm_stream.synchronize().map_err(|e| cuda_err(op, e))
     }
 
     fn dev_all_gather<T: NcclType>(&mut self, send: &CudaSlice<T>, recv: &mut CudaSlice<T>) -> Result<(), CommError> {
@@ -176,6 +214,7 @@ impl NcclComm {
         if n == 0 {
             return Ok(());
         }
+        self.after_compute("all_gather")?;
         self.comm.all_gather(send, recv).map_err(|e| nccl_err("all_gather", e))?;
         Ok(())
     }
@@ -196,6 +235,7 @@ impl NcclComm {
         if n == 0 {
             return Ok(());
         }
+        self.after_compute("reduce_scatter")?;
         self.comm.reduce_scatter(send, recv, &red_op(op)).map_err(|e| nccl_err("reduce_scatter", e))?;
         Ok(())
     }
@@ -204,6 +244,7 @@ impl NcclComm {
         if buf.is_empty() {
             return Ok(());
         }
+        self.after_compute("all_reduce")?;
         self.comm.all_reduce_in_place(buf, &red_op(op)).map_err(|e| nccl_err("all_reduce", e))?;
         Ok(())
     }
@@ -215,6 +256,7 @@ impl NcclComm {
         if buf.is_empty() {
             return Ok(());
         }
+        self.after_compute("broadcast")?;
         self.comm.broadcast_in_place(buf, root as i32).map_err(|e| nccl_err("broadcast", e))?;
         Ok(())
     }
@@ -230,26 +272,56 @@ impl Group for NcclComm {
     /// An all-reduce of one element, then a wait for it: every rank has arrived once
     /// it completes.
     fn barrier(&mut self) -> Result<(), CommError> {
+        self.after_compute("barrier")?;
         let (comm, stream, s) = self.staged(1)?;
         let mut one = s.slice_mut(0..1);
         stream.memcpy_htod(&[1.0f32], &mut one).map_err(|e| cuda_err("barrier", e))?;
         comm.all_reduce_in_place(&mut one, &nccl::ReduceOp::Sum).map_err(|e| nccl_err("barrier", e))?;
         self.sync("barrier")
     }
+    fn wait(&mut self, p: Pending) -> Result<(), CommError> {
+        if p == Pending::DONE {
+            return Ok(());
+        }
+        let k = self
+            .in_flight
+            .iter()
+            .position(|(id, _)| *id == p.0)
+            .ok_or_else(|| CommError::Other(format!("wait on unknown or already-waited collective #{}", p.0)))?;
+        let (_, ev) = self.in_flight.swap_remove(k);
+        self.stream.wait(&ev).map_err(|e| cuda_err("wait", e))
+    }
 }
 
 impl<T: NcclType> Communicator<CudaSlice<T>> for NcclComm {
     fn all_gather(&mut self, send: &CudaSlice<T>, recv: &mut CudaSlice<T>) -> Result<(), CommError> {
-        self.dev_all_gather(send, recv)
+        self.dev_all_gather(send, recv)?;
+        self.join("all_gather")
     }
     fn reduce_scatter(&mut self, send: &CudaSlice<T>, recv: &mut CudaSlice<T>, op: ReduceOp) -> Result<(), CommError> {
-        self.dev_reduce_scatter(send, recv, op)
+        self.dev_reduce_scatter(send, recv, op)?;
+        self.join("reduce_scatter")
     }
     fn all_reduce(&mut self, buf: &mut CudaSlice<T>, op: ReduceOp) -> Result<(), CommError> {
-        self.dev_all_reduce(buf, op)
+        self.dev_all_reduce(buf, op)?;
+        self.join("all_reduce")
     }
     fn broadcast(&mut self, buf: &mut CudaSlice<T>, root: usize) -> Result<(), CommError> {
-        self.dev_broadcast(buf, root)
+        self.dev_broadcast(buf, root)?;
+        self.join("broadcast")
+    }
+    fn all_gather_start(&mut self, send: &CudaSlice<T>, recv: &mut CudaSlice<T>) -> Result<Pending, CommError> {
+        self.dev_all_gather(send, recv)?;
+        self.pending("all_gather")
+    }
+    fn reduce_scatter_start(
+        &mut self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<Pending, CommError> {
+        self.dev_reduce_scatter(send, recv, op)?;
+        self.pending("reduce_scatter")
     }
 }
 

@@ -72,6 +72,7 @@ impl<B: Backend> Trainer<B> {
                 Engine::with_init(be, layout, cfg.zero.stage, rank, world, &mut |u| hf.unit_values(&l2, u))?
             }
         };
+        engine.prefetch = cfg.zero.prefetch_blocks;
         let model =
             Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;

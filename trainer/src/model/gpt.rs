@@ -198,14 +198,18 @@ impl<B: Backend> Gpt<B> {
         be.upload_tokens(inputs, &mut self.tokens)?;
         be.upload_tokens(targets, &mut self.targets)?;
         let e = eng.layout.embed;
+        // Units in the order this micro-step gathers them; stage 3 starts the next
+        // `zero.prefetch_blocks` all-gathers early so they overlap compute.
+        let order = gather_order(l, dloss_scale.is_some());
+        let mut pos = 0usize;
 
         // ---- forward ----
-        eng.gather(be, comm, 0)?;
+        gather_at(be, eng, comm, &order, &mut pos)?;
         be.encoder_fwd(&mut self.resid[0], &self.tokens, eng.params(0), e.wte, e.wpe, s.b, t, c)?;
         eng.release(0);
         for layer in 0..l {
             let u = ModelLayout::block_unit(layer);
-            eng.gather(be, comm, u)?;
+            gather_at(be, eng, comm, &order, &mut pos)?;
             let (x, rest) = self.resid.split_at_mut(layer + 1);
             let acts = &mut self.acts[self.act_slot[layer]];
             block_forward(
@@ -221,7 +225,7 @@ impl<B: Backend> Gpt<B> {
             )?;
             eng.release(u);
         }
-        eng.gather(be, comm, 0)?;
+        gather_at(be, eng, comm, &order, &mut pos)?;
         {
             let p = eng.params(0);
             be.layernorm_fwd(
@@ -269,7 +273,7 @@ impl<B: Backend> Gpt<B> {
         eng.release(0);
         for layer in (0..l).rev() {
             let u = ModelLayout::block_unit(layer);
-            eng.gather(be, comm, u)?;
+            gather_at(be, eng, comm, &order, &mut pos)?;
             let slot = self.act_slot[layer];
             if self.ckpt.is_checkpointed(layer) {
                 block_forward(
@@ -294,6 +298,34 @@ impl<B: Backend> Gpt<B> {
         eng.unit_backward_done(be, comm, 0)?;
         Ok(mean_loss)
     }
+}
+
+/// Units in the order one micro-step uses them: embedding, blocks, head (unit 0 again),
+/// then — with backward — the blocks in reverse.
+fn gather_order(n_layer: usize, backward: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = std::iter::once(0).chain((0..n_layer).map(ModelLayout::block_unit)).collect();
+    order.push(0);
+    if backward {
+        order.extend((0..n_layer).rev().map(ModelLayout::block_unit));
+    }
+    order
+}
+
+/// Gather `order[*pos]` (waiting for its prefetch if one is in flight), then start the
+/// all-gathers of the next `eng.prefetch` units, and advance `pos`.
+fn gather_at<B: Backend, C: EngineComm<B>>(
+    be: &B,
+    eng: &mut Engine<B>,
+    comm: &mut C,
+    order: &[usize],
+    pos: &mut usize,
+) -> Result<(), TrainError> {
+    eng.gather(be, comm, order[*pos])?;
+    for &next in order.iter().skip(*pos + 1).take(eng.prefetch) {
+        eng.prefetch_unit(be, comm, next)?;
+    }
+    *pos += 1;
+    Ok(())
 }
 
 /// One transformer block forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`.

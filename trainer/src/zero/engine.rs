@@ -16,7 +16,7 @@ use super::Policy;
 use crate::backend::{AdamWStep, BResult, Backend, Loc};
 use crate::model::{init, ModelLayout};
 use crate::TrainError;
-use collectives::{Communicator, ReduceOp};
+use collectives::{Communicator, Group, Pending, ReduceOp};
 
 /// The collectives the engine needs: on compute buffers, on gradients, and on host scalars.
 pub trait EngineComm<B: Backend>: Communicator<B::Buf> + Communicator<B::Grad> + Communicator<[f32]> {}
@@ -53,6 +53,8 @@ struct Unit<B: Backend> {
     padded: usize,
     /// Full compute parameters (always for stage 0-2; while gathered for stage 3).
     params: Option<B::Buf>,
+    /// Stage 3: the all-gather filling `params` may still be running (prefetch).
+    gather_pending: Option<Pending>,
     /// This rank's compute-parameter shard (stage >= 1).
     param_shard: Option<B::Buf>,
     /// Full gradient accumulation buffer (always for stage 0/1; during backward for 2/3).
@@ -81,6 +83,11 @@ pub struct Engine<B: Backend> {
     /// after the first step, gathers and gradient buffers allocate nothing.
     param_pool: Vec<(usize, B::Buf)>,
     grad_pool: Vec<(usize, B::Grad)>,
+    /// Stage 2/3: the last finished unit's reduce-scatter, still running on the
+    /// communication stream while backward continues: (unit, pending, its full gradient).
+    rs_in_flight: Option<(usize, Pending, B::Grad)>,
+    /// Stage 3: how many units ahead of use to start all-gathers (`zero.prefetch_blocks`).
+    pub prefetch: usize,
     pub ledger: MemoryLedger,
     sizes: crate::backend::ElemBytes,
 }
@@ -180,6 +187,7 @@ impl<B: Backend> Engine<B> {
                 shard,
                 padded,
                 params,
+                gather_pending: None,
                 param_shard,
                 grads,
                 grad_shard,
@@ -208,6 +216,8 @@ impl<B: Backend> Engine<B> {
             rs_scratch,
             param_pool: vec![],
             grad_pool: vec![],
+            rs_in_flight: None,
+            prefetch: 1,
             ledger,
             sizes,
         })
@@ -230,8 +240,19 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Make unit `i`'s full parameters available (stage 3: all-gather its shards).
+    /// Make unit `i`'s full parameters available (stage 3: all-gather its shards, or wait
+    /// for the prefetch that already started it).
     pub fn gather<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
+        self.prefetch_unit(be, comm, i)?;
+        if let Some(p) = self.units[i].gather_pending.take() {
+            Group::wait(comm, p)?;
+        }
+        Ok(())
+    }
+
+    /// Stage 3: start all-gathering unit `i` without waiting, so it overlaps the compute
+    /// that comes before its use (a no-op when it is already gathered or in flight).
+    pub fn prefetch_unit<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
         let u = &mut self.units[i];
         if u.params.is_some() {
             return Ok(());
@@ -248,8 +269,9 @@ impl<B: Backend> Engine<B> {
             }
         };
         let shard = u.param_shard.as_ref().expect("stage 3 keeps a parameter shard");
-        Communicator::<B::Buf>::all_gather(comm, shard, &mut full)?;
+        let p = Communicator::<B::Buf>::all_gather_start(comm, shard, &mut full)?;
         u.params = Some(full);
+        u.gather_pending = Some(p);
         Ok(())
     }
 
@@ -257,6 +279,10 @@ impl<B: Backend> Engine<B> {
     pub fn release(&mut self, i: usize) {
         let u = &mut self.units[i];
         if !self.policy.shard_params {
+            return;
+        }
+        if u.gather_pending.is_some() {
+            // Prefetched but not used yet: the gather that follows waits for it.
             return;
         }
         if let Some(buf) = u.params.take() {
@@ -309,21 +335,40 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Unit `i`'s backward for this micro-step is complete. Stage 2/3: reduce-scatter the
-    /// full gradient into this rank's shard now and free it (gradient memory released
+    /// Unit `i`'s backward for this micro-step is complete. Stage 2/3: start reduce-scattering
+    /// its full gradient into this rank's shard now (it overlaps the next unit's backward);
+    /// the buffer goes back to the pool once that completes (gradient memory released
     /// block by block during backward).
     pub fn unit_backward_done<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
         if !self.policy.shard_grads {
             return Ok(());
         }
-        let u = &mut self.units[i];
-        let Some(full) = u.grads.take() else { return Ok(()) };
+        let Some(full) = self.units[i].grads.take() else { return Ok(()) };
+        // The previous unit's reduction had this unit's backward to finish in; its receive
+        // buffer is free again once its accumulation (queued here) has read it.
+        self.finish_reduce_scatter(be, comm)?;
+        let shard = self.units[i].shard;
         let (_, scratch) = self
             .rs_scratch
             .iter_mut()
+            .find(|(n, _)| *n == shard)
+            .expect("a receive buffer exists for every shard length");
+        let p = Communicator::<B::Grad>::reduce_scatter_start(comm, &full, scratch, ReduceOp::Sum)?;
+        self.rs_in_flight = Some((i, p, full));
+        Ok(())
+    }
+
+    /// Wait for the reduce-scatter in flight (if any), add it to its unit's gradient shard,
+    /// and return its full gradient buffer to the pool.
+    fn finish_reduce_scatter<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
+        let Some((i, p, full)) = self.rs_in_flight.take() else { return Ok(()) };
+        Group::wait(comm, p)?;
+        let u = &mut self.units[i];
+        let (_, scratch) = self
+            .rs_scratch
+            .iter()
             .find(|(n, _)| *n == u.shard)
             .expect("a receive buffer exists for every shard length");
-        Communicator::<B::Grad>::reduce_scatter(comm, &full, scratch, ReduceOp::Sum)?;
         let shard = u.grad_shard.as_mut().expect("sharded stages keep a gradient shard");
         be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
         self.ledger.reassign(Category::Grads, Category::Cached, u.padded * self.sizes.grad);
@@ -341,6 +386,7 @@ impl<B: Backend> Engine<B> {
     ) -> Result<StepStats, TrainError> {
         let (rank, policy) = (self.rank, self.policy);
         // 1. Reduction not yet done during backward.
+        self.finish_reduce_scatter(be, comm)?;
         for u in &mut self.units {
             if !policy.shard_optimizer {
                 let g = u.grads.as_mut().expect("stage 0 keeps full gradients");

@@ -48,6 +48,7 @@ pub fn dry_run(
     let mut comm = MetaComm { rank, world };
     let layout = ModelLayout::new(&cfg.model);
     let mut eng = meta_engine(&be, layout, cfg.zero.stage, rank, world)?;
+    eng.prefetch = cfg.zero.prefetch_blocks;
     let mut model = Gpt::new(&be, &eng.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];
