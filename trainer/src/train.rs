@@ -74,7 +74,8 @@ impl<B: Backend> Trainer<B> {
         };
         engine.prefetch = cfg.zero.prefetch_blocks;
         let model =
-            Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)?;
+            Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)
+                .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         Ok(Trainer { cfg: cfg.clone(), engine, model, sampler, val, inputs: vec![0; n], targets: vec![0; n], step: 0 })
     }
@@ -215,6 +216,30 @@ pub fn check_data_fits(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Res
     Ok(())
 }
 
+/// An out-of-memory error gains what this rank held, by category, and what to change.
+fn with_memory(e: TrainError, held: &crate::zero::MemoryReport) -> TrainError {
+    match e {
+        TrainError::Backend(crate::backend::BackendError::OutOfMemory { .. }) => {
+            let c = held.current;
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            TrainError::Invalid(format!(
+                "{e}; this rank held {:.1} MiB: params {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1}, \
+                 comm {:.1}, workspace {:.1}, cached {:.1}. Lower train.micro_batch, set checkpointing.activations, \
+                 or raise zero.stage (`launcher memory CONFIG --ranks N --device gpu` predicts each choice)",
+                mib(c.total()),
+                mib(c.params),
+                mib(c.grads),
+                mib(c.optimizer),
+                mib(c.activations),
+                mib(c.comm),
+                mib(c.workspace),
+                mib(c.cached)
+            ))
+        }
+        other => other,
+    }
+}
+
 /// Train for `cfg.train.steps` steps, calling `on_step` after each (on every rank).
 pub fn train<B: Backend, C: EngineComm<B> + Group>(
     cfg: &Config,
@@ -244,7 +269,7 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
     let mut losses = Vec::with_capacity(cfg.train.steps);
     let every = cfg.checkpoint.every;
     while trainer.step < cfg.train.steps {
-        let m = trainer.train_step(be, comm)?;
+        let m = trainer.train_step(be, comm).map_err(|e| with_memory(e, &trainer.engine.memory()))?;
         if !m.loss.is_finite() {
             return Err(TrainError::Invalid(format!(
                 "loss became {} at step {}: lower train.lr or enable train.grad_clip",
@@ -258,4 +283,30 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
         }
     }
     Ok(TrainSummary { steps: cfg.train.steps, losses })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BackendError;
+    use crate::zero::{Category, MemoryLedger};
+
+    #[test]
+    fn out_of_memory_names_what_the_rank_held() {
+        let mut ledger = MemoryLedger::default();
+        ledger.alloc(Category::Params, 3 << 20);
+        ledger.alloc(Category::Activations, 5 << 20);
+        let oom = TrainError::Backend(BackendError::OutOfMemory {
+            device: "cuda:1".into(),
+            bytes: 1 << 30,
+            what: "gathered parameters of unit h.3".into(),
+        });
+        let msg = with_memory(oom, &ledger.report()).to_string();
+        assert!(msg.contains("cuda:1") && msg.contains("1073741824") && msg.contains("unit h.3"), "{msg}");
+        assert!(msg.contains("held 8.0 MiB") && msg.contains("params 3.0") && msg.contains("activations 5.0"), "{msg}");
+        assert!(msg.contains("launcher memory"), "{msg}");
+        // Other errors pass through unchanged.
+        let other = with_memory(TrainError::Invalid("x".into()), &ledger.report());
+        assert_eq!(other.to_string(), "x");
+    }
 }
