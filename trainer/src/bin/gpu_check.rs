@@ -647,10 +647,17 @@ fn fill_f32(be: &CudaBackend, buf: &mut CudaSlice<f32>, chunk: &[f32]) -> BResul
 }
 
 fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
-    let (b, t, c, nh, v) = (16usize, 1024usize, 768usize, 12usize, 50257usize);
+    // GPT-2 124M by default; GPU_CHECK_SHAPE="B,T,C,NH,V" times another model (e.g. 1.5B: 8,1024,1600,25,50304).
+    let shape: Vec<usize> = std::env::var("GPU_CHECK_SHAPE")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| v.len() == 5)
+        .unwrap_or_else(|| vec![16, 1024, 768, 12, 50257]);
+    let (b, t, c, nh, v) = (shape[0], shape[1], shape[2], shape[3], shape[4]);
+    let layers: usize = std::env::var("GPU_CHECK_LAYERS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
     let n = b * t;
     let s = AttnShape { b, t, c, nh };
-    println!("\nTiming at GPT-2 124M shapes: B={b} T={t} C={c} NH={nh} V={v} (median of event-timed repeats)");
+    println!("\nTiming at shapes B={b} T={t} C={c} NH={nh} V={v} (median of event-timed repeats)");
     let chunk = rng.vec(1 << 22, 1.0);
     let small = rng.vec(1 << 22, 0.02);
     let newbuf = |len: usize, ch: &[f32]| -> BResult<CudaSlice<bf16>> {
@@ -779,7 +786,8 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
     });
     drop((logits_p, eparams_p));
     // Optimizer over all 124M parameters in one segment.
-    let np = 124_475_904usize;
+    // Parameters of the timed model (GPT-2 layout, vocab v, context t, `layers` blocks).
+    let np = v * c + t * c + 2 * c + layers * (12 * c * c + 13 * c);
     let mut p = be.alloc_buf(np, "")?;
     let mut w = be.alloc_f32(np, "")?;
     let mut m = be.alloc_f32(np, "")?;
@@ -800,12 +808,12 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
     // Estimated step (no communication): 12 blocks + head + optimizer.
     let t_block_f = 2.0 * t_lnf + total_fwd + t_att_f + t_gf + 2.0 * t_res;
     let t_block_b = 2.0 * t_lnb + total_bwd + t_att_b + t_gb;
-    let step = 12.0 * (t_block_f + t_block_b) + t_lnf + t_lnb + t_hf + t_ce + t_hb + t_adam + t_norm;
+    let step = layers as f64 * (t_block_f + t_block_b) + t_lnf + t_lnb + t_hf + t_ce + t_hb + t_adam + t_norm;
     println!("\nEstimate from the table (one GPU, sum of op medians, no launch gaps): block fwd {t_block_f:.2} ms, block bwd {t_block_b:.2} ms,");
     println!(
-        "step (B=16,T=1024, fwd+bwd+AdamW) {step:.1} ms = {:.0} tokens/s; attention is {:.0}% of it.",
+        "step ({layers} layers, B={b}, T={t}, fwd+bwd+AdamW) {step:.1} ms = {:.0} tokens/s; attention is {:.0}% of it.",
         n as f64 / (step * 1e-3),
-        100.0 * 12.0 * (t_att_f + t_att_b) / step
+        100.0 * layers as f64 * (t_att_f + t_att_b) / step
     );
     Ok(())
 }
