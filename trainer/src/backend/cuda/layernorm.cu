@@ -106,3 +106,84 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
         p[C + c] = db_acc[c];
     }
 }
+
+// Fast backward for C % 8 == 0, C <= 8*256 = 2048, 16-byte aligned rows: one warp per
+// group of rows, 16-byte loads, warp-level reductions only (the block-wide reductions of
+// layernorm_bwd cost two __syncthreads per row). Each warp accumulates dw/db for its rows
+// in registers and writes them as partial row `global warp id`; reduce_partials then adds
+// the partials in warp order, so the result is deterministic (no atomics).
+#define LN_BWD_MAXJ 8
+extern "C" __global__ void layernorm_bwd_warp(bf16_t* dinp, float* partial, const bf16_t* dout,
+                                              const bf16_t* inp, const bf16_t* w, const float* mean,
+                                              const float* rstd, int N, int C, int rows_per_warp) {
+    const int lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int r0 = gw * rows_per_warp;
+    if (r0 >= N) return;  // past the last partial row: nothing to write
+    const int r1 = min(N, r0 + rows_per_warp);
+    float dwacc[LN_BWD_MAXJ][8], dbacc[LN_BWD_MAXJ][8];
+#pragma unroll
+    for (int j = 0; j < LN_BWD_MAXJ; ++j)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            dwacc[j][k] = 0.f;
+            dbacc[j][k] = 0.f;
+        }
+    for (int row = r0; row < r1; ++row) {
+        const bf16_t* x = inp + (long long)row * C;
+        const bf16_t* dy = dout + (long long)row * C;
+        bf16_t* dx = dinp + (long long)row * C;
+        const float m = mean[row], s = rstd[row];
+        float a = 0.f, bsum = 0.f;
+#pragma unroll
+        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+            const int c = lane * 8 + j * 256;
+            if (c < C) {
+                float xf[8], gf[8], wf[8];
+                unpack8(*(const uint4*)(x + c), xf);
+                unpack8(*(const uint4*)(dy + c), gf);
+                unpack8(*(const uint4*)(w + c), wf);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const float dn = wf[k] * gf[k];
+                    a += dn;
+                    bsum += dn * ((xf[k] - m) * s);
+                }
+            }
+        }
+        a = warp_sum(a) / C;
+        bsum = warp_sum(bsum) / C;
+#pragma unroll
+        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+            const int c = lane * 8 + j * 256;
+            if (c < C) {
+                float xf[8], gf[8], wf[8], df[8];
+                unpack8(*(const uint4*)(x + c), xf);
+                unpack8(*(const uint4*)(dy + c), gf);
+                unpack8(*(const uint4*)(w + c), wf);
+                unpack8(*(const uint4*)(dx + c), df);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const float norm = (xf[k] - m) * s;
+                    const float dn = wf[k] * gf[k];
+                    dbacc[j][k] += gf[k];
+                    dwacc[j][k] += norm * gf[k];
+                    df[k] += (dn - a - norm * bsum) * s;
+                }
+                *(uint4*)(dx + c) = pack8(df);
+            }
+        }
+    }
+    float* p = partial + (long long)gw * 2 * C;
+#pragma unroll
+    for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+        const int c = lane * 8 + j * 256;
+        if (c < C) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                p[c + k] = dwacc[j][k];
+                p[C + c + k] = dbacc[j][k];
+            }
+        }
+    }
+}

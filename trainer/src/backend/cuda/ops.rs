@@ -14,6 +14,11 @@ const BLOCK: u32 = 256;
 /// Rows per block in the LayerNorm backward, and per chunk in the bias gradient. A
 /// constant (not derived from the GPU), so results are the same bits on every GPU.
 const LN_ROWS_PER_BLOCK: usize = 32;
+/// layernorm_bwd_warp: rows per warp, warps per block, and the widest row it takes
+/// (8 chunks of 8 elements per lane).
+const LN_ROWS_PER_WARP: usize = 8;
+const LN_WARPS_PER_BLOCK: usize = 4;
+const LN_BWD_WARP_MAX_C: usize = 2048;
 const BIAS_ROWS_PER_CHUNK: usize = 256;
 /// Blocks of the sum-of-squares kernel (fixed, for the same reason).
 const SUMSQ_BLOCKS: usize = 1024;
@@ -404,6 +409,30 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        let (dx, dy, x, wp, mp, rp) = (
+            self.ptr_mut(dinp, 0),
+            self.ptr(dout, 0),
+            self.ptr(inp, 0),
+            self.ptr(params, w.off),
+            self.ptr(mean, 0),
+            self.ptr(rstd, 0),
+        );
+        let s = Split { dst0: self.ptr_mut(grads, dw.off), dst1: self.ptr_mut(grads, db.off), split: c };
+        if c % 8 == 0 && c <= LN_BWD_WARP_MAX_C && [dx, dy, x, wp].iter().all(|p| p % 16 == 0) {
+            // Fast path: a warp per LN_ROWS_PER_WARP rows, 16-byte loads, no block barriers.
+            let nparts = n.div_ceil(LN_ROWS_PER_WARP);
+            let partial = self.scratch_f32(nparts * 2 * c)?;
+            let (ni, ci, rpw) = (to_i32("N", n)?, to_i32("C", c)?, LN_ROWS_PER_WARP as i32);
+            let f = self.f("layernorm_bwd_warp")?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpw);
+            let blocks = nparts.div_ceil(LN_WARPS_PER_BLOCK) as u32;
+            // SAFETY: ranges and alignment checked above; warp g writes partial row g < nparts
+            // (warps past the last row return before writing); partial holds nparts*2C floats.
+            unsafe { lb.launch(cfg((blocks, 1, 1), ((32 * LN_WARPS_PER_BLOCK) as u32, 1, 1), 0)) }
+                .map_err(|e| self.launch_err("layernorm_bwd_warp", e))?;
+            return self.reduce_partials(s, partial, nparts, 2 * c);
+        }
         let smem = 2 * c * 4;
         if smem + 256 > self.kernels.max_smem {
             return Err(bad(format!(
@@ -413,14 +442,6 @@ impl CudaBackend {
         }
         let nblocks = n.div_ceil(LN_ROWS_PER_BLOCK);
         let partial = self.scratch_f32(nblocks * 2 * c)?;
-        let (dx, dy, x, wp, mp, rp) = (
-            self.ptr_mut(dinp, 0),
-            self.ptr(dout, 0),
-            self.ptr(inp, 0),
-            self.ptr(params, w.off),
-            self.ptr(mean, 0),
-            self.ptr(rstd, 0),
-        );
         let (ni, ci, rpb) = (to_i32("N", n)?, to_i32("C", c)?, LN_ROWS_PER_BLOCK as i32);
         let f = self.f("layernorm_bwd")?;
         let mut lb = self.stream.launch_builder(f);
@@ -428,7 +449,6 @@ impl CudaBackend {
         // SAFETY: all ranges checked above; partial holds nblocks*2C floats.
         unsafe { lb.launch(cfg((nblocks as u32, 1, 1), (256, 1, 1), smem)) }
             .map_err(|e| self.launch_err("layernorm_bwd", e))?;
-        let s = Split { dst0: self.ptr_mut(grads, dw.off), dst1: self.ptr_mut(grads, db.off), split: c };
         self.reduce_partials(s, partial, nblocks, 2 * c)
     }
 
