@@ -24,31 +24,22 @@ fn cfg_for(world: usize, stage: u8, ckpt_dir: &Path) -> Config {
 
 /// Run `world` ranks from `resume` (or from scratch) until step `until`; save at the end if asked.
 fn run(cfg: &Config, world: usize, data: &Path, resume: Option<PathBuf>, until: usize, save: bool) -> Vec<f64> {
-    let comms = TcpComm::local_group(world).expect("group");
-    let hs: Vec<_> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(rank, c)| {
-            let (cfg, data, resume) = (cfg.clone(), data.to_path_buf(), resume.clone());
-            std::thread::spawn(move || {
-                let be = CpuBackend;
-                let mut comm = HostComm(c);
-                let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
-                if let Some(dir) = resume {
-                    tr.resume(&be, &mut comm, &dir).expect("resume");
-                }
-                let mut losses = vec![];
-                while tr.step < until {
-                    losses.push(tr.train_step(&be, &mut comm).expect("step").loss);
-                }
-                if save {
-                    tr.save_checkpoint(&be, &mut comm).expect("save");
-                }
-                losses
-            })
-        })
-        .collect();
-    let mut all: Vec<Vec<f64>> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+    let (cfg, data) = (cfg.clone(), data.to_path_buf());
+    let mut all = common::run_ranks(world, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
+        if let Some(dir) = &resume {
+            tr.resume(&be, &mut comm, dir).expect("resume");
+        }
+        let mut losses = vec![];
+        while tr.step < until {
+            losses.push(tr.train_step(&be, &mut comm).expect("step").loss);
+        }
+        if save {
+            tr.save_checkpoint(&be, &mut comm).expect("save");
+        }
+        losses
+    });
     all.swap_remove(0)
 }
 
@@ -198,21 +189,11 @@ fn hugging_face_export_import_export_is_bit_identical() {
     let ck2 = dir.path().join("ck2");
     let mut cfg = cfg_for(3, 3, &ck2);
     cfg.init.from = Some(a.clone());
-    let comms = TcpComm::local_group(3).expect("group");
-    let hs: Vec<_> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(rank, c)| {
-            let (cfg, data) = (cfg.clone(), data.clone());
-            std::thread::spawn(move || {
-                let be = CpuBackend;
-                let mut comm = HostComm(c);
-                let tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
-                tr.save_checkpoint(&be, &mut comm).expect("save");
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().expect("rank"));
+    common::run_ranks(3, move |rank, mut comm| {
+        let be = CpuBackend;
+        let tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
+        tr.save_checkpoint(&be, &mut comm).expect("save");
+    });
     let b = dir.path().join("b.safetensors");
     trainer::checkpoint::hf::export(&ck2.join("step_00000000"), &b).expect("export again");
     assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"), "round trip must be bit-identical");

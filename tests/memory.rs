@@ -4,28 +4,18 @@
 
 mod common;
 
-use collectives::tcp::TcpComm;
-use trainer::backend::cpu::{CpuBackend, HostComm};
+use trainer::backend::cpu::CpuBackend;
 use trainer::train::Trainer;
 use trainer::zero::plan::{predict, DeviceModel};
 use trainer::Config;
 
 fn measured(cfg: &Config, world: usize, data: &std::path::Path) -> Vec<trainer::zero::MemoryReport> {
-    let comms = TcpComm::local_group(world).expect("group");
-    let hs: Vec<_> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(rank, c)| {
-            let (cfg, data) = (cfg.clone(), data.to_path_buf());
-            std::thread::spawn(move || {
-                let be = CpuBackend;
-                let mut comm = HostComm(c);
-                let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
-                tr.train_step(&be, &mut comm).expect("step").memory
-            })
-        })
-        .collect();
-    hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    let (cfg, data) = (cfg.clone(), data.to_path_buf());
+    common::run_ranks(world, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
+        tr.train_step(&be, &mut comm).expect("step").memory
+    })
 }
 
 #[test]

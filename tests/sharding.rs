@@ -5,8 +5,7 @@
 
 mod common;
 
-use collectives::tcp::TcpComm;
-use trainer::backend::cpu::{CpuBackend, HostComm};
+use trainer::backend::cpu::CpuBackend;
 use trainer::train::Trainer;
 use trainer::Config;
 
@@ -23,30 +22,20 @@ struct RunResult {
 fn run(world: usize, stage: u8, accum: usize, activations: &str, data: &std::path::Path) -> RunResult {
     let cfg = Config::from_toml_str(&common::tiny_toml(stage, accum, activations), "test").expect("config");
     cfg.validate().expect("valid");
-    let comms = TcpComm::local_group(world).expect("local group");
-    let handles: Vec<_> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(rank, c)| {
-            let cfg = cfg.clone();
-            let data = data.to_path_buf();
-            std::thread::spawn(move || {
-                let be = CpuBackend;
-                let mut comm = HostComm(c);
-                let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
-                let mut losses = vec![];
-                let mut norms = vec![];
-                for _ in 0..cfg.train.steps {
-                    let m = tr.train_step(&be, &mut comm).expect("step");
-                    losses.push(m.loss);
-                    norms.push(m.grad_norm);
-                }
-                let params = tr.full_params(&be, &mut comm).expect("params");
-                RunResult { losses, norms, params }
-            })
-        })
-        .collect();
-    let mut results: Vec<RunResult> = handles.into_iter().map(|h| h.join().expect("rank thread")).collect();
+    let data = data.to_path_buf();
+    let mut results = common::run_ranks(world, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
+        let mut losses = vec![];
+        let mut norms = vec![];
+        for _ in 0..cfg.train.steps {
+            let m = tr.train_step(&be, &mut comm).expect("step");
+            losses.push(m.loss);
+            norms.push(m.grad_norm);
+        }
+        let params = tr.full_params(&be, &mut comm).expect("params");
+        RunResult { losses, norms, params }
+    });
     // Every rank must agree exactly on the reduced loss and on the parameters.
     for r in &results[1..] {
         assert_eq!(r.losses, results[0].losses, "ranks disagree on loss");
@@ -119,21 +108,12 @@ fn validation_loss_is_agreed_by_all_ranks_and_finite() {
     let mut cfg = Config::from_toml_str(&toml, "t").expect("cfg");
     cfg.train.eval_every = 2;
     cfg.train.eval_batches = 2;
-    let comms = TcpComm::local_group(2).expect("group");
-    let hs: Vec<_> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(rank, c)| {
-            let (cfg, dir) = (cfg.clone(), dir.path().to_path_buf());
-            std::thread::spawn(move || {
-                let be = CpuBackend;
-                let mut comm = HostComm(c);
-                let mut tr = Trainer::new(&cfg, &be, rank, 2, &dir).expect("trainer");
-                (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").val_loss).collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let vals: Vec<Vec<Option<f64>>> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+    let dir_path = dir.path().to_path_buf();
+    let vals: Vec<Vec<Option<f64>>> = common::run_ranks(2, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&cfg, &be, rank, 2, &dir_path).expect("trainer");
+        (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").val_loss).collect::<Vec<_>>()
+    });
     assert_eq!(vals[0], vals[1]);
     assert!(vals[0][0].is_none() && vals[0][1].is_some() && vals[0][3].is_some(), "{:?}", vals[0]);
     let _ = data;
@@ -152,23 +132,14 @@ fn stage3_prefetch_depth_does_not_change_results() {
     for prefetch in [0usize, 1, 3] {
         let mut cfg = Config::from_toml_str(&common::tiny_toml(3, 2, "\"every_layer\""), "t").expect("cfg");
         cfg.zero.prefetch_blocks = prefetch;
-        let comms = TcpComm::local_group(2).expect("group");
-        let hs: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, c)| {
-                let (cfg, data) = (cfg.clone(), data.clone());
-                std::thread::spawn(move || {
-                    let be = CpuBackend;
-                    let mut comm = HostComm(c);
-                    let mut tr = Trainer::new(&cfg, &be, rank, 2, &data).expect("trainer");
-                    let losses: Vec<f64> =
-                        (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").loss).collect();
-                    (losses, tr.full_params(&be, &mut comm).expect("params"))
-                })
-            })
-            .collect();
-        let mut all: Vec<_> = hs.into_iter().map(|h| h.join().expect("rank")).collect();
+        let data = data.clone();
+        let mut all = common::run_ranks(2, move |rank, mut comm| {
+            let be = CpuBackend;
+            let mut tr = Trainer::new(&cfg, &be, rank, 2, &data).expect("trainer");
+            let losses: Vec<f64> =
+                (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").loss).collect();
+            (losses, tr.full_params(&be, &mut comm).expect("params"))
+        });
         results.push(all.swap_remove(0));
     }
     assert_eq!(results[0], results[1]);

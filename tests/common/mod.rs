@@ -55,3 +55,23 @@ pub fn write_synthetic_shard(dir: &Path, vocab: u32, n_tokens: usize) -> PathBuf
     data::write_shard(&path, &toks).expect("write shard");
     path
 }
+
+/// Run `world` CPU ranks as threads over a loopback TCP group; `f(rank, comm)` is one
+/// rank's work. Returns every rank's result, in rank order.
+pub fn run_ranks<T, F>(world: usize, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, trainer::backend::cpu::HostComm<collectives::tcp::TcpComm>) -> T + Send + Sync + 'static,
+{
+    let f = std::sync::Arc::new(f);
+    let comms = collectives::tcp::TcpComm::local_group(world).expect("local group");
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(rank, c)| {
+            let f = f.clone();
+            std::thread::spawn(move || f(rank, trainer::backend::cpu::HostComm(c)))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+}

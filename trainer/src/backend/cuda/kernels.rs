@@ -32,7 +32,11 @@ const SOURCES: &[Source] = &[
         src: include_str!("encoder.cu"),
         functions: &["encoder_fwd", "encoder_bwd_wpe", "encoder_bwd_wte"],
     },
-    Source { name: "layernorm", src: include_str!("layernorm.cu"), functions: &["layernorm_fwd", "layernorm_bwd", "layernorm_bwd_warp"] },
+    Source {
+        name: "layernorm",
+        src: include_str!("layernorm.cu"),
+        functions: &["layernorm_fwd", "layernorm_bwd", "layernorm_bwd_warp"],
+    },
     Source { name: "matmul", src: include_str!("matmul.cu"), functions: &["bias_grad_partial", "copy_rows_bf16"] },
     Source {
         name: "attention",

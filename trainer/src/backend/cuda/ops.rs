@@ -418,7 +418,7 @@ impl CudaBackend {
             self.ptr(rstd, 0),
         );
         let s = Split { dst0: self.ptr_mut(grads, dw.off), dst1: self.ptr_mut(grads, db.off), split: c };
-        if c % 8 == 0 && c <= LN_BWD_WARP_MAX_C && [dx, dy, x, wp].iter().all(|p| p % 16 == 0) {
+        if c.is_multiple_of(8) && c <= LN_BWD_WARP_MAX_C && [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16)) {
             // Fast path: a warp per LN_ROWS_PER_WARP rows, 16-byte loads, no block barriers.
             let nparts = n.div_ceil(LN_ROWS_PER_WARP);
             let partial = self.scratch_f32(nparts * 2 * c)?;
