@@ -577,3 +577,40 @@ fn memory_prediction_matches_a_real_run() {
     let bad = launcher(&["memory", &config, "--ranks", "2", "--set", "zero.stage=9"]);
     assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
 }
+
+/// Multi-node: two launchers (nodes 0 and 1, 2 ranks each) pointed at one master address
+/// train one 4-rank job, with the losses of a single-node 1-rank run at the same global batch.
+#[test]
+fn two_nodes_on_loopback_form_one_job() {
+    let job = Job::with_toml(&common::tiny_toml(3, 1, "\"none\""));
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        l.local_addr().expect("addr").port()
+    };
+    let master = format!("127.0.0.1:{port}");
+    let spawn_node = |node: &str| {
+        Command::new(env!("CARGO_BIN_EXE_launcher"))
+            .args(["--cpus", "2", &job.config.display().to_string(), "--nnodes", "2", "--node-rank", node])
+            .args(["--master-addr", &master])
+            .env_remove("SHARDTRAIN_FAULT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a node's launcher")
+    };
+    let node0 = spawn_node("0");
+    let node1 = spawn_node("1");
+    let (out0, out1) = (node0.wait_with_output().expect("node 0"), node1.wait_with_output().expect("node 1"));
+    assert!(out0.status.success(), "node 0: {}", String::from_utf8_lossy(&out0.stderr));
+    assert!(out1.status.success(), "node 1: {}", String::from_utf8_lossy(&out1.stderr));
+    // Node 0 hosts the rendezvous and writes metrics for all 4 ranks.
+    let metrics = job.metrics();
+    assert_eq!(metrics.len(), job.cfg().train.steps);
+    assert_eq!(metrics[0]["memory"].as_array().map(|m| m.len()), Some(4));
+    let four_ranks = job.losses();
+    job.run(1, &["--set", "zero.stage=0", "--set", "train.grad_accum=4"], &[]).assert_success();
+    for (step, (a, b)) in four_ranks.iter().zip(&job.losses()).enumerate() {
+        assert!(((a - b) / b).abs() <= 1e-5, "step {}: 2 nodes x 2 ranks {a} vs 1 rank {b}", step + 1);
+    }
+}
