@@ -7,7 +7,9 @@ use crate::config::Config;
 use crate::zero::{Engine, EngineComm};
 use crate::TrainError;
 use collectives::Group;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::{Dtype, View};
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -36,23 +38,33 @@ pub fn save<B: Backend, C: EngineComm<B>>(
     }
     Group::barrier(comm)?;
 
-    // 1. This rank's shard: its partition of every unit's master, m, v.
-    let mut owned: Vec<(String, Vec<u8>)> = Vec::new();
+    // 1. This rank's shard: its partition of every unit's master, m, v — streamed to the
+    //    file one tensor at a time, so host memory stays at one tensor, not the whole shard.
+    let failed = RefCell::new(None);
+    let mut tensors = Vec::new();
     let mut segments = Vec::new();
     for (i, unit) in eng.layout.units.iter().enumerate() {
         let (lo, hi) = eng.checkpoint_range(i);
         if hi <= lo {
             continue;
         }
-        let state = eng.optimizer_state_host(be, i, lo, hi)?;
-        for (tag, vals) in ["master", "m", "v"].iter().zip(state) {
-            owned.push((format!("{}.{tag}", unit.name), bytemuck::cast_slice(&vals).to_vec()));
+        for (which, tag) in ["master", "m", "v"].iter().enumerate() {
+            let t = StateTensor { be, eng, failed: &failed, unit: i, which, lo, shape: [hi - lo] };
+            tensors.push((format!("{}.{tag}", unit.name), t));
         }
         segments.push(Segment { unit: i, lo, hi });
     }
     let file = shard_file_name(rank);
     let path = tmp_dir.join(&file);
-    write_tensors(&path, &owned)?;
+    let tmp = path.with_extension("partial");
+    safetensors::serialize_to_file(tensors, None, &tmp)
+        .map_err(|e| TrainError::Invalid(format!("writing {}: {e}", tmp.display())))?;
+    if let Some(e) = failed.into_inner() {
+        let _ = fs::remove_file(&tmp);
+        return Err(TrainError::Invalid(format!("saving {}: {e}", path.display())));
+    }
+    fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err(&path))?;
     let (bytes, crc32) = file_crc(&path)?;
     let entry = FileEntry { name: file, rank, bytes, crc32, segments };
     let sum_path = tmp_dir.join(format!("{}.sum.json", shard_file_name(rank)));
@@ -109,19 +121,37 @@ fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Serialise `(name, f32 bytes)` 1-D tensors as safetensors, fsync, rename into place.
-pub(crate) fn write_tensors(path: &Path, tensors: &[(String, Vec<u8>)]) -> Result<(), TrainError> {
-    let views = tensors
-        .iter()
-        .map(|(n, b)| Ok((n.clone(), TensorView::new(Dtype::F32, vec![b.len() / 4], b)?)))
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .map_err(|e| TrainError::Invalid(format!("building {}: {e}", path.display())))?;
-    let tmp = path.with_extension("partial");
-    safetensors::serialize_to_file(views, None, &tmp)
-        .map_err(|e| TrainError::Invalid(format!("writing {}: {e}", tmp.display())))?;
-    fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))?;
-    Ok(())
+/// One optimizer tensor range of this rank, read from the device only when the writer asks.
+struct StateTensor<'a, B: Backend> {
+    be: &'a B,
+    eng: &'a Engine<B>,
+    /// The first read error; `View::data` cannot fail, so `save` checks this afterwards.
+    failed: &'a RefCell<Option<String>>,
+    unit: usize,
+    which: usize,
+    lo: usize,
+    shape: [usize; 1],
+}
+
+impl<B: Backend> View for StateTensor<'_, B> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        match self.eng.optimizer_tensor_host(self.be, self.unit, self.which, self.lo, self.lo + self.shape[0]) {
+            Ok(v) => Cow::Owned(bytemuck::cast_slice(&v).to_vec()),
+            Err(e) => {
+                self.failed.borrow_mut().get_or_insert(e.to_string());
+                Cow::Owned(vec![0u8; self.data_len()])
+            }
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.shape[0] * 4
+    }
 }
 
 /// Write bytes under a temporary name, fsync, rename.

@@ -505,12 +505,28 @@ impl<B: Backend> Engine<B> {
     /// fp32 master weights, AdamW m and v of unit `i` over `[lo, hi)` (which must lie
     /// within what this rank holds).
     pub fn optimizer_state_host(&self, be: &B, i: usize, lo: usize, hi: usize) -> Result<[Vec<f32>; 3], TrainError> {
+        Ok([
+            self.optimizer_tensor_host(be, i, 0, lo, hi)?,
+            self.optimizer_tensor_host(be, i, 1, lo, hi)?,
+            self.optimizer_tensor_host(be, i, 2, lo, hi)?,
+        ])
+    }
+
+    /// One of unit `i`'s optimizer tensors (0 = master weights, 1 = m, 2 = v) over `[lo, hi)`.
+    pub fn optimizer_tensor_host(
+        &self,
+        be: &B,
+        i: usize,
+        which: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<Vec<f32>, TrainError> {
         let u = &self.units[i];
         if lo < u.opt_off || hi > u.opt_off + u.opt_len {
             return Err(TrainError::Invalid(format!("unit {i}: range {lo}..{hi} is not held by rank {}", self.rank)));
         }
-        let at = Loc::new(lo - u.opt_off, hi - lo);
-        Ok([be.download_f32(&u.master, at)?, be.download_f32(&u.m, at)?, be.download_f32(&u.v, at)?])
+        let src = [&u.master, &u.m, &u.v][which.min(2)];
+        Ok(be.download_f32(src, Loc::new(lo - u.opt_off, hi - lo))?)
     }
 
     /// The unpadded range of unit `i` whose optimizer state this rank holds.
