@@ -9,8 +9,12 @@
 //! line, the launcher's TCP rendezvous); every rank then calls [`NcclComm::new`], which
 //! blocks until all have joined.
 //!
-//! Collectives are enqueued on the stream the communicator was made with, the compute
-//! stream for now, so they are ordered with the kernels around them and need no events.
+//! Collectives run on a communication stream of their own. Each first waits (an event)
+//! for the work queued so far on the compute stream the communicator was made with; a
+//! plain collective then makes the compute stream wait for it, while a started one
+//! (`all_gather_start`, `reduce_scatter_start`) returns a `Pending` that the caller hands
+//! to `Group::wait` just before it reads the result — that is how ZeRO-3 prefetch and the
+//! overlapped gradient reduce-scatter work.
 //! `NcclComm` is not `Send` (cudarc's `Comm` is not): keep it on the thread that made it.
 //!
 //! Determinism: NCCL's reduction order is fixed for a given communicator, message size

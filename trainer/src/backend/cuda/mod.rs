@@ -9,9 +9,10 @@
 //!
 //! One kernel file per op beside its CPU twin's name (`encoder.cu` ↔ `cpu/encoder.rs`,
 //! …), compiled by NVRTC at start-up and cached on disk (`kernels.rs`); the GEMMs are
-//! cuBLASLt (`matmul.rs`); launch code for every op is in `ops.rs`. Everything runs in
-//! order on one stream, which the NCCL communicator shares (`CudaBackend::stream`), so
-//! no event is needed anywhere; cudarc's per-buffer event tracking is switched off.
+//! cuBLASLt (`matmul.rs`); launch code for every op is in `ops.rs`. Every kernel runs in
+//! order on one compute stream (`CudaBackend::stream`); the NCCL communicator orders its
+//! own communication stream against it with explicit events, so cudarc's per-buffer event
+//! tracking is switched off.
 //! Every reduction (column sums, the embedding backward, the norm) has a fixed order:
 //! the same inputs give the same bits on every run.
 //!
@@ -137,10 +138,12 @@ impl CudaBackend {
         }
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| unavailable(format!("creating a context on device {ordinal}: {e}")))?;
-        // One stream, in order: cudarc's per-buffer events would only add overhead.
+        // One compute stream, in order: cudarc's per-buffer events would only add overhead.
         // Must precede every allocation (it applies to buffers made after it).
-        // SAFETY: all work of this backend (and of an NCCL communicator built on
-        // `stream()`) is enqueued on the one stream, so stream order is enough.
+        // SAFETY: all kernels of this backend are enqueued on the one stream, so stream order
+        // is enough; an NCCL communicator built on `stream()` orders its communication stream
+        // against it with explicit events (collectives::nccl), and the engine waits for every
+        // started collective before touching its buffers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| BackendError::Device(format!("creating a stream: {e}")))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
