@@ -81,8 +81,8 @@ pub struct Engine<B: Backend> {
     rs_scratch: Vec<(usize, B::Grad)>,
     /// Released working buffers kept for reuse, by length (ledger category `Cached`):
     /// after the first step, gathers and gradient buffers allocate nothing.
-    param_pool: Vec<(usize, B::Buf)>,
-    grad_pool: Vec<(usize, B::Grad)>,
+    param_pool: Pool<B::Buf>,
+    grad_pool: Pool<B::Grad>,
     /// Stage 2/3: the last finished unit's reduce-scatter, still running on the
     /// communication stream while backward continues: (unit, pending, its full gradient).
     rs_in_flight: Option<(usize, Pending, B::Grad)>,
@@ -90,6 +90,41 @@ pub struct Engine<B: Backend> {
     pub prefetch: usize,
     pub ledger: MemoryLedger,
     sizes: crate::backend::ElemBytes,
+}
+
+/// Idle working buffers by length, kept for reuse so the steady-state step allocates
+/// nothing. Parked buffers stay in the ledger, under `Cached`.
+struct Pool<T> {
+    idle: Vec<(usize, T)>,
+}
+
+impl<T> Pool<T> {
+    /// An idle buffer of `len` elements (moved from `Cached` to `cat`), or a new one from `alloc`.
+    fn take(
+        &mut self,
+        len: usize,
+        bytes: usize,
+        cat: Category,
+        ledger: &mut MemoryLedger,
+        alloc: impl FnOnce() -> BResult<T>,
+    ) -> BResult<T> {
+        match self.idle.iter().position(|(n, _)| *n == len) {
+            Some(k) => {
+                ledger.reassign(Category::Cached, cat, bytes);
+                Ok(self.idle.swap_remove(k).1)
+            }
+            None => {
+                ledger.alloc(cat, bytes);
+                alloc()
+            }
+        }
+    }
+
+    /// Return a buffer of `len` elements that was counted under `cat`.
+    fn park(&mut self, len: usize, buf: T, bytes: usize, cat: Category, ledger: &mut MemoryLedger) {
+        ledger.reassign(cat, Category::Cached, bytes);
+        self.idle.push((len, buf));
+    }
 }
 
 fn round_up(x: usize, m: usize) -> usize {
@@ -214,8 +249,8 @@ impl<B: Backend> Engine<B> {
             layout,
             units,
             rs_scratch,
-            param_pool: vec![],
-            grad_pool: vec![],
+            param_pool: Pool { idle: vec![] },
+            grad_pool: Pool { idle: vec![] },
             rs_in_flight: None,
             prefetch: 1,
             ledger,
@@ -257,17 +292,11 @@ impl<B: Backend> Engine<B> {
         if u.params.is_some() {
             return Ok(());
         }
-        let bytes = u.padded * self.sizes.buf;
-        let mut full = match self.param_pool.iter().position(|(n, _)| *n == u.padded) {
-            Some(k) => {
-                self.ledger.reassign(Category::Cached, Category::Params, bytes);
-                self.param_pool.swap_remove(k).1
-            }
-            None => {
-                self.ledger.alloc(Category::Params, bytes);
-                be.alloc_buf(u.padded, &format!("gathered parameters of unit {}", self.layout.units[i].name))?
-            }
-        };
+        let name = &self.layout.units[i].name;
+        let mut full =
+            self.param_pool.take(u.padded, u.padded * self.sizes.buf, Category::Params, &mut self.ledger, || {
+                be.alloc_buf(u.padded, &format!("gathered parameters of unit {name}"))
+            })?;
         let shard = u.param_shard.as_ref().expect("stage 3 keeps a parameter shard");
         let p = Communicator::<B::Buf>::all_gather_start(comm, shard, &mut full)?;
         u.params = Some(full);
@@ -286,8 +315,7 @@ impl<B: Backend> Engine<B> {
             return;
         }
         if let Some(buf) = u.params.take() {
-            self.ledger.reassign(Category::Params, Category::Cached, u.padded * self.sizes.buf);
-            self.param_pool.push((u.padded, buf));
+            self.param_pool.park(u.padded, buf, u.padded * self.sizes.buf, Category::Params, &mut self.ledger);
         }
     }
 
@@ -319,17 +347,11 @@ impl<B: Backend> Engine<B> {
         if u.grads.is_some() {
             return Ok(());
         }
-        let bytes = u.padded * self.sizes.grad;
-        let mut g = match self.grad_pool.iter().position(|(n, _)| *n == u.padded) {
-            Some(k) => {
-                self.ledger.reassign(Category::Cached, Category::Grads, bytes);
-                self.grad_pool.swap_remove(k).1
-            }
-            None => {
-                self.ledger.alloc(Category::Grads, bytes);
-                be.alloc_grad(u.padded, &format!("gradients of unit {}", self.layout.units[i].name))?
-            }
-        };
+        let name = &self.layout.units[i].name;
+        let mut g =
+            self.grad_pool.take(u.padded, u.padded * self.sizes.grad, Category::Grads, &mut self.ledger, || {
+                be.alloc_grad(u.padded, &format!("gradients of unit {name}"))
+            })?;
         be.zero_grad(&mut g, Loc::all(u.padded))?;
         u.grads = Some(g);
         Ok(())
@@ -371,8 +393,7 @@ impl<B: Backend> Engine<B> {
             .expect("a receive buffer exists for every shard length");
         let shard = u.grad_shard.as_mut().expect("sharded stages keep a gradient shard");
         be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
-        self.ledger.reassign(Category::Grads, Category::Cached, u.padded * self.sizes.grad);
-        self.grad_pool.push((u.padded, full));
+        self.grad_pool.park(u.padded, full, u.padded * self.sizes.grad, Category::Grads, &mut self.ledger);
         Ok(())
     }
 
