@@ -115,19 +115,6 @@ fn mib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// The categories of a report, in display order, with their names.
-fn categories(b: &MemoryBytes) -> [(&'static str, u64); 7] {
-    [
-        ("params", b.params),
-        ("grads", b.grads),
-        ("optimizer", b.optimizer),
-        ("activations", b.activations),
-        ("comm", b.comm),
-        ("workspace", b.workspace),
-        ("cached", b.cached),
-    ]
-}
-
 /// The human-readable report: a header saying what is counted, then per rank (or once, when
 /// every rank predicts the same) a table with one column per stage.
 fn table(p: &Prediction, cfg: &Config) -> String {
@@ -184,7 +171,7 @@ fn table(p: &Prediction, cfg: &Config) -> String {
             ("after one step", |r: &MemoryReport| r.current),
         ] {
             s += &format!("  {title:<24}{header}\n");
-            let rows: Vec<[(&str, u64); 7]> = reports.iter().map(|rep| categories(&pick(rep))).collect();
+            let rows: Vec<[(&str, u64); 7]> = reports.iter().map(|rep| MemoryBytes::categories(&pick(rep))).collect();
             for c in 0..7 {
                 let name = rows[0][c].0;
                 let cells: String = rows.iter().map(|row| format!("{:>12}", mib(row[c].1))).collect();

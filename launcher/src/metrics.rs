@@ -20,14 +20,9 @@ use trainer::StepMetrics;
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RankMemory {
     pub rank: usize,
-    pub params: u64,
-    pub grads: u64,
-    pub optimizer: u64,
-    pub activations: u64,
-    pub comm: u64,
-    pub workspace: u64,
-    /// Buffers kept for reuse between steps (stage 2/3 working buffers).
-    pub cached: u64,
+    /// The categories now (written as top-level keys: params, grads, …, cached).
+    #[serde(flatten)]
+    pub current: MemoryBytes,
     /// Sum of the categories now.
     pub total: u64,
     /// Highest total so far.
@@ -73,13 +68,7 @@ impl StepRecord {
                 let c = m.memory.current;
                 RankMemory {
                     rank,
-                    params: c.params,
-                    grads: c.grads,
-                    optimizer: c.optimizer,
-                    activations: c.activations,
-                    comm: c.comm,
-                    workspace: c.workspace,
-                    cached: c.cached,
+                    current: c,
                     total: c.total(),
                     peak_total: m.memory.peak_total,
                     peak: m.memory.peak,
@@ -213,24 +202,21 @@ impl MetricsLog {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         let mut s = format!(
             "steps: {}\nloss: {:.4} ({:.4} at {first})\nmean throughput: {:.0} tokens/s (excluding the first step)\n\
-             peak memory per rank (MiB, by category at the peak):\n  {:>4} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n",
-            last.step, last.loss, first_loss, mean_tps, "rank", "params", "grads", "optimizer", "activations", "comm",
-            "workspace", "cached", "total"
+             peak memory per rank (MiB, by category at the peak):\n  {:>4}",
+            last.step, last.loss, first_loss, mean_tps, "rank"
         );
+        // Columns are at least 9 wide, wider for longer names ("activations").
+        let width = |name: &str| name.len().max(9);
+        for (name, _) in MemoryBytes::default().categories() {
+            s += &format!(" {name:>w$}", w = width(name));
+        }
+        s += &format!(" {:>9}\n", "total");
         for m in &last.memory {
-            let p = &m.peak;
-            s += &format!(
-                "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
-                m.rank,
-                mib(p.params),
-                mib(p.grads),
-                mib(p.optimizer),
-                mib(p.activations),
-                mib(p.comm),
-                mib(p.workspace),
-                mib(p.cached),
-                mib(m.peak_total)
-            );
+            s += &format!("  {:>4}", m.rank);
+            for (name, bytes) in m.peak.categories() {
+                s += &format!(" {:>w$.2}", mib(bytes), w = width(name));
+            }
+            s += &format!(" {:>9.2}\n", mib(m.peak_total));
         }
         s += &format!("metrics: {}", self.path.display());
         s
@@ -267,7 +253,7 @@ mod tests {
         let rec = log.add(0, report(1, 0.25, 20)).expect("add").expect("complete");
         assert_eq!(rec.step_time_s, 0.5);
         assert_eq!(rec.tokens_per_s, 2000.0);
-        assert_eq!(rec.memory.iter().map(|m| (m.rank, m.params)).collect::<Vec<_>>(), vec![(0, 20), (1, 10)]);
+        assert_eq!(rec.memory.iter().map(|m| (m.rank, m.current.params)).collect::<Vec<_>>(), vec![(0, 20), (1, 10)]);
         log.add(0, report(2, 0.1, 20)).expect("add").expect("complete");
         let text = std::fs::read_to_string(&path).expect("read");
         let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();

@@ -37,6 +37,18 @@ pub struct MemoryBytes {
 }
 
 impl MemoryBytes {
+    /// Every category with its name, in display order (tables, summaries).
+    pub fn categories(&self) -> [(&'static str, u64); 7] {
+        [
+            ("params", self.params),
+            ("grads", self.grads),
+            ("optimizer", self.optimizer),
+            ("activations", self.activations),
+            ("comm", self.comm),
+            ("workspace", self.workspace),
+            ("cached", self.cached),
+        ]
+    }
     pub fn total(&self) -> u64 {
         self.params + self.grads + self.optimizer + self.activations + self.comm + self.workspace + self.cached
     }
