@@ -7,13 +7,13 @@
 //! Export streams tensor by tensor from the shard files (never the whole model twice).
 
 use super::load::CheckpointReader;
+use super::stream::{write_streamed, ReadFn};
 use super::{io_err, CheckpointError};
 use crate::model::{ModelLayout, TensorSpec};
 use crate::TrainError;
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, View};
+use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -45,44 +45,10 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// A tensor whose bytes are read from the checkpoint only when the writer asks for them.
-struct LazyTensor<'a> {
-    reader: &'a CheckpointReader,
-    /// The first read error; `View::data` cannot fail, so export checks this afterwards.
-    failed: &'a std::cell::RefCell<Option<String>>,
-    unit: usize,
-    spec: TensorSpec,
-    shape: Vec<usize>,
-}
-
-impl LazyTensor<'_> {
-    fn values(&self) -> Result<Vec<f32>, TrainError> {
-        let [master, _, _] = self.reader.read_state(self.unit, self.spec.loc.off, self.spec.loc.end())?;
-        Ok(if is_conv1d(&self.spec.name) { transpose(&master, self.spec.shape[0], self.spec.shape[1]) } else { master })
-    }
-}
-
-impl View for LazyTensor<'_> {
-    fn dtype(&self) -> Dtype {
-        Dtype::F32
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        // The checkpoint was fully validated (checksums) before export started, so an error
-        // here means the files changed underneath us: record it; export then fails cleanly.
-        match self.values() {
-            Ok(v) => Cow::Owned(bytemuck::cast_slice(&v).to_vec()),
-            Err(e) => {
-                self.failed.borrow_mut().get_or_insert(e.to_string());
-                Cow::Owned(vec![0u8; self.data_len()])
-            }
-        }
-    }
-    fn data_len(&self) -> usize {
-        self.spec.loc.len * 4
-    }
+/// One exported tensor's values (Hugging Face layout), read from the checkpoint shards.
+fn hf_values(reader: &CheckpointReader, unit: usize, spec: &TensorSpec) -> Result<Vec<f32>, TrainError> {
+    let [master, _, _] = reader.read_state(unit, spec.loc.off, spec.loc.end())?;
+    Ok(if is_conv1d(&spec.name) { transpose(&master, spec.shape[0], spec.shape[1]) } else { master })
 }
 
 /// What an export wrote.
@@ -98,25 +64,22 @@ pub struct ExportSummary {
 pub fn export(ckpt_dir: &Path, out: &Path) -> Result<ExportSummary, TrainError> {
     let reader = CheckpointReader::open(ckpt_dir, true)?;
     let layout = ModelLayout::new(&reader.manifest.model);
-    let failed = std::cell::RefCell::new(None);
-    let mut tensors = Vec::new();
+    let mut tensors: Vec<(String, Vec<usize>, ReadFn)> = Vec::new();
     for (u, unit) in layout.units.iter().enumerate() {
         for t in &unit.tensors {
-            let lazy = LazyTensor { reader: &reader, failed: &failed, unit: u, spec: t.clone(), shape: hf_shape(t) };
-            tensors.push((format!("{PREFIX}{}", t.name), lazy));
+            let read: ReadFn = Box::new({
+                let reader = &reader;
+                move || hf_values(reader, u, t)
+            });
+            tensors.push((format!("{PREFIX}{}", t.name), hf_shape(t), read));
         }
     }
     let n = tensors.len();
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let tmp = out.with_extension("safetensors.partial");
-    safetensors::serialize_to_file(tensors, Some(meta), &tmp)
-        .map_err(|e| TrainError::Invalid(format!("writing {}: {e}", tmp.display())))?;
-    if let Some(e) = failed.into_inner() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(TrainError::Invalid(format!("export of {} failed: {e}", ckpt_dir.display())));
-    }
-    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, out).map_err(io_err(out))?;
+    // The checkpoint was fully validated (checksums) above, so a read error while writing
+    // means its files changed underneath us.
+    write_streamed(out, tensors, Some(meta))
+        .map_err(|e| TrainError::Invalid(format!("export of {} failed: {e}", ckpt_dir.display())))?;
     Ok(ExportSummary { path: out.to_path_buf(), tensors: n, params: layout.num_params(), step: reader.manifest.step })
 }
 

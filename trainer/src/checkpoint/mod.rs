@@ -17,6 +17,7 @@ pub mod hf;
 pub mod load;
 pub mod manifest;
 pub mod save;
+mod stream;
 
 pub use load::{find_latest, CheckpointReader};
 pub use manifest::{FileEntry, Manifest, Segment, UnitEntry};

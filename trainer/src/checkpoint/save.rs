@@ -1,15 +1,13 @@
 //! Writing a sharded checkpoint: all ranks in parallel, manifest last, atomic rename.
 
 use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
+use super::stream::{write_streamed, ReadFn};
 use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::zero::{Engine, EngineComm};
 use crate::TrainError;
 use collectives::Group;
-use safetensors::tensor::{Dtype, View};
-use std::borrow::Cow;
-use std::cell::RefCell;
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -40,8 +38,7 @@ pub fn save<B: Backend, C: EngineComm<B>>(
 
     // 1. This rank's shard: its partition of every unit's master, m, v — streamed to the
     //    file one tensor at a time, so host memory stays at one tensor, not the whole shard.
-    let failed = RefCell::new(None);
-    let mut tensors = Vec::new();
+    let mut tensors: Vec<(String, Vec<usize>, ReadFn)> = Vec::new();
     let mut segments = Vec::new();
     for (i, unit) in eng.layout.units.iter().enumerate() {
         let (lo, hi) = eng.checkpoint_range(i);
@@ -49,22 +46,14 @@ pub fn save<B: Backend, C: EngineComm<B>>(
             continue;
         }
         for (which, tag) in ["master", "m", "v"].iter().enumerate() {
-            let t = StateTensor { be, eng, failed: &failed, unit: i, which, lo, shape: [hi - lo] };
-            tensors.push((format!("{}.{tag}", unit.name), t));
+            let read: ReadFn = Box::new(move || eng.optimizer_tensor_host(be, i, which, lo, hi));
+            tensors.push((format!("{}.{tag}", unit.name), vec![hi - lo], read));
         }
         segments.push(Segment { unit: i, lo, hi });
     }
     let file = shard_file_name(rank);
     let path = tmp_dir.join(&file);
-    let tmp = path.with_extension("partial");
-    safetensors::serialize_to_file(tensors, None, &tmp)
-        .map_err(|e| TrainError::Invalid(format!("writing {}: {e}", tmp.display())))?;
-    if let Some(e) = failed.into_inner() {
-        let _ = fs::remove_file(&tmp);
-        return Err(TrainError::Invalid(format!("saving {}: {e}", path.display())));
-    }
-    fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err(&tmp))?;
-    fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    write_streamed(&path, tensors, None)?;
     let (bytes, crc32) = file_crc(&path)?;
     let entry = FileEntry { name: file, rank, bytes, crc32, segments };
     let sum_path = tmp_dir.join(format!("{}.sum.json", shard_file_name(rank)));
@@ -119,39 +108,6 @@ fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
         }
     }
     Ok(())
-}
-
-/// One optimizer tensor range of this rank, read from the device only when the writer asks.
-struct StateTensor<'a, B: Backend> {
-    be: &'a B,
-    eng: &'a Engine<B>,
-    /// The first read error; `View::data` cannot fail, so `save` checks this afterwards.
-    failed: &'a RefCell<Option<String>>,
-    unit: usize,
-    which: usize,
-    lo: usize,
-    shape: [usize; 1],
-}
-
-impl<B: Backend> View for StateTensor<'_, B> {
-    fn dtype(&self) -> Dtype {
-        Dtype::F32
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        match self.eng.optimizer_tensor_host(self.be, self.unit, self.which, self.lo, self.lo + self.shape[0]) {
-            Ok(v) => Cow::Owned(bytemuck::cast_slice(&v).to_vec()),
-            Err(e) => {
-                self.failed.borrow_mut().get_or_insert(e.to_string());
-                Cow::Owned(vec![0u8; self.data_len()])
-            }
-        }
-    }
-    fn data_len(&self) -> usize {
-        self.shape[0] * 4
-    }
 }
 
 /// Write bytes under a temporary name, fsync, rename.
