@@ -21,7 +21,7 @@ fn every_parameter_tensor_matches_finite_differences() {
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % 11).collect();
 
     eng.begin_step(&be).expect("begin");
-    model.step_micro(&be, &mut eng, &mut comm, &inputs, &targets, Some(1.0 / n as f32)).expect("fwd/bwd");
+    model.step_micro_loss(&be, &mut eng, &mut comm, &inputs, &targets, Some(1.0 / n as f32)).expect("fwd/bwd");
     let grads: Vec<Vec<f32>> = (0..eng.num_units()).map(|u| eng.local_grads_host(&be, u).expect("grads")).collect();
     let params: Vec<Vec<f32>> =
         (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
@@ -40,9 +40,9 @@ fn every_parameter_tensor_matches_finite_differences() {
                 let at = t.loc.off + i;
                 let orig = params[u][at];
                 eng.set_param(&be, u, at, orig + h).expect("set");
-                let lp = model.step_micro(&be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
+                let lp = model.step_micro_loss(&be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
                 eng.set_param(&be, u, at, orig - h).expect("set");
-                let lm = model.step_micro(&be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
+                let lm = model.step_micro_loss(&be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
                 eng.set_param(&be, u, at, orig).expect("set");
                 let numeric = ((lp - lm) / (2.0 * h as f64)) as f32;
                 let analytic = grads[u][at];

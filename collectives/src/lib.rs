@@ -103,4 +103,10 @@ pub trait Communicator<B: ?Sized>: Group {
         self.reduce_scatter(send, recv, op)?;
         Ok(Pending::DONE)
     }
+    /// Start an in-place all-reduce that may overlap later compute (a data-parallel
+    /// gradient bucket while backward continues). Default: synchronous.
+    fn all_reduce_start(&mut self, buf: &mut B, op: ReduceOp) -> Result<Pending, CommError> {
+        self.all_reduce(buf, op)?;
+        Ok(Pending::DONE)
+    }
 }

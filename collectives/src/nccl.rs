@@ -327,6 +327,10 @@ impl<T: NcclType> Communicator<CudaSlice<T>> for NcclComm {
         self.dev_reduce_scatter(send, recv, op)?;
         self.pending("reduce_scatter")
     }
+    fn all_reduce_start(&mut self, buf: &mut CudaSlice<T>, op: ReduceOp) -> Result<Pending, CommError> {
+        self.dev_all_reduce(buf, op)?;
+        self.pending("all_reduce")
+    }
 }
 
 /// Host scalars (losses, norms): copied to the device, reduced there, copied back.

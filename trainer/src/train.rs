@@ -95,8 +95,8 @@ impl<B: Backend> Trainer<B> {
         // Mean over the global batch: every token's dloss is 1/(global tokens); reductions sum.
         let dloss_scale = 1.0 / (n * tc.grad_accum * world) as f32;
         self.engine.begin_step(be)?;
-        let mut loss_sum = 0.0f64;
         for micro in 0..tc.grad_accum {
+            self.engine.set_final_micro(micro + 1 == tc.grad_accum);
             self.sampler.micro_batch(
                 self.step as u64,
                 rank,
@@ -106,8 +106,7 @@ impl<B: Backend> Trainer<B> {
                 &mut self.inputs,
                 &mut self.targets,
             )?;
-            loss_sum +=
-                self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
+            self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
         }
         let lr = lr_at(self.step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
         let hyper = StepHyper {
@@ -119,7 +118,7 @@ impl<B: Backend> Trainer<B> {
             grad_clip: tc.grad_clip,
         };
         let stats = self.engine.step(be, comm, hyper, self.step as u64 + 1)?;
-        let loss = all_reduce_f64(comm, loss_sum / tc.grad_accum as f64)? / world as f64;
+        let loss = all_reduce_f64(comm, self.model.take_mean_loss(be)?)? / world as f64;
         be.synchronize()?;
         let step_time_s = t0.elapsed().as_secs_f64();
         self.step += 1;
@@ -185,7 +184,7 @@ impl<B: Backend> Trainer<B> {
         let (mut sum, mut i, mut done) = (0.0f64, 0usize, 0usize);
         while done < per_rank && batches.next_into(&mut self.inputs, &mut self.targets)? {
             if i % world == rank {
-                sum += self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, None)?;
+                sum += self.model.step_micro_loss(be, &mut self.engine, comm, &self.inputs, &self.targets, None)?;
                 done += 1;
             }
             i += 1;

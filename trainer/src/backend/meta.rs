@@ -84,8 +84,11 @@ impl Backend for MetaBackend {
     fn add_grad(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
         Ok(())
     }
-    fn grad_sumsq(&self, _: &MetaBuf, _: Loc) -> BResult<f64> {
-        Ok(0.0)
+    fn grad_sumsq_into(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn sum_into(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
     }
     fn copy_buf(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
         Ok(())

@@ -112,8 +112,13 @@ pub trait Backend {
     fn zero_grad(&self, buf: &mut Self::Grad, at: Loc) -> BResult<()>;
     /// `dst[doff..] += src[at]` (accumulating a reduced gradient shard).
     fn add_grad(&self, dst: &mut Self::Grad, doff: usize, src: &Self::Grad, at: Loc) -> BResult<()>;
-    /// Sum of squares of `buf[at]`, accumulated in f64 on the way to the host.
-    fn grad_sumsq(&self, buf: &Self::Grad, at: Loc) -> BResult<f64>;
+    /// `Σ buf[at]²`, accumulated in f64, written as an [`F64Pair`] to `dst[2·slot..2·slot+2]`.
+    /// The sum stays on the device: the engine reads every unit's pair with one download
+    /// per step instead of waiting for the device once per unit.
+    fn grad_sumsq_into(&self, buf: &Self::Grad, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()>;
+    /// `Σ src[at]` (f64) added to the [`F64Pair`] at `dst[2·slot..2·slot+2]` (the loss of every
+    /// micro-step summed on the device and read once per step).
+    fn sum_into(&self, src: &Self::F32, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()>;
     /// Copy within compute buffers.
     fn copy_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::Buf, at: Loc) -> BResult<()>;
 
@@ -268,4 +273,22 @@ pub struct ElemBytes {
     pub buf: usize,
     pub grad: usize,
     pub f32: usize,
+}
+
+/// An f64 kept in an fp32 buffer as two words, `hi = x as f32` and `lo = x − hi`, so device
+/// reductions keep f64 precision without an f64 buffer role.
+pub struct F64Pair;
+
+impl F64Pair {
+    pub fn split(x: f64) -> [f32; 2] {
+        let hi = x as f32;
+        [hi, (x - hi as f64) as f32]
+    }
+    pub fn join(p: &[f32]) -> f64 {
+        p[0] as f64 + p[1] as f64
+    }
+    /// Every pair of a downloaded slot buffer, in slot order.
+    pub fn all(v: &[f32]) -> impl Iterator<Item = f64> + '_ {
+        v.chunks_exact(2).map(F64Pair::join)
+    }
 }

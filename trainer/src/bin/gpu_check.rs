@@ -25,7 +25,7 @@ use cudarc::driver::{sys as dsys, CudaSlice};
 use half::bf16;
 use trainer::backend::cpu::CpuBackend;
 use trainer::backend::cuda::{AttentionImpl, CudaBackend};
-use trainer::backend::{AdamWStep, AttnShape, BResult, Backend, BackendError, Loc};
+use trainer::backend::{AdamWStep, AttnShape, BResult, Backend, BackendError, F64Pair, Loc};
 use trainer::zero::EngineComm;
 
 // The engine's collective bound must hold for the real pair, and the backend must be
@@ -498,9 +498,19 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng, small: bool) -> Report {
         be.add_grad(&mut acc, 0, &gy, Loc::new(0, n))?;
         let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
         rep.cmp("add_grad", "out", &be.download_grad(&acc, Loc::all(n))?, &want, 1e-7);
-        let got = be.grad_sumsq(&gx, Loc::new(3, n - 3))?;
+        let mut slots = be.alloc_f32(4, "")?;
+        be.grad_sumsq_into(&gx, Loc::new(3, n - 3), &mut slots, 1)?;
+        let got = F64Pair::join(&be.download_f32(&slots, Loc::new(2, 2))?);
         let want: f64 = x[3..].iter().map(|&v| v as f64 * v as f64).sum();
-        rep.cmp("grad_sumsq", "sum", &[got as f32], &[want as f32], 1e-6);
+        rep.cmp("grad_sumsq_into", "sum", &[got as f32], &[want as f32], 1e-6);
+        // sum_into accumulates: two calls give twice the sum.
+        let fx = up_f32(be, &x)?;
+        be.upload_f32(&[0.0, 0.0], &mut slots, 0)?;
+        be.sum_into(&fx, Loc::new(3, n - 3), &mut slots, 0)?;
+        be.sum_into(&fx, Loc::new(3, n - 3), &mut slots, 0)?;
+        let got = F64Pair::join(&be.download_f32(&slots, Loc::new(0, 2))?);
+        let want: f64 = 2.0 * x[3..].iter().map(|&v| v as f64).sum::<f64>();
+        rep.cmp("sum_into", "sum", &[got as f32], &[want as f32], 1e-6);
         Ok(())
     });
     rep
@@ -530,7 +540,7 @@ fn check_model(be: &CudaBackend, rng: &mut Rng, rep: &mut Report) -> Result<(), 
     let mut ceng = Engine::new(&cpu, layout.clone(), 0, 0, 1, seed).map_err(s)?;
     let mut cm = Gpt::new(&cpu, &layout, b, ActivationCheckpointing::None, &mut ceng.ledger).map_err(s)?;
     ceng.begin_step(&cpu).map_err(s)?;
-    let closs = cm.step_micro(&cpu, &mut ceng, &mut ccomm, &inputs, &targets, scale).map_err(s)?;
+    let closs = cm.step_micro_loss(&cpu, &mut ceng, &mut ccomm, &inputs, &targets, scale).map_err(s)?;
     let cgrads: Vec<Vec<f32>> =
         (0..ceng.num_units()).map(|u| ceng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(s)?;
     ceng.step(&cpu, &mut ccomm, h, 1).map_err(s)?;
@@ -546,7 +556,7 @@ fn check_model(be: &CudaBackend, rng: &mut Rng, rep: &mut Report) -> Result<(), 
         let mut geng = Engine::new(be, layout.clone(), stage, 0, 1, seed).map_err(s)?;
         let mut gm = Gpt::new(be, &layout, b, ActivationCheckpointing::None, &mut geng.ledger).map_err(s)?;
         geng.begin_step(be).map_err(s)?;
-        let gloss = gm.step_micro(be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(s)?;
+        let gloss = gm.step_micro_loss(be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(s)?;
         rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
         if stage == 0 {
             for (u, cg) in cgrads.iter().enumerate() {
@@ -800,7 +810,10 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
         be.adamw(&mut p, 0, &mut w, &mut m, &mut vv, 0, &g, 0, np, h)
     });
     let t_adam = tm.rows.last().map_or(0.0, |r| r.1);
-    tm.time("grad_sumsq (124M)", 3, 20, gbps((np * 4) as f64), || be.grad_sumsq(&g, Loc::all(np)).map(|_| ()));
+    let mut slots = be.alloc_f32(2, "")?;
+    tm.time("grad_sumsq_into (124M)", 3, 20, gbps((np * 4) as f64), || {
+        be.grad_sumsq_into(&g, Loc::all(np), &mut slots, 0)
+    });
     let t_norm = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("cast_to_buf (124M)", 3, 20, gbps((np * 6) as f64), || be.cast_to_buf(&mut p, 0, &w, Loc::all(np)));
     tm.time("add_grad (124M)", 3, 20, gbps((np * 12) as f64), || be.add_grad(&mut g, 0, &w, Loc::all(np)));

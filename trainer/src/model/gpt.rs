@@ -5,7 +5,7 @@
 //! checkpointing a block keeps only its input (the residual stream entering it, which is
 //! always kept) and its forward is recomputed into a shared scratch set during backward.
 
-use crate::backend::{AttnShape, BResult, Backend, Loc};
+use crate::backend::{AttnShape, BResult, Backend, F64Pair, Loc};
 use crate::config::{ActivationCheckpointing, ModelConfig};
 use crate::model::layout::{BlockLocs, ModelLayout};
 use crate::zero::{Category, Engine, EngineComm, MemoryLedger};
@@ -59,6 +59,10 @@ pub struct Gpt<B: Backend> {
     lnf_rstd: B::F32,
     logits: B::Buf,
     losses: B::F32,
+    /// Loss summed over the micro-steps since the last [`Gpt::take_mean_loss`], as an
+    /// `F64Pair` on the device: reading it every micro-step would stall the device.
+    loss_acc: B::F32,
+    loss_micro: usize,
     tokens: B::Tokens,
     targets: B::Tokens,
     g: GradScratch<B>,
@@ -103,6 +107,8 @@ impl<B: Backend> Gpt<B> {
         let lnf_mean = f32buf(n, "layernorm stats")?;
         let lnf_rstd = f32buf(n, "layernorm stats")?;
         let losses = f32buf(n, "per-token losses")?;
+        let mut loss_acc = f32buf(2, "loss sum")?;
+        be.upload_f32(&[0.0, 0.0], &mut loss_acc, 0)?;
         // One saved set per non-checkpointed block, plus one shared set if any block is checkpointed.
         let mut act_slot = Vec::with_capacity(l);
         let mut n_sets = 0;
@@ -170,6 +176,8 @@ impl<B: Backend> Gpt<B> {
             lnf_rstd,
             logits,
             losses,
+            loss_acc,
+            loss_micro: 0,
             tokens,
             targets,
             g,
@@ -180,10 +188,18 @@ impl<B: Backend> Gpt<B> {
         AttnShape { b: self.b, t: self.cfg.seq_len, c: self.cfg.n_embd, nh: self.cfg.n_head }
     }
 
-    /// Forward up to the per-token losses. Returns the mean loss of this micro-batch.
-    /// With `dloss_scale = Some(s)` the head's backward is also run (dlogits scaled by `s`)
-    /// and the whole backward follows, accumulating parameter gradients in the engine.
-    pub fn step_micro<C: EngineComm<B>>(
+    /// Mean loss per token over the micro-steps run since the last call (one device read).
+    pub fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
+        let n = self.b * self.cfg.seq_len;
+        let pair = be.download_f32(&self.loss_acc, Loc::all(2))?;
+        let mean = F64Pair::join(&pair) / (self.loss_micro.max(1) * n) as f64;
+        be.upload_f32(&[0.0, 0.0], &mut self.loss_acc, 0)?;
+        self.loss_micro = 0;
+        Ok(mean)
+    }
+
+    /// [`Gpt::step_micro`], then its mean loss (waits for the device: evaluation and tests).
+    pub fn step_micro_loss<C: EngineComm<B>>(
         &mut self,
         be: &B,
         eng: &mut Engine<B>,
@@ -192,6 +208,23 @@ impl<B: Backend> Gpt<B> {
         targets: &[u32],
         dloss_scale: Option<f32>,
     ) -> Result<f64, TrainError> {
+        self.step_micro(be, eng, comm, inputs, targets, dloss_scale)?;
+        Ok(self.take_mean_loss(be)?)
+    }
+
+    /// Forward up to the per-token losses, which are added to the loss sum on the device
+    /// (see [`Gpt::take_mean_loss`]). With `dloss_scale = Some(s)` the head's backward is
+    /// also run (dlogits scaled by `s`) and the whole backward follows, accumulating
+    /// parameter gradients in the engine.
+    pub fn step_micro<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        eng: &mut Engine<B>,
+        comm: &mut C,
+        inputs: &[u32],
+        targets: &[u32],
+        dloss_scale: Option<f32>,
+    ) -> Result<(), TrainError> {
         let s = self.shape();
         let (t, c, v, l) = (s.t, s.c, self.cfg.vocab_size, self.cfg.n_layer);
         let n = s.b * t;
@@ -242,11 +275,11 @@ impl<B: Backend> Gpt<B> {
             be.matmul_fwd(&mut self.logits, &self.lnf, p, e.wte, None, n, c, v)?;
         }
         be.cross_entropy_fwd_bwd(&mut self.logits, &mut self.losses, &self.targets, n, v, dloss_scale.unwrap_or(0.0))?;
-        let losses = be.download_f32(&self.losses, Loc::all(n))?;
-        let mean_loss = losses.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+        be.sum_into(&self.losses, Loc::all(n), &mut self.loss_acc, 0)?;
+        self.loss_micro += 1;
         let Some(_) = dloss_scale else {
             eng.release(0);
-            return Ok(mean_loss);
+            return Ok(());
         };
 
         // ---- backward ----
@@ -296,7 +329,7 @@ impl<B: Backend> Gpt<B> {
         let gr = eng.grads(be, 0)?;
         be.encoder_bwd(gr, e.wte, e.wpe, &self.g.dres, &self.tokens, s.b, t, c)?;
         eng.unit_backward_done(be, comm, 0)?;
-        Ok(mean_loss)
+        Ok(())
     }
 }
 

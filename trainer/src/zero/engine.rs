@@ -13,7 +13,7 @@
 
 use super::memory::{Category, MemoryLedger, MemoryReport};
 use super::Policy;
-use crate::backend::{AdamWStep, BResult, Backend, Loc};
+use crate::backend::{AdamWStep, BResult, Backend, F64Pair, Loc};
 use crate::model::{init, ModelLayout};
 use crate::TrainError;
 use collectives::{Communicator, Group, Pending, ReduceOp};
@@ -53,8 +53,11 @@ struct Unit<B: Backend> {
     padded: usize,
     /// Full compute parameters (always for stage 0-2; while gathered for stage 3).
     params: Option<B::Buf>,
-    /// Stage 3: the all-gather filling `params` may still be running (prefetch).
+    /// The all-gather filling `params` may still be running: stage 3's prefetch, or
+    /// stage 1/2's publish of the updated parameters (waited for at the next `gather`).
     gather_pending: Option<Pending>,
+    /// Stage 0/1: the gradient reduction started during the last micro-step's backward.
+    reduce_pending: Option<Pending>,
     /// This rank's compute-parameter shard (stage >= 1).
     param_shard: Option<B::Buf>,
     /// Full gradient accumulation buffer (always for stage 0/1; during backward for 2/3).
@@ -88,6 +91,11 @@ pub struct Engine<B: Backend> {
     rs_in_flight: Option<(usize, Pending, B::Grad)>,
     /// Stage 3: how many units ahead of use to start all-gathers (`zero.prefetch_blocks`).
     pub prefetch: usize,
+    /// The micro-step running is the step's last (see [`Engine::set_final_micro`]).
+    final_micro: bool,
+    /// Per-unit sums of squared gradients as [`F64Pair`]s, filled on the device and read
+    /// with one download per step.
+    norm_slots: B::F32,
     pub ledger: MemoryLedger,
     sizes: crate::backend::ElemBytes,
 }
@@ -223,6 +231,7 @@ impl<B: Backend> Engine<B> {
                 padded,
                 params,
                 gather_pending: None,
+                reduce_pending: None,
                 param_shard,
                 grads,
                 grad_shard,
@@ -242,6 +251,8 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        ledger.alloc(Category::Workspace, 2 * units.len() * sizes.f32);
+        let norm_slots = be.alloc_f32(2 * units.len(), "gradient norm partial sums")?;
         Ok(Engine {
             policy,
             rank,
@@ -253,6 +264,8 @@ impl<B: Backend> Engine<B> {
             grad_pool: Pool { idle: vec![] },
             rs_in_flight: None,
             prefetch: 1,
+            final_micro: false,
+            norm_slots,
             ledger,
             sizes,
         })
@@ -260,6 +273,13 @@ impl<B: Backend> Engine<B> {
 
     pub fn num_units(&self) -> usize {
         self.units.len()
+    }
+
+    /// Say whether the coming micro-step is the optimizer step's last. Stage 0/1 then start
+    /// each unit's gradient reduction as soon as its backward is done, so it overlaps the
+    /// rest of the backward instead of running after it. Without it `step` reduces everything.
+    pub fn set_final_micro(&mut self, last: bool) {
+        self.final_micro = last;
     }
 
     /// Start accumulating a new optimizer step's gradients.
@@ -363,6 +383,9 @@ impl<B: Backend> Engine<B> {
     /// block by block during backward).
     pub fn unit_backward_done<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
         if !self.policy.shard_grads {
+            if self.final_micro {
+                self.start_reduction(comm, i)?;
+            }
             return Ok(());
         }
         let Some(full) = self.units[i].grads.take() else { return Ok(()) };
@@ -377,6 +400,25 @@ impl<B: Backend> Engine<B> {
             .expect("a receive buffer exists for every shard length");
         let p = Communicator::<B::Grad>::reduce_scatter_start(comm, &full, scratch, ReduceOp::Sum)?;
         self.rs_in_flight = Some((i, p, full));
+        Ok(())
+    }
+
+    /// Stage 0/1: start reducing unit `i`'s complete gradient (stage 0: all-reduce in place;
+    /// stage 1: reduce-scatter into this rank's shard). Idempotent within a step.
+    fn start_reduction<C: EngineComm<B>>(&mut self, comm: &mut C, i: usize) -> Result<(), TrainError> {
+        let shard_optimizer = self.policy.shard_optimizer;
+        let u = &mut self.units[i];
+        if u.reduce_pending.is_some() {
+            return Ok(());
+        }
+        let g = u.grads.as_mut().expect("stage 0/1 keep full gradients");
+        let p = if shard_optimizer {
+            let s = u.grad_shard.as_mut().expect("stage 1 keeps a gradient shard");
+            Communicator::<B::Grad>::reduce_scatter_start(comm, g, s, ReduceOp::Sum)?
+        } else {
+            Communicator::<B::Grad>::all_reduce_start(comm, g, ReduceOp::Sum)?
+        };
+        u.reduce_pending = Some(p);
         Ok(())
     }
 
@@ -406,31 +448,31 @@ impl<B: Backend> Engine<B> {
         t: u64,
     ) -> Result<StepStats, TrainError> {
         let (rank, policy) = (self.rank, self.policy);
-        // 1. Reduction not yet done during backward.
+        // 1. Reduction not yet done (or not yet waited for) during backward.
+        self.final_micro = false;
         self.finish_reduce_scatter(be, comm)?;
-        for u in &mut self.units {
-            if !policy.shard_optimizer {
-                let g = u.grads.as_mut().expect("stage 0 keeps full gradients");
-                Communicator::<B::Grad>::all_reduce(comm, g, ReduceOp::Sum)?;
-            } else if !policy.shard_grads {
-                let g = u.grads.as_ref().expect("stage 1 keeps full gradients");
-                let s = u.grad_shard.as_mut().expect("stage 1 keeps a gradient shard");
-                Communicator::<B::Grad>::reduce_scatter(comm, g, s, ReduceOp::Sum)?;
-            }
-        }
-        // 2. Global norm of the reduced gradient (padding is zero and adds nothing).
-        let mut sumsq = 0.0f64;
-        for u in &self.units {
-            if !policy.shard_optimizer {
-                sumsq += be.grad_sumsq(u.grads.as_ref().expect("stage 0 grads"), Loc::all(u.numel))?;
-            } else {
-                let lo = rank * u.shard;
-                let hi = ((rank + 1) * u.shard).min(u.numel);
-                if hi > lo {
-                    sumsq += be.grad_sumsq(u.grad_shard.as_ref().expect("grad shard"), Loc::new(0, hi - lo))?;
+        if !policy.shard_grads {
+            for i in 0..self.units.len() {
+                self.start_reduction(comm, i)?;
+                if let Some(p) = self.units[i].reduce_pending.take() {
+                    Group::wait(comm, p)?;
                 }
             }
         }
+        // 2. Global norm of the reduced gradient (padding is zero and adds nothing): every
+        // unit's sum of squares into its device slot, then one download.
+        for (i, u) in self.units.iter().enumerate() {
+            let (g, at) = if !policy.shard_optimizer {
+                (u.grads.as_ref().expect("stage 0 grads"), Loc::all(u.numel))
+            } else {
+                let lo = (rank * u.shard).min(u.numel);
+                let hi = ((rank + 1) * u.shard).min(u.numel);
+                (u.grad_shard.as_ref().expect("grad shard"), Loc::new(0, hi - lo))
+            };
+            be.grad_sumsq_into(g, at, &mut self.norm_slots, i)?;
+        }
+        let slots = be.download_f32(&self.norm_slots, Loc::all(2 * self.units.len()))?;
+        let mut sumsq: f64 = F64Pair::all(&slots).sum();
         if policy.shard_optimizer {
             sumsq = all_reduce_f64(comm, sumsq)?;
         }
@@ -469,11 +511,12 @@ impl<B: Backend> Engine<B> {
                     be.adamw(p, a, &mut u.master, &mut u.m, &mut u.v, moff, g, a, b - a, step)?;
                 }
             }
-            // 4. Publish: stage 1/2 all-gather the updated shards into the full copy.
+            // 4. Publish: stage 1/2 all-gather the updated shards into the full copy. It runs
+            // while later units update and the next forward starts; `gather` waits for it.
             if policy.shard_optimizer && !policy.shard_params {
                 let s = u.param_shard.as_ref().expect("param shard");
                 let p = u.params.as_mut().expect("stage 1/2 params");
-                Communicator::<B::Buf>::all_gather(comm, s, p)?;
+                u.gather_pending = Some(Communicator::<B::Buf>::all_gather_start(comm, s, p)?);
             }
         }
         Ok(StepStats { grad_norm, clip_scale })
@@ -568,6 +611,10 @@ impl<B: Backend> Engine<B> {
     ) -> Result<(), TrainError> {
         let (lo, hi) = self.held_range(i);
         let policy = self.policy;
+        // A publish or prefetch still writing the parameters finishes first.
+        if let Some(p) = self.units[i].gather_pending.take() {
+            Group::wait(comm, p)?;
+        }
         let u = &mut self.units[i];
         if state.iter().any(|s| s.len() != hi - lo) {
             return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));

@@ -23,7 +23,7 @@ pub use gelu::{gelu_backward, gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward, LN_EPS};
 pub use matmul::{matmul_backward, matmul_forward};
 
-use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, ElemBytes, Loc};
+use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, ElemBytes, F64Pair, Loc};
 
 /// The f32 CPU backend. Stateless: matrixmultiply reads its thread count from
 /// `MATMUL_NUM_THREADS` (the launcher divides the cores between ranks).
@@ -104,8 +104,16 @@ impl Backend for CpuBackend {
         }
         Ok(())
     }
-    fn grad_sumsq(&self, buf: &Vec<f32>, at: Loc) -> BResult<f64> {
-        Ok(buf[at.off..at.end()].iter().map(|&x| (x as f64) * (x as f64)).sum())
+    fn grad_sumsq_into(&self, buf: &Vec<f32>, at: Loc, dst: &mut Vec<f32>, slot: usize) -> BResult<()> {
+        let s: f64 = buf[at.off..at.end()].iter().map(|&x| (x as f64) * (x as f64)).sum();
+        dst[2 * slot..2 * slot + 2].copy_from_slice(&F64Pair::split(s));
+        Ok(())
+    }
+    fn sum_into(&self, src: &Vec<f32>, at: Loc, dst: &mut Vec<f32>, slot: usize) -> BResult<()> {
+        let s: f64 = src[at.off..at.end()].iter().map(|&x| x as f64).sum();
+        let prev = F64Pair::join(&dst[2 * slot..2 * slot + 2]);
+        dst[2 * slot..2 * slot + 2].copy_from_slice(&F64Pair::split(prev + s));
+        Ok(())
     }
     fn copy_buf(&self, dst: &mut Vec<f32>, doff: usize, src: &Vec<f32>, at: Loc) -> BResult<()> {
         dst[doff..doff + at.len].copy_from_slice(&src[at.off..at.end()]);

@@ -1,6 +1,6 @@
 // Buffer utilities (the CPU twins are inline in cpu/mod.rs): fp32 -> bf16 rounding,
-// gradient accumulation, the sum of squares for the gradient norm, and the ordered
-// reduction of per-block partial sums that keeps the column-sum kernels deterministic.
+// gradient accumulation, and the ordered reduction of per-block partial sums that keeps
+// the column-sum kernels deterministic.
 
 extern "C" __global__ void cast_f32_bf16(bf16_t* dst, const float* src, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
@@ -12,21 +12,6 @@ extern "C" __global__ void add_f32(float* dst, const float* src, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         dst[i] += src[i];
-}
-
-// partial[blockIdx.x] = sum of x[i]^2 over this block's grid-stride share, in f64.
-// The grid size is fixed by the host, so the host's in-order sum of the partials is
-// the same bits on every run.
-extern "C" __global__ void sumsq_partial(double* partial, const float* x, long long n) {
-    __shared__ double sh[32];
-    double acc = 0.0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const double v = x[i];
-        acc += v * v;
-    }
-    acc = block_sum_d(acc, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
 // partial is [nchunks, W]; for j < W: s = sum over chunks in order; j < split goes to

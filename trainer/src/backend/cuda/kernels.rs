@@ -61,11 +61,8 @@ const SOURCES: &[Source] = &[
     Source { name: "residual", src: include_str!("residual.cu"), functions: &["residual_fwd"] },
     Source { name: "cross_entropy", src: include_str!("cross_entropy.cu"), functions: &["cross_entropy_fwd_bwd"] },
     Source { name: "adamw", src: include_str!("adamw.cu"), functions: &["adamw"] },
-    Source {
-        name: "cast",
-        src: include_str!("cast.cu"),
-        functions: &["cast_f32_bf16", "add_f32", "sumsq_partial", "reduce_partials"],
-    },
+    Source { name: "cast", src: include_str!("cast.cu"), functions: &["cast_f32_bf16", "add_f32", "reduce_partials"] },
+    Source { name: "reduce", src: include_str!("reduce.cu"), functions: &["sum_partial", "sum_finish"] },
 ];
 
 /// Functions that take more than the default 48 KiB of dynamic shared memory.

@@ -5,7 +5,7 @@
 //! - `Grad` = `CudaSlice<f32>`: parameter gradients (fp32 accumulation and reduction);
 //! - `F32` = `CudaSlice<f32>`: master weights, AdamW moments, LayerNorm statistics,
 //!   per-token losses, the attention's saved log-sum-exp;
-//! - `Tokens` = `CudaSlice<u32>`.
+//! - `Tokens` = [`DeviceTokens`]: the ids on the device plus the host copy they came from.
 //!
 //! One kernel file per op beside its CPU twin's name (`encoder.cu` ↔ `cpu/encoder.rs`,
 //! …), compiled by NVRTC at start-up and cached on disk (`kernels.rs`); the GEMMs are
@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::cudaError_enum;
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, PinnedHostSlice,
+    ValidAsZeroBits,
 };
 use half::bf16;
 
@@ -63,6 +64,9 @@ pub struct CudaBackend {
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
     scratch_f64: RefCell<Option<CudaSlice<f64>>>,
     scratch_u32: RefCell<Option<CudaSlice<u32>>>,
+    /// Page-locked staging for the embedding plan: an upload from pageable memory may
+    /// wait for the stream, a pinned one does not.
+    plan_pinned: RefCell<Option<PinnedHostSlice<u32>>>,
     scratch_bf16: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
     attention: Cell<AttentionImpl>,
@@ -169,6 +173,7 @@ impl CudaBackend {
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
             scratch_u32: RefCell::new(None),
+            plan_pinned: RefCell::new(None),
             scratch_bf16: RefCell::new(None),
             scratch_bf16_w: RefCell::new(None),
             attention: Cell::new(match std::env::var("SHARDTRAIN_ATTENTION").as_deref() {
@@ -249,6 +254,14 @@ impl CudaBackend {
         Ok(self.ptr(s, 0))
     }
 
+    /// Page-locked host memory for uploads that must not stall the host.
+    fn pinned(&self, n: usize, what: &str) -> BResult<PinnedHostSlice<u32>> {
+        // SAFETY: the memory is uninitialised; callers write it before any copy. Flags 0
+        // (not write-combined): the host also reads it back.
+        unsafe { self.ctx.alloc_pinned_with_flags::<u32>(n.max(1), 0) }
+            .map_err(|e| self.err(&format!("allocating {} bytes of pinned host memory for {what}", n * 4), e))
+    }
+
     fn scratch_f32(&self, n: usize) -> BResult<u64> {
         self.scratch(&self.scratch_f32, n, "fp32 scratch")
     }
@@ -304,7 +317,7 @@ impl Backend for CudaBackend {
     type Buf = CudaSlice<bf16>;
     type Grad = CudaSlice<f32>;
     type F32 = CudaSlice<f32>;
-    type Tokens = CudaSlice<u32>;
+    type Tokens = DeviceTokens;
 
     fn name(&self) -> String {
         self.device.clone()
@@ -323,11 +336,20 @@ impl Backend for CudaBackend {
         self.alloc(n, what)
     }
     fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens> {
-        self.alloc(n, "token ids")
+        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned: self.pinned(n, "token ids")? })
     }
     fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
-        check("upload_tokens", dst.len(), 0, host.len())?;
-        self.stream.memcpy_htod(host, &mut dst.slice_mut(0..host.len())).map_err(|e| self.err("uploading tokens", e))
+        check("upload_tokens", dst.dev.len(), 0, host.len())?;
+        let n = host.len();
+        dst.host[..n].copy_from_slice(host);
+        // Waits only until this buffer's previous upload has left it (long done by now).
+        let staged = dst.pinned.as_mut_slice().map_err(|e| self.err("staging token ids", e))?;
+        staged[..n].copy_from_slice(host);
+        if n == staged.len() {
+            self.stream.memcpy_htod(&dst.pinned, &mut dst.dev).map_err(|e| self.err("uploading tokens", e))
+        } else {
+            self.stream.memcpy_htod(host, &mut dst.dev.slice_mut(0..n)).map_err(|e| self.err("uploading tokens", e))
+        }
     }
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
         check("upload_buf", dst.len(), off, host.len())?;
@@ -374,8 +396,11 @@ impl Backend for CudaBackend {
     fn add_grad(&self, dst: &mut Self::Grad, doff: usize, src: &Self::Grad, at: Loc) -> BResult<()> {
         self.op_add_grad(dst, doff, src, at)
     }
-    fn grad_sumsq(&self, buf: &Self::Grad, at: Loc) -> BResult<f64> {
-        self.op_grad_sumsq(buf, at)
+    fn grad_sumsq_into(&self, buf: &Self::Grad, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()> {
+        self.op_sum_into(buf, at, true, dst, slot, false)
+    }
+    fn sum_into(&self, src: &Self::F32, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()> {
+        self.op_sum_into(src, at, false, dst, slot, true)
     }
     fn copy_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::Buf, at: Loc) -> BResult<()> {
         check_loc("copy_buf source", src.len(), at)?;
@@ -396,7 +421,7 @@ impl Backend for CudaBackend {
         t: usize,
         c: usize,
     ) -> BResult<()> {
-        self.op_encoder_fwd(out, tokens, params, wte, wpe, b, t, c)
+        self.op_encoder_fwd(out, &tokens.dev, params, wte, wpe, b, t, c)
     }
     fn encoder_bwd(
         &self,
@@ -409,7 +434,7 @@ impl Backend for CudaBackend {
         t: usize,
         c: usize,
     ) -> BResult<()> {
-        self.op_encoder_bwd(grads, dwte, dwpe, dout, tokens, b, t, c)
+        self.op_encoder_bwd(grads, dwte, dwpe, dout, &tokens.host, b, t, c)
     }
     fn layernorm_fwd(
         &self,
@@ -508,7 +533,7 @@ impl Backend for CudaBackend {
         v: usize,
         dloss_scale: f32,
     ) -> BResult<()> {
-        self.op_cross_entropy(logits, losses, targets, n, v, dloss_scale)
+        self.op_cross_entropy(logits, losses, &targets.dev, n, v, dloss_scale)
     }
     fn adamw(
         &self,
@@ -534,5 +559,22 @@ impl Backend for CudaBackend {
         self.ctx.bind_to_thread().ok()?;
         let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
         Some(((total - free) as u64, total as u64))
+    }
+}
+
+/// Token ids on the device, plus the host copy they were uploaded from: the embedding
+/// backward plans its deterministic grouping of rows by token from the host copy, so it
+/// never reads ids back from the device (a wait for the GPU in the middle of every step).
+pub struct DeviceTokens {
+    dev: CudaSlice<u32>,
+    host: Vec<u32>,
+    /// Page-locked staging, so the upload does not wait for the stream.
+    pinned: PinnedHostSlice<u32>,
+}
+
+impl DeviceTokens {
+    /// The ids on the device.
+    pub fn device(&self) -> &CudaSlice<u32> {
+        &self.dev
     }
 }

@@ -193,25 +193,35 @@ impl CudaBackend {
     }
 
     /// Per-block f64 partial sums on the device, summed in block order on the host.
-    pub(super) fn op_grad_sumsq(&self, buf: &CudaSlice<f32>, at: Loc) -> BResult<f64> {
-        check_loc("grad_sumsq", buf.len(), at)?;
-        if at.len == 0 {
-            return Ok(0.0);
-        }
-        let blocks = at.len.div_ceil(BLOCK as usize).min(SUMSQ_BLOCKS);
-        let partial = self.scratch(&self.scratch_f64, blocks, "norm partial sums")?;
-        let (x, n) = (self.ptr(buf, at.off), at.len as i64);
-        let f = self.f("sumsq_partial")?;
+    /// `dst[2·slot..+2]` (an `F64Pair`) = Σ `x[at]` (or of squares), plus the pair already
+    /// there when `accumulate`. Nothing is read back to the host.
+    pub(super) fn op_sum_into(
+        &self,
+        x: &CudaSlice<f32>,
+        at: Loc,
+        square: bool,
+        dst: &mut CudaSlice<f32>,
+        slot: usize,
+        accumulate: bool,
+    ) -> BResult<()> {
+        check_loc("sum_into source", x.len(), at)?;
+        check("sum_into destination", dst.len(), 2 * slot, 2)?;
+        let blocks = at.len.div_ceil(BLOCK as usize).clamp(1, SUMSQ_BLOCKS);
+        let partial = self.scratch(&self.scratch_f64, blocks, "sum partials")?;
+        let (xp, n, sq) = (self.ptr(x, at.off), at.len as i64, square as i32);
+        let f = self.f("sum_partial")?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&partial).arg(&x).arg(&n);
+        lb.arg(&partial).arg(&xp).arg(&n).arg(&sq);
         // SAFETY: x range checked; partial holds `blocks` doubles.
         unsafe { lb.launch(cfg((blocks as u32, 1, 1), (BLOCK, 1, 1), 0)) }
-            .map_err(|e| self.launch_err("sumsq_partial", e))?;
-        let cell = self.scratch_f64.borrow();
-        let s = cell.as_ref().expect("allocated by scratch()");
-        let host =
-            self.stream.clone_dtoh(&s.slice(0..blocks)).map_err(|e| self.err("downloading norm partial sums", e))?;
-        Ok(host.iter().sum())
+            .map_err(|e| self.launch_err("sum_partial", e))?;
+        let (d, nb, acc) = (self.ptr_mut(dst, 2 * slot), blocks as i32, accumulate as i32);
+        let f = self.f("sum_finish")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&d).arg(&partial).arg(&nb).arg(&acc);
+        // SAFETY: dst holds the pair at 2*slot (checked); partial holds nb doubles.
+        unsafe { lb.launch(cfg((1, 1, 1), (32, 1, 1), 0)) }.map_err(|e| self.launch_err("sum_finish", e))?;
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -265,7 +275,7 @@ impl CudaBackend {
         dwte: Loc,
         dwpe: Loc,
         dout: &CudaSlice<bf16>,
-        tokens: &CudaSlice<u32>,
+        toks: &[u32],
         b: usize,
         t: usize,
         c: usize,
@@ -274,7 +284,7 @@ impl CudaBackend {
         check_loc("encoder_bwd dwte", grads.len(), dwte)?;
         check_loc("encoder_bwd dwpe", grads.len(), dwpe)?;
         check("encoder_bwd dout", dout.len(), 0, n * c)?;
-        check("encoder_bwd tokens", tokens.len(), 0, n)?;
+        check("encoder_bwd tokens", toks.len(), 0, n)?;
         if c == 0 || !dwte.len.is_multiple_of(c) || dwpe.len < t * c {
             return Err(bad(format!(
                 "encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({}) hold T*C",
@@ -285,7 +295,7 @@ impl CudaBackend {
             return Ok(());
         }
         let vocab = dwte.len / c;
-        let toks = self.stream.clone_dtoh(&tokens.slice(0..n)).map_err(|e| self.err("downloading token ids", e))?;
+        let toks = &toks[..n];
         if let Some(bad_tok) = toks.iter().find(|&&x| x as usize >= vocab) {
             return Err(bad(format!("encoder_bwd: token id {bad_tok} is outside the vocabulary of {vocab}")));
         }
@@ -306,13 +316,22 @@ impl CudaBackend {
         let mut plan = starts;
         plan.extend_from_slice(&uniq);
         plan.extend_from_slice(&rows);
-        let plan_len = plan.len();
-        self.scratch(&self.scratch_u32, plan_len, "embedding backward plan")?;
+        // Staged through pinned memory (sized for the largest plan, 3n + 1) and copied whole.
+        let cap = 3 * n + 1;
+        let mut pinned = self.plan_pinned.borrow_mut();
+        if pinned.as_ref().is_none_or(|p| p.len() < cap) {
+            *pinned = Some(self.pinned(cap, "the embedding backward plan")?);
+        }
+        let staged = pinned.as_mut().expect("allocated above");
+        let cap = staged.len();
+        staged.as_mut_slice().map_err(|e| self.err("staging the embedding plan", e))?[..plan.len()]
+            .copy_from_slice(&plan);
+        self.scratch(&self.scratch_u32, cap, "embedding backward plan")?;
         let plan_ptr = {
             let mut cell = self.scratch_u32.borrow_mut();
             let s = cell.as_mut().expect("allocated by scratch()");
             self.stream
-                .memcpy_htod(&plan, &mut s.slice_mut(0..plan_len))
+                .memcpy_htod(&*staged, &mut s.slice_mut(0..cap))
                 .map_err(|e| self.err("uploading the embedding plan", e))?;
             self.ptr(s, 0)
         };

@@ -1,0 +1,34 @@
+// Sums that stay on the device (twins: grad_sumsq_into / sum_into in cpu/mod.rs): the
+// gradient norm's per-unit sums of squares and the per-step loss sum. The host reads all
+// of them with one download per step instead of waiting for the device after each.
+//
+// Deterministic: the host fixes the grid, each block sums its grid-stride share in f64,
+// and one warp combines the per-block partials in a fixed order.
+
+// partial[blockIdx.x] = sum over this block's share of x[i] (square != 0: x[i]^2), in f64.
+extern "C" __global__ void sum_partial(double* partial, const float* x, long long n, int square) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const double v = x[i];
+        acc += square ? v * v : v;
+    }
+    acc = block_sum_d(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// One warp. s = sum of partial[0..nb) (+ the pair already in dst when accumulate != 0);
+// dst[0] = (float)s, dst[1] = s - dst[0]: an f64 kept as two f32 words (F64Pair).
+extern "C" __global__ void sum_finish(float* dst, const double* partial, int nb, int accumulate) {
+    double acc = 0.0;
+    for (int k = threadIdx.x; k < nb; k += 32) acc += partial[k];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (threadIdx.x == 0) {
+        const double s = (accumulate ? (double)dst[0] + (double)dst[1] : 0.0) + acc;
+        const float hi = (float)s;
+        dst[0] = hi;
+        dst[1] = (float)(s - (double)hi);
+    }
+}
