@@ -64,6 +64,9 @@ struct Unit<B: Backend> {
     grads: Option<B::Grad>,
     /// This rank's reduced gradient shard (stage >= 1).
     grad_shard: Option<B::Grad>,
+    /// Stage 2/3: no reduce-scatter has reached the shard yet this step, so the next one
+    /// writes it directly instead of through the receive buffer and an addition.
+    shard_empty: bool,
     master: B::F32,
     m: B::F32,
     v: B::F32,
@@ -87,8 +90,9 @@ pub struct Engine<B: Backend> {
     param_pool: Pool<B::Buf>,
     grad_pool: Pool<B::Grad>,
     /// Stage 2/3: the last finished unit's reduce-scatter, still running on the
-    /// communication stream while backward continues: (unit, pending, its full gradient).
-    rs_in_flight: Option<(usize, Pending, B::Grad)>,
+    /// communication stream while backward continues: (unit, pending, its full gradient,
+    /// whether it lands in the receive buffer and must still be added to the shard).
+    rs_in_flight: Option<(usize, Pending, B::Grad, bool)>,
     /// Stage 3: how many units ahead of use to start all-gathers (`zero.prefetch_blocks`).
     pub prefetch: usize,
     /// The micro-step running is the step's last (see [`Engine::set_final_micro`]).
@@ -235,6 +239,7 @@ impl<B: Backend> Engine<B> {
                 param_shard,
                 grads,
                 grad_shard,
+                shard_empty: true,
                 master,
                 m,
                 v,
@@ -291,6 +296,7 @@ impl<B: Backend> Engine<B> {
             if let Some(g) = u.grad_shard.as_mut() {
                 be.zero_grad(g, Loc::all(u.shard))?;
             }
+            u.shard_empty = true;
         }
         Ok(())
     }
@@ -392,14 +398,24 @@ impl<B: Backend> Engine<B> {
         // The previous unit's reduction had this unit's backward to finish in; its receive
         // buffer is free again once its accumulation (queued here) has read it.
         self.finish_reduce_scatter(be, comm)?;
-        let shard = self.units[i].shard;
-        let (_, scratch) = self
-            .rs_scratch
-            .iter_mut()
-            .find(|(n, _)| *n == shard)
-            .expect("a receive buffer exists for every shard length");
-        let p = Communicator::<B::Grad>::reduce_scatter_start(comm, &full, scratch, ReduceOp::Sum)?;
-        self.rs_in_flight = Some((i, p, full));
+        let u = &mut self.units[i];
+        // The step's first reduction of this unit (every micro-step when grad_accum = 1)
+        // overwrites the shard; later ones go through the receive buffer and are added.
+        let via_scratch = !u.shard_empty;
+        u.shard_empty = false;
+        let recv = if via_scratch {
+            let shard = u.shard;
+            &mut self
+                .rs_scratch
+                .iter_mut()
+                .find(|(n, _)| *n == shard)
+                .expect("a receive buffer exists for every shard length")
+                .1
+        } else {
+            u.grad_shard.as_mut().expect("sharded stages keep a gradient shard")
+        };
+        let p = Communicator::<B::Grad>::reduce_scatter_start(comm, &full, recv, ReduceOp::Sum)?;
+        self.rs_in_flight = Some((i, p, full, via_scratch));
         Ok(())
     }
 
@@ -425,16 +441,18 @@ impl<B: Backend> Engine<B> {
     /// Wait for the reduce-scatter in flight (if any), add it to its unit's gradient shard,
     /// and return its full gradient buffer to the pool.
     fn finish_reduce_scatter<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
-        let Some((i, p, full)) = self.rs_in_flight.take() else { return Ok(()) };
+        let Some((i, p, full, via_scratch)) = self.rs_in_flight.take() else { return Ok(()) };
         Group::wait(comm, p)?;
         let u = &mut self.units[i];
-        let (_, scratch) = self
-            .rs_scratch
-            .iter()
-            .find(|(n, _)| *n == u.shard)
-            .expect("a receive buffer exists for every shard length");
-        let shard = u.grad_shard.as_mut().expect("sharded stages keep a gradient shard");
-        be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
+        if via_scratch {
+            let (_, scratch) = self
+                .rs_scratch
+                .iter()
+                .find(|(n, _)| *n == u.shard)
+                .expect("a receive buffer exists for every shard length");
+            let shard = u.grad_shard.as_mut().expect("sharded stages keep a gradient shard");
+            be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
+        }
         self.grad_pool.park(u.padded, full, u.padded * self.sizes.grad, Category::Grads, &mut self.ledger);
         Ok(())
     }

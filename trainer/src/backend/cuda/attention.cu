@@ -405,9 +405,15 @@ ATTN_INSTANCES(128)
 // Tensor-core path for head size 64 (every GPT-2 size): the same three kernels with
 // the products on mma.sync m16n8k16 (bf16 in, fp32 accumulate), FlashAttention-2
 // style. Block = 4 warps = 64 rows of the tile, 16 per warp. q, k, v, dO stay bf16
-// in shared memory (rows padded to 72 elements: conflict-free fragment loads and
-// ldmatrix rows). Probabilities and dS are rounded to bf16 only as mma operands;
-// the softmax statistics, D and every accumulator are fp32.
+// in shared memory (rows padded to 72 elements: conflict-free ldmatrix rows).
+// Probabilities and dS are rounded to bf16 only as mma operands; the softmax
+// statistics, D and every accumulator are fp32.
+//
+// The streamed tiles are double-buffered with cp.async: the next tile's copy runs
+// while the current one is multiplied. The block's own tile (Q in the forward and dQ
+// kernels, K and V in dK/dV) is read once into registers as mma A fragments, so it
+// borrows the second buffer's shared memory before the stream starts. Only the
+// diagonal (and a ragged last) tile pays for the causal mask.
 //
 // Fragment layout of m16n8k16 (g = lane / 4, t = lane % 4):
 //   A (16x16, row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -468,18 +474,57 @@ __device__ __forceinline__ void load_afrag(unsigned a[4][4], const bf16_t* X, in
     }
 }
 
+// Four 8x8 b16 matrices, not transposed: lanes 8m..8m+7 address the rows of matrix m.
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
 // acc[j] (16 x 64, 8 n-tiles) += A (16 x 64, fragments) * Y^T, Y a [64 n][MLD] tile.
+// One ldmatrix.x4 gives the B fragments of two k-steps: matrix m = rows j*8.., columns
+// 32h + 8m.. (b0, b1 of k-step 2h, then of 2h+1).
 __device__ __forceinline__ void mma_abt(float acc[8][4], const unsigned a[4][4], const bf16_t* Y) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
+    const bf16_t* base = Y + (lane & 7) * MLD + (lane >> 3) * 8;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const bf16_t* p = Y + (j * 8 + g) * MLD + kk * 16 + 2 * t;
-            mma_bf16(acc[j], a[kk], ld32(p), ld32(p + 8));
+        for (int h = 0; h < 2; ++h) {
+            unsigned r[4];
+            ldsm_x4(r, base + j * 8 * MLD + h * 32);
+            mma_bf16(acc[j], a[2 * h], r[0], r[1]);
+            mma_bf16(acc[j], a[2 * h + 1], r[2], r[3]);
         }
     }
 }
+
+// cp.async: 64 rows x 64 bf16 (row r at src + r*stride) -> dst[64][MLD]; rows >= nvalid
+// are zero-filled (source size 0). 128 threads, 16-byte chunks. Not complete until
+// cp_wait and a barrier.
+__device__ __forceinline__ void load_tile16_async(bf16_t* dst, const bf16_t* src, long long stride, int nvalid) {
+    for (int c = threadIdx.x; c < 64 * 8; c += 128) {
+        const int r = c >> 3, ch = c & 7;
+        const bool ok = r < nvalid;
+        const bf16_t* g = src + (long long)(ok ? r : 0) * stride + ch * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst + r * MLD + ch * 8)),
+                     "l"(g), "r"(ok ? 16 : 0));
+    }
+}
+
+// cp.async of 64 floats v[i0 + i] (0 where i0 + i >= n) into dst, by threads first..first+63.
+__device__ __forceinline__ void load_row64_async(float* dst, const float* v, int i0, int n, int first) {
+    const int i = threadIdx.x - first;
+    if (i < 0 || i >= 64) return;
+    const bool ok = i0 + i < n;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst + i)), "l"(v + (ok ? i0 + i : 0)),
+                 "r"(ok ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+// Wait until at most one committed group (the newest) is still in flight.
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;"); }
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;"); }
 
 // acc[j] (16 x 64) += P (16 x 64, C-layout fp32 registers) * Z, Z a [64 k][MLD] tile.
 __device__ __forceinline__ void mma_pz(float acc[8][4], const float P[8][4], const bf16_t* Z) {
@@ -522,32 +567,42 @@ __device__ __forceinline__ void zero84(float x[8][4]) {
 // grid = (ceil(T/64), NH, B), 128 threads. Same outputs as attn_fwd_64.
 extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, float* lse, const bf16_t* qkv, int T,
                                                                   int NH, float scale) {
-    __shared__ __align__(16) bf16_t Qs[64 * MLD];
-    __shared__ __align__(16) bf16_t Ks[64 * MLD];
-    __shared__ __align__(16) bf16_t Vs[64 * MLD];
+    __shared__ __align__(16) bf16_t Ks[2][64 * MLD];
+    __shared__ __align__(16) bf16_t Vs[2][64 * MLD];
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * 64;
     const long long C3 = 3LL * C;
     const bf16_t* base = qkv + (long long)b * T * C3 + h * 64;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile16(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    // Q borrows buffer 1 (first used by key tile 1, loaded after the fragments are read).
+    load_tile16_async(Ks[1], base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_tile16_async(Ks[0], base + C, C3, min(64, T));
+    load_tile16_async(Vs[0], base + 2 * C, C3, min(64, T));
+    cp_commit();
+    cp_wait0();
     __syncthreads();
     unsigned qa[4][4];
-    load_afrag(qa, Qs, warp * 16);
+    load_afrag(qa, Ks[1], warp * 16);
     float o[8][4];
     zero84(o);
     float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f};
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     for (int kt = 0; kt <= qt; ++kt) {
-        const int k0 = kt * 64;
-        __syncthreads();
-        load_tile16(Ks, base + C + (long long)k0 * C3, C3, min(64, T - k0));
-        load_tile16(Vs, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
-        __syncthreads();
+        const int k0 = kt * 64, cur = kt & 1;
+        __syncthreads();  // buffer cur ^ 1 (the Q copy or tile kt - 1) is no longer read
+        if (kt < qt) {
+            const int k1 = k0 + 64;
+            load_tile16_async(Ks[cur ^ 1], base + C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_tile16_async(Vs[cur ^ 1], base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();  // tile kt is in buffer cur
         float s[8][4];
         zero84(s);
-        mma_abt(s, qa, Ks);
+        mma_abt(s, qa, Ks[cur]);
+        const bool edge = kt == qt || k0 + 64 > T;
         float mx[2] = {-F_INF, -F_INF};
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -555,7 +610,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, fl
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
                 float v = s[j][e] * sl2;
-                if (k > q || k >= T) v = -F_INF;
+                if (edge && (k > q || k >= T)) v = -F_INF;
                 s[j][e] = v;
                 mx[r] = fmaxf(mx[r], v);
             }
@@ -584,7 +639,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, fl
             o[j][2] *= alpha[1];
             o[j][3] *= alpha[1];
         }
-        mma_pz(o, s, Vs);
+        mma_pz(o, s, Vs[cur]);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -602,11 +657,9 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, fl
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma64(bf16_t* dqkv, const bf16_t* dout,
                                                                       const bf16_t* qkv, const float* lse,
                                                                       const float* D, int T, int NH, float scale) {
-    __shared__ __align__(16) bf16_t Ks[64 * MLD];
-    __shared__ __align__(16) bf16_t Vs[64 * MLD];
-    __shared__ __align__(16) bf16_t Qs[64 * MLD];
-    __shared__ __align__(16) bf16_t dOs[64 * MLD];
-    __shared__ float lse_s[64], d_s[64];
+    __shared__ __align__(16) bf16_t Qs[2][64 * MLD];
+    __shared__ __align__(16) bf16_t dOs[2][64 * MLD];
+    __shared__ __align__(16) float lse_s[2][64], d_s[2][64];
     const int nt = gridDim.x, kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * 64;
     const long long C3 = 3LL * C;
@@ -615,44 +668,56 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma64(bf16_t* dqk
     const bf16_t* dobase = dout + (long long)b * T * C + h * 64;
     const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile16(Ks, base + C + (long long)k0 * C3, C3, min(64, T - k0));
-    load_tile16(Vs, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
+    // K and V borrow buffer 1; query tile kt goes to buffer 0.
+    load_tile16_async(Qs[1], base + C + (long long)k0 * C3, C3, min(64, T - k0));
+    load_tile16_async(dOs[1], base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
+    load_tile16_async(Qs[0], base + (long long)k0 * C3, C3, min(64, T - k0));
+    load_tile16_async(dOs[0], dobase + (long long)k0 * C, C, min(64, T - k0));
+    load_row64_async(lse_s[0], lse + bh * T, k0, T, 0);
+    load_row64_async(d_s[0], D + bh * T, k0, T, 64);
+    cp_commit();
+    cp_wait0();
     __syncthreads();
     unsigned ka[4][4], va[4][4];
-    load_afrag(ka, Ks, warp * 16);
-    load_afrag(va, Vs, warp * 16);
+    load_afrag(ka, Qs[1], warp * 16);
+    load_afrag(va, dOs[1], warp * 16);
     float dk[8][4], dv[8][4];
     zero84(dk);
     zero84(dv);
     const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
     for (int qt = kt; qt < nt; ++qt) {
-        const int q0 = qt * 64;
-        __syncthreads();
-        load_tile16(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
-        load_tile16(dOs, dobase + (long long)q0 * C, C, min(64, T - q0));
-        if (threadIdx.x < 64) {
-            const int q = q0 + threadIdx.x;
-            lse_s[threadIdx.x] = q < T ? lse[bh * T + q] : 0.f;
-            d_s[threadIdx.x] = q < T ? D[bh * T + q] : 0.f;
+        const int q0 = qt * 64, cur = (qt - kt) & 1;
+        __syncthreads();  // buffer cur ^ 1 (K/V copy or query tile qt - 1) is no longer read
+        if (qt + 1 < nt) {
+            const int q1 = q0 + 64;
+            load_tile16_async(Qs[cur ^ 1], base + (long long)q1 * C3, C3, min(64, T - q1));
+            load_tile16_async(dOs[cur ^ 1], dobase + (long long)q1 * C, C, min(64, T - q1));
+            load_row64_async(lse_s[cur ^ 1], lse + bh * T, q1, T, 0);
+            load_row64_async(d_s[cur ^ 1], D + bh * T, q1, T, 64);
         }
-        __syncthreads();
+        cp_commit();
+        cp_wait1();
+        __syncthreads();  // query tile qt is in buffer cur
         float st[8][4], dpt[8][4];  // S^T and dP^T: rows = keys, columns = queries
         zero84(st);
         zero84(dpt);
-        mma_abt(st, ka, Qs);
-        mma_abt(dpt, va, dOs);
+        mma_abt(st, ka, Qs[cur]);
+        mma_abt(dpt, va, dOs[cur]);
+        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
+        const float* ls = lse_s[cur];
+        const float* ds = d_s[cur];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
-                const bool valid = k <= q && q < T && k < T;
-                const float p = valid ? exp2f(st[j][e] * sl2 - lse_s[qi]) : 0.f;
+                const bool valid = !edge || (k <= q && q < T && k < T);
+                const float p = valid ? exp2f(st[j][e] * sl2 - ls[qi]) : 0.f;
                 st[j][e] = p;
-                dpt[j][e] = p * (dpt[j][e] - d_s[qi]);
+                dpt[j][e] = p * (dpt[j][e] - ds[qi]);
             }
-        mma_pz(dv, st, dOs);   // dV += P^T dO
-        mma_pz(dk, dpt, Qs);   // dK += dS^T Q
+        mma_pz(dv, st, dOs[cur]);  // dV += P^T dO
+        mma_pz(dk, dpt, Qs[cur]);  // dK += dS^T Q
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -671,10 +736,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_mma64(bf16_t* dqk
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_mma64(bf16_t* dqkv, const bf16_t* dout,
                                                                      const bf16_t* qkv, const float* lse,
                                                                      const float* D, int T, int NH, float scale) {
-    __shared__ __align__(16) bf16_t Qs[64 * MLD];
-    __shared__ __align__(16) bf16_t dOs[64 * MLD];
-    __shared__ __align__(16) bf16_t Ks[64 * MLD];
-    __shared__ __align__(16) bf16_t Vs[64 * MLD];
+    __shared__ __align__(16) bf16_t Ks[2][64 * MLD];
+    __shared__ __align__(16) bf16_t Vs[2][64 * MLD];
     const int nt = gridDim.x, qt = nt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * 64;
     const long long C3 = 3LL * C;
@@ -683,12 +746,17 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_mma64(bf16_t* dqkv
     const bf16_t* dobase = dout + (long long)b * T * C + h * 64;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile16(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
-    load_tile16(dOs, dobase + (long long)q0 * C, C, min(64, T - q0));
+    // Q and dO borrow buffer 1; key tile 0 goes to buffer 0.
+    load_tile16_async(Ks[1], base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_tile16_async(Vs[1], dobase + (long long)q0 * C, C, min(64, T - q0));
+    load_tile16_async(Ks[0], base + C, C3, min(64, T));
+    load_tile16_async(Vs[0], base + 2 * C, C3, min(64, T));
+    cp_commit();
+    cp_wait0();
     __syncthreads();
     unsigned qa[4][4], oa[4][4];
-    load_afrag(qa, Qs, warp * 16);
-    load_afrag(oa, dOs, warp * 16);
+    load_afrag(qa, Ks[1], warp * 16);
+    load_afrag(oa, Vs[1], warp * 16);
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     float lr[2], dr[2];
 #pragma unroll
@@ -700,26 +768,32 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_mma64(bf16_t* dqkv
     float dq[8][4];
     zero84(dq);
     for (int kt = 0; kt <= qt; ++kt) {
-        const int k0 = kt * 64;
-        __syncthreads();
-        load_tile16(Ks, base + C + (long long)k0 * C3, C3, min(64, T - k0));
-        load_tile16(Vs, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
-        __syncthreads();
+        const int k0 = kt * 64, cur = kt & 1;
+        __syncthreads();  // buffer cur ^ 1 (Q/dO copy or key tile kt - 1) is no longer read
+        if (kt < qt) {
+            const int k1 = k0 + 64;
+            load_tile16_async(Ks[cur ^ 1], base + C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_tile16_async(Vs[cur ^ 1], base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        __syncthreads();  // key tile kt is in buffer cur
         float s[8][4], dp[8][4];
         zero84(s);
         zero84(dp);
-        mma_abt(s, qa, Ks);
-        mma_abt(dp, oa, Vs);
+        mma_abt(s, qa, Ks[cur]);
+        mma_abt(dp, oa, Vs[cur]);
+        const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
-                const bool valid = k <= q && q < T && k < T;
+                const bool valid = !edge || (k <= q && q < T && k < T);
                 const float p = valid ? exp2f(s[j][e] * sl2 - lr[r]) : 0.f;
                 s[j][e] = p * (dp[j][e] - dr[r]);
             }
-        mma_pz(dq, s, Ks);  // dQ += dS K
+        mma_pz(dq, s, Ks[cur]);  // dQ += dS K
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
