@@ -209,6 +209,50 @@ pub trait Backend {
         c: usize,
         oc: usize,
     ) -> BResult<()>;
+    /// The MLP's first layer: `pre = inp · Wᵀ + bias` and `out = GELU(pre)`, both written
+    /// (`pre` is saved for backward, `out` feeds the next layer). The default runs the two
+    /// ops; the CUDA backend fuses GELU into the GEMM epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_gelu_fwd(
+        &self,
+        pre: &mut Self::Buf,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        bias: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
+        self.matmul_fwd(pre, inp, params, w, Some(bias), n, c, oc)?;
+        self.gelu_fwd(out, pre, n * oc)
+    }
+    /// Backward of a linear layer whose input is `act = GELU(pre)`, through the GELU:
+    /// `dpre = (dout · W) ⊙ GELU'(pre)` (overwritten), `dW += doutᵀ · act`, `dbias += Σ dout`.
+    /// `act` is clobbered. The default runs matmul_bwd and gelu_bwd; the CUDA backend applies
+    /// GELU' in the GEMM epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_bwd_dgelu(
+        &self,
+        dpre: &mut Self::Buf,
+        grads: &mut Self::Grad,
+        dw: Loc,
+        dbias: Loc,
+        dout: &Self::Buf,
+        act: &mut Self::Buf,
+        pre: &Self::Buf,
+        params: &Self::Buf,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<()> {
+        self.matmul_bwd(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc)?;
+        // gelu_bwd may not write its input: go through `act`, which is free now.
+        self.gelu_bwd(act, pre, dpre, n * c)?;
+        self.copy_buf(dpre, 0, act, Loc::all(n * c))
+    }
     /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
     fn attention_saved_len(&self, s: AttnShape) -> usize;
     /// Causal multi-head self-attention: `qkv[N,3C]` → `out[N,C]`.

@@ -334,6 +334,51 @@ fn check_kernels(be: &CudaBackend, rng: &mut Rng, small: bool) -> Report {
         });
     }
 
+    // ---- MLP layers with GELU in the GEMM epilogue (fused where cuBLASLt can) ----
+    // (n, c, oc): fc-like forward n x c -> oc and fc2-like backward with input width c.
+    for &(n, c, oc) in &[(256usize, 768usize, 3072usize), (256, 3072, 768), (37, 72, 56), (37, 75, 51)] {
+        let tag = format!("matmul+gelu N{n} C{c} OC{oc}");
+        run_check(&mut rep, &tag, |rep| {
+            let (w, bl) = (Loc::new(0, oc * c), Loc::new(oc * c, oc));
+            let plen = oc * c + oc;
+            let params = rng.vec(plen, 0.05);
+            let inp = rng.vec(n * c, 1.0);
+            let (mut prec, mut actc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
+            cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, &params, w, bl, n, c, oc)?;
+            let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
+            let (mut preg, mut actg) = (be.alloc_buf(n * oc, "")?, be.alloc_buf(n * oc, "")?);
+            poison_buf(be, &mut preg, n * oc)?;
+            poison_buf(be, &mut actg, n * oc)?;
+            be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, &gp, w, bl, n, c, oc)?;
+            rep.cmp(&format!("{tag} fwd"), "pre", &be.download_buf(&preg, Loc::all(n * oc))?, &prec, TOL_BF16);
+            rep.cmp(&format!("{tag} fwd"), "gelu", &be.download_buf(&actg, Loc::all(n * oc))?, &actc, TOL_BF16);
+            // Backward of a layer c -> oc whose input is GELU(pre), pre of width c.
+            let pre = rng.vec(n * c, 1.0);
+            let mut act = vec![0.0; n * c];
+            cpu.gelu_fwd(&mut act, &pre, n * c)?;
+            let dout = rng.vec(n * oc, 0.1);
+            let g0 = rng.vec(plen, 0.01);
+            let (mut dpc, mut gc, mut actc2) = (vec![0.0; n * c], up_grad_cpu(&g0), act.clone());
+            cpu.matmul_bwd_dgelu(&mut dpc, &mut gc, w, bl, &dout, &mut actc2, &pre, &params, w, n, c, oc)?;
+            let (gdo, gpre) = (up_buf(be, &dout)?, up_buf(be, &pre)?);
+            let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
+                let mut dpg = be.alloc_buf(n * c, "")?;
+                poison_buf(be, &mut dpg, n * c)?;
+                let mut gact = up_buf(be, &act)?;
+                let mut gg = up_grad_gpu(be, &g0)?;
+                be.matmul_bwd_dgelu(&mut dpg, &mut gg, w, bl, &gdo, &mut gact, &gpre, &gp, w, n, c, oc)?;
+                Ok((be.download_buf(&dpg, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
+            };
+            let (dp1, g1) = run()?;
+            rep.cmp(&format!("{tag} bwd"), "dpre", &dp1, &dpc, TOL_BF16);
+            rep.cmp(&format!("{tag} bwd"), "dW", &g1[..oc * c], &gc[..oc * c], TOL_F32);
+            rep.cmp(&format!("{tag} bwd"), "dbias", &g1[oc * c..], &gc[oc * c..], TOL_F32);
+            let (dp2, g2) = run()?;
+            rep.same_bits(&format!("{tag} bwd"), "repeat", &[dp2, g2].concat(), &[dp1, g1].concat());
+            Ok(())
+        });
+    }
+
     // ---- attention: the tensor-core kernels (head size 64) and the SIMT ones ----
     for &(b, t, nh, hs) in
         &[(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 64), (2, 77, 3, 32), (1, 130, 2, 128), (2, 64, 2, 64)]
@@ -738,6 +783,20 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
         });
         total_bwd += tm.rows.last().map_or(0.0, |r| r.1);
     }
+    // The MLP with GELU fused into the GEMMs (compare with matmul fc + gelu_fwd, fc2 + gelu_bwd).
+    {
+        let (w, bias) = (Loc::new(2 * c, 4 * c * c), Loc::new(2 * c + 4 * c * c, 4 * c));
+        let flop = 2.0 * (n * c * 4 * c) as f64;
+        let mut pre = newbuf(n * 4 * c, &chunk)?;
+        tm.time("matmul_gelu_fwd fc (fused epilogue)", 3, 20, tflops(flop), || {
+            be.matmul_gelu_fwd(&mut pre, &mut y4, &x, &bparams, w, bias, n, c, 4 * c)
+        });
+        let (w2, b2) = (Loc::new(2 * c, 4 * c * c), Loc::new(2 * c + 4 * c * c, c));
+        let mut dpre = newbuf(n * 4 * c, &chunk)?;
+        tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
+            be.matmul_bwd_dgelu(&mut dpre, &mut bgrads, w2, b2, &x, &mut y4, &pre, &bparams, w2, n, 4 * c, c)
+        });
+    }
     let mut att = newbuf(n * c, &chunk)?;
     let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
     // Causal: half of the T x T products. fwd: QK^T and PV; bwd: 5 products (+2 recomputed).
@@ -818,9 +877,14 @@ fn timing(be: &CudaBackend, rng: &mut Rng) -> BResult<()> {
     tm.time("cast_to_buf (124M)", 3, 20, gbps((np * 6) as f64), || be.cast_to_buf(&mut p, 0, &w, Loc::all(np)));
     tm.time("add_grad (124M)", 3, 20, gbps((np * 12) as f64), || be.add_grad(&mut g, 0, &w, Loc::all(np)));
 
-    // Estimated step (no communication): 12 blocks + head + optimizer.
-    let t_block_f = 2.0 * t_lnf + total_fwd + t_att_f + t_gf + 2.0 * t_res;
-    let t_block_b = 2.0 * t_lnb + total_bwd + t_att_b + t_gb;
+    // Estimated step (no communication): blocks as the model runs them (GELU fused into the
+    // fc forward and the fc2 backward; GELU recomputed in backward) + head + optimizer.
+    let row = |name: &str| tm.rows.iter().find(|r| r.0.starts_with(name)).map_or(0.0, |r| r.1);
+    let (fc_f, fused_f) = (row("matmul_fwd fc ("), row("matmul_gelu_fwd"));
+    let (fc2_b, fused_b) = (row("matmul_bwd fc2"), row("matmul_bwd_dgelu"));
+    let _ = t_gb;
+    let t_block_f = 2.0 * t_lnf + total_fwd - fc_f + fused_f + t_att_f + 2.0 * t_res;
+    let t_block_b = 2.0 * t_lnb + total_bwd - fc2_b + fused_b + t_gf + t_att_b;
     let step = layers as f64 * (t_block_f + t_block_b) + t_lnf + t_lnb + t_hf + t_ce + t_hb + t_adam + t_norm;
     println!("\nEstimate from the table (one GPU, sum of op medians, no launch gaps): block fwd {t_block_f:.2} ms, block bwd {t_block_b:.2} ms,");
     println!(

@@ -382,8 +382,7 @@ fn block_forward<B: Backend>(
     be.matmul_fwd(tmp, &a.atty, p, k.proj_w, Some(k.proj_b), n, c, c)?;
     be.residual_fwd(&mut a.resid2, x, tmp, n * c)?;
     be.layernorm_fwd(&mut a.ln2, &mut a.ln2_mean, &mut a.ln2_rstd, &a.resid2, p, k.ln2_w, k.ln2_b, n, c)?;
-    be.matmul_fwd(&mut a.fch, &a.ln2, p, k.fc_w, Some(k.fc_b), n, c, 4 * c)?;
-    be.gelu_fwd(gelu_out, &a.fch, n * 4 * c)?;
+    be.matmul_gelu_fwd(&mut a.fch, gelu_out, &a.ln2, p, k.fc_w, k.fc_b, n, c, 4 * c)?;
     be.matmul_fwd(tmp, gelu_out, p, k.fc2_w, Some(k.fc2_b), n, 4 * c, c)?;
     be.residual_fwd(out, &a.resid2, tmp, n * c)?;
     Ok(())
@@ -405,9 +404,8 @@ fn block_backward<B: Backend>(
     let n = s.b * s.t;
     // MLP: recompute GELU(fch) into dbig2 (not saved in forward), then backprop through fc2 and GELU.
     be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
-    be.matmul_bwd(&mut g.dbig1, gr, k.fc2_w, Some(k.fc2_b), &g.dres, &g.dbig2, p, k.fc2_w, n, 4 * c, c)?;
-    be.gelu_bwd(&mut g.dbig2, &a.fch, &g.dbig1, n * 4 * c)?;
-    be.matmul_bwd(&mut g.dln, gr, k.fc_w, Some(k.fc_b), &g.dbig2, &a.ln2, p, k.fc_w, n, c, 4 * c)?;
+    be.matmul_bwd_dgelu(&mut g.dbig1, gr, k.fc2_w, k.fc2_b, &g.dres, &mut g.dbig2, &a.fch, p, k.fc2_w, n, 4 * c, c)?;
+    be.matmul_bwd(&mut g.dln, gr, k.fc_w, Some(k.fc_b), &g.dbig1, &a.ln2, p, k.fc_w, n, c, 4 * c)?;
     // dres += through ln2 (the residual branch already carries dres itself)
     be.layernorm_bwd(&mut g.dres, gr, k.ln2_w, k.ln2_b, &g.dln, &a.resid2, p, k.ln2_w, &a.ln2_mean, &a.ln2_rstd, n, c)?;
     // attention

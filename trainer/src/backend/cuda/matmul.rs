@@ -3,7 +3,10 @@
 //! weight gradient accumulates straight into the fp32 gradient buffer (C = D in fp32,
 //! beta = 1), which is why this uses the raw cuBLASLt API (the safe wrapper in cudarc
 //! wants A, B and C of one type). The bias gradient is a small deterministic kernel
-//! (matmul.cu).
+//! (matmul.cu). The MLP's GELU rides in the epilogue: forward `GELU_AUX_BIAS` writes
+//! GELU(x·Wᵀ + b) and keeps the pre-activation as the aux matrix; backward `DGELU`
+//! multiplies dout·W by GELU'(pre) read from aux (the GELU kernels then run only to
+//! recompute the activation, and where a backend has no fused algorithm).
 //!
 //! Row-major `X[r, c]` is column-major `Xᵀ` with leading dimension `c`, so with
 //! `W[oc, c]`, `inp[n, c]`, `dout[n, oc]` (all row-major):
@@ -36,6 +39,16 @@ pub(super) enum OutType {
     F32,
 }
 
+/// What the epilogue does beyond the optional bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Act {
+    None,
+    /// D = GELU(AB + bias); aux (bf16, shaped like D) = AB + bias.
+    Gelu,
+    /// D = AB ⊙ GELU'(aux).
+    DGelu,
+}
+
 /// One GEMM `D = alpha·op(A)·op(B) + beta·C` with C = D, column-major, A and B bf16.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Gemm {
@@ -54,6 +67,9 @@ pub(super) struct Gemm {
     pub beta: f32,
     /// Bias of length m (bf16) added to every column: the fused epilogue.
     pub bias: Option<u64>,
+    /// GELU in the epilogue, with its aux matrix (same shape and leading dimension as D).
+    pub act: Act,
+    pub aux: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,7 +84,8 @@ struct Key {
     ldd: usize,
     out: OutType,
     bias: bool,
-    align: [u32; 4],
+    act: Act,
+    align: [u32; 5],
 }
 
 struct Plan {
@@ -131,9 +148,24 @@ impl Lt {
         Ok(Lt { handle, workspace, ws_ptr, plans: RefCell::new(HashMap::new()) })
     }
 
-    /// Enqueue `g` on `stream`.
-    pub fn gemm(&self, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
-        let key = Key {
+    /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).
+    pub fn supports(&self, g: &Gemm) -> bool {
+        let key = Self::key(g);
+        let mut plans = self.plans.borrow_mut();
+        if plans.contains_key(&key) {
+            return true;
+        }
+        match self.plan(&key) {
+            Ok(p) => {
+                plans.insert(key, p);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn key(g: &Gemm) -> Key {
+        Key {
             transa: g.transa,
             transb: g.transb,
             m: g.m,
@@ -144,8 +176,23 @@ impl Lt {
             ldd: g.ldd,
             out: g.out,
             bias: g.bias.is_some(),
-            align: [alignment(g.a), alignment(g.b), alignment(g.d), g.bias.map_or(256, alignment)],
-        };
+            act: g.act,
+            align: [
+                alignment(g.a),
+                alignment(g.b),
+                alignment(g.d),
+                g.bias.map_or(256, alignment),
+                g.aux.map_or(256, alignment),
+            ],
+        }
+    }
+
+    /// Enqueue `g` on `stream`.
+    pub fn gemm(&self, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
+        if (g.act == Act::None) != g.aux.is_none() {
+            return Err(BackendError::Device("GEMM: a GELU epilogue needs an aux matrix, and only it".into()));
+        }
+        let key = Self::key(g);
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -165,6 +212,15 @@ impl Lt {
                     size_of::<u64>(),
                 )
                 .map_err(|e| lt_err("set bias pointer", e))?;
+            }
+            if let Some(aux) = g.aux {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                    &aux as *const u64 as *const c_void,
+                    size_of::<u64>(),
+                )
+                .map_err(|e| lt_err("set aux pointer", e))?;
             }
             lt::matmul(
                 self.handle,
@@ -240,21 +296,45 @@ impl Lt {
                     size_of::<i32>(),
                 );
             }
-            if r.is_ok() && key.bias {
-                let epi = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+            use sys::cublasLtEpilogue_t as E;
+            let epi = match (key.act, key.bias) {
+                (Act::None, false) => None,
+                (Act::None, true) => Some(E::CUBLASLT_EPILOGUE_BIAS),
+                (Act::Gelu, true) => Some(E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS),
+                (Act::Gelu, false) => Some(E::CUBLASLT_EPILOGUE_GELU_AUX),
+                (Act::DGelu, _) => Some(E::CUBLASLT_EPILOGUE_DGELU),
+            };
+            if let (true, Some(epi)) = (r.is_ok(), epi) {
                 r = set_desc(
                     sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
                     &epi as *const _ as *const c_void,
                     size_of::<sys::cublasLtEpilogue_t>(),
                 );
+            }
+            if r.is_ok() && key.act != Act::None {
+                // aux: bf16, shaped like D (its leading dimension in elements).
+                let ld = key.ldd as i64;
+                r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                    &ld as *const i64 as *const c_void,
+                    size_of::<i64>(),
+                );
                 if r.is_ok() {
-                    let bt = bf16;
+                    let at = bf16;
                     r = set_desc(
-                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                        &bt as *const _ as *const c_void,
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                        &at as *const _ as *const c_void,
                         size_of::<sys::cudaDataType>(),
                     );
                 }
+            }
+            if r.is_ok() && key.bias {
+                let bt = bf16;
+                r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &bt as *const _ as *const c_void,
+                    size_of::<sys::cudaDataType>(),
+                );
             }
             let ws = self.workspace.len() as u64;
             let set_pref = |attr, p: *const c_void, n: usize| lt::set_matmul_pref_attribute(pref, attr, p, n);
@@ -282,8 +362,8 @@ impl Lt {
                     |e| {
                         lt_err(
                             &format!(
-                                "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} alignments={:?}",
-                                key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.align
+                                "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} act={:?} alignments={:?}",
+                                key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.act, key.align
                             ),
                             e,
                         )

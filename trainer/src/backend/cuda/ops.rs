@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::matmul::{Gemm, OutType};
+use super::matmul::{Act, Gemm, OutType};
 use super::{check, check_loc, AttentionImpl, CudaBackend};
 use crate::backend::{AdamWStep, AttnShape, BResult, BackendError, Loc};
 
@@ -527,6 +527,8 @@ impl CudaBackend {
                     out: OutType::Bf16,
                     beta: 0.0,
                     bias: bp,
+                    act: Act::None,
+                    aux: None,
                 };
                 self.lt.gemm(&g, self.stream.cu_stream() as _)?;
                 self.copy_rows(op + (r0 * oc * 2) as u64, oc, tmp, ocp, nr, oc, oc)?;
@@ -548,6 +550,8 @@ impl CudaBackend {
             out: OutType::Bf16,
             beta: 0.0,
             bias: bias.map(|bl| self.ptr(params, bl.off)),
+            act: Act::None,
+            aux: None,
         };
         self.lt.gemm(&g, self.stream.cu_stream() as _)
     }
@@ -566,6 +570,27 @@ impl CudaBackend {
         n: usize,
         c: usize,
         oc: usize,
+    ) -> BResult<()> {
+        self.matmul_bwd_ex(dinp, grads, dw, dbias, dout, inp, params, w, n, c, oc, None)
+    }
+
+    /// [`Self::op_matmul_bwd`], optionally with `dinp ⊙= GELU'(pre)` in the dinp GEMM's
+    /// epilogue (`dgelu_pre`; only on the unpadded path, which the caller checked).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_bwd_ex(
+        &self,
+        dinp: &mut CudaSlice<bf16>,
+        grads: &mut CudaSlice<f32>,
+        dw: Loc,
+        dbias: Option<Loc>,
+        dout: &CudaSlice<bf16>,
+        inp: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+        dgelu_pre: Option<u64>,
     ) -> BResult<()> {
         check("matmul_bwd dinp", dinp.len(), 0, n * c)?;
         check("matmul_bwd dout", dout.len(), 0, n * oc)?;
@@ -591,6 +616,9 @@ impl CudaBackend {
             return self.stream.memset_zeros(&mut dinp.slice_mut(0..n * c)).map_err(|e| self.err("zeroing dinp", e));
         }
         if let Some((ocp, rows)) = Self::stage_pad(n, oc) {
+            if dgelu_pre.is_some() {
+                return Err(bad("matmul_bwd: the GELU epilogue needs the unpadded path".into()));
+            }
             // Odd output size: dout chunks are copied with zero columns up to ocp, the
             // weight gets zero rows; dW accumulates into a padded fp32 buffer (chunks
             // in order) that is added to the gradient at the end.
@@ -616,6 +644,8 @@ impl CudaBackend {
                     out: OutType::Bf16,
                     beta: 0.0,
                     bias: None,
+                    act: Act::None,
+                    aux: None,
                 };
                 self.lt.gemm(&g, stream)?;
                 let beta = if i == 0 { 0.0 } else { 1.0 };
@@ -634,6 +664,8 @@ impl CudaBackend {
                     out: OutType::F32,
                     beta,
                     bias: None,
+                    act: Act::None,
+                    aux: None,
                 };
                 self.lt.gemm(&g, stream)?;
             }
@@ -646,7 +678,7 @@ impl CudaBackend {
             unsafe { lb.launch(cfg((self.grid_for(oc * c), 1, 1), (BLOCK, 1, 1), 0)) }
                 .map_err(|e| self.launch_err("add_f32", e))?;
         } else {
-            self.matmul_bwd_gemms(dinp, grads, dw, dout, inp, params, w, n, c, oc)?;
+            self.matmul_bwd_gemms(dinp, grads, dw, dout, inp, params, w, n, c, oc, dgelu_pre)?;
         }
         if let Some(bl) = dbias {
             let nchunks = n.div_ceil(BIAS_ROWS_PER_CHUNK);
@@ -678,25 +710,10 @@ impl CudaBackend {
         n: usize,
         c: usize,
         oc: usize,
+        dgelu_pre: Option<u64>,
     ) -> BResult<()> {
         let stream = self.stream.cu_stream() as _;
-        // dinpᵀ(c×n) = W(c×oc stored) · doutᵀ(oc×n)
-        let g = Gemm {
-            transa: false,
-            transb: false,
-            m: c,
-            n,
-            k: oc,
-            a: self.ptr(params, w.off),
-            lda: c,
-            b: self.ptr(dout, 0),
-            ldb: oc,
-            d: self.ptr_mut(dinp, 0),
-            ldd: c,
-            out: OutType::Bf16,
-            beta: 0.0,
-            bias: None,
-        };
+        let g = Self::dinp_gemm(self.ptr_mut(dinp, 0), self.ptr(dout, 0), self.ptr(params, w.off), n, c, oc, dgelu_pre);
         self.lt.gemm(&g, stream)?;
         // dWᵀ(c×oc) += inpᵀ(c×n) · dout(n×oc), accumulated in fp32.
         let g = Gemm {
@@ -714,9 +731,120 @@ impl CudaBackend {
             out: OutType::F32,
             beta: 1.0,
             bias: None,
+            act: Act::None,
+            aux: None,
         };
         self.lt.gemm(&g, stream)?;
         Ok(())
+    }
+
+    /// `dinpᵀ(c×n) = W(c×oc stored) · doutᵀ(oc×n)`, optionally `⊙ GELU'(pre)` in the epilogue.
+    fn dinp_gemm(dinp: u64, dout: u64, w: u64, n: usize, c: usize, oc: usize, dgelu_pre: Option<u64>) -> Gemm {
+        Gemm {
+            transa: false,
+            transb: false,
+            m: c,
+            n,
+            k: oc,
+            a: w,
+            lda: c,
+            b: dout,
+            ldb: oc,
+            d: dinp,
+            ldd: c,
+            out: OutType::Bf16,
+            beta: 0.0,
+            bias: None,
+            act: if dgelu_pre.is_some() { Act::DGelu } else { Act::None },
+            aux: dgelu_pre,
+        }
+    }
+
+    /// `pre = inp·Wᵀ + bias`, `out = GELU(pre)` in one GEMM (GELU_AUX_BIAS epilogue).
+    /// `Ok(false)` where that does not apply (padded shapes, no cuBLASLt algorithm): the
+    /// caller then runs matmul and GELU separately.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn op_matmul_gelu_fwd(
+        &self,
+        pre: &mut CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+        inp: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        bias: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<bool> {
+        check("matmul_gelu_fwd pre", pre.len(), 0, n * oc)?;
+        check("matmul_gelu_fwd out", out.len(), 0, n * oc)?;
+        check("matmul_gelu_fwd inp", inp.len(), 0, n * c)?;
+        check_loc("matmul_gelu_fwd weight", params.len(), w)?;
+        check_loc("matmul_gelu_fwd bias", params.len(), bias)?;
+        if w.len != oc * c || bias.len != oc {
+            return Err(bad(format!("matmul_gelu_fwd: weight must hold OC*C = {} and bias OC = {oc}", oc * c)));
+        }
+        if n == 0 || c == 0 || oc == 0 || Self::stage_pad(n, oc).is_some() {
+            return Ok(false);
+        }
+        self.ctx.bind_to_thread().map_err(|e| self.err("binding the context", e))?;
+        let g = Gemm {
+            transa: true,
+            transb: false,
+            m: oc,
+            n,
+            k: c,
+            a: self.ptr(params, w.off),
+            lda: c,
+            b: self.ptr(inp, 0),
+            ldb: c,
+            d: self.ptr_mut(out, 0),
+            ldd: oc,
+            out: OutType::Bf16,
+            beta: 0.0,
+            bias: Some(self.ptr(params, bias.off)),
+            act: Act::Gelu,
+            aux: Some(self.ptr_mut(pre, 0)),
+        };
+        if !self.lt.supports(&g) {
+            return Ok(false);
+        }
+        self.lt.gemm(&g, self.stream.cu_stream() as _)?;
+        Ok(true)
+    }
+
+    /// `matmul_bwd_dgelu` with GELU' in the dinp GEMM's epilogue (DGELU). `Ok(false)` where
+    /// that does not apply; the caller then runs matmul_bwd and gelu_bwd.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn op_matmul_bwd_dgelu(
+        &self,
+        dpre: &mut CudaSlice<bf16>,
+        grads: &mut CudaSlice<f32>,
+        dw: Loc,
+        dbias: Loc,
+        dout: &CudaSlice<bf16>,
+        act: &CudaSlice<bf16>,
+        pre: &CudaSlice<bf16>,
+        params: &CudaSlice<bf16>,
+        w: Loc,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> BResult<bool> {
+        check("matmul_bwd_dgelu pre", pre.len(), 0, n * c)?;
+        check("matmul_bwd_dgelu dpre", dpre.len(), 0, n * c)?;
+        check_loc("matmul_bwd_dgelu weight", params.len(), w)?;
+        if n == 0 || c == 0 || oc == 0 || Self::stage_pad(n, oc).is_some() || w.len != oc * c {
+            return Ok(false);
+        }
+        self.ctx.bind_to_thread().map_err(|e| self.err("binding the context", e))?;
+        let pre_ptr = self.ptr(pre, 0);
+        let g = Self::dinp_gemm(self.ptr_mut(dpre, 0), self.ptr(dout, 0), self.ptr(params, w.off), n, c, oc, Some(pre_ptr));
+        if !self.lt.supports(&g) {
+            return Ok(false);
+        }
+        self.matmul_bwd_ex(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc, Some(pre_ptr))?;
+        Ok(true)
     }
 
     /// Head size, scale and the kernel-name suffix for an attention shape.
