@@ -71,4 +71,13 @@ print(f"| run ({ngpu} GPUs) | tokens/s per GPU | MFU | step ms | peak GiB (track
 print("|---|---|---|---|---|---|")
 for name, tok, mfu, ms, peak, dev in rows:
     print(f"| {name} | {tok/1e3:.1f}k | {100*mfu:.1f}% | {ms:.1f} | {peak:.2f} | {dev:.2f} |")
+# Where the driver's figure goes at the last step (rank 0): ledger + measured runtime parts.
+MiB = 2**20
+for d in sorted(glob.glob(f"{out}/ours-*/metrics.jsonl")):
+    m = [json.loads(l) for l in open(d)][-1]["memory"][0]
+    r = m.get("runtime")
+    if r:
+        print(f"{d.split('/')[-2]} rank 0, last step (MiB): tracked {m['total']/MiB:.0f} + context {r['context']/MiB:.0f}"
+              f" + nccl {r['comm_library']/MiB:.0f} + scratch {r['scratch']/MiB:.0f} + pool slack {r['pool_slack']/MiB:.0f}"
+              f" + untracked {m['untracked']/MiB:.0f} = driver {m['device_used']/MiB:.0f}")
 PY

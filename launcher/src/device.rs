@@ -36,7 +36,7 @@ impl Device {
     /// Environment variables for a rank process when `local_ranks` ranks share this node.
     pub fn rank_env(self, local_ranks: usize) -> Vec<(&'static str, String)> {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        vec![
+        let mut env = vec![
             // matrixmultiply's thread count: the node's cores divided between its ranks.
             ("MATMUL_NUM_THREADS", (cores / local_ranks.max(1)).max(1).to_string()),
             // NVLink SHARP / multicast stays off on the machines this runs on (see KINDS.md):
@@ -44,7 +44,14 @@ impl Device {
             ("NCCL_NVLS_ENABLE", "0".to_string()),
             ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1".to_string()),
             ("NVSHMEM_DISABLE_NVLS", "1".to_string()),
-        ]
+        ];
+        // NCCL connects its channels (and allocates their buffers) when the communicator is
+        // made rather than at each collective's first use, so the per-rank memory report can
+        // measure them and no training step pays for the set-up. A user's setting wins.
+        if self == Device::Gpu && std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+            env.push(("NCCL_RUNTIME_CONNECT", "0".to_string()));
+        }
+        env
     }
 }
 
@@ -60,6 +67,15 @@ mod tests {
         assert_eq!(get("NCCL_NVLS_ENABLE").as_deref(), Some("0"));
         assert_eq!(get("TORCH_SYMM_MEM_DISABLE_MULTICAST").as_deref(), Some("1"));
         assert_eq!(get("NVSHMEM_DISABLE_NVLS").as_deref(), Some("1"));
+        // GPU ranks connect NCCL at start-up (measured memory), unless the user chose otherwise.
+        let gpu = Device::Gpu.rank_env(2);
+        let connect = gpu.iter().find(|(n, _)| *n == "NCCL_RUNTIME_CONNECT").map(|(_, v)| v.as_str());
+        if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+            assert_eq!(connect, Some("0"));
+        } else {
+            assert_eq!(connect, None);
+        }
+        assert!(env.iter().all(|(n, _)| *n != "NCCL_RUNTIME_CONNECT"));
     }
 
     #[test]

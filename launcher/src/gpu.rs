@@ -62,7 +62,13 @@ mod imp {
     ) -> Result<TrainSummary, TrainError> {
         let be = CudaBackend::new(local_rank)?;
         println!("rank {rank}: {be:?} on GPU {local_rank}");
+        // What NCCL allocates for itself (channels, buffers; connected at creation: the
+        // launcher sets NCCL_RUNTIME_CONNECT=0) is measured here for the memory report.
+        let before = be.outside_pool_bytes();
         let mut comm = collectives::nccl::NcclComm::new(be.stream().clone(), rank, world, id)?;
+        if let (Some(a), Some(b)) = (before, be.outside_pool_bytes()) {
+            be.set_comm_library_bytes(b.saturating_sub(a));
+        }
         trainer::train::train_from(cfg, &be, &mut comm, data_path, resume, on_step)
     }
 }

@@ -32,10 +32,23 @@ pub struct RankMemory {
     /// GPU ranks: bytes the driver reports in use on this rank's GPU (cuMemGetInfo).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_used: Option<u64>,
-    /// GPU ranks: `device_used` minus the tracked total — the CUDA context, library
-    /// workspaces and NCCL buffers the ledger does not own.
+    /// GPU ranks: what the driver's figure holds beyond the ledger, each part measured
+    /// (CUDA context, NCCL, backend scratch with the cuBLASLt workspace, pool slack).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeMemory>,
+    /// GPU ranks: `device_used` minus the tracked total and the runtime parts — bytes
+    /// nothing accounts for (about zero).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub untracked: Option<i64>,
+}
+
+/// The measured parts of a GPU rank's memory outside the ledger, in bytes.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct RuntimeMemory {
+    pub context: u64,
+    pub comm_library: u64,
+    pub scratch: u64,
+    pub pool_slack: u64,
 }
 
 /// One line of `metrics.jsonl`: a step as seen by the whole job.
@@ -73,7 +86,13 @@ impl StepRecord {
                     peak_total: m.memory.peak_total,
                     peak: m.memory.peak,
                     device_used: m.device.map(|d| d.used),
-                    untracked: m.device.map(|d| d.used as i64 - c.total() as i64),
+                    runtime: m.device.map(|d| RuntimeMemory {
+                        context: d.context,
+                        comm_library: d.comm_library,
+                        scratch: d.scratch,
+                        pool_slack: d.pool_slack,
+                    }),
+                    untracked: m.device.map(|d| d.untracked(c.total())),
                 }
             })
             .collect();
@@ -217,6 +236,27 @@ impl MetricsLog {
                 s += &format!(" {:>w$.2}", mib(bytes), w = width(name));
             }
             s += &format!(" {:>9.2}\n", mib(m.peak_total));
+        }
+        if last.memory.iter().any(|m| m.runtime.is_some()) {
+            s += &format!(
+                "device memory per rank at the last step (MiB; the driver's figure = tracked + the measured rest):\n  \
+                 {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
+                "rank", "tracked", "context", "nccl", "scratch", "pool slack", "untracked", "driver"
+            );
+            for m in &last.memory {
+                let (Some(r), Some(used), Some(u)) = (m.runtime, m.device_used, m.untracked) else { continue };
+                s += &format!(
+                    "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}\n",
+                    m.rank,
+                    mib(m.total),
+                    mib(r.context),
+                    mib(r.comm_library),
+                    mib(r.scratch),
+                    mib(r.pool_slack),
+                    u as f64 / (1024.0 * 1024.0),
+                    mib(used)
+                );
+            }
         }
         s += &format!("metrics: {}", self.path.display());
         s

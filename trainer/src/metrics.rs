@@ -26,10 +26,4 @@ pub struct StepMetrics {
     pub device: Option<DeviceMemory>,
 }
 
-/// Device memory as the driver reports it (cuMemGetInfo): everything resident on the GPU,
-/// including what the ledger does not own (CUDA context, cuBLAS workspace, NCCL buffers).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DeviceMemory {
-    pub used: u64,
-    pub total: u64,
-}
+pub use crate::backend::DeviceMemory;

@@ -137,7 +137,7 @@ impl<B: Backend> Trainer<B> {
             step_time_s,
             val_loss,
             memory: self.engine.memory(),
-            device: be.device_memory().map(|(used, total)| crate::metrics::DeviceMemory { used, total }),
+            device: be.device_memory(),
         })
     }
 

@@ -304,10 +304,43 @@ pub trait Backend {
     ) -> BResult<()>;
     /// Wait until queued device work is done (a no-op on the CPU).
     fn synchronize(&self) -> BResult<()>;
-    /// Device memory in use and in total as the driver reports it; `None` where there is
-    /// no separate device memory (the CPU backend).
-    fn device_memory(&self) -> Option<(u64, u64)> {
+    /// Device memory as the driver reports it, with the parts no ledger owns; `None` where
+    /// there is no separate device memory (the CPU backend).
+    fn device_memory(&self) -> Option<DeviceMemory> {
         None
+    }
+}
+
+/// A device's memory as the driver reports it (cuMemGetInfo), and the parts of it that no
+/// [`crate::zero::MemoryLedger`] owns, each measured by the backend. What remains,
+/// `used − ledger − context − comm_library − scratch − pool_slack`, is the untracked rest
+/// (about zero when every byte is accounted for).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub used: u64,
+    pub total: u64,
+    /// CUDA context, loaded kernels and library handles: what the process held on the
+    /// device when the backend was ready, before any buffer.
+    #[serde(default)]
+    pub context: u64,
+    /// The communication library (NCCL): what the device held outside the allocator pool
+    /// grew by across the communicator's set-up.
+    #[serde(default)]
+    pub comm_library: u64,
+    /// The backend's own scratch (reduction partials, GEMM staging, the embedding plan) and
+    /// the cuBLASLt workspace.
+    #[serde(default)]
+    pub scratch: u64,
+    /// Memory the stream-ordered pool keeps reserved beyond live allocations (freed buffers
+    /// kept for reuse instead of going back to the driver).
+    #[serde(default)]
+    pub pool_slack: u64,
+}
+
+impl DeviceMemory {
+    /// Bytes the driver reports beyond the ledger's `tracked` total and the measured parts.
+    pub fn untracked(&self, tracked: u64) -> i64 {
+        self.used as i64 - (tracked + self.context + self.comm_library + self.scratch + self.pool_slack) as i64
     }
 }
 

@@ -33,7 +33,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, ElemBytes, Loc};
+use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, DeviceMemory, ElemBytes, Loc};
 use kernels::Kernels;
 use matmul::Lt;
 
@@ -70,6 +70,10 @@ pub struct CudaBackend {
     scratch_bf16: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
     attention: Cell<AttentionImpl>,
+    /// Driver-used bytes outside the allocator pool once the backend was ready (context,
+    /// kernels, cuBLASLt handle), and what a communication library added to that since.
+    context_bytes: u64,
+    comm_library_bytes: Cell<u64>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -163,6 +167,7 @@ impl CudaBackend {
             p
         };
         let lt = Lt::new(workspace, ws_ptr)?;
+        let context_bytes = outside_pool(&ctx).unwrap_or(0);
         Ok(CudaBackend {
             ctx,
             stream,
@@ -180,6 +185,8 @@ impl CudaBackend {
                 Ok("simt") => AttentionImpl::Simt,
                 _ => AttentionImpl::TensorCore,
             }),
+            context_bytes,
+            comm_library_bytes: Cell::new(0),
         })
     }
 
@@ -262,6 +269,30 @@ impl CudaBackend {
             .map_err(|e| self.err(&format!("allocating {} bytes of pinned host memory for {what}", n * 4), e))
     }
 
+    /// Driver-used bytes outside the allocator pool now (context, libraries). Around the
+    /// set-up of a communicator the difference is what the library allocated for itself.
+    pub fn outside_pool_bytes(&self) -> Option<u64> {
+        outside_pool(&self.ctx)
+    }
+
+    /// Record what the communication library holds on this device (see `outside_pool_bytes`).
+    pub fn set_comm_library_bytes(&self, bytes: u64) {
+        self.comm_library_bytes.set(bytes);
+    }
+
+    /// Bytes of the backend's own device buffers: the scratch cells and the cuBLASLt workspace.
+    fn scratch_bytes(&self) -> u64 {
+        fn held<T>(c: &RefCell<Option<CudaSlice<T>>>) -> u64 {
+            c.borrow().as_ref().map_or(0, |s| (s.len() * std::mem::size_of::<T>()) as u64)
+        }
+        LT_WORKSPACE as u64
+            + held(&self.scratch_f32)
+            + held(&self.scratch_f64)
+            + held(&self.scratch_u32)
+            + held(&self.scratch_bf16)
+            + held(&self.scratch_bf16_w)
+    }
+
     fn scratch_f32(&self, n: usize) -> BResult<u64> {
         self.scratch(&self.scratch_f32, n, "fp32 scratch")
     }
@@ -284,6 +315,35 @@ fn keep_freed_memory_in_pool(ctx: &Arc<CudaContext>) {
             );
         }
     }
+}
+
+/// The device's default stream-ordered pool: (bytes reserved from the driver, bytes in use).
+fn pool_usage(ctx: &Arc<CudaContext>) -> Option<(u64, u64)> {
+    use cudarc::driver::sys;
+    // SAFETY: driver queries on the current device; both attributes are u64.
+    unsafe {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) != cudaError_enum::CUDA_SUCCESS {
+            return None;
+        }
+        let get = |attr| {
+            let mut v: u64 = 0;
+            (sys::cuMemPoolGetAttribute(pool, attr, &mut v as *mut u64 as *mut std::ffi::c_void)
+                == cudaError_enum::CUDA_SUCCESS)
+                .then_some(v)
+        };
+        let reserved = get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        Some((reserved, used))
+    }
+}
+
+/// Driver-used bytes on `ctx`'s device that are not the allocator pool's.
+fn outside_pool(ctx: &Arc<CudaContext>) -> Option<u64> {
+    ctx.bind_to_thread().ok()?;
+    let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+    let (reserved, _) = pool_usage(ctx)?;
+    Some(((total - free) as u64).saturating_sub(reserved))
 }
 
 fn alloc_raw<T: DeviceRepr>(stream: &Arc<CudaStream>, device: &str, n: usize, what: &str) -> BResult<CudaSlice<T>> {
@@ -594,11 +654,19 @@ impl Backend for CudaBackend {
         self.stream.synchronize().map_err(|e| self.err("synchronizing", e))?;
         self.ctx.check_err().map_err(|e| self.err("a deferred CUDA error", e))
     }
-    fn device_memory(&self) -> Option<(u64, u64)> {
+    fn device_memory(&self) -> Option<DeviceMemory> {
         // Process-wide view of this device (context, library workspaces, NCCL, our buffers).
         self.ctx.bind_to_thread().ok()?;
         let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
-        Some(((total - free) as u64, total as u64))
+        let (reserved, in_use) = pool_usage(&self.ctx).unwrap_or((0, 0));
+        Some(DeviceMemory {
+            used: (total - free) as u64,
+            total: total as u64,
+            context: self.context_bytes,
+            comm_library: self.comm_library_bytes.get(),
+            scratch: self.scratch_bytes(),
+            pool_slack: reserved.saturating_sub(in_use),
+        })
     }
 }
 

@@ -784,7 +784,9 @@ impl CudaBackend {
         if w.len != oc * c || bias.len != oc {
             return Err(bad(format!("matmul_gelu_fwd: weight must hold OC*C = {} and bias OC = {oc}", oc * c)));
         }
-        if n == 0 || c == 0 || oc == 0 || Self::stage_pad(n, oc).is_some() {
+        // cuBLASLt's heuristic offers GELU epilogues it then refuses to run for aux rows
+        // that are not a multiple of 8 elements (seen on H100): those take the two-op path.
+        if n == 0 || c == 0 || oc == 0 || !oc.is_multiple_of(8) || Self::stage_pad(n, oc).is_some() {
             return Ok(false);
         }
         self.ctx.bind_to_thread().map_err(|e| self.err("binding the context", e))?;
@@ -834,12 +836,13 @@ impl CudaBackend {
         check("matmul_bwd_dgelu pre", pre.len(), 0, n * c)?;
         check("matmul_bwd_dgelu dpre", dpre.len(), 0, n * c)?;
         check_loc("matmul_bwd_dgelu weight", params.len(), w)?;
-        if n == 0 || c == 0 || oc == 0 || Self::stage_pad(n, oc).is_some() || w.len != oc * c {
+        if n == 0 || c == 0 || oc == 0 || !c.is_multiple_of(8) || Self::stage_pad(n, oc).is_some() || w.len != oc * c {
             return Ok(false);
         }
         self.ctx.bind_to_thread().map_err(|e| self.err("binding the context", e))?;
         let pre_ptr = self.ptr(pre, 0);
-        let g = Self::dinp_gemm(self.ptr_mut(dpre, 0), self.ptr(dout, 0), self.ptr(params, w.off), n, c, oc, Some(pre_ptr));
+        let g =
+            Self::dinp_gemm(self.ptr_mut(dpre, 0), self.ptr(dout, 0), self.ptr(params, w.off), n, c, oc, Some(pre_ptr));
         if !self.lt.supports(&g) {
             return Ok(false);
         }
