@@ -78,6 +78,6 @@ for d in sorted(glob.glob(f"{out}/ours-*/metrics.jsonl")):
     r = m.get("runtime")
     if r:
         print(f"{d.split('/')[-2]} rank 0, last step (MiB): tracked {m['total']/MiB:.0f} + context {r['context']/MiB:.0f}"
-              f" + nccl {r['comm_library']/MiB:.0f} + scratch {r['scratch']/MiB:.0f} + pool slack {r['pool_slack']/MiB:.0f}"
+              f" + nccl {r['comm_library']/MiB:.0f} + lazy libraries {r.get('lazy_libraries', 0)/MiB:.0f} + scratch {r['scratch']/MiB:.0f} + pool slack {r['pool_slack']/MiB:.0f}"
               f" + untracked {m['untracked']/MiB:.0f} = driver {m['device_used']/MiB:.0f}")
 PY

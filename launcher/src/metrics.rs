@@ -47,6 +47,7 @@ pub struct RankMemory {
 pub struct RuntimeMemory {
     pub context: u64,
     pub comm_library: u64,
+    pub lazy_libraries: u64,
     pub scratch: u64,
     pub pool_slack: u64,
 }
@@ -89,6 +90,7 @@ impl StepRecord {
                     runtime: m.device.map(|d| RuntimeMemory {
                         context: d.context,
                         comm_library: d.comm_library,
+                        lazy_libraries: d.lazy_libraries,
                         scratch: d.scratch,
                         pool_slack: d.pool_slack,
                     }),
@@ -240,17 +242,18 @@ impl MetricsLog {
         if last.memory.iter().any(|m| m.runtime.is_some()) {
             s += &format!(
                 "device memory per rank at the last step (MiB; the driver's figure = tracked + the measured rest):\n  \
-                 {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
-                "rank", "tracked", "context", "nccl", "scratch", "pool slack", "untracked", "driver"
+                 {:>4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
+                "rank", "tracked", "context", "nccl", "lazy libs", "scratch", "pool slack", "untracked", "driver"
             );
             for m in &last.memory {
                 let (Some(r), Some(used), Some(u)) = (m.runtime, m.device_used, m.untracked) else { continue };
                 s += &format!(
-                    "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}\n",
+                    "  {:>4} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}\n",
                     m.rank,
                     mib(m.total),
                     mib(r.context),
                     mib(r.comm_library),
+                    mib(r.lazy_libraries),
                     mib(r.scratch),
                     mib(r.pool_slack),
                     u as f64 / (1024.0 * 1024.0),

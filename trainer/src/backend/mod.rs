@@ -313,8 +313,9 @@ pub trait Backend {
 
 /// A device's memory as the driver reports it (cuMemGetInfo), and the parts of it that no
 /// [`crate::zero::MemoryLedger`] owns, each measured by the backend. What remains,
-/// `used − ledger − context − comm_library − scratch − pool_slack`, is the untracked rest
-/// (about zero when every byte is accounted for).
+/// `used − ledger − context − comm_library − lazy_libraries − scratch − pool_slack`, is the
+/// untracked rest: allocator-pool bytes in use that neither the ledger nor the backend's
+/// scratch explains (the pool's rounding of each allocation, or a missed buffer).
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct DeviceMemory {
     pub used: u64,
@@ -327,6 +328,10 @@ pub struct DeviceMemory {
     /// grew by across the communicator's set-up.
     #[serde(default)]
     pub comm_library: u64,
+    /// What the device held outside the allocator pool grew by since: kernels the libraries
+    /// load on first use (cuBLASLt's GEMM kernels are loaded lazily), later NCCL connections.
+    #[serde(default)]
+    pub lazy_libraries: u64,
     /// The backend's own scratch (reduction partials, GEMM staging, the embedding plan) and
     /// the cuBLASLt workspace.
     #[serde(default)]
@@ -340,7 +345,8 @@ pub struct DeviceMemory {
 impl DeviceMemory {
     /// Bytes the driver reports beyond the ledger's `tracked` total and the measured parts.
     pub fn untracked(&self, tracked: u64) -> i64 {
-        self.used as i64 - (tracked + self.context + self.comm_library + self.scratch + self.pool_slack) as i64
+        let known = tracked + self.context + self.comm_library + self.lazy_libraries + self.scratch + self.pool_slack;
+        self.used as i64 - known as i64
     }
 }
 

@@ -69,6 +69,7 @@ pub struct CudaBackend {
     plan_pinned: RefCell<Option<PinnedHostSlice<u32>>>,
     scratch_bf16: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
+    scratch_bias: RefCell<Option<CudaSlice<bf16>>>,
     attention: Cell<AttentionImpl>,
     /// Driver-used bytes outside the allocator pool once the backend was ready (context,
     /// kernels, cuBLASLt handle), and what a communication library added to that since.
@@ -181,6 +182,7 @@ impl CudaBackend {
             plan_pinned: RefCell::new(None),
             scratch_bf16: RefCell::new(None),
             scratch_bf16_w: RefCell::new(None),
+            scratch_bias: RefCell::new(None),
             attention: Cell::new(match std::env::var("SHARDTRAIN_ATTENTION").as_deref() {
                 Ok("simt") => AttentionImpl::Simt,
                 _ => AttentionImpl::TensorCore,
@@ -291,6 +293,7 @@ impl CudaBackend {
             + held(&self.scratch_u32)
             + held(&self.scratch_bf16)
             + held(&self.scratch_bf16_w)
+            + held(&self.scratch_bias)
     }
 
     fn scratch_f32(&self, n: usize) -> BResult<u64> {
@@ -659,11 +662,14 @@ impl Backend for CudaBackend {
         self.ctx.bind_to_thread().ok()?;
         let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
         let (reserved, in_use) = pool_usage(&self.ctx).unwrap_or((0, 0));
+        let used = (total - free) as u64;
+        let outside = used.saturating_sub(reserved);
         Some(DeviceMemory {
-            used: (total - free) as u64,
+            used,
             total: total as u64,
             context: self.context_bytes,
             comm_library: self.comm_library_bytes.get(),
+            lazy_libraries: outside.saturating_sub(self.context_bytes + self.comm_library_bytes.get()),
             scratch: self.scratch_bytes(),
             pool_slack: reserved.saturating_sub(in_use),
         })

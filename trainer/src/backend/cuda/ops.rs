@@ -121,6 +121,23 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// A pointer to the bias `params[b]` that cuBLASLt's bias epilogue accepts: the bias
+    /// itself when 16-byte aligned, else a copy in scratch (cuBLASLt's heuristic offers
+    /// algorithms that then refuse a misaligned bias, seen for odd layer widths).
+    fn aligned_bias(&self, params: &CudaSlice<bf16>, b: Loc) -> BResult<u64> {
+        let p = self.ptr(params, b.off);
+        if p.is_multiple_of(16) {
+            return Ok(p);
+        }
+        let dst = self.scratch(&self.scratch_bias, b.len, "bias staging")?;
+        let mut cell = self.scratch_bias.borrow_mut();
+        let s = cell.as_mut().expect("allocated by scratch()");
+        self.stream
+            .memcpy_dtod(&params.slice(b.off..b.end()), &mut s.slice_mut(0..b.len))
+            .map_err(|e| self.err("staging a bias", e))?;
+        Ok(dst)
+    }
+
     /// The weight `[oc, c]` (and bias `[oc]`) padded with zero rows to `ocp`, in the
     /// weight-staging scratch: returns (weight, bias) pointers.
     fn padded_weight(
@@ -549,7 +566,7 @@ impl CudaBackend {
             ldd: oc,
             out: OutType::Bf16,
             beta: 0.0,
-            bias: bias.map(|bl| self.ptr(params, bl.off)),
+            bias: bias.map(|bl| self.aligned_bias(params, bl)).transpose()?,
             act: Act::None,
             aux: None,
         };
@@ -804,7 +821,7 @@ impl CudaBackend {
             ldd: oc,
             out: OutType::Bf16,
             beta: 0.0,
-            bias: Some(self.ptr(params, bias.off)),
+            bias: Some(self.aligned_bias(params, bias)?),
             act: Act::Gelu,
             aux: Some(self.ptr_mut(pre, 0)),
         };
