@@ -33,7 +33,7 @@ pub enum Msg {
     /// Every rank is up: connect the group. `peers[r]` is rank r's data-plane address.
     Start { world: u32, peers: Vec<String>, nccl_id: Option<Vec<u8>> },
     /// A finished optimizer step as seen by `rank`.
-    Step { rank: u32, metrics: StepMetrics },
+    Step { rank: u32, metrics: Box<StepMetrics> },
     /// `rank` finished training.
     Done { rank: u32 },
     /// `rank` stopped with an error. `peer` is set when the cause was another rank

@@ -194,7 +194,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                     Msg::Step { metrics: m, .. } => {
                         ranks[rank].last_step = m.step;
                         if let Some(log) = metrics.as_mut() {
-                            match log.add(rank, m) {
+                            match log.add(rank, *m) {
                                 Ok(Some(rec)) => progress.step(&rec),
                                 Ok(None) => {}
                                 Err(e) => progress.println(&format!("launcher: warning: {e:#}")),

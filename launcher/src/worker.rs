@@ -152,7 +152,7 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
             "rank {rank} step {}/{total} loss {:.6} lr {:.3e} grad_norm {:.4} time {:.3}s",
             m.step, m.loss, m.lr, m.grad_norm, m.step_time_s
         );
-        protocol::send(control, &Msg::Step { rank: args.rank, metrics: m.clone() })
+        protocol::send(control, &Msg::Step { rank: args.rank, metrics: Box::new(m.clone()) })
             .map_err(|e| TrainError::Stopped(format!("lost the launcher connection: {e}")))?;
         if let Some(f) = &fault {
             f.trigger(rank, m.step);
