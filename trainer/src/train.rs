@@ -36,6 +36,9 @@ pub struct Trainer<B: Backend> {
     targets: Vec<u32>,
     /// Optimizer steps taken so far.
     pub step: usize,
+    /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
+    /// print their times (perturbs the overlap a little; for finding where time goes).
+    profile: bool,
 }
 
 impl<B: Backend> Trainer<B> {
@@ -77,7 +80,18 @@ impl<B: Backend> Trainer<B> {
             Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)
                 .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
-        Ok(Trainer { cfg: cfg.clone(), engine, model, sampler, val, inputs: vec![0; n], targets: vec![0; n], step: 0 })
+        let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
+        Ok(Trainer {
+            cfg: cfg.clone(),
+            engine,
+            model,
+            sampler,
+            val,
+            inputs: vec![0; n],
+            targets: vec![0; n],
+            step: 0,
+            profile,
+        })
     }
 
     /// Tokens in one global batch.
@@ -95,6 +109,15 @@ impl<B: Backend> Trainer<B> {
         // Mean over the global batch: every token's dloss is 1/(global tokens); reductions sum.
         let dloss_scale = 1.0 / (n * tc.grad_accum * world) as f32;
         self.engine.begin_step(be)?;
+        let mut phases: Vec<(&str, Instant)> = Vec::new();
+        let mut mark = |be: &B, name: &'static str| -> Result<(), TrainError> {
+            if self.profile {
+                be.synchronize()?;
+                phases.push((name, Instant::now()));
+            }
+            Ok(())
+        };
+        mark(be, "start")?;
         for micro in 0..tc.grad_accum {
             self.engine.set_final_micro(micro + 1 == tc.grad_accum);
             self.sampler.micro_batch(
@@ -108,6 +131,7 @@ impl<B: Backend> Trainer<B> {
             )?;
             self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
         }
+        mark(be, "forward+backward")?;
         let lr = lr_at(self.step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
         let hyper = StepHyper {
             lr,
@@ -118,8 +142,15 @@ impl<B: Backend> Trainer<B> {
             grad_clip: tc.grad_clip,
         };
         let stats = self.engine.step(be, comm, hyper, self.step as u64 + 1)?;
+        mark(be, "optimizer")?;
         let loss = all_reduce_f64(comm, self.model.take_mean_loss(be)?)? / world as f64;
         be.synchronize()?;
+        mark(be, "loss")?;
+        if self.profile {
+            let parts: Vec<String> =
+                phases.windows(2).map(|w| format!("{} {:.2} ms", w[1].0, (w[1].1 - w[0].1).as_secs_f64() * 1e3)).collect();
+            eprintln!("profile: rank {rank} step {}: {}", self.step + 1, parts.join(", "));
+        }
         let step_time_s = t0.elapsed().as_secs_f64();
         self.step += 1;
         let ev = tc.eval_every;
