@@ -147,8 +147,10 @@ impl<B: Backend> Trainer<B> {
         be.synchronize()?;
         mark(be, "loss")?;
         if self.profile {
-            let parts: Vec<String> =
-                phases.windows(2).map(|w| format!("{} {:.2} ms", w[1].0, (w[1].1 - w[0].1).as_secs_f64() * 1e3)).collect();
+            let parts: Vec<String> = phases
+                .windows(2)
+                .map(|w| format!("{} {:.2} ms", w[1].0, (w[1].1 - w[0].1).as_secs_f64() * 1e3))
+                .collect();
             eprintln!("profile: rank {rank} step {}: {}", self.step + 1, parts.join(", "));
         }
         let step_time_s = t0.elapsed().as_secs_f64();
