@@ -210,8 +210,9 @@ pub trait Backend {
         oc: usize,
     ) -> BResult<()>;
     /// The MLP's first layer: `pre = inp · Wᵀ + bias` and `out = GELU(pre)`, both written
-    /// (`pre` is saved for backward, `out` feeds the next layer). The default runs the two
-    /// ops; the CUDA backend fuses GELU into the GEMM epilogue.
+    /// (`pre` is saved for backward, `out` feeds the next layer). Runs
+    /// [`Backend::fused_matmul_gelu_fwd`] where the backend has it (CUDA: GELU in the GEMM
+    /// epilogue), else the two ops.
     #[allow(clippy::too_many_arguments)]
     fn matmul_gelu_fwd(
         &self,
@@ -225,13 +226,33 @@ pub trait Backend {
         c: usize,
         oc: usize,
     ) -> BResult<()> {
+        if self.fused_matmul_gelu_fwd(pre, out, inp, params, w, bias, n, c, oc)? {
+            return Ok(());
+        }
         self.matmul_fwd(pre, inp, params, w, Some(bias), n, c, oc)?;
         self.gelu_fwd(out, pre, n * oc)
     }
+    /// [`Backend::matmul_gelu_fwd`] as one fused operation where the backend has one for
+    /// these shapes; `Ok(false)` (the default) runs the two operations instead.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_matmul_gelu_fwd(
+        &self,
+        _pre: &mut Self::Buf,
+        _out: &mut Self::Buf,
+        _inp: &Self::Buf,
+        _params: &Self::Buf,
+        _w: Loc,
+        _bias: Loc,
+        _n: usize,
+        _c: usize,
+        _oc: usize,
+    ) -> BResult<bool> {
+        Ok(false)
+    }
     /// Backward of a linear layer whose input is `act = GELU(pre)`, through the GELU:
     /// `dpre = (dout · W) ⊙ GELU'(pre)` (overwritten), `dW += doutᵀ · act`, `dbias += Σ dout`.
-    /// `act` is clobbered. The default runs matmul_bwd and gelu_bwd; the CUDA backend applies
-    /// GELU' in the GEMM epilogue.
+    /// `act` is clobbered. Runs [`Backend::fused_matmul_bwd_dgelu`] where the backend has it
+    /// (CUDA: GELU' in the GEMM epilogue), else matmul_bwd and gelu_bwd.
     #[allow(clippy::too_many_arguments)]
     fn matmul_bwd_dgelu(
         &self,
@@ -248,10 +269,33 @@ pub trait Backend {
         c: usize,
         oc: usize,
     ) -> BResult<()> {
+        if self.fused_matmul_bwd_dgelu(dpre, grads, dw, dbias, dout, act, pre, params, w, n, c, oc)? {
+            return Ok(());
+        }
         self.matmul_bwd(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc)?;
         // gelu_bwd may not write its input: go through `act`, which is free now.
         self.gelu_bwd(act, pre, dpre, n * c)?;
         self.copy_buf(dpre, 0, act, Loc::all(n * c))
+    }
+    /// [`Backend::matmul_bwd_dgelu`] as one fused operation where the backend has one for
+    /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_matmul_bwd_dgelu(
+        &self,
+        _dpre: &mut Self::Buf,
+        _grads: &mut Self::Grad,
+        _dw: Loc,
+        _dbias: Loc,
+        _dout: &Self::Buf,
+        _act: &Self::Buf,
+        _pre: &Self::Buf,
+        _params: &Self::Buf,
+        _w: Loc,
+        _n: usize,
+        _c: usize,
+        _oc: usize,
+    ) -> BResult<bool> {
+        Ok(false)
     }
     /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
     fn attention_saved_len(&self, s: AttnShape) -> usize;

@@ -564,6 +564,21 @@ __device__ __forceinline__ void zero84(float x[8][4]) {
         for (int e = 0; e < 4; ++e) x[j][e] = 0.f;
 }
 
+// One step of the key/value stream of the forward and dQ kernels: once every thread is
+// done with the other buffer (it held tile kt - 1), start copying key tile `k1` (if
+// k1 >= 0) into it, then wait until tile kt (copied one step earlier) has landed.
+__device__ __forceinline__ void next_kv_tile(bf16_t* Kn, bf16_t* Vn, const bf16_t* base, int C, int k1, int T) {
+    const long long C3 = 3LL * C;
+    __syncthreads();
+    if (k1 >= 0) {
+        load_tile16_async(Kn, base + C + (long long)k1 * C3, C3, min(64, T - k1));
+        load_tile16_async(Vn, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+    }
+    cp_commit();
+    cp_wait1();
+    __syncthreads();
+}
+
 // grid = (ceil(T/64), NH, B), 128 threads. Same outputs as attn_fwd_64.
 extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, float* lse, const bf16_t* qkv, int T,
                                                                   int NH, float scale) {
@@ -590,15 +605,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd_mma64(bf16_t* out, fl
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     for (int kt = 0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        __syncthreads();  // buffer cur ^ 1 (the Q copy or tile kt - 1) is no longer read
-        if (kt < qt) {
-            const int k1 = k0 + 64;
-            load_tile16_async(Ks[cur ^ 1], base + C + (long long)k1 * C3, C3, min(64, T - k1));
-            load_tile16_async(Vs[cur ^ 1], base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
-        }
-        cp_commit();
-        cp_wait1();
-        __syncthreads();  // tile kt is in buffer cur
+        // (the Q copy in buffer 1 counts as tile -1)
+        next_kv_tile(Ks[cur ^ 1], Vs[cur ^ 1], base, C, kt < qt ? k0 + 64 : -1, T);
         float s[8][4];
         zero84(s);
         mma_abt(s, qa, Ks[cur]);
@@ -767,15 +775,8 @@ __device__ __forceinline__ void attn_bwd_dq_mma64_impl(bf16_t* dqkv, const bf16_
     zero84(dq);
     for (int kt = 0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        __syncthreads();  // buffer cur ^ 1 (Q/dO copy or key tile kt - 1) is no longer read
-        if (kt < qt) {
-            const int k1 = k0 + 64;
-            load_tile16_async(Ks[cur ^ 1], base + C + (long long)k1 * C3, C3, min(64, T - k1));
-            load_tile16_async(Vs[cur ^ 1], base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
-        }
-        cp_commit();
-        cp_wait1();
-        __syncthreads();  // key tile kt is in buffer cur
+        // (the Q/dO copy in buffer 1 counts as tile -1)
+        next_kv_tile(Ks[cur ^ 1], Vs[cur ^ 1], base, C, kt < qt ? k0 + 64 : -1, T);
         float s[8][4], dp[8][4];
         zero84(s);
         zero84(dp);

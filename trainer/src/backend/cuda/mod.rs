@@ -561,7 +561,7 @@ impl Backend for CudaBackend {
     }
     /// Only the per-row log-sum-exp: `B * NH * T` floats (flash attention recomputes
     /// the probabilities in backward).
-    fn matmul_gelu_fwd(
+    fn fused_matmul_gelu_fwd(
         &self,
         pre: &mut Self::Buf,
         out: &mut Self::Buf,
@@ -572,34 +572,25 @@ impl Backend for CudaBackend {
         n: usize,
         c: usize,
         oc: usize,
-    ) -> BResult<()> {
-        if !self.op_matmul_gelu_fwd(pre, out, inp, params, w, bias, n, c, oc)? {
-            self.op_matmul_fwd(pre, inp, params, w, Some(bias), n, c, oc)?;
-            self.op_gelu_fwd(out, pre, n * oc)?;
-        }
-        Ok(())
+    ) -> BResult<bool> {
+        self.op_matmul_gelu_fwd(pre, out, inp, params, w, bias, n, c, oc)
     }
-    fn matmul_bwd_dgelu(
+    fn fused_matmul_bwd_dgelu(
         &self,
         dpre: &mut Self::Buf,
         grads: &mut Self::Grad,
         dw: Loc,
         dbias: Loc,
         dout: &Self::Buf,
-        act: &mut Self::Buf,
+        act: &Self::Buf,
         pre: &Self::Buf,
         params: &Self::Buf,
         w: Loc,
         n: usize,
         c: usize,
         oc: usize,
-    ) -> BResult<()> {
-        if !self.op_matmul_bwd_dgelu(dpre, grads, dw, dbias, dout, act, pre, params, w, n, c, oc)? {
-            self.op_matmul_bwd(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc)?;
-            self.op_gelu_bwd(act, pre, dpre, n * c)?;
-            self.copy_buf(dpre, 0, act, Loc::all(n * c))?;
-        }
-        Ok(())
+    ) -> BResult<bool> {
+        self.op_matmul_bwd_dgelu(dpre, grads, dw, dbias, dout, act, pre, params, w, n, c, oc)
     }
     fn attention_saved_len(&self, s: AttnShape) -> usize {
         s.b * s.nh * s.t

@@ -529,47 +529,14 @@ impl CudaBackend {
             let (ip, op) = (self.ptr(inp, 0), self.ptr_mut(out, 0));
             for r0 in (0..n).step_by(rows) {
                 let nr = rows.min(n - r0);
-                let g = Gemm {
-                    transa: true,
-                    transb: false,
-                    m: ocp,
-                    n: nr,
-                    k: c,
-                    a: wp,
-                    lda: c,
-                    b: ip + (r0 * c * 2) as u64,
-                    ldb: c,
-                    d: tmp,
-                    ldd: ocp,
-                    out: OutType::Bf16,
-                    beta: 0.0,
-                    bias: bp,
-                    act: Act::None,
-                    aux: None,
-                };
+                let g = Self::fwd_gemm(wp, ip + (r0 * c * 2) as u64, tmp, nr, c, ocp, bp, None);
                 self.lt.gemm(&g, self.stream.cu_stream() as _)?;
                 self.copy_rows(op + (r0 * oc * 2) as u64, oc, tmp, ocp, nr, oc, oc)?;
             }
             return Ok(());
         }
-        let g = Gemm {
-            transa: true,
-            transb: false,
-            m: oc,
-            n,
-            k: c,
-            a: self.ptr(params, w.off),
-            lda: c,
-            b: self.ptr(inp, 0),
-            ldb: c,
-            d: self.ptr_mut(out, 0),
-            ldd: oc,
-            out: OutType::Bf16,
-            beta: 0.0,
-            bias: bias.map(|bl| self.aligned_bias(params, bl)).transpose()?,
-            act: Act::None,
-            aux: None,
-        };
+        let bias = bias.map(|bl| self.aligned_bias(params, bl)).transpose()?;
+        let g = Self::fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), n, c, oc, bias, None);
         self.lt.gemm(&g, self.stream.cu_stream() as _)
     }
 
@@ -755,6 +722,39 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `outᵀ(oc×n) = (Wᵀ)ᵀ·inpᵀ (+ bias)` into bf16, optionally `GELU(·)` with the
+    /// pre-activation kept in `gelu_pre` (the GELU_AUX epilogue).
+    #[allow(clippy::too_many_arguments)]
+    fn fwd_gemm(
+        w: u64,
+        inp: u64,
+        out: u64,
+        n: usize,
+        c: usize,
+        oc: usize,
+        bias: Option<u64>,
+        gelu_pre: Option<u64>,
+    ) -> Gemm {
+        Gemm {
+            transa: true,
+            transb: false,
+            m: oc,
+            n,
+            k: c,
+            a: w,
+            lda: c,
+            b: inp,
+            ldb: c,
+            d: out,
+            ldd: oc,
+            out: OutType::Bf16,
+            beta: 0.0,
+            bias,
+            act: if gelu_pre.is_some() { Act::Gelu } else { Act::None },
+            aux: gelu_pre,
+        }
+    }
+
     /// `dinpᵀ(c×n) = W(c×oc stored) · doutᵀ(oc×n)`, optionally `⊙ GELU'(pre)` in the epilogue.
     fn dinp_gemm(dinp: u64, dout: u64, w: u64, n: usize, c: usize, oc: usize, dgelu_pre: Option<u64>) -> Gemm {
         Gemm {
@@ -807,24 +807,8 @@ impl CudaBackend {
             return Ok(false);
         }
         self.ctx.bind_to_thread().map_err(|e| self.err("binding the context", e))?;
-        let g = Gemm {
-            transa: true,
-            transb: false,
-            m: oc,
-            n,
-            k: c,
-            a: self.ptr(params, w.off),
-            lda: c,
-            b: self.ptr(inp, 0),
-            ldb: c,
-            d: self.ptr_mut(out, 0),
-            ldd: oc,
-            out: OutType::Bf16,
-            beta: 0.0,
-            bias: Some(self.aligned_bias(params, bias)?),
-            act: Act::Gelu,
-            aux: Some(self.ptr_mut(pre, 0)),
-        };
+        let (b, aux) = (Some(self.aligned_bias(params, bias)?), Some(self.ptr_mut(pre, 0)));
+        let g = Self::fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), n, c, oc, b, aux);
         if !self.lt.supports(&g) {
             return Ok(false);
         }
