@@ -557,7 +557,7 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) -> BResult<()> {
-        self.op_matmul_bwd(dinp, grads, dw, dbias, dout, inp, params, w, n, c, oc)
+        self.op_matmul_bwd(dinp, grads, dw, dbias, dout, inp, params, w, n, c, oc, None)
     }
     /// Only the per-row log-sum-exp: `B * NH * T` floats (flash attention recomputes
     /// the probabilities in backward).

@@ -540,28 +540,10 @@ impl CudaBackend {
         self.lt.gemm(&g, self.stream.cu_stream() as _)
     }
 
+    /// The linear backward (`matmul_bwd`), optionally with `dinp ⊙= GELU'(pre)` in the dinp
+    /// GEMM's epilogue (`dgelu_pre`; only on the unpadded path, which the caller checked).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn op_matmul_bwd(
-        &self,
-        dinp: &mut CudaSlice<bf16>,
-        grads: &mut CudaSlice<f32>,
-        dw: Loc,
-        dbias: Option<Loc>,
-        dout: &CudaSlice<bf16>,
-        inp: &CudaSlice<bf16>,
-        params: &CudaSlice<bf16>,
-        w: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()> {
-        self.matmul_bwd_ex(dinp, grads, dw, dbias, dout, inp, params, w, n, c, oc, None)
-    }
-
-    /// [`Self::op_matmul_bwd`], optionally with `dinp ⊙= GELU'(pre)` in the dinp GEMM's
-    /// epilogue (`dgelu_pre`; only on the unpadded path, which the caller checked).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_bwd_ex(
         &self,
         dinp: &mut CudaSlice<bf16>,
         grads: &mut CudaSlice<f32>,
@@ -847,7 +829,7 @@ impl CudaBackend {
         if !self.lt.supports(&g) {
             return Ok(false);
         }
-        self.matmul_bwd_ex(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc, Some(pre_ptr))?;
+        self.op_matmul_bwd(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc, Some(pre_ptr))?;
         Ok(true)
     }
 
