@@ -72,7 +72,9 @@ impl<B: Backend> Trainer<B> {
             Some(path) => {
                 let hf = HfWeights::open(path)?;
                 let l2 = layout.clone();
-                Engine::with_init(be, layout, cfg.zero.stage, rank, world, &mut |u| hf.unit_values(&l2, u))?
+                Engine::with_init(be, layout, cfg.zero.stage, rank, world, &mut |u, r| {
+                    Ok(hf.unit_values(&l2, u)?[r].to_vec())
+                })?
             }
         };
         engine.prefetch = cfg.zero.prefetch_blocks;

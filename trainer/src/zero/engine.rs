@@ -154,7 +154,9 @@ impl<B: Backend> Engine<B> {
         seed: u64,
     ) -> Result<Engine<B>, TrainError> {
         let l2 = layout.clone();
-        Self::with_init(be, layout, stage, rank, world, &mut |i| Ok(init::init_unit(&l2, &l2.units[i], seed)))
+        Self::with_init(be, layout, stage, rank, world, &mut |i, r| {
+            Ok(init::init_unit_range(&l2, &l2.units[i], seed, r))
+        })
     }
 
     /// Build every unit's state with `init_values(i)` giving unit `i`'s full (unpadded) values.
@@ -164,7 +166,7 @@ impl<B: Backend> Engine<B> {
         stage: u8,
         rank: usize,
         world: usize,
-        init_values: &mut dyn FnMut(usize) -> Result<Vec<f32>, TrainError>,
+        init_values: &mut dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError>,
     ) -> Result<Engine<B>, TrainError> {
         let policy = Policy::for_stage(stage);
         let sizes = be.elem_bytes();
@@ -174,19 +176,24 @@ impl<B: Backend> Engine<B> {
             let numel = ul.numel;
             let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
             let padded = shard * world;
-            let mut host = init_values(ui)?;
-            if host.len() != numel {
+            // Stage 3 keeps only its shard, so only that range is made (or read); the others
+            // hold the whole unit. `host` covers `base..base + host.len()`, zero-padded.
+            let (base, len) = if policy.shard_params { (rank * shard, shard) } else { (0, padded) };
+            let (lo, hi) = (base.min(numel), (base + len).min(numel));
+            let mut host = init_values(ui, lo..hi)?;
+            if host.len() != hi - lo {
                 return Err(TrainError::Invalid(format!(
-                    "initial values of unit {} have {} elements, expected {numel}",
+                    "initial values of unit {} over {lo}..{hi} have {} elements, expected {}",
                     ul.name,
-                    host.len()
+                    host.len(),
+                    hi - lo
                 )));
             }
-            host.resize(padded, 0.0);
+            host.resize(len, 0.0);
             let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
             let what = |s: &str| format!("{s} of unit {}", ul.name);
             let mut master = be.alloc_f32(opt_len, &what("fp32 master weights"))?;
-            be.upload_f32(&host[opt_off..opt_off + opt_len], &mut master, 0)?;
+            be.upload_f32(&host[opt_off - base..opt_off - base + opt_len], &mut master, 0)?;
             let mut m = be.alloc_f32(opt_len, &what("AdamW m"))?;
             let mut v = be.alloc_f32(opt_len, &what("AdamW v"))?;
             let zeros = vec![0.0f32; opt_len];

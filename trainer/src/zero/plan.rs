@@ -75,6 +75,5 @@ fn meta_engine(
     rank: usize,
     world: usize,
 ) -> Result<Engine<MetaBackend>, TrainError> {
-    let numel: Vec<usize> = layout.units.iter().map(|u| u.numel).collect();
-    Engine::with_init(be, layout, stage, rank, world, &mut |i| Ok(vec![0.0; numel[i]]))
+    Engine::with_init(be, layout, stage, rank, world, &mut |_, r| Ok(vec![0.0; r.len()]))
 }
