@@ -546,6 +546,11 @@ fn memory_prediction_matches_a_real_run() {
     for needle in ["stage 0 ", "stage 1 ", "stage 2*", "stage 3 ", "CPU backend's f32 accounting", "zero.stage = 2"] {
         assert!(text.contains(needle), "`{needle}` missing:\n{text}");
     }
+    assert!(!text.contains("cuMemGetInfo"), "no GPU runtime line for CPU ranks:\n{text}");
+    // The GPU prediction adds the measured runtime (context, NCCL, …) to the peak it names.
+    let gpu = launcher(&["memory", &config, "--ranks", "2", "--device", "gpu", "--set", "zero.stage=2"]);
+    gpu.assert_success();
+    assert!(gpu.stdout().contains("stage 2 peak is about") && gpu.stdout().contains("NCCL"), "{}", gpu.stdout());
     let json = launcher(&["memory", &config, "--ranks", "2", "--set", "zero.stage=2", "--json"]);
     json.assert_success();
     let predicted: Value = serde_json::from_str(&json.stdout()).expect("JSON");
