@@ -307,6 +307,32 @@ mod tests {
     }
 
     #[test]
+    fn gpu_ranks_account_for_the_drivers_figure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, 1).expect("open");
+        let mib = 1u64 << 20;
+        let mut m = report(1, 0.5, 100 * mib);
+        m.device = Some(trainer::metrics::DeviceMemory {
+            used: 1000 * mib,
+            total: 80_000 * mib,
+            context: 500 * mib,
+            comm_library: 300 * mib,
+            lazy_libraries: 50 * mib,
+            scratch: 40 * mib,
+            pool_slack: 6 * mib,
+        });
+        let rec = log.add(0, m).expect("add").expect("complete");
+        // 1000 = 100 tracked + 500 + 300 + 50 + 40 + 6, and 4 MiB nobody explains.
+        assert_eq!(rec.memory[0].untracked, Some(4 * mib as i64));
+        let line: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&path).expect("read").trim()).expect("json");
+        assert_eq!(line["memory"][0]["runtime"]["comm_library"], 300 * mib);
+        let summary = log.summary();
+        assert!(summary.contains("device memory per rank") && summary.contains("4.00"), "{summary}");
+    }
+
+    #[test]
     fn a_resumed_run_continues_the_file_up_to_its_checkpoint() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("metrics.jsonl");
