@@ -13,6 +13,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use trainer::metrics::RuntimeMemory;
 use trainer::zero::MemoryBytes;
 use trainer::StepMetrics;
 
@@ -40,16 +41,6 @@ pub struct RankMemory {
     /// nothing accounts for (about zero).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub untracked: Option<i64>,
-}
-
-/// The measured parts of a GPU rank's memory outside the ledger, in bytes.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct RuntimeMemory {
-    pub context: u64,
-    pub comm_library: u64,
-    pub lazy_libraries: u64,
-    pub scratch: u64,
-    pub pool_slack: u64,
 }
 
 /// One line of `metrics.jsonl`: a step as seen by the whole job.
@@ -87,13 +78,7 @@ impl StepRecord {
                     peak_total: m.memory.peak_total,
                     peak: m.memory.peak,
                     device_used: m.device.map(|d| d.used),
-                    runtime: m.device.map(|d| RuntimeMemory {
-                        context: d.context,
-                        comm_library: d.comm_library,
-                        lazy_libraries: d.lazy_libraries,
-                        scratch: d.scratch,
-                        pool_slack: d.pool_slack,
-                    }),
+                    runtime: m.device.map(|d| d.runtime),
                     untracked: m.device.map(|d| d.untracked(c.total())),
                 }
             })
@@ -316,11 +301,13 @@ mod tests {
         m.device = Some(trainer::metrics::DeviceMemory {
             used: 1000 * mib,
             total: 80_000 * mib,
-            context: 500 * mib,
-            comm_library: 300 * mib,
-            lazy_libraries: 50 * mib,
-            scratch: 40 * mib,
-            pool_slack: 6 * mib,
+            runtime: RuntimeMemory {
+                context: 500 * mib,
+                comm_library: 300 * mib,
+                lazy_libraries: 50 * mib,
+                scratch: 40 * mib,
+                pool_slack: 6 * mib,
+            },
         });
         let rec = log.add(0, m).expect("add").expect("complete");
         // 1000 = 100 tracked + 500 + 300 + 50 + 40 + 6, and 4 MiB nobody explains.

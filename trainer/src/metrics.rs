@@ -26,4 +26,4 @@ pub struct StepMetrics {
     pub device: Option<DeviceMemory>,
 }
 
-pub use crate::backend::DeviceMemory;
+pub use crate::backend::{DeviceMemory, RuntimeMemory};

@@ -357,40 +357,47 @@ pub trait Backend {
 
 /// A device's memory as the driver reports it (cuMemGetInfo), and the parts of it that no
 /// [`crate::zero::MemoryLedger`] owns, each measured by the backend. What remains,
-/// `used − ledger − context − comm_library − lazy_libraries − scratch − pool_slack`, is the
-/// untracked rest: allocator-pool bytes in use that neither the ledger nor the backend's
-/// scratch explains (the pool's rounding of each allocation, or a missed buffer).
+/// `used − ledger − runtime`, is the untracked rest: allocator-pool bytes in use that
+/// neither the ledger nor the backend's scratch explains (the pool's rounding of each
+/// allocation, or a missed buffer).
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct DeviceMemory {
     pub used: u64,
     pub total: u64,
+    #[serde(default)]
+    pub runtime: RuntimeMemory,
+}
+
+/// The measured parts of a device's memory outside the ledger, in bytes.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct RuntimeMemory {
     /// CUDA context, loaded kernels and library handles: what the process held on the
     /// device when the backend was ready, before any buffer.
-    #[serde(default)]
     pub context: u64,
     /// The communication library (NCCL): what the device held outside the allocator pool
     /// grew by across the communicator's set-up.
-    #[serde(default)]
     pub comm_library: u64,
     /// What the device held outside the allocator pool grew by since: kernels the libraries
     /// load on first use (cuBLASLt's GEMM kernels are loaded lazily), later NCCL connections.
-    #[serde(default)]
     pub lazy_libraries: u64,
     /// The backend's own scratch (reduction partials, GEMM staging, the embedding plan) and
     /// the cuBLASLt workspace.
-    #[serde(default)]
     pub scratch: u64,
     /// Memory the stream-ordered pool keeps reserved beyond live allocations (freed buffers
     /// kept for reuse instead of going back to the driver).
-    #[serde(default)]
     pub pool_slack: u64,
+}
+
+impl RuntimeMemory {
+    pub fn total(&self) -> u64 {
+        self.context + self.comm_library + self.lazy_libraries + self.scratch + self.pool_slack
+    }
 }
 
 impl DeviceMemory {
     /// Bytes the driver reports beyond the ledger's `tracked` total and the measured parts.
     pub fn untracked(&self, tracked: u64) -> i64 {
-        let known = tracked + self.context + self.comm_library + self.lazy_libraries + self.scratch + self.pool_slack;
-        self.used as i64 - known as i64
+        self.used as i64 - (tracked + self.runtime.total()) as i64
     }
 }
 

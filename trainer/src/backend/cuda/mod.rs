@@ -33,7 +33,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, DeviceMemory, ElemBytes, Loc};
+use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, DeviceMemory, ElemBytes, Loc, RuntimeMemory};
 use kernels::Kernels;
 use matmul::Lt;
 
@@ -658,11 +658,13 @@ impl Backend for CudaBackend {
         Some(DeviceMemory {
             used,
             total: total as u64,
-            context: self.context_bytes,
-            comm_library: self.comm_library_bytes.get(),
-            lazy_libraries: outside.saturating_sub(self.context_bytes + self.comm_library_bytes.get()),
-            scratch: self.scratch_bytes(),
-            pool_slack: reserved.saturating_sub(in_use),
+            runtime: RuntimeMemory {
+                context: self.context_bytes,
+                comm_library: self.comm_library_bytes.get(),
+                lazy_libraries: outside.saturating_sub(self.context_bytes + self.comm_library_bytes.get()),
+                scratch: self.scratch_bytes(),
+                pool_slack: reserved.saturating_sub(in_use),
+            },
         })
     }
 }
