@@ -678,10 +678,3 @@ pub struct DeviceTokens {
     /// Page-locked staging, so the upload does not wait for the stream.
     pinned: PinnedHostSlice<u32>,
 }
-
-impl DeviceTokens {
-    /// The ids on the device.
-    pub fn device(&self) -> &CudaSlice<u32> {
-        &self.dev
-    }
-}
