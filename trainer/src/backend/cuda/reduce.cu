@@ -23,8 +23,7 @@ extern "C" __global__ void sum_partial(double* partial, const float* x, long lon
 extern "C" __global__ void sum_finish(float* dst, const double* partial, int nb, int accumulate) {
     double acc = 0.0;
     for (int k = threadIdx.x; k < nb; k += 32) acc += partial[k];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum_d(acc);
     if (threadIdx.x == 0) {
         const double s = (accumulate ? (double)dst[0] + (double)dst[1] : 0.0) + acc;
         const float hi = (float)s;
