@@ -4,24 +4,27 @@
 use collectives::tcp::TcpComm;
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::config::{ActivationCheckpointing, ModelConfig};
-use trainer::model::{Gpt, ModelLayout};
-use trainer::zero::Engine;
+use trainer::model::{step_micro_loss, ModelFamily, ModelLayout};
+use trainer::zero::{Engine, EngineOptions};
 
 #[test]
 fn every_parameter_tensor_matches_finite_differences() {
-    let cfg = ModelConfig { n_layer: 2, n_head: 2, n_embd: 8, vocab_size: 11, seq_len: 5 };
+    let cfg = ModelConfig { family: ModelFamily::Gpt2, n_layer: 2, n_head: 2, n_embd: 8, vocab_size: 11, seq_len: 5 };
     let be = CpuBackend;
     let mut comm = HostComm(TcpComm::local_group(1).expect("group").remove(0));
     let layout = ModelLayout::new(&cfg);
-    let mut eng = Engine::new(&be, layout.clone(), 0, 0, 1, 7).expect("engine");
+    let l2 = layout.clone();
+    let mut init = |u, r| Ok(cfg.family.init_range(&l2, u, 7, r));
+    let mut eng = Engine::new(&be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init)).expect("engine");
     let b = 2;
-    let mut model = Gpt::new(&be, &layout, b, ActivationCheckpointing::None, &mut eng.ledger).expect("model");
+    let mut model = cfg.family.build(&be, &layout, b, ActivationCheckpointing::None, &mut eng.ledger).expect("model");
     let n = b * cfg.seq_len;
     let inputs: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % 11).collect();
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % 11).collect();
 
     eng.begin_step(&be).expect("begin");
-    model.step_micro_loss(&be, &mut eng, &mut comm, &inputs, &targets, Some(1.0 / n as f32)).expect("fwd/bwd");
+    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(1.0 / n as f32))
+        .expect("fwd/bwd");
     let grads: Vec<Vec<f32>> = (0..eng.num_units()).map(|u| eng.local_grads_host(&be, u).expect("grads")).collect();
     let params: Vec<Vec<f32>> =
         (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
@@ -40,9 +43,11 @@ fn every_parameter_tensor_matches_finite_differences() {
                 let at = t.loc.off + i;
                 let orig = params[u][at];
                 eng.set_param(&be, u, at, orig + h).expect("set");
-                let lp = model.step_micro_loss(&be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
+                let lp =
+                    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
                 eng.set_param(&be, u, at, orig - h).expect("set");
-                let lm = model.step_micro_loss(&be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
+                let lm =
+                    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
                 eng.set_param(&be, u, at, orig).expect("set");
                 let numeric = ((lp - lm) / (2.0 * h as f64)) as f32;
                 let analytic = grads[u][at];

@@ -4,6 +4,7 @@
 //! by serde (`deny_unknown_fields`); impossible values are rejected by [`Config::validate`]
 //! with an error that names the key and says how to fix it.
 
+use crate::model::ModelFamily;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -48,10 +49,13 @@ pub struct Config {
     pub output: OutputConfig,
 }
 
-/// GPT-2 shape.
+/// The model: its family and shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    /// The model family (`"gpt2"`); an unknown name is an error listing the known ones.
+    #[serde(default)]
+    pub family: ModelFamily,
     pub n_layer: usize,
     pub n_head: usize,
     pub n_embd: usize,
@@ -115,15 +119,17 @@ impl Default for TrainConfig {
 pub struct ZeroConfig {
     /// 0 = data parallel, 1 = optimizer state sharded, 2 = + gradients, 3 = + parameters.
     pub stage: u8,
-    /// Gradient reduce-scatter bucket size in MiB (GPU overlap granularity).
-    pub bucket_mb: f64,
+    /// Removed: gradients are reduced one unit (a whole block) at a time, which is the
+    /// bucket. Kept as a field only so that setting it is a clear error, not an unknown key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket_mb: Option<toml::Value>,
     /// Stage 3: how many blocks ahead to all-gather parameters.
     pub prefetch_blocks: usize,
 }
 
 impl Default for ZeroConfig {
     fn default() -> Self {
-        ZeroConfig { stage: 0, bucket_mb: 25.0, prefetch_blocks: 1 }
+        ZeroConfig { stage: 0, bucket_mb: None, prefetch_blocks: 1 }
     }
 }
 
@@ -237,8 +243,7 @@ pub struct InitConfig {
     pub from: Option<PathBuf>,
 }
 
-/// CPU offload. On the CPU backend all state already lives in host memory, so these are
-/// satisfied trivially; the CUDA backend moves optimizer state / parameters to pinned host memory.
+/// CPU offload of the optimizer state and the parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OffloadConfig {
@@ -357,8 +362,29 @@ impl Config {
                 "ZeRO stages are 0 (data parallel), 1 (optimizer), 2 (+gradients) and 3 (+parameters)",
             ));
         }
-        if !(self.zero.bucket_mb.is_finite() && self.zero.bucket_mb > 0.0) {
-            return Err(bad("zero.bucket_mb", self.zero.bucket_mb, "must be > 0"));
+        if let Some(v) = &self.zero.bucket_mb {
+            return Err(bad(
+                "zero.bucket_mb",
+                v,
+                "was removed: gradients are reduced one unit (a whole transformer block) at a time as its \
+                 backward finishes, so the block is the bucket; delete the key",
+            ));
+        }
+        if self.offload.optimizer {
+            return Err(bad(
+                "offload.optimizer",
+                true,
+                "CPU offload of the optimizer state is not available in this version (it is planned: \
+                 \"Large models on one GPU\"); delete the key or set it to false",
+            ));
+        }
+        if self.offload.params {
+            return Err(bad(
+                "offload.params",
+                true,
+                "CPU offload of the parameters is not available in this version (it is planned: \
+                 \"Large models on one GPU\"); delete the key or set it to false",
+            ));
         }
         if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
             return Err(bad("checkpoint.keep", 0, "must be at least 1 when checkpoint.every > 0"));

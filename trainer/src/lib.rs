@@ -1,12 +1,16 @@
-//! shardtrain's trainer: the GPT-2 model written once over a device backend, and the
-//! ZeRO engine (stages 0–3) that shards it across ranks.
+//! shardtrain's trainer: decoder models written once over a device backend, and the
+//! ZeRO engine (stages 0–3) that shards them across ranks.
 //!
-//! Where things are:
+//! Where things are (`docs/architecture.md` has the map):
 //! - `config`: the TOML schema and validation;
-//! - `backend`: the device interface; `backend::cpu` is the f32 reference;
-//! - `model`: parameter layout (flat units), init, forward/backward;
-//! - `zero`: the per-unit sharding mechanism, stage policies, memory accounting;
-//! - `optim`: learning-rate schedule (AdamW itself is a backend op);
+//! - `backend`: the device interface as op groups, one file per group; `backend::cpu` is
+//!   the f32 reference, `backend::cuda` the GPU, `backend::meta` the memory planner's;
+//! - `model`: what every decoder shares (units, the per-unit schedule) and one folder per
+//!   model family (`model/gpt2/`);
+//! - `zero`: the per-unit sharding mechanism, stage policies, memory accounting and its
+//!   prediction;
+//! - `optim`: the optimizer (fp32 master weights, AdamW moments, their step) and the
+//!   learning-rate schedule;
 //! - `checkpoint`: sharded save/resume with resharding, Hugging Face import/export;
 //! - `train`: the training loop one rank runs.
 

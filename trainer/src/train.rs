@@ -6,10 +6,10 @@ use crate::checkpoint::hf::HfWeights;
 use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
 use crate::metrics::StepMetrics;
-use crate::model::{Gpt, ModelLayout};
-use crate::optim::lr_at;
-use crate::zero::engine::{all_reduce_f64, StepHyper};
-use crate::zero::{Engine, EngineComm};
+use crate::model::{step_micro, step_micro_loss, DecoderModel, ModelLayout};
+use crate::optim::{lr_at, Hyper};
+use crate::zero::engine::all_reduce_f64;
+use crate::zero::{Engine, EngineComm, EngineOptions};
 use crate::TrainError;
 use collectives::Group;
 use data::{BatchSampler, Dataset, Split};
@@ -28,7 +28,7 @@ pub struct TrainSummary {
 pub struct Trainer<B: Backend> {
     pub cfg: Config,
     pub engine: Engine<B>,
-    model: Gpt<B>,
+    model: Box<dyn DecoderModel<B>>,
     sampler: BatchSampler,
     /// Validation split, when `train.eval_every > 0`.
     val: Option<Dataset>,
@@ -67,20 +67,21 @@ impl<B: Backend> Trainer<B> {
             None
         };
         let layout = ModelLayout::new(&cfg.model);
+        let (family, opts, l2) = (cfg.model.family, EngineOptions::from_config(cfg), layout.clone());
         let mut engine = match &cfg.init.from {
-            None => Engine::new(be, layout, cfg.zero.stage, rank, world, cfg.train.seed)?,
+            None => {
+                let seed = cfg.train.seed;
+                Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| Ok(family.init_range(&l2, u, seed, r))))?
+            }
             Some(path) => {
                 let hf = HfWeights::open(path)?;
-                let l2 = layout.clone();
-                Engine::with_init(be, layout, cfg.zero.stage, rank, world, &mut |u, r| {
-                    Ok(hf.unit_values(&l2, u)?[r].to_vec())
-                })?
+                Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| Ok(hf.unit_values(&l2, u)?[r].to_vec())))?
             }
         };
-        engine.prefetch = cfg.zero.prefetch_blocks;
-        let model =
-            Gpt::new(be, &engine.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut engine.ledger)
-                .map_err(|e| with_memory(e.into(), &engine.memory()))?;
+        let ckpt = cfg.checkpointing.activations;
+        let model = family
+            .build(be, &engine.layout, cfg.train.micro_batch, ckpt, &mut engine.ledger)
+            .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
         Ok(Trainer {
@@ -131,11 +132,12 @@ impl<B: Backend> Trainer<B> {
                 &mut self.inputs,
                 &mut self.targets,
             )?;
-            self.model.step_micro(be, &mut self.engine, comm, &self.inputs, &self.targets, Some(dloss_scale))?;
+            let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
+            step_micro(self.model.as_mut(), be, eng, comm, inputs, targets, Some(dloss_scale))?;
         }
         mark(be, "forward+backward")?;
         let lr = lr_at(self.step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
-        let hyper = StepHyper {
+        let hyper = Hyper {
             lr,
             weight_decay: tc.weight_decay,
             beta1: tc.beta1,
@@ -219,7 +221,8 @@ impl<B: Backend> Trainer<B> {
         let (mut sum, mut i, mut done) = (0.0f64, 0usize, 0usize);
         while done < per_rank && batches.next_into(&mut self.inputs, &mut self.targets)? {
             if i % world == rank {
-                sum += self.model.step_micro_loss(be, &mut self.engine, comm, &self.inputs, &self.targets, None)?;
+                let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
+                sum += step_micro_loss(self.model.as_mut(), be, eng, comm, inputs, targets, None)?;
                 done += 1;
             }
             i += 1;

@@ -2,9 +2,14 @@
 //!
 //! Like PyTorch's `meta` device, it runs the real engine and model code paths — every
 //! allocation, gather, release and reduction in the real order — without memory or
-//! arithmetic, so [`crate::zero::plan`] can predict a rank's memory before launch.
+//! arithmetic, so [`crate::zero::plan`] can predict a rank's memory before launch. Every
+//! op group is implemented here as a no-op (the fused-op hooks keep their defaults).
 
-use super::{AdamWStep, AttnShape, BResult, Backend, ElemBytes, Loc};
+use super::{
+    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
+    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, MatShape, MatmulOps,
+    MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, WeightGrads, Weights,
+};
 use collectives::{CommError, Communicator, Group, ReduceOp};
 
 /// A buffer that remembers only its length.
@@ -31,7 +36,7 @@ impl MetaBackend {
     }
 }
 
-impl Backend for MetaBackend {
+impl Device for MetaBackend {
     type Buf = MetaBuf;
     type Grad = MetaBuf;
     type F32 = MetaBuf;
@@ -42,6 +47,12 @@ impl Backend for MetaBackend {
     fn elem_bytes(&self) -> ElemBytes {
         self.sizes
     }
+    fn synchronize(&self) -> BResult<()> {
+        Ok(())
+    }
+}
+
+impl MemoryOps for MetaBackend {
     fn alloc_buf(&self, n: usize, _: &str) -> BResult<MetaBuf> {
         self.counted(n)
     }
@@ -84,101 +95,62 @@ impl Backend for MetaBackend {
     fn add_grad(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
         Ok(())
     }
-    fn grad_sumsq_into(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
-        Ok(())
-    }
-    fn sum_into(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
-        Ok(())
-    }
     fn copy_buf(&self, _: &mut MetaBuf, _: usize, _: &MetaBuf, _: Loc) -> BResult<()> {
         Ok(())
     }
-    fn encoder_fwd(
-        &self,
-        _: &mut MetaBuf,
-        _: &MetaBuf,
-        _: &MetaBuf,
-        _: Loc,
-        _: Loc,
-        _: usize,
-        _: usize,
-        _: usize,
-    ) -> BResult<()> {
+}
+
+impl EncoderOps for MetaBackend {
+    fn encoder_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, EmbedLocs>, _: SeqShape) -> BResult<()> {
         Ok(())
     }
-    fn encoder_bwd(
-        &self,
-        _: &mut MetaBuf,
-        _: Loc,
-        _: Loc,
-        _: &MetaBuf,
-        _: &MetaBuf,
-        _: usize,
-        _: usize,
-        _: usize,
-    ) -> BResult<()> {
+    fn encoder_bwd(&self, _: WeightGrads<'_, Self, EmbedLocs>, _: &MetaBuf, _: &MetaBuf, _: SeqShape) -> BResult<()> {
         Ok(())
     }
+}
+
+impl LayerNormOps for MetaBackend {
     fn layernorm_fwd(
         &self,
         _: &mut MetaBuf,
-        _: &mut MetaBuf,
-        _: &mut MetaBuf,
+        _: LnStats<'_, Self>,
         _: &MetaBuf,
-        _: &MetaBuf,
-        _: Loc,
-        _: Loc,
-        _: usize,
-        _: usize,
+        _: Weights<'_, Self, NormLocs>,
+        _: Rows,
     ) -> BResult<()> {
         Ok(())
     }
     fn layernorm_bwd(
         &self,
         _: &mut MetaBuf,
-        _: &mut MetaBuf,
-        _: Loc,
-        _: Loc,
+        _: WeightGrads<'_, Self, NormLocs>,
         _: &MetaBuf,
-        _: &MetaBuf,
-        _: &MetaBuf,
-        _: Loc,
-        _: &MetaBuf,
-        _: &MetaBuf,
-        _: usize,
-        _: usize,
+        _: LnSaved<'_, Self>,
+        _: Weights<'_, Self, NormLocs>,
+        _: Rows,
     ) -> BResult<()> {
         Ok(())
     }
-    fn matmul_fwd(
-        &self,
-        _: &mut MetaBuf,
-        _: &MetaBuf,
-        _: &MetaBuf,
-        _: Loc,
-        _: Option<Loc>,
-        _: usize,
-        _: usize,
-        _: usize,
-    ) -> BResult<()> {
+}
+
+impl MatmulOps for MetaBackend {
+    fn matmul_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, LinearLocs>, _: MatShape) -> BResult<()> {
         Ok(())
     }
     fn matmul_bwd(
         &self,
         _: &mut MetaBuf,
-        _: &mut MetaBuf,
-        _: Loc,
-        _: Option<Loc>,
+        _: WeightGrads<'_, Self, LinearLocs>,
         _: &MetaBuf,
         _: &MetaBuf,
-        _: &MetaBuf,
-        _: Loc,
-        _: usize,
-        _: usize,
-        _: usize,
+        _: Weights<'_, Self, LinearLocs>,
+        _: MatShape,
     ) -> BResult<()> {
         Ok(())
     }
+}
+
+impl AttentionOps for MetaBackend {
     fn attention_saved_len(&self, s: AttnShape) -> usize {
         (self.attention_saved)(s)
     }
@@ -196,6 +168,9 @@ impl Backend for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+}
+
+impl ActivationOps for MetaBackend {
     fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
@@ -205,6 +180,9 @@ impl Backend for MetaBackend {
     fn residual_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
+}
+
+impl CrossEntropyOps for MetaBackend {
     fn cross_entropy_fwd_bwd(
         &self,
         _: &mut MetaBuf,
@@ -216,22 +194,19 @@ impl Backend for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
-    fn adamw(
-        &self,
-        _: &mut MetaBuf,
-        _: usize,
-        _: &mut MetaBuf,
-        _: &mut MetaBuf,
-        _: &mut MetaBuf,
-        _: usize,
-        _: &MetaBuf,
-        _: usize,
-        _: usize,
-        _: AdamWStep,
-    ) -> BResult<()> {
+}
+
+impl ReduceOps for MetaBackend {
+    fn grad_sumsq_into(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
-    fn synchronize(&self) -> BResult<()> {
+    fn sum_into(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+}
+
+impl AdamWOps for MetaBackend {
+    fn adamw(&self, _: AdamWTensors<'_, Self>, _: &[AdamWSegment], _: AdamWStep) -> BResult<()> {
         Ok(())
     }
 }

@@ -1,16 +1,33 @@
-//! The device backend interface: every numerical operation the GPT model and the
-//! ZeRO engine need, written once against this trait.
+//! The device backend interface: every numerical operation the models and the ZeRO engine
+//! need, split into groups that read the way a model reads, each group one file here:
+//!
+//! | group (file) | ops |
+//! |---|---|
+//! | [`MemoryOps`] (`memory.rs`) | allocation, host transfers, casts, copies, zeroing |
+//! | [`EncoderOps`] (`encoder.rs`) | token + position embedding |
+//! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm |
+//! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs), with the fused-GELU hooks |
+//! | [`AttentionOps`] (`attention.rs`) | causal multi-head self-attention |
+//! | [`ActivationOps`] (`activation.rs`) | GELU, residual add |
+//! | [`CrossEntropyOps`] (`cross_entropy.rs`) | softmax cross-entropy with its backward |
+//! | [`ReduceOps`] (`reduce.rs`) | sums kept on the device (loss, gradient norm) |
+//! | [`AdamWOps`] (`adamw.rs`) | the AdamW update |
+//!
+//! Each backend implements every group: `cpu/<group>.rs` (the f32 reference), `cuda/<group>.rs`
+//! beside the kernels in `cuda/<group>.cu`, and `meta.rs` (no memory, no arithmetic: the
+//! memory planner). [`Backend`] is all of them together.
 //!
 //! Buffers are flat and typed by role, and operations address tensors inside them by
 //! [`Loc`] (offset + length), the way llm.c addresses a flat parameter block. That keeps
 //! one parameter group = one buffer = one collective, and maps directly onto device
-//! pointers in the CUDA backend.
+//! pointers in the CUDA backend. A layer's tensors inside a flat buffer travel as
+//! [`Weights`] (parameters, read) and [`WeightGrads`] (their gradients, accumulated).
 //!
 //! Three buffer roles, so a backend can pick precision per role:
-//! - [`Backend::Buf`]: compute precision — parameters as used by forward/backward and activations
+//! - [`Device::Buf`]: compute precision — parameters as used by forward/backward and activations
 //!   (f32 on CPU, bf16 on CUDA);
-//! - [`Backend::Grad`]: parameter gradients (accumulated across micro-batches, reduced across ranks);
-//! - [`Backend::F32`]: always fp32 — master weights, AdamW moments, LayerNorm statistics,
+//! - [`Device::Grad`]: parameter gradients (accumulated across micro-batches, reduced across ranks);
+//! - [`Device::F32`]: always fp32 — master weights, AdamW moments, LayerNorm statistics,
 //!   per-token losses, attention softmax state.
 //!
 //! Conventions: `N = B*T` rows; matrices are row-major; a weight of a linear layer is
@@ -18,10 +35,29 @@
 //! (`+=`) so gradient accumulation is free; activation-gradient outputs are *overwritten*
 //! unless the doc says `+=`.
 
+pub mod activation;
+pub mod adamw;
+pub mod attention;
 pub mod cpu;
+pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod encoder;
+pub mod layernorm;
+pub mod matmul;
+pub mod memory;
 pub mod meta;
+pub mod reduce;
+
+pub use activation::ActivationOps;
+pub use adamw::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors};
+pub use attention::{AttentionOps, AttnShape};
+pub use cross_entropy::CrossEntropyOps;
+pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
+pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
+pub use matmul::{GeluInput, LinearLocs, MatShape, MatmulOps};
+pub use memory::MemoryOps;
+pub use reduce::ReduceOps;
 
 use thiserror::Error;
 
@@ -58,300 +94,87 @@ pub enum BackendError {
 
 pub type BResult<T> = Result<T, BackendError>;
 
-/// Hyper-parameters of one AdamW update over a contiguous segment.
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWStep {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    /// 1-based optimizer step, for bias correction.
-    pub t: u64,
-    /// Multiplies the gradient before use (global-norm clipping factor).
-    pub grad_scale: f32,
-}
-
-/// Shapes for one attention call.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub b: usize,
-    pub t: usize,
-    pub c: usize,
-    pub nh: usize,
-}
-
-/// A compute device. Methods take `&self`; buffers are owned by the caller.
-pub trait Backend {
-    type Buf: Send;
-    type Grad: Send;
-    type F32: Send;
+/// A compute device: its buffer types and what every group needs. Methods take `&self`;
+/// buffers are owned by the caller (and own their memory: `'static`, so a model can be
+/// held as a trait object).
+pub trait Device: 'static {
+    type Buf: Send + 'static;
+    type Grad: Send + 'static;
+    type F32: Send + 'static;
     /// Token ids (u32) on the device.
-    type Tokens: Send;
+    type Tokens: Send + 'static;
 
     fn name(&self) -> String;
     /// Bytes per element of `Buf`, `Grad` and `F32`, for memory accounting.
     fn elem_bytes(&self) -> ElemBytes;
-
-    // ---- allocation and transfer ----
-    fn alloc_buf(&self, n: usize, what: &str) -> BResult<Self::Buf>;
-    fn alloc_grad(&self, n: usize, what: &str) -> BResult<Self::Grad>;
-    fn alloc_f32(&self, n: usize, what: &str) -> BResult<Self::F32>;
-    fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens>;
-    fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()>;
-    /// Host f32 → compute buffer at `off` (rounded to compute precision).
-    fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()>;
-    /// Host f32 → `F32` buffer at `off`.
-    fn upload_f32(&self, host: &[f32], dst: &mut Self::F32, off: usize) -> BResult<()>;
-    fn download_f32(&self, src: &Self::F32, at: Loc) -> BResult<Vec<f32>>;
-    fn download_buf(&self, src: &Self::Buf, at: Loc) -> BResult<Vec<f32>>;
-    fn download_grad(&self, src: &Self::Grad, at: Loc) -> BResult<Vec<f32>>;
-    /// Round fp32 master values into the compute-precision buffer.
-    fn cast_to_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::F32, at: Loc) -> BResult<()>;
-    fn zero_buf(&self, buf: &mut Self::Buf, at: Loc) -> BResult<()>;
-    fn zero_grad(&self, buf: &mut Self::Grad, at: Loc) -> BResult<()>;
-    /// `dst[doff..] += src[at]` (accumulating a reduced gradient shard).
-    fn add_grad(&self, dst: &mut Self::Grad, doff: usize, src: &Self::Grad, at: Loc) -> BResult<()>;
-    /// `Σ buf[at]²`, accumulated in f64, written as an [`F64Pair`] to `dst[2·slot..2·slot+2]`.
-    /// The sum stays on the device: the engine reads every unit's pair with one download
-    /// per step instead of waiting for the device once per unit.
-    fn grad_sumsq_into(&self, buf: &Self::Grad, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()>;
-    /// `Σ src[at]` (f64) added to the [`F64Pair`] at `dst[2·slot..2·slot+2]` (the loss of every
-    /// micro-step summed on the device and read once per step).
-    fn sum_into(&self, src: &Self::F32, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()>;
-    /// Copy within compute buffers.
-    fn copy_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::Buf, at: Loc) -> BResult<()>;
-
-    // ---- model operations ----
-    /// `out[N,C] = wte[tokens] + wpe[t]`.
-    #[allow(clippy::too_many_arguments)]
-    fn encoder_fwd(
-        &self,
-        out: &mut Self::Buf,
-        tokens: &Self::Tokens,
-        params: &Self::Buf,
-        wte: Loc,
-        wpe: Loc,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> BResult<()>;
-    /// `dwte[tokens] += dout`, `dwpe[t] += dout`.
-    #[allow(clippy::too_many_arguments)]
-    fn encoder_bwd(
-        &self,
-        grads: &mut Self::Grad,
-        dwte: Loc,
-        dwpe: Loc,
-        dout: &Self::Buf,
-        tokens: &Self::Tokens,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> BResult<()>;
-    /// LayerNorm over the last dim; saves mean and 1/std per row.
-    #[allow(clippy::too_many_arguments)]
-    fn layernorm_fwd(
-        &self,
-        out: &mut Self::Buf,
-        mean: &mut Self::F32,
-        rstd: &mut Self::F32,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        bias: Loc,
-        n: usize,
-        c: usize,
-    ) -> BResult<()>;
-    /// `dinp += ..`, `dw += ..`, `db += ..`.
-    #[allow(clippy::too_many_arguments)]
-    fn layernorm_bwd(
-        &self,
-        dinp: &mut Self::Buf,
-        grads: &mut Self::Grad,
-        dw: Loc,
-        db: Loc,
-        dout: &Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        mean: &Self::F32,
-        rstd: &Self::F32,
-        n: usize,
-        c: usize,
-    ) -> BResult<()>;
-    /// `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias)`.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_fwd(
-        &self,
-        out: &mut Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        bias: Option<Loc>,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()>;
-    /// `dinp = dout · W` (overwritten), `dW += doutᵀ · inp`, `dbias += Σ dout`.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_bwd(
-        &self,
-        dinp: &mut Self::Buf,
-        grads: &mut Self::Grad,
-        dw: Loc,
-        dbias: Option<Loc>,
-        dout: &Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()>;
-    /// The MLP's first layer: `pre = inp · Wᵀ + bias` and `out = GELU(pre)`, both written
-    /// (`pre` is saved for backward, `out` feeds the next layer). Runs
-    /// [`Backend::fused_matmul_gelu_fwd`] where the backend has it (CUDA: GELU in the GEMM
-    /// epilogue), else the two ops.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_gelu_fwd(
-        &self,
-        pre: &mut Self::Buf,
-        out: &mut Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        bias: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()> {
-        if self.fused_matmul_gelu_fwd(pre, out, inp, params, w, bias, n, c, oc)? {
-            return Ok(());
-        }
-        self.matmul_fwd(pre, inp, params, w, Some(bias), n, c, oc)?;
-        self.gelu_fwd(out, pre, n * oc)
-    }
-    /// [`Backend::matmul_gelu_fwd`] as one fused operation where the backend has one for
-    /// these shapes; `Ok(false)` (the default) runs the two operations instead.
-    #[allow(clippy::too_many_arguments)]
-    fn fused_matmul_gelu_fwd(
-        &self,
-        _pre: &mut Self::Buf,
-        _out: &mut Self::Buf,
-        _inp: &Self::Buf,
-        _params: &Self::Buf,
-        _w: Loc,
-        _bias: Loc,
-        _n: usize,
-        _c: usize,
-        _oc: usize,
-    ) -> BResult<bool> {
-        Ok(false)
-    }
-    /// Backward of a linear layer whose input is `act = GELU(pre)`, through the GELU:
-    /// `dpre = (dout · W) ⊙ GELU'(pre)` (overwritten), `dW += doutᵀ · act`, `dbias += Σ dout`.
-    /// `act` is clobbered. Runs [`Backend::fused_matmul_bwd_dgelu`] where the backend has it
-    /// (CUDA: GELU' in the GEMM epilogue), else matmul_bwd and gelu_bwd.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_bwd_dgelu(
-        &self,
-        dpre: &mut Self::Buf,
-        grads: &mut Self::Grad,
-        dw: Loc,
-        dbias: Loc,
-        dout: &Self::Buf,
-        act: &mut Self::Buf,
-        pre: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()> {
-        if self.fused_matmul_bwd_dgelu(dpre, grads, dw, dbias, dout, act, pre, params, w, n, c, oc)? {
-            return Ok(());
-        }
-        self.matmul_bwd(dpre, grads, dw, Some(dbias), dout, act, params, w, n, c, oc)?;
-        // gelu_bwd may not write its input: go through `act`, which is free now.
-        self.gelu_bwd(act, pre, dpre, n * c)?;
-        self.copy_buf(dpre, 0, act, Loc::all(n * c))
-    }
-    /// [`Backend::matmul_bwd_dgelu`] as one fused operation where the backend has one for
-    /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.
-    #[allow(clippy::too_many_arguments)]
-    fn fused_matmul_bwd_dgelu(
-        &self,
-        _dpre: &mut Self::Buf,
-        _grads: &mut Self::Grad,
-        _dw: Loc,
-        _dbias: Loc,
-        _dout: &Self::Buf,
-        _act: &Self::Buf,
-        _pre: &Self::Buf,
-        _params: &Self::Buf,
-        _w: Loc,
-        _n: usize,
-        _c: usize,
-        _oc: usize,
-    ) -> BResult<bool> {
-        Ok(false)
-    }
-    /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
-    fn attention_saved_len(&self, s: AttnShape) -> usize;
-    /// Causal multi-head self-attention: `qkv[N,3C]` → `out[N,C]`.
-    fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()>;
-    /// `dqkv` overwritten from `dout`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_bwd(
-        &self,
-        dqkv: &mut Self::Buf,
-        dout: &Self::Buf,
-        qkv: &Self::Buf,
-        out: &Self::Buf,
-        saved: &Self::F32,
-        s: AttnShape,
-    ) -> BResult<()>;
-    /// GELU (tanh approximation).
-    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()>;
-    /// `dinp = gelu'(inp) · dout`.
-    fn gelu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, n: usize) -> BResult<()>;
-    /// `out = a + b`.
-    fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()>;
-    /// Softmax cross-entropy over `logits[N,V]`: writes per-row losses, and overwrites
-    /// `logits` with `dlogits = (softmax - onehot) · dloss_scale`.
-    #[allow(clippy::too_many_arguments)]
-    fn cross_entropy_fwd_bwd(
-        &self,
-        logits: &mut Self::Buf,
-        losses: &mut Self::F32,
-        targets: &Self::Tokens,
-        n: usize,
-        v: usize,
-        dloss_scale: f32,
-    ) -> BResult<()>;
-    /// AdamW over one contiguous segment: `master/m/v[moff..moff+len]` with gradient
-    /// `grads[goff..]`; the rounded result also goes to `params[poff..]`.
-    #[allow(clippy::too_many_arguments)]
-    fn adamw(
-        &self,
-        params: &mut Self::Buf,
-        poff: usize,
-        master: &mut Self::F32,
-        m: &mut Self::F32,
-        v: &mut Self::F32,
-        moff: usize,
-        grads: &Self::Grad,
-        goff: usize,
-        len: usize,
-        h: AdamWStep,
-    ) -> BResult<()>;
     /// Wait until queued device work is done (a no-op on the CPU).
     fn synchronize(&self) -> BResult<()>;
     /// Device memory as the driver reports it, with the parts no ledger owns; `None` where
     /// there is no separate device memory (the CPU backend).
     fn device_memory(&self) -> Option<DeviceMemory> {
         None
+    }
+}
+
+/// Every op group: what the models and the engine are written against.
+pub trait Backend:
+    Device
+    + MemoryOps
+    + EncoderOps
+    + LayerNormOps
+    + MatmulOps
+    + AttentionOps
+    + ActivationOps
+    + CrossEntropyOps
+    + ReduceOps
+    + AdamWOps
+{
+}
+
+impl<T> Backend for T where
+    T: Device
+        + MemoryOps
+        + EncoderOps
+        + LayerNormOps
+        + MatmulOps
+        + AttentionOps
+        + ActivationOps
+        + CrossEntropyOps
+        + ReduceOps
+        + AdamWOps
+{
+}
+
+/// A layer's parameters: the tensors at `at` (e.g. [`LinearLocs`]) inside the flat
+/// compute buffer `buf`.
+pub struct Weights<'a, B: Device + ?Sized, L> {
+    pub buf: &'a B::Buf,
+    pub at: L,
+}
+
+impl<'a, B: Device + ?Sized, L> Weights<'a, B, L> {
+    pub fn new(buf: &'a B::Buf, at: L) -> Self {
+        Weights { buf, at }
+    }
+}
+
+impl<B: Device + ?Sized, L: Copy> Clone for Weights<'_, B, L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Device + ?Sized, L: Copy> Copy for Weights<'_, B, L> {}
+
+/// Where a layer's parameter gradients accumulate: the tensors at `at` inside the flat
+/// gradient buffer `buf` (`+=`, see the module conventions).
+pub struct WeightGrads<'a, B: Device + ?Sized, L> {
+    pub buf: &'a mut B::Grad,
+    pub at: L,
+}
+
+impl<'a, B: Device + ?Sized, L> WeightGrads<'a, B, L> {
+    pub fn new(buf: &'a mut B::Grad, at: L) -> Self {
+        WeightGrads { buf, at }
     }
 }
 

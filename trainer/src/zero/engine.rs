@@ -6,15 +6,17 @@
 //!    (stage 2/3) reduce-scatters it into this rank's gradient shard and frees it;
 //! 3. `step` finishes the reduction (stage 0 all-reduce, stage 1 reduce-scatter), computes
 //!    the global gradient norm over the *reduced* gradient (sharded stages sum their shards'
-//!    squares across ranks), clips, runs AdamW on the fp32 master weights this rank owns,
-//!    and publishes the new compute parameters (stage 1/2: all-gather).
+//!    squares across ranks), clips, has the [`Optimizer`] update the elements this rank
+//!    owns, and publishes the new compute parameters (stage 1/2: all-gather).
 //!
 //! Every buffer goes through the [`MemoryLedger`], so the per-rank report covers them all.
 
 use super::memory::{Category, MemoryLedger, MemoryReport};
 use super::Policy;
 use crate::backend::{AdamWStep, BResult, Backend, F64Pair, Loc};
-use crate::model::{init, ModelLayout};
+use crate::config::Config;
+use crate::model::ModelLayout;
+use crate::optim::{Hyper, Optimizer};
 use crate::TrainError;
 use collectives::{Communicator, Group, Pending, ReduceOp};
 
@@ -25,17 +27,28 @@ impl<B: Backend, T> EngineComm<B> for T where T: Communicator<B::Buf> + Communic
 /// Shard sizes are rounded up to this many elements (aligned vector access on devices).
 const SHARD_ALIGN: usize = 8;
 
-/// Optimizer hyper-parameters for one step.
-#[derive(Debug, Clone, Copy)]
-pub struct StepHyper {
-    pub lr: f32,
-    pub weight_decay: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    /// Clip the global gradient norm to this value; 0 disables.
-    pub grad_clip: f32,
+/// How the engine is built, from `[zero]` (and later `[offload]`) of the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// ZeRO stage 0–3.
+    pub stage: u8,
+    /// Stage 3: how many units ahead of use to start all-gathers (`zero.prefetch_blocks`).
+    pub prefetch: usize,
 }
+
+impl EngineOptions {
+    pub fn from_config(cfg: &Config) -> EngineOptions {
+        EngineOptions { stage: cfg.zero.stage, prefetch: cfg.zero.prefetch_blocks }
+    }
+
+    /// Stage `stage` with the default prefetch (tests, tools).
+    pub fn stage(stage: u8) -> EngineOptions {
+        EngineOptions { stage, prefetch: 1 }
+    }
+}
+
+/// Initial values of unit `u` over an element range (unpadded unit coordinates).
+pub type InitFn<'a> = dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> + 'a;
 
 /// What one optimizer step measured.
 #[derive(Debug, Clone, Copy)]
@@ -67,12 +80,6 @@ struct Unit<B: Backend> {
     /// Stage 2/3: no reduce-scatter has reached the shard yet this step, so the next one
     /// writes it directly instead of through the receive buffer and an addition.
     shard_empty: bool,
-    master: B::F32,
-    m: B::F32,
-    v: B::F32,
-    /// Unit coordinate of `master[0]` and how many elements this rank optimises.
-    opt_off: usize,
-    opt_len: usize,
 }
 
 /// The ZeRO engine for one rank.
@@ -94,7 +101,9 @@ pub struct Engine<B: Backend> {
     /// whether it lands in the receive buffer and must still be added to the shard).
     rs_in_flight: Option<(usize, Pending, B::Grad, bool)>,
     /// Stage 3: how many units ahead of use to start all-gathers (`zero.prefetch_blocks`).
-    pub prefetch: usize,
+    prefetch: usize,
+    /// fp32 master weights and AdamW moments of the elements this rank updates.
+    opt: Optimizer<B>,
     /// The micro-step running is the step's last (see [`Engine::set_final_micro`]).
     final_micro: bool,
     /// Per-unit sums of squared gradients as [`F64Pair`]s, filled on the device and read
@@ -144,77 +153,68 @@ fn round_up(x: usize, m: usize) -> usize {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Build every unit's state from the deterministic GPT-2 initialisation.
+    /// Build every unit's state. `init(u, range)` gives unit `u`'s initial values over an
+    /// element range; only the range this rank holds is asked for (stage 3: its shard).
+    /// `None` leaves every buffer zero: the memory planner, whose backend holds no values,
+    /// so that planning allocates nothing that grows with the model.
     pub fn new(
         be: &B,
         layout: ModelLayout,
-        stage: u8,
+        opts: EngineOptions,
         rank: usize,
         world: usize,
-        seed: u64,
+        mut init: Option<&mut InitFn<'_>>,
     ) -> Result<Engine<B>, TrainError> {
-        let l2 = layout.clone();
-        Self::with_init(be, layout, stage, rank, world, &mut |i, r| {
-            Ok(init::init_unit_range(&l2, &l2.units[i], seed, r))
-        })
-    }
-
-    /// Build every unit's state with `init_values(i)` giving unit `i`'s full (unpadded) values.
-    pub fn with_init(
-        be: &B,
-        layout: ModelLayout,
-        stage: u8,
-        rank: usize,
-        world: usize,
-        init_values: &mut dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError>,
-    ) -> Result<Engine<B>, TrainError> {
-        let policy = Policy::for_stage(stage);
+        let policy = Policy::for_stage(opts.stage);
         let sizes = be.elem_bytes();
         let mut ledger = MemoryLedger::default();
         let mut units = Vec::with_capacity(layout.units.len());
+        let mut opt = Optimizer::default();
         for (ui, ul) in layout.units.iter().enumerate() {
             let numel = ul.numel;
             let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
             let padded = shard * world;
             // Stage 3 keeps only its shard, so only that range is made (or read); the others
-            // hold the whole unit. `host` covers `base..base + host.len()`, zero-padded.
+            // hold the whole unit. `host` covers `base..base + len`, zero-padded.
             let (base, len) = if policy.shard_params { (rank * shard, shard) } else { (0, padded) };
-            let (lo, hi) = (base.min(numel), (base + len).min(numel));
-            let mut host = init_values(ui, lo..hi)?;
-            if host.len() != hi - lo {
-                return Err(TrainError::Invalid(format!(
-                    "initial values of unit {} over {lo}..{hi} have {} elements, expected {}",
-                    ul.name,
-                    host.len(),
-                    hi - lo
-                )));
-            }
-            host.resize(len, 0.0);
+            let host = match init.as_mut() {
+                Some(f) => {
+                    let (lo, hi) = (base.min(numel), (base + len).min(numel));
+                    let mut v = f(ui, lo..hi)?;
+                    if v.len() != hi - lo {
+                        return Err(TrainError::Invalid(format!(
+                            "initial values of unit {} over {lo}..{hi} have {} elements, expected {}",
+                            ul.name,
+                            v.len(),
+                            hi - lo
+                        )));
+                    }
+                    v.resize(len, 0.0);
+                    Some(v)
+                }
+                None => None,
+            };
             let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
+            let opt_init = host.as_ref().map(|h| &h[opt_off - base..opt_off - base + opt_len]);
+            opt.add_unit(be, &ul.name, (opt_off, opt_len), opt_init, &mut ledger)?;
             let what = |s: &str| format!("{s} of unit {}", ul.name);
-            let mut master = be.alloc_f32(opt_len, &what("fp32 master weights"))?;
-            be.upload_f32(&host[opt_off - base..opt_off - base + opt_len], &mut master, 0)?;
-            let mut m = be.alloc_f32(opt_len, &what("AdamW m"))?;
-            let mut v = be.alloc_f32(opt_len, &what("AdamW v"))?;
-            let zeros = vec![0.0f32; opt_len];
-            be.upload_f32(&zeros, &mut m, 0)?;
-            be.upload_f32(&zeros, &mut v, 0)?;
-            ledger.alloc(Category::Optimizer, 3 * opt_len * sizes.f32);
 
             let params = if policy.shard_params {
                 None
             } else {
                 // Full compute copy straight from the initial values (no collective needed).
-                let mut staging = be.alloc_f32(padded, &what("init staging"))?;
-                be.upload_f32(&host, &mut staging, 0)?;
                 let mut p = be.alloc_buf(padded, &what("parameters"))?;
-                be.cast_to_buf(&mut p, 0, &staging, Loc::all(padded))?;
+                if let Some(h) = &host {
+                    let mut staging = be.alloc_f32(padded, &what("init staging"))?;
+                    be.upload_f32(h, &mut staging, 0)?;
+                    be.cast_to_buf(&mut p, 0, &staging, Loc::all(padded))?;
+                }
                 ledger.alloc(Category::Params, padded * sizes.buf);
                 Some(p)
             };
             let param_shard = if policy.shard_optimizer {
                 let mut p = be.alloc_buf(shard, &what("parameter shard"))?;
-                be.cast_to_buf(&mut p, 0, &master, Loc::all(shard))?;
+                opt.cast_params(be, ui, &mut p, 0, shard)?;
                 ledger.alloc(Category::Params, shard * sizes.buf);
                 Some(p)
             } else {
@@ -247,11 +247,6 @@ impl<B: Backend> Engine<B> {
                 grads,
                 grad_shard,
                 shard_empty: true,
-                master,
-                m,
-                v,
-                opt_off,
-                opt_len,
             });
         }
         let mut rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
@@ -275,12 +270,18 @@ impl<B: Backend> Engine<B> {
             param_pool: Pool { idle: vec![] },
             grad_pool: Pool { idle: vec![] },
             rs_in_flight: None,
-            prefetch: 1,
+            prefetch: opts.prefetch,
+            opt,
             final_micro: false,
             norm_slots,
             ledger,
             sizes,
         })
+    }
+
+    /// Stage 3: how many units ahead of use the schedule starts all-gathers.
+    pub fn prefetch(&self) -> usize {
+        self.prefetch
     }
 
     pub fn num_units(&self) -> usize {
@@ -465,13 +466,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Finish gradient reduction, clip by the global norm, update, publish parameters.
-    pub fn step<C: EngineComm<B>>(
-        &mut self,
-        be: &B,
-        comm: &mut C,
-        h: StepHyper,
-        t: u64,
-    ) -> Result<StepStats, TrainError> {
+    pub fn step<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, h: Hyper, t: u64) -> Result<StepStats, TrainError> {
         let (rank, policy) = (self.rank, self.policy);
         // 1. Reduction not yet done (or not yet waited for) during backward.
         self.final_micro = false;
@@ -507,34 +502,26 @@ impl<B: Backend> Engine<B> {
         } else {
             1.0
         };
-        // 3. AdamW on the owned segment of every tensor.
+        // 3. AdamW on the elements this rank owns, unit by unit.
+        let step = AdamWStep {
+            lr: h.lr,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            eps: h.eps,
+            weight_decay: h.weight_decay,
+            t,
+            grad_scale: clip_scale,
+        };
         for (ui, u) in self.units.iter_mut().enumerate() {
-            let (lo, hi) = (u.opt_off, u.opt_off + u.opt_len);
-            for ts in &self.layout.units[ui].tensors {
-                let a = ts.loc.off.max(lo);
-                let b = ts.loc.end().min(hi);
-                if a >= b {
-                    continue;
-                }
-                let step = AdamWStep {
-                    lr: h.lr,
-                    beta1: h.beta1,
-                    beta2: h.beta2,
-                    eps: h.eps,
-                    weight_decay: if ts.decay { h.weight_decay } else { 0.0 },
-                    t,
-                    grad_scale: clip_scale,
-                };
-                let moff = a - lo;
-                if policy.shard_optimizer {
-                    let p = u.param_shard.as_mut().expect("param shard");
-                    let g = u.grad_shard.as_ref().expect("grad shard");
-                    be.adamw(p, moff, &mut u.master, &mut u.m, &mut u.v, moff, g, moff, b - a, step)?;
-                } else {
-                    let p = u.params.as_mut().expect("stage 0 params");
-                    let g = u.grads.as_ref().expect("stage 0 grads");
-                    be.adamw(p, a, &mut u.master, &mut u.m, &mut u.v, moff, g, a, b - a, step)?;
-                }
+            let tensors = &self.layout.units[ui].tensors;
+            if policy.shard_optimizer {
+                let p = u.param_shard.as_mut().expect("param shard");
+                let g = u.grad_shard.as_ref().expect("grad shard");
+                self.opt.step_unit(be, ui, tensors, p, g, step)?;
+            } else {
+                let p = u.params.as_mut().expect("stage 0 params");
+                let g = u.grads.as_ref().expect("stage 0 grads");
+                self.opt.step_unit(be, ui, tensors, p, g, step)?;
             }
             // 4. Publish: stage 1/2 all-gather the updated shards into the full copy. It runs
             // while later units update and the next forward starts; `gather` waits for it.
@@ -610,18 +597,18 @@ impl<B: Backend> Engine<B> {
         lo: usize,
         hi: usize,
     ) -> Result<Vec<f32>, TrainError> {
-        let u = &self.units[i];
-        if lo < u.opt_off || hi > u.opt_off + u.opt_len {
+        let (off, len) = self.opt.range(i);
+        if lo < off || hi > off + len {
             return Err(TrainError::Invalid(format!("unit {i}: range {lo}..{hi} is not held by rank {}", self.rank)));
         }
-        let src = [&u.master, &u.m, &u.v][which.min(2)];
-        Ok(be.download_f32(src, Loc::new(lo - u.opt_off, hi - lo))?)
+        Ok(self.opt.tensor_host(be, i, which, lo, hi)?)
     }
 
     /// The unpadded range of unit `i` whose optimizer state this rank holds.
     pub fn held_range(&self, i: usize) -> (usize, usize) {
         let u = &self.units[i];
-        (u.opt_off.min(u.numel), (u.opt_off + u.opt_len).min(u.numel))
+        let (off, len) = self.opt.range(i);
+        (off.min(u.numel), (off + len).min(u.numel))
     }
 
     /// Replace unit `i`'s optimizer state over its held range with `state` (master, m, v
@@ -640,24 +627,21 @@ impl<B: Backend> Engine<B> {
         if let Some(p) = self.units[i].gather_pending.take() {
             Group::wait(comm, p)?;
         }
-        let u = &mut self.units[i];
         if state.iter().any(|s| s.len() != hi - lo) {
             return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));
         }
-        let off = lo - u.opt_off;
-        be.upload_f32(&state[0], &mut u.master, off)?;
-        be.upload_f32(&state[1], &mut u.m, off)?;
-        be.upload_f32(&state[2], &mut u.v, off)?;
+        self.opt.load(be, i, lo, &state)?;
+        let u = &mut self.units[i];
         if policy.shard_optimizer {
             let ps = u.param_shard.as_mut().expect("param shard");
-            be.cast_to_buf(ps, 0, &u.master, Loc::all(u.shard))?;
+            self.opt.cast_params(be, i, ps, 0, u.shard)?;
             if !policy.shard_params {
                 let p = u.params.as_mut().expect("stage 1/2 params");
                 Communicator::<B::Buf>::all_gather(comm, u.param_shard.as_ref().expect("param shard"), p)?;
             }
         } else {
             let p = u.params.as_mut().expect("stage 0 params");
-            be.cast_to_buf(p, 0, &u.master, Loc::all(u.padded))?;
+            self.opt.cast_params(be, i, p, 0, u.padded)?;
         }
         Ok(())
     }

@@ -2,12 +2,12 @@
 //! on the [meta backend](crate::backend::meta), so the per-rank report (by category, and
 //! at peak) is exactly what the ledger will record in the real run.
 
-use super::{Engine, MemoryReport};
+use super::{Engine, EngineOptions, MemoryReport};
 use crate::backend::meta::{MetaBackend, MetaComm};
 use crate::backend::{AttnShape, ElemBytes};
 use crate::config::Config;
-use crate::model::{Gpt, ModelLayout};
-use crate::zero::engine::StepHyper;
+use crate::model::{step_micro, ModelLayout};
+use crate::optim::Hyper;
 use crate::TrainError;
 
 /// Element sizes and attention state of the backend being planned for.
@@ -47,33 +47,22 @@ pub fn dry_run(
     let be = MetaBackend::new(device.sizes, device.attention_saved);
     let mut comm = MetaComm { rank, world };
     let layout = ModelLayout::new(&cfg.model);
-    let mut eng = meta_engine(&be, layout, cfg.zero.stage, rank, world)?;
-    eng.prefetch = cfg.zero.prefetch_blocks;
-    let mut model = Gpt::new(&be, &eng.layout, cfg.train.micro_batch, cfg.checkpointing.activations, &mut eng.ledger)?;
+    // No initial values: the meta backend holds none, and making them would cost host
+    // memory and time that grow with the model.
+    let mut eng = Engine::new(&be, layout, EngineOptions::from_config(cfg), rank, world, None)?;
+    let ckpt = cfg.checkpointing.activations;
+    let mut model = cfg.model.family.build(&be, &eng.layout, cfg.train.micro_batch, ckpt, &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];
-    let h = StepHyper { lr: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.0 };
+    let h = Hyper { lr: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.0 };
     let mut allocs = Vec::with_capacity(steps);
     for t in 1..=steps {
         eng.begin_step(&be)?;
         for _ in 0..cfg.train.grad_accum {
-            model.step_micro(&be, &mut eng, &mut comm, &toks, &toks, Some(1.0))?;
+            step_micro(model.as_mut(), &be, &mut eng, &mut comm, &toks, &toks, Some(1.0))?;
         }
         eng.step(&be, &mut comm, h, t as u64)?;
         allocs.push(be.allocations.get());
     }
     Ok((eng.memory(), allocs))
-}
-
-/// The engine for a dry run. The meta backend ignores values, so units start as zeros
-/// (lazily zeroed pages) instead of the random init, which would cost as much as
-/// initialising the real model on every call (minutes for GPT-2 1.5B over 4 stages × N ranks).
-fn meta_engine(
-    be: &MetaBackend,
-    layout: ModelLayout,
-    stage: u8,
-    rank: usize,
-    world: usize,
-) -> Result<Engine<MetaBackend>, TrainError> {
-    Engine::with_init(be, layout, stage, rank, world, &mut |_, r| Ok(vec![0.0; r.len()]))
 }

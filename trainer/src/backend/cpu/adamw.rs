@@ -1,10 +1,11 @@
 //! AdamW with decoupled weight decay on the CPU (the fp32 master-weight update).
 
-use crate::backend::AdamWStep;
+use super::CpuBackend;
+use crate::backend::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, BResult};
 
-pub fn adamw_segment(master: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[f32], h: AdamWStep) {
-    let bc1 = 1.0 - h.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - h.beta2.powi(h.t as i32);
+/// One segment's update; `weight_decay` is the decay this segment gets (0 for none).
+pub fn adamw_segment(master: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[f32], h: AdamWStep, weight_decay: f32) {
+    let (bc1, bc2) = h.bias_corrections();
     for i in 0..master.len() {
         let g = grads[i] * h.grad_scale;
         let mi = h.beta1 * m[i] + (1.0 - h.beta1) * g;
@@ -13,6 +14,25 @@ pub fn adamw_segment(master: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[
         v[i] = vi;
         let mhat = mi / bc1;
         let vhat = vi / bc2;
-        master[i] -= h.lr * (mhat / (vhat.sqrt() + h.eps) + h.weight_decay * master[i]);
+        master[i] -= h.lr * (mhat / (vhat.sqrt() + h.eps) + weight_decay * master[i]);
+    }
+}
+
+impl AdamWOps for CpuBackend {
+    fn adamw(&self, t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
+        for s in segs {
+            let r = s.moff..s.moff + s.len;
+            let wd = if s.decay { h.weight_decay } else { 0.0 };
+            adamw_segment(
+                &mut t.master[r.clone()],
+                &mut t.m[r.clone()],
+                &mut t.v[r.clone()],
+                &t.grads[s.goff..s.goff + s.len],
+                h,
+                wd,
+            );
+            t.params[s.poff..s.poff + s.len].copy_from_slice(&t.master[r]);
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,8 @@
 //! `[B, NH, T, T]` for backward: fine for the reference, which is why the CUDA
 //! backend uses a tiled (flash-style) kernel instead.
 
-use crate::backend::AttnShape;
+use super::CpuBackend;
+use crate::backend::{AttentionOps, AttnShape, BResult};
 
 /// `qkv[B,T,3C]` (q, k, v concatenated per row) → `out[B,T,C]`; `att[B,NH,T,T]` saved.
 pub fn attention_forward(out: &mut [f32], att: &mut [f32], qkv: &[f32], s: AttnShape) {
@@ -82,5 +83,35 @@ pub fn attention_backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], att: &[f3
                 }
             }
         }
+    }
+}
+
+impl AttentionOps for CpuBackend {
+    fn attention_saved_len(&self, s: AttnShape) -> usize {
+        s.b * s.nh * s.t * s.t
+    }
+    fn attention_fwd(&self, out: &mut Vec<f32>, saved: &mut Vec<f32>, qkv: &Vec<f32>, s: AttnShape) -> BResult<()> {
+        let n = s.b * s.t;
+        attention_forward(&mut out[..n * s.c], &mut saved[..self.attention_saved_len(s)], &qkv[..n * 3 * s.c], s);
+        Ok(())
+    }
+    fn attention_bwd(
+        &self,
+        dqkv: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        qkv: &Vec<f32>,
+        _out: &Vec<f32>,
+        saved: &Vec<f32>,
+        s: AttnShape,
+    ) -> BResult<()> {
+        let n = s.b * s.t;
+        attention_backward(
+            &mut dqkv[..n * 3 * s.c],
+            &dout[..n * s.c],
+            &qkv[..n * 3 * s.c],
+            &saved[..self.attention_saved_len(s)],
+            s,
+        );
+        Ok(())
     }
 }

@@ -1,5 +1,8 @@
 //! Fused softmax + cross-entropy forward and backward on the CPU (llm.c's fused classifier).
 
+use super::CpuBackend;
+use crate::backend::{BResult, CrossEntropyOps};
+
 /// Per row: `loss = logsumexp(logits) - logits[target]`; then `logits` is overwritten with
 /// `(softmax - onehot(target)) * dloss_scale`.
 pub fn cross_entropy_forward_backward(
@@ -25,5 +28,20 @@ pub fn cross_entropy_forward_backward(
             *x = ((((*x - max) as f64).exp() * inv) as f32) * dloss_scale;
         }
         row[tgt] -= dloss_scale;
+    }
+}
+
+impl CrossEntropyOps for CpuBackend {
+    fn cross_entropy_fwd_bwd(
+        &self,
+        logits: &mut Vec<f32>,
+        losses: &mut Vec<f32>,
+        targets: &Vec<u32>,
+        n: usize,
+        v: usize,
+        dloss_scale: f32,
+    ) -> BResult<()> {
+        cross_entropy_forward_backward(&mut logits[..n * v], &mut losses[..n], &targets[..n], n, v, dloss_scale);
+        Ok(())
     }
 }

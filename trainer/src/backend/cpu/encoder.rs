@@ -1,6 +1,10 @@
 //! Token + position embedding on the CPU.
 
-pub fn encoder_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], b: usize, t: usize, c: usize) {
+use super::{at, two_mut, CpuBackend};
+use crate::backend::{BResult, EmbedLocs, EncoderOps, SeqShape, WeightGrads, Weights};
+
+pub fn encoder_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], s: SeqShape) {
+    let SeqShape { b, t, c } = s;
     for bi in 0..b {
         for ti in 0..t {
             let tok = tokens[bi * t + ti] as usize;
@@ -15,15 +19,8 @@ pub fn encoder_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32]
 }
 
 /// `dwte[tok] += dout`, `dwpe[t] += dout`, in row order (deterministic).
-pub fn encoder_backward(
-    dwte: &mut [f32],
-    dwpe: &mut [f32],
-    dout: &[f32],
-    tokens: &[u32],
-    b: usize,
-    t: usize,
-    c: usize,
-) {
+pub fn encoder_backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], s: SeqShape) {
+    let SeqShape { b, t, c } = s;
     for bi in 0..b {
         for ti in 0..t {
             let tok = tokens[bi * t + ti] as usize;
@@ -35,5 +32,31 @@ pub fn encoder_backward(
                 *w += g;
             }
         }
+    }
+}
+
+impl EncoderOps for CpuBackend {
+    fn encoder_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        tokens: &Vec<u32>,
+        p: Weights<'_, Self, EmbedLocs>,
+        s: SeqShape,
+    ) -> BResult<()> {
+        let SeqShape { b, t, c } = s;
+        encoder_forward(&mut out[..b * t * c], &tokens[..b * t], at(p.buf, p.at.wte), at(p.buf, p.at.wpe), s);
+        Ok(())
+    }
+    fn encoder_bwd(
+        &self,
+        g: WeightGrads<'_, Self, EmbedLocs>,
+        dout: &Vec<f32>,
+        tokens: &Vec<u32>,
+        s: SeqShape,
+    ) -> BResult<()> {
+        let SeqShape { b, t, c } = s;
+        let (wte_g, wpe_g) = two_mut(g.buf, g.at.wte, g.at.wpe);
+        encoder_backward(wte_g, wpe_g, &dout[..b * t * c], &tokens[..b * t], s);
+        Ok(())
     }
 }

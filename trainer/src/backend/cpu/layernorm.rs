@@ -1,18 +1,13 @@
 //! LayerNorm on the CPU (forward saves mean and 1/std per row for backward).
 
+use super::{at, two_mut, CpuBackend};
+use crate::backend::{BResult, BackendError, LayerNormOps, LnSaved, LnStats, NormLocs, Rows, WeightGrads, Weights};
+
 pub const LN_EPS: f32 = 1e-5;
 
-#[allow(clippy::too_many_arguments)]
-pub fn layernorm_forward(
-    out: &mut [f32],
-    mean: &mut [f32],
-    rstd: &mut [f32],
-    inp: &[f32],
-    w: &[f32],
-    b: &[f32],
-    n: usize,
-    c: usize,
-) {
+/// `out[n, c]` from `inp[n, c]`; `n` is `mean.len()` and `c` is `w.len()`.
+pub fn layernorm_forward(out: &mut [f32], mean: &mut [f32], rstd: &mut [f32], inp: &[f32], w: &[f32], b: &[f32]) {
+    let (n, c) = (mean.len(), w.len());
     for i in 0..n {
         let x = &inp[i * c..(i + 1) * c];
         let m = x.iter().sum::<f32>() / c as f32;
@@ -27,20 +22,18 @@ pub fn layernorm_forward(
     }
 }
 
-/// `dinp += ..`, `dw += ..`, `db += ..`.
-#[allow(clippy::too_many_arguments)]
+/// `dinp += ..`, `dw += ..`, `db += ..`; `saved` is what the forward of these rows kept.
 pub fn layernorm_backward(
     dinp: &mut [f32],
     dw: &mut [f32],
     db: &mut [f32],
     dout: &[f32],
-    inp: &[f32],
+    saved: LnSaved<'_, CpuBackend>,
     w: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    n: usize,
-    c: usize,
+    r: Rows,
 ) {
+    let Rows { n, c } = r;
+    let (inp, mean, rstd) = (saved.inp, saved.mean, saved.rstd);
     for i in 0..n {
         let x = &inp[i * c..(i + 1) * c];
         let dy = &dout[i * c..(i + 1) * c];
@@ -63,5 +56,38 @@ pub fn layernorm_backward(
             dw[j] += norm * dy[j];
             dx[j] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
+    }
+}
+
+impl LayerNormOps for CpuBackend {
+    fn layernorm_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        stats: LnStats<'_, Self>,
+        inp: &Vec<f32>,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+    ) -> BResult<()> {
+        let Rows { n, c } = r;
+        let (w, b) = (at(p.buf, p.at.w), at(p.buf, p.at.b));
+        if w.len() != c || b.len() != c {
+            return Err(BackendError::Device(format!("layernorm_fwd: weight and bias must have C = {c} elements")));
+        }
+        layernorm_forward(&mut out[..n * c], &mut stats.mean[..n], &mut stats.rstd[..n], &inp[..n * c], w, b);
+        Ok(())
+    }
+    fn layernorm_bwd(
+        &self,
+        dinp: &mut Vec<f32>,
+        g: WeightGrads<'_, Self, NormLocs>,
+        dout: &Vec<f32>,
+        saved: LnSaved<'_, Self>,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+    ) -> BResult<()> {
+        let Rows { n, c } = r;
+        let (dw, db) = two_mut(g.buf, g.at.w, g.at.b);
+        layernorm_backward(&mut dinp[..n * c], dw, db, &dout[..n * c], saved, at(p.buf, p.at.w), r);
+        Ok(())
     }
 }

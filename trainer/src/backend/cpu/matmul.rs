@@ -1,4 +1,8 @@
 //! Linear layer on the CPU: `out = inp · Wᵀ + b` and its backward, through matrixmultiply's sgemm.
+//! The fused GELU variants run the trait's default composition.
+
+use super::{at, two_mut, CpuBackend};
+use crate::backend::{BResult, LinearLocs, MatShape, MatmulOps, WeightGrads, Weights};
 
 /// `out[n,oc] = inp[n,c] · w[oc,c]ᵀ + bias[oc]`.
 pub fn matmul_forward(out: &mut [f32], inp: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, c: usize, oc: usize) {
@@ -32,7 +36,6 @@ pub fn matmul_forward(out: &mut [f32], inp: &[f32], w: &[f32], bias: Option<&[f3
 }
 
 /// `dinp = dout · w` (overwrite), `dw += doutᵀ · inp`, `dbias += Σ_rows dout`.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_backward(
     dinp: &mut [f32],
     dw: &mut [f32],
@@ -40,10 +43,9 @@ pub fn matmul_backward(
     dout: &[f32],
     inp: &[f32],
     w: &[f32],
-    n: usize,
-    c: usize,
-    oc: usize,
+    s: MatShape,
 ) {
+    let MatShape { n, c, oc } = s;
     assert!(
         dinp.len() == n * c && dw.len() == oc * c && dout.len() == n * oc && inp.len() == n * c && w.len() == oc * c
     );
@@ -88,5 +90,39 @@ pub fn matmul_backward(
                 *d += g;
             }
         }
+    }
+}
+
+impl MatmulOps for CpuBackend {
+    fn matmul_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        matmul_forward(&mut out[..n * oc], &inp[..n * c], at(p.buf, p.at.w), p.at.b.map(|b| at(p.buf, b)), n, c, oc);
+        Ok(())
+    }
+    fn matmul_bwd(
+        &self,
+        dinp: &mut Vec<f32>,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        let (dw, db) = match g.at.b {
+            Some(b) => {
+                let (dw, db) = two_mut(g.buf, g.at.w, b);
+                (dw, Some(db))
+            }
+            None => (&mut g.buf[g.at.w.off..g.at.w.end()], None),
+        };
+        matmul_backward(&mut dinp[..n * c], dw, db, &dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w), s);
+        Ok(())
     }
 }

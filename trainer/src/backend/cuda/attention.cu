@@ -15,9 +15,8 @@
 // the padded row lengths (HS + 4 floats, an odd number of 16-byte words; 80 floats for
 // score tiles) keep the shared-memory reads free of bank conflicts.
 
-#define TILE 64
-#define NTHREADS 256
-#define LDP 80
+// TILE, NTHREADS and LDP come from attention.rs as -D options (the launch geometry and
+// the shared-memory size computed there depend on them).
 
 template <int HS> struct Geo {
     static constexpr int LD = HS + 4;

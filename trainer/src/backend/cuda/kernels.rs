@@ -1,5 +1,6 @@
 //! Compiling and loading the CUDA kernels: NVRTC turns each `.cu` file of this
-//! directory (with `common.cuh` prepended) into a CUBIN for the device's own
+//! directory (with `common.cuh` prepended, and the `#define`s its op module hands in)
+//! into a CUBIN for the device's own
 //! architecture, once, and the CUBIN is cached on disk keyed by a hash of the source,
 //! the architecture, the options and the NVRTC version, so later start-ups skip NVRTC.
 //!
@@ -19,64 +20,42 @@ use crate::backend::{BResult, BackendError};
 
 const COMMON: &str = include_str!("common.cuh");
 
-/// One kernel source file and the functions it defines.
-struct Source {
-    name: &'static str,
-    src: &'static str,
-    functions: &'static [&'static str],
+/// One kernel source file: registered by the op module beside it (`layernorm.rs` holds
+/// `layernorm.cu`'s), so a kernel's launch code, its constants and its registration are
+/// in one place.
+pub(super) struct KernelFile {
+    pub name: &'static str,
+    pub src: &'static str,
+    /// The `extern "C"` functions the file defines.
+    pub functions: &'static [&'static str],
+    /// Which of them take more than the default 48 KiB of dynamic shared memory.
+    pub big_smem: fn(&str) -> bool,
+    /// `#define`s handed to NVRTC (`-DNAME=VALUE`): constants the launch code and the
+    /// kernel must agree on are defined once, in Rust, and passed in.
+    pub defines: fn() -> Vec<(&'static str, String)>,
 }
 
-const SOURCES: &[Source] = &[
-    Source {
-        name: "encoder",
-        src: include_str!("encoder.cu"),
-        functions: &["encoder_fwd", "encoder_bwd_wpe", "encoder_bwd_wte"],
-    },
-    Source {
-        name: "layernorm",
-        src: include_str!("layernorm.cu"),
-        functions: &["layernorm_fwd", "layernorm_bwd", "layernorm_bwd_warp"],
-    },
-    Source { name: "matmul", src: include_str!("matmul.cu"), functions: &["bias_grad_partial", "copy_rows_bf16"] },
-    Source {
-        name: "attention",
-        src: include_str!("attention.cu"),
-        functions: &[
-            "attn_bwd_d",
-            "attn_fwd_32",
-            "attn_bwd_dkv_32",
-            "attn_bwd_dq_32",
-            "attn_fwd_64",
-            "attn_bwd_dkv_64",
-            "attn_bwd_dq_64",
-            "attn_fwd_128",
-            "attn_bwd_dkv_128",
-            "attn_bwd_dq_128",
-            "attn_fwd_mma64",
-            "attn_bwd_dkv_mma64",
-            "attn_bwd_dq_mma64",
-        ],
-    },
-    Source { name: "gelu", src: include_str!("gelu.cu"), functions: &["gelu_fwd", "gelu_bwd"] },
-    Source { name: "residual", src: include_str!("residual.cu"), functions: &["residual_fwd"] },
-    Source { name: "cross_entropy", src: include_str!("cross_entropy.cu"), functions: &["cross_entropy_fwd_bwd"] },
-    Source { name: "adamw", src: include_str!("adamw.cu"), functions: &["adamw"] },
-    Source { name: "cast", src: include_str!("cast.cu"), functions: &["cast_f32_bf16", "add_f32", "reduce_partials"] },
-    Source { name: "reduce", src: include_str!("reduce.cu"), functions: &["sum_partial", "sum_finish"] },
-];
+/// No function needs more than 48 KiB of dynamic shared memory.
+pub(super) fn no_big_smem(_: &str) -> bool {
+    false
+}
 
-/// Functions that take more than the default 48 KiB of dynamic shared memory.
-const BIG_SMEM: &[&str] = &[
-    "layernorm_bwd",
-    "attn_fwd_32",
-    "attn_bwd_dkv_32",
-    "attn_bwd_dq_32",
-    "attn_fwd_64",
-    "attn_bwd_dkv_64",
-    "attn_bwd_dq_64",
-    "attn_fwd_128",
-    "attn_bwd_dkv_128",
-    "attn_bwd_dq_128",
+/// No `#define`s from Rust.
+pub(super) fn no_defines() -> Vec<(&'static str, String)> {
+    Vec::new()
+}
+
+/// Every kernel file of the backend.
+const FILES: &[&KernelFile] = &[
+    &super::memory::KERNELS,
+    &super::encoder::KERNELS,
+    &super::layernorm::KERNELS,
+    &super::matmul::KERNELS,
+    &super::attention::KERNELS,
+    &super::activation::KERNELS,
+    &super::cross_entropy::KERNELS,
+    &super::reduce::KERNELS,
+    &super::adamw::KERNELS,
 ];
 
 /// Every loaded kernel by name, and what went wrong with the ones that did not load.
@@ -118,11 +97,11 @@ pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
         ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| BackendError::Device(format!("reading the shared-memory limit: {e}")))? as usize;
     let mut k = Kernels { functions: HashMap::new(), failed: HashMap::new(), max_smem };
-    for s in SOURCES {
+    for s in FILES {
         match load_source(ctx, s, &arch, &nvrtc) {
             Ok(funcs) => {
                 for (name, f) in funcs {
-                    if BIG_SMEM.contains(&name) {
+                    if (s.big_smem)(name) {
                         // Leave room for the kernel's static shared memory.
                         let static_smem = f.shared_size_bytes().unwrap_or(0).max(0) as usize;
                         let allow = max_smem.saturating_sub(static_smem) as i32;
@@ -144,6 +123,26 @@ pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
     Ok(k)
 }
 
+/// A kernel file's name and its CUBIN size, or NVRTC's log.
+pub type CompileResult = (&'static str, Result<usize, String>);
+
+/// Compile every kernel file for `arch` (e.g. `"sm_90"`) with NVRTC alone, no GPU or
+/// driver needed: each file's name with its CUBIN size, or the compiler's log. `Err` when
+/// libnvrtc cannot be loaded. For checking kernels on a machine without a GPU.
+pub fn compile_all(arch: &str) -> Result<Vec<CompileResult>, String> {
+    // SAFETY: only asks the dynamic loader whether the library opens.
+    if !unsafe { nvrtc_sys::is_culib_present() } {
+        return Err(format!("libnvrtc is not loadable (tried {:?})", cudarc::get_lib_name_candidates("nvrtc")));
+    }
+    Ok(FILES
+        .iter()
+        .map(|s| {
+            let full = format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", s.name, s.src);
+            (s.name, compile(&full, s.name, &options(arch, s)).map(|bin| bin.len()))
+        })
+        .collect())
+}
+
 fn nvrtc_version() -> String {
     let (mut a, mut b) = (0, 0);
     // SAFETY: writes two ints.
@@ -155,8 +154,11 @@ fn nvrtc_version() -> String {
     }
 }
 
-fn options(arch: &str) -> Vec<String> {
+fn options(arch: &str, s: &KernelFile) -> Vec<String> {
     let mut o = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-lineinfo".to_string()];
+    for (name, value) in (s.defines)() {
+        o.push(format!("-D{name}={value}"));
+    }
     // The kernels include no CUDA header today; the path is there for ones that will.
     for dir in cuda_include_dirs() {
         o.push(format!("--include-path={dir}"));
@@ -177,12 +179,12 @@ fn cuda_include_dirs() -> Vec<String> {
 
 fn load_source(
     ctx: &Arc<CudaContext>,
-    s: &Source,
+    s: &KernelFile,
     arch: &str,
     nvrtc: &str,
 ) -> Result<Vec<(&'static str, CudaFunction)>, String> {
     let full = format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", s.name, s.src);
-    let opts = options(arch);
+    let opts = options(arch, s);
     let key = fnv1a(&[full.as_bytes(), arch.as_bytes(), opts.join(" ").as_bytes(), nvrtc.as_bytes()]);
     let cache = cache_dir().map(|d| d.join(format!("{}-{arch}-{key:016x}.cubin", s.name)));
     let cached = cache.as_ref().and_then(|p| std::fs::read(p).ok());

@@ -2,10 +2,10 @@
 // (mean, then the centred variance) as the CPU reference does.
 //
 // Backward is deterministic: each block owns a fixed chunk of rows and writes its
-// partial dw/db sums to a scratch array, which reduce_partials (cast.cu) then adds up
+// partial dw/db sums to a scratch array, which reduce_partials (reduce.cu) then adds up
 // in chunk order. No atomics.
 
-#define LN_EPS 1e-5f
+// LN_EPS (cpu::LN_EPS) and LN_BWD_MAXJ (layernorm.rs) come from the launch code as -D options.
 
 // One warp per row; blockDim.x = 256 (8 rows per block).
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
@@ -112,7 +112,6 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
 // layernorm_bwd cost two __syncthreads per row). Each warp accumulates dw/db for its rows
 // in registers and writes them as partial row `global warp id`; reduce_partials then adds
 // the partials in warp order, so the result is deterministic (no atomics).
-#define LN_BWD_MAXJ 8
 extern "C" __global__ void layernorm_bwd_warp(bf16_t* dinp, float* partial, const bf16_t* dout,
                                               const bf16_t* inp, const bf16_t* w, const float* mean,
                                               const float* rstd, int N, int C, int rows_per_warp) {

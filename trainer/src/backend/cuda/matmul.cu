@@ -1,6 +1,6 @@
 // Bias gradient of the linear layer (the GEMMs themselves are cuBLASLt, see matmul.rs).
 // Deterministic column sums: block (x, y) sums rows [y*rows_per_chunk, ...) of 64
-// columns into partial[y, col]; reduce_partials (cast.cu) adds the chunks in order.
+// columns into partial[y, col]; reduce_partials (reduce.cu) adds the chunks in order.
 
 // blockDim = (64, 4).
 extern "C" __global__ void bias_grad_partial(float* partial, const bf16_t* dout, int N, int OC,

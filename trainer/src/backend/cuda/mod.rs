@@ -1,4 +1,4 @@
-//! The CUDA backend: the same operations as the CPU reference (`backend::cpu`), on one
+//! The CUDA backend: the same op groups as the CPU reference (`backend::cpu`), on one
 //! GPU, with bf16 compute buffers and fp32 gradients, master weights and statistics.
 //!
 //! - `Buf` = `CudaSlice<bf16>`: parameters as used by forward/backward, activations;
@@ -7,11 +7,13 @@
 //!   per-token losses, the attention's saved log-sum-exp;
 //! - `Tokens` = [`DeviceTokens`]: the ids on the device plus the host copy they came from.
 //!
-//! One kernel file per op beside its CPU twin's name (`encoder.cu` ↔ `cpu/encoder.rs`,
-//! …), compiled by NVRTC at start-up and cached on disk (`kernels.rs`); the GEMMs are
-//! cuBLASLt (`matmul.rs`); launch code for every op is in `ops.rs`. Every kernel runs in
-//! order on one compute stream (`CudaBackend::stream`); the NCCL communicator orders its
-//! own communication stream against it with explicit events, so cudarc's per-buffer event
+//! One module per op group beside its kernels and its CPU twin's name: `layernorm.rs`
+//! holds the launch code, the constants the kernel must agree with and the registration
+//! of `layernorm.cu` (twin: `cpu/layernorm.rs`), and so on. `launch.rs` has what every
+//! launch shares, `kernels.rs` compiles the `.cu` files with NVRTC at start-up (cached on
+//! disk), `cublaslt.rs` wraps cuBLASLt for the GEMMs. Every kernel runs in order on one
+//! compute stream (`CudaBackend::stream`); the NCCL communicator orders its own
+//! communication stream against it with explicit events, so cudarc's per-buffer event
 //! tracking is switched off.
 //! Every reduction (column sums, the embedding backward, the norm) has a fixed order:
 //! the same inputs give the same bits on every run.
@@ -19,9 +21,21 @@
 //! The CUDA libraries are loaded at run time: this builds on machines without CUDA,
 //! and [`CudaBackend::new`] answers [`BackendError::Unavailable`] where they are missing.
 
+mod activation;
+mod adamw;
+mod attention;
+mod cross_entropy;
+mod cublaslt;
+mod encoder;
 mod kernels;
+mod launch;
+mod layernorm;
 mod matmul;
-mod ops;
+mod memory;
+mod reduce;
+
+pub use attention::AttentionImpl;
+pub use kernels::compile_all;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -33,19 +47,9 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use super::{AdamWStep, AttnShape, BResult, Backend, BackendError, DeviceMemory, ElemBytes, Loc, RuntimeMemory};
+use super::{BResult, BackendError, Device, DeviceMemory, ElemBytes, RuntimeMemory};
+use cublaslt::Lt;
 use kernels::Kernels;
-use matmul::Lt;
-
-/// Which attention kernels run (see `attention.cu`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttentionImpl {
-    /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) where the head size is
-    /// 64; the fp32 SIMT kernels otherwise. The default.
-    TensorCore,
-    /// fp32 SIMT kernels for every head size (32, 64, 128): the slower cross-check.
-    Simt,
-}
 
 /// cuBLASLt workspace: NVIDIA's recommendation for Hopper.
 const LT_WORKSPACE: usize = 32 << 20;
@@ -361,22 +365,7 @@ fn alloc_raw<T: DeviceRepr>(stream: &Arc<CudaStream>, device: &str, n: usize, wh
     })
 }
 
-/// `off..off+n` must lie inside a buffer of `len` elements.
-fn check(what: &str, len: usize, off: usize, n: usize) -> BResult<()> {
-    match off.checked_add(n) {
-        Some(end) if end <= len => Ok(()),
-        _ => Err(BackendError::Device(format!(
-            "{what}: elements {off}..{} do not fit a buffer of {len}",
-            off.saturating_add(n)
-        ))),
-    }
-}
-
-fn check_loc(what: &str, len: usize, at: Loc) -> BResult<()> {
-    check(what, len, at.off, at.len)
-}
-
-impl Backend for CudaBackend {
+impl Device for CudaBackend {
     type Buf = CudaSlice<bf16>;
     type Grad = CudaSlice<f32>;
     type F32 = CudaSlice<f32>;
@@ -387,262 +376,6 @@ impl Backend for CudaBackend {
     }
     fn elem_bytes(&self) -> ElemBytes {
         ElemBytes { buf: 2, grad: 4, f32: 4 }
-    }
-
-    fn alloc_buf(&self, n: usize, what: &str) -> BResult<Self::Buf> {
-        self.alloc(n, what)
-    }
-    fn alloc_grad(&self, n: usize, what: &str) -> BResult<Self::Grad> {
-        self.alloc(n, what)
-    }
-    fn alloc_f32(&self, n: usize, what: &str) -> BResult<Self::F32> {
-        self.alloc(n, what)
-    }
-    fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens> {
-        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned: self.pinned(n, "token ids")? })
-    }
-    fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
-        check("upload_tokens", dst.dev.len(), 0, host.len())?;
-        let n = host.len();
-        dst.host[..n].copy_from_slice(host);
-        // Waits only until this buffer's previous upload has left it (long done by now).
-        let staged = dst.pinned.as_mut_slice().map_err(|e| self.err("staging token ids", e))?;
-        staged[..n].copy_from_slice(host);
-        if n == staged.len() {
-            self.stream.memcpy_htod(&dst.pinned, &mut dst.dev).map_err(|e| self.err("uploading tokens", e))
-        } else {
-            self.stream.memcpy_htod(host, &mut dst.dev.slice_mut(0..n)).map_err(|e| self.err("uploading tokens", e))
-        }
-    }
-    fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
-        check("upload_buf", dst.len(), off, host.len())?;
-        let v: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
-        self.stream
-            .memcpy_htod(&v, &mut dst.slice_mut(off..off + host.len()))
-            .map_err(|e| self.err("uploading a compute buffer", e))
-    }
-    fn upload_f32(&self, host: &[f32], dst: &mut Self::F32, off: usize) -> BResult<()> {
-        check("upload_f32", dst.len(), off, host.len())?;
-        self.stream
-            .memcpy_htod(host, &mut dst.slice_mut(off..off + host.len()))
-            .map_err(|e| self.err("uploading an fp32 buffer", e))
-    }
-    fn download_f32(&self, src: &Self::F32, at: Loc) -> BResult<Vec<f32>> {
-        check_loc("download_f32", src.len(), at)?;
-        self.stream.clone_dtoh(&src.slice(at.off..at.end())).map_err(|e| self.err("downloading an fp32 buffer", e))
-    }
-    fn download_buf(&self, src: &Self::Buf, at: Loc) -> BResult<Vec<f32>> {
-        check_loc("download_buf", src.len(), at)?;
-        let v = self
-            .stream
-            .clone_dtoh(&src.slice(at.off..at.end()))
-            .map_err(|e| self.err("downloading a compute buffer", e))?;
-        Ok(v.into_iter().map(|x| x.to_f32()).collect())
-    }
-    fn download_grad(&self, src: &Self::Grad, at: Loc) -> BResult<Vec<f32>> {
-        check_loc("download_grad", src.len(), at)?;
-        self.stream.clone_dtoh(&src.slice(at.off..at.end())).map_err(|e| self.err("downloading gradients", e))
-    }
-    fn cast_to_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::F32, at: Loc) -> BResult<()> {
-        self.op_cast_to_buf(dst, doff, src, at)
-    }
-    fn zero_buf(&self, buf: &mut Self::Buf, at: Loc) -> BResult<()> {
-        check_loc("zero_buf", buf.len(), at)?;
-        self.stream
-            .memset_zeros(&mut buf.slice_mut(at.off..at.end()))
-            .map_err(|e| self.err("zeroing a compute buffer", e))
-    }
-    fn zero_grad(&self, buf: &mut Self::Grad, at: Loc) -> BResult<()> {
-        check_loc("zero_grad", buf.len(), at)?;
-        self.stream.memset_zeros(&mut buf.slice_mut(at.off..at.end())).map_err(|e| self.err("zeroing gradients", e))
-    }
-    fn add_grad(&self, dst: &mut Self::Grad, doff: usize, src: &Self::Grad, at: Loc) -> BResult<()> {
-        self.op_add_grad(dst, doff, src, at)
-    }
-    fn grad_sumsq_into(&self, buf: &Self::Grad, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()> {
-        self.op_sum_into(buf, at, true, dst, slot, false)
-    }
-    fn sum_into(&self, src: &Self::F32, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()> {
-        self.op_sum_into(src, at, false, dst, slot, true)
-    }
-    fn copy_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::Buf, at: Loc) -> BResult<()> {
-        check_loc("copy_buf source", src.len(), at)?;
-        check("copy_buf destination", dst.len(), doff, at.len)?;
-        self.stream
-            .memcpy_dtod(&src.slice(at.off..at.end()), &mut dst.slice_mut(doff..doff + at.len))
-            .map_err(|e| self.err("copying a compute buffer", e))
-    }
-
-    fn encoder_fwd(
-        &self,
-        out: &mut Self::Buf,
-        tokens: &Self::Tokens,
-        params: &Self::Buf,
-        wte: Loc,
-        wpe: Loc,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> BResult<()> {
-        self.op_encoder_fwd(out, &tokens.dev, params, wte, wpe, b, t, c)
-    }
-    fn encoder_bwd(
-        &self,
-        grads: &mut Self::Grad,
-        dwte: Loc,
-        dwpe: Loc,
-        dout: &Self::Buf,
-        tokens: &Self::Tokens,
-        b: usize,
-        t: usize,
-        c: usize,
-    ) -> BResult<()> {
-        self.op_encoder_bwd(grads, dwte, dwpe, dout, &tokens.host, b, t, c)
-    }
-    fn layernorm_fwd(
-        &self,
-        out: &mut Self::Buf,
-        mean: &mut Self::F32,
-        rstd: &mut Self::F32,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        bias: Loc,
-        n: usize,
-        c: usize,
-    ) -> BResult<()> {
-        self.op_layernorm_fwd(out, mean, rstd, inp, params, w, bias, n, c)
-    }
-    fn layernorm_bwd(
-        &self,
-        dinp: &mut Self::Buf,
-        grads: &mut Self::Grad,
-        dw: Loc,
-        db: Loc,
-        dout: &Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        mean: &Self::F32,
-        rstd: &Self::F32,
-        n: usize,
-        c: usize,
-    ) -> BResult<()> {
-        self.op_layernorm_bwd(dinp, grads, dw, db, dout, inp, params, w, mean, rstd, n, c)
-    }
-    fn matmul_fwd(
-        &self,
-        out: &mut Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        bias: Option<Loc>,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()> {
-        self.op_matmul_fwd(out, inp, params, w, bias, n, c, oc)
-    }
-    fn matmul_bwd(
-        &self,
-        dinp: &mut Self::Buf,
-        grads: &mut Self::Grad,
-        dw: Loc,
-        dbias: Option<Loc>,
-        dout: &Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<()> {
-        self.op_matmul_bwd(dinp, grads, dw, dbias, dout, inp, params, w, n, c, oc, None)
-    }
-    /// Only the per-row log-sum-exp: `B * NH * T` floats (flash attention recomputes
-    /// the probabilities in backward).
-    fn fused_matmul_gelu_fwd(
-        &self,
-        pre: &mut Self::Buf,
-        out: &mut Self::Buf,
-        inp: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        bias: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<bool> {
-        self.op_matmul_gelu_fwd(pre, out, inp, params, w, bias, n, c, oc)
-    }
-    fn fused_matmul_bwd_dgelu(
-        &self,
-        dpre: &mut Self::Buf,
-        grads: &mut Self::Grad,
-        dw: Loc,
-        dbias: Loc,
-        dout: &Self::Buf,
-        act: &Self::Buf,
-        pre: &Self::Buf,
-        params: &Self::Buf,
-        w: Loc,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) -> BResult<bool> {
-        self.op_matmul_bwd_dgelu(dpre, grads, dw, dbias, dout, act, pre, params, w, n, c, oc)
-    }
-    fn attention_saved_len(&self, s: AttnShape) -> usize {
-        s.b * s.nh * s.t
-    }
-    fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()> {
-        self.op_attention_fwd(out, saved, qkv, s)
-    }
-    fn attention_bwd(
-        &self,
-        dqkv: &mut Self::Buf,
-        dout: &Self::Buf,
-        qkv: &Self::Buf,
-        out: &Self::Buf,
-        saved: &Self::F32,
-        s: AttnShape,
-    ) -> BResult<()> {
-        self.op_attention_bwd(dqkv, dout, qkv, out, saved, s)
-    }
-    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()> {
-        self.op_gelu_fwd(out, inp, n)
-    }
-    fn gelu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, n: usize) -> BResult<()> {
-        self.op_gelu_bwd(dinp, inp, dout, n)
-    }
-    fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()> {
-        self.op_residual_fwd(out, a, b, n)
-    }
-    fn cross_entropy_fwd_bwd(
-        &self,
-        logits: &mut Self::Buf,
-        losses: &mut Self::F32,
-        targets: &Self::Tokens,
-        n: usize,
-        v: usize,
-        dloss_scale: f32,
-    ) -> BResult<()> {
-        self.op_cross_entropy(logits, losses, &targets.dev, n, v, dloss_scale)
-    }
-    fn adamw(
-        &self,
-        params: &mut Self::Buf,
-        poff: usize,
-        master: &mut Self::F32,
-        m: &mut Self::F32,
-        v: &mut Self::F32,
-        moff: usize,
-        grads: &Self::Grad,
-        goff: usize,
-        len: usize,
-        h: AdamWStep,
-    ) -> BResult<()> {
-        self.op_adamw(params, poff, master, m, v, moff, grads, goff, len, h)
     }
     fn synchronize(&self) -> BResult<()> {
         self.stream.synchronize().map_err(|e| self.err("synchronizing", e))?;

@@ -1,6 +1,8 @@
-// Sums that stay on the device (twins: grad_sumsq_into / sum_into in cpu/mod.rs): the
-// gradient norm's per-unit sums of squares and the per-step loss sum. The host reads all
-// of them with one download per step instead of waiting for the device after each.
+// Deterministic reductions (twin of cpu/reduce.rs).
+//
+// Sums that stay on the device: the gradient norm's per-unit sums of squares and the
+// per-step loss sum. The host reads all of them with one download per step instead of
+// waiting for the device after each.
 //
 // Deterministic: the host fixes the grid, each block sums its grid-stride share in f64,
 // and one warp combines the per-block partials in a fixed order.
@@ -30,4 +32,18 @@ extern "C" __global__ void sum_finish(float* dst, const double* partial, int nb,
         dst[0] = hi;
         dst[1] = (float)(s - (double)hi);
     }
+}
+
+// The ordered reduction of per-block partial column sums that keeps the column-sum
+// kernels (LayerNorm and bias gradients) deterministic.
+// partial is [nchunks, W]; for j < W: s = sum over chunks in order; j < split goes to
+// dst0[j] += s, the rest to dst1[j - split] += s.
+extern "C" __global__ void reduce_partials(float* dst0, float* dst1, int split, const float* partial,
+                                           int nchunks, int W) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= W) return;
+    float s = 0.f;
+    for (int k = 0; k < nchunks; ++k) s += partial[(long long)k * W + j];
+    if (j < split) dst0[j] += s;
+    else dst1[j - split] += s;
 }

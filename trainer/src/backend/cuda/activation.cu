@@ -1,5 +1,5 @@
-// GELU, tanh approximation as in GPT-2 (twin of cpu/gelu.rs). Element-wise; 16-byte
-// accesses when every pointer allows it.
+// Element-wise activations (twin of cpu/activation.rs): GELU, tanh approximation as in
+// GPT-2, and the residual add. 16-byte accesses when every pointer allows it.
 
 #define GELU_K 0.7978845608f  // sqrt(2/pi)
 
@@ -51,4 +51,24 @@ extern "C" __global__ void gelu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_
         done = nv * 8;
     }
     for (long long i = done + t0; i < n; i += stride) dinp[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(dout[i]));
+}
+
+// Residual connection out = a + b.
+extern "C" __global__ void residual_fwd(bf16_t* out, const bf16_t* a, const bf16_t* b, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long done = 0;
+    if (aligned16(out) && aligned16(a) && aligned16(b)) {
+        const long long nv = n / 8;
+        for (long long i = t0; i < nv; i += stride) {
+            float x[8], y[8];
+            unpack8(((const uint4*)a)[i], x);
+            unpack8(((const uint4*)b)[i], y);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] += y[k];
+            ((uint4*)out)[i] = pack8(x);
+        }
+        done = nv * 8;
+    }
+    for (long long i = done + t0; i < n; i += stride) out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
 }

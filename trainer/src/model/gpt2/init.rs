@@ -1,7 +1,7 @@
 //! GPT-2 initialisation, computed per tensor from (seed, tensor name, element index)
 //! so it is identical on every rank, world size and ZeRO stage.
 
-use super::layout::{ModelLayout, UnitLayout};
+use crate::model::{ModelLayout, UnitLayout};
 use crate::rng;
 use std::ops::Range;
 
@@ -71,10 +71,12 @@ fn init_threads() -> usize {
 mod tests {
     use super::*;
     use crate::config::ModelConfig;
+    use crate::model::ModelFamily;
 
     #[test]
     fn any_range_equals_the_slice_of_the_whole_unit() {
-        let cfg = ModelConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 50, seq_len: 8 };
+        let cfg =
+            ModelConfig { family: ModelFamily::Gpt2, n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 50, seq_len: 8 };
         let layout = ModelLayout::new(&cfg);
         for unit in &layout.units {
             let full = init_unit(&layout, unit, 9);

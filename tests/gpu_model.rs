@@ -1,0 +1,92 @@
+//! One GPT training step end to end through the real engine and model code on the GPU
+//! against the CPU backend: a small GPT-2 (head size 64: the tensor-core attention; an
+//! odd vocabulary: the staged head) with a one-rank NCCL communicator, ZeRO stages 0
+//! and 3 — the loss, every unit's gradient, and the parameters after one AdamW step.
+//! Ignored without `--include-ignored` (no GPU in CI).
+
+mod gpu;
+
+use collectives::nccl::{nccl_unique_id, NcclComm};
+use gpu::{backend, Report, Rng, TOL_BF16};
+use trainer::backend::cpu::{CpuBackend, HostComm};
+use trainer::backend::BResult;
+use trainer::config::{ActivationCheckpointing, ModelConfig};
+use trainer::model::{step_micro_loss, ModelFamily, ModelLayout};
+use trainer::optim::Hyper;
+use trainer::zero::{Engine, EngineOptions};
+use trainer::TrainError;
+
+fn dev(e: impl std::fmt::Display) -> trainer::backend::BackendError {
+    trainer::backend::BackendError::Device(e.to_string())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn one_training_step_matches_the_cpu() {
+    let (be, mut rng, mut rep) = (backend(), Rng::new(), Report::default());
+    let r = (|| -> BResult<()> {
+        let cfg = ModelConfig {
+            family: ModelFamily::Gpt2,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 128,
+            vocab_size: 1001,
+            seq_len: 256,
+        };
+        let (b, seed) = (4usize, 11u64);
+        let n = b * cfg.seq_len;
+        let layout = ModelLayout::new(&cfg);
+        let inputs = rng.below(n, cfg.vocab_size as u32);
+        let targets = rng.below(n, cfg.vocab_size as u32);
+        let h = Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+        let scale = Some(1.0 / n as f32);
+        let init = |l: &ModelLayout| {
+            let l = l.clone();
+            move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
+                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, r))
+            }
+        };
+        let ckpt = ActivationCheckpointing::None;
+
+        let cpu = CpuBackend;
+        let mut ccomm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
+        let mut ceng =
+            Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init(&layout))).map_err(dev)?;
+        let mut cm = cfg.family.build(&cpu, &layout, b, ckpt, &mut ceng.ledger)?;
+        ceng.begin_step(&cpu)?;
+        let closs = step_micro_loss(cm.as_mut(), &cpu, &mut ceng, &mut ccomm, &inputs, &targets, scale).map_err(dev)?;
+        let cgrads: Vec<Vec<f32>> =
+            (0..ceng.num_units()).map(|u| ceng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(dev)?;
+        ceng.step(&cpu, &mut ccomm, h, 1).map_err(dev)?;
+        let cparams: Vec<Vec<f32>> = (0..ceng.num_units())
+            .map(|u| ceng.full_params_host(&cpu, &mut ccomm, u))
+            .collect::<Result<_, _>>()
+            .map_err(dev)?;
+
+        let id = nccl_unique_id().map_err(dev)?;
+        let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+        for stage in [0u8, 3] {
+            let tag = format!("model step (GPT L2 C128 V1001 T256 B4) stage {stage}");
+            let opts = EngineOptions::stage(stage);
+            let mut geng = Engine::new(&be, layout.clone(), opts, 0, 1, Some(&mut init(&layout))).map_err(dev)?;
+            let mut gm = cfg.family.build(&be, &layout, b, ckpt, &mut geng.ledger)?;
+            geng.begin_step(&be)?;
+            let gloss =
+                step_micro_loss(gm.as_mut(), &be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+            rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
+            if stage == 0 {
+                for (u, cg) in cgrads.iter().enumerate() {
+                    let gg = geng.local_grads_host(&be, u).map_err(dev)?;
+                    rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
+                }
+            }
+            geng.step(&be, &mut gcomm, h, 1).map_err(dev)?;
+            for (u, cp) in cparams.iter().enumerate() {
+                let gp = geng.full_params_host(&be, &mut gcomm, u).map_err(dev)?;
+                rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+            }
+        }
+        Ok(())
+    })();
+    rep.finish(r);
+}

@@ -1,0 +1,53 @@
+//! The AdamW update (decoupled weight decay) of fp32 master weights, with the result
+//! rounded into the compute-precision parameters. One call covers a list of segments
+//! (the tensors of a unit this rank owns), so a backend may update them in one launch.
+
+use super::{BResult, Device};
+
+/// Hyper-parameters of one AdamW step.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Decay applied to segments with `decay = true`.
+    pub weight_decay: f32,
+    /// 1-based optimizer step, for bias correction.
+    pub t: u64,
+    /// Multiplies the gradient before use (global-norm clipping factor).
+    pub grad_scale: f32,
+}
+
+impl AdamWStep {
+    /// The bias corrections `1 − β1ᵗ`, `1 − β2ᵗ`, computed the same way by every backend.
+    pub fn bias_corrections(&self) -> (f32, f32) {
+        (1.0 - self.beta1.powi(self.t as i32), 1.0 - self.beta2.powi(self.t as i32))
+    }
+}
+
+/// The buffers one AdamW call reads and writes.
+pub struct AdamWTensors<'a, B: Device + ?Sized> {
+    /// Compute-precision parameters receiving the rounded result.
+    pub params: &'a mut B::Buf,
+    pub master: &'a mut B::F32,
+    pub m: &'a mut B::F32,
+    pub v: &'a mut B::F32,
+    pub grads: &'a B::Grad,
+}
+
+/// One contiguous run of elements: `params[poff..]`, `master/m/v[moff..]`, `grads[goff..]`,
+/// `len` long, with or without weight decay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdamWSegment {
+    pub poff: usize,
+    pub moff: usize,
+    pub goff: usize,
+    pub len: usize,
+    pub decay: bool,
+}
+
+pub trait AdamWOps: Device {
+    /// AdamW over every segment of `segs`.
+    fn adamw(&self, t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()>;
+}

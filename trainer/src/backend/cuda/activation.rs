@@ -1,0 +1,45 @@
+//! Element-wise activations on the GPU (twin of cpu/activation.rs; kernels in
+//! activation.cu): GELU and its backward, the residual add. Each moves 8 bf16 values
+//! (one 16-byte word) per thread and turn where the pointers allow it.
+
+use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::launch::check;
+use super::CudaBackend;
+use crate::backend::{ActivationOps, BResult};
+
+pub(super) const KERNELS: KernelFile = KernelFile {
+    name: "activation",
+    src: include_str!("activation.cu"),
+    functions: &["gelu_fwd", "gelu_bwd", "residual_fwd"],
+    big_smem: no_big_smem,
+    defines: no_defines,
+};
+
+/// bf16 values per thread per grid-stride turn (one 16-byte word).
+const PER_THREAD: usize = 8;
+
+impl ActivationOps for CudaBackend {
+    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()> {
+        check("gelu_fwd out", out.len(), 0, n)?;
+        check("gelu_fwd inp", inp.len(), 0, n)?;
+        let ptrs = [self.ptr_mut(out, 0), self.ptr(inp, 0)];
+        // SAFETY: ranges checked above.
+        unsafe { self.launch_elementwise("gelu_fwd", &ptrs, n, PER_THREAD) }
+    }
+    fn gelu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, n: usize) -> BResult<()> {
+        check("gelu_bwd dinp", dinp.len(), 0, n)?;
+        check("gelu_bwd inp", inp.len(), 0, n)?;
+        check("gelu_bwd dout", dout.len(), 0, n)?;
+        let ptrs = [self.ptr_mut(dinp, 0), self.ptr(inp, 0), self.ptr(dout, 0)];
+        // SAFETY: ranges checked above.
+        unsafe { self.launch_elementwise("gelu_bwd", &ptrs, n, PER_THREAD) }
+    }
+    fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()> {
+        check("residual_fwd out", out.len(), 0, n)?;
+        check("residual_fwd a", a.len(), 0, n)?;
+        check("residual_fwd b", b.len(), 0, n)?;
+        let ptrs = [self.ptr_mut(out, 0), self.ptr(a, 0), self.ptr(b, 0)];
+        // SAFETY: ranges checked above.
+        unsafe { self.launch_elementwise("residual_fwd", &ptrs, n, PER_THREAD) }
+    }
+}

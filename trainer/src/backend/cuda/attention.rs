@@ -1,0 +1,203 @@
+//! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu):
+//! flash style, saving only the per-row log-sum-exp. Two families of kernels compute the
+//! same function and save the same state: fp32 SIMT kernels for head sizes 32, 64 and 128,
+//! and tensor-core (mma.sync) kernels for head size 64.
+
+use cudarc::driver::PushKernelArg;
+
+use super::kernels::KernelFile;
+use super::launch::{bad, cfg, check, to_i32};
+use super::CudaBackend;
+use crate::backend::{AttentionOps, AttnShape, BResult};
+
+/// Which attention kernels run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionImpl {
+    /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) where the head size is
+    /// 64; the fp32 SIMT kernels otherwise. The default.
+    TensorCore,
+    /// fp32 SIMT kernels for every head size (32, 64, 128): the slower cross-check.
+    Simt,
+}
+
+/// Query/key rows per tile, threads per SIMT block, and the padded row length (floats) of
+/// a SIMT score tile: `TILE`, `NTHREADS`, `LDP` in attention.cu.
+const TILE: usize = 64;
+const SIMT_THREADS: usize = 256;
+const LDP: usize = 80;
+/// Threads of a tensor-core block (4 warps of 16 query or key rows).
+const MMA_THREADS: u32 = 128;
+
+/// The three passes of attention: forward, the dK/dV backward, the dQ backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Fwd,
+    Dkv,
+    Dq,
+}
+
+/// A kernel family: SIMT at a head size, or tensor cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Simt(usize),
+    Mma64,
+}
+
+/// Every attention kernel of a pass and variant: the one list of their names.
+const TABLE: [(Pass, Variant, &str); 12] = [
+    (Pass::Fwd, Variant::Simt(32), "attn_fwd_32"),
+    (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32"),
+    (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32"),
+    (Pass::Fwd, Variant::Simt(64), "attn_fwd_64"),
+    (Pass::Dkv, Variant::Simt(64), "attn_bwd_dkv_64"),
+    (Pass::Dq, Variant::Simt(64), "attn_bwd_dq_64"),
+    (Pass::Fwd, Variant::Simt(128), "attn_fwd_128"),
+    (Pass::Dkv, Variant::Simt(128), "attn_bwd_dkv_128"),
+    (Pass::Dq, Variant::Simt(128), "attn_bwd_dq_128"),
+    (Pass::Fwd, Variant::Mma64, "attn_fwd_mma64"),
+    (Pass::Dkv, Variant::Mma64, "attn_bwd_dkv_mma64"),
+    (Pass::Dq, Variant::Mma64, "attn_bwd_dq_mma64"),
+];
+
+/// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
+const BWD_D: &str = "attn_bwd_d";
+
+const fn function_names() -> [&'static str; TABLE.len() + 1] {
+    let mut out = [BWD_D; TABLE.len() + 1];
+    let mut i = 0;
+    while i < TABLE.len() {
+        out[i + 1] = TABLE[i].2;
+        i += 1;
+    }
+    out
+}
+const FUNCTIONS: [&str; TABLE.len() + 1] = function_names();
+
+/// The SIMT kernels carve their tiles out of more than 48 KiB of shared memory.
+fn big_smem(name: &str) -> bool {
+    TABLE.iter().any(|&(_, v, n)| n == name && matches!(v, Variant::Simt(_)))
+}
+
+pub(super) const KERNELS: KernelFile = KernelFile {
+    name: "attention",
+    src: include_str!("attention.cu"),
+    functions: &FUNCTIONS,
+    big_smem,
+    defines: || vec![("TILE", TILE.to_string()), ("NTHREADS", SIMT_THREADS.to_string()), ("LDP", LDP.to_string())],
+};
+
+fn kernel_name(pass: Pass, v: Variant) -> &'static str {
+    TABLE.iter().find(|&&(p, vv, _)| p == pass && vv == v).map(|&(_, _, n)| n).expect("every variant has every pass")
+}
+
+/// Dynamic shared memory of a SIMT kernel: its float tiles (rows padded to `hs + 4`).
+fn simt_smem(hs: usize, pass: Pass) -> usize {
+    let ld = hs + 4;
+    let floats = match pass {
+        Pass::Fwd => 3 * TILE * ld + TILE * LDP,
+        Pass::Dkv => 4 * TILE * ld + 2 * TILE * LDP + 2 * TILE,
+        Pass::Dq => 4 * TILE * ld + TILE * LDP + 2 * TILE,
+    };
+    floats * 4
+}
+
+impl CudaBackend {
+    /// The kernel family for a shape, and the softmax scale.
+    fn attn_variant(&self, s: AttnShape) -> BResult<(Variant, f32)> {
+        if s.nh == 0 || !s.c.is_multiple_of(s.nh) {
+            return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
+        }
+        let hs = s.c / s.nh;
+        if !matches!(hs, 32 | 64 | 128) {
+            return Err(bad(format!("attention: head size {hs} is not supported by the CUDA kernels (32, 64 or 128)")));
+        }
+        let v = if hs == 64 && self.attention.get() == AttentionImpl::TensorCore {
+            Variant::Mma64
+        } else {
+            Variant::Simt(hs)
+        };
+        Ok((v, 1.0 / (hs as f32).sqrt()))
+    }
+
+    /// Block size and dynamic shared memory of a pass.
+    fn attn_launch(v: Variant, pass: Pass) -> (u32, usize) {
+        match v {
+            Variant::Mma64 => (MMA_THREADS, 0),
+            Variant::Simt(hs) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
+        }
+    }
+}
+
+impl AttentionOps for CudaBackend {
+    /// Only the per-row log-sum-exp: `B * NH * T` floats (the backward recomputes the
+    /// probabilities).
+    fn attention_saved_len(&self, s: AttnShape) -> usize {
+        s.b * s.nh * s.t
+    }
+
+    fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()> {
+        let (v, scale) = self.attn_variant(s)?;
+        let n = s.b * s.t;
+        check("attention_fwd out", out.len(), 0, n * s.c)?;
+        check("attention_fwd qkv", qkv.len(), 0, n * 3 * s.c)?;
+        check("attention_fwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let name = kernel_name(Pass::Fwd, v);
+        let f = self.f(name)?;
+        let (o, l, q) = (self.ptr_mut(out, 0), self.ptr_mut(saved, 0), self.ptr(qkv, 0));
+        let (ti, nhi) = (to_i32("T", s.t)?, to_i32("NH", s.nh)?);
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&scale);
+        let grid = (s.t.div_ceil(TILE) as u32, s.nh as u32, s.b as u32);
+        let (threads, smem) = Self::attn_launch(v, Pass::Fwd);
+        // SAFETY: ranges checked above; the kernel guards rows >= T.
+        unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
+        Ok(())
+    }
+
+    fn attention_bwd(
+        &self,
+        dqkv: &mut Self::Buf,
+        dout: &Self::Buf,
+        qkv: &Self::Buf,
+        out: &Self::Buf,
+        saved: &Self::F32,
+        s: AttnShape,
+    ) -> BResult<()> {
+        let (v, scale) = self.attn_variant(s)?;
+        let hs = s.c / s.nh;
+        let n = s.b * s.t;
+        check("attention_bwd dqkv", dqkv.len(), 0, n * 3 * s.c)?;
+        check("attention_bwd dout", dout.len(), 0, n * s.c)?;
+        check("attention_bwd qkv", qkv.len(), 0, n * 3 * s.c)?;
+        check("attention_bwd out", out.len(), 0, n * s.c)?;
+        check("attention_bwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let rows = s.b * s.nh * s.t;
+        let d = self.scratch_f32(rows)?;
+        let (dq, dy, q, o, l) =
+            (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
+        let (bi, ti, nhi, hsi) = (to_i32("B", s.b)?, to_i32("T", s.t)?, to_i32("NH", s.nh)?, hs as i32);
+        let f = self.f(BWD_D)?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
+        // SAFETY: one warp per (b, t, h) row, rows < B*T*NH; D holds that many floats.
+        unsafe { lb.launch(cfg((rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
+            .map_err(|e| self.launch_err(BWD_D, e))?;
+        let grid = (s.t.div_ceil(TILE) as u32, s.nh as u32, s.b as u32);
+        for pass in [Pass::Dkv, Pass::Dq] {
+            let name = kernel_name(pass, v);
+            let f = self.f(name)?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&scale);
+            let (threads, smem) = Self::attn_launch(v, pass);
+            // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
+            unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,50 @@
+//! The loss on the GPU (twin of cpu/cross_entropy.rs; kernel in cross_entropy.cu): one
+//! block per row computes the row's loss and overwrites its logits with their gradient.
+
+use cudarc::driver::PushKernelArg;
+
+use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::launch::{bad, cfg, check, to_i32};
+use super::CudaBackend;
+use crate::backend::{BResult, CrossEntropyOps};
+
+pub(super) const KERNELS: KernelFile = KernelFile {
+    name: "cross_entropy",
+    src: include_str!("cross_entropy.cu"),
+    functions: &["cross_entropy_fwd_bwd"],
+    big_smem: no_big_smem,
+    defines: no_defines,
+};
+
+impl CrossEntropyOps for CudaBackend {
+    fn cross_entropy_fwd_bwd(
+        &self,
+        logits: &mut Self::Buf,
+        losses: &mut Self::F32,
+        targets: &Self::Tokens,
+        n: usize,
+        v: usize,
+        dloss_scale: f32,
+    ) -> BResult<()> {
+        let targets = &targets.dev;
+        check("cross_entropy logits", logits.len(), 0, n * v)?;
+        check("cross_entropy losses", losses.len(), 0, n)?;
+        check("cross_entropy targets", targets.len(), 0, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if v == 0 {
+            return Err(bad("cross_entropy: empty vocabulary".into()));
+        }
+        let blocks = u32::try_from(n).map_err(|_| bad(format!("cross_entropy: {n} rows is too many")))?;
+        let (lg, ls, tg, vi) =
+            (self.ptr_mut(logits, 0), self.ptr_mut(losses, 0), self.ptr(targets, 0), to_i32("V", v)?);
+        let f = self.f("cross_entropy_fwd_bwd")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&lg).arg(&ls).arg(&tg).arg(&vi).arg(&dloss_scale);
+        // SAFETY: one block per row, rows < n; targets >= V give a NaN loss, no access.
+        unsafe { lb.launch(cfg((blocks, 1, 1), (1024, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("cross_entropy_fwd_bwd", e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! Token + position embedding on the GPU (twin of cpu/encoder.rs; kernels in encoder.cu).
+//! The backward is deterministic: rows are grouped by token on the host, from the ids'
+//! host copy, and each token's rows are summed in order.
+
+use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::launch::{bad, cfg, check, check_loc, to_i32, BLOCK};
+use super::CudaBackend;
+use crate::backend::{BResult, EmbedLocs, EncoderOps, SeqShape, WeightGrads, Weights};
+use cudarc::driver::PushKernelArg;
+
+pub(super) const KERNELS: KernelFile = KernelFile {
+    name: "encoder",
+    src: include_str!("encoder.cu"),
+    functions: &["encoder_fwd", "encoder_bwd_wpe", "encoder_bwd_wte"],
+    big_smem: no_big_smem,
+    defines: no_defines,
+};
+
+impl EncoderOps for CudaBackend {
+    fn encoder_fwd(
+        &self,
+        out: &mut Self::Buf,
+        tokens: &Self::Tokens,
+        p: Weights<'_, Self, EmbedLocs>,
+        s: SeqShape,
+    ) -> BResult<()> {
+        let SeqShape { b, t, c } = s;
+        let (tokens, params, EmbedLocs { wte, wpe }) = (&tokens.dev, p.buf, p.at);
+        let n = b * t;
+        check("encoder_fwd out", out.len(), 0, n * c)?;
+        check("encoder_fwd tokens", tokens.len(), 0, n)?;
+        check_loc("encoder_fwd wte", params.len(), wte)?;
+        check_loc("encoder_fwd wpe", params.len(), wpe)?;
+        if c == 0 || !wte.len.is_multiple_of(c) || wpe.len < t * c {
+            return Err(bad(format!(
+                "encoder_fwd: wte ({}) must be a multiple of C = {c} and wpe ({}) hold T*C = {}",
+                wte.len,
+                wpe.len,
+                t * c
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let v = u32::try_from(wte.len / c).map_err(|_| bad("encoder_fwd: vocabulary too large".into()))?;
+        let (o, tk, e, pp) =
+            (self.ptr_mut(out, 0), self.ptr(tokens, 0), self.ptr(params, wte.off), self.ptr(params, wpe.off));
+        let (ni, ti, ci) = (to_i32("B*T", n)?, to_i32("T", t)?, to_i32("C", c)?);
+        let f = self.f("encoder_fwd")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&o).arg(&tk).arg(&e).arg(&pp).arg(&ni).arg(&ti).arg(&ci).arg(&v);
+        // SAFETY: all ranges checked above; token ids are range-checked in the kernel.
+        unsafe { lb.launch(cfg((self.grid_for(n * c / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("encoder_fwd", e))?;
+        Ok(())
+    }
+
+    /// Deterministic embedding backward: the rows are grouped by token on the host (from
+    /// the ids' host copy, so nothing waits for the device), and each token's rows are
+    /// summed in order.
+    fn encoder_bwd(
+        &self,
+        g: WeightGrads<'_, Self, EmbedLocs>,
+        dout: &Self::Buf,
+        tokens: &Self::Tokens,
+        s: SeqShape,
+    ) -> BResult<()> {
+        let SeqShape { b, t, c } = s;
+        let (grads, EmbedLocs { wte: dwte, wpe: dwpe }, toks) = (g.buf, g.at, &tokens.host);
+        let n = b * t;
+        check_loc("encoder_bwd dwte", grads.len(), dwte)?;
+        check_loc("encoder_bwd dwpe", grads.len(), dwpe)?;
+        check("encoder_bwd dout", dout.len(), 0, n * c)?;
+        check("encoder_bwd tokens", toks.len(), 0, n)?;
+        if c == 0 || !dwte.len.is_multiple_of(c) || dwpe.len < t * c {
+            return Err(bad(format!(
+                "encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({}) hold T*C",
+                dwte.len, dwpe.len
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let vocab = dwte.len / c;
+        let toks = &toks[..n];
+        if let Some(bad_tok) = toks.iter().find(|&&x| x as usize >= vocab) {
+            return Err(bad(format!("encoder_bwd: token id {bad_tok} is outside the vocabulary of {vocab}")));
+        }
+        // plan = [starts (nb+1) | tokens (nb) | rows (n)], rows sorted by (token, row).
+        let mut rows: Vec<u32> = (0..n as u32).collect();
+        rows.sort_by_key(|&r| toks[r as usize]);
+        let mut starts = Vec::new();
+        let mut uniq = Vec::new();
+        for (i, &r) in rows.iter().enumerate() {
+            let tk = toks[r as usize];
+            if uniq.last() != Some(&tk) {
+                uniq.push(tk);
+                starts.push(i as u32);
+            }
+        }
+        starts.push(n as u32);
+        let nb = uniq.len();
+        let mut plan = starts;
+        plan.extend_from_slice(&uniq);
+        plan.extend_from_slice(&rows);
+        // Staged through pinned memory (sized for the largest plan, 3n + 1) and copied whole.
+        let cap = 3 * n + 1;
+        let mut pinned = self.plan_pinned.borrow_mut();
+        if pinned.as_ref().is_none_or(|p| p.len() < cap) {
+            *pinned = Some(self.pinned(cap, "the embedding backward plan")?);
+        }
+        let staged = pinned.as_mut().expect("allocated above");
+        let cap = staged.len();
+        staged.as_mut_slice().map_err(|e| self.err("staging the embedding plan", e))?[..plan.len()]
+            .copy_from_slice(&plan);
+        self.scratch(&self.scratch_u32, cap, "embedding backward plan")?;
+        let plan_ptr = {
+            let mut cell = self.scratch_u32.borrow_mut();
+            let s = cell.as_mut().expect("allocated by scratch()");
+            self.stream
+                .memcpy_htod(&*staged, &mut s.slice_mut(0..cap))
+                .map_err(|e| self.err("uploading the embedding plan", e))?;
+            self.ptr(s, 0)
+        };
+        let (g_wte, g_wpe, d) = (self.ptr_mut(grads, dwte.off), self.ptr_mut(grads, dwpe.off), self.ptr(dout, 0));
+        let (nbi, ci, bi, ti) = (to_i32("distinct tokens", nb)?, to_i32("C", c)?, to_i32("B", b)?, to_i32("T", t)?);
+        let f = self.f("encoder_bwd_wte")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&g_wte).arg(&d).arg(&plan_ptr).arg(&nbi).arg(&ci);
+        // SAFETY: the plan indexes rows < n and tokens < vocab (checked above).
+        unsafe { lb.launch(cfg((nb as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("encoder_bwd_wte", e))?;
+        let f = self.f("encoder_bwd_wpe")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&g_wpe).arg(&d).arg(&bi).arg(&ti).arg(&ci);
+        // SAFETY: dwpe holds T*C, dout B*T*C (checked above).
+        unsafe { lb.launch(cfg((self.grid_for(t * c), 1, 1), (BLOCK, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("encoder_bwd_wpe", e))?;
+        Ok(())
+    }
+}

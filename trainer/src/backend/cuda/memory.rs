@@ -1,0 +1,118 @@
+//! Memory and copies on the GPU (twin of cpu/memory.rs; kernels in memory.cu): the
+//! allocations go through the stream-ordered pool, transfers through cudarc, and the
+//! fp32 → bf16 cast and the gradient accumulation are element-wise kernels.
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+
+use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::launch::{check, check_loc};
+use super::{CudaBackend, DeviceTokens};
+use crate::backend::{BResult, Loc, MemoryOps};
+
+pub(super) const KERNELS: KernelFile = KernelFile {
+    name: "memory",
+    src: include_str!("memory.cu"),
+    functions: &["cast_f32_bf16", "add_f32"],
+    big_smem: no_big_smem,
+    defines: no_defines,
+};
+
+impl CudaBackend {
+    /// `dst[..n] += src[..n]` on raw pointers (also the padded GEMM's gradient fold-in).
+    ///
+    /// # Safety
+    /// Both pointers must address at least `n` floats.
+    pub(super) unsafe fn add_f32(&self, dst: u64, src: u64, n: usize) -> BResult<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_elementwise("add_f32", &[dst, src], n, 1) }
+    }
+}
+
+impl MemoryOps for CudaBackend {
+    fn alloc_buf(&self, n: usize, what: &str) -> BResult<Self::Buf> {
+        self.alloc(n, what)
+    }
+    fn alloc_grad(&self, n: usize, what: &str) -> BResult<Self::Grad> {
+        self.alloc(n, what)
+    }
+    fn alloc_f32(&self, n: usize, what: &str) -> BResult<Self::F32> {
+        self.alloc(n, what)
+    }
+    fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens> {
+        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned: self.pinned(n, "token ids")? })
+    }
+    fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
+        check("upload_tokens", dst.dev.len(), 0, host.len())?;
+        let n = host.len();
+        dst.host[..n].copy_from_slice(host);
+        // Waits only until this buffer's previous upload has left it (long done by now).
+        let staged = dst.pinned.as_mut_slice().map_err(|e| self.err("staging token ids", e))?;
+        staged[..n].copy_from_slice(host);
+        if n == staged.len() {
+            self.stream.memcpy_htod(&dst.pinned, &mut dst.dev).map_err(|e| self.err("uploading tokens", e))
+        } else {
+            self.stream.memcpy_htod(host, &mut dst.dev.slice_mut(0..n)).map_err(|e| self.err("uploading tokens", e))
+        }
+    }
+    fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
+        check("upload_buf", dst.len(), off, host.len())?;
+        let v: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
+        self.stream
+            .memcpy_htod(&v, &mut dst.slice_mut(off..off + host.len()))
+            .map_err(|e| self.err("uploading a compute buffer", e))
+    }
+    fn upload_f32(&self, host: &[f32], dst: &mut Self::F32, off: usize) -> BResult<()> {
+        check("upload_f32", dst.len(), off, host.len())?;
+        self.stream
+            .memcpy_htod(host, &mut dst.slice_mut(off..off + host.len()))
+            .map_err(|e| self.err("uploading an fp32 buffer", e))
+    }
+    fn download_f32(&self, src: &Self::F32, at: Loc) -> BResult<Vec<f32>> {
+        check_loc("download_f32", src.len(), at)?;
+        self.stream.clone_dtoh(&src.slice(at.off..at.end())).map_err(|e| self.err("downloading an fp32 buffer", e))
+    }
+    fn download_buf(&self, src: &Self::Buf, at: Loc) -> BResult<Vec<f32>> {
+        check_loc("download_buf", src.len(), at)?;
+        let v = self
+            .stream
+            .clone_dtoh(&src.slice(at.off..at.end()))
+            .map_err(|e| self.err("downloading a compute buffer", e))?;
+        Ok(v.into_iter().map(|x| x.to_f32()).collect())
+    }
+    fn download_grad(&self, src: &Self::Grad, at: Loc) -> BResult<Vec<f32>> {
+        check_loc("download_grad", src.len(), at)?;
+        self.stream.clone_dtoh(&src.slice(at.off..at.end())).map_err(|e| self.err("downloading gradients", e))
+    }
+    fn cast_to_buf(&self, dst: &mut CudaSlice<bf16>, doff: usize, src: &CudaSlice<f32>, at: Loc) -> BResult<()> {
+        check_loc("cast_to_buf source", src.len(), at)?;
+        check("cast_to_buf destination", dst.len(), doff, at.len)?;
+        let (d, s) = (self.ptr_mut(dst, doff), self.ptr(src, at.off));
+        // SAFETY: both ranges checked above.
+        unsafe { self.launch_elementwise("cast_f32_bf16", &[d, s], at.len, 1) }
+    }
+    fn zero_buf(&self, buf: &mut Self::Buf, at: Loc) -> BResult<()> {
+        check_loc("zero_buf", buf.len(), at)?;
+        self.stream
+            .memset_zeros(&mut buf.slice_mut(at.off..at.end()))
+            .map_err(|e| self.err("zeroing a compute buffer", e))
+    }
+    fn zero_grad(&self, buf: &mut Self::Grad, at: Loc) -> BResult<()> {
+        check_loc("zero_grad", buf.len(), at)?;
+        self.stream.memset_zeros(&mut buf.slice_mut(at.off..at.end())).map_err(|e| self.err("zeroing gradients", e))
+    }
+    fn add_grad(&self, dst: &mut CudaSlice<f32>, doff: usize, src: &CudaSlice<f32>, at: Loc) -> BResult<()> {
+        check_loc("add_grad source", src.len(), at)?;
+        check("add_grad destination", dst.len(), doff, at.len)?;
+        let (d, s) = (self.ptr_mut(dst, doff), self.ptr(src, at.off));
+        // SAFETY: both ranges checked above.
+        unsafe { self.add_f32(d, s, at.len) }
+    }
+    fn copy_buf(&self, dst: &mut Self::Buf, doff: usize, src: &Self::Buf, at: Loc) -> BResult<()> {
+        check_loc("copy_buf source", src.len(), at)?;
+        check("copy_buf destination", dst.len(), doff, at.len)?;
+        self.stream
+            .memcpy_dtod(&src.slice(at.off..at.end()), &mut dst.slice_mut(doff..doff + at.len))
+            .map_err(|e| self.err("copying a compute buffer", e))
+    }
+}

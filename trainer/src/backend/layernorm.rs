@@ -1,0 +1,52 @@
+//! LayerNorm over the last dimension.
+
+use super::{BResult, Device, Loc, WeightGrads, Weights};
+
+/// A LayerNorm's weight and bias, `[C]` each, in a flat buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormLocs {
+    pub w: Loc,
+    pub b: Loc,
+}
+
+/// `n` rows of `c` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub n: usize,
+    pub c: usize,
+}
+
+/// The per-row mean and 1/std the forward writes for the backward.
+pub struct LnStats<'a, B: Device + ?Sized> {
+    pub mean: &'a mut B::F32,
+    pub rstd: &'a mut B::F32,
+}
+
+/// What the backward reads of its forward: the input and its row statistics.
+pub struct LnSaved<'a, B: Device + ?Sized> {
+    pub inp: &'a B::Buf,
+    pub mean: &'a B::F32,
+    pub rstd: &'a B::F32,
+}
+
+pub trait LayerNormOps: Device {
+    /// `out = (inp − mean)·rstd·w + b` per row; saves mean and rstd.
+    fn layernorm_fwd(
+        &self,
+        out: &mut Self::Buf,
+        stats: LnStats<'_, Self>,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+    ) -> BResult<()>;
+    /// `dinp += ..`, `dw += ..`, `db += ..`.
+    fn layernorm_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, NormLocs>,
+        dout: &Self::Buf,
+        saved: LnSaved<'_, Self>,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+    ) -> BResult<()>;
+}

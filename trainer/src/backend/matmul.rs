@@ -1,0 +1,121 @@
+//! Linear layers: `out = inp · Wᵀ + bias` and its backward, plus the MLP's fused GELU
+//! variants. The fusions are hooks whose default is the composition of plain ops (the CPU
+//! reference runs that); a backend overrides a hook where it has a fused kernel for the
+//! shapes (CUDA: GELU in the cuBLASLt epilogue) and answers `Ok(false)` otherwise.
+
+use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
+
+/// A linear layer's weight `[oc, c]` and optional bias `[oc]` in a flat buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearLocs {
+    pub w: Loc,
+    pub b: Option<Loc>,
+}
+
+/// `n` rows of `c` inputs to `oc` outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatShape {
+    pub n: usize,
+    pub c: usize,
+    pub oc: usize,
+}
+
+/// The input of a linear layer that follows a GELU: `act = GELU(pre)`, with `pre` kept
+/// from the forward. `act` may be overwritten by the backward (it is scratch by then).
+pub struct GeluInput<'a, B: Device + ?Sized> {
+    pub act: &'a mut B::Buf,
+    pub pre: &'a B::Buf,
+}
+
+impl<B: Device + ?Sized, L: Copy> WeightGrads<'_, B, L> {
+    /// The same destination, borrowed again (to try a fused op, then fall back).
+    pub fn reborrow(&mut self) -> WeightGrads<'_, B, L> {
+        WeightGrads { buf: &mut *self.buf, at: self.at }
+    }
+}
+
+pub trait MatmulOps: ActivationOps + MemoryOps {
+    /// `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias)`.
+    fn matmul_fwd(
+        &self,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()>;
+    /// `dinp = dout · W` (overwritten), `dW += doutᵀ · inp`, `dbias += Σ dout`.
+    fn matmul_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()>;
+
+    /// The MLP's first layer: `pre = inp · Wᵀ + bias` and `out = GELU(pre)`, both written
+    /// (`pre` is saved for backward, `out` feeds the next layer).
+    fn matmul_gelu_fwd(
+        &self,
+        pre: &mut Self::Buf,
+        out: &mut Self::Buf,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        if self.fused_matmul_gelu_fwd(pre, out, inp, p, s)? {
+            return Ok(());
+        }
+        self.matmul_fwd(pre, inp, p, s)?;
+        self.gelu_fwd(out, pre, s.n * s.oc)
+    }
+    /// [`MatmulOps::matmul_gelu_fwd`] as one fused operation where the backend has one for
+    /// these shapes; `Ok(false)` (the default) runs the two operations instead.
+    fn fused_matmul_gelu_fwd(
+        &self,
+        _pre: &mut Self::Buf,
+        _out: &mut Self::Buf,
+        _inp: &Self::Buf,
+        _p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+    ) -> BResult<bool> {
+        Ok(false)
+    }
+
+    /// Backward of a linear layer whose input is `act = GELU(pre)`, through the GELU:
+    /// `dpre = (dout · W) ⊙ GELU'(pre)` (overwritten), `dW += doutᵀ · act`, `dbias += Σ dout`.
+    /// `act` is clobbered.
+    fn matmul_bwd_dgelu(
+        &self,
+        dpre: &mut Self::Buf,
+        mut g: WeightGrads<'_, Self, LinearLocs>,
+        dout: &Self::Buf,
+        x: GeluInput<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        if self.fused_matmul_bwd_dgelu(dpre, g.reborrow(), dout, x.act, x.pre, p, s)? {
+            return Ok(());
+        }
+        self.matmul_bwd(dpre, g, dout, x.act, p, s)?;
+        // gelu_bwd may not write its input: go through `act`, which is free now.
+        self.gelu_bwd(x.act, x.pre, dpre, s.n * s.c)?;
+        self.copy_buf(dpre, 0, x.act, Loc::all(s.n * s.c))
+    }
+    /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
+    /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.
+    #[allow(clippy::too_many_arguments)] // the one hook with both halves of a GeluInput apart
+    fn fused_matmul_bwd_dgelu(
+        &self,
+        _dpre: &mut Self::Buf,
+        _g: WeightGrads<'_, Self, LinearLocs>,
+        _dout: &Self::Buf,
+        _act: &Self::Buf,
+        _pre: &Self::Buf,
+        _p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+    ) -> BResult<bool> {
+        Ok(false)
+    }
+}

@@ -1,0 +1,78 @@
+//! GPT-2's parameter layout: unit 0 holds `wte`, `wpe` and the final LayerNorm `ln_f`
+//! (the LM head is tied to `wte`, so it lives there too); unit `1 + l` is block `l`.
+//! Tensor names follow Hugging Face's GPT-2 (`h.{l}.attn.c_attn.weight`, …); linear
+//! weights are stored `[out, in]` (`hf.rs` transposes to Hugging Face's `Conv1D`).
+
+use crate::backend::{EmbedLocs, LinearLocs, Loc, NormLocs};
+use crate::config::ModelConfig;
+use crate::model::{ModelLayout, UnitLayout};
+
+/// Locations of unit 0's tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedUnitLocs {
+    pub tokens: EmbedLocs,
+    pub ln_f: NormLocs,
+    /// The LM head: `wte` read as a `[V, C]` linear layer without a bias.
+    pub head: LinearLocs,
+}
+
+/// Locations of one block's tensors inside its unit (the same for every block).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockLocs {
+    pub ln1: NormLocs,
+    pub qkv: LinearLocs,
+    pub proj: LinearLocs,
+    pub ln2: NormLocs,
+    pub fc: LinearLocs,
+    pub fc2: LinearLocs,
+}
+
+/// Where every GPT-2 tensor lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Gpt2Locs {
+    pub embed: EmbedUnitLocs,
+    pub block: BlockLocs,
+}
+
+/// The layout of a GPT-2 of `cfg`'s shape, and where its tensors are.
+pub fn layout(cfg: &ModelConfig) -> (ModelLayout, Gpt2Locs) {
+    let (v, t, c) = (cfg.vocab_size, cfg.seq_len, cfg.n_embd);
+    let mut e = UnitLayout::new("embed");
+    let (wte, wpe) = (e.push("wte.weight".into(), &[v, c]), e.push("wpe.weight".into(), &[t, c]));
+    let ln_f = NormLocs { w: e.push("ln_f.weight".into(), &[c]), b: e.push("ln_f.bias".into(), &[c]) };
+    let embed = EmbedUnitLocs { tokens: EmbedLocs { wte, wpe }, ln_f, head: LinearLocs { w: wte, b: None } };
+    let mut units = vec![e];
+    let mut block = None;
+    for l in 0..cfg.n_layer {
+        let mut u = UnitLayout::new(format!("h.{l}"));
+        let mut push = |s: &str, shape: &[usize]| u.push(format!("h.{l}.{s}"), shape);
+        let ln1 = NormLocs { w: push("ln_1.weight", &[c]), b: push("ln_1.bias", &[c]) };
+        let qkv =
+            LinearLocs { w: push("attn.c_attn.weight", &[3 * c, c]), b: Some(push("attn.c_attn.bias", &[3 * c])) };
+        let proj = LinearLocs { w: push("attn.c_proj.weight", &[c, c]), b: Some(push("attn.c_proj.bias", &[c])) };
+        let ln2 = NormLocs { w: push("ln_2.weight", &[c]), b: push("ln_2.bias", &[c]) };
+        let fc = LinearLocs { w: push("mlp.c_fc.weight", &[4 * c, c]), b: Some(push("mlp.c_fc.bias", &[4 * c])) };
+        let fc2 = LinearLocs { w: push("mlp.c_proj.weight", &[c, 4 * c]), b: Some(push("mlp.c_proj.bias", &[c])) };
+        block = Some(BlockLocs { ln1, qkv, proj, ln2, fc, fc2 });
+        units.push(u);
+    }
+    // n_layer >= 1 is validated by Config; a zero-layer model still gets valid locs.
+    let empty = Loc::new(0, 0);
+    let block = block.unwrap_or(BlockLocs {
+        ln1: NormLocs { w: empty, b: empty },
+        qkv: LinearLocs { w: empty, b: None },
+        proj: LinearLocs { w: empty, b: None },
+        ln2: NormLocs { w: empty, b: empty },
+        fc: LinearLocs { w: empty, b: None },
+        fc2: LinearLocs { w: empty, b: None },
+    });
+    (ModelLayout { cfg: cfg.clone(), units, head_unit: ModelLayout::EMBED_UNIT }, Gpt2Locs { embed, block })
+}
+
+/// Forward+backward FLOPs per token: 6 per parameter of the matmuls (everything but
+/// `wpe`) plus the attention scores and their use, 12·L·T·C.
+pub fn flops_per_token(layout: &ModelLayout) -> f64 {
+    let c = &layout.cfg;
+    let n = (layout.num_params() - c.seq_len * c.n_embd) as f64;
+    6.0 * n + 12.0 * (c.n_layer * c.seq_len * c.n_embd) as f64
+}

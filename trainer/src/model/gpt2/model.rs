@@ -1,0 +1,339 @@
+//! GPT-2 forward and backward for one micro-batch, over any [`Backend`]: the
+//! [`DecoderModel`] hooks the shared schedule (`model/schedule.rs`) calls per unit.
+//!
+//! Activation buffers are allocated once for the micro-batch size. With activation
+//! checkpointing a block keeps only its input (the residual stream entering it, which is
+//! always kept) and its forward is recomputed into a shared scratch set during backward.
+
+use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::{
+    AttnShape, BResult, Backend, Device, F64Pair, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
+    WeightGrads, Weights,
+};
+use crate::config::ActivationCheckpointing;
+use crate::model::schedule::DecoderModel;
+use crate::model::ModelLayout;
+use crate::zero::{Category, MemoryLedger};
+
+/// The per-row statistics of one LayerNorm, kept from its forward for its backward.
+struct NormStats<B: Device> {
+    mean: B::F32,
+    rstd: B::F32,
+}
+
+impl<B: Device> NormStats<B> {
+    fn out(&mut self) -> LnStats<'_, B> {
+        LnStats { mean: &mut self.mean, rstd: &mut self.rstd }
+    }
+    fn saved<'a>(&'a self, inp: &'a B::Buf) -> LnSaved<'a, B> {
+        LnSaved { inp, mean: &self.mean, rstd: &self.rstd }
+    }
+}
+
+/// Activations one block saves for its backward.
+struct BlockActs<B: Device> {
+    ln1: B::Buf,
+    ln1_stats: NormStats<B>,
+    qkv: B::Buf,
+    atty: B::Buf,
+    att_saved: B::F32,
+    resid2: B::Buf,
+    ln2: B::Buf,
+    ln2_stats: NormStats<B>,
+    /// MLP hidden pre-activation. GELU(fch) is not saved: backward recomputes it
+    /// (one cheap element-wise pass) to save 4·C values per token per layer.
+    fch: B::Buf,
+}
+
+/// Backward scratch shared by all blocks.
+struct GradScratch<B: Device> {
+    /// Gradient of the residual stream, updated in place block by block.
+    dres: B::Buf,
+    dln: B::Buf,
+    dbig1: B::Buf,
+    dbig2: B::Buf,
+    dqkv: B::Buf,
+}
+
+/// Forward scratch shared by all blocks.
+struct Scratch<B: Device> {
+    tmp: B::Buf,
+    /// GELU output of the block being computed.
+    gelu_out: B::Buf,
+}
+
+/// GPT-2's activation memory for a fixed micro-batch, and its per-unit computations.
+pub struct Gpt2<B: Backend> {
+    embed: EmbedUnitLocs,
+    block: BlockLocs,
+    shape: AttnShape,
+    vocab: usize,
+    ckpt: ActivationCheckpointing,
+    /// Residual stream entering each block, plus the final one: `n_layer + 1` buffers.
+    resid: Vec<B::Buf>,
+    /// Saved-activation sets; `act_slot[l]` says which one block `l` uses (checkpointed
+    /// blocks share the last set, which is recomputed in backward).
+    acts: Vec<BlockActs<B>>,
+    act_slot: Vec<usize>,
+    scratch: Scratch<B>,
+    recompute_out: B::Buf,
+    lnf: B::Buf,
+    lnf_stats: NormStats<B>,
+    logits: B::Buf,
+    losses: B::F32,
+    /// Loss summed over the micro-steps since the last [`DecoderModel::take_mean_loss`],
+    /// as an `F64Pair` on the device: reading it every micro-step would stall the device.
+    loss_acc: B::F32,
+    loss_micro: usize,
+    tokens: B::Tokens,
+    targets: B::Tokens,
+    g: GradScratch<B>,
+}
+
+impl<B: Backend> Gpt2<B> {
+    /// Allocate activations for micro-batch `b` (sequences of `seq_len`), counted in `ledger`.
+    pub fn new(
+        be: &B,
+        layout: &ModelLayout,
+        b: usize,
+        ckpt: ActivationCheckpointing,
+        ledger: &mut MemoryLedger,
+    ) -> BResult<Gpt2<B>> {
+        let cfg = &layout.cfg;
+        let (_, locs) = super::layout::layout(cfg);
+        let (t, c, l) = (cfg.seq_len, cfg.n_embd, cfg.n_layer);
+        let n = b * t;
+        let sz = be.elem_bytes();
+        let shape = AttnShape { b, t, c, nh: cfg.n_head };
+        let mut buf = |len: usize, what: &str| -> BResult<B::Buf> {
+            ledger.alloc(Category::Activations, len * sz.buf);
+            be.alloc_buf(len, what)
+        };
+        let resid = (0..=l).map(|_| buf(n * c, "residual stream")).collect::<BResult<Vec<_>>>()?;
+        let scratch = Scratch { tmp: buf(n * c, "block scratch")?, gelu_out: buf(n * 4 * c, "gelu output")? };
+        let recompute_out = buf(n * c, "recompute scratch")?;
+        let lnf = buf(n * c, "final layernorm")?;
+        let logits = buf(n * cfg.vocab_size, "logits")?;
+        let g = GradScratch {
+            dres: buf(n * c, "residual gradient")?,
+            dln: buf(n * c, "gradient scratch")?,
+            dbig1: buf(n * 4 * c, "gradient scratch")?,
+            dbig2: buf(n * 4 * c, "gradient scratch")?,
+            dqkv: buf(n * 3 * c, "qkv gradient")?,
+        };
+        let mut f32buf = |len: usize, what: &str| -> BResult<B::F32> {
+            ledger.alloc(Category::Activations, len * sz.f32);
+            be.alloc_f32(len, what)
+        };
+        let lnf_stats = NormStats { mean: f32buf(n, "layernorm stats")?, rstd: f32buf(n, "layernorm stats")? };
+        let losses = f32buf(n, "per-token losses")?;
+        let mut loss_acc = f32buf(2, "loss sum")?;
+        be.upload_f32(&[0.0, 0.0], &mut loss_acc, 0)?;
+        // One saved set per non-checkpointed block, plus one shared set if any block is checkpointed.
+        let mut act_slot = Vec::with_capacity(l);
+        let mut n_sets = 0;
+        for layer in 0..l {
+            if ckpt.is_checkpointed(layer) {
+                act_slot.push(usize::MAX);
+            } else {
+                act_slot.push(n_sets);
+                n_sets += 1;
+            }
+        }
+        if act_slot.contains(&usize::MAX) {
+            for s in act_slot.iter_mut().filter(|s| **s == usize::MAX) {
+                *s = n_sets;
+            }
+            n_sets += 1;
+        }
+        let saved_len = be.attention_saved_len(shape);
+        let mut acts = Vec::with_capacity(n_sets);
+        for _ in 0..n_sets {
+            let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
+                ledger.alloc(Category::Activations, len * sz.buf);
+                be.alloc_buf(len, what)
+            };
+            let ln1 = bb(n * c, "ln1")?;
+            let qkv = bb(n * 3 * c, "qkv")?;
+            let atty = bb(n * c, "attention output")?;
+            let resid2 = bb(n * c, "residual")?;
+            let ln2 = bb(n * c, "ln2")?;
+            let fch = bb(n * 4 * c, "mlp hidden")?;
+            let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
+                ledger.alloc(Category::Activations, len * sz.f32);
+                be.alloc_f32(len, what)
+            };
+            acts.push(BlockActs {
+                ln1,
+                ln1_stats: NormStats { mean: ff(n, "ln1 mean")?, rstd: ff(n, "ln1 rstd")? },
+                qkv,
+                atty,
+                att_saved: ff(saved_len, "attention softmax state")?,
+                resid2,
+                ln2,
+                ln2_stats: NormStats { mean: ff(n, "ln2 mean")?, rstd: ff(n, "ln2 rstd")? },
+                fch,
+            });
+        }
+        ledger.alloc(Category::Workspace, 2 * n * 4);
+        let tokens = be.alloc_tokens(n)?;
+        let targets = be.alloc_tokens(n)?;
+        Ok(Gpt2 {
+            embed: locs.embed,
+            block: locs.block,
+            shape,
+            vocab: cfg.vocab_size,
+            ckpt,
+            resid,
+            acts,
+            act_slot,
+            scratch,
+            recompute_out,
+            lnf,
+            lnf_stats,
+            logits,
+            losses,
+            loss_acc,
+            loss_micro: 0,
+            tokens,
+            targets,
+            g,
+        })
+    }
+
+    fn rows(&self) -> Rows {
+        Rows { n: self.shape.b * self.shape.t, c: self.shape.c }
+    }
+}
+
+impl<B: Backend> DecoderModel<B> for Gpt2<B> {
+    fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()> {
+        be.upload_tokens(inputs, &mut self.tokens)?;
+        be.upload_tokens(targets, &mut self.targets)
+    }
+
+    fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
+        let s = SeqShape { b: self.shape.b, t: self.shape.t, c: self.shape.c };
+        be.encoder_fwd(&mut self.resid[0], &self.tokens, Weights::new(p, self.embed.tokens), s)
+    }
+
+    fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
+        let (x, rest) = self.resid.split_at_mut(layer + 1);
+        let acts = &mut self.acts[self.act_slot[layer]];
+        let blk = Block { be, p, k: &self.block, s: self.shape };
+        blk.forward(&x[layer], &mut rest[0], acts, &mut self.scratch)
+    }
+
+    fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()> {
+        let r = self.rows();
+        let (n, c, l) = (r.n, r.c, self.resid.len() - 1);
+        let e = self.embed;
+        be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r)?;
+        be.matmul_fwd(&mut self.logits, &self.lnf, Weights::new(p, e.head), MatShape { n, c, oc: self.vocab })?;
+        let v = self.vocab;
+        be.cross_entropy_fwd_bwd(&mut self.logits, &mut self.losses, &self.targets, n, v, dloss_scale.unwrap_or(0.0))?;
+        be.sum_into(&self.losses, Loc::all(n), &mut self.loss_acc, 0)?;
+        self.loss_micro += 1;
+        Ok(())
+    }
+
+    fn head_bwd(&mut self, be: &B, p: &B::Buf, gr: &mut B::Grad) -> BResult<()> {
+        let r = self.rows();
+        let (n, c, l) = (r.n, r.c, self.resid.len() - 1);
+        let e = self.embed;
+        // logits now hold dlogits.
+        let s = MatShape { n, c, oc: self.vocab };
+        be.matmul_bwd(
+            &mut self.g.dln,
+            WeightGrads::new(gr, e.head),
+            &self.logits,
+            &self.lnf,
+            Weights::new(p, e.head),
+            s,
+        )?;
+        be.zero_buf(&mut self.g.dres, Loc::all(n * c))?;
+        let saved = self.lnf_stats.saved(&self.resid[l]);
+        be.layernorm_bwd(&mut self.g.dres, WeightGrads::new(gr, e.ln_f), &self.g.dln, saved, Weights::new(p, e.ln_f), r)
+    }
+
+    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: &mut B::Grad) -> BResult<()> {
+        let slot = self.act_slot[layer];
+        let blk = Block { be, p, k: &self.block, s: self.shape };
+        if self.ckpt.is_checkpointed(layer) {
+            let (x, out, acts) = (&self.resid[layer], &mut self.recompute_out, &mut self.acts[slot]);
+            blk.forward(x, out, acts, &mut self.scratch)?;
+        }
+        blk.backward(gr, &self.resid[layer], &self.acts[slot], &mut self.g)
+    }
+
+    fn embed_bwd(&mut self, be: &B, gr: &mut B::Grad) -> BResult<()> {
+        let s = SeqShape { b: self.shape.b, t: self.shape.t, c: self.shape.c };
+        be.encoder_bwd(WeightGrads::new(gr, self.embed.tokens), &self.g.dres, &self.tokens, s)
+    }
+
+    fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
+        let n = self.shape.b * self.shape.t;
+        let pair = be.download_f32(&self.loss_acc, Loc::all(2))?;
+        let mean = F64Pair::join(&pair) / (self.loss_micro.max(1) * n) as f64;
+        be.upload_f32(&[0.0, 0.0], &mut self.loss_acc, 0)?;
+        self.loss_micro = 0;
+        Ok(mean)
+    }
+}
+
+/// One block's computations: the backend, the block's gathered parameters and where
+/// its tensors are, and the shapes.
+struct Block<'a, B: Backend> {
+    be: &'a B,
+    p: &'a B::Buf,
+    k: &'a BlockLocs,
+    s: AttnShape,
+}
+
+impl<B: Backend> Block<'_, B> {
+    fn w<L>(&self, at: L) -> Weights<'_, B, L> {
+        Weights::new(self.p, at)
+    }
+
+    /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`.
+    fn forward(&self, x: &B::Buf, out: &mut B::Buf, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
+        let (be, k, s) = (self.be, self.k, self.s);
+        let (n, c) = (s.b * s.t, s.c);
+        let r = Rows { n, c };
+        be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
+        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
+        be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
+        be.matmul_fwd(&mut sc.tmp, &a.atty, self.w(k.proj), MatShape { n, c, oc: c })?;
+        be.residual_fwd(&mut a.resid2, x, &sc.tmp, n * c)?;
+        be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
+        be.matmul_gelu_fwd(&mut a.fch, &mut sc.gelu_out, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
+        be.matmul_fwd(&mut sc.tmp, &sc.gelu_out, self.w(k.fc2), MatShape { n, c: 4 * c, oc: c })?;
+        be.residual_fwd(out, &a.resid2, &sc.tmp, n * c)?;
+        Ok(())
+    }
+
+    /// Backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x).
+    fn backward(&self, gr: &mut B::Grad, x: &B::Buf, a: &BlockActs<B>, g: &mut GradScratch<B>) -> BResult<()> {
+        let (be, k, s) = (self.be, self.k, self.s);
+        let (n, c) = (s.b * s.t, s.c);
+        let r = Rows { n, c };
+        // MLP: recompute GELU(fch) into dbig2 (not saved in forward), then backprop through fc2 and GELU.
+        be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
+        let gelu = GeluInput { act: &mut g.dbig2, pre: &a.fch };
+        let fc2 = MatShape { n, c: 4 * c, oc: c };
+        be.matmul_bwd_dgelu(&mut g.dbig1, WeightGrads::new(gr, k.fc2), &g.dres, gelu, self.w(k.fc2), fc2)?;
+        let fc = MatShape { n, c, oc: 4 * c };
+        be.matmul_bwd(&mut g.dln, WeightGrads::new(gr, k.fc), &g.dbig1, &a.ln2, self.w(k.fc), fc)?;
+        // dres += through ln2 (the residual branch already carries dres itself)
+        let saved = a.ln2_stats.saved(&a.resid2);
+        be.layernorm_bwd(&mut g.dres, WeightGrads::new(gr, k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
+        // attention
+        let proj = MatShape { n, c, oc: c };
+        be.matmul_bwd(&mut g.dln, WeightGrads::new(gr, k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
+        be.attention_bwd(&mut g.dqkv, &g.dln, &a.qkv, &a.atty, &a.att_saved, s)?;
+        let qkv = MatShape { n, c, oc: 3 * c };
+        be.matmul_bwd(&mut g.dln, WeightGrads::new(gr, k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
+        let saved = a.ln1_stats.saved(x);
+        be.layernorm_bwd(&mut g.dres, WeightGrads::new(gr, k.ln1), &g.dln, saved, self.w(k.ln1), r)
+    }
+}

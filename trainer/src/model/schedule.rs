@@ -1,0 +1,134 @@
+//! What every decoder model shares: the per-unit schedule one micro-step runs through the
+//! ZeRO engine. A family implements [`DecoderModel`] (what each unit computes); this file
+//! decides when each unit is gathered, prefetched, released and its gradient reduced:
+//!
+//! forward: embedding (unit 0) → blocks 1..=L → head (`head_unit`) and loss;
+//! backward: head → blocks L..=1 → embedding, each unit's reduction started as soon as
+//! its gradient is complete.
+
+use crate::backend::{BResult, Backend};
+use crate::model::ModelLayout;
+use crate::zero::{Engine, EngineComm};
+use crate::TrainError;
+
+/// One model's activations and its per-unit computations for a fixed micro-batch. The
+/// schedule hands each hook the parameters (and gradient buffer) of the unit it touches.
+pub trait DecoderModel<B: Backend> {
+    /// Upload one micro-batch's input and target token ids.
+    fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()>;
+    /// The embedding (unit 0's parameters) into the residual stream.
+    fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()>;
+    /// Block `layer` forward.
+    fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()>;
+    /// Final norm, LM head and loss (added to the device-side loss sum); with
+    /// `dloss_scale = Some(s)` the logits are also replaced by their gradient times `s`.
+    fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()>;
+    /// The head's backward into the head unit's gradients; starts the residual gradient.
+    fn head_bwd(&mut self, be: &B, p: &B::Buf, g: &mut B::Grad) -> BResult<()>;
+    /// Block `layer` backward (recomputing its forward first if it is checkpointed).
+    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, g: &mut B::Grad) -> BResult<()>;
+    /// The embedding's backward into unit 0's gradients.
+    fn embed_bwd(&mut self, be: &B, g: &mut B::Grad) -> BResult<()>;
+    /// Mean loss per token over the micro-steps since the last call (one device read).
+    fn take_mean_loss(&mut self, be: &B) -> BResult<f64>;
+}
+
+/// One micro-step: forward to the loss, and with `dloss_scale = Some(s)` the backward,
+/// accumulating parameter gradients in the engine. Stage 3 starts the next
+/// `zero.prefetch_blocks` all-gathers early so they overlap compute.
+pub fn step_micro<B: Backend, C: EngineComm<B>>(
+    model: &mut dyn DecoderModel<B>,
+    be: &B,
+    eng: &mut Engine<B>,
+    comm: &mut C,
+    inputs: &[u32],
+    targets: &[u32],
+    dloss_scale: Option<f32>,
+) -> Result<(), TrainError> {
+    let l = eng.layout.cfg.n_layer;
+    let (embed, head) = (ModelLayout::EMBED_UNIT, eng.layout.head_unit);
+    model.load_batch(be, inputs, targets)?;
+    let order = gather_order(l, head, dloss_scale.is_some());
+    let mut pos = 0usize;
+
+    // ---- forward ----
+    gather_at(be, eng, comm, &order, &mut pos)?;
+    model.embed_fwd(be, eng.params(embed))?;
+    eng.release(embed);
+    for layer in 0..l {
+        let u = ModelLayout::block_unit(layer);
+        gather_at(be, eng, comm, &order, &mut pos)?;
+        model.block_fwd(be, layer, eng.params(u))?;
+        eng.release(u);
+    }
+    gather_at(be, eng, comm, &order, &mut pos)?;
+    model.head_fwd(be, eng.params(head), dloss_scale)?;
+    if dloss_scale.is_none() {
+        eng.release(head);
+        return Ok(());
+    }
+
+    // ---- backward ----
+    {
+        let (p, g) = eng.params_and_grads(be, head)?;
+        model.head_bwd(be, p, g)?;
+    }
+    if head != embed {
+        eng.unit_backward_done(be, comm, head)?;
+    }
+    eng.release(head);
+    for layer in (0..l).rev() {
+        let u = ModelLayout::block_unit(layer);
+        gather_at(be, eng, comm, &order, &mut pos)?;
+        let (p, g) = eng.params_and_grads(be, u)?;
+        model.block_bwd(be, layer, p, g)?;
+        eng.unit_backward_done(be, comm, u)?;
+        eng.release(u);
+    }
+    model.embed_bwd(be, eng.grads(be, embed)?)?;
+    eng.unit_backward_done(be, comm, embed)?;
+    Ok(())
+}
+
+/// [`step_micro`], then its mean loss (waits for the device: evaluation and tests).
+pub fn step_micro_loss<B: Backend, C: EngineComm<B>>(
+    model: &mut dyn DecoderModel<B>,
+    be: &B,
+    eng: &mut Engine<B>,
+    comm: &mut C,
+    inputs: &[u32],
+    targets: &[u32],
+    dloss_scale: Option<f32>,
+) -> Result<f64, TrainError> {
+    step_micro(model, be, eng, comm, inputs, targets, dloss_scale)?;
+    Ok(model.take_mean_loss(be)?)
+}
+
+/// Units in the order one micro-step uses them: embedding, blocks, head, then — with
+/// backward — the blocks in reverse.
+fn gather_order(n_layer: usize, head: usize, backward: bool) -> Vec<usize> {
+    let mut order: Vec<usize> =
+        std::iter::once(ModelLayout::EMBED_UNIT).chain((0..n_layer).map(ModelLayout::block_unit)).collect();
+    order.push(head);
+    if backward {
+        order.extend((0..n_layer).rev().map(ModelLayout::block_unit));
+    }
+    order
+}
+
+/// Gather `order[*pos]` (waiting for its prefetch if one is in flight), then start the
+/// all-gathers of the next prefetched units, and advance `pos`.
+fn gather_at<B: Backend, C: EngineComm<B>>(
+    be: &B,
+    eng: &mut Engine<B>,
+    comm: &mut C,
+    order: &[usize],
+    pos: &mut usize,
+) -> Result<(), TrainError> {
+    eng.gather(be, comm, order[*pos])?;
+    for &next in order.iter().skip(*pos + 1).take(eng.prefetch()) {
+        eng.prefetch_unit(be, comm, next)?;
+    }
+    *pos += 1;
+    Ok(())
+}
