@@ -2,8 +2,11 @@
 # Benchmarks: shardtrain and the PyTorch FSDP2/DDP reference on the same GPUs, same model,
 # same batch, in the same call (so both see the same machine). Run on the GPU machine:
 #
-#   scripts/bench.sh [124m|1.5b|all]     # expects .carry/launcher and .carry/fsdp_gpt2.py
+#   scripts/bench.sh [124m|1.5b|7b|all]   # expects .carry/launcher and .carry/fsdp_gpt2.py
 #
+# PyTorch runs eager and torch.compile: on one GPU `--mode single` (autocast), on several
+# FSDP2 (and DDP at 124M). OLD=path/to/launcher also runs that binary on every shardtrain
+# row (rows named old-*), for before/after comparisons in one call.
 # Prints a Markdown table (tokens/s per GPU, MFU vs 989 TFLOP/s bf16 dense, step time,
 # peak memory per rank) and writes raw logs to $OUT.
 set -uo pipefail
@@ -16,11 +19,16 @@ WHAT=${1:-all}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 STEPS=${STEPS:-30}
 
-ours() { # name config stage batch extra...
-    local name=$1 cfg=$2 stage=$3 batch=$4; shift 4
-    "$BIN/launcher" --gpus "$NGPU" "$cfg" --set zero.stage="$stage" --set train.micro_batch="$batch" \
+run_ours() { # launcher name config stage batch extra...
+    local exe=$1 name=$2 cfg=$3 stage=$4 batch=$5; shift 5
+    "$exe" --gpus "$NGPU" "$cfg" --set zero.stage="$stage" --set train.micro_batch="$batch" \
         --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.eval_every=0 --set checkpoint.every=0 \
         --set "output.dir=\"$OUT/$name\"" "$@" > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
+}
+ours() { # name config stage batch extra...
+    local name=$1; shift
+    run_ours "$BIN/launcher" "ours-${name#ours-}" "$@"
+    if [[ -n ${OLD:-} ]]; then run_ours "$OLD" "old-${name#ours-}" "$@"; fi
 }
 ref() { # name mode layers embd heads batch extra...
     local name=$1 mode=$2 l=$3 c=$4 h=$5 b=$6; shift 6
@@ -28,17 +36,32 @@ ref() { # name mode layers embd heads batch extra...
         --heads "$h" --batch "$b" --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 || echo "reference $name failed"
 }
 
+# PyTorch in eager mode and compiled: `single` (autocast) on one GPU, FSDP2 on several.
+refs() { # name layers embd heads batch extra...
+    local name=$1; shift
+    if [[ $NGPU == 1 ]]; then
+        ref "ref-$name-eager" single "$@"
+        ref "ref-$name-compile" single "$@" --compile --warmup 8
+    else
+        ref "ref-$name-fsdp" fsdp "$@"
+        ref "ref-$name-fsdp-compile" fsdp "$@" --compile --warmup 8
+    fi
+}
 if [[ $WHAT == 124m || $WHAT == all ]]; then
-    ours ours-124m-z1 configs/gpt2-124m.toml 1 16
-    ours ours-124m-z3 configs/gpt2-124m.toml 3 16
-    ref ref-124m-fsdp fsdp 12 768 12 16
-    ref ref-124m-ddp ddp 12 768 12 16
+    ours 124m-z1 configs/gpt2-124m.toml 1 16
+    ours 124m-z3 configs/gpt2-124m.toml 3 16
+    refs 124m 12 768 12 16
+    [[ $NGPU == 1 ]] || ref ref-124m-ddp ddp 12 768 12 16
 fi
 if [[ $WHAT == 1.5b || $WHAT == all ]]; then
-    ours ours-1.5b-z3 configs/gpt2-1.5b.toml 3 8
-    ours ours-1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
-    ref ref-1.5b-fsdp fsdp 48 1600 25 8
-    ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt
+    ours 1.5b-z3 configs/gpt2-1.5b.toml 3 8
+    ours 1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
+    refs 1.5b 48 1600 25 8
+    [[ $NGPU == 1 ]] || ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt
+fi
+if [[ $WHAT == 7b ]]; then
+    ours 7b-z3-ckpt configs/gpt-7b.toml 3 4 --set checkpointing.activations='"every_layer"'
+    ref ref-7b-fsdp-ckpt fsdp 32 4096 32 4 --ckpt
 fi
 
 python3 - "$OUT" "$NGPU" <<'PY'
@@ -49,7 +72,7 @@ def model_flops(L, C, V, T):
     n = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C)
     return 6 * (n - T * C) + 12 * L * T * C
 rows = []
-for d in sorted(glob.glob(f"{out}/ours-*/metrics.jsonl")):
+for d in sorted(glob.glob(f"{out}/ours-*/metrics.jsonl") + glob.glob(f"{out}/old-*/metrics.jsonl")):
     name = d.split("/")[-2]
     cfg = open(f"{out}/{name}/config.resolved.toml").read()
     get = lambda k: int(next(l.split("=")[1].split("#")[0] for l in cfg.splitlines() if l.strip().startswith(k + " ")))

@@ -45,7 +45,8 @@ pub struct LaunchArgs {
     /// Train with N CPU ranks on this node, one OS process each.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub cpus: Option<u32>,
-    /// Train with N GPU ranks on this node (not built into this version: use --cpus).
+    /// Train with N GPU ranks on this node, one process per GPU (CUDA backend, NCCL); the
+    /// launcher checks the CUDA libraries and the GPU count before starting any rank.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub gpus: Option<u32>,
     /// The TOML config file.

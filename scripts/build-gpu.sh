@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build what the GPU scripts run, here (the GPU machine has no Rust toolchain), into the
+# ignored folder .carry/ that a device call carries:
+#   .carry/launcher, .carry/gpu-timing, .carry/gpu-nccl   (release, stripped)
+#   .carry/gpu-kernels, .carry/gpu-model                  (the GPU test binaries)
+#   .carry/fsdp_gpt2.py                                   (the PyTorch reference, if found)
+# Usage: scripts/build-gpu.sh [PATH_TO_fsdp_gpt2.py]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .carry
+cargo build --release -p launcher -p trainer --features trainer/cuda --bins
+for b in launcher gpu-timing gpu-nccl; do
+    strip -o ".carry/$b" "target/release/$b"
+done
+# The test binaries' paths carry a hash: ask cargo for them.
+cargo test --release -p trainer --features cuda --test gpu_kernels --test gpu_model --no-run --message-format=json \
+    | python3 -c '
+import json, shutil, subprocess, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        name = m["target"]["name"].replace("_", "-")
+        subprocess.run(["strip", "-o", f".carry/{name}", m["executable"]], check=True)
+        print("built", name)
+'
+ref=${1:-../shared/reference/fsdp_gpt2.py}
+[ -f "$ref" ] && cp "$ref" .carry/fsdp_gpt2.py
+du -sh .carry/* | sort -h
