@@ -474,6 +474,27 @@ mod tests {
     }
 
     #[test]
+    fn model_family_defaults_to_gpt2_and_unknown_ones_are_named() {
+        assert_eq!(load_str(BASE, &[]).expect("valid").model.family, ModelFamily::Gpt2);
+        let c = load_str(BASE, &["model.family=\"gpt2\""]).expect("valid");
+        assert_eq!(c.model.family, ModelFamily::Gpt2);
+        let e = load_str(BASE, &["model.family=\"llama\""]).unwrap_err().to_string();
+        assert!(e.contains("unknown model.family \"llama\"") && e.contains("\"gpt2\""), "{e}");
+    }
+
+    #[test]
+    fn keys_that_would_do_nothing_are_errors() {
+        let e = load_str(BASE, &["zero.bucket_mb=25"]).unwrap_err().to_string();
+        assert!(e.contains("zero.bucket_mb") && e.contains("removed"), "{e}");
+        let e = load_str(BASE, &["offload.optimizer=true"]).unwrap_err().to_string();
+        assert!(e.contains("offload.optimizer") && e.contains("not available"), "{e}");
+        let e = load_str(BASE, &["offload.params=true"]).unwrap_err().to_string();
+        assert!(e.contains("offload.params") && e.contains("not available"), "{e}");
+        // Setting them to false is what a config that never used them says.
+        load_str(BASE, &["offload.optimizer=false", "offload.params=false"]).expect("valid");
+    }
+
+    #[test]
     fn overrides_apply_and_bad_ones_are_explained() {
         let c =
             load_str(BASE, &["zero.stage=3", "train.lr=1e-4", "checkpointing.activations=every_layer", "data.path=/x"])
