@@ -10,10 +10,7 @@
 
 mod gpu;
 
-use gpu::{
-    backend, poisoned_buf, poisoned_f32, small, up_buf, up_f32, up_grad, up_tok, Report, Rng, NEEDS_GPU, TOL_BF16,
-    TOL_F32,
-};
+use gpu::{backend, poisoned_buf, poisoned_f32, small, up_buf, up_f32, up_grad, up_tok, NEEDS_GPU, TOL_BF16, TOL_F32};
 use half::bf16;
 use trainer::backend::cpu::CpuBackend;
 use trainer::backend::cuda::AttentionImpl;
@@ -30,8 +27,8 @@ fn kernels_build() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn encoder() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7)] {
             let tag = format!("encoder B{b} T{t} C{c} V{v}");
             let (n, s) = (b * t, SeqShape { b, t, c });
@@ -40,8 +37,8 @@ fn encoder() {
             let toks = rng.below(n, v as u32);
             let mut out_c = cpu.alloc_buf(n * c, "")?;
             cpu.encoder_fwd(&mut out_c, &toks, Weights::new(&params, at), s)?;
-            let (gp, gt) = (up_buf(&be, &params)?, up_tok(&be, &toks)?);
-            let mut out_g = poisoned_buf(&be, n * c)?;
+            let (gp, gt) = (up_buf(be, &params)?, up_tok(be, &toks)?);
+            let mut out_g = poisoned_buf(be, n * c)?;
             be.encoder_fwd(&mut out_g, &gt, Weights::new(&gp, at), s)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&out_g, Loc::all(n * c))?, &out_c, TOL_BF16);
             // backward: += into random gradients
@@ -49,9 +46,9 @@ fn encoder() {
             let g0 = rng.vec(v * c + t * c, 0.1);
             let mut gc = g0.clone();
             cpu.encoder_bwd(WeightGrads::new(&mut gc, at), &dout, &toks, s)?;
-            let dg = up_buf(&be, &dout)?;
+            let dg = up_buf(be, &dout)?;
             let run = || -> BResult<Vec<f32>> {
-                let mut gg = up_grad(&be, &g0)?;
+                let mut gg = up_grad(be, &g0)?;
                 be.encoder_bwd(WeightGrads::new(&mut gg, at), &dg, &gt, s)?;
                 be.download_grad(&gg, Loc::all(g0.len()))
             };
@@ -61,15 +58,14 @@ fn encoder() {
             rep.same_bits(&format!("{tag} bwd"), "repeat", &run()?, &got);
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn layernorm() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         for &(n, c) in &[(256usize, 768usize), (37, 100), (64, 4096)] {
             let tag = format!("layernorm N{n} C{c}");
             let off = 5; // parameters at an odd offset: unaligned pointers
@@ -87,9 +83,9 @@ fn layernorm() {
                 .collect();
             let (mut oc, mut mc, mut rc) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
             cpu.layernorm_fwd(&mut oc, LnStats { mean: &mut mc, rstd: &mut rc }, &inp, Weights::new(&params, at), r)?;
-            let (gp, gi) = (up_buf(&be, &params)?, up_buf(&be, &inp)?);
-            let mut og = poisoned_buf(&be, n * c)?;
-            let (mut mg, mut rg) = (poisoned_f32(&be, n)?, poisoned_f32(&be, n)?);
+            let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
+            let mut og = poisoned_buf(be, n * c)?;
+            let (mut mg, mut rg) = (poisoned_f32(be, n)?, poisoned_f32(be, n)?);
             be.layernorm_fwd(&mut og, LnStats { mean: &mut mg, rstd: &mut rg }, &gi, Weights::new(&gp, at), r)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * c))?, &oc, TOL_BF16);
             rep.cmp(&format!("{tag} fwd"), "mean", &be.download_f32(&mg, Loc::all(n))?, &mc, TOL_F32);
@@ -101,10 +97,10 @@ fn layernorm() {
             let (mut dic, mut gc) = (dinp0.clone(), g0.clone());
             let saved = LnSaved { inp: &inp, mean: &mc, rstd: &rc };
             cpu.layernorm_bwd(&mut dic, WeightGrads::new(&mut gc, at), &dout, saved, Weights::new(&params, at), r)?;
-            let (gdo, gm, gr) = (up_buf(&be, &dout)?, up_f32(&be, &mc)?, up_f32(&be, &rc)?);
+            let (gdo, gm, gr) = (up_buf(be, &dout)?, up_f32(be, &mc)?, up_f32(be, &rc)?);
             let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
-                let mut dig = up_buf(&be, &dinp0)?;
-                let mut gg = up_grad(&be, &g0)?;
+                let mut dig = up_buf(be, &dinp0)?;
+                let mut gg = up_grad(be, &g0)?;
                 let saved = LnSaved { inp: &gi, mean: &gm, rstd: &gr };
                 be.layernorm_bwd(&mut dig, WeightGrads::new(&mut gg, at), &gdo, saved, Weights::new(&gp, at), r)?;
                 Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(g0.len()))?))
@@ -117,15 +113,14 @@ fn layernorm() {
             rep.same_bits(&format!("{tag} bwd"), "repeat", &[di2, g2].concat(), &[di1, g1].concat());
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn matmul() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         // (n, c, oc, parameter offset, bias)
         for &(n, c, oc, off, bias) in &[
             (256usize, 768usize, 2304usize, 0usize, true),
@@ -147,18 +142,18 @@ fn matmul() {
             let inp = rng.vec(n * c, 1.0);
             let mut outc = vec![0.0; n * oc];
             cpu.matmul_fwd(&mut outc, &inp, Weights::new(&params, at), s)?;
-            let (gp, gi) = (up_buf(&be, &params)?, up_buf(&be, &inp)?);
-            let mut outg = poisoned_buf(&be, n * oc)?;
+            let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
+            let mut outg = poisoned_buf(be, n * oc)?;
             be.matmul_fwd(&mut outg, &gi, Weights::new(&gp, at), s)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * oc))?, &outc, TOL_BF16);
             let dout = rng.vec(n * oc, 0.1);
             let g0 = rng.vec(plen, 0.01);
             let (mut dic, mut gc) = (vec![0.0; n * c], g0.clone());
             cpu.matmul_bwd(&mut dic, WeightGrads::new(&mut gc, at), &dout, &inp, Weights::new(&params, at), s)?;
-            let gdo = up_buf(&be, &dout)?;
+            let gdo = up_buf(be, &dout)?;
             let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
-                let mut dig = poisoned_buf(&be, n * c)?;
-                let mut gg = up_grad(&be, &g0)?;
+                let mut dig = poisoned_buf(be, n * c)?;
+                let mut gg = up_grad(be, &g0)?;
                 be.matmul_bwd(&mut dig, WeightGrads::new(&mut gg, at), &gdo, &gi, Weights::new(&gp, at), s)?;
                 Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
             };
@@ -172,16 +167,15 @@ fn matmul() {
             rep.same_bits(&format!("{tag} bwd"), "repeat", &[di2, g2].concat(), &[di1, g1].concat());
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 /// MLP layers with GELU in the GEMM epilogue (fused where cuBLASLt can).
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn matmul_gelu() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         // (n, c, oc): fc-like forward n x c -> oc and fc2-like backward with input width c.
         for &(n, c, oc) in &[(256usize, 768usize, 3072usize), (256, 3072, 768), (37, 72, 56), (37, 75, 51)] {
             let tag = format!("matmul+gelu N{n} C{c} OC{oc}");
@@ -191,8 +185,8 @@ fn matmul_gelu() {
             let inp = rng.vec(n * c, 1.0);
             let (mut prec, mut actc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
             cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, Weights::new(&params, at), MatShape { n, c, oc })?;
-            let (gp, gi) = (up_buf(&be, &params)?, up_buf(&be, &inp)?);
-            let (mut preg, mut actg) = (poisoned_buf(&be, n * oc)?, poisoned_buf(&be, n * oc)?);
+            let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
+            let (mut preg, mut actg) = (poisoned_buf(be, n * oc)?, poisoned_buf(be, n * oc)?);
             be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, Weights::new(&gp, at), MatShape { n, c, oc })?;
             rep.cmp(&format!("{tag} fwd"), "pre", &be.download_buf(&preg, Loc::all(n * oc))?, &prec, TOL_BF16);
             rep.cmp(&format!("{tag} fwd"), "gelu", &be.download_buf(&actg, Loc::all(n * oc))?, &actc, TOL_BF16);
@@ -208,11 +202,11 @@ fn matmul_gelu() {
             let x = GeluInput { act: &mut actc2, pre: &pre };
             let s = MatShape { n, c, oc };
             cpu.matmul_bwd_dgelu(&mut dpc, WeightGrads::new(&mut gc, at), &dout, x, Weights::new(&params, at), s)?;
-            let (gdo, gpre) = (up_buf(&be, &dout)?, up_buf(&be, &pre)?);
+            let (gdo, gpre) = (up_buf(be, &dout)?, up_buf(be, &pre)?);
             let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
-                let mut dpg = poisoned_buf(&be, n * c)?;
-                let mut gact = up_buf(&be, &act)?;
-                let mut gg = up_grad(&be, &g0)?;
+                let mut dpg = poisoned_buf(be, n * c)?;
+                let mut gact = up_buf(be, &act)?;
+                let mut gg = up_grad(be, &g0)?;
                 let x = GeluInput { act: &mut gact, pre: &gpre };
                 be.matmul_bwd_dgelu(&mut dpg, WeightGrads::new(&mut gg, at), &gdo, x, Weights::new(&gp, at), s)?;
                 Ok((be.download_buf(&dpg, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
@@ -225,16 +219,15 @@ fn matmul_gelu() {
             rep.same_bits(&format!("{tag} bwd"), "repeat", &[dp2, g2].concat(), &[dp1, g1].concat());
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 /// The attention kernels (every variant the shape allows) against the CPU reference.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn attention() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         for &(b, t, nh, hs) in
             &[(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 64), (2, 77, 3, 32), (1, 130, 2, 128), (2, 64, 2, 64)]
         {
@@ -267,17 +260,17 @@ fn attention() {
                     }
                 }
             }
-            let (gq, gdo) = (up_buf(&be, &qkv)?, up_buf(&be, &dout)?);
+            let (gq, gdo) = (up_buf(be, &qkv)?, up_buf(be, &dout)?);
             for imp in [AttentionImpl::TensorCore, AttentionImpl::Simt] {
                 be.set_attention_impl(imp);
                 let tag = format!("{tag} {imp:?}");
-                let mut outg = poisoned_buf(&be, n * c)?;
-                let mut saved = poisoned_f32(&be, be.attention_saved_len(s))?;
+                let mut outg = poisoned_buf(be, n * c)?;
+                let mut saved = poisoned_f32(be, be.attention_saved_len(s))?;
                 be.attention_fwd(&mut outg, &mut saved, &gq, s)?;
                 rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * c))?, &outc, TOL_BF16);
                 rep.cmp(&format!("{tag} fwd"), "lse", &be.download_f32(&saved, Loc::all(b * nh * t))?, &want, 1e-3);
                 let run = || -> BResult<Vec<f32>> {
-                    let mut dq = poisoned_buf(&be, n * 3 * c)?;
+                    let mut dq = poisoned_buf(be, n * 3 * c)?;
                     be.attention_bwd(&mut dq, &gdo, &gq, &outg, &saved, s)?;
                     be.download_buf(&dq, Loc::all(n * 3 * c))
                 };
@@ -293,43 +286,41 @@ fn attention() {
             be.set_attention_impl(AttentionImpl::TensorCore);
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn activation() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         for &n in &[1usize << 20, 1001] {
             let x = rng.vec(n, 2.0);
             let y = rng.vec(n, 2.0);
-            let (gx, gy) = (up_buf(&be, &x)?, up_buf(&be, &y)?);
+            let (gx, gy) = (up_buf(be, &x)?, up_buf(be, &y)?);
             let mut c1 = vec![0.0; n];
             cpu.gelu_fwd(&mut c1, &x, n)?;
-            let mut g1 = poisoned_buf(&be, n)?;
+            let mut g1 = poisoned_buf(be, n)?;
             be.gelu_fwd(&mut g1, &gx, n)?;
             rep.cmp(&format!("gelu_fwd n{n}"), "out", &be.download_buf(&g1, Loc::all(n))?, &c1, TOL_BF16);
             cpu.gelu_bwd(&mut c1, &x, &y, n)?;
-            let mut g1 = poisoned_buf(&be, n)?;
+            let mut g1 = poisoned_buf(be, n)?;
             be.gelu_bwd(&mut g1, &gx, &gy, n)?;
             rep.cmp(&format!("gelu_bwd n{n}"), "dinp", &be.download_buf(&g1, Loc::all(n))?, &c1, TOL_BF16);
             cpu.residual_fwd(&mut c1, &x, &y, n)?;
-            let mut g1 = poisoned_buf(&be, n)?;
+            let mut g1 = poisoned_buf(be, n)?;
             be.residual_fwd(&mut g1, &gx, &gy, n)?;
             rep.cmp(&format!("residual_fwd n{n}"), "out", &be.download_buf(&g1, Loc::all(n))?, &c1, TOL_BF16);
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn cross_entropy() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         for &(n, v) in &[(64usize, 50257usize), (33, 8), (16, 1024)] {
             let tag = format!("cross_entropy N{n} V{v}");
             let logits = rng.vec(n * v, 3.0);
@@ -337,23 +328,22 @@ fn cross_entropy() {
             let scale = 1.0 / n as f32;
             let (mut lc, mut ls) = (logits.clone(), vec![0.0; n]);
             cpu.cross_entropy_fwd_bwd(&mut lc, &mut ls, &tg, n, v, scale)?;
-            let mut gl = up_buf(&be, &logits)?;
-            let mut gls = poisoned_f32(&be, n)?;
-            be.cross_entropy_fwd_bwd(&mut gl, &mut gls, &up_tok(&be, &tg)?, n, v, scale)?;
+            let mut gl = up_buf(be, &logits)?;
+            let mut gls = poisoned_f32(be, n)?;
+            be.cross_entropy_fwd_bwd(&mut gl, &mut gls, &up_tok(be, &tg)?, n, v, scale)?;
             rep.cmp(&tag, "losses", &be.download_f32(&gls, Loc::all(n))?, &ls, TOL_F32);
             rep.cmp(&tag, "dlogits", &be.download_buf(&gl, Loc::all(n * v))?, &lc, TOL_BF16);
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 /// AdamW over two segments (one with weight decay, one without) at odd offsets.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn adamw() {
-    let (be, cpu, mut rng, mut rep) = (backend(), CpuBackend, Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
         let (len, poff, moff, goff) = (100_003usize, 5usize, 3usize, 7usize);
         let segs = [
             AdamWSegment { poff, moff, goff, len: 60_001, decay: true },
@@ -367,9 +357,8 @@ fn adamw() {
         let (mut pc, mut wc, mut mc, mut vc) = (vec![0.0; poff + len], master.clone(), m0.clone(), v0.clone());
         let t = AdamWTensors { params: &mut pc, master: &mut wc, m: &mut mc, v: &mut vc, grads: &g };
         cpu.adamw(t, &segs, h)?;
-        let mut pg = poisoned_buf(&be, poff + len)?;
-        let (mut wg, mut mg, mut vg, gg) =
-            (up_f32(&be, &master)?, up_f32(&be, &m0)?, up_f32(&be, &v0)?, up_grad(&be, &g)?);
+        let mut pg = poisoned_buf(be, poff + len)?;
+        let (mut wg, mut mg, mut vg, gg) = (up_f32(be, &master)?, up_f32(be, &m0)?, up_f32(be, &v0)?, up_grad(be, &g)?);
         let t = AdamWTensors { params: &mut pg, master: &mut wg, m: &mut mg, v: &mut vg, grads: &gg };
         be.adamw(t, &segs, h)?;
         let r = Loc::new(moff, len);
@@ -378,21 +367,19 @@ fn adamw() {
         rep.cmp("adamw", "v", &be.download_f32(&vg, r)?, &vc[moff..], 1e-5);
         rep.cmp("adamw", "params(bf16)", &be.download_buf(&pg, Loc::new(poff, len))?, &pc[poff..], TOL_BF16);
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }
 
 /// Memory and copies, and the on-device sums.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn memory_and_reduce() {
-    let (be, mut rng, mut rep) = (backend(), Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
         let n = 1_000_003usize;
         let x = rng.vec(n, 1.0);
         let y = rng.vec(n, 1.0);
-        let (gx, gy) = (up_f32(&be, &x)?, up_f32(&be, &y)?);
-        let mut b = poisoned_buf(&be, n + 9)?;
+        let (gx, gy) = (up_f32(be, &x)?, up_f32(be, &y)?);
+        let mut b = poisoned_buf(be, n + 9)?;
         be.cast_to_buf(&mut b, 9, &gx, Loc::new(0, n))?;
         rep.cmp("cast_to_buf", "out", &be.download_buf(&b, Loc::new(9, n))?, &x, TOL_BF16);
         let mut b2 = be.alloc_buf(n, "")?;
@@ -401,7 +388,7 @@ fn memory_and_reduce() {
         be.zero_buf(&mut b2, Loc::new(1, n - 2))?;
         let z = be.download_buf(&b2, Loc::all(n))?;
         rep.check("zero_buf", "out", z[1..n - 1].iter().all(|&v| v == 0.0) && z[0] != 0.0, "");
-        let mut acc = up_grad(&be, &x)?;
+        let mut acc = up_grad(be, &x)?;
         be.add_grad(&mut acc, 0, &gy, Loc::new(0, n))?;
         let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
         rep.cmp("add_grad", "out", &be.download_grad(&acc, Loc::all(n))?, &want, 1e-7);
@@ -418,6 +405,5 @@ fn memory_and_reduce() {
         let want: f64 = 2.0 * x[3..].iter().map(|&v| v as f64).sum::<f64>();
         rep.cmp("sum_into", "sum", &[got as f32], &[want as f32], 1e-6);
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }

@@ -7,9 +7,8 @@
 mod gpu;
 
 use collectives::nccl::{nccl_unique_id, NcclComm};
-use gpu::{backend, Report, Rng, TOL_BF16};
+use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
-use trainer::backend::BResult;
 use trainer::config::{ActivationCheckpointing, ModelConfig};
 use trainer::model::{step_micro_loss, ModelFamily, ModelLayout};
 use trainer::optim::Hyper;
@@ -23,8 +22,7 @@ fn dev(e: impl std::fmt::Display) -> trainer::backend::BackendError {
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn one_training_step_matches_the_cpu() {
-    let (be, mut rng, mut rep) = (backend(), Rng::new(), Report::default());
-    let r = (|| -> BResult<()> {
+    gpu::check(|be, rng, rep| {
         let cfg = ModelConfig {
             family: ModelFamily::Gpt2,
             n_layer: 2,
@@ -68,25 +66,24 @@ fn one_training_step_matches_the_cpu() {
         for stage in [0u8, 3] {
             let tag = format!("model step (GPT L2 C128 V1001 T256 B4) stage {stage}");
             let opts = EngineOptions::stage(stage);
-            let mut geng = Engine::new(&be, layout.clone(), opts, 0, 1, Some(&mut init(&layout))).map_err(dev)?;
-            let mut gm = cfg.family.build(&be, &layout, b, ckpt, &mut geng.ledger)?;
-            geng.begin_step(&be)?;
+            let mut geng = Engine::new(be, layout.clone(), opts, 0, 1, Some(&mut init(&layout))).map_err(dev)?;
+            let mut gm = cfg.family.build(be, &layout, b, ckpt, &mut geng.ledger)?;
+            geng.begin_step(be)?;
             let gloss =
-                step_micro_loss(gm.as_mut(), &be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
             rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
             if stage == 0 {
                 for (u, cg) in cgrads.iter().enumerate() {
-                    let gg = geng.local_grads_host(&be, u).map_err(dev)?;
+                    let gg = geng.local_grads_host(be, u).map_err(dev)?;
                     rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
                 }
             }
-            geng.step(&be, &mut gcomm, h, 1).map_err(dev)?;
+            geng.step(be, &mut gcomm, h, 1).map_err(dev)?;
             for (u, cp) in cparams.iter().enumerate() {
-                let gp = geng.full_params_host(&be, &mut gcomm, u).map_err(dev)?;
+                let gp = geng.full_params_host(be, &mut gcomm, u).map_err(dev)?;
                 rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
             }
         }
         Ok(())
-    })();
-    rep.finish(r);
+    });
 }

@@ -21,6 +21,14 @@ pub fn backend() -> CudaBackend {
     be
 }
 
+/// Run one GPU test: `f` compares outputs into the report; then the table is printed and
+/// the test fails if any comparison failed or `f` returned an error.
+pub fn check(f: impl FnOnce(&CudaBackend, &mut Rng, &mut Report) -> BResult<()>) {
+    let (be, mut rng, mut rep) = (backend(), Rng::new(), Report::default());
+    let r = f(&be, &mut rng, &mut rep);
+    rep.finish(r);
+}
+
 /// bf16 outputs: relative error near 2^-9 per element; fp32 outputs from identical
 /// inputs differ only by summation order.
 pub const TOL_BF16: f64 = 1e-2;
