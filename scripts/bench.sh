@@ -60,7 +60,7 @@ if [[ $WHAT == 1.5b || $WHAT == all ]]; then
     [[ $NGPU == 1 ]] || ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt
 fi
 if [[ $WHAT == 7b ]]; then
-    ours 7b-z3-ckpt configs/gpt-7b.toml 3 4 --set checkpointing.activations='"every_layer"'
+    ours 7b-z3-ckpt configs/gpt-7b.toml 3 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"'
     ref ref-7b-fsdp-ckpt fsdp 32 4096 32 4 --ckpt
 fi
 

@@ -228,9 +228,13 @@ fn matmul_gelu() {
 fn attention() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
-        for &(b, t, nh, hs) in
-            &[(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 64), (2, 77, 3, 32), (1, 130, 2, 128), (2, 64, 2, 64)]
-        {
+        // Every tensor-core head size at T = 1024 and 2048 (causal), ragged lengths, and
+        // the SIMT-only head size 32.
+        let mut shapes = vec![(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 64), (2, 77, 3, 32), (2, 64, 2, 64)];
+        for hs in [64, 80, 96, 128] {
+            shapes.extend([(1, 1024, 2, hs), (1, 2048, 1, hs), (2, 77, 2, hs), (1, 130, 2, hs)]);
+        }
+        for (b, t, nh, hs) in shapes {
             if small() && t > 512 {
                 continue;
             }

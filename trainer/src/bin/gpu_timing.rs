@@ -2,6 +2,10 @@
 //! repeats) at a model's shapes, and the step time it adds up to. GPT-2 124M by default;
 //! `GPU_CHECK_SHAPE="B,T,C,NH,V"` and `GPU_CHECK_LAYERS=L` time another model (e.g. 1.5B:
 //! `8,1024,1600,25,50304` with 48 layers).
+//!
+//! `gpu-timing attention [T]`: causal attention forward and backward at every
+//! tensor-core head size (64, 80, 96, 128), B·NH = 64 heads of length T (default 1024),
+//! in TFLOP/s — the same shapes `scripts/sdpa_timing.py` times with PyTorch's SDPA.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -325,6 +329,34 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     Ok(())
 }
 
+/// Attention alone at every tensor-core head size: fwd and bwd TFLOP/s (causal: half of
+/// the T x T products; forward 2 GEMMs, backward 5 of which 2 recompute).
+fn attention_timing(be: &CudaBackend, t: usize) -> BResult<()> {
+    println!("\nCausal attention, B x NH = 64 heads, T = {t} (median of event-timed repeats)");
+    for hs in [64usize, 80, 96, 128] {
+        let (b, nh) = (4usize, 16usize);
+        let (c, n) = (nh * hs, b * t);
+        let s = AttnShape { b, t, c, nh };
+        let chunk = randn(4, 1 << 22, 1.0);
+        let fill = |len: usize| -> BResult<CudaSlice<bf16>> {
+            let mut x = be.alloc_buf(len, "timing")?;
+            fill_buf(be, &mut x, &chunk)?;
+            Ok(x)
+        };
+        let (qkv, mut out, dout, mut dqkv) = (fill(n * 3 * c)?, fill(n * c)?, fill(n * c)?, fill(n * 3 * c)?);
+        let mut saved = be.alloc_f32(be.attention_saved_len(s), "timing")?;
+        let flop = 2.0 * 2.0 * (b * nh * t * t * hs) as f64 / 2.0;
+        let mut tm = Timer { be, rows: Vec::new() };
+        tm.time(&format!("attention_fwd HS{hs}"), 3, 20, tflops(flop), || {
+            be.attention_fwd(&mut out, &mut saved, &qkv, s)
+        });
+        tm.time(&format!("attention_bwd HS{hs}"), 3, 20, tflops(2.5 * flop), || {
+            be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+        });
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let t0 = Instant::now();
     let be = match CudaBackend::new(0) {
@@ -340,7 +372,12 @@ fn main() -> ExitCode {
         be.sm_count(),
         t0.elapsed().as_secs_f64()
     );
-    match timing(&be) {
+    let args: Vec<String> = std::env::args().collect();
+    let run = match args.get(1).map(String::as_str) {
+        Some("attention") => attention_timing(&be, args.get(2).and_then(|t| t.parse().ok()).unwrap_or(1024)),
+        _ => timing(&be),
+    };
+    match run {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             println!("timing failed: {e}");

@@ -1,7 +1,8 @@
 //! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu):
 //! flash style, saving only the per-row log-sum-exp. Two families of kernels compute the
-//! same function and save the same state: fp32 SIMT kernels for head sizes 32, 64 and 128,
-//! and tensor-core (mma.sync) kernels for head size 64.
+//! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
+//! 64, 80, 96 and 128, and fp32 SIMT kernels for 32, 64, 80, 96 and 128 (the fallback
+//! for head size 32, and the cross-check).
 
 use cudarc::driver::PushKernelArg;
 
@@ -13,10 +14,11 @@ use crate::backend::{AttentionOps, AttnShape, BResult};
 /// Which attention kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionImpl {
-    /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) where the head size is
-    /// 64; the fp32 SIMT kernels otherwise. The default.
+    /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) for head sizes 64, 80,
+    /// 96 and 128; the fp32 SIMT kernels (with a note on stderr) for 32. The default.
     TensorCore,
-    /// fp32 SIMT kernels for every head size (32, 64, 128): the slower cross-check.
+    /// fp32 SIMT kernels for every head size they have (32, 64, 80, 96, 128): the slower
+    /// cross-check.
     Simt,
 }
 
@@ -36,27 +38,46 @@ enum Pass {
     Dq,
 }
 
-/// A kernel family: SIMT at a head size, or tensor cores.
+/// A kernel family at a head size: fp32 SIMT, or tensor cores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Simt(usize),
-    Mma64,
+    Mma(usize),
 }
 
+/// Head sizes of each family.
+const SIMT_HEAD_SIZES: [usize; 5] = [32, 64, 80, 96, 128];
+const MMA_HEAD_SIZES: [usize; 4] = [64, 80, 96, 128];
+
 /// Every attention kernel of a pass and variant: the one list of their names.
-const TABLE: [(Pass, Variant, &str); 12] = [
+const TABLE: [(Pass, Variant, &str); 27] = [
     (Pass::Fwd, Variant::Simt(32), "attn_fwd_32"),
     (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32"),
     (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32"),
     (Pass::Fwd, Variant::Simt(64), "attn_fwd_64"),
     (Pass::Dkv, Variant::Simt(64), "attn_bwd_dkv_64"),
     (Pass::Dq, Variant::Simt(64), "attn_bwd_dq_64"),
+    (Pass::Fwd, Variant::Simt(80), "attn_fwd_80"),
+    (Pass::Dkv, Variant::Simt(80), "attn_bwd_dkv_80"),
+    (Pass::Dq, Variant::Simt(80), "attn_bwd_dq_80"),
+    (Pass::Fwd, Variant::Simt(96), "attn_fwd_96"),
+    (Pass::Dkv, Variant::Simt(96), "attn_bwd_dkv_96"),
+    (Pass::Dq, Variant::Simt(96), "attn_bwd_dq_96"),
     (Pass::Fwd, Variant::Simt(128), "attn_fwd_128"),
     (Pass::Dkv, Variant::Simt(128), "attn_bwd_dkv_128"),
     (Pass::Dq, Variant::Simt(128), "attn_bwd_dq_128"),
-    (Pass::Fwd, Variant::Mma64, "attn_fwd_mma64"),
-    (Pass::Dkv, Variant::Mma64, "attn_bwd_dkv_mma64"),
-    (Pass::Dq, Variant::Mma64, "attn_bwd_dq_mma64"),
+    (Pass::Fwd, Variant::Mma(64), "attn_fwd_mma64"),
+    (Pass::Dkv, Variant::Mma(64), "attn_bwd_dkv_mma64"),
+    (Pass::Dq, Variant::Mma(64), "attn_bwd_dq_mma64"),
+    (Pass::Fwd, Variant::Mma(80), "attn_fwd_mma80"),
+    (Pass::Dkv, Variant::Mma(80), "attn_bwd_dkv_mma80"),
+    (Pass::Dq, Variant::Mma(80), "attn_bwd_dq_mma80"),
+    (Pass::Fwd, Variant::Mma(96), "attn_fwd_mma96"),
+    (Pass::Dkv, Variant::Mma(96), "attn_bwd_dkv_mma96"),
+    (Pass::Dq, Variant::Mma(96), "attn_bwd_dq_mma96"),
+    (Pass::Fwd, Variant::Mma(128), "attn_fwd_mma128"),
+    (Pass::Dkv, Variant::Mma(128), "attn_bwd_dkv_mma128"),
+    (Pass::Dq, Variant::Mma(128), "attn_bwd_dq_mma128"),
 ];
 
 /// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
@@ -73,9 +94,10 @@ const fn function_names() -> [&'static str; TABLE.len() + 1] {
 }
 const FUNCTIONS: [&str; TABLE.len() + 1] = function_names();
 
-/// The SIMT kernels carve their tiles out of more than 48 KiB of shared memory.
+/// Every tiled kernel carves its tiles out of dynamic shared memory, more than 48 KiB at
+/// the larger head sizes.
 fn big_smem(name: &str) -> bool {
-    TABLE.iter().any(|&(_, v, n)| n == name && matches!(v, Variant::Simt(_)))
+    TABLE.iter().any(|&(_, _, n)| n == name)
 }
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -88,6 +110,16 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 
 fn kernel_name(pass: Pass, v: Variant) -> &'static str {
     TABLE.iter().find(|&&(p, vv, _)| p == pass && vv == v).map(|&(_, _, n)| n).expect("every variant has every pass")
+}
+
+/// Dynamic shared memory of a tensor-core kernel: its 64-row bf16 tiles, rows padded to
+/// `hs + 8` (`Mg<HS>` in attention.cu). Four double-buffered stream tiles; the backward
+/// kernels keep their own tile in two more where its fragments do not fit in registers
+/// (`OWN_IN_REGS`: head size 64 and below). The kernels trap if given less.
+fn mma_smem(hs: usize, pass: Pass) -> usize {
+    let own_in_regs = hs <= 64;
+    let tiles = if pass == Pass::Fwd || own_in_regs { 4 } else { 6 };
+    tiles * TILE * (hs + 8) * 2
 }
 
 /// Dynamic shared memory of a SIMT kernel: its float tiles (rows padded to `hs + 4`).
@@ -108,13 +140,23 @@ impl CudaBackend {
             return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
         }
         let hs = s.c / s.nh;
-        if !matches!(hs, 32 | 64 | 128) {
-            return Err(bad(format!("attention: head size {hs} is not supported by the CUDA kernels (32, 64 or 128)")));
-        }
-        let v = if hs == 64 && self.attention.get() == AttentionImpl::TensorCore {
-            Variant::Mma64
-        } else {
+        let tc = self.attention.get() == AttentionImpl::TensorCore;
+        let v = if tc && MMA_HEAD_SIZES.contains(&hs) {
+            Variant::Mma(hs)
+        } else if SIMT_HEAD_SIZES.contains(&hs) {
+            if tc && !self.attention_fallback_noted.replace(true) {
+                eprintln!(
+                    "note: head size {hs} has no tensor-core attention kernels (they cover {MMA_HEAD_SIZES:?}); \
+                     using the fp32 SIMT kernels"
+                );
+            }
             Variant::Simt(hs)
+        } else {
+            return Err(bad(format!(
+                "attention: head size {hs} (n_embd / n_head) is not supported by the CUDA kernels: \
+                 tensor cores cover {MMA_HEAD_SIZES:?}, the SIMT kernels {SIMT_HEAD_SIZES:?}; \
+                 choose model.n_head so that n_embd / n_head is one of them"
+            )));
         };
         Ok((v, 1.0 / (hs as f32).sqrt()))
     }
@@ -122,7 +164,7 @@ impl CudaBackend {
     /// Block size and dynamic shared memory of a pass.
     fn attn_launch(v: Variant, pass: Pass) -> (u32, usize) {
         match v {
-            Variant::Mma64 => (MMA_THREADS, 0),
+            Variant::Mma(hs) => (MMA_THREADS, mma_smem(hs, pass)),
             Variant::Simt(hs) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
         }
     }

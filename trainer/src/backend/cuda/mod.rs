@@ -75,6 +75,8 @@ pub struct CudaBackend {
     scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bias: RefCell<Option<CudaSlice<bf16>>>,
     attention: Cell<AttentionImpl>,
+    /// The SIMT fallback for a head size without tensor-core kernels was noted on stderr.
+    attention_fallback_noted: Cell<bool>,
     /// Driver-used bytes outside the allocator pool once the backend was ready (context,
     /// kernels, cuBLASLt handle), and what a communication library added to that since.
     context_bytes: u64,
@@ -191,6 +193,7 @@ impl CudaBackend {
                 Ok("simt") => AttentionImpl::Simt,
                 _ => AttentionImpl::TensorCore,
             }),
+            attention_fallback_noted: Cell::new(false),
             context_bytes,
             comm_library_bytes: Cell::new(0),
         })
