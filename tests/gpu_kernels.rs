@@ -359,11 +359,11 @@ fn adamw() {
         let g = rng.vec(goff + len, 0.1);
         let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, grad_scale: 0.7 };
         let (mut pc, mut wc, mut mc, mut vc) = (vec![0.0; poff + len], master.clone(), m0.clone(), v0.clone());
-        let t = AdamWTensors { params: &mut pc, master: &mut wc, m: &mut mc, v: &mut vc, grads: &g };
+        let t = AdamWTensors { params: Some(&mut pc), master: &mut wc, m: &mut mc, v: &mut vc, grads: &g };
         cpu.adamw(t, &segs, h)?;
         let mut pg = poisoned_buf(be, poff + len)?;
         let (mut wg, mut mg, mut vg, gg) = (up_f32(be, &master)?, up_f32(be, &m0)?, up_f32(be, &v0)?, up_grad(be, &g)?);
-        let t = AdamWTensors { params: &mut pg, master: &mut wg, m: &mut mg, v: &mut vg, grads: &gg };
+        let t = AdamWTensors { params: Some(&mut pg), master: &mut wg, m: &mut mg, v: &mut vg, grads: &gg };
         be.adamw(t, &segs, h)?;
         let r = Loc::new(moff, len);
         rep.cmp("adamw", "master", &be.download_f32(&wg, r)?, &wc[moff..], 1e-6);

@@ -110,3 +110,17 @@ pub trait Communicator<B: ?Sized>: Group {
         Ok(Pending::DONE)
     }
 }
+
+/// All-gather in place: this rank's piece is already at `buf[rank*n..(rank+1)*n]`
+/// (`n = len / world`), and every other rank's piece lands beside it. The ZeRO engine
+/// writes its updated piece straight into the full buffer (casting fp32 master weights to
+/// compute precision there), so no separate send buffer has to be kept.
+pub trait AllGatherInPlace<B: ?Sized>: Group {
+    /// Start the in-place all-gather; `buf` must stay untouched until [`Group::wait`].
+    fn all_gather_in_place_start(&mut self, buf: &mut B) -> Result<Pending, CommError>;
+    /// The in-place all-gather, complete (for later work) when it returns.
+    fn all_gather_in_place(&mut self, buf: &mut B) -> Result<(), CommError> {
+        let p = self.all_gather_in_place_start(buf)?;
+        self.wait(p)
+    }
+}

@@ -27,10 +27,10 @@
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use cudarc::nccl::{self, Comm, Id, NcclType};
 
-use crate::{CommError, Communicator, Group, Pending, ReduceOp};
+use crate::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
 
 /// Bytes in an NCCL unique id.
 pub const NCCL_ID_BYTES: usize = 128;
@@ -294,6 +294,37 @@ impl Group for NcclComm {
             .ok_or_else(|| CommError::Other(format!("wait on unknown or already-waited collective #{}", p.0)))?;
         let (_, ev) = self.in_flight.swap_remove(k);
         self.stream.wait(&ev).map_err(|e| cuda_err("wait", e))
+    }
+}
+
+impl<T: NcclType> AllGatherInPlace<CudaSlice<T>> for NcclComm {
+    fn all_gather_in_place_start(&mut self, buf: &mut CudaSlice<T>) -> Result<Pending, CommError> {
+        let n = buf.len() / self.world;
+        if n * self.world != buf.len() {
+            return Err(self.bad_size(
+                "all_gather_in_place",
+                format!("{} elements do not split into {} equal pieces", buf.len(), self.world),
+            ));
+        }
+        if n == 0 {
+            return Ok(Pending::DONE);
+        }
+        self.after_compute("all_gather_in_place")?;
+        // NCCL's in-place form: the send buffer is this rank's piece of the receive buffer.
+        // It is borrowed as a second slice over the same memory and released, not freed.
+        let base = {
+            let (p, _g) = buf.device_ptr(&self.comm_stream);
+            p
+        };
+        let own = base + (self.rank * n * std::mem::size_of::<T>()) as u64;
+        // SAFETY: `own` addresses n elements inside `buf`, which outlives this call; the
+        // view is leaked (not freed) right after the call; NCCL documents sendbuff ==
+        // recvbuff + rank * sendcount as the in-place all-gather.
+        let send = unsafe { self.comm_stream.upgrade_device_ptr::<T>(own, n) };
+        let r = self.comm.all_gather(&send, buf);
+        let _ = send.leak();
+        r.map_err(|e| nccl_err("all_gather_in_place", e))?;
+        self.pending("all_gather_in_place")
     }
 }
 

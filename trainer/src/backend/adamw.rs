@@ -28,16 +28,16 @@ impl AdamWStep {
 
 /// The buffers one AdamW call reads and writes.
 pub struct AdamWTensors<'a, B: Device + ?Sized> {
-    /// Compute-precision parameters receiving the rounded result.
-    pub params: &'a mut B::Buf,
+    /// Compute-precision parameters receiving the rounded result, if any are kept.
+    pub params: Option<&'a mut B::Buf>,
     pub master: &'a mut B::F32,
     pub m: &'a mut B::F32,
     pub v: &'a mut B::F32,
     pub grads: &'a B::Grad,
 }
 
-/// One contiguous run of elements: `params[poff..]`, `master/m/v[moff..]`, `grads[goff..]`,
-/// `len` long, with or without weight decay.
+/// One contiguous run of elements: `params[poff..]` (when there are params),
+/// `master/m/v[moff..]`, `grads[goff..]`, `len` long, with or without weight decay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdamWSegment {
     pub poff: usize,

@@ -299,7 +299,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     fill_f32(be, &mut g, &small)?;
     let h = AdamWStep { lr: 6e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 10, grad_scale: 1.0 };
     tm.time("adamw (124M params)", 3, 20, gbps((np * (4 * 7 + 2)) as f64), || {
-        let t = AdamWTensors { params: &mut p, master: &mut w, m: &mut m, v: &mut vv, grads: &g };
+        let t = AdamWTensors { params: Some(&mut p), master: &mut w, m: &mut m, v: &mut vv, grads: &g };
         be.adamw(t, &[AdamWSegment { poff: 0, moff: 0, goff: 0, len: np, decay: true }], h)
     });
     let t_adam = tm.rows.last().map_or(0.0, |r| r.1);

@@ -71,20 +71,22 @@ impl<B: Backend> Optimizer<B> {
         (self.units[u].off, self.units[u].len)
     }
 
-    /// Round unit `u`'s master weights (its first `len` elements) into `dst` at `doff`.
+    /// Round unit `u`'s master weights (the first `len` held elements) into `dst` at `doff`.
     pub fn cast_params(&self, be: &B, u: usize, dst: &mut B::Buf, doff: usize, len: usize) -> BResult<()> {
         be.cast_to_buf(dst, doff, &self.units[u].master, Loc::all(len))
     }
 
-    /// AdamW on unit `u`: `grads` holds the reduced gradient and `params` receives the
-    /// rounded update, both laid out from element `off` of the unit. Every tensor's part
-    /// inside the held range is one segment (decay for matrices only).
+    /// AdamW on unit `u`: `grads` holds the reduced gradient of the held elements (laid
+    /// out from element `off` of the unit); `params`, when given, is the unit's full
+    /// compute copy (unit coordinates) and receives the rounded update of the held
+    /// elements. Every tensor's part inside the held range is one segment (decay for
+    /// matrices only).
     pub fn step_unit(
         &mut self,
         be: &B,
         u: usize,
         tensors: &[TensorSpec],
-        params: &mut B::Buf,
+        params: Option<&mut B::Buf>,
         grads: &B::Grad,
         h: AdamWStep,
     ) -> BResult<()> {
@@ -94,13 +96,7 @@ impl<B: Backend> Optimizer<B> {
             .iter()
             .filter_map(|ts| {
                 let (a, b) = (ts.loc.off.max(lo), ts.loc.end().min(hi));
-                (a < b).then_some(AdamWSegment {
-                    poff: a - lo,
-                    moff: a - lo,
-                    goff: a - lo,
-                    len: b - a,
-                    decay: ts.decay,
-                })
+                (a < b).then_some(AdamWSegment { poff: a, moff: a - lo, goff: a - lo, len: b - a, decay: ts.decay })
             })
             .collect();
         let t = AdamWTensors { params, master: &mut st.master, m: &mut st.m, v: &mut st.v, grads };

@@ -18,11 +18,17 @@ use crate::config::Config;
 use crate::model::ModelLayout;
 use crate::optim::{Hyper, Optimizer};
 use crate::TrainError;
-use collectives::{Communicator, Group, Pending, ReduceOp};
+use collectives::{AllGatherInPlace, Communicator, Group, Pending, ReduceOp};
 
 /// The collectives the engine needs: on compute buffers, on gradients, and on host scalars.
-pub trait EngineComm<B: Backend>: Communicator<B::Buf> + Communicator<B::Grad> + Communicator<[f32]> {}
-impl<B: Backend, T> EngineComm<B> for T where T: Communicator<B::Buf> + Communicator<B::Grad> + Communicator<[f32]> {}
+pub trait EngineComm<B: Backend>:
+    Communicator<B::Buf> + AllGatherInPlace<B::Buf> + Communicator<B::Grad> + Communicator<[f32]>
+{
+}
+impl<B: Backend, T> EngineComm<B> for T where
+    T: Communicator<B::Buf> + AllGatherInPlace<B::Buf> + Communicator<B::Grad> + Communicator<[f32]>
+{
+}
 
 /// Shard sizes are rounded up to this many elements (aligned vector access on devices).
 const SHARD_ALIGN: usize = 8;
@@ -71,8 +77,6 @@ struct Unit<B: Backend> {
     gather_pending: Option<Pending>,
     /// Stage 0/1: the gradient reduction started during the last micro-step's backward.
     reduce_pending: Option<Pending>,
-    /// This rank's compute-parameter shard (stage >= 1).
-    param_shard: Option<B::Buf>,
     /// Full gradient accumulation buffer (always for stage 0/1; during backward for 2/3).
     grads: Option<B::Grad>,
     /// This rank's reduced gradient shard (stage >= 1).
@@ -212,14 +216,6 @@ impl<B: Backend> Engine<B> {
                 ledger.alloc(Category::Params, padded * sizes.buf);
                 Some(p)
             };
-            let param_shard = if policy.shard_optimizer {
-                let mut p = be.alloc_buf(shard, &what("parameter shard"))?;
-                opt.cast_params(be, ui, &mut p, 0, shard)?;
-                ledger.alloc(Category::Params, shard * sizes.buf);
-                Some(p)
-            } else {
-                None
-            };
             let grads = if policy.shard_grads {
                 None
             } else {
@@ -243,7 +239,6 @@ impl<B: Backend> Engine<B> {
                 params,
                 gather_pending: None,
                 reduce_pending: None,
-                param_shard,
                 grads,
                 grad_shard,
                 shard_empty: true,
@@ -331,8 +326,10 @@ impl<B: Backend> Engine<B> {
             self.param_pool.take(u.padded, u.padded * self.sizes.buf, Category::Params, &mut self.ledger, || {
                 be.alloc_buf(u.padded, &format!("gathered parameters of unit {name}"))
             })?;
-        let shard = u.param_shard.as_ref().expect("stage 3 keeps a parameter shard");
-        let p = Communicator::<B::Buf>::all_gather_start(comm, shard, &mut full)?;
+        // This rank's piece comes straight from its fp32 master weights (no bf16 shard is
+        // kept: 2 bytes per parameter less); the others arrive beside it.
+        self.opt.cast_params(be, i, &mut full, self.rank * u.shard, u.shard)?;
+        let p = AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut full)?;
         u.params = Some(full);
         u.gather_pending = Some(p);
         Ok(())
@@ -514,21 +511,16 @@ impl<B: Backend> Engine<B> {
         };
         for (ui, u) in self.units.iter_mut().enumerate() {
             let tensors = &self.layout.units[ui].tensors;
-            if policy.shard_optimizer {
-                let p = u.param_shard.as_mut().expect("param shard");
-                let g = u.grad_shard.as_ref().expect("grad shard");
-                self.opt.step_unit(be, ui, tensors, p, g, step)?;
-            } else {
-                let p = u.params.as_mut().expect("stage 0 params");
-                let g = u.grads.as_ref().expect("stage 0 grads");
-                self.opt.step_unit(be, ui, tensors, p, g, step)?;
-            }
-            // 4. Publish: stage 1/2 all-gather the updated shards into the full copy. It runs
-            // while later units update and the next forward starts; `gather` waits for it.
+            let g = if policy.shard_optimizer { u.grad_shard.as_ref() } else { u.grads.as_ref() };
+            let g = g.expect("the reduced gradient of the elements this rank owns");
+            // Stage 0-2 write the rounded update into their piece of the full compute copy;
+            // stage 3 keeps none (the next gather rounds the master weights).
+            self.opt.step_unit(be, ui, tensors, u.params.as_mut(), g, step)?;
+            // 4. Publish: stage 1/2 all-gather the updated pieces in place. It runs while
+            // later units update and the next forward starts; `gather` waits for it.
             if policy.shard_optimizer && !policy.shard_params {
-                let s = u.param_shard.as_ref().expect("param shard");
                 let p = u.params.as_mut().expect("stage 1/2 params");
-                u.gather_pending = Some(Communicator::<B::Buf>::all_gather_start(comm, s, p)?);
+                u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, p)?);
             }
         }
         Ok(StepStats { grad_norm, clip_scale })
@@ -631,16 +623,15 @@ impl<B: Backend> Engine<B> {
             return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));
         }
         self.opt.load(be, i, lo, &state)?;
+        let rank = self.rank;
         let u = &mut self.units[i];
+        // Stage 3 outside a gather holds no compute copy: the next gather rounds the
+        // loaded master weights. Otherwise the copy is rebuilt as a step publishes it.
+        let Some(p) = u.params.as_mut() else { return Ok(()) };
         if policy.shard_optimizer {
-            let ps = u.param_shard.as_mut().expect("param shard");
-            self.opt.cast_params(be, i, ps, 0, u.shard)?;
-            if !policy.shard_params {
-                let p = u.params.as_mut().expect("stage 1/2 params");
-                Communicator::<B::Buf>::all_gather(comm, u.param_shard.as_ref().expect("param shard"), p)?;
-            }
+            self.opt.cast_params(be, i, p, rank * u.shard, u.shard)?;
+            AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
         } else {
-            let p = u.params.as_mut().expect("stage 0 params");
             self.opt.cast_params(be, i, p, 0, u.padded)?;
         }
         Ok(())

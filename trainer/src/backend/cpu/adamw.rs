@@ -19,7 +19,7 @@ pub fn adamw_segment(master: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[
 }
 
 impl AdamWOps for CpuBackend {
-    fn adamw(&self, t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
+    fn adamw(&self, mut t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
         for s in segs {
             let r = s.moff..s.moff + s.len;
             let wd = if s.decay { h.weight_decay } else { 0.0 };
@@ -31,7 +31,9 @@ impl AdamWOps for CpuBackend {
                 h,
                 wd,
             );
-            t.params[s.poff..s.poff + s.len].copy_from_slice(&t.master[r]);
+            if let Some(p) = t.params.as_deref_mut() {
+                p[s.poff..s.poff + s.len].copy_from_slice(&t.master[r]);
+            }
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Binds a host communicator to the CPU backend's buffer type (`Vec<f32>`), so the
 //! engine's collectives on parameters, gradients and scalars all go through one object.
 
-use collectives::{CommError, Communicator, Group, ReduceOp};
+use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
 
 /// Wraps any `[f32]` communicator (e.g. `collectives::tcp::TcpComm`) for `Vec<f32>` buffers.
 pub struct HostComm<C>(pub C);
@@ -45,5 +45,22 @@ impl<C: Communicator<[f32]>> Communicator<Vec<f32>> for HostComm<C> {
     }
     fn broadcast(&mut self, buf: &mut Vec<f32>, root: usize) -> Result<(), CommError> {
         self.0.broadcast(buf, root)
+    }
+}
+
+impl<C: Communicator<[f32]>> AllGatherInPlace<Vec<f32>> for HostComm<C> {
+    /// The host communicator has no in-place form: this rank's piece is copied out and
+    /// all-gathered back over the buffer (host memory, one piece).
+    fn all_gather_in_place_start(&mut self, buf: &mut Vec<f32>) -> Result<Pending, CommError> {
+        let world = self.0.world();
+        let n = buf.len() / world;
+        if n * world != buf.len() {
+            let detail = format!("{} elements do not split into {world} equal pieces", buf.len());
+            return Err(CommError::BadSize { op: "all_gather_in_place", world, detail });
+        }
+        let r = self.0.rank();
+        let own = buf[r * n..(r + 1) * n].to_vec();
+        self.0.all_gather(&own, buf)?;
+        Ok(Pending::DONE)
     }
 }

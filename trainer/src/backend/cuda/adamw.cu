@@ -1,7 +1,8 @@
 // AdamW with decoupled weight decay on the fp32 master weights (twin of cpu/adamw.rs);
 // the updated weight is also rounded into the bf16 compute copy. The bias corrections
 // bc1 = 1 - beta1^t, bc2 = 1 - beta2^t come from the host, computed as the CPU does.
-// Pointers arrive already offset to the segment.
+// Pointers arrive already offset to the segment; `params` may be null (no compute copy
+// kept: ZeRO-3 rounds the master weights at gather time).
 
 extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float* v, const float* grads,
                                  long long len, float lr, float beta1, float beta2, float eps, float wd,
@@ -18,6 +19,6 @@ extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float*
         float w = master[i];
         w -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w);
         master[i] = w;
-        params[i] = f2bf(w);
+        if (params) params[i] = f2bf(w);
     }
 }

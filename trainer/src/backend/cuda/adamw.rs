@@ -17,12 +17,14 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 };
 
 impl AdamWOps for CudaBackend {
-    fn adamw(&self, t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
+    fn adamw(&self, mut t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
         // Exactly as cpu/adamw.rs computes them.
         let (bc1, bc2) = h.bias_corrections();
         let f = self.f("adamw")?;
         for s in segs {
-            check("adamw params", t.params.len(), s.poff, s.len)?;
+            if let Some(p) = t.params.as_deref() {
+                check("adamw params", p.len(), s.poff, s.len)?;
+            }
             check("adamw master", t.master.len(), s.moff, s.len)?;
             check("adamw m", t.m.len(), s.moff, s.len)?;
             check("adamw v", t.v.len(), s.moff, s.len)?;
@@ -32,7 +34,8 @@ impl AdamWOps for CudaBackend {
             }
             let wd = if s.decay { h.weight_decay } else { 0.0 };
             let (p, w, mp, vp, g, n) = (
-                self.ptr_mut(t.params, s.poff),
+                // Null: no compute copy to round into (the kernel skips the write).
+                t.params.as_deref_mut().map_or(0, |p| self.ptr_mut(p, s.poff)),
                 self.ptr_mut(t.master, s.moff),
                 self.ptr_mut(t.m, s.moff),
                 self.ptr_mut(t.v, s.moff),

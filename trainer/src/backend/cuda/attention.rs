@@ -1,8 +1,8 @@
 //! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu):
 //! flash style, saving only the per-row log-sum-exp. Two families of kernels compute the
 //! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
-//! 64, 80, 96 and 128, and fp32 SIMT kernels for 32, 64, 80, 96 and 128 (the fallback
-//! for head size 32, and the cross-check).
+//! 64, 80, 96 and 128, and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head
+//! size 32, and the cross-check).
 
 use cudarc::driver::PushKernelArg;
 
@@ -17,8 +17,8 @@ pub enum AttentionImpl {
     /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) for head sizes 64, 80,
     /// 96 and 128; the fp32 SIMT kernels (with a note on stderr) for 32. The default.
     TensorCore,
-    /// fp32 SIMT kernels for every head size they have (32, 64, 80, 96, 128): the slower
-    /// cross-check.
+    /// fp32 SIMT kernels where they exist (head sizes 32, 64, 128; the tensor-core
+    /// kernels otherwise): the slower cross-check.
     Simt,
 }
 
@@ -46,23 +46,17 @@ enum Variant {
 }
 
 /// Head sizes of each family.
-const SIMT_HEAD_SIZES: [usize; 5] = [32, 64, 80, 96, 128];
+const SIMT_HEAD_SIZES: [usize; 3] = [32, 64, 128];
 const MMA_HEAD_SIZES: [usize; 4] = [64, 80, 96, 128];
 
 /// Every attention kernel of a pass and variant: the one list of their names.
-const TABLE: [(Pass, Variant, &str); 27] = [
+const TABLE: [(Pass, Variant, &str); 21] = [
     (Pass::Fwd, Variant::Simt(32), "attn_fwd_32"),
     (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32"),
     (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32"),
     (Pass::Fwd, Variant::Simt(64), "attn_fwd_64"),
     (Pass::Dkv, Variant::Simt(64), "attn_bwd_dkv_64"),
     (Pass::Dq, Variant::Simt(64), "attn_bwd_dq_64"),
-    (Pass::Fwd, Variant::Simt(80), "attn_fwd_80"),
-    (Pass::Dkv, Variant::Simt(80), "attn_bwd_dkv_80"),
-    (Pass::Dq, Variant::Simt(80), "attn_bwd_dq_80"),
-    (Pass::Fwd, Variant::Simt(96), "attn_fwd_96"),
-    (Pass::Dkv, Variant::Simt(96), "attn_bwd_dkv_96"),
-    (Pass::Dq, Variant::Simt(96), "attn_bwd_dq_96"),
     (Pass::Fwd, Variant::Simt(128), "attn_fwd_128"),
     (Pass::Dkv, Variant::Simt(128), "attn_bwd_dkv_128"),
     (Pass::Dq, Variant::Simt(128), "attn_bwd_dq_128"),
@@ -140,7 +134,7 @@ impl CudaBackend {
             return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
         }
         let hs = s.c / s.nh;
-        let tc = self.attention.get() == AttentionImpl::TensorCore;
+        let tc = self.attention.get() == AttentionImpl::TensorCore || !SIMT_HEAD_SIZES.contains(&hs);
         let v = if tc && MMA_HEAD_SIZES.contains(&hs) {
             Variant::Mma(hs)
         } else if SIMT_HEAD_SIZES.contains(&hs) {
