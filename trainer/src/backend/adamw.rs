@@ -20,10 +20,26 @@ pub struct AdamWStep {
 }
 
 impl AdamWStep {
-    /// The bias corrections `1 − β1ᵗ`, `1 − β2ᵗ`, computed the same way by every backend.
+    /// The bias corrections `1 − β1ᵗ`, `1 − β2ᵗ`, the same bits wherever they are computed.
+    /// (Not `powi`: LLVM evaluates it differently when `t` is a compile-time constant after
+    /// inlining than when it is not, which made two callers disagree in the last bits.)
     pub fn bias_corrections(&self) -> (f32, f32) {
-        (1.0 - self.beta1.powi(self.t as i32), 1.0 - self.beta2.powi(self.t as i32))
+        (1.0 - pow_exact(self.beta1, self.t), 1.0 - pow_exact(self.beta2, self.t))
     }
+}
+
+/// `b^t` by squaring, multiplications in a fixed order (floating-point multiplication is
+/// not reordered by the compiler, so every caller gets the same bits).
+fn pow_exact(b: f32, t: u64) -> f32 {
+    let (mut r, mut x, mut e) = (1.0f32, b, t);
+    while e > 0 {
+        if e & 1 == 1 {
+            r *= x;
+        }
+        x *= x;
+        e >>= 1;
+    }
+    r
 }
 
 /// The buffers one AdamW call reads and writes.

@@ -5,8 +5,10 @@
 //! stage 0) and hands the optimizer each unit's reduced gradient; the optimizer decides
 //! *where* that state lives and runs the update (`optimizer.rs`).
 
+pub mod host_adamw;
 pub mod optimizer;
 pub mod schedule;
 
+pub use host_adamw::{HostAdamW, HostAdamWStats, HostValues};
 pub use optimizer::{Hyper, Optimizer};
 pub use schedule::lr_at;
