@@ -297,7 +297,9 @@ mod tests {
 
     #[test]
     fn bf16_rounding_is_nearest_even_like_half() {
-        for x in [0.0f32, -0.0, 1.0, 1.00390625, 1.01171875, -3.3e-5, 65504.0, f32::MAX, f32::INFINITY, 1e-40] {
+        // 0x3f80_8000 and 0x3f81_8000 sit exactly halfway between two bf16 values.
+        let halfway = [f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)];
+        for x in [0.0f32, -0.0, 1.0, halfway[0], halfway[1], -3.3e-5, 65504.0, f32::MAX, f32::INFINITY, 1e-40] {
             assert_eq!(bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{x}");
         }
         assert!(half::bf16::from_bits(bf16_bits(f32::NAN)).is_nan());
