@@ -64,6 +64,12 @@ pub struct LaunchArgs {
     /// Multi-node: this node's index in 0..nnodes (node 0 hosts the rendezvous); ranks are node_rank*N + local.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub node_rank: u32,
+    /// The job's secret that ranks show to the rendezvous (others are ignored). Node 0 makes
+    /// one if none is given and prints it for multi-node jobs; every other node must be given
+    /// the same. Prefer the environment variable SHARDTRAIN_JOB_TOKEN (a command line is
+    /// visible to other users in `ps`).
+    #[arg(long, value_name = "TOKEN")]
+    pub job_token: Option<String>,
     /// Continue from a checkpoint: its directory (`<checkpoint.dir>/step_00000100`) or `latest`, the
     /// newest intact one in checkpoint.dir. Verified (every file's size and CRC-32, the model shape)
     /// before any rank starts; --cpus and zero.stage may differ from the run that saved it.
@@ -151,9 +157,12 @@ pub struct WorkerArgs {
     /// Which backend this rank computes on.
     #[arg(long, value_enum)]
     pub device: Device,
-    /// Index of this rank on its node (the GPU it uses).
+    /// Index of this rank on its node.
     #[arg(long, default_value_t = 0)]
     pub local_rank: u32,
+    /// The GPU this rank uses (default: its local rank; SHARDTRAIN_GPU_MAP changes it).
+    #[arg(long)]
+    pub gpu: Option<u32>,
     /// Continue from this checkpoint directory (validated by the launcher).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,

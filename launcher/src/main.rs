@@ -8,16 +8,24 @@
 //! `prepare-data`, `export` and `memory` are tools that start no job.
 //!
 //! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
-//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned);
+//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned), or a
+//! rank found a data, checkpoint or config problem, or node 0 refused a node that runs
+//! another config; 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`);
 //! 130 interrupted. The tools exit 0, or 1 on failure (2 for bad arguments or config).
+//!
+//! Also: `token` (the job's rendezvous secret), `fingerprint` (what must match across
+//! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
+//! stops a job when stdout is closed).
 
 mod cli;
 mod device;
 mod export;
 mod fault;
+mod fingerprint;
 mod gpu;
 mod memory;
 mod metrics;
+mod out;
 mod prepare;
 mod progress;
 mod protocol;
@@ -26,6 +34,8 @@ mod rendezvous;
 mod resume;
 mod setup;
 mod supervise;
+mod token;
+mod watchdog;
 mod worker;
 
 use clap::Parser;
@@ -58,8 +68,10 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<setup::SetupError>().is_some() {
+            out::warn(&format!("error: {e:#}"));
+            if let Some(job) = e.downcast_ref::<supervise::JobError>() {
+                ExitCode::from(job.code)
+            } else if e.downcast_ref::<setup::SetupError>().is_some() {
                 ExitCode::from(2)
             } else if e.downcast_ref::<supervise::Interrupted>().is_some() {
                 ExitCode::from(130)
