@@ -274,7 +274,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                     Msg::Step { metrics: m, .. } => {
                         ranks[rank].last_step = m.step;
                         if let Some(w) = watchdog.as_mut() {
-                            w.step(rank, Instant::now().into_std());
+                            w.step(rank, m.step, Instant::now().into_std());
                         }
                         if let Some(log) = metrics.as_mut() {
                             match log.add(rank, *m) {

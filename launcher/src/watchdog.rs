@@ -28,6 +28,8 @@ struct Seen {
     progressed: Instant,
     /// Since when the rank has been inside its current collective.
     inside_since: Option<Instant>,
+    /// The last step it reported finished (`Step` messages).
+    steps_reported: u64,
     done: bool,
 }
 
@@ -44,7 +46,7 @@ pub struct Watchdog {
 impl Watchdog {
     /// A watchdog over `world` ranks, started (every rank counted as progressing) at `now`.
     pub fn new(world: usize, timeout: Duration, host_compute: bool, total_steps: u64, now: Instant) -> Watchdog {
-        let seen = Seen { last: None, heard: now, progressed: now, inside_since: None, done: false };
+        let seen = Seen { last: None, heard: now, progressed: now, inside_since: None, steps_reported: 0, done: false };
         Watchdog { timeout, host_compute, total_steps, ranks: vec![seen; world] }
     }
 
@@ -78,11 +80,12 @@ impl Watchdog {
         s.last = Some(p);
     }
 
-    /// `rank` reported a finished step (progress, whatever its heartbeats say).
-    pub fn step(&mut self, rank: usize, now: Instant) {
+    /// `rank` reported finished step `step` (progress, whatever its heartbeats say).
+    pub fn step(&mut self, rank: usize, step: u64, now: Instant) {
         if let Some(s) = self.ranks.get_mut(rank) {
             s.progressed = now;
             s.heard = now;
+            s.steps_reported = s.steps_reported.max(step);
         }
     }
 
@@ -159,14 +162,19 @@ impl Watchdog {
         if seen.done {
             return "finished".to_string();
         }
+        let quiet = now.saturating_duration_since(seen.heard);
         let Some(p) = &seen.last else {
-            return format!("no report yet, silent for {}", secs(now.saturating_duration_since(seen.heard)));
+            let done = seen.steps_reported;
+            return format!(
+                "step {} of {} ({done} done), no heartbeat since the job started; silent for {}",
+                (done + 1).min(self.total_steps),
+                self.total_steps,
+                secs(quiet)
+            );
         };
-        let step = (p.steps_done + 1).min(self.total_steps);
-        let mut d = format!(
-            "step {step} of {} ({} done), micro-step {}, {}, ",
-            self.total_steps, p.steps_done, p.micro, p.phase
-        );
+        let done = p.steps_done.max(seen.steps_reported);
+        let step = (done + 1).min(self.total_steps);
+        let mut d = format!("step {step} of {} ({done} done), micro-step {}, {}, ", self.total_steps, p.micro, p.phase);
         let op = p.last_op.as_deref().unwrap_or("none");
         match (p.inside, seen.inside_since) {
             (true, Some(t)) => {
@@ -180,7 +188,6 @@ impl Watchdog {
             (false, _) if p.collectives == 0 => d += "no collective yet",
             (false, _) => d += &format!("after collective #{} ({op})", p.collectives),
         }
-        let quiet = now.saturating_duration_since(seen.heard);
         if quiet > self.silence() {
             d += &format!("; silent for {} (no heartbeat; where it was when last heard from)", secs(quiet));
         }
