@@ -34,7 +34,7 @@
 //! multicast can take a shared host's GPUs out of service); nothing here enables it.
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -166,8 +166,14 @@ fn nonblocking_config(library_version: i32) -> sys::ncclConfig_t {
 /// long. Null before the communicator exists and after it was aborted.
 struct RawComm {
     comm: Mutex<CommPtr>,
+    /// The same pointer, for an abort that cannot get the lock (a thread stuck inside an
+    /// NCCL call, e.g. a kernel launch on a hung device whose queue is full).
+    unlocked: AtomicPtr<sys::ncclComm>,
     aborted: AtomicBool,
 }
+
+/// How long an abort waits for the lock before aborting without it.
+const ABORT_LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
 /// `ncclComm_t` is a pointer to NCCL's communicator state; NCCL allows it to be used from
 /// any thread (and `ncclCommAbort` from another thread than the one using it).
@@ -235,12 +241,28 @@ impl RawComm {
     /// `ncclCommAbort`, once; later calls (and every NCCL call after) see "aborted".
     fn abort(&self) -> Result<(), CommError> {
         self.aborted.store(true, Ordering::SeqCst);
-        let mut g = self.lock();
-        if g.0.is_null() {
+        let deadline = std::time::Instant::now() + ABORT_LOCK_PATIENCE;
+        let comm = loop {
+            match self.comm.try_lock() {
+                Ok(mut g) => break std::mem::replace(&mut g.0, std::ptr::null_mut()),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    break std::mem::replace(&mut p.into_inner().0, std::ptr::null_mut())
+                }
+                Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                // Another thread is stuck inside NCCL with the lock: abort under it, which is
+                // what ncclCommAbort is for (the process is stopping).
+                Err(std::sync::TryLockError::WouldBlock) => break self.unlocked.load(Ordering::SeqCst),
+            }
+        };
+        // Whoever swaps the pointer out of `unlocked` makes the one ncclCommAbort call.
+        let swapped = self.unlocked.compare_exchange(comm, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst);
+        if comm.is_null() || swapped.is_err() {
             return Ok(());
         }
-        let comm = std::mem::replace(&mut g.0, std::ptr::null_mut());
-        // SAFETY: a live communicator, never used again (the pointer was cleared under the lock).
+        // SAFETY: a live communicator, aborted once (the compare-exchange above), never used
+        // again by this process (the locked pointer is cleared, or the thread holding it is stuck).
         match unsafe { sys::ncclCommAbort(comm) } {
             sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(()),
             e => Err(code_err("abort", e)),
@@ -270,6 +292,7 @@ impl NcclAbort {
     pub fn new() -> NcclAbort {
         NcclAbort(Arc::new(RawComm {
             comm: Mutex::new(CommPtr(std::ptr::null_mut())),
+            unlocked: AtomicPtr::new(std::ptr::null_mut()),
             aborted: AtomicBool::new(false),
         }))
     }
@@ -367,6 +390,7 @@ impl NcclComm {
             };
             if !comm.is_null() {
                 g.0 = comm;
+                raw_comm.unlocked.store(comm, Ordering::SeqCst);
             }
             match r {
                 sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress if !comm.is_null() => {}

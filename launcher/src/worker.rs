@@ -88,8 +88,16 @@ pub fn on_stop(f: impl FnOnce() + Send + 'static) {
     STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
 }
 
-/// Run the stop hooks (aborting communicators) and exit with `code`.
+/// How long the stop hooks may take before the rank exits without them.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Run the stop hooks (aborting communicators) and exit with `code`, within [`STOP_GRACE`].
 fn stop_now(code: u8) -> ! {
+    let _ = std::thread::Builder::new().name("stop-grace".into()).spawn(move || {
+        std::thread::sleep(STOP_GRACE);
+        eprintln!("stopping took longer than {STOP_GRACE:?} (a communicator abort hung): exiting anyway");
+        std::process::exit(i32::from(code))
+    });
     let hooks: Vec<StopHook> = std::mem::take(&mut *STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()));
     for h in hooks {
         h();
