@@ -989,3 +989,72 @@ fn strangers_cannot_join_or_stop_a_job() {
     assert!(stdout.contains("ignored a connection from 127.0.0.1") && stdout.contains("wrong job token"), "{stdout}");
     assert!(stdout.contains("exceeds"), "the oversized frame is refused:\n{stdout}");
 }
+
+#[test]
+fn a_sweep_over_ranks_and_stages_writes_its_table_and_plots() {
+    let job = Job::new();
+    let out = job.dir.path().join("sweep");
+    // Rank 2 exists only in the 3-rank runs: they fail, are recorded, and the sweep goes on.
+    let run = run_launcher(
+        &[
+            "sweep".into(),
+            "--cpus".into(),
+            "1,2,3".into(),
+            "--stages".into(),
+            "1,2".into(),
+            job.config.display().to_string(),
+            "--set".into(),
+            "train.steps=3".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ],
+        &[("SHARDTRAIN_FAULT", "2:2:exit")],
+    );
+    run.assert_success();
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 1 + 6, "a header and one row per (ranks, stage):\n{csv}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    for col in [
+        "ranks",
+        "stage",
+        "status",
+        "tokens_per_s_per_rank",
+        "weak_scaling_efficiency",
+        "step_time_s",
+        "predicted_peak_mib_per_rank",
+        "measured_peak_mib_per_rank",
+        "measured_host_peak_mib_per_rank",
+    ] {
+        assert!(header.contains(&col), "column {col} missing: {}", lines[0]);
+    }
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).expect("json")).expect("JSON");
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    for r in rows {
+        let (ranks, stage) = (r["ranks"].as_u64().expect("ranks"), r["stage"].as_u64().expect("stage"));
+        if ranks == 3 {
+            assert_eq!(r["status"], "failed", "{r}");
+            assert!(r["error"].as_str().is_some_and(|e| e.contains("rank 2 failed")), "{r}");
+            continue;
+        }
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(r["tokens_per_s_per_rank"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        assert!(r["step_time_s"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        assert!(r["measured_host_peak_bytes"].as_u64().is_some_and(|b| b > 0), "{r}");
+        // The ledger's measured peak is what the planner predicted.
+        assert_eq!(r["measured_peak_bytes"], r["predicted_peak_bytes"], "ranks {ranks} stage {stage}");
+        let eff = r["weak_scaling_efficiency"].as_f64().expect("efficiency");
+        if ranks == 1 {
+            assert_eq!(eff, 1.0);
+        } else {
+            assert!(eff > 0.0, "{r}");
+        }
+    }
+    for plot in ["throughput.svg", "memory.svg"] {
+        let svg = std::fs::read_to_string(out.join(plot)).expect("plot");
+        assert!(svg.contains("<svg") && svg.contains("stage 1") && svg.contains("stage 2"), "{plot}");
+    }
+    assert!(run.stdout().contains("4 of 6 runs finished"), "{}", run.stdout());
+}

@@ -1,6 +1,7 @@
 //! The command line: `launcher --cpus N CONFIG [--set section.key=value]... [--resume DIR|latest]`
 //! trains, `launcher prepare-data` tokenizes text, `launcher export` writes a checkpoint as a
 //! Hugging Face GPT-2 file, `launcher memory` predicts per-rank memory for every ZeRO stage,
+//! `launcher sweep` trains one config over rank counts and stages (table and plots),
 //! and the hidden `launcher worker` is one rank (the launcher starts its own binary with it;
 //! users never type it).
 
@@ -33,6 +34,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Predict per-rank memory (by category, after one step and at the peak) for ZeRO stages 0-3 side by side.
     Memory(MemoryArgs),
+    /// Train the config on several rank counts and ZeRO stages; write a table (CSV, JSON) and plots (SVG).
+    Sweep(SweepArgs),
     /// One rank of a job (started by the launcher; not for direct use).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -135,6 +138,30 @@ pub struct MemoryArgs {
     /// Print exact bytes as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `launcher sweep`: one training run per (ranks, stage) combination.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("device").required(true).args(["cpus", "gpus"]))]
+pub struct SweepArgs {
+    /// The TOML config file (train.steps sets each run's length: a few dozen steps suffice).
+    #[arg(value_name = "CONFIG")]
+    pub config: PathBuf,
+    /// CPU rank counts to run, e.g. 1,2,3.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub cpus: Option<Vec<u32>>,
+    /// GPU rank counts to run, e.g. 1,2,4,8 (counts above this node's GPUs are recorded as failed).
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub gpus: Option<Vec<u32>>,
+    /// ZeRO stages to run, e.g. 1,2,3.
+    #[arg(long, value_name = "S,S,...", value_delimiter = ',', default_value = "0,1,2,3", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub stages: Vec<u8>,
+    /// Override one config value for every run, as for training. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Where the table, the plots and each run's directory go (default: <output.dir>/sweep).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -5,7 +5,8 @@
 //! rendezvous that connects them (`rendezvous`, `protocol`), shows progress and writes
 //! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
 //! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
-//! `prepare-data`, `export` and `memory` are tools that start no job.
+//! `prepare-data`, `export` and `memory` are tools that start no job; `sweep` runs one job
+//! per rank count and ZeRO stage (`sweep`, `plot`).
 //!
 //! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
 //! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned), or a
@@ -26,6 +27,7 @@ mod gpu;
 mod memory;
 mod metrics;
 mod out;
+mod plot;
 mod prepare;
 mod progress;
 mod protocol;
@@ -34,6 +36,7 @@ mod rendezvous;
 mod resume;
 mod setup;
 mod supervise;
+mod sweep;
 mod token;
 mod watchdog;
 mod worker;
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Some(Command::PrepareData(args)) => report(prepare::run(&args)),
         Some(Command::Export(args)) => report(export::run(&args)),
         Some(Command::Memory(args)) => report(memory::run(&args)),
+        Some(Command::Sweep(args)) => report(sweep::run(&args)),
         None => report(launch(&cli.launch)),
     }
 }

@@ -164,6 +164,10 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     match run_connected(&args, &boot, &control, &tx, &finished) {
         Ok(()) => match tx.send(&Msg::Done { rank }) {
             Ok(()) => {
+                if let Some(bytes) = peak_host_bytes() {
+                    // Read back by `launcher sweep`.
+                    println!("rank {rank}: peak host memory {bytes} bytes (VmHWM)");
+                }
                 println!("rank {rank}: done");
                 ExitCode::SUCCESS
             }
@@ -180,6 +184,13 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// This process's peak resident set (Linux `VmHWM`), in bytes.
+fn peak_host_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The launcher's first line on stdin.
