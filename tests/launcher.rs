@@ -1058,3 +1058,43 @@ fn a_sweep_over_ranks_and_stages_writes_its_table_and_plots() {
     }
     assert!(run.stdout().contains("4 of 6 runs finished"), "{}", run.stdout());
 }
+
+#[test]
+fn a_cluster_plan_names_what_fits_and_its_calibration_error() {
+    let job = Job::new();
+    let config = job.config.display().to_string();
+    let text = launcher(&["plan", &config, "--nodes", "2", "--gpus-per-node", "2"]);
+    text.assert_success();
+    let out = text.stdout();
+    for needle in ["2 node(s) × 2 H100 = 4 ranks", "<- fastest that fits", "mean absolute error", "not calibrated"] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+    let json = launcher(&["plan", &config, "--nodes", "2", "--gpus-per-node", "2", "--json"]);
+    json.assert_success();
+    let plan: Value = serde_json::from_str(&json.stdout()).expect("JSON");
+    let choices = plan["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 8, "4 stages × (no checkpointing, every layer)");
+    assert!(plan["fastest_that_fits"].is_u64());
+    for c in plan["calibration"].as_array().expect("calibration") {
+        assert!(c["relative_error"].as_f64().is_some_and(|e| e.abs() < 0.15), "{c}");
+    }
+    // Its memory is the planner's, as `launcher memory --device gpu` prints it, plus the runtime.
+    let memory = launcher(&["memory", &config, "--ranks", "4", "--device", "gpu", "--json"]);
+    let memory: Value = serde_json::from_str(&memory.stdout()).expect("memory JSON");
+    for c in choices.iter().filter(|c| c["activation_checkpointing"] == "none") {
+        let stage = c["stage"].as_u64().expect("stage") as usize;
+        let peak = memory["stages"][stage]["ranks"]
+            .as_array()
+            .expect("ranks")
+            .iter()
+            .map(|r| r["peak_total"].as_u64().expect("peak"))
+            .max();
+        assert_eq!(c["tracked_peak_bytes"].as_u64(), peak, "stage {stage}");
+    }
+    // Nothing fits in 1 MiB; bad hardware figures are refused.
+    let tiny = launcher(&["plan", &config, "--gpus-per-node", "2", "--gpu-mem-gib", "0.001"]);
+    tiny.assert_success();
+    assert!(tiny.stdout().contains("no choice fits"), "{}", tiny.stdout());
+    let bad = launcher(&["plan", &config, "--gpus-per-node", "2", "--tflops", "-1"]);
+    assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
+}

@@ -36,6 +36,8 @@ pub enum Command {
     Memory(MemoryArgs),
     /// Train the config on several rank counts and ZeRO stages; write a table (CSV, JSON) and plots (SVG).
     Sweep(SweepArgs),
+    /// Predict memory and step time per ZeRO stage and activation checkpointing on a cluster of K nodes × G GPUs.
+    Plan(PlanArgs),
     /// One rank of a job (started by the launcher; not for direct use).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -136,6 +138,41 @@ pub struct MemoryArgs {
     #[arg(long, value_enum, default_value_t = crate::memory::MemoryDevice::Cpu)]
     pub device: crate::memory::MemoryDevice,
     /// Print exact bytes as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `launcher plan`: the cluster and the hardware figures (defaults for the chosen GPU).
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The TOML config file.
+    #[arg(value_name = "CONFIG")]
+    pub config: PathBuf,
+    /// Nodes in the cluster.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nodes: u32,
+    /// GPUs (ranks) per node.
+    #[arg(long, value_name = "G", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus_per_node: u32,
+    /// The GPU whose figures are the defaults below (NVLink nodes, 400 Gb/s InfiniBand per GPU).
+    #[arg(long, value_enum, default_value_t = crate::plan::GpuKind::H100)]
+    pub gpu: crate::plan::GpuKind,
+    /// Dense bf16 TFLOP/s per GPU (default: the GPU's, 989).
+    #[arg(long, value_name = "X")]
+    pub tflops: Option<f64>,
+    /// GPU memory in GiB (default: H100 79.6, H200 139.8).
+    #[arg(long, value_name = "X")]
+    pub gpu_mem_gib: Option<f64>,
+    /// NVLink bandwidth per GPU and direction in GB/s (default 450).
+    #[arg(long, value_name = "X")]
+    pub intra_gbs: Option<f64>,
+    /// Network bandwidth per GPU in Gb/s (default 400: one 400 Gb/s InfiniBand NIC per GPU).
+    #[arg(long, value_name = "X")]
+    pub inter_gbits: Option<f64>,
+    /// Override one config value, as for training. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
 }

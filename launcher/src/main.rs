@@ -5,8 +5,8 @@
 //! rendezvous that connects them (`rendezvous`, `protocol`), shows progress and writes
 //! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
 //! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
-//! `prepare-data`, `export` and `memory` are tools that start no job; `sweep` runs one job
-//! per rank count and ZeRO stage (`sweep`, `plot`).
+//! `prepare-data`, `export`, `memory` and `plan` (memory and step time on a cluster) are
+//! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`).
 //!
 //! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
 //! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned), or a
@@ -27,6 +27,7 @@ mod gpu;
 mod memory;
 mod metrics;
 mod out;
+mod plan;
 mod plot;
 mod prepare;
 mod progress;
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         Some(Command::Export(args)) => report(export::run(&args)),
         Some(Command::Memory(args)) => report(memory::run(&args)),
         Some(Command::Sweep(args)) => report(sweep::run(&args)),
+        Some(Command::Plan(args)) => report(plan::run(&args)),
         None => report(launch(&cli.launch)),
     }
 }
