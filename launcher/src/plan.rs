@@ -260,10 +260,23 @@ fn predicted_tps(m: &Measured, fit: Fit) -> f64 {
 
 /// η minimising the squared relative error of tokens/s over [`CALIBRATION`] (e = [`EXPOSURE`]).
 pub fn calibrate() -> Fit {
+    let runs: Vec<(Workload, Cluster, f64)> = CALIBRATION
+        .iter()
+        .map(|m| {
+            let (w, c) = measured_workload(m);
+            (w, c, m.tokens_per_s)
+        })
+        .collect();
     let mut best = (f64::INFINITY, Fit { efficiency: 0.4, exposure: EXPOSURE });
     for i in 0..=8000 {
         let fit = Fit { efficiency: 0.1 + i as f64 * 0.0001, exposure: EXPOSURE };
-        let err: f64 = CALIBRATION.iter().map(|m| (predicted_tps(m, fit) / m.tokens_per_s - 1.0).powi(2)).sum();
+        let err: f64 = runs
+            .iter()
+            .map(|(w, c, measured)| {
+                let (a, b) = step_time(w, c, fit);
+                (w.tokens as f64 / (a + b) / measured - 1.0).powi(2)
+            })
+            .sum();
         if err < best.0 {
             best = (err, fit);
         }
