@@ -199,6 +199,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let mut seq = 0u64;
     let mut watchdog: Option<Watchdog> = None;
     let watch_tick = (heartbeat / 2).max(Duration::from_millis(25));
+    // A fixed deadline, not a sleep re-armed every loop: heartbeats of many ranks arrive more
+    // often than the tick and would otherwise keep postponing the check forever.
+    let mut next_watch = Instant::now() + watch_tick;
     let mut rejected: Vec<String> = Vec::new();
     let mut refused_nodes: Vec<usize> = Vec::new();
     let mut metrics_warned = false;
@@ -344,7 +347,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             _ = tokio::time::sleep_until(hello_deadline), if !started && stop.is_none() => {
                 fail(&mut stop, Stop::HelloTimeout((0..plan.world).filter(|&r| ranks[r].data_addr.is_none()).collect()));
             }
-            _ = tokio::time::sleep(watch_tick), if watchdog.is_some() && stop.is_none() => {
+            _ = tokio::time::sleep_until(next_watch), if watchdog.is_some() && stop.is_none() => {
+                next_watch = Instant::now() + watch_tick;
                 if let Some(report) = watchdog.as_ref().and_then(|w| w.check(Instant::now().into_std())) {
                     stop_every_rank(&mut ranks, &report, StopKind::Hung).await;
                     fail(&mut stop, Stop::Hung(report));
