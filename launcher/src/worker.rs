@@ -83,7 +83,9 @@ fn lost_peer(e: &CommError) -> Option<u32> {
 type StopHook = Box<dyn FnOnce() + Send>;
 static STOP_HOOKS: Mutex<Vec<StopHook>> = Mutex::new(Vec::new());
 
-/// Register `f` to run when this rank is stopped (see [`stop_now`]).
+/// Register `f` to run when this rank is stopped (see [`stop_now`]). GPU ranks register
+/// their NCCL abort (a build without `cuda` has nothing to register).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn on_stop(f: impl FnOnce() + Send + 'static) {
     STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
 }
