@@ -101,6 +101,7 @@ fn run_launcher(args: &[String], env: &[(&str, &str)]) -> Run {
     let output = Command::new(env!("CARGO_BIN_EXE_launcher"))
         .args(args)
         .env_remove("SHARDTRAIN_FAULT")
+        .env_remove("SHARDTRAIN_JOB_TOKEN")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
@@ -216,7 +217,7 @@ fn assert_fault_stops_job(fault: &str, rank: usize, status_words: &str) {
 
 #[test]
 fn rank_exit_stops_the_job() {
-    assert_fault_stops_job("1:2:exit", 1, "exited with code 3");
+    assert_fault_stops_job("1:2:exit", 1, "exited with code 7");
 }
 
 #[test]
@@ -269,11 +270,12 @@ fn interrupt_kills_every_rank() {
 #[test]
 fn bad_config_stops_before_any_rank_starts() {
     // (extra TOML appended to the config, --set arguments, what stderr must name)
-    let cases: [(&str, &[&str], &[&str]); 6] = [
+    let cases: [(&str, &[&str], &[&str]); 7] = [
         ("[bogus_section]\nx = 1\n", &[], &["bogus_section"]),
         ("", &["--set", "train.stepz=3"], &["stepz"]),
         ("", &["--set", "train.steps=\"many\""], &["train.steps", "many"]),
         ("", &["--set", "zero.stage=7"], &["zero.stage"]),
+        ("", &["--set", "train.steps=0"], &["train.steps", "at least 1"]),
         ("", &["--set", "model.vocab_size=50"], &["model.vocab_size", "96"]),
         ("", &["--set", "data.path='/nonexistent/shards'"], &["/nonexistent/shards", "prepare-data"]),
     ];
@@ -598,6 +600,7 @@ fn two_nodes_on_loopback_form_one_job() {
             .args(["--cpus", "2", &job.config.display().to_string(), "--nnodes", "2", "--node-rank", node])
             .args(["--master-addr", &master])
             .env_remove("SHARDTRAIN_FAULT")
+            .env("SHARDTRAIN_JOB_TOKEN", "two-nodes-test-token")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -618,4 +621,480 @@ fn two_nodes_on_loopback_form_one_job() {
     for (step, (a, b)) in four_ranks.iter().zip(&job.losses()).enumerate() {
         assert!(((a - b) / b).abs() <= 1e-5, "step {}: 2 nodes x 2 ranks {a} vs 1 rank {b}", step + 1);
     }
+}
+
+// ---- Running it like production (issue 11): hangs, nodes that differ, strangers, and
+// ---- the ways a job used to be lost or a checkpoint destroyed.
+
+/// A launcher running in the background with its stdout and stderr in files.
+struct Background {
+    child: KillOnDrop,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Background {
+    fn start(args: &[String], env: &[(&str, &str)], dir: &std::path::Path, name: &str) -> Background {
+        let (stdout, stderr) = (dir.join(format!("{name}.stdout")), dir.join(format!("{name}.stderr")));
+        let child = Command::new(env!("CARGO_BIN_EXE_launcher"))
+            .args(args)
+            .env_remove("SHARDTRAIN_FAULT")
+            .env_remove("SHARDTRAIN_JOB_TOKEN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("start the launcher");
+        Background { child: KillOnDrop(child), stdout, stderr }
+    }
+
+    /// Wait (at most `limit`) for the launcher to exit; its exit code.
+    fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.0.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the launcher did not exit within {limit:?}:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+/// Sends SIGKILL to a process when dropped (a SIGSTOPped rank must not outlive a failed test).
+struct KillPid(u32);
+
+impl Drop for KillPid {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).stderr(Stdio::null()).status();
+    }
+}
+
+fn signal(sig: &str, pid: u32) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill").success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// The pid of this job's rank `rank` (a `launcher worker ... --rank R` process).
+fn rank_pid(job: &Job, rank: usize) -> u32 {
+    let needle = format!(" --rank {rank} ");
+    let line = job.live_ranks().into_iter().find(|l| l.contains(&needle)).unwrap_or_else(|| panic!("rank {rank} runs"));
+    line.strip_prefix("pid ").and_then(|l| l.split(':').next()).and_then(|p| p.parse().ok()).expect("a pid")
+}
+
+/// Wait until metrics.jsonl has at least `lines` lines.
+fn wait_for_steps(job: &Job, lines: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let path = job.out().join("metrics.jsonl");
+    while std::fs::read_to_string(&path).map(|t| t.lines().count()).unwrap_or(0) < lines {
+        assert!(Instant::now() < deadline, "fewer than {lines} steps within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    l.local_addr().expect("addr").port()
+}
+
+fn launch_args(cpus: usize, job: &Job, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["--cpus".to_string(), cpus.to_string(), job.config.display().to_string()];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+#[test]
+fn a_stopped_rank_is_caught_by_the_watchdog_and_named() {
+    let job = Job::new();
+    let args = launch_args(3, &job, &["--set", "train.steps=1000000", "--set", "watchdog.timeout_s=3"]);
+    let mut launcher = Background::start(&args, &[], job.dir.path(), "launcher");
+    wait_for_steps(&job, 2);
+    std::thread::sleep(Duration::from_millis(1500)); // heartbeats have flowed
+    let pid = rank_pid(&job, 1);
+    let _cleanup = KillPid(pid);
+    signal("-STOP", pid);
+    let stopped = Instant::now();
+    let code = launcher.wait(Duration::from_secs(40));
+    let took = stopped.elapsed();
+    let stderr = launcher.stderr();
+    assert_eq!(code, Some(3), "the watchdog's exit code; stderr:\n{stderr}");
+    assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(15), "stopped after {took:?}:\n{stderr}");
+    for needle in [
+        "the job is hung: no rank made progress for",
+        "watchdog.timeout_s = 3",
+        "ranks behind: 1 ",
+        "rank 1: step ",
+        "rank 0: step ",
+        "inside collective #",
+        "silent for",
+    ] {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    let left = wait_gone(&job);
+    assert!(left.is_empty(), "rank processes left behind (the stopped one too): {left:?}");
+}
+
+#[test]
+fn a_closed_stdout_does_not_stop_the_job() {
+    use std::io::BufRead;
+    let job = Job::new();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_launcher"))
+            .args(launch_args(2, &job, &["--set", "train.steps=30"]))
+            .env_remove("SHARDTRAIN_FAULT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start"),
+    );
+    // `launcher ... | head -2`: read two lines, then close the pipe.
+    let mut reader = std::io::BufReader::new(child.0.stdout.take().expect("stdout"));
+    for _ in 0..2 {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("a line");
+    }
+    drop(reader);
+    let status = child.0.wait().expect("wait");
+    assert!(status.success(), "the job must finish: {status:?}");
+    assert_eq!(job.metrics().len(), 30, "every step trained and recorded");
+}
+
+#[test]
+fn a_metrics_write_failure_leaves_the_summary_right() {
+    let job = Job::new();
+    std::fs::create_dir_all(job.out()).expect("mkdir");
+    // Every write fails with "No space left on device", as on a full disk.
+    std::os::unix::fs::symlink("/dev/full", job.out().join("metrics.jsonl")).expect("symlink");
+    let run = job.run(2, &["--set", "train.steps=6"], &[]);
+    run.assert_success();
+    let (stdout, stderr) = (run.stdout(), run.stderr());
+    assert!(stdout.contains("steps: 6\n"), "the summary counts every step:\n{stdout}");
+    assert!(stdout.contains("6 of the 6 step records are missing"), "{stdout}");
+    assert!(stderr.contains("No space left on device") && stderr.contains("step 1"), "{stderr}");
+    assert_eq!(stderr.matches("cannot write").count(), 1, "warned once:\n{stderr}");
+}
+
+#[test]
+fn export_into_a_checkpoint_is_refused_and_the_checkpoint_kept() {
+    let (job, ck) = job_with_checkpoints();
+    let step4 = ck.join("step_00000004");
+    let shard = step4.join("rank00000.safetensors");
+    let before = std::fs::read(&shard).expect("shard");
+    let run = launcher(&["export", &step4.display().to_string(), &shard.display().to_string()]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("inside the checkpoint directory"), "{}", run.stderr());
+    assert_eq!(std::fs::read(&shard).expect("shard"), before, "the shard is untouched");
+    job.run(2, &["--set", "train.steps=6", "--resume", "latest"], &[]).assert_success();
+}
+
+#[test]
+fn a_validation_split_beyond_the_vocabulary_is_refused_before_launch() {
+    let job = Job::new();
+    let data = job.dir.path().join("shards");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    common::write_synthetic_shard(&data, 97, 20_000);
+    let val: Vec<u16> = (0..5_000).map(|i| if i == 4_000 { 150 } else { (i % 97) as u16 }).collect();
+    data::write_shard(data.join("synthetic_val_000000.bin"), &val).expect("val shard");
+    let path = format!("data.path='{}'", data.display());
+    let run = job.run(2, &["--set", &path, "--set", "train.eval_every=2"], &[]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("validation split") && stderr.contains("150") && stderr.contains("vocab_size"), "{stderr}");
+    assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
+}
+
+#[test]
+fn checkpoint_directories_are_checked_and_cleaned_before_launch() {
+    // A save that crashed left a partial directory: removed at the next start.
+    let job = Job::new();
+    let partial = job.out().join("checkpoints/.step_00000002.partial");
+    std::fs::create_dir_all(&partial).expect("mkdir");
+    std::fs::write(partial.join("rank00000.safetensors"), b"half a shard").expect("junk");
+    let run = job.run(2, &[], &[]);
+    run.assert_success();
+    assert!(!partial.exists(), "the partial save is gone");
+    assert!(run.stdout().contains(".step_00000002.partial"), "and said so:\n{}", run.stdout());
+
+    // A checkpoint.dir that cannot be created is an error before any rank starts.
+    let job = Job::new();
+    let file = job.dir.path().join("a-file");
+    std::fs::write(&file, b"").expect("file");
+    let dir = format!("checkpoint.dir='{}'", file.join("ck").display());
+    let run = job.run(2, &["--set", "checkpoint.every=2", "--set", &dir], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("checkpoint.dir") && run.stderr().contains("not writable"), "{}", run.stderr());
+    assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
+}
+
+#[test]
+fn inconsistent_manifests_are_refused() {
+    let (job, ck) = job_with_checkpoints();
+    let step4 = ck.join("step_00000004");
+    let path = step4.join("manifest.json");
+    let original = std::fs::read_to_string(&path).expect("manifest");
+    let cases: [(&str, Value, &str); 3] = [
+        ("stage", Value::from(7), "ZeRO stage 7"),
+        ("world", Value::from(3), "world 3 but lists 2 shard files"),
+        ("step", Value::from(6), "step 6 but its directory is step 4"),
+    ];
+    for (key, value, needle) in cases {
+        let mut m: Value = serde_json::from_str(&original).expect("json");
+        m[key] = value;
+        std::fs::write(&path, serde_json::to_string_pretty(&m).expect("json")).expect("write");
+        let run = job.run(2, &["--set", "train.steps=8", "--resume", &step4.display().to_string()], &[]);
+        assert_eq!(run.code(), Some(2), "{key}: {}", run.stderr());
+        assert!(run.stderr().contains(needle), "{key}: `{needle}` missing:\n{}", run.stderr());
+        let out = job.dir.path().join("model.safetensors");
+        let export = launcher(&["export", &step4.display().to_string(), &out.display().to_string()]);
+        assert_eq!(export.code(), Some(2), "export, {key}: {}", export.stderr());
+    }
+    std::fs::write(&path, original).expect("restore");
+}
+
+#[test]
+fn a_checkpoint_problem_found_inside_a_rank_exits_with_code_2() {
+    let (job, ck) = job_with_checkpoints();
+    let hf = job.dir.path().join("model.safetensors");
+    launcher(&["export", &ck.join("step_00000004").display().to_string(), &hf.display().to_string()]).assert_success();
+    // The weights are of n_embd 36; the ranks find out when they load them.
+    let init = format!("init.from='{}'", hf.display());
+    let run = job.run(2, &["--set", &init, "--set", "model.n_embd=48"], &[]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("failed before its first step") && stderr.contains("model.n_embd"), "{stderr}");
+}
+
+/// A launcher of node `node` (of 2, 2 ranks each) of a job whose rendezvous is `master`,
+/// with `args` and the job token in its environment.
+fn node(job: &Job, master: &str, node: usize, args: &[&str], env: &[(&str, &str)]) -> Background {
+    let rank = node.to_string();
+    let mut a = launch_args(2, job, &["--nnodes", "2", "--node-rank", &rank, "--master-addr", master]);
+    a.extend(args.iter().map(|s| s.to_string()));
+    let mut env = env.to_vec();
+    env.push(("SHARDTRAIN_JOB_TOKEN", "two-nodes-test-token"));
+    Background::start(&a, &env, job.dir.path(), &format!("node{rank}"))
+}
+
+/// Two launchers on loopback forming one 4-rank job: both get `args`, node 1 also `node1_extra`.
+fn two_nodes(job: &Job, args: &[&str], node1_extra: &[&str], env: &[(&str, &str)]) -> (Background, Background) {
+    let master = format!("127.0.0.1:{}", free_port());
+    (node(job, &master, 0, args, env), node(job, &master, 1, &[args, node1_extra].concat(), env))
+}
+
+#[test]
+fn nodes_with_different_configs_are_refused_naming_the_keys() {
+    let job = Job::new();
+    let (mut node0, mut node1) = two_nodes(&job, &[], &["--set", "train.lr=0.002", "--set", "train.seed=7"], &[]);
+    let (c0, c1) = (node0.wait(Duration::from_secs(60)), node1.wait(Duration::from_secs(60)));
+    let (e0, e1) = (node0.stderr(), node1.stderr());
+    assert_eq!(c0, Some(2), "node 0:\n{e0}");
+    assert_eq!(c1, Some(2), "node 1:\n{e1}");
+    assert!(e0.contains("node 1") && e0.contains("does not run the same job as node 0"), "{e0}");
+    assert!(e0.contains("train.lr = 0.002 on node 1 but 0.003 on node 0"), "{e0}");
+    assert!(e0.contains("train.seed = 7 on node 1 but 42 on node 0"), "{e0}");
+    assert!(!e0.contains("train.steps"), "only the keys that differ:\n{e0}");
+    assert!(job.metrics().is_empty(), "no step was trained");
+}
+
+#[test]
+fn a_node_names_the_step_its_rank_failed_after() {
+    let job = Job::new();
+    let (mut node0, mut node1) =
+        two_nodes(&job, &["--set", "train.steps=50"], &[], &[("SHARDTRAIN_FAULT", "2:3:exit")]);
+    let _ = node0.wait(Duration::from_secs(60));
+    assert_eq!(node1.wait(Duration::from_secs(60)), Some(1));
+    let e1 = node1.stderr();
+    assert!(e1.contains("rank 2 failed after step 3 of 50"), "node 1 must name the step:\n{e1}");
+}
+
+#[test]
+fn ranks_stop_when_their_own_launcher_dies() {
+    let job = Job::new();
+    let (mut node0, mut node1) = two_nodes(&job, &["--set", "train.steps=1000000"], &[], &[]);
+    wait_for_steps(&job, 2);
+    let (r2, r3) = (rank_pid(&job, 2), rank_pid(&job, 3));
+    let (_k2, _k3) = (KillPid(r2), KillPid(r3));
+    signal("-KILL", node1.child.0.id());
+    let _ = node1.child.0.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    while alive(r2) || alive(r3) {
+        assert!(Instant::now() < deadline, "node 1's ranks trained on without their launcher");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(node0.wait(Duration::from_secs(30)), Some(1), "node 0 loses ranks 2 and 3:\n{}", node0.stderr());
+    let log = std::fs::read_to_string(job.out().join("logs/rank2.log")).expect("rank 2 log");
+    assert!(log.contains("this node's launcher is gone"), "{log}");
+}
+
+/// The control protocol's hello as a stranger would forge it (same layout, wrong token).
+#[derive(serde::Serialize)]
+enum ForgedMsg {
+    Hello {
+        magic: [u8; 8],
+        version: u32,
+        token: String,
+        rank: u32,
+        data_addr: String,
+        fingerprint: Vec<(String, String)>,
+    },
+}
+
+#[test]
+fn strangers_cannot_join_or_stop_a_job() {
+    use std::io::Write;
+    let job = Job::new();
+    let master = format!("127.0.0.1:{}", free_port());
+    // Node 0 waits for node 1's ranks: the rendezvous is open, and strangers try their luck.
+    let mut node0 = node(&job, &master, 0, &[], &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !node0.stdout().contains("launched") {
+        assert!(Instant::now() < deadline, "node 0 did not start:\n{}", node0.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A process that knows the protocol but not the token claims rank 2 (without tokens it
+    // would take the rank's place, and the real rank 2 would stop the job: "two workers
+    // claim rank 2"), one sends a 1 GiB frame length, one sends garbage.
+    let forged = ForgedMsg::Hello {
+        magic: *b"SHRDTRN\0",
+        version: 2,
+        token: "guessed-token".into(),
+        rank: 2,
+        data_addr: "127.0.0.1:9".into(),
+        fingerprint: vec![],
+    };
+    let body = bincode::serde::encode_to_vec(&forged, bincode::config::standard()).expect("encode");
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    for bytes in [frame, (1u32 << 30).to_le_bytes().to_vec(), b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+        let mut s = std::net::TcpStream::connect(&master).expect("connect");
+        s.write_all(&bytes).expect("write");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut node1 = node(&job, &master, 1, &[], &[]);
+    assert_eq!(node1.wait(Duration::from_secs(60)), Some(0), "node 1:\n{}", node1.stderr());
+    assert_eq!(node0.wait(Duration::from_secs(60)), Some(0), "node 0:\n{}", node0.stderr());
+    assert_eq!(job.metrics().len(), job.cfg().train.steps, "the job trained to the end");
+    let stdout = node0.stdout();
+    assert!(stdout.contains("ignored a connection from 127.0.0.1") && stdout.contains("wrong job token"), "{stdout}");
+    assert!(stdout.contains("exceeds"), "the oversized frame is refused:\n{stdout}");
+}
+
+#[test]
+fn a_sweep_over_ranks_and_stages_writes_its_table_and_plots() {
+    let job = Job::new();
+    let out = job.dir.path().join("sweep");
+    // Rank 2 exists only in the 3-rank runs: they fail, are recorded, and the sweep goes on.
+    let run = run_launcher(
+        &[
+            "sweep".into(),
+            "--cpus".into(),
+            "1,2,3".into(),
+            "--stages".into(),
+            "1,2".into(),
+            job.config.display().to_string(),
+            "--set".into(),
+            "train.steps=3".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ],
+        &[("SHARDTRAIN_FAULT", "2:2:exit")],
+    );
+    run.assert_success();
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 1 + 6, "a header and one row per (ranks, stage):\n{csv}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    for col in [
+        "ranks",
+        "stage",
+        "status",
+        "tokens_per_s_per_rank",
+        "weak_scaling_efficiency",
+        "step_time_s",
+        "predicted_peak_mib_per_rank",
+        "measured_peak_mib_per_rank",
+        "measured_host_peak_mib_per_rank",
+    ] {
+        assert!(header.contains(&col), "column {col} missing: {}", lines[0]);
+    }
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).expect("json")).expect("JSON");
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    for r in rows {
+        let (ranks, stage) = (r["ranks"].as_u64().expect("ranks"), r["stage"].as_u64().expect("stage"));
+        if ranks == 3 {
+            assert_eq!(r["status"], "failed", "{r}");
+            assert!(r["error"].as_str().is_some_and(|e| e.contains("rank 2 failed")), "{r}");
+            continue;
+        }
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(r["tokens_per_s_per_rank"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        assert!(r["step_time_s"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        assert!(r["measured_host_peak_bytes"].as_u64().is_some_and(|b| b > 0), "{r}");
+        // The ledger's measured peak is what the planner predicted.
+        assert_eq!(r["measured_peak_bytes"], r["predicted_peak_bytes"], "ranks {ranks} stage {stage}");
+        let eff = r["weak_scaling_efficiency"].as_f64().expect("efficiency");
+        if ranks == 1 {
+            assert_eq!(eff, 1.0);
+        } else {
+            assert!(eff > 0.0, "{r}");
+        }
+    }
+    for plot in ["throughput.svg", "memory.svg"] {
+        let svg = std::fs::read_to_string(out.join(plot)).expect("plot");
+        assert!(svg.contains("<svg") && svg.contains("stage 1") && svg.contains("stage 2"), "{plot}");
+    }
+    assert!(run.stdout().contains("4 of 6 runs finished"), "{}", run.stdout());
+}
+
+#[test]
+fn a_cluster_plan_names_what_fits_and_its_calibration_error() {
+    let job = Job::new();
+    let config = job.config.display().to_string();
+    let text = launcher(&["plan", &config, "--nodes", "2", "--gpus-per-node", "2"]);
+    text.assert_success();
+    let out = text.stdout();
+    for needle in ["2 node(s) × 2 H100 = 4 ranks", "<- fastest that fits", "mean absolute error", "not calibrated"] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+    let json = launcher(&["plan", &config, "--nodes", "2", "--gpus-per-node", "2", "--json"]);
+    json.assert_success();
+    let plan: Value = serde_json::from_str(&json.stdout()).expect("JSON");
+    let choices = plan["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 8, "4 stages × (no checkpointing, every layer)");
+    assert!(plan["fastest_that_fits"].is_u64());
+    for c in plan["calibration"].as_array().expect("calibration") {
+        assert!(c["relative_error"].as_f64().is_some_and(|e| e.abs() < 0.15), "{c}");
+    }
+    // Its memory is the planner's, as `launcher memory --device gpu` prints it, plus the runtime.
+    let memory = launcher(&["memory", &config, "--ranks", "4", "--device", "gpu", "--json"]);
+    let memory: Value = serde_json::from_str(&memory.stdout()).expect("memory JSON");
+    for c in choices.iter().filter(|c| c["activation_checkpointing"] == "none") {
+        let stage = c["stage"].as_u64().expect("stage") as usize;
+        let peak = memory["stages"][stage]["ranks"]
+            .as_array()
+            .expect("ranks")
+            .iter()
+            .map(|r| r["peak_total"].as_u64().expect("peak"))
+            .max();
+        assert_eq!(c["tracked_peak_bytes"].as_u64(), peak, "stage {stage}");
+    }
+    // Nothing fits in 1 MiB; bad hardware figures are refused.
+    let tiny = launcher(&["plan", &config, "--gpus-per-node", "2", "--gpu-mem-gib", "0.001"]);
+    tiny.assert_success();
+    assert!(tiny.stdout().contains("no choice fits"), "{}", tiny.stdout());
+    let bad = launcher(&["plan", &config, "--gpus-per-node", "2", "--tflops", "-1"]);
+    assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
 }

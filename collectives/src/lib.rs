@@ -16,6 +16,7 @@
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
+pub mod progress;
 pub mod tcp;
 
 use thiserror::Error;

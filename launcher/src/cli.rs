@@ -1,6 +1,7 @@
 //! The command line: `launcher --cpus N CONFIG [--set section.key=value]... [--resume DIR|latest]`
 //! trains, `launcher prepare-data` tokenizes text, `launcher export` writes a checkpoint as a
 //! Hugging Face GPT-2 file, `launcher memory` predicts per-rank memory for every ZeRO stage,
+//! `launcher sweep` trains one config over rank counts and stages (table and plots),
 //! and the hidden `launcher worker` is one rank (the launcher starts its own binary with it;
 //! users never type it).
 
@@ -33,6 +34,10 @@ pub enum Command {
     Export(ExportArgs),
     /// Predict per-rank memory (by category, after one step and at the peak) for ZeRO stages 0-3 side by side.
     Memory(MemoryArgs),
+    /// Train the config on several rank counts and ZeRO stages; write a table (CSV, JSON) and plots (SVG).
+    Sweep(SweepArgs),
+    /// Predict memory and step time per ZeRO stage and activation checkpointing on a cluster of K nodes × G GPUs.
+    Plan(PlanArgs),
     /// One rank of a job (started by the launcher; not for direct use).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -65,6 +70,12 @@ pub struct LaunchArgs {
     /// Multi-node: this node's index in 0..nnodes (node 0 hosts the rendezvous); ranks are node_rank*N + local.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub node_rank: u32,
+    /// The job's secret that ranks show to the rendezvous (others are ignored). Node 0 makes
+    /// one if none is given and prints it for multi-node jobs; every other node must be given
+    /// the same. Prefer the environment variable SHARDTRAIN_JOB_TOKEN (a command line is
+    /// visible to other users in `ps`).
+    #[arg(long, value_name = "TOKEN")]
+    pub job_token: Option<String>,
     /// Continue from a checkpoint: its directory (`<checkpoint.dir>/step_00000100`) or `latest`, the
     /// newest intact one in checkpoint.dir. Verified (every file's size and CRC-32, the model shape)
     /// before any rank starts; --cpus and zero.stage may differ from the run that saved it.
@@ -132,6 +143,65 @@ pub struct MemoryArgs {
     pub json: bool,
 }
 
+/// `launcher plan`: the cluster and the hardware figures (defaults for the chosen GPU).
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The TOML config file.
+    #[arg(value_name = "CONFIG")]
+    pub config: PathBuf,
+    /// Nodes in the cluster.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nodes: u32,
+    /// GPUs (ranks) per node.
+    #[arg(long, value_name = "G", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus_per_node: u32,
+    /// The GPU whose figures are the defaults below (NVLink nodes, 400 Gb/s InfiniBand per GPU).
+    #[arg(long, value_enum, default_value_t = crate::plan::GpuKind::H100)]
+    pub gpu: crate::plan::GpuKind,
+    /// Dense bf16 TFLOP/s per GPU (default: the GPU's, 989).
+    #[arg(long, value_name = "X")]
+    pub tflops: Option<f64>,
+    /// GPU memory in GiB (default: H100 79.6, H200 139.8).
+    #[arg(long, value_name = "X")]
+    pub gpu_mem_gib: Option<f64>,
+    /// NVLink bandwidth per GPU and direction in GB/s (default 450).
+    #[arg(long, value_name = "X")]
+    pub intra_gbs: Option<f64>,
+    /// Network bandwidth per GPU in Gb/s (default 400: one 400 Gb/s InfiniBand NIC per GPU).
+    #[arg(long, value_name = "X")]
+    pub inter_gbits: Option<f64>,
+    /// Override one config value, as for training. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `launcher sweep`: one training run per (ranks, stage) combination.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("device").required(true).args(["cpus", "gpus"]))]
+pub struct SweepArgs {
+    /// The TOML config file (train.steps sets each run's length: a few dozen steps suffice).
+    #[arg(value_name = "CONFIG")]
+    pub config: PathBuf,
+    /// CPU rank counts to run, e.g. 1,2,3.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub cpus: Option<Vec<u32>>,
+    /// GPU rank counts to run, e.g. 1,2,4,8 (counts above this node's GPUs are recorded as failed).
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub gpus: Option<Vec<u32>>,
+    /// ZeRO stages to run, e.g. 1,2,3.
+    #[arg(long, value_name = "S,S,...", value_delimiter = ',', default_value = "0,1,2,3", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub stages: Vec<u8>,
+    /// Override one config value for every run, as for training. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Where the table, the plots and each run's directory go (default: <output.dir>/sweep).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// The launcher's rendezvous address.
@@ -152,9 +222,12 @@ pub struct WorkerArgs {
     /// Which backend this rank computes on.
     #[arg(long, value_enum)]
     pub device: Device,
-    /// Index of this rank on its node (the GPU it uses).
+    /// Index of this rank on its node.
     #[arg(long, default_value_t = 0)]
     pub local_rank: u32,
+    /// The GPU this rank uses (default: its local rank; SHARDTRAIN_GPU_MAP changes it).
+    #[arg(long)]
+    pub gpu: Option<u32>,
     /// Continue from this checkpoint directory (validated by the launcher).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,

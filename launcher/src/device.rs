@@ -55,9 +55,52 @@ impl Device {
     }
 }
 
+/// The environment variable that maps this node's ranks to GPUs: `SHARDTRAIN_GPU_MAP=0,0`
+/// puts local ranks 0 and 1 both on GPU 0 (for testing multi-rank behaviour, such as the
+/// hang watchdog, on a one-GPU machine). Unset: local rank i uses GPU i.
+pub const GPU_MAP_ENV: &str = "SHARDTRAIN_GPU_MAP";
+
+/// The GPU of each local rank: `spec` (a comma-separated list, one GPU index per rank) or
+/// the identity.
+pub fn gpu_map(local_ranks: usize, spec: Option<&str>) -> Result<Vec<usize>, String> {
+    let Some(spec) = spec else {
+        return Ok((0..local_ranks).collect());
+    };
+    let bad = |why: String| {
+        format!("{GPU_MAP_ENV}={spec:?}: {why}; give one GPU index per rank of this node, e.g. {GPU_MAP_ENV}=0,0 for two ranks on GPU 0")
+    };
+    let map: Vec<usize> = spec
+        .split(',')
+        .map(|g| g.trim().parse::<usize>().map_err(|_| bad(format!("`{}` is not a GPU index", g.trim()))))
+        .collect::<Result<_, _>>()?;
+    if map.len() != local_ranks {
+        return Err(bad(format!("{} entries for --gpus {local_ranks}", map.len())));
+    }
+    Ok(map)
+}
+
+/// Whether two ranks of `map` share a GPU. NCCL refuses two ranks of one communicator on
+/// one GPU of one host ("Duplicate GPU detected"), so such ranks are each given their own
+/// `NCCL_HOSTID`: NCCL then connects them through its network transport (slow; for tests).
+pub fn shares_gpus(map: &[usize]) -> bool {
+    let mut seen = map.to_vec();
+    seen.sort_unstable();
+    seen.windows(2).any(|w| w[0] == w[1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_maps_parse_and_name_their_problems() {
+        assert_eq!(gpu_map(3, None), Ok(vec![0, 1, 2]));
+        assert_eq!(gpu_map(2, Some("0,0")), Ok(vec![0, 0]));
+        assert!(shares_gpus(&[0, 0]) && !shares_gpus(&[1, 0]));
+        let e = gpu_map(2, Some("0")).unwrap_err();
+        assert!(e.contains("1 entries for --gpus 2") && e.contains(GPU_MAP_ENV), "{e}");
+        assert!(gpu_map(2, Some("0,x")).unwrap_err().contains("`x` is not a GPU index"));
+    }
 
     #[test]
     fn env_divides_cores_and_disables_multicast() {

@@ -1,10 +1,11 @@
 //! TEST-ONLY fault injection, so the launcher's failure handling can be tested with real
 //! processes. A worker reads `SHARDTRAIN_FAULT=rank:step:kind` from its environment:
-//! - `kind = exit`: that rank exits with code 3 right after reporting that step;
+//! - `kind = exit`: that rank exits with code 7 right after reporting that step;
 //! - `kind = abort`: that rank calls `std::process::abort()` (a hard crash, SIGABRT)
 //!   right after reporting that step.
 //!
-//! Not a user feature: nothing sets it outside tests/launcher.rs.
+//! Not a user feature: nothing sets it outside tests/launcher.rs. (Code 7 is no code the
+//! launcher gives a meaning: 2 and 3 mean a setup problem and a watchdog stop.)
 
 /// The environment variable a worker reads.
 pub const FAULT_ENV: &str = "SHARDTRAIN_FAULT";
@@ -53,8 +54,8 @@ impl Fault {
         }
         match self.kind {
             FaultKind::Exit => {
-                eprintln!("rank {rank}: {FAULT_ENV}: exiting with code 3 after step {step} (injected fault)");
-                std::process::exit(3);
+                eprintln!("rank {rank}: {FAULT_ENV}: exiting with code 7 after step {step} (injected fault)");
+                std::process::exit(7);
             }
             FaultKind::Abort => {
                 eprintln!("rank {rank}: {FAULT_ENV}: aborting after step {step} (injected crash)");

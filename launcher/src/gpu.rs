@@ -6,12 +6,16 @@
 
 #[cfg(feature = "cuda")]
 mod imp {
+    use collectives::nccl::{NcclAbort, NcclComm};
+    use collectives::progress::{Op, Progress, Tracked};
     use std::path::Path;
+    use std::sync::Arc;
     use trainer::backend::cuda::CudaBackend;
     use trainer::{Config, StepMetrics, TrainError, TrainSummary};
 
-    /// Before spawning: every library loads and this node has at least `local_ranks` GPUs.
-    pub fn preflight(local_ranks: usize) -> Result<String, String> {
+    /// Before spawning: every library loads and this node has at least `gpus_needed` GPUs
+    /// (`--gpus N`, or one more than the highest GPU of `SHARDTRAIN_GPU_MAP`).
+    pub fn preflight(gpus_needed: usize) -> Result<String, String> {
         // SAFETY: each call only asks the dynamic loader whether the library opens.
         let libs = unsafe {
             [
@@ -33,9 +37,10 @@ mod imp {
         cudarc::driver::result::init().map_err(|e| format!("--gpus: the CUDA driver does not initialise: {e:?}"))?;
         let count = cudarc::driver::result::device::get_count()
             .map_err(|e| format!("--gpus: cannot count GPUs: {e:?}"))? as usize;
-        if count < local_ranks {
+        if count < gpus_needed {
             return Err(format!(
-                "--gpus {local_ranks}: this node has {count} GPU(s) visible (CUDA_VISIBLE_DEVICES={}); ask for at most {count}",
+                "--gpus: {gpus_needed} GPU(s) needed but this node has {count} visible (CUDA_VISIBLE_DEVICES={}); \
+                 ask for at most {count}, or map ranks to GPUs with SHARDTRAIN_GPU_MAP",
                 std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
             ));
         }
@@ -48,7 +53,10 @@ mod imp {
         collectives::nccl::nccl_unique_id().map_err(|e| format!("cannot create the NCCL unique id: {e}"))
     }
 
-    /// Run one GPU rank: CUDA backend on `local_rank`, NCCL group from `id`, then train.
+    /// Run one GPU rank: CUDA backend on `gpu`, NCCL group from `id`, then train, every
+    /// collective recorded in `progress`. The communicator is abortable from the moment it
+    /// is being made: a stop order from the launcher aborts it (`ncclCommAbort`), so a
+    /// rank stuck in a collective (or in the join) is released.
     #[allow(clippy::too_many_arguments)]
     pub fn train_rank(
         cfg: &Config,
@@ -56,32 +64,46 @@ mod imp {
         resume: Option<&Path>,
         rank: usize,
         world: usize,
-        local_rank: usize,
+        gpu: usize,
         id: &[u8],
+        progress: &Arc<Progress>,
         on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
     ) -> Result<TrainSummary, TrainError> {
-        let be = CudaBackend::new(local_rank)?;
-        println!("rank {rank}: {be:?} on GPU {local_rank}");
+        let be = CudaBackend::new(gpu)?;
+        println!("rank {rank}: {be:?} on GPU {gpu}");
+        let abort = NcclAbort::new();
+        let on_stop = abort.clone();
+        crate::worker::on_stop(move || {
+            if let Err(e) = on_stop.abort() {
+                eprintln!("rank {rank}: aborting the NCCL communicator failed: {e}");
+            }
+        });
         // What NCCL allocates for itself (channels, buffers; connected at creation: the
         // launcher sets NCCL_RUNTIME_CONNECT=0) is measured here for the memory report.
         let before = be.outside_pool_bytes();
-        let mut comm = collectives::nccl::NcclComm::new(be.stream().clone(), rank, world, id)?;
+        let comm = {
+            let _joining = progress.enter(Op::Connect);
+            NcclComm::new_abortable(be.stream().clone(), rank, world, id, &abort)?
+        };
         if let (Some(a), Some(b)) = (before, be.outside_pool_bytes()) {
             be.set_comm_library_bytes(b.saturating_sub(a));
         }
+        let mut comm = Tracked::new(comm, progress.clone());
         trainer::train::train_from(cfg, &be, &mut comm, data_path, resume, on_step)
     }
 }
 
 #[cfg(not(feature = "cuda"))]
 mod imp {
+    use collectives::progress::Progress;
     use std::path::Path;
+    use std::sync::Arc;
     use trainer::{Config, StepMetrics, TrainError, TrainSummary};
 
     const NOT_BUILT: &str = "--gpus: this launcher was built without the `cuda` feature; \
                              rebuild with `cargo build --release -p launcher` (cuda is a default feature)";
 
-    pub fn preflight(_local_ranks: usize) -> Result<String, String> {
+    pub fn preflight(_gpus_needed: usize) -> Result<String, String> {
         Err(NOT_BUILT.into())
     }
     pub fn nccl_id() -> Result<Vec<u8>, String> {
@@ -96,6 +118,7 @@ mod imp {
         _: usize,
         _: usize,
         _: &[u8],
+        _: &Arc<Progress>,
         _: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
     ) -> Result<TrainSummary, TrainError> {
         Err(TrainError::Invalid(NOT_BUILT.into()))

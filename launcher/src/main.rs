@@ -5,19 +5,30 @@
 //! rendezvous that connects them (`rendezvous`, `protocol`), shows progress and writes
 //! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
 //! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
-//! `prepare-data`, `export` and `memory` are tools that start no job.
+//! `prepare-data`, `export`, `memory` and `plan` (memory and step time on a cluster) are
+//! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`).
 //!
 //! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
-//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned);
+//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned), or a
+//! rank found a data, checkpoint or config problem, or node 0 refused a node that runs
+//! another config; 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`);
 //! 130 interrupted. The tools exit 0, or 1 on failure (2 for bad arguments or config).
+//!
+//! Also: `token` (the job's rendezvous secret), `fingerprint` (what must match across
+//! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
+//! stops a job when stdout is closed).
 
 mod cli;
 mod device;
 mod export;
 mod fault;
+mod fingerprint;
 mod gpu;
 mod memory;
 mod metrics;
+mod out;
+mod plan;
+mod plot;
 mod prepare;
 mod progress;
 mod protocol;
@@ -26,6 +37,9 @@ mod rendezvous;
 mod resume;
 mod setup;
 mod supervise;
+mod sweep;
+mod token;
+mod watchdog;
 mod worker;
 
 use clap::Parser;
@@ -39,6 +53,8 @@ fn main() -> ExitCode {
         Some(Command::PrepareData(args)) => report(prepare::run(&args)),
         Some(Command::Export(args)) => report(export::run(&args)),
         Some(Command::Memory(args)) => report(memory::run(&args)),
+        Some(Command::Sweep(args)) => report(sweep::run(&args)),
+        Some(Command::Plan(args)) => report(plan::run(&args)),
         None => report(launch(&cli.launch)),
     }
 }
@@ -58,8 +74,10 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<setup::SetupError>().is_some() {
+            out::warn(&format!("error: {e:#}"));
+            if let Some(job) = e.downcast_ref::<supervise::JobError>() {
+                ExitCode::from(job.code)
+            } else if e.downcast_ref::<setup::SetupError>().is_some() {
                 ExitCode::from(2)
             } else if e.downcast_ref::<supervise::Interrupted>().is_some() {
                 ExitCode::from(130)

@@ -209,6 +209,11 @@ fn table(p: &Prediction, cfg: &Config) -> String {
     s
 }
 
+/// [`GPU_RUNTIME_MIB`] in bytes: what a GPU rank's driver figure holds beyond the ledger.
+pub fn gpu_runtime_bytes() -> u64 {
+    GPU_RUNTIME_MIB.iter().map(|(_, m)| m << 20).sum()
+}
+
 /// What a GPU rank holds outside the ledger, as measured (BENCHMARKS.md, run 4: every rank of
 /// every 2x H200 run, 124M to 1.5B, reported these; the untracked rest was 0 MiB).
 const GPU_RUNTIME_MIB: [(&str, u64); 4] =

@@ -7,6 +7,9 @@
 //! step are kept, later ones (steps the interrupted run took after its last checkpoint,
 //! which are now taken again) are dropped, and the new steps are appended, so the file
 //! holds each step once, in order ([`start_file`]).
+//!
+//! A line that cannot be written (disk full, the file removed) loses only that line: the
+//! record still counts for the run summary, which then says how many lines are missing.
 
 use anyhow::Context;
 use serde::Serialize;
@@ -141,6 +144,9 @@ pub struct MetricsLog {
     /// Tokens and slowest-rank seconds of every step after the first (for mean throughput).
     tokens_after_first: u64,
     seconds_after_first: f64,
+    /// Lines that could not be written, and the first such failure (step, error).
+    unwritten: usize,
+    first_write_error: Option<(u64, String)>,
 }
 
 impl MetricsLog {
@@ -160,10 +166,14 @@ impl MetricsLog {
             last: None,
             tokens_after_first: 0,
             seconds_after_first: 0.0,
+            unwritten: 0,
+            first_write_error: None,
         })
     }
 
     /// Record `rank`'s report; when it completes a step, write and return that step's record.
+    /// A failed write is remembered ([`MetricsLog::write_error`]), not returned: the record
+    /// still counts.
     pub fn add(&mut self, rank: usize, m: StepMetrics) -> anyhow::Result<Option<StepRecord>> {
         let slots = self.pending.entry(m.step).or_insert_with(|| vec![None; self.world]);
         let Some(slot) = slots.get_mut(rank) else {
@@ -178,7 +188,10 @@ impl MetricsLog {
         let rec = StepRecord::join(reports);
         let mut line = serde_json::to_string(&rec).context("cannot encode a metrics record")?;
         line.push('\n');
-        self.file.write_all(line.as_bytes()).with_context(|| format!("cannot write {}", self.path.display()))?;
+        if let Err(e) = self.file.write_all(line.as_bytes()).and_then(|()| self.file.flush()) {
+            self.unwritten += 1;
+            self.first_write_error.get_or_insert((rec.step, e.to_string()));
+        }
         if self.first.is_none() {
             self.first = Some(rec.clone());
         } else {
@@ -187,6 +200,13 @@ impl MetricsLog {
         }
         self.last = Some(rec.clone());
         Ok(Some(rec))
+    }
+
+    /// The first failed write, described, once there was one.
+    pub fn write_error(&self) -> Option<String> {
+        self.first_write_error
+            .as_ref()
+            .map(|(step, e)| format!("cannot write step {step}'s record to {}: {e}", self.path.display()))
     }
 
     /// The end-of-run summary, as printable text.
@@ -247,7 +267,23 @@ impl MetricsLog {
             }
         }
         s += &format!("metrics: {}", self.path.display());
+        if let Some(e) = self.write_error() {
+            s += &format!(
+                "\nwarning: {} of the {} step records are missing from metrics.jsonl (first: {e}); the numbers \
+                 above count every step",
+                self.unwritten,
+                self.records()
+            );
+        }
         s
+    }
+
+    /// Step records made this run (written or not).
+    fn records(&self) -> usize {
+        match (&self.first, &self.last) {
+            (Some(f), Some(l)) => (l.step - f.step + 1) as usize,
+            _ => 0,
+        }
     }
 }
 
@@ -289,6 +325,22 @@ mod tests {
         assert_eq!(lines[1]["step"], 2);
         assert!(log.summary().contains("2000 tokens/s"), "{}", log.summary());
         assert!(log.add(5, report(3, 0.1, 1)).is_err());
+    }
+
+    #[test]
+    fn a_failed_write_loses_the_line_but_not_the_summary() {
+        // /dev/full: every write fails with "No space left on device", like a full disk.
+        let mut log = MetricsLog::open(Path::new("/dev/full"), 1).expect("open");
+        for step in 1..=30 {
+            let rec = log.add(0, report(step, 0.5, 10)).expect("add").expect("complete");
+            assert_eq!(rec.step, step);
+        }
+        let e = log.write_error().expect("the failure is kept");
+        assert!(e.contains("step 1") && e.contains("/dev/full"), "{e}");
+        let summary = log.summary();
+        assert!(summary.starts_with("steps: 30\n"), "{summary}");
+        assert!(summary.contains("30 of the 30 step records are missing"), "{summary}");
+        assert!(summary.contains("2000 tokens/s"), "{summary}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Training progress on the launcher's stdout: an indicatif bar on a terminal; otherwise
 //! (CI logs, pipes) one plain line at the first step, every ~10% of the steps, and the last.
 //! A resumed run starts at the checkpoint's step (the bar shows the steps done before it).
+//! Lines go through [`crate::out`]: a closed stdout (`launcher ... | head`) never stops a job.
 
 use crate::metrics::StepRecord;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -52,7 +53,12 @@ impl Progress {
             }
             None => {
                 if first || rec.step.is_multiple_of(self.every) || rec.step == self.total {
-                    println!("step {:>width$}/{} | {msg}", rec.step, self.total, width = digits(self.total));
+                    crate::out::say(&format!(
+                        "step {:>width$}/{} | {msg}",
+                        rec.step,
+                        self.total,
+                        width = digits(self.total)
+                    ));
                 }
             }
         }
@@ -62,7 +68,7 @@ impl Progress {
     pub fn println(&self, line: &str) {
         match &self.bar {
             Some(bar) => bar.println(line),
-            None => println!("{line}"),
+            None => crate::out::say(line),
         }
     }
 

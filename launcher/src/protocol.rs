@@ -1,14 +1,24 @@
-//! The control protocol between the launcher and its ranks (the rendezvous and progress
-//! reports; tensors never travel here, they go over the ranks' own data-plane group).
+//! The control protocol between the launcher and its ranks (the rendezvous, progress
+//! reports and stop orders; tensors never travel here, they go over the ranks' own
+//! data-plane group).
 //!
 //! Frames are a little-endian `u32` byte length followed by one bincode-encoded [`Msg`].
+//! A connection's first frame (its `Hello`) may be at most [`MAX_HELLO_FRAME`] bytes, later
+//! ones [`MAX_FRAME`]: a stranger cannot make the launcher allocate more than that.
 //! The conversation, per rank:
-//! 1. rank → launcher `Hello { magic, version, rank, data_addr }` once its data-plane
-//!    listener is bound;
+//! 1. rank → launcher `Hello { magic, version, token, rank, data_addr, fingerprint }`
+//!    once its data-plane listener is bound. `token` is the job's secret (a connection
+//!    without it is logged and ignored); `fingerprint` is the resolved config the rank's
+//!    node runs, compared with node 0's (a difference refuses the job, naming the keys);
 //! 2. launcher → rank `Start { world, peers, nccl_id }` once every rank said hello
 //!    (`peers[r]` is rank r's data-plane address; `nccl_id` is for GPU ranks);
-//! 3. rank → launcher `Step { rank, metrics }` after every optimizer step;
-//! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer }` and exit code 1.
+//! 3. rank → launcher `Heartbeat { rank, progress }` about every second (where the rank
+//!    is: step, micro-step, collectives, phase; the hang watchdog reads them) and
+//!    `Step { rank, metrics }` after every optimizer step;
+//! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer, setup }` and exit
+//!    code 1 (2 when `setup`: a data, checkpoint or config problem);
+//! 5. launcher → rank `Stop { reason, kind }` at any time: the rank aborts its communicator
+//!    and exits (code 3 for the watchdog, 2 when its config was refused).
 //!
 //! The launcher keeps each connection open until the rank exits; a rank that sees its
 //! connection close exits at once (so ranks never outlive their launcher).
@@ -21,31 +31,117 @@ use trainer::StepMetrics;
 /// First bytes of every `Hello`: tells a shardtrain rank from a stray connection.
 pub const MAGIC: [u8; 8] = *b"SHRDTRN\0";
 /// Bumped whenever [`Msg`] changes; launcher and ranks must agree.
-pub const PROTOCOL_VERSION: u32 = 1;
-/// Frames larger than this are refused (a corrupt length, or not our protocol).
-const MAX_FRAME: usize = 64 << 20;
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The first frame of a connection (its hello) may be at most this long.
+pub const MAX_HELLO_FRAME: usize = 64 << 10;
+/// Any later frame may be at most this long (a corrupt length, or not our protocol).
+pub const MAX_FRAME: usize = 4 << 20;
+/// This build's version, as compared between nodes.
+pub const BUILD: &str = env!("CARGO_PKG_VERSION");
 
 /// Every message of the control protocol.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Msg {
-    /// A rank is up and its data-plane listener is bound at `data_addr`.
-    Hello { magic: [u8; 8], version: u32, rank: u32, data_addr: String },
+    /// A rank is up and its data-plane listener is bound at `data_addr`. `token` is the
+    /// job's secret, `fingerprint` what its node runs (the resolved config, launch and
+    /// launcher version as sorted `key = value` pairs, see `fingerprint.rs`).
+    Hello {
+        magic: [u8; 8],
+        version: u32,
+        token: String,
+        rank: u32,
+        data_addr: String,
+        fingerprint: Vec<(String, String)>,
+    },
     /// Every rank is up: connect the group. `peers[r]` is rank r's data-plane address.
     Start { world: u32, peers: Vec<String>, nccl_id: Option<Vec<u8>> },
     /// A finished optimizer step as seen by `rank`.
     Step { rank: u32, metrics: Box<StepMetrics> },
+    /// Where `rank` is now (sent about every second while it runs).
+    Heartbeat { rank: u32, progress: RankProgress },
     /// `rank` finished training.
     Done { rank: u32 },
     /// `rank` stopped with an error. `peer` is set when the cause was another rank
-    /// becoming unreachable (so the launcher blames that rank, not this one).
-    Failed { rank: u32, message: String, peer: Option<u32> },
+    /// becoming unreachable (so the launcher blames that rank, not this one); `setup` when
+    /// it is a data, checkpoint or config problem (the job's exit code is then 2).
+    Failed { rank: u32, message: String, peer: Option<u32>, setup: bool },
+    /// The launcher stops the rank: abort the communicator and exit.
+    Stop { reason: String, kind: StopKind },
+}
+
+/// Why the launcher stops a rank, and so the rank's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopKind {
+    /// The hang watchdog saw no progress (exit code 3).
+    Hung,
+    /// The rendezvous refused the rank's node: another config or build (exit code 2).
+    Refused,
+}
+
+impl StopKind {
+    /// The exit code of a rank (and of a launcher) stopped for this reason.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            StopKind::Hung => 3,
+            StopKind::Refused => 2,
+        }
+    }
+}
+
+/// A rank's position for the watchdog (`collectives::progress::Snapshot` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankProgress {
+    /// Bumped by every update: unchanged means the rank did nothing since the last report.
+    pub events: u64,
+    pub steps_done: u64,
+    pub micro: u32,
+    /// Collectives entered so far (the same sequence on every rank).
+    pub collectives: u64,
+    /// The last collective entered (`all_gather`, ..., `connect`).
+    pub last_op: Option<String>,
+    /// Blocked inside `last_op` now.
+    pub inside: bool,
+    /// `start-up`, `training`, `evaluation`, `checkpoint save` or `done`.
+    pub phase: String,
+}
+
+impl From<collectives::progress::Snapshot> for RankProgress {
+    fn from(s: collectives::progress::Snapshot) -> Self {
+        RankProgress {
+            events: s.events,
+            steps_done: s.steps_done,
+            micro: s.micro,
+            collectives: s.collectives,
+            last_op: s.last_op.map(|o| o.name().to_string()),
+            inside: s.inside,
+            phase: s.phase.name().to_string(),
+        }
+    }
 }
 
 impl Msg {
     /// A `Hello` of this protocol version.
-    pub fn hello(rank: u32, data_addr: String) -> Msg {
-        Msg::Hello { magic: MAGIC, version: PROTOCOL_VERSION, rank, data_addr }
+    pub fn hello(token: String, rank: u32, data_addr: String, fingerprint: Vec<(String, String)>) -> Msg {
+        Msg::Hello { magic: MAGIC, version: PROTOCOL_VERSION, token, rank, data_addr, fingerprint }
     }
+}
+
+/// What a rank's own launcher tells it on its stdin (one JSON line) before it starts: the
+/// job token, the node's fingerprint, how often to send heartbeats. The pipe then stays
+/// open; its end tells the rank that its launcher is gone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bootstrap {
+    pub token: String,
+    pub fingerprint: Vec<(String, String)>,
+    pub heartbeat_ms: u64,
+}
+
+/// The magic and protocol version at the start of a hello body, read even when the rest
+/// does not decode (a launcher of another version sent it).
+pub fn peek_hello_version(body: &[u8]) -> Option<([u8; 8], u32)> {
+    let ((variant, magic, version), _): ((u32, [u8; 8], u32), usize) =
+        bincode::serde::decode_from_slice(body, bincode::config::standard()).ok()?;
+    (variant == 0).then_some((magic, version))
 }
 
 /// Control-protocol failures.
@@ -55,8 +151,8 @@ pub enum ProtocolError {
     Closed,
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit: not a shardtrain control connection?")]
-    TooLarge(usize),
+    #[error("frame of {0} bytes exceeds the {1}-byte limit: not a shardtrain control connection?")]
+    TooLarge(usize, usize),
     #[error("cannot decode a control message ({0}): are the launcher and the worker the same build?")]
     Decode(String),
     #[error("cannot encode a control message: {0}")]
@@ -67,14 +163,17 @@ pub enum ProtocolError {
 pub fn encode(msg: &Msg) -> Result<Vec<u8>, ProtocolError> {
     let body = bincode::serde::encode_to_vec(msg, bincode::config::standard())
         .map_err(|e| ProtocolError::Encode(e.to_string()))?;
-    let len = u32::try_from(body.len()).map_err(|_| ProtocolError::TooLarge(body.len()))?;
+    if body.len() > MAX_FRAME {
+        return Err(ProtocolError::TooLarge(body.len(), MAX_FRAME));
+    }
+    let len = u32::try_from(body.len()).map_err(|_| ProtocolError::TooLarge(body.len(), MAX_FRAME))?;
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&body);
     Ok(frame)
 }
 
-fn decode(body: &[u8]) -> Result<Msg, ProtocolError> {
+pub fn decode(body: &[u8]) -> Result<Msg, ProtocolError> {
     let (msg, used) = bincode::serde::decode_from_slice(body, bincode::config::standard())
         .map_err(|e| ProtocolError::Decode(e.to_string()))?;
     if used != body.len() {
@@ -83,10 +182,10 @@ fn decode(body: &[u8]) -> Result<Msg, ProtocolError> {
     Ok(msg)
 }
 
-fn frame_len(header: [u8; 4]) -> Result<usize, ProtocolError> {
+fn frame_len(header: [u8; 4], max: usize) -> Result<usize, ProtocolError> {
     let len = u32::from_le_bytes(header) as usize;
-    if len > MAX_FRAME {
-        return Err(ProtocolError::TooLarge(len));
+    if len > max {
+        return Err(ProtocolError::TooLarge(len, max));
     }
     Ok(len)
 }
@@ -110,7 +209,7 @@ pub fn send(w: &mut impl Write, msg: &Msg) -> Result<(), ProtocolError> {
 pub fn recv(r: &mut impl Read) -> Result<Msg, ProtocolError> {
     let mut header = [0u8; 4];
     r.read_exact(&mut header).map_err(map_eof)?;
-    let mut body = vec![0u8; frame_len(header)?];
+    let mut body = vec![0u8; frame_len(header, MAX_FRAME)?];
     r.read_exact(&mut body).map_err(map_eof)?;
     decode(&body)
 }
@@ -124,11 +223,16 @@ pub async fn send_async(w: &mut (impl AsyncWrite + Unpin), msg: &Msg) -> Result<
 
 /// Async receive (the launcher side). `Closed` on a clean end of stream.
 pub async fn recv_async(r: &mut (impl AsyncRead + Unpin)) -> Result<Msg, ProtocolError> {
+    decode(&recv_frame_async(r, MAX_FRAME).await?)
+}
+
+/// Async receive of one frame's body of at most `max` bytes, undecoded.
+pub async fn recv_frame_async(r: &mut (impl AsyncRead + Unpin), max: usize) -> Result<Vec<u8>, ProtocolError> {
     let mut header = [0u8; 4];
     r.read_exact(&mut header).await.map_err(map_eof)?;
-    let mut body = vec![0u8; frame_len(header)?];
+    let mut body = vec![0u8; frame_len(header, max)?];
     r.read_exact(&mut body).await.map_err(map_eof)?;
-    decode(&body)
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -138,10 +242,12 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let msgs = [
-            Msg::hello(3, "127.0.0.1:4000".into()),
+            Msg::hello("t0k3n".into(), 3, "127.0.0.1:4000".into(), vec![("train.lr".into(), "0.001".into())]),
+            Msg::Heartbeat { rank: 1, progress: collectives::progress::Progress::new().snapshot().into() },
+            Msg::Stop { reason: "hung".into(), kind: StopKind::Hung },
             Msg::Start { world: 2, peers: vec!["a:1".into(), "b:2".into()], nccl_id: Some(vec![7; 128]) },
             Msg::Done { rank: 1 },
-            Msg::Failed { rank: 0, message: "boom".into(), peer: Some(1) },
+            Msg::Failed { rank: 0, message: "boom".into(), peer: Some(1), setup: false },
         ];
         let mut wire = Vec::new();
         for m in &msgs {
@@ -157,9 +263,34 @@ mod tests {
     #[test]
     fn garbage_is_refused() {
         let mut r: &[u8] = b"GET / HTTP/1.1\r\n\r\n";
-        assert!(matches!(recv(&mut r), Err(ProtocolError::TooLarge(_))));
+        assert!(matches!(recv(&mut r), Err(ProtocolError::TooLarge(..))));
         let mut frame = 3u32.to_le_bytes().to_vec();
         frame.extend_from_slice(&[0xff, 0xff, 0xff]);
         assert!(matches!(recv(&mut &frame[..]), Err(ProtocolError::Decode(_))));
+    }
+}
+
+#[cfg(test)]
+mod bounds {
+    use super::*;
+
+    #[test]
+    fn a_hello_is_bounded_and_its_version_readable_alone() {
+        let hello = Msg::hello("secret".into(), 0, "a:1".into(), vec![]);
+        let frame = encode(&hello).expect("encode");
+        assert!(frame.len() < MAX_HELLO_FRAME);
+        assert_eq!(peek_hello_version(&frame[4..]), Some((MAGIC, PROTOCOL_VERSION)));
+        // A version-1 hello (magic, version 1, rank, address) still shows its version.
+        let v1 = bincode::serde::encode_to_vec((0u32, MAGIC, 1u32, 3u32, "a:1"), bincode::config::standard())
+            .expect("encode v1");
+        assert_eq!(peek_hello_version(&v1), Some((MAGIC, 1)));
+        assert!(decode(&v1).is_err());
+        // A length prefix past the bound is refused before anything is allocated.
+        let big = ((MAX_HELLO_FRAME + 1) as u32).to_le_bytes();
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let got = rt.block_on(recv_frame_async(&mut &big[..], MAX_HELLO_FRAME));
+        assert!(matches!(got, Err(ProtocolError::TooLarge(n, MAX_HELLO_FRAME)) if n == MAX_HELLO_FRAME + 1));
+        let huge = Msg::Stop { reason: "x".repeat(MAX_FRAME + 1), kind: StopKind::Hung };
+        assert!(matches!(encode(&huge), Err(ProtocolError::TooLarge(..))));
     }
 }

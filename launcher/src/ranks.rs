@@ -1,8 +1,11 @@
 //! Rank processes on this node: spawning them (this same binary with the hidden `worker`
 //! subcommand, the rank environment, output into `logs/rank<r>.log`: a new file for a new
-//! run, appended to (after a marker line) when resuming), watching them exit,
-//! killing them, and reading a log's tail for error reports.
+//! run, appended to (after a marker line) when resuming), handing each its start-up line
+//! (job token, fingerprint, heartbeat period) on a stdin pipe that then stays open while
+//! the rank lives (its end tells the rank that this launcher is gone), watching them exit,
+//! killing them, and reading a log's tail (and last step) for error reports.
 
+use crate::protocol::Bootstrap;
 use crate::setup::RunPlan;
 use anyhow::Context;
 use std::io::Write;
@@ -23,14 +26,19 @@ pub struct Exited {
 pub fn spawn_all(
     plan: &RunPlan,
     rendezvous: SocketAddr,
+    boot: &Bootstrap,
     exits: &mpsc::UnboundedSender<Exited>,
     kill: &watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<u32>> {
     let exe = std::env::current_exe().context("cannot find the launcher's own executable to start the ranks")?;
     let bind_host = if plan.multi_node() { "0.0.0.0" } else { "127.0.0.1" };
     let env = plan.device.rank_env(plan.local_ranks);
+    let mut boot_line = serde_json::to_string(boot).context("cannot encode the ranks' start-up line")?;
+    boot_line.push('\n');
+    let shared_gpus = crate::device::shares_gpus(&plan.gpu_map);
     let mut pids = Vec::new();
     for rank in plan.local_rank_ids() {
+        let local = rank - plan.first_rank;
         let log_path = plan.log_path(rank);
         let log = open_log(&log_path, plan)?;
         let log_err = log.try_clone().with_context(|| format!("cannot reopen {}", log_path.display()))?;
@@ -49,10 +57,11 @@ pub fn spawn_all(
             .arg("--device")
             .arg(plan.device.name())
             .arg("--local-rank")
-            .arg((rank - plan.first_rank).to_string())
+            .arg(local.to_string())
+            .args(plan.gpu_map.get(local).map(|g| format!("--gpu={g}")))
             .args(plan.resume.iter().flat_map(|r| [std::ffi::OsStr::new("--resume"), r.dir.as_os_str()]))
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .kill_on_drop(true);
@@ -60,11 +69,20 @@ pub fn spawn_all(
         // every rank itself (and reports an interrupt rather than ranks dying of SIGINT).
         #[cfg(unix)]
         cmd.process_group(0);
+        if shared_gpus {
+            // NCCL tells ranks apart by host and GPU; ranks sharing a GPU get hosts of their own.
+            cmd.env("NCCL_HOSTID", format!("shardtrain-{}-rank{rank}", std::process::id()));
+        }
         let mut child = cmd.spawn().with_context(|| format!("cannot start rank {rank} ({})", exe.display()))?;
         pids.push(child.id().unwrap_or(0));
+        let mut stdin = child.stdin.take().context("the rank's stdin pipe is missing")?;
+        let line = boot_line.clone();
         let exits = exits.clone();
         let mut kill = kill.clone();
         tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A rank that cannot read it exits and is reported like any other failure.
+            let _ = stdin.write_all(line.as_bytes()).await;
             let killed = async move {
                 // Also fires when the launcher drops the sender: no rank outlives its supervisor.
                 let _ = kill.wait_for(|k| *k).await;
@@ -76,6 +94,8 @@ pub fn spawn_all(
                     child.wait().await
                 }
             };
+            // The pipe stays open while the rank lives; closing it after the rank is gone.
+            drop(stdin);
             let _ = exits.send(Exited { rank, status });
         });
     }
@@ -128,6 +148,20 @@ pub fn describe_status(status: &std::io::Result<ExitStatus>) -> String {
     format!("ended with {status}")
 }
 
+/// The last step `rank` reported in its log (0 if none): how a launcher that does not
+/// receive the rank's step reports (nodes other than 0) names the step a rank failed after.
+pub fn last_logged_step(path: &Path, rank: usize) -> u64 {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 256 << 10;
+    let Ok(mut f) = std::fs::File::open(path) else { return 0 };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut bytes = Vec::new();
+    if f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).is_err() || f.read_to_end(&mut bytes).is_err() {
+        return 0;
+    }
+    String::from_utf8_lossy(&bytes).lines().rev().find_map(|l| crate::worker::parse_step_line(rank, l)).unwrap_or(0)
+}
+
 /// The last `n` lines of a log file (or a note saying why there are none).
 pub fn log_tail(path: &Path, n: usize) -> String {
     match std::fs::read(path) {
@@ -158,6 +192,18 @@ mod tests {
         assert!(tail.starts_with("    line 30"));
         assert!(tail.ends_with("line 49"));
         assert!(log_tail(&dir.path().join("missing"), 5).contains("cannot read"));
+    }
+
+    #[test]
+    fn the_last_step_is_read_from_the_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("rank2.log");
+        let log = "rank 2/4: group connected\nrank 2 step 1/50 loss 4.5\nrank 2 step 2/50 loss 4.4\n\
+                   rank 2 step 3/50 loss 4.3\nrank 2: error: boom\n    at somewhere\n";
+        std::fs::write(&p, log).expect("write");
+        assert_eq!(last_logged_step(&p, 2), 3);
+        assert_eq!(last_logged_step(&p, 1), 0);
+        assert_eq!(last_logged_step(&dir.path().join("none.log"), 2), 0);
     }
 
     #[cfg(unix)]

@@ -4,7 +4,9 @@
 //! ([`trainer::checkpoint::find_latest`]: when newer ones are broken its message says what
 //! is wrong with the newest and names the newest intact one). A directory given by name is
 //! opened with every file's size and CRC-32 verified. Either way the model shape must match
-//! the config and the checkpoint's step must leave steps to train. Any problem is a
+//! the config, the manifest must be consistent (ZeRO stage 0-3, one shard file per rank of
+//! its world, a step that matches the directory name, segments inside their units: see
+//! [`check_manifest`]), and the checkpoint's step must leave steps to train. Any problem is a
 //! [`SetupError`] (exit code 2) that names the file and what is wrong with it.
 //!
 //! The ranks then only check sizes ([`trainer::train::Trainer::resume`]): the checksums were
@@ -60,6 +62,14 @@ pub fn resolve(arg: &Path, cfg: &Config, world: usize) -> Result<Resume, SetupEr
     }
     .map_err(|e| SetupError(format!("--resume {}: {e}", arg.display())))?;
     reader.check_model(&cfg.model).map_err(|e| SetupError(format!("--resume {}: {e}", arg.display())))?;
+    check_manifest(&reader.dir, &reader.manifest).map_err(|e| {
+        SetupError(format!(
+            "--resume {}: checkpoint {} has an inconsistent manifest.json: {e}; it cannot be resumed: pick another \
+             checkpoint directory (--resume DIR)",
+            arg.display(),
+            reader.dir.display()
+        ))
+    })?;
 
     let m = &reader.manifest;
     let steps = cfg.train.steps as u64;
@@ -80,6 +90,53 @@ pub fn resolve(arg: &Path, cfg: &Config, world: usize) -> Result<Resume, SetupEr
         saved_stage: m.stage,
         notes: differences(&m.config_toml, m.world, cfg, world),
     })
+}
+
+/// The manifest's own numbers must agree with each other and with the directory: a ZeRO
+/// stage 0-3, a world of at least one rank with exactly one shard file per rank, a step of
+/// at least 1 equal to the `step_N` of the directory name, and every file segment inside
+/// its unit. (A hand-edited or mixed-up manifest would otherwise resume with wrong state, or
+/// crash a rank.)
+pub fn check_manifest(dir: &Path, m: &trainer::checkpoint::Manifest) -> Result<(), String> {
+    if m.stage > 3 {
+        return Err(format!("it says ZeRO stage {}, but stages are 0 to 3", m.stage));
+    }
+    if m.world == 0 {
+        return Err("it says world 0: a checkpoint is saved by at least one rank".into());
+    }
+    if m.files.len() != m.world {
+        return Err(format!("it says world {} but lists {} shard files (one per rank)", m.world, m.files.len()));
+    }
+    let mut ranks: Vec<usize> = m.files.iter().map(|f| f.rank).collect();
+    ranks.sort_unstable();
+    if ranks.iter().enumerate().any(|(i, &r)| i != r) {
+        return Err(format!("its shard files are of ranks {ranks:?}, not 0 to {}", m.world - 1));
+    }
+    if m.step == 0 {
+        return Err("it says step 0: checkpoints are saved after a step".into());
+    }
+    let named = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step_"))
+        .and_then(|s| s.parse::<u64>().ok());
+    if let Some(n) = named.filter(|&n| n != m.step) {
+        return Err(format!("it says step {} but its directory is step {n}", m.step));
+    }
+    for f in &m.files {
+        for s in &f.segments {
+            let unit = m.units.get(s.unit).ok_or_else(|| {
+                format!("{} holds a segment of unit {} but the model has {} units", f.name, s.unit, m.units.len())
+            })?;
+            if s.lo > s.hi || s.hi > unit.numel {
+                return Err(format!(
+                    "{} holds {}..{} of unit {} which has {} values",
+                    f.name, s.lo, s.hi, unit.name, unit.numel
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// When `dir` is not one checkpoint but a directory of them, say which to pick.

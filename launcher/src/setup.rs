@@ -1,11 +1,16 @@
-//! Everything checked and prepared before any rank is spawned: the device, the node
-//! layout, the config (loaded and validated once, here), the checkpoint to resume from
-//! (`resume`), the data path, the run directory and the resolved config file the ranks
-//! read. A problem found here is a [`SetupError`]: printed once, exit code 2, nothing started.
+//! Everything checked and prepared before any rank is spawned: the device and the GPU of
+//! each rank, the node layout, the job token, the config (loaded and validated once, here),
+//! the checkpoint to resume from (`resume`), the data (both splits against the vocabulary),
+//! `init.from`, the checkpoint directory (writable; half-written `.step_*.partial`
+//! directories of a crashed save removed), the run directory, the node's fingerprint and the
+//! resolved config file the ranks read. A problem found here is a [`SetupError`]: printed
+//! once, exit code 2, nothing started.
 
 use crate::cli::LaunchArgs;
 use crate::device::Device;
+use crate::fingerprint::Fingerprint;
 use crate::resume::Resume;
+use crate::token::JobToken;
 use data::Split;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -45,6 +50,12 @@ pub struct RunPlan {
     pub resume: Option<Resume>,
     /// GPU jobs: the NCCL unique id node 0 hands every rank in `Start`.
     pub nccl_id: Option<Vec<u8>>,
+    /// The secret every rank shows in its hello.
+    pub token: JobToken,
+    /// What this node runs, compared across nodes at the rendezvous.
+    pub fingerprint: Fingerprint,
+    /// GPU jobs: the GPU of each local rank (`SHARDTRAIN_GPU_MAP`, default the identity).
+    pub gpu_map: Vec<usize>,
 }
 
 impl RunPlan {
@@ -71,21 +82,38 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     if let Some(reason) = device.unavailable_reason() {
         return Err(SetupError(reason));
     }
-    let mut nccl_id = None;
-    if device == Device::Gpu {
-        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
-        let found = crate::gpu::preflight(local_ranks).map_err(SetupError)?;
-        println!("launcher: {found}");
-        if args.node_rank == 0 {
-            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
-        }
-    }
     let (nnodes, node_rank) = (args.nnodes as usize, args.node_rank as usize);
     if node_rank >= nnodes {
         return Err(SetupError(format!(
             "--node-rank {node_rank} is out of range for --nnodes {nnodes}: use 0 to {}",
             nnodes - 1
         )));
+    }
+    let token = crate::token::resolve(
+        args.job_token.as_deref(),
+        std::env::var(crate::token::TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+        node_rank,
+    )?;
+    let mut nccl_id = None;
+    let mut gpu_map = Vec::new();
+    if device == Device::Gpu {
+        let spec = std::env::var(crate::device::GPU_MAP_ENV).ok();
+        gpu_map = crate::device::gpu_map(local_ranks, spec.as_deref()).map_err(SetupError)?;
+        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
+        let needed = gpu_map.iter().max().map_or(0, |g| g + 1);
+        let found = crate::gpu::preflight(needed).map_err(SetupError)?;
+        crate::out::say(&format!("launcher: {found}"));
+        if crate::device::shares_gpus(&gpu_map) {
+            crate::out::say(&format!(
+                "launcher: {}={} puts several ranks on one GPU; they talk through NCCL's network transport \
+                 (slow: for tests only)",
+                crate::device::GPU_MAP_ENV,
+                spec.unwrap_or_default()
+            ));
+        }
+        if node_rank == 0 {
+            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
+        }
     }
     if nnodes > 1 && args.master_addr.is_none() {
         return Err(SetupError(format!(
@@ -95,6 +123,8 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let config_path =
         args.config.as_deref().ok_or_else(|| SetupError("no CONFIG given: launcher --cpus N CONFIG.toml".into()))?;
     let mut cfg = Config::load(config_path, &args.overrides)?;
+    // Paths as written: nodes may start in different directories.
+    let as_given = cfg.clone();
 
     let out_dir = absolute(&cfg.output.dir);
     cfg.output.dir = out_dir.clone();
@@ -112,10 +142,27 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         ))
     })?;
     let data_path = resolve_data(cfg.data.path.as_deref(), &out_dir)?;
-    check_data(&cfg, &data_path)?;
+    let train_tokens = check_data(&cfg, &data_path, world)?;
     cfg.data.path = Some(data_path);
+    check_init(&cfg)?;
+    prepare_checkpoint_dir(&cfg, node_rank == 0)?;
+    let fingerprint = crate::fingerprint::of(
+        &as_given,
+        &crate::fingerprint::Launch {
+            device: device.name(),
+            ranks_per_node: local_ranks,
+            nnodes,
+            resume_step: resume.as_ref().map(|r| r.step),
+            train_tokens,
+        },
+    );
 
-    let resolved_config = out_dir.join("config.resolved.toml");
+    // Nodes may share a file system (and an output.dir): each reads its own resolved config.
+    let resolved_config = out_dir.join(if node_rank == 0 {
+        "config.resolved.toml".to_string()
+    } else {
+        format!("config.resolved.node{node_rank}.toml")
+    });
     let text = toml::to_string(&cfg)
         .map_err(|e| SetupError(format!("cannot serialize the resolved config: {e} (a bug: please report it)")))?;
     write(&resolved_config, text.as_bytes())?;
@@ -137,6 +184,9 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         metrics_path,
         resume,
         nccl_id,
+        token,
+        fingerprint,
+        gpu_map,
     })
 }
 
@@ -158,14 +208,92 @@ fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, SetupErr
     }
 }
 
-/// Open the training shards once here, so data problems stop the job before any rank starts:
+/// Open the shards once here, so data problems stop the job before any rank starts:
 /// unreadable shards, token ids the model's vocabulary cannot hold (the trainer's own check,
-/// [`trainer::train::check_data_fits`]), shards shorter than a window.
-fn check_data(cfg: &Config, path: &Path) -> Result<(), SetupError> {
+/// [`trainer::train::check_data_fits`]) in the training split and, when evaluation is on,
+/// the validation split, shards shorter than a window, a validation split too small to give
+/// each of the `world` ranks a batch. Returns the training split's token count.
+fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupError> {
     let dataset = data::Dataset::open(path, Split::Train).map_err(|e| SetupError(format!("data.path: {e}")))?;
     trainer::train::check_data_fits(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
+    let tokens = dataset.total_tokens();
     data::BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)
         .map_err(|e| SetupError(format!("data.path: {e}")))?;
+    if cfg.train.eval_every > 0 {
+        let every = cfg.train.eval_every;
+        let val = data::Dataset::open(path, Split::Val).map_err(|e| {
+            SetupError(format!(
+                "train.eval_every = {every} needs a validation split: {e} (set train.eval_every = 0 to train \
+                 without evaluation)"
+            ))
+        })?;
+        trainer::train::check_data_fits(cfg, &val, path)
+            .map_err(|e| SetupError(format!("the validation split: {e}")))?;
+        let have = val
+            .val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)
+            .map_err(|e| SetupError(format!("the validation split of data.path: {e}")))?
+            .len();
+        if have < world {
+            return Err(SetupError(format!(
+                "the validation split of {} holds {have} batches of micro_batch × seq_len tokens but {world} ranks \
+                 need one each: add validation data or lower train.micro_batch",
+                path.display()
+            )));
+        }
+    }
+    Ok(tokens)
+}
+
+/// `init.from` must be a readable file (its tensors are checked by the ranks that load them).
+fn check_init(cfg: &Config) -> Result<(), SetupError> {
+    let Some(path) = &cfg.init.from else { return Ok(()) };
+    std::fs::File::open(path).map(|_| ()).map_err(|e| {
+        SetupError(format!(
+            "init.from = {}: cannot open it ({e}); give a Hugging Face GPT-2 model.safetensors (e.g. from \
+             `launcher export`), or remove init.from to start from random weights",
+            path.display()
+        ))
+    })
+}
+
+/// When checkpoints will be written: the directory must exist or be creatable, and be
+/// writable (found now, not at the first save hours in). Node 0 also removes the
+/// `.step_*.partial` directories a crash mid-save left (they never became checkpoints:
+/// a save renames its directory into place only once complete).
+fn prepare_checkpoint_dir(cfg: &Config, remove_partials: bool) -> Result<(), SetupError> {
+    let dir = cfg.checkpoint_dir();
+    if cfg.checkpoint.every > 0 {
+        let unusable = |e: std::io::Error| {
+            SetupError(format!(
+                "checkpoint.dir = {} is not writable ({e}): checkpoints could not be saved; choose a writable \
+                 directory (--set checkpoint.dir='...') or set checkpoint.every = 0",
+                dir.display()
+            ))
+        };
+        std::fs::create_dir_all(&dir).map_err(unusable)?;
+        let probe = dir.join(format!(".write-test-{}", std::process::id()));
+        std::fs::write(&probe, b"").map_err(unusable)?;
+        std::fs::remove_file(&probe).map_err(unusable)?;
+    }
+    if !remove_partials {
+        return Ok(());
+    }
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".step_") && name.ends_with(".partial") && e.path().is_dir() {
+            std::fs::remove_dir_all(e.path()).map_err(|err| {
+                SetupError(format!(
+                    "cannot remove {}, left by a save that crashed: {err}; remove it yourself",
+                    e.path().display()
+                ))
+            })?;
+            crate::out::say(&format!(
+                "launcher: removed {}, left by a checkpoint save that did not finish",
+                e.path().display()
+            ));
+        }
+    }
     Ok(())
 }
 

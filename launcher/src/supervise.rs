@@ -5,6 +5,12 @@
 //! - a rank process exiting non-zero or by a signal, exiting before `Done`, its control
 //!   connection dropping before `Done`, or a `Failed` message → the job has failed;
 //! - a rank not saying hello within [`HELLO_TIMEOUT`] → the job has failed, naming it;
+//! - (node 0) a rank whose node runs another config or build than node 0 → the job is
+//!   refused, naming every differing key (exit code 2);
+//! - (node 0) no rank making progress for `watchdog.timeout_s` (the [`Watchdog`], fed by
+//!   the ranks' heartbeats) → the job is hung: every rank is told to stop (GPU ranks abort
+//!   their NCCL communicators) and the report says where each rank was and which ones the
+//!   others waited on (exit code 3);
 //! - Ctrl-C / SIGTERM → the job is interrupted.
 //!
 //! On failure the supervisor waits [`SETTLE`] for the rest of the evidence (when one rank
@@ -14,11 +20,13 @@
 //! one that crashed or erred on its own, not its peers that lost it.
 
 use crate::metrics::MetricsLog;
+use crate::out;
 use crate::progress::Progress;
-use crate::protocol::{self, Msg};
-use crate::ranks::{self, describe_status, log_tail, Exited};
+use crate::protocol::{self, Bootstrap, Msg, StopKind};
+use crate::ranks::{self, describe_status, last_logged_step, log_tail, Exited};
 use crate::rendezvous::{self, ConnEvent};
 use crate::setup::RunPlan;
+use crate::watchdog::Watchdog;
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::process::ExitStatus;
@@ -38,10 +46,27 @@ const EXIT_GRACE: Duration = Duration::from_secs(30);
 /// Log lines shown for a failed rank.
 const TAIL_LINES: usize = 20;
 
+/// Connections turned away that are remembered for the hello-timeout report.
+const REMEMBERED_REJECTIONS: usize = 20;
+
 /// The job was stopped by Ctrl-C or SIGTERM (exit code 130).
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted: stopped all {0} ranks of this node")]
 pub struct Interrupted(pub usize);
+
+/// Exit code of a job stopped by the hang watchdog.
+pub const HUNG_EXIT: u8 = 3;
+/// Exit code of a job that never properly started: data, checkpoint or config problems
+/// found by a rank, or a node refused for running another config.
+pub const SETUP_EXIT: u8 = 2;
+
+/// The job ended for a reason with its own exit code (see `main.rs`).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct JobError {
+    pub code: u8,
+    pub message: String,
+}
 
 /// What the supervisor knows about one rank.
 #[derive(Default)]
@@ -50,6 +75,8 @@ struct RankState {
     data_addr: Option<String>,
     writer: Option<OwnedWriteHalf>,
     last_step: u64,
+    /// `Failed { setup: true }`: a data, checkpoint or config problem.
+    setup_failure: bool,
     done: bool,
     /// `Failed` message and the peer it blames.
     failed: Option<(String, Option<u32>)>,
@@ -83,6 +110,10 @@ enum Stop {
     HelloTimeout(Vec<usize>),
     /// A connection that cannot take part (duplicate rank, wrong version, ...).
     Fatal(String),
+    /// A node runs another config or build than node 0.
+    Refused(String),
+    /// The watchdog saw no progress; its report.
+    Hung(String),
     Interrupted,
 }
 
@@ -99,7 +130,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             format!("cannot listen for ranks on {bind}: pick a free port in --master-addr, or check the address")
         })?;
         let addr = listener.local_addr().context("cannot read the rendezvous address")?;
-        (addr, Some(tokio::spawn(rendezvous::accept_loop(listener, plan.world, conn_tx.clone()))))
+        let token = plan.token.clone();
+        (addr, Some(tokio::spawn(rendezvous::accept_loop(listener, plan.world, token, conn_tx.clone()))))
     } else {
         (plan.master_addr.context("--master-addr is required on nodes other than 0")?, None)
     };
@@ -109,7 +141,15 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     for r in plan.local_rank_ids() {
         ranks[r].local = true;
     }
-    let pids = ranks::spawn_all(plan, rendezvous_addr, &exit_tx, &kill_rx)?;
+    let timeout = Duration::from_secs_f64(plan.cfg.watchdog.timeout_s);
+    let watchdog_on = plan.is_master() && !timeout.is_zero();
+    let heartbeat = if timeout.is_zero() { Duration::from_secs(1) } else { Watchdog::heartbeat_interval(timeout) };
+    let boot = Bootstrap {
+        token: plan.token.as_str().to_string(),
+        fingerprint: plan.fingerprint.clone(),
+        heartbeat_ms: heartbeat.as_millis() as u64,
+    };
+    let pids = ranks::spawn_all(plan, rendezvous_addr, &boot, &exit_tx, &kill_rx)?;
     drop(exit_tx);
     drop(kill_rx);
 
@@ -127,6 +167,15 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         rendezvous_addr,
         plan.logs_dir.display()
     ));
+    if plan.multi_node() && plan.is_master() && plan.token.origin == crate::token::Origin::Generated {
+        progress.println(&format!(
+            "job token: {} (start the other nodes with {}={} or --job-token {})",
+            plan.token.as_str(),
+            crate::token::TOKEN_ENV,
+            plan.token.as_str(),
+            plan.token.as_str()
+        ));
+    }
     if let Some(r) = &plan.resume {
         progress.println(&format!(
             "resuming from {} at step {} of {total_steps} (saved by {} rank(s) at ZeRO stage {}; now {} rank(s) at \
@@ -148,6 +197,14 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let mut stop: Option<(Stop, Instant)> = None;
     let mut done_since: Option<Instant> = None;
     let mut seq = 0u64;
+    let mut watchdog: Option<Watchdog> = None;
+    let watch_tick = (heartbeat / 2).max(Duration::from_millis(25));
+    // A fixed deadline, not a sleep re-armed every loop: heartbeats of many ranks arrive more
+    // often than the tick and would otherwise keep postponing the check forever.
+    let mut next_watch = Instant::now() + watch_tick;
+    let mut rejected: Vec<String> = Vec::new();
+    let mut refused_nodes: Vec<usize> = Vec::new();
+    let mut metrics_warned = false;
     let (mut sigint, mut sigterm) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
 
     loop {
@@ -175,9 +232,27 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         let settle_at = stop.as_ref().map(|(_, t)| *t + SETTLE);
         tokio::select! {
             Some(ev) = conn_rx.recv() => match ev {
-                ConnEvent::Hello { rank, data_addr, writer } => {
+                ConnEvent::Hello { rank, peer, data_addr, fingerprint, mut writer } => {
                     if ranks[rank].data_addr.is_some() {
                         fail(&mut stop, Stop::Fatal(format!("two workers claim rank {rank}: give each node a distinct --node-rank")));
+                        continue;
+                    }
+                    let node = rank / plan.local_ranks.max(1);
+                    let diffs = crate::fingerprint::differences(&plan.fingerprint, &fingerprint, "node 0", &format!("node {node}"));
+                    if !diffs.is_empty() {
+                        let reason = format!(
+                            "node {node} (rank {rank}, connecting from {}) does not run the same job as node 0: {}\n\
+                             start every node with the same config file, --set overrides, --cpus/--gpus, --resume \
+                             and launcher build",
+                            peer.ip(),
+                            diffs.join("; ")
+                        );
+                        let _ = protocol::send_async(&mut writer, &Msg::Stop { reason: reason.clone(), kind: StopKind::Refused }).await;
+                        if !refused_nodes.contains(&node) {
+                            refused_nodes.push(node);
+                            progress.println(&format!("launcher: refused {reason}"));
+                        }
+                        fail(&mut stop, Stop::Refused(reason));
                         continue;
                     }
                     ranks[rank].data_addr = Some(data_addr);
@@ -188,21 +263,44 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                             a.abort();
                         }
                         send_start(&mut ranks, &progress, &plan.nccl_id).await;
+                        if watchdog_on {
+                            watchdog = Some(Watchdog::new(plan.world, timeout, plan.device == crate::device::Device::Cpu, total_steps, Instant::now().into_std()));
+                        }
                     }
                 }
                 ConnEvent::Msg { rank, msg } => match msg {
+                    Msg::Heartbeat { progress: p, .. } => {
+                        if let Some(w) = watchdog.as_mut() {
+                            w.heartbeat(rank, p, Instant::now().into_std());
+                        }
+                    }
                     Msg::Step { metrics: m, .. } => {
                         ranks[rank].last_step = m.step;
+                        if let Some(w) = watchdog.as_mut() {
+                            w.step(rank, m.step, Instant::now().into_std());
+                        }
                         if let Some(log) = metrics.as_mut() {
                             match log.add(rank, *m) {
                                 Ok(Some(rec)) => progress.step(&rec),
                                 Ok(None) => {}
                                 Err(e) => progress.println(&format!("launcher: warning: {e:#}")),
                             }
+                            if let (false, Some(e)) = (metrics_warned, log.write_error()) {
+                                metrics_warned = true;
+                                out::warn(&format!(
+                                    "launcher: warning: {e}; training goes on, and the run summary counts every step"
+                                ));
+                            }
                         }
                     }
-                    Msg::Done { .. } => ranks[rank].done = true,
-                    Msg::Failed { message, peer, .. } => {
+                    Msg::Done { .. } => {
+                        ranks[rank].done = true;
+                        if let Some(w) = watchdog.as_mut() {
+                            w.done(rank);
+                        }
+                    }
+                    Msg::Failed { message, peer, setup, .. } => {
+                        ranks[rank].setup_failure = setup;
                         ranks[rank].failed = Some((message, peer));
                         ranks[rank].mark_trouble(&mut seq);
                         fail(&mut stop, Stop::Failure);
@@ -222,6 +320,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                         fail(&mut stop, Stop::Fatal(reason));
                     } else {
                         progress.println(&format!("launcher: ignored a connection from {peer}: {reason}"));
+                        if rejected.len() < REMEMBERED_REJECTIONS {
+                            rejected.push(format!("{peer}: {reason}"));
+                        }
                     }
                 }
             },
@@ -245,6 +346,13 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             }
             _ = tokio::time::sleep_until(hello_deadline), if !started && stop.is_none() => {
                 fail(&mut stop, Stop::HelloTimeout((0..plan.world).filter(|&r| ranks[r].data_addr.is_none()).collect()));
+            }
+            _ = tokio::time::sleep_until(next_watch), if watchdog.is_some() && stop.is_none() => {
+                next_watch = Instant::now() + watch_tick;
+                if let Some(report) = watchdog.as_ref().and_then(|w| w.check(Instant::now().into_std())) {
+                    stop_every_rank(&mut ranks, &report, StopKind::Hung).await;
+                    fail(&mut stop, Stop::Hung(report));
+                }
             }
             _ = tokio::time::sleep_until(settle_at.unwrap_or(hello_deadline)), if settle_at.is_some() => break,
             _ = tokio::time::sleep(Duration::from_millis(500)), if done_since.is_some() => {}
@@ -272,28 +380,71 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     progress.finish();
     let leftover: Vec<usize> = (0..plan.world).filter(|&r| ranks[r].local && ranks[r].exit.is_none()).collect();
     if !leftover.is_empty() {
-        eprintln!(
+        out::warn(&format!(
             "launcher: warning: ranks {leftover:?} could not be reaped (pids {pids:?}); check for leftover processes"
-        );
+        ));
+    }
+    if !plan.is_master() {
+        // Step reports go to node 0: this node reads its ranks' last steps from their logs.
+        for r in plan.local_rank_ids() {
+            ranks[r].last_step = last_logged_step(&plan.log_path(r), r);
+        }
     }
 
     match stop {
         None => {
             match &metrics {
-                Some(log) => println!("{}", log.summary()),
-                None => println!(
+                Some(log) => out::say(&log.summary()),
+                None => out::say(&format!(
                     "node {}: ranks {} finished; metrics and progress are on node 0",
                     plan.node_rank,
                     join(&plan.local_rank_ids().collect::<Vec<_>>())
-                ),
+                )),
             }
             Ok(())
         }
         Some((Stop::Interrupted, _)) => Err(Interrupted(plan.local_ranks).into()),
         Some((Stop::Fatal(msg), _)) => anyhow::bail!("{msg}\nstopped every rank of this node"),
-        Some((Stop::HelloTimeout(missing), _)) => anyhow::bail!(hello_timeout_report(plan, &ranks, &missing)),
-        Some((Stop::Failure, _)) => anyhow::bail!(failure_report(plan, &ranks)),
+        Some((Stop::Refused(msg), _)) => {
+            Err(JobError { code: SETUP_EXIT, message: format!("{msg}\nstopped every rank of this node") }.into())
+        }
+        Some((Stop::Hung(report), _)) => {
+            Err(JobError { code: HUNG_EXIT, message: hung_report(plan, &ranks, report) }.into())
+        }
+        Some((Stop::HelloTimeout(missing), _)) => {
+            anyhow::bail!(hello_timeout_report(plan, &ranks, &missing, &rejected))
+        }
+        Some((Stop::Failure, _)) => {
+            let (code, message) = failure_report(plan, &ranks);
+            Err(JobError { code, message }.into())
+        }
     }
+}
+
+/// Tell every connected rank to stop (they abort their communicators and exit).
+async fn stop_every_rank(ranks: &mut [RankState], reason: &str, kind: StopKind) {
+    let stop = Msg::Stop { reason: reason.to_string(), kind };
+    for r in ranks.iter_mut() {
+        if let Some(w) = r.writer.as_mut() {
+            // A rank that cannot be told is killed (this node) or loses its connection (others).
+            let _ = tokio::time::timeout(Duration::from_secs(1), protocol::send_async(w, &stop)).await;
+        }
+    }
+}
+
+/// The watchdog's report, with the run's logs and the log tail of the first rank behind.
+fn hung_report(plan: &RunPlan, ranks: &[RankState], report: String) -> String {
+    let mut s = report;
+    let first_behind = s
+        .lines()
+        .find_map(|l| l.strip_prefix("ranks behind: "))
+        .and_then(|l| l.split([',', ' ']).next())
+        .and_then(|r| r.parse::<usize>().ok());
+    if let Some(r) = first_behind.filter(|&r| r < ranks.len()) {
+        s += &log_section(plan, r);
+    }
+    s += &format!("\nrank logs: {}", plan.logs_dir.display());
+    s
 }
 
 /// Start stopping the job, unless it is already stopping for an earlier reason.
@@ -321,10 +472,27 @@ async fn send_start(ranks: &mut [RankState], progress: &Progress, nccl_id: &Opti
     }
 }
 
-/// Pick the rank that failed first and describe it, the others, and its log tail.
-fn failure_report(plan: &RunPlan, ranks: &[RankState]) -> String {
+/// Pick the rank that failed first and describe it, the others, and its log tail; with the
+/// exit code: 2 when it failed on data, a checkpoint or the config (or node 0 refused this
+/// node), 3 when node 0's watchdog stopped the job, else 1.
+fn failure_report(plan: &RunPlan, ranks: &[RankState]) -> (u8, String) {
     let culprit = culprit(ranks);
     let r = &ranks[culprit];
+    let exit_code = |rs: &RankState| match &rs.exit {
+        Some(Ok(s)) => s.code(),
+        _ => None,
+    };
+    let code = if r.setup_failure {
+        SETUP_EXIT
+    } else if !plan.is_master()
+        && ranks.iter().any(|x| x.local && exit_code(x) == Some(StopKind::Hung.exit_code().into()))
+    {
+        HUNG_EXIT
+    } else if !plan.is_master() && exit_code(r) == Some(StopKind::Refused.exit_code().into()) {
+        SETUP_EXIT
+    } else {
+        1
+    };
     let mut what = Vec::new();
     if let Some((message, _)) = &r.failed {
         what.push(format!("reported: {message}"));
@@ -350,8 +518,11 @@ the other ranks were stopped: {}",
             others.join("; ")
         );
     }
+    if code == HUNG_EXIT {
+        s += "\nnode 0's hang watchdog stopped the job: its output says where every rank was";
+    }
     s += &log_section(plan, culprit);
-    s
+    (code, s)
 }
 
 /// How a rank's process (or, on another node, its connection) ended.
@@ -389,7 +560,7 @@ fn culprit(ranks: &[RankState]) -> usize {
     troubled().next().unwrap_or(0)
 }
 
-fn hello_timeout_report(plan: &RunPlan, ranks: &[RankState], missing: &[usize]) -> String {
+fn hello_timeout_report(plan: &RunPlan, ranks: &[RankState], missing: &[usize], rejected: &[String]) -> String {
     let mut s = format!(
         "rank{} {} did not connect to the rendezvous within {}s; stopped every rank",
         if missing.len() > 1 { "s" } else { "" },
@@ -405,6 +576,9 @@ fn hello_timeout_report(plan: &RunPlan, ranks: &[RankState], missing: &[usize]) 
             plan.world / plan.local_ranks,
             plan.master_addr.map(|a| a.to_string()).unwrap_or_default()
         );
+    }
+    if !rejected.is_empty() {
+        s += &format!("\nconnections turned away meanwhile:\n  {}", rejected.join("\n  "));
     }
     if let Some(&first_local) = missing.iter().find(|&&r| ranks[r].local) {
         s += &log_section(plan, first_local);

@@ -1,20 +1,30 @@
-//! One rank (the hidden `launcher worker` subcommand): connect to the launcher, bind the
-//! data-plane listener, say hello, wait for `Start`, build the communicator group and
-//! train (from `--resume DIR` when given: a checkpoint the launcher has already verified),
-//! reporting every step. Exit code 0 after `Done`, 1 after `Failed`.
+//! One rank (the hidden `launcher worker` subcommand): read what its launcher hands it on
+//! stdin (job token, the node's config fingerprint, heartbeat period), connect to the
+//! rendezvous, bind the data-plane listener, say hello, wait for `Start`, build the
+//! communicator group and train (from `--resume DIR` when given: a checkpoint the launcher
+//! has already verified), reporting every step and, from a heartbeat thread, where it is
+//! (step, micro-step, collective, phase) for the hang watchdog.
+//!
+//! It stops at once, aborting its communicator first (`ncclCommAbort` for GPU ranks), when
+//! the launcher says `Stop`, when the rendezvous connection closes, or when its own
+//! launcher dies (its stdin pipe ends; on nodes other than 0 that is the only sign).
+//! Exit codes: 0 after `Done`; 1 after `Failed`; 2 for a data, checkpoint or config problem
+//! or a refused config; 3 when stopped by the hang watchdog.
 //!
 //! Everything this process prints goes to its `logs/rank<r>.log` (the launcher redirects it).
 
 use crate::cli::WorkerArgs;
 use crate::device::Device;
 use crate::fault::Fault;
-use crate::protocol::{self, Msg};
+use crate::protocol::{self, Bootstrap, Msg};
+use collectives::progress::{self, Op, Progress, Tracked};
 use collectives::tcp::TcpComm;
 use collectives::CommError;
+use std::io::BufRead;
 use std::net::{SocketAddr, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::{Config, TrainError};
@@ -23,17 +33,20 @@ use trainer::{Config, TrainError};
 const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
 /// How long the data-plane group may take to connect once `Start` arrived.
 const GROUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Exit code of a rank stopped for a data, checkpoint or config problem.
+const SETUP_EXIT: u8 = 2;
 
 /// Why a rank stopped: the message for the launcher and, when another rank's death
-/// caused it, that rank.
+/// caused it, that rank; `setup` for data, checkpoint and config problems.
 struct Failure {
     message: String,
     peer: Option<u32>,
+    setup: bool,
 }
 
 impl From<String> for Failure {
     fn from(message: String) -> Self {
-        Failure { message, peer: None }
+        Failure { message, peer: None, setup: false }
     }
 }
 
@@ -43,7 +56,18 @@ impl From<TrainError> for Failure {
             TrainError::Comm(c) => lost_peer(c),
             _ => None,
         };
-        Failure { message: e.to_string(), peer }
+        let setup = matches!(e, TrainError::Data(_) | TrainError::Checkpoint(_) | TrainError::Config(_));
+        Failure { message: e.to_string(), peer, setup }
+    }
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        if self.setup {
+            SETUP_EXIT
+        } else {
+            1
+        }
     }
 }
 
@@ -54,19 +78,98 @@ fn lost_peer(e: &CommError) -> Option<u32> {
     }
 }
 
+/// What to run before this process exits on a stop order (e.g. abort the NCCL communicator,
+/// so a thread blocked in a collective is released and the GPU freed promptly).
+type StopHook = Box<dyn FnOnce() + Send>;
+static STOP_HOOKS: Mutex<Vec<StopHook>> = Mutex::new(Vec::new());
+
+/// Register `f` to run when this rank is stopped (see [`stop_now`]). GPU ranks register
+/// their NCCL abort (a build without `cuda` has nothing to register).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn on_stop(f: impl FnOnce() + Send + 'static) {
+    STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
+}
+
+/// How long the stop hooks may take before the rank exits without them.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Run the stop hooks (aborting communicators) and exit with `code`, within [`STOP_GRACE`].
+fn stop_now(code: u8) -> ! {
+    let _ = std::thread::Builder::new().name("stop-grace".into()).spawn(move || {
+        std::thread::sleep(STOP_GRACE);
+        eprintln!("stopping took longer than {STOP_GRACE:?} (a communicator abort hung): exiting anyway");
+        std::process::exit(i32::from(code))
+    });
+    let hooks: Vec<StopHook> = std::mem::take(&mut *STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()));
+    for h in hooks {
+        h();
+    }
+    std::process::exit(i32::from(code))
+}
+
+/// The rank's step report line in its log; [`parse_step_line`] reads it back (a launcher on
+/// another node than 0 learns a failed rank's last step from it).
+pub fn step_line(rank: usize, m: &trainer::StepMetrics, total: usize) -> String {
+    format!(
+        "rank {rank} step {}/{total} loss {:.6} lr {:.3e} grad_norm {:.4} time {:.3}s",
+        m.step, m.loss, m.lr, m.grad_norm, m.step_time_s
+    )
+}
+
+/// The step of a [`step_line`] of `rank`, if `line` is one.
+pub fn parse_step_line(rank: usize, line: &str) -> Option<u64> {
+    let rest = line.strip_prefix(&format!("rank {rank} step "))?;
+    rest.split_once('/')?.0.parse().ok()
+}
+
+/// The control connection's write side, shared by the training thread (steps, the final
+/// report) and the heartbeat thread, one whole frame at a time.
+#[derive(Clone)]
+struct ControlTx(Arc<Mutex<TcpStream>>);
+
+impl ControlTx {
+    fn send(&self, msg: &Msg) -> Result<(), protocol::ProtocolError> {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        protocol::send(&mut *s, msg)
+    }
+}
+
 /// Run one rank; the process exit code.
 pub fn run(args: WorkerArgs) -> ExitCode {
     let rank = args.rank;
-    let mut control = match connect_control(args.rendezvous) {
+    let boot = match read_bootstrap() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let finished = Arc::new(AtomicBool::new(false));
+    if let Err(e) = watch_own_launcher(rank as usize, finished.clone()) {
+        eprintln!("rank {rank}: {e}");
+        return ExitCode::from(1);
+    }
+    let control = match connect_control(args.rendezvous) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rank {rank}: {e}");
             return ExitCode::from(1);
         }
     };
-    match run_connected(&args, &mut control) {
-        Ok(()) => match protocol::send(&mut control, &Msg::Done { rank }) {
+    let tx = match control.try_clone() {
+        Ok(w) => ControlTx(Arc::new(Mutex::new(w))),
+        Err(e) => {
+            eprintln!("rank {rank}: cannot clone the control socket: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match run_connected(&args, &boot, &control, &tx, &finished) {
+        Ok(()) => match tx.send(&Msg::Done { rank }) {
             Ok(()) => {
+                if let Some(bytes) = peak_host_bytes() {
+                    // Read back by `launcher sweep`.
+                    println!("rank {rank}: peak host memory {bytes} bytes (VmHWM)");
+                }
                 println!("rank {rank}: done");
                 ExitCode::SUCCESS
             }
@@ -76,11 +179,53 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             }
         },
         Err(f) => {
+            finished.store(true, Ordering::SeqCst);
             eprintln!("rank {rank}: error: {}", f.message);
-            let _ = protocol::send(&mut control, &Msg::Failed { rank, message: f.message, peer: f.peer });
-            ExitCode::from(1)
+            let code = f.exit_code();
+            let _ = tx.send(&Msg::Failed { rank, message: f.message, peer: f.peer, setup: f.setup });
+            ExitCode::from(code)
         }
     }
+}
+
+/// This process's peak resident set (Linux `VmHWM`), in bytes.
+fn peak_host_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The launcher's first line on stdin.
+fn read_bootstrap() -> Result<Bootstrap, String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| format!("cannot read the launcher's start-up line on stdin: {e}"))?;
+    if line.is_empty() {
+        return Err("stdin ended before the launcher's start-up line: ranks are started by the launcher \
+                    (`launcher --cpus N CONFIG`), not by hand"
+            .into());
+    }
+    serde_json::from_str(&line).map_err(|e| format!("the launcher's start-up line does not parse ({e}): same build?"))
+}
+
+/// Stop as soon as this rank's own launcher is gone: it holds the write end of our stdin,
+/// so the end of stdin means it exited (on nodes other than 0 nothing else would tell us).
+fn watch_own_launcher(rank: usize, finished: Arc<AtomicBool>) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("own-launcher-watch".into())
+        .spawn(move || {
+            let mut sink = Vec::new();
+            // Returns at end of file: the launcher closed the pipe or died.
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
+            if !finished.load(Ordering::SeqCst) {
+                eprintln!("rank {rank}: this node's launcher is gone (its pipe closed): stopping");
+                stop_now(1);
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the thread that watches this node's launcher: {e}"))
 }
 
 fn connect_control(addr: SocketAddr) -> Result<TcpStream, String> {
@@ -102,10 +247,16 @@ fn connect_control(addr: SocketAddr) -> Result<TcpStream, String> {
     }
 }
 
-fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failure> {
+fn run_connected(
+    args: &WorkerArgs,
+    boot: &Bootstrap,
+    control: &TcpStream,
+    tx: &ControlTx,
+    finished: &Arc<AtomicBool>,
+) -> Result<(), Failure> {
     let (rank, world) = (args.rank as usize, args.world as usize);
     let fault = Fault::from_env()?;
-    let cfg = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
+    let cfg = Config::load(&args.config, &[]).map_err(|e| Failure::from(TrainError::from(e)))?;
     let data_path = cfg.data.path.clone().ok_or_else(|| {
         format!("{} has no data.path: the launcher writes it; start ranks through the launcher", args.config.display())
     })?;
@@ -119,11 +270,12 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
         data_addr.set_ip(ip);
     }
     println!("rank {rank}/{world}: data plane listening on {data_addr}");
-    protocol::send(control, &Msg::hello(args.rank, data_addr.to_string()))
+    tx.send(&Msg::hello(boot.token.clone(), args.rank, data_addr.to_string(), boot.fingerprint.clone()))
         .map_err(|e| format!("cannot send hello to the launcher: {e}"))?;
 
+    let mut reader = control.try_clone().map_err(|e| format!("cannot clone the control socket: {e}"))?;
     let (peers, nccl_id) =
-        match protocol::recv(control).map_err(|e| format!("waiting for Start from the launcher: {e}"))? {
+        match protocol::recv(&mut reader).map_err(|e| format!("waiting for Start from the launcher: {e}"))? {
             Msg::Start { world: w, peers, nccl_id } if w as usize == world && peers.len() == world => (peers, nccl_id),
             Msg::Start { world: w, peers, .. } => {
                 return Err(format!(
@@ -132,27 +284,38 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
                 )
                 .into())
             }
+            Msg::Stop { reason, kind } => {
+                eprintln!("rank {rank}: the launcher stopped this rank: {reason}");
+                stop_now(kind.exit_code());
+            }
             other => return Err(format!("expected Start from the launcher, got {other:?}").into()),
         };
     let peers: Vec<SocketAddr> = peers
         .iter()
         .map(|p| p.parse().map_err(|e| format!("the launcher sent a bad peer address {p:?}: {e}")))
         .collect::<Result<_, _>>()?;
-    let finished = Arc::new(AtomicBool::new(false));
-    watch_launcher(control, rank, finished.clone())?;
+    watch_launcher(reader, rank, finished.clone())?;
+    let progress = Arc::new(Progress::new());
+    progress::install(progress.clone());
+    start_heartbeat(tx.clone(), args.rank, progress.clone(), Duration::from_millis(boot.heartbeat_ms.max(10)))?;
 
-    let comm = pending
-        .connect(rank, world, &peers, GROUP_TIMEOUT)
-        .map_err(|e| Failure { peer: lost_peer(&e), message: format!("cannot connect the data-plane group: {e}") })?;
+    let comm = {
+        let _connecting = progress.enter(Op::Connect);
+        pending.connect(rank, world, &peers, GROUP_TIMEOUT)
+    }
+    .map_err(|e| Failure {
+        peer: lost_peer(&e),
+        message: format!("cannot connect the data-plane group: {e}"),
+        setup: false,
+    })?;
     println!("rank {rank}/{world}: group connected");
 
     let total = cfg.train.steps;
+    let on_step_progress = progress.clone();
     let mut on_step = |m: &trainer::StepMetrics| -> Result<(), TrainError> {
-        println!(
-            "rank {rank} step {}/{total} loss {:.6} lr {:.3e} grad_norm {:.4} time {:.3}s",
-            m.step, m.loss, m.lr, m.grad_norm, m.step_time_s
-        );
-        protocol::send(control, &Msg::Step { rank: args.rank, metrics: Box::new(m.clone()) })
+        on_step_progress.step_done(m.step);
+        println!("{}", step_line(rank, m, total));
+        tx.send(&Msg::Step { rank: args.rank, metrics: Box::new(m.clone()) })
             .map_err(|e| TrainError::Stopped(format!("lost the launcher connection: {e}")))?;
         if let Some(f) = &fault {
             f.trigger(rank, m.step);
@@ -162,7 +325,7 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
     let resume = args.resume.as_deref();
     let result = match args.device {
         Device::Cpu => {
-            let mut comm = HostComm(comm);
+            let mut comm = Tracked::new(HostComm(comm), progress.clone());
             trainer::train::train_from(&cfg, &CpuBackend, &mut comm, &data_path, resume, &mut on_step)
         }
         Device::Gpu => {
@@ -170,28 +333,91 @@ fn run_connected(args: &WorkerArgs, control: &mut TcpStream) -> Result<(), Failu
             // rank that dies is noticed by the launcher (process exit), which stops the rest.
             let _host_group = comm;
             let id = nccl_id.ok_or_else(|| "the launcher sent no NCCL id for a GPU job".to_string())?;
-            crate::gpu::train_rank(&cfg, &data_path, resume, rank, world, args.local_rank as usize, &id, &mut on_step)
+            let gpu = args.gpu.unwrap_or(args.local_rank) as usize;
+            crate::gpu::train_rank(&cfg, &data_path, resume, rank, world, gpu, &id, &progress, &mut on_step)
         }
     };
     finished.store(true, Ordering::SeqCst);
     result.map(|_| ()).map_err(Failure::from)
 }
 
-/// Exit as soon as the launcher's connection closes (the launcher died or stopped the job),
-/// so a rank never outlives its launcher.
-fn watch_launcher(control: &TcpStream, rank: usize, finished: Arc<AtomicBool>) -> Result<(), String> {
-    let mut reader = control.try_clone().map_err(|e| format!("cannot clone the control socket: {e}"))?;
+/// Send where this rank is to the launcher every `every` until the connection fails.
+fn start_heartbeat(tx: ControlTx, rank: u32, p: Arc<Progress>, every: Duration) -> Result<(), String> {
     std::thread::Builder::new()
-        .name("launcher-watch".into())
+        .name("heartbeat".into())
         .spawn(move || loop {
-            if let Err(e) = protocol::recv(&mut reader) {
-                if !finished.load(Ordering::SeqCst) {
-                    eprintln!("rank {rank}: the launcher closed the control connection ({e}): stopping");
-                    std::process::exit(1);
-                }
+            std::thread::sleep(every);
+            if tx.send(&Msg::Heartbeat { rank, progress: p.snapshot().into() }).is_err() {
                 return;
             }
         })
-        .map_err(|e| format!("cannot start the launcher watchdog thread: {e}"))?;
-    Ok(())
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the heartbeat thread: {e}"))
+}
+
+/// Follow the launcher's orders after `Start`: on `Stop`, or when the connection closes
+/// (the launcher died or stopped the job), abort and exit at once, so a rank never outlives
+/// its launcher nor waits on a hung collective.
+fn watch_launcher(mut reader: TcpStream, rank: usize, finished: Arc<AtomicBool>) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("launcher-watch".into())
+        .spawn(move || loop {
+            match protocol::recv(&mut reader) {
+                Ok(Msg::Stop { reason, kind }) => {
+                    eprintln!("rank {rank}: stopped by the launcher: {reason}");
+                    stop_now(kind.exit_code());
+                }
+                Ok(other) => eprintln!("rank {rank}: ignoring an unexpected control message: {other:?}"),
+                Err(e) => {
+                    if !finished.load(Ordering::SeqCst) {
+                        eprintln!("rank {rank}: the launcher closed the control connection ({e}): stopping");
+                        stop_now(1);
+                    }
+                    return;
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the launcher watchdog thread: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_checkpoint_and_config_failures_exit_with_code_2() {
+        let data =
+            TrainError::Data(data::DataError::NoShards { dir: "/d".into(), split: "val".into(), expected: "x".into() });
+        let f = Failure::from(data);
+        assert!(f.setup);
+        assert_eq!(f.exit_code(), 2);
+        let ck = TrainError::Checkpoint(trainer::checkpoint::CheckpointError::Invalid {
+            dir: "/c".into(),
+            problem: "bad manifest".into(),
+        });
+        assert_eq!(Failure::from(ck).exit_code(), 2);
+        let other = Failure::from(TrainError::Invalid("loss became NaN".into()));
+        assert_eq!(other.exit_code(), 1);
+    }
+
+    #[test]
+    fn step_lines_read_back() {
+        let m = trainer::StepMetrics {
+            step: 7,
+            loss: 1.5,
+            lr: 1e-3,
+            grad_norm: 0.3,
+            tokens: 10,
+            step_time_s: 0.1,
+            val_loss: None,
+            memory: Default::default(),
+            device: None,
+        };
+        let line = step_line(3, &m, 50);
+        assert!(line.starts_with("rank 3 step 7/50 loss"), "{line}");
+        assert_eq!(parse_step_line(3, &line), Some(7));
+        assert_eq!(parse_step_line(13, &line), None);
+        assert_eq!(parse_step_line(3, "rank 3: done"), None);
+    }
 }

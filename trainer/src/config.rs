@@ -47,6 +47,8 @@ pub struct Config {
     pub data: DataConfig,
     #[serde(default)]
     pub output: OutputConfig,
+    #[serde(default)]
+    pub watchdog: WatchdogConfig,
 }
 
 /// The model: its family and shape.
@@ -272,6 +274,21 @@ impl Default for OutputConfig {
     }
 }
 
+/// The launcher's hang watchdog (read by the launcher; ranks report their progress).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchdogConfig {
+    /// Stop the job when no rank has made progress (a micro-step, a collective entered or
+    /// left, a step, a checkpoint being written) for this many seconds. 0 turns it off.
+    pub timeout_s: f64,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig { timeout_s: 120.0 }
+    }
+}
+
 impl Config {
     /// Parse TOML text; `origin` names the source in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
@@ -327,6 +344,9 @@ impl Config {
         }
         if m.seq_len == 0 {
             return Err(bad("model.seq_len", m.seq_len, "must be at least 1"));
+        }
+        if t.steps == 0 {
+            return Err(bad("train.steps", t.steps, "must be at least 1 (the number of optimizer steps to run)"));
         }
         if t.micro_batch == 0 {
             return Err(bad("train.micro_batch", t.micro_batch, "must be at least 1"));
@@ -388,6 +408,10 @@ impl Config {
         }
         if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
             return Err(bad("checkpoint.keep", 0, "must be at least 1 when checkpoint.every > 0"));
+        }
+        let w = self.watchdog.timeout_s;
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(bad("watchdog.timeout_s", w, "must be a number of seconds >= 0 (0 turns the watchdog off)"));
         }
         if self.output.dir.as_os_str().is_empty() {
             return Err(bad("output.dir", "\"\"", "must name a directory"));
@@ -461,6 +485,11 @@ mod tests {
         assert!(e.contains("zero.stage") && e.contains("0 (data parallel)"), "{e}");
         let e = load_str(&BASE.replace("n_embd = 8", "n_embd = 9"), &[]).unwrap_err().to_string();
         assert!(e.contains("model.n_embd") && e.contains("multiple of model.n_head"), "{e}");
+        let e = load_str(BASE, &["train.steps=0"]).unwrap_err().to_string();
+        assert!(e.contains("train.steps") && e.contains("at least 1"), "{e}");
+        let e = load_str(BASE, &["watchdog.timeout_s=-1"]).unwrap_err().to_string();
+        assert!(e.contains("watchdog.timeout_s"), "{e}");
+        assert_eq!(load_str(BASE, &[]).expect("valid").watchdog.timeout_s, 120.0);
         let e = load_str(BASE, &["train.micro_batch=0"]).unwrap_err().to_string();
         assert!(e.contains("train.micro_batch"), "{e}");
         let e = load_str(BASE, &["train.beta2=1.5"]).unwrap_err().to_string();

@@ -54,6 +54,7 @@ impl<B: Backend> Trainer<B> {
                     cfg.train.eval_every
                 ))
             })?;
+            check_data_fits(cfg, &v, data_path)?;
             // Fail now, not at the first evaluation, if it cannot give every rank a batch.
             let have = v.val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)?.len();
             if have < world {
@@ -122,6 +123,7 @@ impl<B: Backend> Trainer<B> {
         };
         mark(be, "start")?;
         for micro in 0..tc.grad_accum {
+            collectives::progress::note_micro_step(micro);
             self.engine.set_final_micro(micro + 1 == tc.grad_accum);
             self.sampler.micro_batch(
                 self.step as u64,
@@ -213,6 +215,7 @@ impl<B: Backend> Trainer<B> {
         let Some(val) = self.val.as_ref() else {
             return Err(TrainError::Invalid("evaluation needs train.eval_every > 0 and a validation split".into()));
         };
+        collectives::progress::note_phase(collectives::progress::Phase::Evaluating);
         let (rank, world) = (self.engine.rank, self.engine.world);
         let want = self.cfg.train.eval_batches * world;
         let mut batches = val.val_batches(self.cfg.train.micro_batch, self.cfg.model.seq_len, want)?;
@@ -228,7 +231,9 @@ impl<B: Backend> Trainer<B> {
             i += 1;
         }
         let mean = sum / per_rank.max(1) as f64;
-        Ok(all_reduce_f64(comm, mean)? / world as f64)
+        let mean = all_reduce_f64(comm, mean)? / world as f64;
+        collectives::progress::note_phase(collectives::progress::Phase::Training);
+        Ok(mean)
     }
 
     /// Every unit's parameters on the host, unpadded (gathers sharded ones).
@@ -305,6 +310,7 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
     }
     let mut losses = Vec::with_capacity(cfg.train.steps);
     let every = cfg.checkpoint.every;
+    collectives::progress::note_phase(collectives::progress::Phase::Training);
     while trainer.step < cfg.train.steps {
         let m = trainer.train_step(be, comm).map_err(|e| with_memory(e, &trainer.engine.memory()))?;
         if !m.loss.is_finite() {
@@ -316,9 +322,12 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
         losses.push(m.loss);
         on_step(&m)?;
         if every > 0 && (trainer.step.is_multiple_of(every) || trainer.step == cfg.train.steps) {
+            collectives::progress::note_phase(collectives::progress::Phase::Checkpoint);
             trainer.save_checkpoint(be, comm)?;
+            collectives::progress::note_phase(collectives::progress::Phase::Training);
         }
     }
+    collectives::progress::note_phase(collectives::progress::Phase::Done);
     Ok(TrainSummary { steps: cfg.train.steps, losses })
 }
 
