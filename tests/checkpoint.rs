@@ -215,3 +215,35 @@ fn import_errors_name_the_tensor() {
     let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
     assert!(e.contains("nope.safetensors"), "{e}");
 }
+
+/// A checkpoint saved with the optimizer on the host resumes with it on the device and
+/// the other way round (and with the parameters offloaded on ZeRO-3), continuing the
+/// uninterrupted run exactly.
+#[test]
+fn offloaded_and_device_optimizers_share_checkpoints() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let offload = |mut c: Config, params: bool| {
+        c.offload.optimizer = true;
+        c.offload.params = params;
+        c
+    };
+    for (i, (save_off, load_off, stage)) in
+        [(true, false, 1u8), (false, true, 2), (true, true, 3), (false, true, 3)].into_iter().enumerate()
+    {
+        let ck = dir.path().join(format!("ck{i}"));
+        let base = cfg_for(2, stage, &ck);
+        let params = stage == 3;
+        let saver = if save_off { offload(base.clone(), params) } else { base.clone() };
+        let loader = if load_off { offload(base.clone(), params) } else { base.clone() };
+        let full = run(&base, 2, &data, None, 6, false);
+        run(&saver, 2, &data, None, 3, true);
+        let latest = find_latest(&ck).expect("a checkpoint");
+        let rest = run(&loader, 2, &data, Some(latest), 6, false);
+        assert_eq!(
+            rest,
+            full[3..].to_vec(),
+            "case {i}: saved offload={save_off}, loaded offload={load_off}, stage {stage}"
+        );
+    }
+}

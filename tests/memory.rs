@@ -93,3 +93,35 @@ fn planning_huge_models_allocates_no_model_sized_host_memory() {
         }
     }
 }
+
+/// With the optimizer offloaded the device holds no optimizer state and the host holds
+/// 12 bytes per owned parameter (plus page-locked staging; with the parameters offloaded,
+/// their rounded shard too) — predicted exactly, on every stage.
+#[test]
+fn offload_moves_optimizer_state_to_the_host_as_predicted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for stage in 0..=3u8 {
+        for params in [false, true] {
+            if params && stage != 3 {
+                continue;
+            }
+            let extra = format!("\n[offload]\noptimizer = true\nparams = {params}\n");
+            let cfg = Config::from_toml_str(&(common::tiny_toml(stage, 2, "\"none\"") + &extra), "t").expect("cfg");
+            let got = measured(&cfg, 2, &data);
+            for (rank, m) in got.iter().enumerate() {
+                let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+                assert_eq!(&p, m, "stage {stage} params {params} rank {rank}: predicted vs measured");
+                assert_eq!(m.current.optimizer, 0, "stage {stage}: optimizer state left on the device");
+                assert!(m.host.optimizer > 0 && m.host.staging > 0, "stage {stage}: {:?}", m.host);
+                assert_eq!(m.host.params > 0, params, "stage {stage}: host parameter shard {:?}", m.host);
+            }
+            // The host state is 12 bytes per element this rank owns: the whole model at stage
+            // 0, half of it (and padding) on the others.
+            let psi = trainer::model::ModelLayout::new(&cfg.model).num_params() as f64;
+            let per_param = got[0].host.optimizer as f64 / psi;
+            let want = if stage == 0 { 12.0 } else { 6.0 };
+            assert!((per_param - want).abs() < 0.5, "stage {stage}: {per_param} bytes per parameter");
+        }
+    }
+}

@@ -145,3 +145,47 @@ fn stage3_prefetch_depth_does_not_change_results() {
     assert_eq!(results[0], results[1]);
     assert_eq!(results[0], results[2]);
 }
+
+/// Run with extra config overrides (`section.key = value` lines appended to the TOML).
+fn run_with(world: usize, stage: u8, accum: usize, extra: &str, data: &std::path::Path) -> RunResult {
+    let toml = common::tiny_toml(stage, accum, "\"none\"") + extra;
+    let cfg = Config::from_toml_str(&toml, "test").expect("config");
+    cfg.validate().expect("valid");
+    let data = data.to_path_buf();
+    let mut results = common::run_ranks(world, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..cfg.train.steps {
+            let m = tr.train_step(&be, &mut comm).expect("step");
+            losses.push(m.loss);
+            norms.push(m.grad_norm);
+        }
+        let params = tr.full_params(&be, &mut comm).expect("params");
+        RunResult { losses, norms, params }
+    });
+    results.swap_remove(0)
+}
+
+/// Optimizer offload (and, on ZeRO-3, parameter offload) trains exactly like the optimizer
+/// on the device: the host AdamW is the reference's arithmetic, so on the CPU backend the
+/// losses and parameters are the same bits, on every stage and world size.
+#[test]
+fn offload_trains_the_same_bits_as_the_device_optimizer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for world in [1usize, 2] {
+        for stage in 0..=3u8 {
+            let device = run_with(world, stage, 2, "", &data);
+            let offload = run_with(world, stage, 2, "\n[offload]\noptimizer = true\ncpu_threads = 2\n", &data);
+            assert_eq!(offload.losses, device.losses, "world {world} stage {stage}: losses");
+            assert_eq!(offload.params, device.params, "world {world} stage {stage}: parameters");
+            if stage == 3 {
+                let both = "\n[offload]\noptimizer = true\nparams = true\n";
+                let params_too = run_with(world, stage, 2, both, &data);
+                assert_eq!(params_too.losses, device.losses, "world {world}: parameter offload losses");
+                assert_eq!(params_too.params, device.params, "world {world}: parameter offload parameters");
+            }
+        }
+    }
+}

@@ -302,7 +302,7 @@ mod tests {
             tokens: 1000,
             step_time_s: time,
             val_loss: None,
-            memory: MemoryReport { current: bytes, peak: bytes, peak_total: params },
+            memory: MemoryReport { current: bytes, peak: bytes, peak_total: params, host: Default::default() },
             device: None,
         }
     }

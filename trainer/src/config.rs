@@ -249,8 +249,13 @@ pub struct InitConfig {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OffloadConfig {
+    /// fp32 master weights and AdamW moments in host memory, updated by the host AdamW.
     pub optimizer: bool,
+    /// ZeRO-3: the rounded parameter shard in page-locked host memory too, fetched at
+    /// gather time (needs `optimizer`).
     pub params: bool,
+    /// Host threads for the host AdamW; 0 = this rank's share of the node's cores.
+    pub cpu_threads: usize,
 }
 
 /// Where tokens come from.
@@ -390,20 +395,21 @@ impl Config {
                  backward finishes, so the block is the bucket; delete the key",
             ));
         }
-        if self.offload.optimizer {
-            return Err(bad(
-                "offload.optimizer",
-                true,
-                "CPU offload of the optimizer state is not available in this version (it is planned: \
-                 \"Large models on one GPU\"); delete the key or set it to false",
-            ));
-        }
-        if self.offload.params {
+        if self.offload.params && !self.offload.optimizer {
             return Err(bad(
                 "offload.params",
                 true,
-                "CPU offload of the parameters is not available in this version (it is planned: \
-                 \"Large models on one GPU\"); delete the key or set it to false",
+                "needs offload.optimizer = true (the host optimizer writes the offloaded parameters)",
+            ));
+        }
+        if self.offload.params && self.zero.stage != 3 {
+            return Err(bad(
+                "offload.params",
+                true,
+                format!(
+                    "needs zero.stage = 3 (stage {} keeps the full parameters on the device); set zero.stage = 3",
+                    self.zero.stage
+                ),
             ));
         }
         if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
@@ -515,12 +521,13 @@ mod tests {
     fn keys_that_would_do_nothing_are_errors() {
         let e = load_str(BASE, &["zero.bucket_mb=25"]).unwrap_err().to_string();
         assert!(e.contains("zero.bucket_mb") && e.contains("removed"), "{e}");
-        let e = load_str(BASE, &["offload.optimizer=true"]).unwrap_err().to_string();
-        assert!(e.contains("offload.optimizer") && e.contains("not available"), "{e}");
+        // offload.params is a ZeRO-3 feature on top of the host optimizer.
         let e = load_str(BASE, &["offload.params=true"]).unwrap_err().to_string();
-        assert!(e.contains("offload.params") && e.contains("not available"), "{e}");
-        // Setting them to false is what a config that never used them says.
-        load_str(BASE, &["offload.optimizer=false", "offload.params=false"]).expect("valid");
+        assert!(e.contains("offload.params") && e.contains("offload.optimizer = true"), "{e}");
+        let e = load_str(BASE, &["offload.params=true", "offload.optimizer=true"]).unwrap_err().to_string();
+        assert!(e.contains("offload.params") && e.contains("zero.stage = 3"), "{e}");
+        load_str(BASE, &["offload.params=true", "offload.optimizer=true", "zero.stage=3"]).expect("valid");
+        load_str(BASE, &["offload.optimizer=true", "offload.cpu_threads=4"]).expect("valid");
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! arithmetic, so [`crate::zero::plan`] can predict a rank's memory before launch. Every
 //! op group is implemented here as a no-op (the fused-op hooks keep their defaults).
 
+use super::HostValues;
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
     Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, MatShape, MatmulOps,
-    MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, WeightGrads, Weights,
+    MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, TransferOps, WeightGrads, Weights,
 };
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
 
@@ -207,6 +208,39 @@ impl ReduceOps for MetaBackend {
 
 impl AdamWOps for MetaBackend {
     fn adamw(&self, _: AdamWTensors<'_, Self>, _: &[AdamWSegment], _: AdamWStep) -> BResult<()> {
+        Ok(())
+    }
+}
+
+impl TransferOps for MetaBackend {
+    type HostF32 = MetaBuf;
+    type HostBuf = MetaBuf;
+    type Event = ();
+    fn holds_values(&self) -> bool {
+        false
+    }
+    fn alloc_host_f32(&self, n: usize, _: &str) -> BResult<MetaBuf> {
+        Ok(MetaBuf(n))
+    }
+    fn alloc_host_buf(&self, n: usize, _: &str) -> BResult<MetaBuf> {
+        Ok(MetaBuf(n))
+    }
+    fn host_f32<'a>(&self, _: &'a MetaBuf) -> BResult<&'a [f32]> {
+        Ok(&[])
+    }
+    fn host_buf_mut<'a>(&self, _: &'a mut MetaBuf) -> BResult<HostValues<'a>> {
+        Ok(HostValues::F32(&mut []))
+    }
+    fn grad_to_host(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf) -> BResult<()> {
+        Ok(())
+    }
+    fn buf_from_host(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
+        Ok(())
+    }
+    fn wait_event(&self, _: &()) -> BResult<()> {
+        Ok(())
+    }
+    fn order_compute_after(&self, _: &()) -> BResult<()> {
         Ok(())
     }
 }

@@ -12,6 +12,7 @@
 //! | [`CrossEntropyOps`] (`cross_entropy.rs`) | softmax cross-entropy with its backward |
 //! | [`ReduceOps`] (`reduce.rs`) | sums kept on the device (loss, gradient norm) |
 //! | [`AdamWOps`] (`adamw.rs`) | the AdamW update |
+//! | [`TransferOps`] (`transfer.rs`) | host ↔ device copies through page-locked memory (offload) |
 //!
 //! Each backend implements every group: `cpu/<group>.rs` (the f32 reference), `cuda/<group>.rs`
 //! beside the kernels in `cuda/<group>.cu`, and `meta.rs` (no memory, no arithmetic: the
@@ -48,6 +49,7 @@ pub mod matmul;
 pub mod memory;
 pub mod meta;
 pub mod reduce;
+pub mod transfer;
 
 pub use activation::ActivationOps;
 pub use adamw::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors};
@@ -58,6 +60,7 @@ pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
 pub use matmul::{GeluInput, LinearLocs, MatShape, MatmulOps};
 pub use memory::MemoryOps;
 pub use reduce::ReduceOps;
+pub use transfer::{HostValues, TransferOps};
 
 use thiserror::Error;
 
@@ -128,6 +131,7 @@ pub trait Backend:
     + CrossEntropyOps
     + ReduceOps
     + AdamWOps
+    + TransferOps
 {
 }
 
@@ -142,6 +146,7 @@ impl<T> Backend for T where
         + CrossEntropyOps
         + ReduceOps
         + AdamWOps
+        + TransferOps
 {
 }
 

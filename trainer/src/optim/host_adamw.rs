@@ -14,6 +14,7 @@
 //! The rounded compute-precision copy goes out as bf16 (GPU parameters) or f32 (the CPU
 //! backend's), as [`HostValues`] says.
 
+pub use crate::backend::HostValues;
 use crate::backend::{AdamWSegment, AdamWStep};
 use rayon::prelude::*;
 use std::time::Instant;
@@ -21,14 +22,6 @@ use std::time::Instant;
 /// Elements per work item: large enough to amortise scheduling, small enough that 16
 /// threads share a 50M-element unit evenly.
 const CHUNK: usize = 1 << 16;
-
-/// Where the host update writes its rounded copy of the new weights.
-pub enum HostValues<'a> {
-    /// bf16 bit patterns (round to nearest even), as the GPU computes with.
-    Bf16(&'a mut [u16]),
-    /// f32 (the CPU backend computes in f32: the copy is the master value).
-    F32(&'a mut [f32]),
-}
 
 /// fp32 → bf16 bits, round to nearest even (NaN stays NaN): `half::bf16::from_f32`'s
 /// result, in a form that vectorises.

@@ -16,7 +16,9 @@ use super::Policy;
 use crate::backend::{AdamWStep, BResult, Backend, F64Pair, Loc};
 use crate::config::Config;
 use crate::model::ModelLayout;
-use crate::optim::{Hyper, Optimizer};
+use crate::optim::optimizer::{Placement, UnitUpdate};
+use crate::optim::{HostAdamWStats, Hyper, Optimizer};
+use crate::zero::HostMemory;
 use crate::TrainError;
 use collectives::{AllGatherInPlace, Communicator, Group, Pending, ReduceOp};
 
@@ -33,23 +35,32 @@ impl<B: Backend, T> EngineComm<B> for T where
 /// Shard sizes are rounded up to this many elements (aligned vector access on devices).
 const SHARD_ALIGN: usize = 8;
 
-/// How the engine is built, from `[zero]` (and later `[offload]`) of the config.
+/// How the engine is built, from `[zero]` and `[offload]` of the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
     /// ZeRO stage 0–3.
     pub stage: u8,
     /// Stage 3: how many units ahead of use to start all-gathers (`zero.prefetch_blocks`).
     pub prefetch: usize,
+    /// Where the optimizer state lives (`offload.optimizer`, `offload.params`,
+    /// `offload.cpu_threads`).
+    pub optimizer: Placement,
 }
 
 impl EngineOptions {
     pub fn from_config(cfg: &Config) -> EngineOptions {
-        EngineOptions { stage: cfg.zero.stage, prefetch: cfg.zero.prefetch_blocks }
+        let o = &cfg.offload;
+        let optimizer = if o.optimizer {
+            Placement::Host { threads: o.cpu_threads, params_on_host: o.params }
+        } else {
+            Placement::Device
+        };
+        EngineOptions { stage: cfg.zero.stage, prefetch: cfg.zero.prefetch_blocks, optimizer }
     }
 
-    /// Stage `stage` with the default prefetch (tests, tools).
+    /// Stage `stage` with the default prefetch, the optimizer on the device (tests, tools).
     pub fn stage(stage: u8) -> EngineOptions {
-        EngineOptions { stage, prefetch: 1 }
+        EngineOptions { stage, prefetch: 1, optimizer: Placement::Device }
     }
 }
 
@@ -72,6 +83,12 @@ struct Unit<B: Backend> {
     padded: usize,
     /// Full compute parameters (always for stage 0-2; while gathered for stage 3).
     params: Option<B::Buf>,
+    /// Stage 3 with the optimizer on the host (and the parameters not): this rank's
+    /// rounded parameters on the device, the gather's source, refreshed by every step.
+    param_shard: Option<B::Buf>,
+    /// A parameter upload from the host still filling `params` (one rank, `offload.params`:
+    /// the gather orders compute after it).
+    upload_pending: Option<B::Event>,
     /// The all-gather filling `params` may still be running: stage 3's prefetch, or
     /// stage 1/2's publish of the updated parameters (waited for at the next `gather`).
     gather_pending: Option<Pending>,
@@ -108,6 +125,8 @@ pub struct Engine<B: Backend> {
     prefetch: usize,
     /// fp32 master weights and AdamW moments of the elements this rank updates.
     opt: Optimizer<B>,
+    /// Host memory held for offload.
+    host: HostMemory,
     /// The micro-step running is the step's last (see [`Engine::set_final_micro`]).
     final_micro: bool,
     /// Per-unit sums of squared gradients as [`F64Pair`]s, filled on the device and read
@@ -173,7 +192,15 @@ impl<B: Backend> Engine<B> {
         let sizes = be.elem_bytes();
         let mut ledger = MemoryLedger::default();
         let mut units = Vec::with_capacity(layout.units.len());
-        let mut opt = Optimizer::default();
+        let mut opt = Optimizer::new(be, opts.optimizer, rank)?;
+        let mut host_mem = HostMemory::default();
+        if opt.params_on_host() && !policy.shard_params {
+            return Err(TrainError::Invalid(
+                "offload.params needs zero.stage = 3 (stages 0-2 keep the full parameters on the device); \
+                 set zero.stage = 3 or offload.params = false"
+                    .into(),
+            ));
+        }
         for (ui, ul) in layout.units.iter().enumerate() {
             let numel = ul.numel;
             let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
@@ -200,7 +227,7 @@ impl<B: Backend> Engine<B> {
             };
             let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
             let opt_init = host.as_ref().map(|h| &h[opt_off - base..opt_off - base + opt_len]);
-            opt.add_unit(be, &ul.name, (opt_off, opt_len), opt_init, &mut ledger)?;
+            opt.add_unit(be, &ul.name, (opt_off, opt_len), opt_init, &mut ledger, &mut host_mem)?;
             let what = |s: &str| format!("{s} of unit {}", ul.name);
 
             let params = if policy.shard_params {
@@ -215,6 +242,18 @@ impl<B: Backend> Engine<B> {
                 }
                 ledger.alloc(Category::Params, padded * sizes.buf);
                 Some(p)
+            };
+            // ZeRO-3 with the optimizer on the host: the gather's source stays on the device
+            // (unless the parameters are offloaded too).
+            let param_shard = if policy.shard_params && opt.on_host() && !opt.params_on_host() {
+                let mut p = be.alloc_buf(shard, &what("parameter shard"))?;
+                if let Some(h) = &host {
+                    be.upload_buf(h, &mut p, 0)?;
+                }
+                ledger.alloc(Category::Params, shard * sizes.buf);
+                Some(p)
+            } else {
+                None
             };
             let grads = if policy.shard_grads {
                 None
@@ -237,6 +276,8 @@ impl<B: Backend> Engine<B> {
                 shard,
                 padded,
                 params,
+                param_shard,
+                upload_pending: None,
                 gather_pending: None,
                 reduce_pending: None,
                 grads,
@@ -253,6 +294,8 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        opt.allocate_staging(be, &mut host_mem)?;
+        ledger.set_host(host_mem);
         ledger.alloc(Category::Workspace, 2 * units.len() * sizes.f32);
         let norm_slots = be.alloc_f32(2 * units.len(), "gradient norm partial sums")?;
         Ok(Engine {
@@ -267,6 +310,7 @@ impl<B: Backend> Engine<B> {
             rs_in_flight: None,
             prefetch: opts.prefetch,
             opt,
+            host: host_mem,
             final_micro: false,
             norm_slots,
             ledger,
@@ -308,6 +352,9 @@ impl<B: Backend> Engine<B> {
     /// for the prefetch that already started it).
     pub fn gather<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
         self.prefetch_unit(be, comm, i)?;
+        if let Some(e) = self.units[i].upload_pending.take() {
+            be.order_compute_after(&e)?;
+        }
         if let Some(p) = self.units[i].gather_pending.take() {
             Group::wait(comm, p)?;
         }
@@ -326,12 +373,29 @@ impl<B: Backend> Engine<B> {
             self.param_pool.take(u.padded, u.padded * self.sizes.buf, Category::Params, &mut self.ledger, || {
                 be.alloc_buf(u.padded, &format!("gathered parameters of unit {name}"))
             })?;
-        // This rank's piece comes straight from its fp32 master weights (no bf16 shard is
-        // kept: 2 bytes per parameter less); the others arrive beside it.
-        self.opt.cast_params(be, i, &mut full, self.rank * u.shard, u.shard)?;
-        let p = AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut full)?;
+        // This rank's piece: rounded from its fp32 master weights on the device (no
+        // compute-precision shard is kept: 2 bytes per parameter less), copied from the
+        // device shard the host optimizer refreshes, or fetched from the host shard
+        // (`offload.params`). The other ranks' pieces arrive beside it.
+        let own = self.rank * u.shard;
+        if let Some(ps) = &u.param_shard {
+            be.copy_buf(&mut full, own, ps, Loc::all(u.shard))?;
+        } else if self.opt.params_on_host() {
+            let e = self.opt.upload_params(be, i, &mut full, own, u.shard)?;
+            if self.world == 1 {
+                // Nothing to gather: compute waits for the copy only where it uses the unit,
+                // so the copy overlaps the compute queued before.
+                u.upload_pending = Some(e);
+            } else {
+                be.order_compute_after(&e)?;
+            }
+        } else {
+            self.opt.cast_params(be, i, &mut full, own, u.shard)?;
+        }
+        if self.world > 1 {
+            u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut full)?);
+        }
         u.params = Some(full);
-        u.gather_pending = Some(p);
         Ok(())
     }
 
@@ -341,7 +405,7 @@ impl<B: Backend> Engine<B> {
         if !self.policy.shard_params {
             return;
         }
-        if u.gather_pending.is_some() {
+        if u.gather_pending.is_some() || u.upload_pending.is_some() {
             // Prefetched but not used yet: the gather that follows waits for it.
             return;
         }
@@ -509,16 +573,33 @@ impl<B: Backend> Engine<B> {
             t,
             grad_scale: clip_scale,
         };
-        for (ui, u) in self.units.iter_mut().enumerate() {
-            let tensors = &self.layout.units[ui].tensors;
-            let g = if policy.shard_optimizer { u.grad_shard.as_ref() } else { u.grads.as_ref() };
-            let g = g.expect("the reduced gradient of the elements this rank owns");
-            // Stage 0-2 write the rounded update into their piece of the full compute copy;
-            // stage 3 keeps none (the next gather rounds the master weights).
-            self.opt.step_unit(be, ui, tensors, u.params.as_mut(), g, step)?;
-            // 4. Publish: stage 1/2 all-gather the updated pieces in place. It runs while
-            // later units update and the next forward starts; `gather` waits for it.
-            if policy.shard_optimizer && !policy.shard_params {
+        let tensors: Vec<&[crate::model::TensorSpec]> = self.layout.units.iter().map(|u| &u.tensors[..]).collect();
+        let rank = self.rank;
+        let mut updates: Vec<UnitUpdate<'_, B>> = self
+            .units
+            .iter_mut()
+            .map(|u| {
+                let g = if policy.shard_optimizer { u.grad_shard.as_ref() } else { u.grads.as_ref() };
+                let grads = g.expect("the reduced gradient of the elements this rank owns");
+                // Stage 0-2 write the rounded update into their piece of the full compute
+                // copy; ZeRO-3 into its device shard if it keeps one (host optimizer), else
+                // nowhere (the next gather rounds the master weights, or fetches the host shard).
+                let params = match (u.params.as_mut(), u.param_shard.as_mut()) {
+                    (Some(p), _) if !policy.shard_params => {
+                        Some((p, if policy.shard_optimizer { rank * u.shard } else { 0 }))
+                    }
+                    (_, Some(ps)) => Some((ps, 0)),
+                    _ => None,
+                };
+                UnitUpdate { grads, params }
+            })
+            .collect();
+        self.opt.step(be, &tensors, &mut updates, step)?;
+        drop(updates);
+        // 4. Publish: stage 1/2 all-gather the updated pieces in place. It runs while the
+        // next forward starts; `gather` waits for it.
+        if policy.shard_optimizer && !policy.shard_params {
+            for u in self.units.iter_mut() {
                 let p = u.params.as_mut().expect("stage 1/2 params");
                 u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, p)?);
             }
@@ -625,20 +706,37 @@ impl<B: Backend> Engine<B> {
         self.opt.load(be, i, lo, &state)?;
         let rank = self.rank;
         let u = &mut self.units[i];
+        if let Some(ps) = u.param_shard.as_mut() {
+            self.opt.upload_master(be, i, ps, 0, u.shard)?;
+        }
         // Stage 3 outside a gather holds no compute copy: the next gather rounds the
-        // loaded master weights. Otherwise the copy is rebuilt as a step publishes it.
+        // loaded master weights (or fetches them). Otherwise the copy is rebuilt as a step
+        // publishes it.
         let Some(p) = u.params.as_mut() else { return Ok(()) };
-        if policy.shard_optimizer {
-            self.opt.cast_params(be, i, p, rank * u.shard, u.shard)?;
-            AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
+        let (own, len) = if policy.shard_optimizer { (rank * u.shard, u.shard) } else { (0, u.padded) };
+        if self.opt.on_host() {
+            self.opt.upload_master(be, i, p, own, len)?;
         } else {
-            self.opt.cast_params(be, i, p, 0, u.padded)?;
+            self.opt.cast_params(be, i, p, own, len)?;
+        }
+        if policy.shard_optimizer {
+            AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
         }
         Ok(())
     }
 
     pub fn memory(&self) -> MemoryReport {
         self.ledger.report()
+    }
+
+    /// Host memory held for offload.
+    pub fn host_memory(&self) -> HostMemory {
+        self.host
+    }
+
+    /// What the host optimizer did since the last call (`None` with the optimizer on the device).
+    pub fn take_host_optimizer_stats(&mut self) -> Option<HostAdamWStats> {
+        self.opt.take_host_stats()
     }
 }
 

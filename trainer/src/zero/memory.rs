@@ -65,12 +65,37 @@ impl MemoryBytes {
     }
 }
 
-/// A rank's memory report: the current bytes and the snapshot at the highest total seen.
+/// A rank's host memory for offload, by category: allocated at start-up and held for the
+/// whole run (so there is no separate peak).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemory {
+    /// fp32 master weights and AdamW moments of the host optimizer (pageable).
+    pub optimizer: u64,
+    /// `offload.params`: the rounded parameter shard (page-locked).
+    pub params: u64,
+    /// Page-locked staging rings for gradients going to the host and parameters coming back.
+    pub staging: u64,
+}
+
+impl HostMemory {
+    pub fn total(&self) -> u64 {
+        self.optimizer + self.params + self.staging
+    }
+    /// The page-locked part (what `ulimit -l` must allow).
+    pub fn pinned(&self) -> u64 {
+        self.params + self.staging
+    }
+}
+
+/// A rank's memory report: the current bytes and the snapshot at the highest total seen,
+/// on the device; and what the rank holds in host memory for offload.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryReport {
     pub current: MemoryBytes,
     pub peak: MemoryBytes,
     pub peak_total: u64,
+    #[serde(default)]
+    pub host: HostMemory,
 }
 
 /// Running ledger of allocations.
@@ -99,6 +124,10 @@ impl MemoryLedger {
     }
     pub fn report(&self) -> MemoryReport {
         self.report
+    }
+    /// Set the host part of the report.
+    pub fn set_host(&mut self, host: HostMemory) {
+        self.report.host = host;
     }
 }
 

@@ -15,7 +15,7 @@ pub mod memory;
 pub mod plan;
 
 pub use engine::{Engine, EngineComm, EngineOptions, InitFn, StepStats};
-pub use memory::{Category, MemoryBytes, MemoryLedger, MemoryReport};
+pub use memory::{Category, HostMemory, MemoryBytes, MemoryLedger, MemoryReport};
 
 /// What a ZeRO stage shards. Each flag is one decision in the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,6 +16,7 @@ mod layernorm;
 mod matmul;
 mod memory;
 mod reduce;
+mod transfer;
 
 pub use activation::{gelu_backward, gelu_forward};
 pub use adamw::adamw_segment;

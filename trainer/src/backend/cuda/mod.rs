@@ -33,6 +33,7 @@ mod layernorm;
 mod matmul;
 mod memory;
 mod reduce;
+mod transfer;
 
 pub use attention::AttentionImpl;
 pub use kernels::compile_all;
@@ -59,6 +60,8 @@ const LT_WORKSPACE: usize = 32 << 20;
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Host <-> device copies (offload), beside the compute stream (`transfer.rs`).
+    copy_stream: Arc<CudaStream>,
     kernels: Kernels,
     lt: Lt,
     device: String,
@@ -161,6 +164,7 @@ impl CudaBackend {
         // started collective before touching its buffers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| BackendError::Device(format!("creating a stream: {e}")))?;
+        let copy_stream = ctx.new_stream().map_err(|e| BackendError::Device(format!("creating a copy stream: {e}")))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let device = format!("cuda:{ordinal} ({name})");
         keep_freed_memory_in_pool(&ctx);
@@ -178,6 +182,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             stream,
+            copy_stream,
             kernels,
             lt,
             device,
