@@ -15,6 +15,8 @@
 //!   bit-identical from run to run (determinism is a project rule).
 
 #[cfg(feature = "nccl")]
+pub mod local;
+#[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod progress;
 pub mod tcp;

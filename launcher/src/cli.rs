@@ -141,6 +141,19 @@ pub struct MemoryArgs {
     /// Print exact bytes as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Ranks per node, for the host memory they share (default: all ranks on one node).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub ranks_per_node: Option<u32>,
+    /// One GPU's memory in GiB for the fit check (default with --device gpu: this
+    /// machine's first GPU, if it has one).
+    #[arg(long, value_name = "GIB")]
+    pub gpu_mem: Option<f64>,
+    /// Host memory available to the node's ranks in GiB (default: this machine's MemAvailable).
+    #[arg(long, value_name = "GIB")]
+    pub host_mem: Option<f64>,
+    /// Also search the largest train.micro_batch that fits (at the config's stage).
+    #[arg(long)]
+    pub max_batch: bool,
 }
 
 /// `launcher plan`: the cluster and the hardware figures (defaults for the chosen GPU).

@@ -6,6 +6,7 @@
 
 #[cfg(feature = "cuda")]
 mod imp {
+    use collectives::local::LocalGpuComm;
     use collectives::nccl::{NcclAbort, NcclComm};
     use collectives::progress::{Op, Progress, Tracked};
     use std::path::Path;
@@ -53,6 +54,18 @@ mod imp {
         collectives::nccl::nccl_unique_id().map_err(|e| format!("cannot create the NCCL unique id: {e}"))
     }
 
+    /// Bytes of GPU 0 (cuDeviceTotalMem: no context is made), if the driver answers.
+    pub fn total_memory() -> Option<u64> {
+        // SAFETY: only asks the dynamic loader whether the driver library opens.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return None;
+        }
+        cudarc::driver::result::init().ok()?;
+        let dev = cudarc::driver::result::device::get(0).ok()?;
+        // SAFETY: a device handle from the driver, queried once.
+        unsafe { cudarc::driver::result::device::total_mem(dev) }.ok().map(|b| b as u64)
+    }
+
     /// Run one GPU rank: CUDA backend on `gpu`, NCCL group from `id`, then train, every
     /// collective recorded in `progress`. The communicator is abortable from the moment it
     /// is being made: a stop order from the launcher aborts it (`ncclCommAbort`), so a
@@ -71,6 +84,11 @@ mod imp {
     ) -> Result<TrainSummary, TrainError> {
         let be = CudaBackend::new(gpu)?;
         println!("rank {rank}: {be:?} on GPU {gpu}");
+        if world == 1 {
+            // One GPU: nothing to communicate, so no NCCL communicator (and its ~1 GiB).
+            let mut comm = Tracked::new(LocalGpuComm::new(be.stream().clone()), progress.clone());
+            return trainer::train::train_from(cfg, &be, &mut comm, data_path, resume, on_step);
+        }
         let abort = NcclAbort::new();
         let on_stop = abort.clone();
         crate::worker::on_stop(move || {
@@ -109,6 +127,9 @@ mod imp {
     pub fn nccl_id() -> Result<Vec<u8>, String> {
         Err(NOT_BUILT.into())
     }
+    pub fn total_memory() -> Option<u64> {
+        None
+    }
     #[allow(clippy::too_many_arguments)]
     pub fn train_rank(
         _: &Config,
@@ -125,4 +146,4 @@ mod imp {
     }
 }
 
-pub use imp::{nccl_id, preflight, train_rank};
+pub use imp::{nccl_id, preflight, total_memory, train_rank};

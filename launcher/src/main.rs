@@ -23,6 +23,7 @@ mod device;
 mod export;
 mod fault;
 mod fingerprint;
+mod fit;
 mod gpu;
 mod memory;
 mod metrics;

@@ -87,6 +87,12 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let world = args.ranks as usize;
     let device = args.device;
     let stages = (0..=3u8)
+        // Stages the config cannot run on (offload.params needs stage 3) are left out.
+        .filter(|&stage| {
+            let mut c = cfg.clone();
+            c.zero.stage = stage;
+            c.validate().is_ok()
+        })
         .map(|stage| {
             let mut c = cfg.clone();
             c.zero.stage = stage;
@@ -106,12 +112,106 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         params: ModelLayout::new(&cfg.model).num_params(),
         stages,
     };
+    let fit = fit_summary(args, &cfg)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&p).context("cannot encode the prediction")?);
+        let mut v = serde_json::to_value(&p).context("cannot encode the prediction")?;
+        v["fit"] = serde_json::to_value(&fit).context("cannot encode the fit check")?;
+        println!("{}", serde_json::to_string_pretty(&v).context("cannot encode the prediction")?);
     } else {
         print!("{}", table(&p, &cfg));
+        print!("{}", fit_text(&fit, &cfg));
     }
     Ok(())
+}
+
+/// The fit check at the config's stage (`launcher memory`'s last section).
+#[derive(Debug, Serialize)]
+struct FitSummary {
+    ranks: usize,
+    ranks_per_node: usize,
+    /// Device bytes at the peak of a step (with the GPU runtime on GPUs), worst rank.
+    device_peak: u64,
+    /// Host bytes of one node's ranks, and one rank's by category.
+    host_per_node: u64,
+    host_per_rank: trainer::zero::HostMemory,
+    gpu_capacity: Option<u64>,
+    host_capacity: Option<u64>,
+    /// Why it does not fit (`None`: it fits, or nothing is known to check against).
+    problem: Option<String>,
+    /// `--max-batch`: the largest micro-batch that fits (`Some(None)`: not even 1).
+    max_batch: Option<Option<usize>>,
+    gpu: bool,
+}
+
+/// Whether the config's stage fits this machine (or the `--gpu-mem` / `--host-mem` given),
+/// and with `--max-batch` the largest micro-batch that does.
+fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
+    let world = args.ranks as usize;
+    let local = args.ranks_per_node.map_or(world, |n| n as usize).min(world);
+    let gpu = args.device == MemoryDevice::Gpu;
+    let here = crate::fit::Capacity::of_this_machine(gpu && args.gpu_mem.is_none());
+    let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
+    let cap = crate::fit::Capacity {
+        gpu: args.gpu_mem.map(gib).or(here.gpu).filter(|_| gpu),
+        host: args.host_mem.map(gib).or(here.host),
+    };
+    let model = args.device.model();
+    let need = crate::fit::need(cfg, world, local, model, gpu).map_err(anyhow::Error::msg)?;
+    let max_batch = if args.max_batch {
+        if cap.gpu.is_none() && cap.host.is_none() {
+            anyhow::bail!(
+                "--max-batch needs a capacity: pass --gpu-mem GIB (and --host-mem GIB) or run it on the machine"
+            );
+        }
+        Some(crate::fit::max_batch(cfg, world, local, model, gpu, cap, 4096).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
+    Ok(FitSummary {
+        ranks: world,
+        ranks_per_node: local,
+        device_peak: need.device_peak,
+        host_per_node: need.host_per_node,
+        host_per_rank: need.report.host,
+        gpu_capacity: cap.gpu,
+        host_capacity: cap.host,
+        problem: crate::fit::check(&need, cap, cfg).err(),
+        max_batch,
+        gpu,
+    })
+}
+
+fn fit_text(f: &FitSummary, cfg: &Config) -> String {
+    let g = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let h = f.host_per_rank;
+    let said = |c: Option<u64>| c.map_or("unknown (no check)".to_string(), |b| format!("{:.2} GiB", g(b)));
+    let mut s = format!(
+        "\nfit at zero.stage = {} ({} rank(s), {} per node): device peak {:.2} GiB per rank{}; host {:.2} GiB \
+         per node (per rank: optimizer {:.2}, parameters {:.2}, page-locked staging {:.2}; page-locked in all {:.2})\n\
+         \x20 capacity: GPU {}, host {}\n",
+        cfg.zero.stage,
+        f.ranks,
+        f.ranks_per_node,
+        g(f.device_peak),
+        if f.gpu { " with the GPU runtime" } else { "" },
+        g(f.host_per_node),
+        g(h.optimizer),
+        g(h.params),
+        g(h.staging),
+        g(h.pinned()),
+        said(f.gpu_capacity),
+        said(f.host_capacity)
+    );
+    s += &match &f.problem {
+        None => "  fits\n".to_string(),
+        Some(e) => format!("  DOES NOT FIT: {e}\n"),
+    };
+    match f.max_batch {
+        Some(Some(b)) => s += &format!("  largest train.micro_batch that fits: {b}\n"),
+        Some(None) => s += "  not even train.micro_batch = 1 fits\n",
+        None => {}
+    }
+    s
 }
 
 fn mib(bytes: u64) -> String {
@@ -185,8 +285,9 @@ fn table(p: &Prediction, cfg: &Config) -> String {
         }
     }
     if p.device == MemoryDevice::Gpu.name() {
-        let rt: u64 = GPU_RUNTIME_MIB.iter().map(|(_, m)| m).sum();
-        let parts: Vec<String> = GPU_RUNTIME_MIB.iter().map(|(n, m)| format!("{n} {m}")).collect();
+        let kept = |(n, _): &&(&str, u64)| p.ranks > 1 || *n != "NCCL";
+        let rt: u64 = GPU_RUNTIME_MIB.iter().filter(kept).map(|(_, m)| m).sum();
+        let parts: Vec<String> = GPU_RUNTIME_MIB.iter().filter(kept).map(|(n, m)| format!("{n} {m}")).collect();
         let peak = p
             .stages
             .iter()
@@ -209,9 +310,10 @@ fn table(p: &Prediction, cfg: &Config) -> String {
     s
 }
 
-/// [`GPU_RUNTIME_MIB`] in bytes: what a GPU rank's driver figure holds beyond the ledger.
-pub fn gpu_runtime_bytes() -> u64 {
-    GPU_RUNTIME_MIB.iter().map(|(_, m)| m << 20).sum()
+/// [`GPU_RUNTIME_MIB`] in bytes: what a GPU rank of a `world`-rank job holds beyond the
+/// ledger (a one-GPU job makes no NCCL communicator).
+pub fn gpu_runtime_bytes(world: usize) -> u64 {
+    GPU_RUNTIME_MIB.iter().filter(|(n, _)| world > 1 || *n != "NCCL").map(|(_, m)| m << 20).sum()
 }
 
 /// What a GPU rank holds outside the ledger, as measured (BENCHMARKS.md, run 4: every rank of

@@ -350,7 +350,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if !ckpts.contains(&cfg.checkpointing.activations) {
         ckpts.push(cfg.checkpointing.activations);
     }
-    let runtime = crate::memory::gpu_runtime_bytes();
+    let runtime = crate::memory::gpu_runtime_bytes(world);
     let capacity = (hw.memory_gib * (1u64 << 30) as f64) as u64;
     let mut choices = Vec::new();
     for stage in 0..=3u8 {

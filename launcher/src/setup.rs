@@ -77,6 +77,9 @@ impl RunPlan {
 }
 
 /// Check the arguments and config, prepare the data and the run directory.
+/// Set to launch a GPU job whose predicted memory exceeds the GPU or the host.
+pub const SKIP_FIT_ENV: &str = "SHARDTRAIN_SKIP_FIT_CHECK";
+
 pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let (device, local_ranks) = args.device();
     if let Some(reason) = device.unavailable_reason() {
@@ -130,6 +133,13 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     cfg.output.dir = out_dir.clone();
     cfg.checkpoint.dir = cfg.checkpoint.dir.as_deref().map(absolute);
     let world = nnodes * local_ranks;
+    // A plan that cannot fit the GPU or the host stops here, before any rank allocates.
+    if device == Device::Gpu && std::env::var_os(SKIP_FIT_ENV).is_none() {
+        let need = crate::fit::need(&cfg, world, local_ranks, trainer::zero::plan::DeviceModel::cuda(), true)
+            .map_err(SetupError)?;
+        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(true), &cfg)
+            .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
+    }
     // Before anything is written: a checkpoint that cannot be resumed leaves the run directory as it was.
     let resume = args.resume.as_deref().map(|arg| crate::resume::resolve(arg, &cfg, world)).transpose()?;
 

@@ -215,7 +215,7 @@ fn run_one(
         run_dir: run_dir.to_path_buf(),
     };
     if device == Device::Gpu {
-        row.predicted_device_peak_bytes = predicted.map(|p| p + crate::memory::gpu_runtime_bytes());
+        row.predicted_device_peak_bytes = predicted.map(|p| p + crate::memory::gpu_runtime_bytes(n));
     }
     // A fresh run directory: metrics.jsonl and logs of an earlier sweep must not be read.
     let _ = std::fs::remove_dir_all(run_dir);

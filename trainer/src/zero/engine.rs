@@ -285,15 +285,9 @@ impl<B: Backend> Engine<B> {
                 shard_empty: true,
             });
         }
-        let mut rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
-        if policy.shard_grads {
-            for u in &units {
-                if !rs_scratch.iter().any(|(n, _)| *n == u.shard) {
-                    ledger.alloc(Category::Comm, u.shard * sizes.grad);
-                    rs_scratch.push((u.shard, be.alloc_grad(u.shard, "reduce-scatter receive buffer")?));
-                }
-            }
-        }
+        // Receive buffers are made on first use: only gradient accumulation over several
+        // ranks needs them (a step's first reduction of a unit writes its shard directly).
+        let rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
         opt.allocate_staging(be, &mut host_mem)?;
         ledger.set_host(host_mem);
         ledger.alloc(Category::Workspace, 2 * units.len() * sizes.f32);
@@ -442,6 +436,12 @@ impl<B: Backend> Engine<B> {
         if u.grads.is_some() {
             return Ok(());
         }
+        if self.world == 1 && self.policy.shard_grads {
+            // One rank: its shard is the whole unit, so backward accumulates straight into
+            // it (no second full buffer, no reduction copy). It was zeroed at begin_step.
+            u.grads = u.grad_shard.take();
+            return Ok(());
+        }
         let name = &self.layout.units[i].name;
         let mut g =
             self.grad_pool.take(u.padded, u.padded * self.sizes.grad, Category::Grads, &mut self.ledger, || {
@@ -464,6 +464,11 @@ impl<B: Backend> Engine<B> {
             return Ok(());
         }
         let Some(full) = self.units[i].grads.take() else { return Ok(()) };
+        if self.world == 1 {
+            // The gradient was accumulated in the shard itself (ensure_grads).
+            self.units[i].grad_shard = Some(full);
+            return Ok(());
+        }
         // The previous unit's reduction had this unit's backward to finish in; its receive
         // buffer is free again once its accumulation (queued here) has read it.
         self.finish_reduce_scatter(be, comm)?;
@@ -474,12 +479,11 @@ impl<B: Backend> Engine<B> {
         u.shard_empty = false;
         let recv = if via_scratch {
             let shard = u.shard;
-            &mut self
-                .rs_scratch
-                .iter_mut()
-                .find(|(n, _)| *n == shard)
-                .expect("a receive buffer exists for every shard length")
-                .1
+            if !self.rs_scratch.iter().any(|(n, _)| *n == shard) {
+                self.ledger.alloc(Category::Comm, shard * self.sizes.grad);
+                self.rs_scratch.push((shard, be.alloc_grad(shard, "reduce-scatter receive buffer")?));
+            }
+            &mut self.rs_scratch.iter_mut().find(|(n, _)| *n == shard).expect("made above for this shard length").1
         } else {
             u.grad_shard.as_mut().expect("sharded stages keep a gradient shard")
         };

@@ -1,0 +1,183 @@
+//! Will the plan fit? The planner's prediction per rank (device bytes at the step's peak,
+//! plus the measured GPU runtime; host bytes for offload) against what the machine has:
+//! the GPU's memory (`cuDeviceTotalMem`, or `--gpu-mem`) and the host's (`MemAvailable`,
+//! or `--host-mem`) shared by the node's ranks. A launch whose plan cannot fit stops here,
+//! before any rank allocates, with the category that dominates and the numbers;
+//! `launcher memory --max-batch` searches the largest micro-batch that fits.
+
+use trainer::zero::plan::{predict, DeviceModel};
+use trainer::zero::{MemoryBytes, MemoryReport};
+use trainer::Config;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// What one node offers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Capacity {
+    /// Bytes of one GPU (`None`: not known, no GPU check).
+    pub gpu: Option<u64>,
+    /// Host bytes available to the node's ranks together (`None`: not known).
+    pub host: Option<u64>,
+}
+
+impl Capacity {
+    /// This machine: the first GPU's size when `gpu` (without a context: cuDeviceTotalMem),
+    /// and the host's `MemAvailable`.
+    pub fn of_this_machine(gpu: bool) -> Capacity {
+        Capacity { gpu: if gpu { crate::gpu::total_memory() } else { None }, host: host_available() }
+    }
+}
+
+/// The host's available memory from /proc/meminfo (Linux), in bytes.
+fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The prediction for the worst rank of a plan, and what it needs of the machine.
+#[derive(Debug, Clone)]
+pub struct Need {
+    /// The rank whose device peak is highest.
+    pub rank: usize,
+    pub report: MemoryReport,
+    /// Device bytes at the peak, runtime included (GPU runs).
+    pub device_peak: u64,
+    /// Host bytes of all ranks on one node.
+    pub host_per_node: u64,
+}
+
+/// Predict every distinct rank position (first, last) of `world` ranks, `local` per node.
+pub fn need(cfg: &Config, world: usize, local: usize, model: DeviceModel, gpu: bool) -> Result<Need, String> {
+    let mut worst: Option<(usize, MemoryReport)> = None;
+    for rank in [0, world - 1] {
+        let r = predict(cfg, world, rank, model).map_err(|e| format!("predicting rank {rank}: {e}"))?;
+        if worst.as_ref().is_none_or(|(_, w)| r.peak_total > w.peak_total) {
+            worst = Some((rank, r));
+        }
+    }
+    let (rank, report) = worst.expect("at least one rank");
+    let runtime = if gpu { crate::memory::gpu_runtime_bytes(world) } else { 0 };
+    Ok(Need {
+        rank,
+        device_peak: report.peak_total + runtime,
+        host_per_node: report.host.total() * local as u64,
+        report,
+    })
+}
+
+/// `Err` naming what does not fit and what to change, if the need exceeds the capacity.
+pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
+    if let Some(gpu) = cap.gpu {
+        if need.device_peak > gpu {
+            let (name, bytes) = biggest(&need.report.peak);
+            return Err(format!(
+                "the plan does not fit the GPU: rank {} needs {:.2} GiB at the peak of a step (largest part: {name} \
+                 {:.2} GiB; runtime {:.2} GiB) but the GPU has {:.2} GiB. Lower train.micro_batch, set \
+                 checkpointing.activations = \"every_layer\", raise zero.stage, or offload the optimizer \
+                 (offload.optimizer = true{}); `launcher memory CONFIG --ranks N --device gpu --max-batch` shows \
+                 what fits",
+                need.rank,
+                need.device_peak as f64 / GIB,
+                bytes as f64 / GIB,
+                (need.device_peak - need.report.peak_total) as f64 / GIB,
+                gpu as f64 / GIB,
+                if cfg.zero.stage == 3 { ", offload.params = true" } else { "" }
+            ));
+        }
+    }
+    if let Some(host) = cap.host {
+        if need.host_per_node > host {
+            let h = need.report.host;
+            return Err(format!(
+                "the plan does not fit the host: its ranks need {:.2} GiB of host memory (per rank: optimizer \
+                 {:.2}, parameters {:.2}, page-locked staging {:.2} GiB) but {:.2} GiB are available. Use more \
+                 ranks (the optimizer state is sharded over them), fewer ranks per node, or keep the optimizer on \
+                 the GPU (offload.optimizer = false)",
+                need.host_per_node as f64 / GIB,
+                h.optimizer as f64 / GIB,
+                h.params as f64 / GIB,
+                h.staging as f64 / GIB,
+                host as f64 / GIB
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn biggest(b: &MemoryBytes) -> (&'static str, u64) {
+    b.categories().into_iter().max_by_key(|(_, v)| *v).unwrap_or(("params", 0))
+}
+
+/// The largest `train.micro_batch` (up to `limit`) whose plan fits, or `None` if not even 1.
+pub fn max_batch(
+    cfg: &Config,
+    world: usize,
+    local: usize,
+    model: DeviceModel,
+    gpu: bool,
+    cap: Capacity,
+    limit: usize,
+) -> Result<Option<usize>, String> {
+    let fits = |b: usize| -> Result<bool, String> {
+        let mut c = cfg.clone();
+        c.train.micro_batch = b;
+        Ok(check(&need(&c, world, local, model, gpu)?, cap, &c).is_ok())
+    };
+    if !fits(1)? {
+        return Ok(None);
+    }
+    // Memory grows with the batch: double until it does not fit, then bisect.
+    let (mut lo, mut hi) = (1usize, 2usize);
+    while hi <= limit && fits(hi)? {
+        lo = hi;
+        hi *= 2;
+    }
+    let mut hi = hi.min(limit + 1);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Some(lo))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = "[model]\nn_layer = 2\nn_head = 2\nn_embd = 64\nvocab_size = 512\nseq_len = 64\n";
+
+    #[test]
+    fn a_plan_over_capacity_is_refused_naming_the_numbers() {
+        let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
+        let n = need(&cfg, 1, 1, DeviceModel::cuda(), false).expect("need");
+        check(&n, Capacity { gpu: Some(n.device_peak), host: None }, &cfg).expect("exactly fits");
+        let e = check(&n, Capacity { gpu: Some(n.device_peak - 1), host: None }, &cfg).unwrap_err();
+        assert!(e.contains("does not fit the GPU") && e.contains("micro_batch"), "{e}");
+        let mut off = cfg.clone();
+        off.offload.optimizer = true;
+        let n = need(&off, 1, 4, DeviceModel::cuda(), false).expect("need");
+        assert!(n.host_per_node >= 4 * n.report.host.optimizer && n.report.host.optimizer > 0);
+        let e = check(&n, Capacity { gpu: None, host: Some(n.host_per_node - 1) }, &off).unwrap_err();
+        assert!(e.contains("does not fit the host") && e.contains("optimizer"), "{e}");
+    }
+
+    #[test]
+    fn max_batch_is_the_largest_that_fits() {
+        let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
+        let at = |b: usize| {
+            let mut c = cfg.clone();
+            c.train.micro_batch = b;
+            need(&c, 2, 2, DeviceModel::cuda(), false).expect("need").device_peak
+        };
+        let cap = Capacity { gpu: Some(at(37)), host: None };
+        assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), false, cap, 1024).expect("search"), Some(37));
+        let none = Capacity { gpu: Some(at(1) - 1), host: None };
+        assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), false, none, 1024).expect("search"), None);
+    }
+}
