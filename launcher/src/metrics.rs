@@ -44,6 +44,29 @@ pub struct RankMemory {
     /// nothing accounts for (about zero).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub untracked: Option<i64>,
+    /// Offload: host bytes by category (optimizer, params, staging; `pinned` = the
+    /// page-locked part).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostEntry>,
+    /// Offload: the host AdamW this step (seconds, parameters, threads, and its speed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_optimizer: Option<HostOptimizerEntry>,
+}
+
+/// A rank's host memory for offload, as written to metrics.jsonl.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct HostEntry {
+    #[serde(flatten)]
+    pub bytes: trainer::zero::HostMemory,
+    pub pinned: u64,
+}
+
+/// The host AdamW of one step, as written to metrics.jsonl.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct HostOptimizerEntry {
+    #[serde(flatten)]
+    pub stats: trainer::optim::HostAdamWStats,
+    pub params_per_s_per_core: f64,
 }
 
 /// One line of `metrics.jsonl`: a step as seen by the whole job.
@@ -83,6 +106,11 @@ impl StepRecord {
                     device_used: m.device.map(|d| d.used),
                     runtime: m.device.map(|d| d.runtime),
                     untracked: m.device.map(|d| d.untracked(c.total())),
+                    host: (m.memory.host.total() > 0)
+                        .then_some(HostEntry { bytes: m.memory.host, pinned: m.memory.host.pinned() }),
+                    host_optimizer: m
+                        .host_optimizer
+                        .map(|st| HostOptimizerEntry { stats: st, params_per_s_per_core: st.params_per_s_per_core() }),
                 }
             })
             .collect();
@@ -266,6 +294,39 @@ impl MetricsLog {
                 );
             }
         }
+        if last.memory.iter().any(|m| m.host.is_some()) {
+            s += &format!(
+                "host memory per rank (MiB; offload):\n  {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
+                "rank", "optimizer", "params", "staging", "pinned", "total"
+            );
+            for m in &last.memory {
+                let Some(h) = m.host else { continue };
+                let b = h.bytes;
+                s += &format!(
+                    "  {:>4} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
+                    m.rank,
+                    mib(b.optimizer),
+                    mib(b.params),
+                    mib(b.staging),
+                    mib(h.pinned),
+                    mib(b.total())
+                );
+            }
+            for m in &last.memory {
+                if let Some(o) = m.host_optimizer {
+                    s += &format!(
+                        "  rank {}: host AdamW {:.3} s for {:.1} M parameters on {} threads: {:.2} G parameters/s, \
+                         {:.3} G/s per core\n",
+                        m.rank,
+                        o.stats.seconds,
+                        o.stats.params as f64 / 1e6,
+                        o.stats.threads,
+                        o.stats.params as f64 / o.stats.seconds.max(1e-12) / 1e9,
+                        o.params_per_s_per_core / 1e9
+                    );
+                }
+            }
+        }
         s += &format!("metrics: {}", self.path.display());
         if let Some(e) = self.write_error() {
             s += &format!(
@@ -304,6 +365,7 @@ mod tests {
             val_loss: None,
             memory: MemoryReport { current: bytes, peak: bytes, peak_total: params, host: Default::default() },
             device: None,
+            host_optimizer: None,
         }
     }
 

@@ -413,6 +413,7 @@ mod tests {
             val_loss: None,
             memory: Default::default(),
             device: None,
+            host_optimizer: None,
         };
         let line = step_line(3, &m, 50);
         assert!(line.starts_with("rank 3 step 7/50 loss"), "{line}");

@@ -24,6 +24,9 @@ pub struct StepMetrics {
     /// What the device driver says this process's GPU holds (`None` on the CPU backend).
     #[serde(default)]
     pub device: Option<DeviceMemory>,
+    /// With the optimizer offloaded: the host AdamW's time and parameters this step.
+    #[serde(default)]
+    pub host_optimizer: Option<crate::optim::HostAdamWStats>,
 }
 
 pub use crate::backend::{DeviceMemory, RuntimeMemory};

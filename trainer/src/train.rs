@@ -177,6 +177,7 @@ impl<B: Backend> Trainer<B> {
             val_loss,
             memory: self.engine.memory(),
             device: be.device_memory(),
+            host_optimizer: self.engine.take_host_optimizer_stats(),
         })
     }
 
