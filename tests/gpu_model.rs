@@ -41,7 +41,7 @@ fn one_training_step_matches_the_cpu() {
         let init = |l: &ModelLayout| {
             let l = l.clone();
             move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
-                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, r))
+                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
             }
         };
         let ckpt = ActivationCheckpointing::None;

@@ -14,7 +14,7 @@ fn every_parameter_tensor_matches_finite_differences() {
     let mut comm = HostComm(TcpComm::local_group(1).expect("group").remove(0));
     let layout = ModelLayout::new(&cfg);
     let l2 = layout.clone();
-    let mut init = |u, r| Ok(cfg.family.init_range(&l2, u, 7, r));
+    let mut init = |u, r| Ok(cfg.family.init_range(&l2, u, 7, Default::default(), r));
     let mut eng = Engine::new(&be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init)).expect("engine");
     let b = 2;
     let mut model = cfg.family.build(&be, &layout, b, ActivationCheckpointing::None, &mut eng.ledger).expect("model");

@@ -241,8 +241,22 @@ impl Config {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct InitConfig {
-    /// A Hugging Face GPT-2 `model.safetensors` to start from (fine-tuning); unset = GPT-2 random init.
+    /// A Hugging Face GPT-2 `model.safetensors` to start from (fine-tuning); unset = random init.
     pub from: Option<PathBuf>,
+    /// The random initialisation's scales.
+    pub scheme: InitScheme,
+}
+
+/// How random initial weights are scaled.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum InitScheme {
+    /// GPT-2's: every matrix N(0, 0.02²), residual projections N(0, (0.02 / √(2L))²).
+    #[default]
+    Gpt2,
+    /// Scaled with the width for large models (GPT-NeoX's "small init" and "wang init"):
+    /// matrices N(0, 2 / (5C)), residual projections N(0, (2 / (L√C))²).
+    Scaled,
 }
 
 /// CPU offload of the optimizer state and the parameters.
@@ -515,6 +529,21 @@ mod tests {
         assert_eq!(c.model.family, ModelFamily::Gpt2);
         let e = load_str(BASE, &["model.family=\"llama\""]).unwrap_err().to_string();
         assert!(e.contains("unknown model.family \"llama\"") && e.contains("\"gpt2\""), "{e}");
+    }
+
+    /// Every config shipped in configs/ loads and validates.
+    #[test]
+    fn shipped_configs_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).expect("configs/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 8, "only {n} configs found in {}", dir.display());
     }
 
     #[test]

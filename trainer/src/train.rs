@@ -71,8 +71,9 @@ impl<B: Backend> Trainer<B> {
         let (family, opts, l2) = (cfg.model.family, EngineOptions::from_config(cfg), layout.clone());
         let mut engine = match &cfg.init.from {
             None => {
-                let seed = cfg.train.seed;
-                Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| Ok(family.init_range(&l2, u, seed, r))))?
+                let (seed, scheme) = (cfg.train.seed, cfg.init.scheme);
+                let mut init = |u, r| Ok(family.init_range(&l2, u, seed, scheme, r));
+                Engine::new(be, layout, opts, rank, world, Some(&mut init))?
             }
             Some(path) => {
                 let hf = HfWeights::open(path)?;

@@ -17,7 +17,7 @@ pub use schedule::{step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{BResult, Backend};
-use crate::config::{ActivationCheckpointing, ModelConfig};
+use crate::config::{ActivationCheckpointing, InitScheme, ModelConfig};
 use crate::zero::MemoryLedger;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -55,9 +55,16 @@ impl ModelFamily {
 
     /// Initial values of elements `range` of unit `unit`, a pure function of the seed, the
     /// tensor and the index (so any rank, world size and stage makes the same values).
-    pub fn init_range(self, layout: &ModelLayout, unit: usize, seed: u64, range: Range<usize>) -> Vec<f32> {
+    pub fn init_range(
+        self,
+        layout: &ModelLayout,
+        unit: usize,
+        seed: u64,
+        scheme: InitScheme,
+        range: Range<usize>,
+    ) -> Vec<f32> {
         match self {
-            ModelFamily::Gpt2 => gpt2::init::init_unit_range(layout, &layout.units[unit], seed, range),
+            ModelFamily::Gpt2 => gpt2::init::init_unit_range(layout, &layout.units[unit], seed, scheme, range),
         }
     }
 

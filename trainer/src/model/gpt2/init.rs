@@ -1,22 +1,38 @@
 //! GPT-2 initialisation, computed per tensor from (seed, tensor name, element index)
 //! so it is identical on every rank, world size and ZeRO stage.
 
+use crate::config::InitScheme;
 use crate::model::{ModelLayout, UnitLayout};
 use crate::rng;
 use std::ops::Range;
 
 /// Initial values of one unit's tensors (unpadded length `unit.numel`).
-pub fn init_unit(layout: &ModelLayout, unit: &UnitLayout, seed: u64) -> Vec<f32> {
-    init_unit_range(layout, unit, seed, 0..unit.numel)
+pub fn init_unit(layout: &ModelLayout, unit: &UnitLayout, seed: u64, scheme: InitScheme) -> Vec<f32> {
+    init_unit_range(layout, unit, seed, scheme, 0..unit.numel)
+}
+
+/// The standard deviations of (matrices, residual projections) under `scheme`.
+pub fn stds(layout: &ModelLayout, scheme: InitScheme) -> (f64, f64) {
+    let (l, c) = (layout.cfg.n_layer as f64, layout.cfg.n_embd as f64);
+    match scheme {
+        // Residual projections are scaled by 1/sqrt(2·n_layer) (GPT-2 paper).
+        InitScheme::Gpt2 => (0.02, 0.02 / (2.0 * l).sqrt()),
+        InitScheme::Scaled => ((2.0 / (5.0 * c)).sqrt(), 2.0 / (l * c.sqrt())),
+    }
 }
 
 /// Elements `range` of [`init_unit`]'s result, computed without the rest: a ZeRO-3 rank
 /// makes only its shard. Each element is a pure function of (seed, tensor, index), so the
 /// values do not depend on the range or on how many threads fill it.
-pub fn init_unit_range(layout: &ModelLayout, unit: &UnitLayout, seed: u64, range: Range<usize>) -> Vec<f32> {
+pub fn init_unit_range(
+    layout: &ModelLayout,
+    unit: &UnitLayout,
+    seed: u64,
+    scheme: InitScheme,
+    range: Range<usize>,
+) -> Vec<f32> {
     let mut out = vec![0.0f32; range.len()];
-    // Residual projections are scaled by 1/sqrt(2·n_layer) (GPT-2 paper).
-    let proj_std = 0.02 / (2.0 * layout.cfg.n_layer as f64).sqrt();
+    let (std_all, proj_std) = stds(layout, scheme);
     for t in &unit.tensors {
         // The part of tensor t inside `range`, in unit coordinates.
         let (lo, hi) = (t.loc.off.max(range.start), t.loc.end().min(range.end));
@@ -30,7 +46,7 @@ pub fn init_unit_range(layout: &ModelLayout, unit: &UnitLayout, seed: u64, range
         } else if name.contains("ln_") {
             dst.fill(1.0);
         } else {
-            let std = if name.ends_with("c_proj.weight") { proj_std } else { 0.02 };
+            let std = if name.ends_with("c_proj.weight") { proj_std } else { std_all };
             let stream = rng::stream_id(name);
             let first = (lo - t.loc.off) as u64;
             fill_parallel(dst, |i| (rng::normal(seed, stream, first + i as u64) * std) as f32);
@@ -79,12 +95,48 @@ mod tests {
             ModelConfig { family: ModelFamily::Gpt2, n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 50, seq_len: 8 };
         let layout = ModelLayout::new(&cfg);
         for unit in &layout.units {
-            let full = init_unit(&layout, unit, 9);
+            let full = init_unit(&layout, unit, 9, InitScheme::Gpt2);
             assert_eq!(full.len(), unit.numel);
             for (lo, hi) in [(0, unit.numel), (3, unit.numel / 2), (unit.numel / 3, unit.numel), (5, 5)] {
-                let part = init_unit_range(&layout, unit, 9, lo..hi);
+                let part = init_unit_range(&layout, unit, 9, InitScheme::Gpt2, lo..hi);
                 assert_eq!(part, full[lo..hi].to_vec(), "unit {} range {lo}..{hi}", unit.name);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod scheme_tests {
+    use super::*;
+    use crate::config::ModelConfig;
+    use crate::model::ModelFamily;
+
+    /// Each scheme draws every matrix with its stated standard deviation.
+    #[test]
+    fn schemes_draw_the_stated_scales() {
+        let cfg =
+            ModelConfig { family: ModelFamily::Gpt2, n_layer: 4, n_head: 4, n_embd: 256, vocab_size: 64, seq_len: 8 };
+        let layout = ModelLayout::new(&cfg);
+        for scheme in [InitScheme::Gpt2, InitScheme::Scaled] {
+            let (all, proj) = stds(&layout, scheme);
+            let block = &layout.units[1];
+            let vals = init_unit(&layout, block, 3, scheme);
+            for t in &block.tensors {
+                let x = &vals[t.loc.off..t.loc.end()];
+                let sd = (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
+                let want = if t.name.ends_with(".bias") {
+                    0.0
+                } else if t.name.contains("ln_") {
+                    1.0
+                } else if t.name.ends_with("c_proj.weight") {
+                    proj
+                } else {
+                    all
+                };
+                assert!((sd - want).abs() <= 0.03 * want.max(1e-9), "{scheme:?} {}: {sd} vs {want}", t.name);
+            }
+        }
+        let (all, proj) = stds(&layout, InitScheme::Scaled);
+        assert!((all - (2.0f64 / (5.0 * 256.0)).sqrt()).abs() < 1e-12 && (proj - 2.0 / (4.0 * 16.0)).abs() < 1e-12);
     }
 }
