@@ -232,8 +232,13 @@ fn offloaded_and_device_optimizers_share_checkpoints() {
         [(true, false, 1u8), (false, true, 2), (true, true, 3), (false, true, 3)].into_iter().enumerate()
     {
         let ck = dir.path().join(format!("ck{i}"));
-        let base = cfg_for(2, stage, &ck);
+        let mut base = cfg_for(2, stage, &ck);
         let params = stage == 3;
+        if params {
+            // Parameter offload takes no gradient accumulation (yet): the same global batch in one micro-step.
+            base.train.micro_batch *= base.train.grad_accum;
+            base.train.grad_accum = 1;
+        }
         let saver = if save_off { offload(base.clone(), params) } else { base.clone() };
         let loader = if load_off { offload(base.clone(), params) } else { base.clone() };
         let full = run(&base, 2, &data, None, 6, false);

@@ -107,7 +107,8 @@ fn offload_moves_optimizer_state_to_the_host_as_predicted() {
                 continue;
             }
             let extra = format!("\n[offload]\noptimizer = true\nparams = {params}\n");
-            let cfg = Config::from_toml_str(&(common::tiny_toml(stage, 2, "\"none\"") + &extra), "t").expect("cfg");
+            let accum = if params { 1 } else { 2 };
+            let cfg = Config::from_toml_str(&(common::tiny_toml(stage, accum, "\"none\"") + &extra), "t").expect("cfg");
             let got = measured(&cfg, 2, &data);
             for (rank, m) in got.iter().enumerate() {
                 let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
