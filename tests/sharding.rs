@@ -20,7 +20,16 @@ struct RunResult {
 
 /// Run `world` ranks as threads over a loopback TCP group; return rank 0's view.
 fn run(world: usize, stage: u8, accum: usize, activations: &str, data: &std::path::Path) -> RunResult {
-    let cfg = Config::from_toml_str(&common::tiny_toml(stage, accum, activations), "test").expect("config");
+    run_toml(world, common::tiny_toml(stage, accum, activations), data)
+}
+
+/// [`run`] with extra config lines (e.g. an `[offload]` section) appended to the TOML.
+fn run_with(world: usize, stage: u8, accum: usize, extra: &str, data: &std::path::Path) -> RunResult {
+    run_toml(world, common::tiny_toml(stage, accum, "\"none\"") + extra, data)
+}
+
+fn run_toml(world: usize, toml: String, data: &std::path::Path) -> RunResult {
+    let cfg = Config::from_toml_str(&toml, "test").expect("config");
     cfg.validate().expect("valid");
     let data = data.to_path_buf();
     let mut results = common::run_ranks(world, move |rank, mut comm| {
@@ -144,27 +153,6 @@ fn stage3_prefetch_depth_does_not_change_results() {
     }
     assert_eq!(results[0], results[1]);
     assert_eq!(results[0], results[2]);
-}
-
-/// Run with extra config overrides (`section.key = value` lines appended to the TOML).
-fn run_with(world: usize, stage: u8, accum: usize, extra: &str, data: &std::path::Path) -> RunResult {
-    let toml = common::tiny_toml(stage, accum, "\"none\"") + extra;
-    let cfg = Config::from_toml_str(&toml, "test").expect("config");
-    cfg.validate().expect("valid");
-    let data = data.to_path_buf();
-    let mut results = common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
-        let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..cfg.train.steps {
-            let m = tr.train_step(&be, &mut comm).expect("step");
-            losses.push(m.loss);
-            norms.push(m.grad_norm);
-        }
-        let params = tr.full_params(&be, &mut comm).expect("params");
-        RunResult { losses, norms, params }
-    });
-    results.swap_remove(0)
 }
 
 /// Optimizer offload (and, on ZeRO-3, parameter offload) trains exactly like the optimizer
