@@ -7,7 +7,7 @@
 mod common;
 
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -1097,4 +1097,52 @@ fn a_cluster_plan_names_what_fits_and_its_calibration_error() {
     assert!(tiny.stdout().contains("no choice fits"), "{}", tiny.stdout());
     let bad = launcher(&["plan", &config, "--gpus-per-node", "2", "--tflops", "-1"]);
     assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
+}
+
+/// The shipped large configs fit the node sizes their headers name, by the planner that the
+/// launch's fit check uses (one H200: 143771 MiB; hosts as the lent machines have them). A
+/// change to the memory model that pushed one over would make `launcher --gpus N` refuse it.
+#[test]
+fn large_configs_fit_the_node_sizes_they_name() {
+    let h200 = format!("{}", 143_771.0 / 1024.0);
+    // (config, ranks, host GiB, at least this many parameters)
+    let cases = [
+        ("gpt-9b.toml", "1", "125", 9.0e9),
+        ("gpt-10b-offload.toml", "1", "125", 10.0e9),
+        ("gpt-13b.toml", "2", "250", 12.5e9),
+        ("gpt-20b.toml", "4", "500", 20.0e9),
+        ("gpt-30b.toml", "4", "500", 30.0e9),
+        ("gpt-40b-offload.toml", "4", "500", 40.0e9),
+        ("gpt-60b.toml", "8", "550", 60.0e9),
+    ];
+    for (name, ranks, host, at_least) in cases {
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name).display().to_string();
+        let m = launcher(&[
+            "memory",
+            &config,
+            "--ranks",
+            ranks,
+            "--device",
+            "gpu",
+            "--json",
+            "--gpu-mem",
+            &h200,
+            "--host-mem",
+            host,
+        ]);
+        m.assert_success();
+        let j: Value = serde_json::from_str(&m.stdout()).expect("memory JSON");
+        assert!(j["fit"]["problem"].is_null(), "{name} on {ranks} H200(s): {}", j["fit"]["problem"]);
+        let params = j["params"].as_f64().expect("params");
+        assert!(params >= at_least, "{name}: {params} parameters, its name promises {at_least}");
+    }
+}
+
+#[test]
+fn a_memory_size_that_is_not_positive_is_refused() {
+    for bad in ["-3", "0", "NaN", "lots"] {
+        let r = launcher(&["--gpus", "1", "config.toml", &format!("--host-mem={bad}")]);
+        assert_eq!(r.code(), Some(2), "--host-mem {bad}: {}", r.stderr());
+        assert!(r.stderr().contains("not a size in GiB"), "{}", r.stderr());
+    }
 }

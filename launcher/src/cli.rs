@@ -82,6 +82,19 @@ pub struct LaunchArgs {
     /// metrics.jsonl and the rank logs of the run directory are continued, not replaced.
     #[arg(long, value_name = "DIR|latest")]
     pub resume: Option<PathBuf>,
+    /// Host memory this node's ranks may use, in GiB, for the launch's fit check (default:
+    /// MemAvailable). State it where memory grows as it is used (a VM whose memory is plugged
+    /// in on demand shows a small MemAvailable at start).
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
+    pub host_mem: Option<f64>,
+}
+
+/// A memory size in GiB: a positive, finite number.
+pub fn parse_gib(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 => Ok(g),
+        _ => Err(format!("{s:?} is not a size in GiB: give a positive number, e.g. 480 or 139.8")),
+    }
 }
 
 impl LaunchArgs {
@@ -146,10 +159,10 @@ pub struct MemoryArgs {
     pub ranks_per_node: Option<u32>,
     /// One GPU's memory in GiB for the fit check (default with --device gpu: this
     /// machine's first GPU, if it has one).
-    #[arg(long, value_name = "GIB")]
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
     pub gpu_mem: Option<f64>,
     /// Host memory available to the node's ranks in GiB (default: this machine's MemAvailable).
-    #[arg(long, value_name = "GIB")]
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
     pub host_mem: Option<f64>,
     /// Also search the largest train.micro_batch that fits (at the config's stage).
     #[arg(long)]

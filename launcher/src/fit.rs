@@ -26,6 +26,13 @@ impl Capacity {
     pub fn of_this_machine(gpu: bool) -> Capacity {
         Capacity { gpu: if gpu { crate::gpu::total_memory() } else { None }, host: host_available() }
     }
+
+    /// This machine, with the host's figure replaced by one the user states (`--host-mem`):
+    /// where memory is plugged in as it is used, MemAvailable at start says too little.
+    pub fn of_this_machine_with_host(gpu: bool, host_gib: Option<f64>) -> Capacity {
+        let here = Capacity::of_this_machine(gpu);
+        Capacity { host: host_gib.map(|g| (g * GIB) as u64).or(here.host), ..here }
+    }
 }
 
 /// The host's available memory from /proc/meminfo (Linux), in bytes.
@@ -94,7 +101,9 @@ pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
                 "the plan does not fit the host: its ranks need {:.2} GiB of host memory (per rank: optimizer \
                  {:.2}, parameters {:.2}, page-locked staging {:.2} GiB) but {:.2} GiB are available. Use more \
                  ranks (the optimizer state is sharded over them), fewer ranks per node, or keep the optimizer on \
-                 the GPU (offload.optimizer = false)",
+                 the GPU (offload.optimizer = false). Where the host's memory grows as it is used (a VM whose \
+                 memory is plugged in on demand starts with a small MemAvailable), state what it holds with \
+                 --host-mem GIB",
                 need.host_per_node as f64 / GIB,
                 h.optimizer as f64 / GIB,
                 h.params as f64 / GIB,
@@ -164,7 +173,15 @@ mod tests {
         let n = need(&off, 1, 4, DeviceModel::cuda(), false).expect("need");
         assert!(n.host_per_node >= 4 * n.report.host.optimizer && n.report.host.optimizer > 0);
         let e = check(&n, Capacity { gpu: None, host: Some(n.host_per_node - 1) }, &off).unwrap_err();
-        assert!(e.contains("does not fit the host") && e.contains("optimizer"), "{e}");
+        assert!(e.contains("does not fit the host") && e.contains("optimizer") && e.contains("--host-mem"), "{e}");
+    }
+
+    #[test]
+    fn a_stated_host_size_replaces_mem_available() {
+        let stated = Capacity::of_this_machine_with_host(false, Some(480.0));
+        assert_eq!(stated.host, Some(480 << 30));
+        assert_eq!(stated.gpu, None);
+        assert_eq!(Capacity::of_this_machine_with_host(false, None).host.is_some(), host_available().is_some());
     }
 
     #[test]
