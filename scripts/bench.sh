@@ -66,11 +66,10 @@ fi
 
 python3 - "$OUT" "$NGPU" <<'PY'
 import json, glob, os, statistics, sys
+sys.path.insert(0, "scripts")
+from multi_gpu_tables import flops_per_token as model_flops  # the reference's count, one copy
 out, ngpu = sys.argv[1], int(sys.argv[2])
 GiB = 2**30
-def model_flops(L, C, V, T):
-    n = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C)
-    return 6 * (n - T * C) + 12 * L * T * C
 rows = []
 for d in sorted(glob.glob(f"{out}/ours-*/metrics.jsonl") + glob.glob(f"{out}/old-*/metrics.jsonl")):
     name = d.split("/")[-2]

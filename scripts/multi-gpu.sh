@@ -113,25 +113,27 @@ MARGIN=${MARGIN:-3}
 if [[ -z ${HOST_GIB:-} ]]; then
     case $NGPU in 1) HOST_GIB=118 ;; 2) HOST_GIB=240 ;; 4) HOST_GIB=480 ;; *) HOST_GIB=525 ;; esac
 fi
-largest_layers() { # width offload -> n_layer (0: none fits)
-    local w=$1 off=$2 gpu_gib host_gib
+largest_layers() { # width offload -> "n_layer parameters" (0 layers: none fits)
+    local w=$1 off=$2 gpu_gib
     gpu_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk -v m="$MARGIN" '{print $1/1024 - m}')
-    host_gib=$HOST_GIB
-    python3 - "$BIN/launcher" "$w" "$off" "$NGPU" "$gpu_gib" "$host_gib" <<'PY'
+    python3 - "$BIN/launcher" "$w" "$off" "$NGPU" "$gpu_gib" "$HOST_GIB" <<'PY'
 import json, subprocess, sys
 exe, w, off, n, gpu, host = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
-def fits(layers):
+def plan(layers):  # `launcher memory --json` for this many layers (None: it failed)
     r = subprocess.run([exe, "memory", "configs/gpt-20b.toml", "--ranks", n, "--device", "gpu", "--json",
                         "--gpu-mem", gpu, "--host-mem", host, "--set", f"model.n_layer={layers}",
                         "--set", f"model.n_embd={w}", "--set", f"model.n_head={w // 128}",
                         "--set", "train.grad_accum=1", "--set", f"offload.optimizer={off}"],
                        capture_output=True, text=True)
-    return r.returncode == 0 and json.loads(r.stdout)["fit"]["problem"] is None
+    return json.loads(r.stdout) if r.returncode == 0 else None
+def fits(layers):
+    p = plan(layers)
+    return p is not None and p["fit"]["problem"] is None
 lo, hi = 0, 512  # the most layers that fit: fits(lo), not fits(hi)
 while hi - lo > 1:
     mid = (lo + hi) // 2
     lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-print(lo)
+print(lo, plan(lo)["params"] if lo else 0)
 PY
 }
 largest() {
@@ -139,8 +141,8 @@ largest() {
     case $NGPU in 1) w_gpu=4096 w_off=4096 ;; 2) w_gpu=5120 w_off=6144 ;; 4) w_gpu=7168 w_off=8192 ;; *) w_gpu=9216 w_off=8192 ;; esac
     for off in false true; do
         local w=$w_gpu; [[ $off == true ]] && w=$w_off
-        local l name
-        l=$(largest_layers "$w" "$off")
+        local l params name
+        read -r l params < <(largest_layers "$w" "$off")
         name="largest-g$NGPU-$([[ $off == true ]] && echo offload || echo gpu)"
         echo "$name: width $w, $l layers fit by the planner" | tee -a "$OUT/largest.plan"
         [[ $l -gt 0 ]] || continue
@@ -153,8 +155,7 @@ largest() {
         # has them, since running a host out of memory can take the machine with it.
         local ref=(--layers "$l" --embd "$w" --heads $((w / 128)) --batch 1 --ckpt --tag "ref-$name")
         if [[ $off == true ]]; then
-            local need
-            need=$(python3 -c "L,C=$l,$w; print(int(16*(L*(12*C*C+13*C)+50304*C+1024*C+2*C)/2**30))")
+            local need=$((16 * params >> 30))
             if [[ $need -ge ${HOST_GIB%.*} ]]; then
                 echo "ref-$name 0 not attempted: FSDP2 CPUOffloadPolicy needs ${need} GiB of host memory (16 B/param), the host has ${HOST_GIB} GiB" | tee -a "$LOG"
                 continue

@@ -17,13 +17,13 @@ SHAPES = {"124m": (12, 768), "1.5b": (48, 1600), "7b": (32, 4096)}  # layers, wi
 V, T = 50304, 1024
 
 
-def n_params(L, C):
-    return V * C + T * C + 2 * C + L * (12 * C * C + 13 * C)
+def n_params(L, C, vocab=V, seq=T):
+    return vocab * C + seq * C + 2 * C + L * (12 * C * C + 13 * C)
 
 
-def flops_per_token(L, C):
+def flops_per_token(L, C, vocab=V, seq=T):
     # 6N for the matmuls (without the position table) + attention 12·L·T·C, as the reference counts
-    return 6 * (n_params(L, C) - T * C) + 12 * L * T * C
+    return 6 * (n_params(L, C, vocab, seq) - seq * C) + 12 * L * seq * C
 
 
 def load(path):

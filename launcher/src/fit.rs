@@ -21,17 +21,16 @@ pub struct Capacity {
 }
 
 impl Capacity {
-    /// This machine: the first GPU's size when `gpu` (without a context: cuDeviceTotalMem),
-    /// and the host's `MemAvailable`.
-    pub fn of_this_machine(gpu: bool) -> Capacity {
-        Capacity { gpu: if gpu { crate::gpu::total_memory() } else { None }, host: host_available() }
-    }
-
-    /// This machine, with the host's figure replaced by one the user states (`--host-mem`):
-    /// where memory is plugged in as it is used, MemAvailable at start says too little.
-    pub fn of_this_machine_with_host(gpu: bool, host_gib: Option<f64>) -> Capacity {
-        let here = Capacity::of_this_machine(gpu);
-        Capacity { host: host_gib.map(|g| (g * GIB) as u64).or(here.host), ..here }
+    /// This machine, except where the user states a figure (`--gpu-mem`, `--host-mem`, in GiB):
+    /// the first GPU's size when `gpu` (without a context: cuDeviceTotalMem; no GPU check
+    /// otherwise), and the host's `MemAvailable` (where memory is plugged in as it is used,
+    /// MemAvailable at start says too little). A stated figure is not measured.
+    pub fn of_this_machine(gpu: bool, gpu_gib: Option<f64>, host_gib: Option<f64>) -> Capacity {
+        let bytes = |g: f64| (g * GIB) as u64;
+        Capacity {
+            gpu: if gpu { gpu_gib.map(bytes).or_else(crate::gpu::total_memory) } else { None },
+            host: host_gib.map(bytes).or_else(host_available),
+        }
     }
 }
 
@@ -178,10 +177,13 @@ mod tests {
 
     #[test]
     fn a_stated_host_size_replaces_mem_available() {
-        let stated = Capacity::of_this_machine_with_host(false, Some(480.0));
+        let stated = Capacity::of_this_machine(false, None, Some(480.0));
         assert_eq!(stated.host, Some(480 << 30));
         assert_eq!(stated.gpu, None);
-        assert_eq!(Capacity::of_this_machine_with_host(false, None).host.is_some(), host_available().is_some());
+        assert_eq!(Capacity::of_this_machine(false, None, None).host.is_some(), host_available().is_some());
+        let gpu = Capacity::of_this_machine(true, Some(139.5), Some(1.0));
+        assert_eq!((gpu.gpu, gpu.host), (Some(149_786_984_448), Some(1 << 30)));
+        assert_eq!(Capacity::of_this_machine(false, Some(139.5), None).gpu, None, "no GPU check for CPU plans");
     }
 
     #[test]

@@ -149,12 +149,7 @@ fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
     let world = args.ranks as usize;
     let local = args.ranks_per_node.map_or(world, |n| n as usize).min(world);
     let gpu = args.device == MemoryDevice::Gpu;
-    let here = crate::fit::Capacity::of_this_machine(gpu && args.gpu_mem.is_none());
-    let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
-    let cap = crate::fit::Capacity {
-        gpu: args.gpu_mem.map(gib).or(here.gpu).filter(|_| gpu),
-        host: args.host_mem.map(gib).or(here.host),
-    };
+    let cap = crate::fit::Capacity::of_this_machine(gpu, args.gpu_mem, args.host_mem);
     let model = args.device.model();
     let need = crate::fit::need(cfg, world, local, model, gpu).map_err(anyhow::Error::msg)?;
     let max_batch = if args.max_batch {

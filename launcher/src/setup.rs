@@ -137,7 +137,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     if device == Device::Gpu && std::env::var_os(SKIP_FIT_ENV).is_none() {
         let need = crate::fit::need(&cfg, world, local_ranks, trainer::zero::plan::DeviceModel::cuda(), true)
             .map_err(SetupError)?;
-        crate::fit::check(&need, crate::fit::Capacity::of_this_machine_with_host(true, args.host_mem), &cfg)
+        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(true, None, args.host_mem), &cfg)
             .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
     }
     // Before anything is written: a checkpoint that cannot be resumed leaves the run directory as it was.
