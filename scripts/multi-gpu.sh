@@ -78,28 +78,32 @@ fsdp() {
 tables() { python3 scripts/multi_gpu_tables.py "$OUT" "$@" | tee "$OUT/$PART.md"; }
 
 scaling() { # model: 124m | 1.5b | 7b
-    local m=$1
-    for k in $GPUS; do
-        case $m in
-        124m)
-            ours "124m-z1-g$k" "$k" 1 configs/gpt2-124m.toml --set train.micro_batch=16
-            ours "124m-z3-g$k" "$k" 3 configs/gpt2-124m.toml --set train.micro_batch=16
-            fsdp "ref-124m-fsdp-g$k" "$k" 12 768 12 16
-            fsdp "ref-124m-fsdp-compile-g$k" "$k" 12 768 12 16 --compile --warmup 8 ;;
-        1.5b)
-            ours "1.5b-z3-g$k" "$k" 3 configs/gpt2-1.5b.toml --set train.micro_batch=8
+    # Runner-major: each runner at every GPU count before the next runner, so that when the
+    # call's budget runs low what is skipped is a whole runner, never one end of a scaling row.
+    local m=$1 k
+    case $m in
+    124m)
+        for k in $GPUS; do ours "124m-z1-g$k" "$k" 1 configs/gpt2-124m.toml --set train.micro_batch=16; done
+        for k in $GPUS; do ours "124m-z3-g$k" "$k" 3 configs/gpt2-124m.toml --set train.micro_batch=16; done
+        for k in $GPUS; do fsdp "ref-124m-fsdp-g$k" "$k" 12 768 12 16; done
+        for k in $GPUS; do fsdp "ref-124m-fsdp-compile-g$k" "$k" 12 768 12 16 --compile --warmup 8; done ;;
+    1.5b)
+        for k in $GPUS; do ours "1.5b-z3-g$k" "$k" 3 configs/gpt2-1.5b.toml --set train.micro_batch=8; done
+        for k in $GPUS; do fsdp "ref-1.5b-fsdp-g$k" "$k" 48 1600 25 8; done
+        for k in $GPUS; do fsdp "ref-1.5b-fsdp-compile-g$k" "$k" 48 1600 25 8 --compile --warmup 8; done
+        for k in $GPUS; do
             ours "1.5b-z3-ckpt-g$k" "$k" 3 configs/gpt2-1.5b.toml --set train.micro_batch=8 \
                 --set checkpointing.activations='"every_layer"'
-            fsdp "ref-1.5b-fsdp-g$k" "$k" 48 1600 25 8
-            fsdp "ref-1.5b-fsdp-compile-g$k" "$k" 48 1600 25 8 --compile --warmup 8
-            fsdp "ref-1.5b-fsdp-ckpt-g$k" "$k" 48 1600 25 8 --ckpt ;;
-        7b)
+        done
+        for k in $GPUS; do fsdp "ref-1.5b-fsdp-ckpt-g$k" "$k" 48 1600 25 8 --ckpt; done ;;
+    7b)
+        for k in $GPUS; do
             ours "7b-z3-ckpt-g$k" "$k" 3 configs/gpt-7b.toml --set train.micro_batch=4 --set train.grad_accum=1 \
                 --set checkpointing.activations='"every_layer"'
-            fsdp "ref-7b-fsdp-ckpt-g$k" "$k" 32 4096 32 4 --ckpt
-            fsdp "ref-7b-fsdp-ckpt-compile-g$k" "$k" 32 4096 32 4 --ckpt --compile --warmup 4 ;;
-        esac
-    done
+        done
+        for k in $GPUS; do fsdp "ref-7b-fsdp-ckpt-g$k" "$k" 32 4096 32 4 --ckpt; done
+        for k in $GPUS; do fsdp "ref-7b-fsdp-ckpt-compile-g$k" "$k" 32 4096 32 4 --ckpt --compile --warmup 4; done ;;
+    esac
     tables scaling "$m"
 }
 
