@@ -186,7 +186,9 @@ def largest(out):
         ranks = len(recs[-1]["memory"])
         tok = recs[-1]["tokens"] / ranks / dt
         dev = max((m.get("device_used") or 0) for r in recs for m in r["memory"]) / GiB
-        host = sum(sum((m.get("host") or {}).values()) for m in recs[-1]["memory"]) / GiB
+        # optimizer + params + staging (the entry's `pinned` is a part of those, not more bytes)
+        host = sum(sum((m.get("host") or {}).get(k, 0) for k in ("optimizer", "params", "staging"))
+                   for m in recs[-1]["memory"]) / GiB
         shown = f"{losses[0]:.2f} → " + " ".join(f"{x:.2f}" for x in losses[-3:])
         print(f"| {name} | {n:.2f}B | {L} × {C} | {len(recs)} | {shown} | {'yes' if falling else 'no'} | {dt:.2f} | {tok:.0f} | "
               f"{dev:.2f} | {host:.1f} | {ref} |")
