@@ -124,5 +124,16 @@ fn offload_moves_optimizer_state_to_the_host_as_predicted() {
             let want = if stage == 0 { 12.0 } else { 6.0 };
             assert!((per_param - want).abs() < 0.5, "stage {stage}: {per_param} bytes per parameter");
         }
+        // The delayed update stages every held element's gradient and rounded update (f32
+        // each on the CPU backend: 8 bytes, where the GPU's bf16 copy makes it 6) instead of
+        // the rings — also predicted exactly.
+        let extra = "\n[offload]\noptimizer = true\ndelayed_update = true\ndelayed_update_after = 0\n";
+        let cfg = Config::from_toml_str(&(common::tiny_toml(stage, 2, "\"none\"") + extra), "t").expect("cfg");
+        let got = measured(&cfg, 2, &data);
+        for (rank, m) in got.iter().enumerate() {
+            let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+            assert_eq!(&p, m, "stage {stage} delayed rank {rank}: predicted vs measured");
+            assert_eq!(m.host.staging * 12, m.host.optimizer * 8, "stage {stage}: {:?}", m.host);
+        }
     }
 }

@@ -179,3 +179,45 @@ fn offload_trains_the_same_bits_as_the_device_optimizer() {
         }
     }
 }
+
+/// The delayed update (`offload.delayed_update`, ZeRO-Offload's schedule). Before the delay
+/// starts it is the in-order host step: the device optimizer's bits. Once it runs, every
+/// stage on one rank gives the same bits, and every stage on two ranks matches one rank at
+/// the same global batch (within the suite's tolerance: reductions add in another order),
+/// the losses leave
+/// the in-order ones exactly where the first delayed update would have reached the
+/// weights, and the loss still falls.
+#[test]
+fn delayed_update_is_the_same_schedule_on_every_stage_and_world() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    // Global batch 4 sequences on one or two ranks.
+    let toml = |stage: u8, world: usize, extra: &str| {
+        common::tiny_toml(stage, 2 / world, "\"none\"").replace("steps = 4", "steps = 8") + extra
+    };
+    let offload = "\n[offload]\noptimizer = true\ncpu_threads = 2\ndelayed_update = true\n";
+    let in_order = run_toml(1, toml(0, 1, ""), &data);
+    let not_yet = run_toml(1, toml(0, 1, &format!("{offload}delayed_update_after = 100\n")), &data);
+    assert_eq!(not_yet.losses, in_order.losses, "before the delay starts: the in-order losses");
+    assert_eq!(not_yet.params, in_order.params, "before the delay starts: the in-order parameters");
+
+    // Step 1 in order; step 2's update lands a step late, so step 3 is the first to differ.
+    let delayed_cfg = format!("{offload}delayed_update_after = 1\n");
+    let one_rank = run_toml(1, toml(0, 1, &delayed_cfg), &data);
+    assert_eq!(one_rank.losses[..2], in_order.losses[..2], "steps 1-2 see the same weights");
+    assert_ne!(one_rank.losses[2], in_order.losses[2], "step 3 computes with the weights of step 1");
+    assert_ne!(one_rank.params, in_order.params);
+    let (first, last) = (one_rank.losses[0], one_rank.losses[7]);
+    assert!(last < first, "the delayed schedule still trains: {first} -> {last}");
+    for world in [1usize, 2] {
+        for stage in 0..=3u8 {
+            let got = run_toml(world, toml(stage, world, &delayed_cfg), &data);
+            if world == 1 {
+                assert_eq!(got.losses, one_rank.losses, "stage {stage}: losses");
+                assert_eq!(got.params, one_rank.params, "stage {stage}: parameters");
+            } else {
+                assert_matches(&format!("delayed, 2 ranks, stage {stage}"), &got, &one_rank);
+            }
+        }
+    }
+}

@@ -260,7 +260,7 @@ pub enum InitScheme {
 }
 
 /// CPU offload of the optimizer state and the parameters.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OffloadConfig {
     /// fp32 master weights and AdamW moments in host memory, updated by the host AdamW.
@@ -270,6 +270,27 @@ pub struct OffloadConfig {
     pub params: bool,
     /// Host threads for the host AdamW; 0 = this rank's share of the node's cores.
     pub cpu_threads: usize,
+    /// ZeRO-Offload's one-step delayed update (needs `optimizer`): step t's host AdamW runs
+    /// while step t+1's forward and backward run on the GPU, which therefore computes with
+    /// weights one update older. Costs 6 bytes per held parameter of page-locked host
+    /// memory (the step's gradient and its rounded update); evaluations and checkpoints
+    /// first apply the update in flight.
+    pub delayed_update: bool,
+    /// Steps updated in order before the delay starts (the first steps move the weights
+    /// most; ZeRO-Offload also starts its delayed update after a warm-up).
+    pub delayed_update_after: usize,
+}
+
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        OffloadConfig {
+            optimizer: false,
+            params: false,
+            cpu_threads: 0,
+            delayed_update: false,
+            delayed_update_after: 40,
+        }
+    }
 }
 
 /// Where tokens come from.
@@ -414,6 +435,21 @@ impl Config {
                 "offload.params",
                 true,
                 "needs offload.optimizer = true (the host optimizer writes the offloaded parameters)",
+            ));
+        }
+        if self.offload.delayed_update && !self.offload.optimizer {
+            return Err(bad(
+                "offload.delayed_update",
+                true,
+                "needs offload.optimizer = true (it delays the host optimizer's update)",
+            ));
+        }
+        if self.offload.delayed_update && self.offload.params {
+            return Err(bad(
+                "offload.delayed_update",
+                true,
+                "cannot be combined with offload.params (the update in flight would rewrite the host \
+                 parameter shard the running step fetches from); set one of them to false",
             ));
         }
         if self.offload.params && self.train.grad_accum > 1 {
@@ -577,6 +613,13 @@ mod tests {
                 .to_string();
         assert!(e.contains("offload.params") && e.contains("grad_accum"), "{e}");
         load_str(BASE, &["offload.optimizer=true", "offload.cpu_threads=4"]).expect("valid");
+        // The delayed update is a schedule of the host optimizer, not of the host parameters.
+        let e = load_str(BASE, &["offload.delayed_update=true"]).unwrap_err().to_string();
+        assert!(e.contains("offload.delayed_update") && e.contains("offload.optimizer = true"), "{e}");
+        let both = ["offload.delayed_update=true", "offload.optimizer=true", "offload.params=true", "zero.stage=3"];
+        let e = load_str(BASE, &both).unwrap_err().to_string();
+        assert!(e.contains("offload.delayed_update") && e.contains("offload.params"), "{e}");
+        load_str(BASE, &["offload.delayed_update=true", "offload.optimizer=true"]).expect("valid");
     }
 
     #[test]

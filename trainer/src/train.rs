@@ -163,11 +163,15 @@ impl<B: Backend> Trainer<B> {
         let step_time_s = t0.elapsed().as_secs_f64();
         self.step += 1;
         let ev = tc.eval_every;
-        let val_loss = if ev > 0 && (self.step.is_multiple_of(ev) || self.step == tc.steps) {
-            Some(self.evaluate(be, comm)?)
-        } else {
-            None
-        };
+        let eval_due = ev > 0 && (self.step.is_multiple_of(ev) || self.step == tc.steps);
+        let ck = self.cfg.checkpoint.every;
+        let checkpoint_due = ck > 0 && self.step.is_multiple_of(ck);
+        if eval_due || checkpoint_due || self.step >= tc.steps {
+            // A delayed update still in flight reaches the parameters before anything
+            // reads them (and the run's last step ends with every update applied).
+            self.engine.settle(be, comm)?;
+        }
+        let val_loss = if eval_due { Some(self.evaluate(be, comm)?) } else { None };
         Ok(StepMetrics {
             step: self.step as u64,
             loss,

@@ -5,17 +5,30 @@
 //! arithmetic, so [`crate::zero::plan`] can predict a rank's memory before launch. Every
 //! op group is implemented here as a no-op (the fused-op hooks keep their defaults).
 
-use super::HostValues;
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
     Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, MatShape, MatmulOps,
     MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, TransferOps, WeightGrads, Weights,
 };
+use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
 
 /// A buffer that remembers only its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MetaBuf(pub usize);
+
+// Host buffers of the meta backend hold no values (nothing reads them: `holds_values`).
+impl HostRead for MetaBuf {
+    fn values(&self) -> Result<&[f32], String> {
+        Ok(&[])
+    }
+}
+
+impl HostWrite for MetaBuf {
+    fn values_mut(&mut self) -> Result<HostValues<'_>, String> {
+        Ok(HostValues::F32(&mut []))
+    }
+}
 
 /// Counts as a backend with the element sizes of the backend it stands in for.
 #[derive(Debug)]
@@ -224,12 +237,6 @@ impl TransferOps for MetaBackend {
     }
     fn alloc_host_buf(&self, n: usize, _: &str) -> BResult<MetaBuf> {
         Ok(MetaBuf(n))
-    }
-    fn host_f32<'a>(&self, _: &'a MetaBuf) -> BResult<&'a [f32]> {
-        Ok(&[])
-    }
-    fn host_buf_mut<'a>(&self, _: &'a mut MetaBuf) -> BResult<HostValues<'a>> {
-        Ok(HostValues::F32(&mut []))
     }
     fn grad_to_host(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf) -> BResult<()> {
         Ok(())

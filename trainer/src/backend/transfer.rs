@@ -6,7 +6,7 @@
 //! host waits for it with [`TransferOps::wait_event`] before reading what arrived, the
 //! device with [`TransferOps::order_compute_after`] before computing on it.
 
-use super::{BResult, Device, Loc};
+use super::{BResult, BackendError, Device, Loc};
 
 /// Where the host optimizer writes the rounded copy of the new weights.
 pub enum HostValues<'a> {
@@ -16,11 +16,35 @@ pub enum HostValues<'a> {
     F32(&'a mut [f32]),
 }
 
+/// Host f32 memory read on any thread: the delayed host update reads gradients on a
+/// thread of its own, which has no backend.
+pub trait HostRead: Send + 'static {
+    /// The values (only after the copy into them was waited for).
+    fn values(&self) -> Result<&[f32], String>;
+}
+
+/// Host compute-precision memory written on any thread (the delayed update's output).
+pub trait HostWrite: Send + 'static {
+    fn values_mut(&mut self) -> Result<HostValues<'_>, String>;
+}
+
+impl HostRead for Vec<f32> {
+    fn values(&self) -> Result<&[f32], String> {
+        Ok(self)
+    }
+}
+
+impl HostWrite for Vec<f32> {
+    fn values_mut(&mut self) -> Result<HostValues<'_>, String> {
+        Ok(HostValues::F32(self))
+    }
+}
+
 pub trait TransferOps: Device {
     /// Page-locked host memory of f32 (gradients on their way to the host optimizer).
-    type HostF32: Send + 'static;
+    type HostF32: HostRead;
     /// Page-locked host memory of compute-precision values (parameters from the host).
-    type HostBuf: Send + 'static;
+    type HostBuf: HostWrite;
     /// The completion of a queued copy.
     type Event: 'static;
 
@@ -33,9 +57,13 @@ pub trait TransferOps: Device {
     fn alloc_host_f32(&self, n: usize, what: &str) -> BResult<Self::HostF32>;
     fn alloc_host_buf(&self, n: usize, what: &str) -> BResult<Self::HostBuf>;
     /// The values of a host f32 buffer (only after the copy into it was waited for).
-    fn host_f32<'a>(&self, h: &'a Self::HostF32) -> BResult<&'a [f32]>;
+    fn host_f32<'a>(&self, h: &'a Self::HostF32) -> BResult<&'a [f32]> {
+        h.values().map_err(BackendError::Device)
+    }
     /// The values of a host compute-precision buffer, to write.
-    fn host_buf_mut<'a>(&self, h: &'a mut Self::HostBuf) -> BResult<HostValues<'a>>;
+    fn host_buf_mut<'a>(&self, h: &'a mut Self::HostBuf) -> BResult<HostValues<'a>> {
+        h.values_mut().map_err(BackendError::Device)
+    }
     /// Queue `dst[..at.len] = src[at]` (device → host).
     fn grad_to_host(&self, src: &Self::Grad, at: Loc, dst: &mut Self::HostF32) -> BResult<Self::Event>;
     /// Queue `dst[doff..doff + at.len] = src[at]` (host → device).

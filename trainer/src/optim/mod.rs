@@ -5,6 +5,7 @@
 //! stage 0) and hands the optimizer each unit's reduced gradient; the optimizer decides
 //! *where* that state lives and runs the update (`optimizer.rs`).
 
+mod delayed;
 pub mod host_adamw;
 pub mod optimizer;
 pub mod schedule;

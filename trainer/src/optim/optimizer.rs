@@ -15,11 +15,21 @@
 //! the master weights and moments never leave the host, and pinning 12 bytes per parameter
 //! would take the memory the host needs to hold the largest models.
 //!
+//! With `offload.delayed_update` (ZeRO-Offload's schedule) the host update runs on a thread
+//! of its own (`delayed.rs`) while the device runs the next step: each unit keeps its own
+//! page-locked gradient and rounded-update buffers; gradients stream to the host as the
+//! last micro-step's backward finishes each unit ([`Optimizer::grad_ready`]), and the
+//! update's result goes to the device at the next step ([`Optimizer::settle`]).
+//!
 //! The engine drives it: [`Optimizer::step`] once per optimizer step with every unit's
 //! reduced gradient and where its rounded parameters go.
 
-use crate::backend::{AdamWSegment, AdamWStep, AdamWTensors, BResult, Backend, HostValues, Loc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::backend::{AdamWSegment, AdamWStep, AdamWTensors, BResult, Backend, BackendError, HostValues, Loc};
 use crate::model::TensorSpec;
+use crate::optim::delayed;
 use crate::optim::host_adamw::{HostAdamW, HostAdamWStats};
 use crate::zero::{Category, HostMemory, MemoryLedger};
 
@@ -40,10 +50,13 @@ pub struct Hyper {
 pub enum Placement {
     Device,
     /// Host memory, updated by `threads` host threads (0: the rank's share of the cores);
-    /// with `params_on_host` the rounded parameters stay in a page-locked host shard.
+    /// with `params_on_host` the rounded parameters stay in a page-locked host shard; with
+    /// `delay_after: Some(n)` steps after the n-th run delayed (the update of step t
+    /// overlaps step t + 1 on the device).
     Host {
         threads: usize,
         params_on_host: bool,
+        delay_after: Option<u64>,
     },
 }
 
@@ -61,23 +74,80 @@ struct DeviceUnit<B: Backend> {
 }
 
 /// One unit's host state (empty vectors on a backend that holds no values: the planner).
-struct HostUnit<B: Backend> {
-    master: Vec<f32>,
-    m: Vec<f32>,
-    v: Vec<f32>,
-    off: usize,
-    len: usize,
+pub(super) struct HostUnit<B: Backend> {
+    pub master: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
     /// `offload.params`: the rounded parameters of the held elements, page-locked.
-    params: Option<B::HostBuf>,
+    pub params: Option<B::HostBuf>,
+    /// Delayed update: this unit's own page-locked buffers.
+    pub staged: Option<Staged<B>>,
+}
+
+/// A unit's buffers for the delayed update.
+pub(super) struct Staged<B: Backend> {
+    /// The step's reduced gradient of the held elements.
+    pub grads: B::HostF32,
+    /// The update's rounded weights, for the device.
+    pub out: B::HostBuf,
+    /// The update thread has yet to update the unit from `grads`: they must not be
+    /// overwritten, nor `out` read, until it has.
+    pub pending: bool,
+}
+
+/// A unit's host state, shared with the delayed update's thread: it locks the unit while it
+/// updates it and signals `updated` when done.
+pub(super) struct UnitCell<B: Backend> {
+    pub state: Mutex<HostUnit<B>>,
+    pub updated: Condvar,
+}
+
+impl<B: Backend> UnitCell<B> {
+    fn lock(&self) -> BResult<MutexGuard<'_, HostUnit<B>>> {
+        self.state.lock().map_err(|_| delayed::thread_failed())
+    }
+}
+
+/// The delayed update's bookkeeping on the driving thread.
+struct Delay<B: Backend> {
+    /// Steps up to this one apply their update at once.
+    after: u64,
+    /// The update in flight: it hands back the host AdamW (and whether it succeeded).
+    worker: Option<JoinHandle<(HostAdamW, Result<(), String>)>>,
+    /// This step's gradient copies to the host, per unit.
+    downloads: Vec<Option<B::Event>>,
+    /// The last update's copies to the device (they read the units' `out`).
+    uploads: Vec<B::Event>,
 }
 
 struct HostSide<B: Backend> {
+    /// `None` on a backend without values, or while the delayed update holds it.
     adamw: Option<HostAdamW>,
-    units: Vec<HostUnit<B>>,
+    units: Arc<Vec<UnitCell<B>>>,
+    /// Held elements `(off, len)` of each unit.
+    ranges: Vec<(usize, usize)>,
     params_on_host: bool,
     grad_slots: Vec<B::HostF32>,
     param_slots: Vec<B::HostBuf>,
+    /// Threads, and what finished delayed updates did since the last report.
     stats: HostAdamWStats,
+    delay: Option<Delay<B>>,
+}
+
+impl<B: Backend> HostSide<B> {
+    fn unit(&self, u: usize) -> BResult<MutexGuard<'_, HostUnit<B>>> {
+        self.units[u].lock()
+    }
+}
+
+impl<B: Backend> Drop for HostSide<B> {
+    fn drop(&mut self) {
+        // The update thread reads page-locked memory of this rank's device context: let it
+        // finish before the backend can go away.
+        if let Some(w) = self.delay.as_mut().and_then(|d| d.worker.take()) {
+            let _ = w.join();
+        }
+    }
 }
 
 /// Where one unit's update reads its gradient and writes its rounded parameters.
@@ -101,21 +171,25 @@ impl<B: Backend> Optimizer<B> {
     pub fn new(be: &B, placement: Placement, rank: usize) -> BResult<Optimizer<B>> {
         let host = match placement {
             Placement::Device => None,
-            Placement::Host { threads, params_on_host } => {
+            Placement::Host { threads, params_on_host, delay_after } => {
                 let adamw = if be.holds_values() {
-                    Some(HostAdamW::new(threads, rank, true).map_err(crate::backend::BackendError::Device)?)
+                    Some(HostAdamW::new(threads, rank, true).map_err(BackendError::Device)?)
                 } else {
                     None
                 };
                 let threads = adamw.as_ref().map_or(threads, |a| a.threads());
                 let stats = HostAdamWStats { threads, ..Default::default() };
+                let delay =
+                    delay_after.map(|after| Delay { after, worker: None, downloads: Vec::new(), uploads: Vec::new() });
                 Some(HostSide {
                     adamw,
-                    units: Vec::new(),
+                    units: Arc::new(Vec::new()),
+                    ranges: Vec::new(),
                     params_on_host,
                     grad_slots: Vec::new(),
                     param_slots: Vec::new(),
                     stats,
+                    delay,
                 })
             }
         };
@@ -186,20 +260,36 @@ impl<B: Backend> Optimizer<B> {
         } else {
             None
         };
-        hs.units.push(HostUnit { master, m, v, off, len, params });
+        let unit = HostUnit { master, m, v, params, staged: None };
+        Arc::get_mut(&mut hs.units)
+            .expect("units are added before any update runs")
+            .push(UnitCell { state: Mutex::new(unit), updated: Condvar::new() });
+        hs.ranges.push((off, len));
         Ok(())
     }
 
-    /// After the last `add_unit`: the page-locked staging rings, sized for the largest unit.
+    /// After the last `add_unit`: the page-locked staging rings, sized for the largest unit
+    /// (delayed update: every unit's own gradient and rounded-update buffers instead).
     pub fn allocate_staging(&mut self, be: &B, host: &mut HostMemory) -> BResult<()> {
         let Some(hs) = self.host.as_mut() else { return Ok(()) };
-        let slot = hs.units.iter().map(|u| u.len).max().unwrap_or(0);
+        let buf_bytes = be.elem_bytes().buf as u64;
+        if let Some(d) = hs.delay.as_mut() {
+            for (cell, &(_, len)) in hs.units.iter().zip(&hs.ranges) {
+                let grads = be.alloc_host_f32(len, "page-locked gradients (delayed update)")?;
+                let out = be.alloc_host_buf(len, "page-locked updated parameters (delayed update)")?;
+                host.staging += len as u64 * (4 + buf_bytes);
+                cell.lock()?.staged = Some(Staged { grads, out, pending: false });
+            }
+            d.downloads = (0..hs.ranges.len()).map(|_| None).collect();
+            return Ok(());
+        }
+        let slot = hs.ranges.iter().map(|r| r.1).max().unwrap_or(0);
         for _ in 0..SLOTS {
             hs.grad_slots.push(be.alloc_host_f32(slot, "page-locked gradient staging")?);
             host.staging += slot as u64 * 4;
             if !hs.params_on_host {
                 hs.param_slots.push(be.alloc_host_buf(slot, "page-locked parameter staging")?);
-                host.staging += slot as u64 * be.elem_bytes().buf as u64;
+                host.staging += slot as u64 * buf_bytes;
             }
         }
         Ok(())
@@ -208,7 +298,7 @@ impl<B: Backend> Optimizer<B> {
     /// The elements `(off, len)` of unit `u` this optimizer holds.
     pub fn range(&self, u: usize) -> (usize, usize) {
         match &self.host {
-            Some(h) => (h.units[u].off, h.units[u].len),
+            Some(h) => h.ranges[u],
             None => (self.device[u].off, self.device[u].len),
         }
     }
@@ -224,14 +314,23 @@ impl<B: Backend> Optimizer<B> {
     /// `len` elements) into `dst` at `doff`.
     pub fn upload_params(&self, be: &B, u: usize, dst: &mut B::Buf, doff: usize, len: usize) -> BResult<B::Event> {
         let hs = self.host.as_ref().expect("parameters on the host need the optimizer on the host");
-        let p = hs.units[u].params.as_ref().expect("offload.params keeps a host parameter shard");
+        let unit = hs.unit(u)?;
+        let p = unit.params.as_ref().expect("offload.params keeps a host parameter shard");
         be.buf_from_host(p, Loc::all(len), dst, doff)
     }
 
-    /// Time and parameters the host optimizer spent since the last call (`None` on the device).
+    /// Time and parameters the host optimizer spent since the last call (`None` on the
+    /// device). A delayed update counts once it has finished.
     pub fn take_host_stats(&mut self) -> Option<HostAdamWStats> {
         let hs = self.host.as_mut()?;
-        let s = hs.adamw.as_mut().map_or(hs.stats, |a| a.take_stats());
+        if let Some(a) = hs.adamw.as_mut() {
+            let s = a.take_stats();
+            hs.stats.seconds += s.seconds;
+            hs.stats.params += s.params;
+        }
+        let s = hs.stats;
+        hs.stats.seconds = 0.0;
+        hs.stats.params = 0;
         Some(s)
     }
 
@@ -258,6 +357,9 @@ impl<B: Backend> Optimizer<B> {
             }
             return Ok(());
         }
+        if self.host.as_ref().is_some_and(|hs| hs.delay.is_some()) {
+            return self.delayed_step(be, tensors, updates, h);
+        }
         self.host_step(be, tensors, updates, h)
     }
 
@@ -275,14 +377,16 @@ impl<B: Backend> Optimizer<B> {
         let mut down: Vec<Option<B::Event>> = (0..n).map(|_| None).collect();
         let mut up: Vec<Option<B::Event>> = (0..SLOTS).map(|_| None).collect();
         for i in 0..n.min(SLOTS) {
-            let len = hs.units[i].len;
+            let len = hs.ranges[i].1;
             down[i] = Some(be.grad_to_host(updates[i].grads, Loc::all(len), &mut hs.grad_slots[i % SLOTS])?);
         }
         for i in 0..n {
             let slot = i % SLOTS;
+            let (off, len) = hs.ranges[i];
             be.wait_event(down[i].as_ref().expect("started above"))?;
-            let unit = &mut hs.units[i];
-            let segs = segments(tensors[i], unit.off, unit.len, 0);
+            let mut guard = hs.units[i].lock()?;
+            let unit = &mut *guard;
+            let segs = segments(tensors[i], off, len, 0);
             let out = match unit.params.as_mut() {
                 Some(p) => Some(be.host_buf_mut(p)?),
                 None => {
@@ -303,11 +407,11 @@ impl<B: Backend> Optimizer<B> {
             }
             if unit.params.is_none() {
                 if let Some((dst, base)) = updates[i].params.as_mut() {
-                    up[slot] = Some(be.buf_from_host(&hs.param_slots[slot], Loc::all(unit.len), dst, *base)?);
+                    up[slot] = Some(be.buf_from_host(&hs.param_slots[slot], Loc::all(len), dst, *base)?);
                 }
             }
             if i + SLOTS < n {
-                let (j, len) = (i + SLOTS, hs.units[i + SLOTS].len);
+                let (j, len) = (i + SLOTS, hs.ranges[i + SLOTS].1);
                 down[j] = Some(be.grad_to_host(updates[j].grads, Loc::all(len), &mut hs.grad_slots[slot])?);
             }
         }
@@ -318,13 +422,122 @@ impl<B: Backend> Optimizer<B> {
         Ok(())
     }
 
+    /// Whether steps run the delayed update (`offload.delayed_update`).
+    pub fn delays(&self) -> bool {
+        self.host.as_ref().is_some_and(|hs| hs.delay.is_some())
+    }
+
+    /// Whether a delayed update is in flight (its result not yet on the device).
+    pub fn update_in_flight(&self) -> bool {
+        self.host.as_ref().and_then(|hs| hs.delay.as_ref()).is_some_and(|d| d.worker.is_some())
+    }
+
+    /// Delayed update: unit `u`'s reduced gradient of this step is final in `grads`; queue
+    /// its copy into the unit's host buffer (once the update in flight is done with it).
+    /// A no-op otherwise, or when the copy was queued already this step.
+    pub fn grad_ready(&mut self, be: &B, u: usize, grads: &B::Grad) -> BResult<()> {
+        let Some(hs) = self.host.as_mut() else { return Ok(()) };
+        let Some(d) = hs.delay.as_mut() else { return Ok(()) };
+        if d.downloads[u].is_some() {
+            return Ok(());
+        }
+        let cell = &hs.units[u];
+        let mut unit = cell.lock()?;
+        // The update thread goes from the last unit to the first, the order in which the
+        // backward finishes them, so this rarely waits.
+        while unit.staged.as_ref().is_some_and(|s| s.pending) {
+            unit = cell.updated.wait(unit).map_err(|_| delayed::thread_failed())?;
+        }
+        let st = unit.staged.as_mut().expect("the delayed update stages every unit");
+        d.downloads[u] = Some(be.grad_to_host(grads, Loc::all(hs.ranges[u].1), &mut st.grads)?);
+        Ok(())
+    }
+
+    /// The delayed schedule's step: put the update in flight (the previous step's) on the
+    /// device, then start this step's on its own thread. Up to step `after` it is
+    /// applied at once, like the in-order host step.
+    fn delayed_step(
+        &mut self,
+        be: &B,
+        tensors: &[&[TensorSpec]],
+        updates: &mut [UnitUpdate<'_, B>],
+        h: AdamWStep,
+    ) -> BResult<()> {
+        let mut dests = destinations(updates);
+        self.settle(be, &mut dests)?;
+        drop(dests);
+        for (u, up) in updates.iter().enumerate() {
+            self.grad_ready(be, u, up.grads)?;
+        }
+        let hs = self.host.as_mut().expect("host placement");
+        let d = hs.delay.as_mut().expect("delayed schedule");
+        // The update reads every gradient copy and rewrites what the uploads read.
+        for e in d.downloads.iter_mut().filter_map(Option::take) {
+            be.wait_event(&e)?;
+        }
+        for e in d.uploads.drain(..) {
+            be.wait_event(&e)?;
+        }
+        let Some(adamw) = hs.adamw.take() else { return Ok(()) }; // a backend without values
+        let segs: Vec<Vec<AdamWSegment>> =
+            hs.ranges.iter().zip(tensors).map(|(&(off, len), ts)| segments(ts, off, len, 0)).collect();
+        for cell in hs.units.iter() {
+            if let Some(st) = cell.lock()?.staged.as_mut() {
+                st.pending = true;
+            }
+        }
+        let units = Arc::clone(&hs.units);
+        let worker = std::thread::Builder::new()
+            .name("host-adamw-delayed".into())
+            .spawn(move || delayed::update_units(&units, adamw, &segs, h))
+            .map_err(|e| BackendError::Device(format!("starting the delayed host optimizer thread: {e}")))?;
+        d.worker = Some(worker);
+        if h.t <= d.after {
+            let mut dests = destinations(updates);
+            self.settle(be, &mut dests)?;
+        }
+        Ok(())
+    }
+
+    /// Delayed update: wait for the update in flight, if any, and queue its rounded weights
+    /// to the device (`dests[u]`: where unit `u`'s go, as in [`UnitUpdate::params`]); later
+    /// compute waits for them. Evaluations and checkpoints settle first.
+    pub fn settle(&mut self, be: &B, dests: &mut [Option<(&mut B::Buf, usize)>]) -> BResult<()> {
+        let Some(hs) = self.host.as_mut() else { return Ok(()) };
+        let Some(d) = hs.delay.as_mut() else { return Ok(()) };
+        let Some(worker) = d.worker.take() else { return Ok(()) };
+        let (mut adamw, done) =
+            worker.join().map_err(|_| BackendError::Device("the delayed host optimizer thread panicked".into()))?;
+        let st = adamw.take_stats();
+        hs.stats.seconds += st.seconds;
+        hs.stats.params += st.params;
+        hs.adamw = Some(adamw);
+        done.map_err(BackendError::Device)?;
+        for (u, dest) in dests.iter_mut().enumerate() {
+            if let Some((buf, base)) = dest.as_mut() {
+                let unit = hs.units[u].lock()?;
+                let st = unit.staged.as_ref().expect("the delayed update stages every unit");
+                let e = be.buf_from_host(&st.out, Loc::all(hs.ranges[u].1), buf, *base)?;
+                be.order_compute_after(&e)?;
+                d.uploads.push(e);
+            }
+        }
+        Ok(())
+    }
+
     /// One of unit `u`'s tensors (0 = master weights, 1 = m, 2 = v) over `[lo, hi)` (unit
     /// coordinates, inside the held range), on the host.
     pub fn tensor_host(&self, be: &B, u: usize, which: usize, lo: usize, hi: usize) -> BResult<Vec<f32>> {
         if let Some(hs) = &self.host {
-            let st = &hs.units[u];
+            if hs.delay.as_ref().is_some_and(|d| d.worker.is_some()) {
+                return Err(BackendError::Device(
+                    "optimizer state read while a delayed update is in flight (settle it first)".into(),
+                ));
+            }
+            let st = hs.unit(u)?;
+            let off = hs.ranges[u].0;
             let src = [&st.master, &st.m, &st.v][which.min(2)];
-            return Ok(src.get(lo - st.off..hi - st.off).map(<[f32]>::to_vec).unwrap_or_else(|| vec![0.0; hi - lo]));
+            return Ok(src.get(lo - off..hi - off).map(<[f32]>::to_vec).unwrap_or_else(|| vec![0.0; hi - lo]));
         }
         let st = &self.device[u];
         let src = [&st.master, &st.m, &st.v][which.min(2)];
@@ -335,8 +548,10 @@ impl<B: Backend> Optimizer<B> {
     /// `state` (and, with the parameters on the host, their rounded copy).
     pub fn load(&mut self, be: &B, u: usize, lo: usize, state: &[Vec<f32>; 3]) -> BResult<()> {
         if let Some(hs) = self.host.as_mut() {
-            let st = &mut hs.units[u];
-            let r = lo - st.off..lo - st.off + state[0].len();
+            let off = hs.ranges[u].0;
+            let mut guard = hs.unit(u)?;
+            let st = &mut *guard;
+            let r = lo - off..lo - off + state[0].len();
             if be.holds_values() {
                 st.master[r.clone()].copy_from_slice(&state[0]);
                 st.m[r.clone()].copy_from_slice(&state[1]);
@@ -361,15 +576,22 @@ impl<B: Backend> Optimizer<B> {
         if !be.holds_values() {
             return Ok(());
         }
-        let unit = &mut hs.units[u];
-        let staged = match unit.params.as_mut() {
-            Some(p) => p,
-            None => hs.param_slots.first_mut().expect("staging allocated"),
+        let mut guard = hs.units[u].lock()?;
+        let unit = &mut *guard;
+        let staged = match (unit.params.as_mut(), unit.staged.as_mut()) {
+            (Some(p), _) => p,
+            (None, Some(st)) => &mut st.out,
+            (None, None) => hs.param_slots.first_mut().expect("staging allocated"),
         };
         write_rounded(be.host_buf_mut(staged)?, &unit.master[..len]);
         let e = be.buf_from_host(staged, Loc::all(len), dst, doff)?;
         be.wait_event(&e)
     }
+}
+
+/// Where each unit's rounded update goes, reborrowed from `updates`.
+fn destinations<'a, B: Backend>(updates: &'a mut [UnitUpdate<'_, B>]) -> Vec<Option<(&'a mut B::Buf, usize)>> {
+    updates.iter_mut().map(|u| u.params.as_mut().map(|(p, base)| (&mut **p, *base))).collect()
 }
 
 /// `values` rounded into a host compute-precision buffer.
@@ -401,4 +623,64 @@ fn segments(tensors: &[TensorSpec], off: usize, len: usize, pbase: usize) -> Vec
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    fn step_of(t: u64) -> AdamWStep {
+        AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t, grad_scale: 0.7 }
+    }
+
+    /// The delayed schedule: a step's update reaches the parameters one step later (the
+    /// next step computes with the weights before it), with the same bits as the in-order
+    /// update of the same gradients; `settle` lands the update in flight.
+    #[test]
+    fn delayed_update_lands_one_step_later_with_the_in_order_bits() {
+        let be = CpuBackend;
+        let n = 70_001; // more than one chunk of the host AdamW
+        let ts = [
+            TensorSpec { name: "w".into(), shape: vec![n - 1], loc: Loc::new(0, n - 1), decay: true },
+            TensorSpec { name: "b".into(), shape: vec![1], loc: Loc::new(n - 1, 1), decay: false },
+        ];
+        let tensors: [&[TensorSpec]; 1] = [&ts];
+        let init: Vec<f32> = (0..n as u64).map(|i| crate::rng::normal(1, 0, i) as f32 * 0.02).collect();
+        let grads: Vec<Vec<f32>> =
+            (0..3u64).map(|s| (0..n as u64).map(|i| crate::rng::normal(2 + s, 0, i) as f32).collect()).collect();
+        let (mut ledger, mut host) = (MemoryLedger::default(), HostMemory::default());
+
+        let mut in_order = Optimizer::new(&be, Placement::Device, 0).expect("optimizer");
+        in_order.add_unit(&be, "u", (0, n), Some(&init), &mut ledger, &mut host).expect("unit");
+        let mut p = init.clone();
+        let mut expect = Vec::new();
+        for (t, g) in grads.iter().enumerate() {
+            let mut up = [UnitUpdate { grads: g, params: Some((&mut p, 0)) }];
+            in_order.step(&be, &tensors, &mut up, step_of(t as u64 + 1)).expect("step");
+            expect.push(p.clone());
+        }
+
+        let placement = Placement::Host { threads: 2, params_on_host: false, delay_after: Some(0) };
+        let mut delayed = Optimizer::new(&be, placement, 0).expect("optimizer");
+        delayed.add_unit(&be, "u", (0, n), Some(&init), &mut ledger, &mut host).expect("unit");
+        delayed.allocate_staging(&be, &mut host).expect("staging");
+        assert_eq!(host.staging, n as u64 * 8, "a gradient and a rounded copy per element (f32 on the CPU)");
+        let mut q = init.clone();
+        for (t, g) in grads.iter().enumerate() {
+            let mut up = [UnitUpdate { grads: g, params: Some((&mut q, 0)) }];
+            delayed.step(&be, &tensors, &mut up, step_of(t as u64 + 1)).expect("step");
+            assert!(delayed.update_in_flight());
+            let want = if t == 0 { &init } else { &expect[t - 1] };
+            assert!(q == *want, "after step {}: the parameters of step {t}", t + 1);
+            let read = delayed.tensor_host(&be, 0, 0, 0, n);
+            assert!(read.is_err(), "state read while the update runs");
+        }
+        delayed.settle(&be, &mut [Some((&mut q, 0))]).expect("settle");
+        assert!(!delayed.update_in_flight());
+        assert!(q == expect[2], "settled: every update applied");
+        assert!(delayed.tensor_host(&be, 0, 0, 0, n).expect("master") == expect[2]);
+        let st = delayed.take_host_stats().expect("host stats");
+        assert_eq!(st.params, 3 * n as u64, "three updates counted once finished");
+    }
 }

@@ -51,7 +51,11 @@ impl EngineOptions {
     pub fn from_config(cfg: &Config) -> EngineOptions {
         let o = &cfg.offload;
         let optimizer = if o.optimizer {
-            Placement::Host { threads: o.cpu_threads, params_on_host: o.params }
+            Placement::Host {
+                threads: o.cpu_threads,
+                params_on_host: o.params,
+                delay_after: o.delayed_update.then_some(o.delayed_update_after as u64),
+            }
         } else {
             Placement::Device
         };
@@ -101,6 +105,33 @@ struct Unit<B: Backend> {
     /// Stage 2/3: no reduce-scatter has reached the shard yet this step, so the next one
     /// writes it directly instead of through the receive buffer and an addition.
     shard_empty: bool,
+}
+
+impl<B: Backend> Unit<B> {
+    /// Where the optimizer reads this unit's reduced gradient and writes its rounded update.
+    fn update(&mut self, policy: Policy, rank: usize) -> UnitUpdate<'_, B> {
+        let Unit { grads, grad_shard, params, param_shard, shard, .. } = self;
+        let g = if policy.shard_optimizer { grad_shard.as_ref() } else { grads.as_ref() };
+        let grads = g.expect("the reduced gradient of the elements this rank owns");
+        UnitUpdate { grads, params: update_target(params, param_shard, policy, rank * *shard) }
+    }
+}
+
+/// Where a unit's rounded update goes: stage 0-2 into their piece of the full compute copy
+/// (from `own`, the first element this rank holds, when the optimizer is sharded); ZeRO-3
+/// into its device shard if it keeps one (host optimizer), else nowhere (the next gather
+/// rounds the master weights, or fetches the host shard).
+fn update_target<'a, T>(
+    params: &'a mut Option<T>,
+    param_shard: &'a mut Option<T>,
+    policy: Policy,
+    own: usize,
+) -> Option<(&'a mut T, usize)> {
+    match (params.as_mut(), param_shard.as_mut()) {
+        (Some(p), _) if !policy.shard_params => Some((p, if policy.shard_optimizer { own } else { 0 })),
+        (_, Some(ps)) => Some((ps, 0)),
+        _ => None,
+    }
 }
 
 /// The ZeRO engine for one rank.
@@ -466,6 +497,9 @@ impl<B: Backend> Engine<B> {
         let Some(full) = self.units[i].grads.take() else { return Ok(()) };
         if self.world == 1 {
             // The gradient was accumulated in the shard itself (ensure_grads).
+            if self.final_micro {
+                self.opt.grad_ready(be, i, &full)?;
+            }
             self.units[i].grad_shard = Some(full);
             return Ok(());
         }
@@ -527,6 +561,12 @@ impl<B: Backend> Engine<B> {
             be.add_grad(shard, 0, scratch, Loc::all(u.shard))?;
         }
         self.grad_pool.park(u.padded, full, u.padded * self.sizes.grad, Category::Grads, &mut self.ledger);
+        if self.final_micro {
+            // The unit's reduced gradient is complete: the delayed update's copy to the
+            // host starts now, under the rest of the backward.
+            let shard = self.units[i].grad_shard.as_ref().expect("sharded stages keep a gradient shard");
+            self.opt.grad_ready(be, i, shard)?;
+        }
         Ok(())
     }
 
@@ -578,37 +618,48 @@ impl<B: Backend> Engine<B> {
             grad_scale: clip_scale,
         };
         let tensors: Vec<&[crate::model::TensorSpec]> = self.layout.units.iter().map(|u| &u.tensors[..]).collect();
-        let rank = self.rank;
-        let mut updates: Vec<UnitUpdate<'_, B>> = self
-            .units
-            .iter_mut()
-            .map(|u| {
-                let g = if policy.shard_optimizer { u.grad_shard.as_ref() } else { u.grads.as_ref() };
-                let grads = g.expect("the reduced gradient of the elements this rank owns");
-                // Stage 0-2 write the rounded update into their piece of the full compute
-                // copy; ZeRO-3 into its device shard if it keeps one (host optimizer), else
-                // nowhere (the next gather rounds the master weights, or fetches the host shard).
-                let params = match (u.params.as_mut(), u.param_shard.as_mut()) {
-                    (Some(p), _) if !policy.shard_params => {
-                        Some((p, if policy.shard_optimizer { rank * u.shard } else { 0 }))
-                    }
-                    (_, Some(ps)) => Some((ps, 0)),
-                    _ => None,
-                };
-                UnitUpdate { grads, params }
-            })
-            .collect();
+        let mut updates: Vec<UnitUpdate<'_, B>> = self.units.iter_mut().map(|u| u.update(policy, rank)).collect();
         self.opt.step(be, &tensors, &mut updates, step)?;
         drop(updates);
-        // 4. Publish: stage 1/2 all-gather the updated pieces in place. It runs while the
-        // next forward starts; `gather` waits for it.
-        if policy.shard_optimizer && !policy.shard_params {
+        self.publish(comm)?;
+        Ok(StepStats { grad_norm, clip_scale })
+    }
+
+    /// Stage 1/2: all-gather the updated pieces in place. It runs while the next forward
+    /// starts; `gather` waits for it.
+    fn publish<C: EngineComm<B>>(&mut self, comm: &mut C) -> Result<(), TrainError> {
+        if self.policy.shard_optimizer && !self.policy.shard_params {
             for u in self.units.iter_mut() {
+                if let Some(p) = u.gather_pending.take() {
+                    Group::wait(comm, p)?; // the step's own publish, before a settle's
+                }
                 let p = u.params.as_mut().expect("stage 1/2 params");
                 u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, p)?);
             }
         }
-        Ok(StepStats { grad_norm, clip_scale })
+        Ok(())
+    }
+
+    /// Whether a delayed update (`offload.delayed_update`) is still to reach the parameters.
+    pub fn update_in_flight(&self) -> bool {
+        self.opt.update_in_flight()
+    }
+
+    /// Apply the delayed update in flight, if any, to the parameters the next forward uses
+    /// (before an evaluation, a checkpoint, or the end of training; collective on stage 1/2).
+    pub fn settle<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
+        if !self.opt.update_in_flight() {
+            return Ok(());
+        }
+        let (policy, rank) = (self.policy, self.rank);
+        let mut dests: Vec<_> = self
+            .units
+            .iter_mut()
+            .map(|u| update_target(&mut u.params, &mut u.param_shard, policy, rank * u.shard))
+            .collect();
+        self.opt.settle(be, &mut dests)?;
+        drop(dests);
+        self.publish(comm)
     }
 
     /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded.

@@ -2,7 +2,7 @@
 //! buffers are plain vectors, copies happen at once and there is nothing to wait for.
 
 use super::{alloc, CpuBackend};
-use crate::backend::{BResult, HostValues, Loc, TransferOps};
+use crate::backend::{BResult, Loc, TransferOps};
 
 impl TransferOps for CpuBackend {
     type HostF32 = Vec<f32>;
@@ -14,12 +14,6 @@ impl TransferOps for CpuBackend {
     }
     fn alloc_host_buf(&self, n: usize, what: &str) -> BResult<Vec<f32>> {
         alloc(n, what)
-    }
-    fn host_f32<'a>(&self, h: &'a Vec<f32>) -> BResult<&'a [f32]> {
-        Ok(h)
-    }
-    fn host_buf_mut<'a>(&self, h: &'a mut Vec<f32>) -> BResult<HostValues<'a>> {
-        Ok(HostValues::F32(h))
     }
     fn grad_to_host(&self, src: &Vec<f32>, at: Loc, dst: &mut Vec<f32>) -> BResult<()> {
         dst[..at.len].copy_from_slice(&src[at.off..at.end()]);

@@ -10,7 +10,7 @@ use half::bf16;
 
 use super::launch::{check, check_loc};
 use super::CudaBackend;
-use crate::backend::{BResult, HostValues, Loc, TransferOps};
+use crate::backend::{BResult, HostRead, HostValues, HostWrite, Loc, TransferOps};
 
 impl CudaBackend {
     fn pinned_any<T: cudarc::driver::DeviceRepr>(&self, n: usize, what: &str) -> BResult<PinnedHostSlice<T>> {
@@ -34,6 +34,19 @@ impl CudaBackend {
     }
 }
 
+impl HostRead for PinnedHostSlice<f32> {
+    fn values(&self) -> Result<&[f32], String> {
+        self.as_slice().map_err(|e| format!("reading page-locked gradients: {e}"))
+    }
+}
+
+impl HostWrite for PinnedHostSlice<bf16> {
+    fn values_mut(&mut self) -> Result<HostValues<'_>, String> {
+        let s = self.as_mut_slice().map_err(|e| format!("writing page-locked parameters: {e}"))?;
+        Ok(HostValues::Bf16(bytemuck::cast_slice_mut(s)))
+    }
+}
+
 impl TransferOps for CudaBackend {
     type HostF32 = PinnedHostSlice<f32>;
     type HostBuf = PinnedHostSlice<bf16>;
@@ -44,13 +57,6 @@ impl TransferOps for CudaBackend {
     }
     fn alloc_host_buf(&self, n: usize, what: &str) -> BResult<Self::HostBuf> {
         self.pinned_any(n, what)
-    }
-    fn host_f32<'a>(&self, h: &'a Self::HostF32) -> BResult<&'a [f32]> {
-        h.as_slice().map_err(|e| self.err("reading page-locked gradients", e))
-    }
-    fn host_buf_mut<'a>(&self, h: &'a mut Self::HostBuf) -> BResult<HostValues<'a>> {
-        let s = h.as_mut_slice().map_err(|e| self.err("writing page-locked parameters", e))?;
-        Ok(HostValues::Bf16(bytemuck::cast_slice_mut(s)))
     }
     fn grad_to_host(&self, src: &CudaSlice<f32>, at: Loc, dst: &mut Self::HostF32) -> BResult<CudaEvent> {
         check_loc("grad_to_host source", src.len(), at)?;
