@@ -191,7 +191,7 @@ fn hugging_face_export_import_export_is_bit_identical() {
     cfg.init.from = Some(a.clone());
     common::run_ranks(3, move |rank, mut comm| {
         let be = CpuBackend;
-        let tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
+        let mut tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
         tr.save_checkpoint(&be, &mut comm).expect("save");
     });
     let b = dir.path().join("b.safetensors");
@@ -251,4 +251,35 @@ fn offloaded_and_device_optimizers_share_checkpoints() {
             "case {i}: saved offload={save_off}, loaded offload={load_off}, stage {stage}"
         );
     }
+}
+
+/// With the delayed update (`offload.delayed_update`) a checkpoint first applies the update
+/// in flight: resuming from it continues exactly like the run that saved it and went on.
+#[test]
+fn delayed_update_resumes_exactly() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let ck = dir.path().join("ck");
+    let mut cfg = cfg_for(2, 3, &ck);
+    cfg.offload.optimizer = true;
+    cfg.offload.delayed_update = true;
+    cfg.offload.delayed_update_after = 1;
+    cfg.offload.cpu_threads = 1;
+    cfg.validate().expect("valid");
+    let (c, d) = (cfg.clone(), data.clone());
+    let mut saved_and_went_on = common::run_ranks(2, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&c, &be, rank, 2, &d).expect("trainer");
+        let mut losses = vec![];
+        while tr.step < 6 {
+            losses.push(tr.train_step(&be, &mut comm).expect("step").loss);
+            if tr.step == 3 {
+                tr.save_checkpoint(&be, &mut comm).expect("save");
+            }
+        }
+        losses
+    });
+    let full = saved_and_went_on.swap_remove(0);
+    let rest = run(&cfg, 2, &data, Some(ck.join("step_00000003")), 6, false);
+    assert_eq!(rest, full[3..].to_vec(), "CPU backend: the same bits after the resume");
 }

@@ -164,11 +164,8 @@ impl<B: Backend> Trainer<B> {
         self.step += 1;
         let ev = tc.eval_every;
         let eval_due = ev > 0 && (self.step.is_multiple_of(ev) || self.step == tc.steps);
-        let ck = self.cfg.checkpoint.every;
-        let checkpoint_due = ck > 0 && self.step.is_multiple_of(ck);
-        if eval_due || checkpoint_due || self.step >= tc.steps {
-            // A delayed update still in flight reaches the parameters before anything
-            // reads them (and the run's last step ends with every update applied).
+        if self.step >= tc.steps {
+            // The run's last step ends with every update applied (a delayed one included).
             self.engine.settle(be, comm)?;
         }
         let val_loss = if eval_due { Some(self.evaluate(be, comm)?) } else { None };
@@ -210,8 +207,14 @@ impl<B: Backend> Trainer<B> {
         Ok(())
     }
 
-    /// Save a sharded checkpoint of the current step (collective).
-    pub fn save_checkpoint<C: EngineComm<B>>(&self, be: &B, comm: &mut C) -> Result<std::path::PathBuf, TrainError> {
+    /// Save a sharded checkpoint of the current step (collective). A delayed update in
+    /// flight is applied first, so the checkpoint holds every step's update.
+    pub fn save_checkpoint<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+    ) -> Result<std::path::PathBuf, TrainError> {
+        self.engine.settle(be, comm)?;
         crate::checkpoint::save(be, comm, &self.engine, &self.cfg, self.step as u64, &self.cfg.checkpoint_dir())
     }
 
@@ -222,6 +225,7 @@ impl<B: Backend> Trainer<B> {
             return Err(TrainError::Invalid("evaluation needs train.eval_every > 0 and a validation split".into()));
         };
         collectives::progress::note_phase(collectives::progress::Phase::Evaluating);
+        self.engine.settle(be, comm)?; // evaluate the weights with every update applied
         let (rank, world) = (self.engine.rank, self.engine.world);
         let want = self.cfg.train.eval_batches * world;
         let mut batches = val.val_batches(self.cfg.train.micro_batch, self.cfg.model.seq_len, want)?;
@@ -244,6 +248,7 @@ impl<B: Backend> Trainer<B> {
 
     /// Every unit's parameters on the host, unpadded (gathers sharded ones).
     pub fn full_params<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<Vec<Vec<f32>>, TrainError> {
+        self.engine.settle(be, comm)?;
         (0..self.engine.num_units()).map(|i| self.engine.full_params_host(be, comm, i)).collect()
     }
 }

@@ -60,7 +60,7 @@ pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
 pub use matmul::{GeluInput, LinearLocs, MatShape, MatmulOps};
 pub use memory::MemoryOps;
 pub use reduce::ReduceOps;
-pub use transfer::{HostRead, HostValues, HostWrite, TransferOps};
+pub use transfer::{HostRead, HostValues, HostWait, HostWrite, TransferOps};
 
 use thiserror::Error;
 

@@ -40,13 +40,26 @@ impl HostWrite for Vec<f32> {
     }
 }
 
+/// A queued copy's completion, waited for on any thread (the delayed update waits for the
+/// upload that reads a unit's buffer before rewriting it).
+pub trait HostWait: Send + Sync + 'static {
+    fn wait_host(&self) -> Result<(), String>;
+}
+
+/// Backends whose copies complete when queued.
+impl HostWait for () {
+    fn wait_host(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
 pub trait TransferOps: Device {
     /// Page-locked host memory of f32 (gradients on their way to the host optimizer).
     type HostF32: HostRead;
     /// Page-locked host memory of compute-precision values (parameters from the host).
     type HostBuf: HostWrite;
     /// The completion of a queued copy.
-    type Event: 'static;
+    type Event: HostWait;
 
     /// Whether buffers hold values. `false` for the meta backend, which only counts
     /// bytes: whoever computes on the host skips it (and allocates nothing that grows

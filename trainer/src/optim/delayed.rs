@@ -6,23 +6,25 @@
 //! them: the driving thread waits on a unit's `updated` signal only if the backward
 //! catches up with the update ([`super::Optimizer::grad_ready`]).
 
-use std::sync::{MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard, PoisonError};
 
 use super::host_adamw::HostAdamW;
 use super::optimizer::{HostUnit, UnitCell};
-use crate::backend::{AdamWSegment, AdamWStep, Backend, BackendError, HostRead, HostWrite};
+use crate::backend::{AdamWSegment, AdamWStep, Backend, BackendError, HostRead, HostWait, HostWrite};
 
 /// The error the driving thread reports when the update thread died holding a unit.
 pub(super) fn thread_failed() -> BackendError {
     BackendError::Device("the delayed host optimizer thread failed while updating a unit".into())
 }
 
-/// Update every unit (`segs[u]`: its segments, rounded weights from 0); hands the host
-/// AdamW back with the outcome.
+/// Update every unit (`segs[u]`: its segments, rounded weights from 0), each once the
+/// previous update's copy of its rounded weights (`uploads[u]`) has left the buffer; hands
+/// the host AdamW back with the outcome.
 pub(super) fn update_units<B: Backend>(
     units: &[UnitCell<B>],
     mut adamw: HostAdamW,
     segs: &[Vec<AdamWSegment>],
+    uploads: &[Option<Arc<B::Event>>],
     h: AdamWStep,
 ) -> (HostAdamW, Result<(), String>) {
     // However this ends (an error, a panic), no unit is left marked pending: the driving
@@ -34,6 +36,9 @@ pub(super) fn update_units<B: Backend>(
             let HostUnit { master, m, v, staged, .. } = &mut *guard;
             let st = staged.as_mut().ok_or("a unit without delayed-update buffers")?;
             if st.pending {
+                if let Some(e) = uploads.get(u).and_then(Option::as_ref) {
+                    e.wait_host()?;
+                }
                 adamw.step(master, m, v, st.grads.values()?, Some(st.out.values_mut()?), &segs[u], h);
                 st.pending = false;
             }

@@ -116,8 +116,9 @@ struct Delay<B: Backend> {
     worker: Option<JoinHandle<(HostAdamW, Result<(), String>)>>,
     /// This step's gradient copies to the host, per unit.
     downloads: Vec<Option<B::Event>>,
-    /// The last update's copies to the device (they read the units' `out`).
-    uploads: Vec<B::Event>,
+    /// The last update's copies to the device, per unit (they read the unit's `out`: the
+    /// next update waits for them before rewriting it).
+    uploads: Vec<Option<Arc<B::Event>>>,
 }
 
 struct HostSide<B: Backend> {
@@ -158,6 +159,10 @@ pub struct UnitUpdate<'a, B: Backend> {
     /// the first held element; `None` where no device copy is kept (ZeRO-3 on the device
     /// rounds at gather time; `offload.params` keeps them on the host).
     pub params: Option<(&'a mut B::Buf, usize)>,
+    /// Set by the delayed update: the copy bringing the unit's rounded weights to
+    /// `params`, which compute must wait for before it reads them (the engine orders each
+    /// unit's first use after its own copy, so the next forward starts on the first unit).
+    pub upload: Option<Arc<B::Event>>,
 }
 
 /// AdamW state of every unit.
@@ -464,18 +469,18 @@ impl<B: Backend> Optimizer<B> {
         h: AdamWStep,
     ) -> BResult<()> {
         let mut dests = destinations(updates);
-        self.settle(be, &mut dests)?;
+        let landed = self.settle(be, &mut dests)?;
         drop(dests);
+        for (up, e) in updates.iter_mut().zip(landed) {
+            up.upload = e;
+        }
         for (u, up) in updates.iter().enumerate() {
             self.grad_ready(be, u, up.grads)?;
         }
         let hs = self.host.as_mut().expect("host placement");
         let d = hs.delay.as_mut().expect("delayed schedule");
-        // The update reads every gradient copy and rewrites what the uploads read.
+        // The update reads every gradient copy (most finished under the backward).
         for e in d.downloads.iter_mut().filter_map(Option::take) {
-            be.wait_event(&e)?;
-        }
-        for e in d.uploads.drain(..) {
             be.wait_event(&e)?;
         }
         let Some(adamw) = hs.adamw.take() else { return Ok(()) }; // a backend without values
@@ -487,25 +492,35 @@ impl<B: Backend> Optimizer<B> {
             }
         }
         let units = Arc::clone(&hs.units);
+        let uploads = std::mem::take(&mut d.uploads);
         let worker = std::thread::Builder::new()
             .name("host-adamw-delayed".into())
-            .spawn(move || delayed::update_units(&units, adamw, &segs, h))
+            .spawn(move || delayed::update_units(&units, adamw, &segs, &uploads, h))
             .map_err(|e| BackendError::Device(format!("starting the delayed host optimizer thread: {e}")))?;
         d.worker = Some(worker);
         if h.t <= d.after {
             let mut dests = destinations(updates);
-            self.settle(be, &mut dests)?;
+            let landed = self.settle(be, &mut dests)?;
+            drop(dests);
+            for (up, e) in updates.iter_mut().zip(landed) {
+                up.upload = e;
+            }
         }
         Ok(())
     }
 
     /// Delayed update: wait for the update in flight, if any, and queue its rounded weights
-    /// to the device (`dests[u]`: where unit `u`'s go, as in [`UnitUpdate::params`]); later
-    /// compute waits for them. Evaluations and checkpoints settle first.
-    pub fn settle(&mut self, be: &B, dests: &mut [Option<(&mut B::Buf, usize)>]) -> BResult<()> {
-        let Some(hs) = self.host.as_mut() else { return Ok(()) };
-        let Some(d) = hs.delay.as_mut() else { return Ok(()) };
-        let Some(worker) = d.worker.take() else { return Ok(()) };
+    /// to the device (`dests[u]`: where unit `u`'s go, as in [`UnitUpdate::params`]).
+    /// Returns each unit's copy: compute must wait for it before reading the unit (empty
+    /// when nothing was in flight). Evaluations and checkpoints settle first.
+    pub fn settle(
+        &mut self,
+        be: &B,
+        dests: &mut [Option<(&mut B::Buf, usize)>],
+    ) -> BResult<Vec<Option<Arc<B::Event>>>> {
+        let Some(hs) = self.host.as_mut() else { return Ok(Vec::new()) };
+        let Some(d) = hs.delay.as_mut() else { return Ok(Vec::new()) };
+        let Some(worker) = d.worker.take() else { return Ok(Vec::new()) };
         let (mut adamw, done) =
             worker.join().map_err(|_| BackendError::Device("the delayed host optimizer thread panicked".into()))?;
         let st = adamw.take_stats();
@@ -513,16 +528,19 @@ impl<B: Backend> Optimizer<B> {
         hs.stats.params += st.params;
         hs.adamw = Some(adamw);
         done.map_err(BackendError::Device)?;
+        d.uploads = Vec::with_capacity(dests.len());
         for (u, dest) in dests.iter_mut().enumerate() {
-            if let Some((buf, base)) = dest.as_mut() {
-                let unit = hs.units[u].lock()?;
-                let st = unit.staged.as_ref().expect("the delayed update stages every unit");
-                let e = be.buf_from_host(&st.out, Loc::all(hs.ranges[u].1), buf, *base)?;
-                be.order_compute_after(&e)?;
-                d.uploads.push(e);
-            }
+            let e = match dest.as_mut() {
+                Some((buf, base)) => {
+                    let unit = hs.units[u].lock()?;
+                    let st = unit.staged.as_ref().expect("the delayed update stages every unit");
+                    Some(Arc::new(be.buf_from_host(&st.out, Loc::all(hs.ranges[u].1), buf, *base)?))
+                }
+                None => None,
+            };
+            d.uploads.push(e);
         }
-        Ok(())
+        Ok(d.uploads.clone())
     }
 
     /// One of unit `u`'s tensors (0 = master weights, 1 = m, 2 = v) over `[lo, hi)` (unit
@@ -656,7 +674,7 @@ mod tests {
         let mut p = init.clone();
         let mut expect = Vec::new();
         for (t, g) in grads.iter().enumerate() {
-            let mut up = [UnitUpdate { grads: g, params: Some((&mut p, 0)) }];
+            let mut up = [UnitUpdate { grads: g, params: Some((&mut p, 0)), upload: None }];
             in_order.step(&be, &tensors, &mut up, step_of(t as u64 + 1)).expect("step");
             expect.push(p.clone());
         }
@@ -668,7 +686,7 @@ mod tests {
         assert_eq!(host.staging, n as u64 * 8, "a gradient and a rounded copy per element (f32 on the CPU)");
         let mut q = init.clone();
         for (t, g) in grads.iter().enumerate() {
-            let mut up = [UnitUpdate { grads: g, params: Some((&mut q, 0)) }];
+            let mut up = [UnitUpdate { grads: g, params: Some((&mut q, 0)), upload: None }];
             delayed.step(&be, &tensors, &mut up, step_of(t as u64 + 1)).expect("step");
             assert!(delayed.update_in_flight());
             let want = if t == 0 { &init } else { &expect[t - 1] };
@@ -676,7 +694,8 @@ mod tests {
             let read = delayed.tensor_host(&be, 0, 0, 0, n);
             assert!(read.is_err(), "state read while the update runs");
         }
-        delayed.settle(&be, &mut [Some((&mut q, 0))]).expect("settle");
+        let landed = delayed.settle(&be, &mut [Some((&mut q, 0))]).expect("settle");
+        assert_eq!(landed.len(), 1, "one copy per unit");
         assert!(!delayed.update_in_flight());
         assert!(q == expect[2], "settled: every update applied");
         assert!(delayed.tensor_host(&be, 0, 0, 0, n).expect("master") == expect[2]);

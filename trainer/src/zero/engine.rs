@@ -11,6 +11,8 @@
 //!
 //! Every buffer goes through the [`MemoryLedger`], so the per-rank report covers them all.
 
+use std::sync::Arc;
+
 use super::memory::{Category, MemoryLedger, MemoryReport};
 use super::Policy;
 use crate::backend::{AdamWStep, BResult, Backend, F64Pair, Loc};
@@ -92,7 +94,7 @@ struct Unit<B: Backend> {
     param_shard: Option<B::Buf>,
     /// A parameter upload from the host still filling `params` (one rank, `offload.params`:
     /// the gather orders compute after it).
-    upload_pending: Option<B::Event>,
+    upload_pending: Option<Arc<B::Event>>,
     /// The all-gather filling `params` may still be running: stage 3's prefetch, or
     /// stage 1/2's publish of the updated parameters (waited for at the next `gather`).
     gather_pending: Option<Pending>,
@@ -113,7 +115,7 @@ impl<B: Backend> Unit<B> {
         let Unit { grads, grad_shard, params, param_shard, shard, .. } = self;
         let g = if policy.shard_optimizer { grad_shard.as_ref() } else { grads.as_ref() };
         let grads = g.expect("the reduced gradient of the elements this rank owns");
-        UnitUpdate { grads, params: update_target(params, param_shard, policy, rank * *shard) }
+        UnitUpdate { grads, params: update_target(params, param_shard, policy, rank * *shard), upload: None }
     }
 }
 
@@ -404,13 +406,16 @@ impl<B: Backend> Engine<B> {
         // (`offload.params`). The other ranks' pieces arrive beside it.
         let own = self.rank * u.shard;
         if let Some(ps) = &u.param_shard {
+            if let Some(e) = u.upload_pending.take() {
+                be.order_compute_after(&e)?; // the delayed update's copy into the shard
+            }
             be.copy_buf(&mut full, own, ps, Loc::all(u.shard))?;
         } else if self.opt.params_on_host() {
             let e = self.opt.upload_params(be, i, &mut full, own, u.shard)?;
             if self.world == 1 {
                 // Nothing to gather: compute waits for the copy only where it uses the unit,
                 // so the copy overlaps the compute queued before.
-                u.upload_pending = Some(e);
+                u.upload_pending = Some(Arc::new(e));
             } else {
                 be.order_compute_after(&e)?;
             }
@@ -620,16 +625,21 @@ impl<B: Backend> Engine<B> {
         let tensors: Vec<&[crate::model::TensorSpec]> = self.layout.units.iter().map(|u| &u.tensors[..]).collect();
         let mut updates: Vec<UnitUpdate<'_, B>> = self.units.iter_mut().map(|u| u.update(policy, rank)).collect();
         self.opt.step(be, &tensors, &mut updates, step)?;
+        let uploads: Vec<_> = updates.iter_mut().map(|up| up.upload.take()).collect();
         drop(updates);
-        self.publish(comm)?;
+        self.await_uploads(uploads);
+        self.publish(be, comm)?;
         Ok(StepStats { grad_norm, clip_scale })
     }
 
     /// Stage 1/2: all-gather the updated pieces in place. It runs while the next forward
     /// starts; `gather` waits for it.
-    fn publish<C: EngineComm<B>>(&mut self, comm: &mut C) -> Result<(), TrainError> {
+    fn publish<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
         if self.policy.shard_optimizer && !self.policy.shard_params {
             for u in self.units.iter_mut() {
+                if let Some(e) = u.upload_pending.take() {
+                    be.order_compute_after(&e)?; // the gather sends the uploaded piece
+                }
                 if let Some(p) = u.gather_pending.take() {
                     Group::wait(comm, p)?; // the step's own publish, before a settle's
                 }
@@ -638,6 +648,16 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok(())
+    }
+
+    /// The delayed update's copies of the units' rounded weights: each unit's first use
+    /// (its gather, or stage 1/2's publish) orders compute after its own copy.
+    fn await_uploads(&mut self, uploads: Vec<Option<Arc<B::Event>>>) {
+        for (u, e) in self.units.iter_mut().zip(uploads) {
+            if e.is_some() {
+                u.upload_pending = e;
+            }
+        }
     }
 
     /// Whether a delayed update (`offload.delayed_update`) is still to reach the parameters.
@@ -657,9 +677,10 @@ impl<B: Backend> Engine<B> {
             .iter_mut()
             .map(|u| update_target(&mut u.params, &mut u.param_shard, policy, rank * u.shard))
             .collect();
-        self.opt.settle(be, &mut dests)?;
+        let uploads = self.opt.settle(be, &mut dests)?;
         drop(dests);
-        self.publish(comm)
+        self.await_uploads(uploads);
+        self.publish(be, comm)
     }
 
     /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded.

@@ -10,7 +10,7 @@ use half::bf16;
 
 use super::launch::{check, check_loc};
 use super::CudaBackend;
-use crate::backend::{BResult, HostRead, HostValues, HostWrite, Loc, TransferOps};
+use crate::backend::{BResult, HostRead, HostValues, HostWait, HostWrite, Loc, TransferOps};
 
 impl CudaBackend {
     fn pinned_any<T: cudarc::driver::DeviceRepr>(&self, n: usize, what: &str) -> BResult<PinnedHostSlice<T>> {
@@ -44,6 +44,12 @@ impl HostWrite for PinnedHostSlice<bf16> {
     fn values_mut(&mut self) -> Result<HostValues<'_>, String> {
         let s = self.as_mut_slice().map_err(|e| format!("writing page-locked parameters: {e}"))?;
         Ok(HostValues::Bf16(bytemuck::cast_slice_mut(s)))
+    }
+}
+
+impl HostWait for CudaEvent {
+    fn wait_host(&self) -> Result<(), String> {
+        self.synchronize().map_err(|e| format!("waiting for a host transfer: {e}"))
     }
 }
 
