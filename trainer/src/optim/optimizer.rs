@@ -25,6 +25,8 @@
 //! reduced gradient and where its rounded parameters go.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use rayon::prelude::*;
 use std::thread::JoinHandle;
 
 use crate::backend::{AdamWSegment, AdamWStep, AdamWTensors, BResult, Backend, BackendError, HostValues, Loc};
@@ -237,24 +239,26 @@ impl<B: Backend> Optimizer<B> {
             return Ok(());
         };
         host.optimizer += 3 * len as u64 * 4;
-        let vec = |n: usize, s: &str| -> BResult<Vec<f32>> {
+        // `init` (or zeros) in a new vector, filled by all cores: at these sizes (tens of GB
+        // per rank) the first touch of every page is most of the start-up time.
+        let vec = |init: Option<&[f32]>, n: usize, s: &str| -> BResult<Vec<f32>> {
             if !be.holds_values() {
                 return Ok(Vec::new());
             }
             let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| crate::backend::BackendError::OutOfMemory {
+            v.try_reserve_exact(n).map_err(|_| BackendError::OutOfMemory {
                 device: "host".into(),
                 bytes: n * 4,
                 what: what(s),
             })?;
-            v.resize(n, 0.0);
+            match init {
+                Some(values) => v.par_extend(values[..n].par_iter().copied()),
+                None => v.par_extend(rayon::iter::repeat_n(0.0f32, n)),
+            }
             Ok(v)
         };
-        let mut master = vec(len, "host fp32 master weights")?;
-        if let (Some(values), false) = (init, master.is_empty()) {
-            master.copy_from_slice(values);
-        }
-        let (m, v) = (vec(len, "host AdamW m")?, vec(len, "host AdamW v")?);
+        let master = vec(init, len, "host fp32 master weights")?;
+        let (m, v) = (vec(None, len, "host AdamW m")?, vec(None, len, "host AdamW v")?);
         let params = if hs.params_on_host {
             host.params += len as u64 * be.elem_bytes().buf as u64;
             let mut p = be.alloc_host_buf(len, &what("page-locked parameter shard"))?;
@@ -612,15 +616,14 @@ fn destinations<'a, B: Backend>(updates: &'a mut [UnitUpdate<'_, B>]) -> Vec<Opt
     updates.iter_mut().map(|u| u.params.as_mut().map(|(p, base)| (&mut **p, *base))).collect()
 }
 
-/// `values` rounded into a host compute-precision buffer.
+/// `values` rounded into a host compute-precision buffer (all cores: start-up and
+/// checkpoint loads round whole shards).
 fn write_rounded(dst: HostValues<'_>, values: &[f32]) {
     match dst {
         HostValues::Bf16(o) => {
-            for (d, &x) in o.iter_mut().zip(values) {
-                *d = half::bf16::from_f32(x).to_bits();
-            }
+            o.par_iter_mut().zip(values.par_iter()).for_each(|(d, &x)| *d = half::bf16::from_f32(x).to_bits());
         }
-        HostValues::F32(o) => o[..values.len()].copy_from_slice(values),
+        HostValues::F32(o) => o[..values.len()].par_iter_mut().zip(values.par_iter()).for_each(|(d, &x)| *d = x),
     }
 }
 
