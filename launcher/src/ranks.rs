@@ -151,15 +151,26 @@ pub fn describe_status(status: &std::io::Result<ExitStatus>) -> String {
 /// The last step `rank` reported in its log (0 if none): how a launcher that does not
 /// receive the rank's step reports (nodes other than 0) names the step a rank failed after.
 pub fn last_logged_step(path: &Path, rank: usize) -> u64 {
+    log_tail_text(path).lines().rev().find_map(|l| crate::worker::parse_step_line(rank, l)).unwrap_or(0)
+}
+
+/// The rank whose loss made `rank` fail, as its log says (a node other than node 0 has no
+/// control connection to hear it from; it tells the cause from the consequence by it).
+pub fn logged_lost_peer(path: &Path, rank: usize) -> Option<u32> {
+    log_tail_text(path).lines().rev().find_map(|l| crate::worker::parse_lost_peer_line(rank, l))
+}
+
+/// The last 256 KiB of a log ("" if it cannot be read).
+fn log_tail_text(path: &Path) -> String {
     use std::io::{Read, Seek, SeekFrom};
     const TAIL: u64 = 256 << 10;
-    let Ok(mut f) = std::fs::File::open(path) else { return 0 };
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let mut bytes = Vec::new();
     if f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).is_err() || f.read_to_end(&mut bytes).is_err() {
-        return 0;
+        return String::new();
     }
-    String::from_utf8_lossy(&bytes).lines().rev().find_map(|l| crate::worker::parse_step_line(rank, l)).unwrap_or(0)
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The last `n` lines of a log file (or a note saying why there are none).

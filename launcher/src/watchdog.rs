@@ -103,17 +103,24 @@ impl Watchdog {
         (idle >= self.timeout).then(|| self.report(now, idle))
     }
 
-    /// Ranks the others wait on: fewer collectives entered than the furthest rank, never
-    /// reported, or silent.
+    /// Ranks the others wait on: the silent ones if any (stopped, frozen or unreachable: the
+    /// ranks still heard from wait for them, some a collective further than others because
+    /// a silent rank may have sent its part of a collective to one neighbour and not the
+    /// other); else those that entered fewer collectives than the furthest rank, or never
+    /// reported.
     pub fn behind(&self, now: Instant) -> Vec<usize> {
+        let live = |r: &usize| !self.ranks[*r].done;
+        let silent: Vec<usize> = (0..self.ranks.len())
+            .filter(live)
+            .filter(|&r| now.saturating_duration_since(self.ranks[r].heard) > self.silence())
+            .collect();
+        if !silent.is_empty() {
+            return silent;
+        }
         let furthest = self.ranks.iter().filter_map(|s| s.last.as_ref()).map(|p| p.collectives).max().unwrap_or(0);
         (0..self.ranks.len())
-            .filter(|&r| {
-                let s = &self.ranks[r];
-                !s.done
-                    && (s.last.as_ref().is_none_or(|p| p.collectives < furthest)
-                        || now.saturating_duration_since(s.heard) > self.silence())
-            })
+            .filter(live)
+            .filter(|&r| self.ranks[r].last.as_ref().is_none_or(|p| p.collectives < furthest))
             .collect()
     }
 
@@ -238,6 +245,20 @@ mod tests {
         );
         assert!(report.contains("silent for"), "{report}");
         assert_eq!(w.behind(ms(3000)), vec![1]);
+
+        // A rank stopped inside a ring collective may have sent its part to one neighbour
+        // and not the other: rank 2 got through #51 and waits in #52, rank 0 still in #51.
+        // The silent rank is the one behind, not rank 0.
+        let mut w = Watchdog::new(3, Duration::from_secs(2), false, 100, t0);
+        for r in 0..3 {
+            w.heartbeat(r, at(4, 50, false, 10), ms(100));
+        }
+        for k in 0..30 {
+            w.heartbeat(0, at(4, 51, true, 11), ms(200 + 100 * k));
+            w.heartbeat(2, at(4, 52, true, 12), ms(200 + 100 * k));
+        }
+        assert_eq!(w.behind(ms(3000)), vec![1]);
+        assert!(w.check(ms(3000)).expect("hung").contains("ranks behind: 1 "));
     }
 
     #[test]

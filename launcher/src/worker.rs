@@ -117,6 +117,16 @@ pub fn step_line(rank: usize, m: &trainer::StepMetrics, total: usize) -> String 
 }
 
 /// The step of a [`step_line`] of `rank`, if `line` is one.
+/// The log line saying this rank failed because it lost `peer` (see [`parse_lost_peer_line`]).
+pub fn lost_peer_line(rank: usize, peer: u32) -> String {
+    format!("rank {rank}: lost rank {peer}")
+}
+
+/// The peer of a [`lost_peer_line`] of `rank`, if `line` is one.
+pub fn parse_lost_peer_line(rank: usize, line: &str) -> Option<u32> {
+    line.strip_prefix(&format!("rank {rank}: lost rank "))?.trim().parse().ok()
+}
+
 pub fn parse_step_line(rank: usize, line: &str) -> Option<u64> {
     let rest = line.strip_prefix(&format!("rank {rank} step "))?;
     rest.split_once('/')?.0.parse().ok()
@@ -181,6 +191,10 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         Err(f) => {
             finished.store(true, Ordering::SeqCst);
             eprintln!("rank {rank}: error: {}", f.message);
+            if let Some(p) = f.peer {
+                // Read back by a node without the control connection (it sees only exits).
+                eprintln!("{}", lost_peer_line(rank as usize, p));
+            }
             let code = f.exit_code();
             let _ = tx.send(&Msg::Failed { rank, message: f.message, peer: f.peer, setup: f.setup });
             ExitCode::from(code)
@@ -420,5 +434,8 @@ mod tests {
         assert_eq!(parse_step_line(3, &line), Some(7));
         assert_eq!(parse_step_line(13, &line), None);
         assert_eq!(parse_step_line(3, "rank 3: done"), None);
+        assert_eq!(parse_lost_peer_line(3, &lost_peer_line(3, 2)), Some(2));
+        assert_eq!(parse_lost_peer_line(13, &lost_peer_line(3, 2)), None);
+        assert_eq!(parse_lost_peer_line(3, "rank 3: error: rank 2 is unreachable"), None);
     }
 }
