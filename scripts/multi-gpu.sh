@@ -12,6 +12,8 @@
 #   scripts/multi-gpu.sh memory-1.5b     # stages 0-3 at 2, 4, 8 ranks: predicted vs driver-measured per rank
 #   scripts/multi-gpu.sh memory-7b
 #   scripts/multi-gpu.sh tables          # rebuild every part's table from what is under $OUT
+#   scripts/multi-gpu.sh two-node:130 largest:450   # several parts in one call, each with its
+#                                        # own budget in seconds (the sum under the call's limit)
 #
 # Every scaling row has PyTorch FSDP2 eager and torch.compile beside it, run in the same call
 # (.carry/fsdp_gpt2.py); the largest-model rows have FSDP2's attempt at the same size
@@ -33,6 +35,13 @@ DEV=${DEV:-gpus}
 EXTRA=${EXTRA:-}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 PART=${1:-}
+if [[ $# -gt 1 || $PART == *:* ]]; then
+    # Several parts, one after another, each run by this script under its own budget.
+    for p in "$@"; do
+        BUDGET=$([[ $p == *:* ]] && echo "${p##*:}" || echo "$BUDGET") OUT=$OUT "$0" "${p%%:*}"
+    done
+    exit 0
+fi
 mkdir -p "$OUT"
 LOG="$OUT/$PART.runs"   # one line per run: name, seconds, outcome (the table script reads it)
 

@@ -315,10 +315,16 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
 ) -> Result<TrainSummary, TrainError> {
     let (rank, world) = (comm.rank(), comm.world());
+    let t0 = Instant::now();
     let mut trainer = Trainer::new(cfg, be, rank, world, data_path)?;
     if let Some(dir) = resume {
         trainer.resume(be, comm, dir)?;
     }
+    // Into the rank's log: at tens of GB of host state per rank, start-up takes a while.
+    let host = trainer.engine.host_memory();
+    let host_gb = (host.optimizer + host.params + host.staging) as f64 / 1e9;
+    let offload = if host_gb > 0.0 { format!(" (host memory for offload: {host_gb:.1} GB)") } else { String::new() };
+    eprintln!("rank {rank}: ready to train after {:.1} s{offload}", t0.elapsed().as_secs_f64());
     let mut losses = Vec::with_capacity(cfg.train.steps);
     let every = cfg.checkpoint.every;
     collectives::progress::note_phase(collectives::progress::Phase::Training);
