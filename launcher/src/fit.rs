@@ -52,6 +52,16 @@ pub struct Need {
     pub device_peak: u64,
     /// Host bytes of all ranks on one node.
     pub host_per_node: u64,
+    /// The most of this node's ranks that share one GPU (`SHARDTRAIN_GPU_MAP`; 1 otherwise):
+    /// their peaks add up on it.
+    pub ranks_per_gpu: usize,
+}
+
+impl Need {
+    /// The same need with `n` ranks on the busiest GPU.
+    pub fn sharing(self, n: usize) -> Need {
+        Need { ranks_per_gpu: n.max(1), ..self }
+    }
 }
 
 /// Predict every distinct rank position (first, last) of `world` ranks, `local` per node.
@@ -70,17 +80,28 @@ pub fn need(cfg: &Config, world: usize, local: usize, model: DeviceModel, gpu: b
         device_peak: report.peak_total + runtime,
         host_per_node: report.host.total() * local as u64,
         report,
+        ranks_per_gpu: 1,
     })
 }
 
 /// `Err` naming what does not fit and what to change, if the need exceeds the capacity.
 pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
     if let Some(gpu) = cap.gpu {
-        if need.device_peak > gpu {
+        let shared = need.ranks_per_gpu.max(1) as u64;
+        if need.device_peak * shared > gpu {
             let (name, bytes) = biggest(&need.report.peak);
+            let on_one = if shared > 1 {
+                format!(
+                    "; {shared} ranks share one GPU ({}), {:.2} GiB together",
+                    crate::device::GPU_MAP_ENV,
+                    (need.device_peak * shared) as f64 / GIB
+                )
+            } else {
+                String::new()
+            };
             return Err(format!(
                 "the plan does not fit the GPU: rank {} needs {:.2} GiB at the peak of a step (largest part: {name} \
-                 {:.2} GiB; runtime {:.2} GiB) but the GPU has {:.2} GiB. Lower train.micro_batch, set \
+                 {:.2} GiB; runtime {:.2} GiB{on_one}) but the GPU has {:.2} GiB. Lower train.micro_batch, set \
                  checkpointing.activations = \"every_layer\", raise zero.stage, or offload the optimizer \
                  (offload.optimizer = true{}); `launcher memory CONFIG --ranks N --device gpu --max-batch` shows \
                  what fits",
@@ -167,6 +188,11 @@ mod tests {
         check(&n, Capacity { gpu: Some(n.device_peak), host: None }, &cfg).expect("exactly fits");
         let e = check(&n, Capacity { gpu: Some(n.device_peak - 1), host: None }, &cfg).unwrap_err();
         assert!(e.contains("does not fit the GPU") && e.contains("micro_batch"), "{e}");
+        // Two ranks mapped onto one GPU (SHARDTRAIN_GPU_MAP=0,0) add up there.
+        let two = n.clone().sharing(2);
+        check(&two, Capacity { gpu: Some(2 * n.device_peak), host: None }, &cfg).expect("two fit twice the GPU");
+        let e = check(&two, Capacity { gpu: Some(2 * n.device_peak - 1), host: None }, &cfg).unwrap_err();
+        assert!(e.contains("2 ranks share one GPU") && e.contains("SHARDTRAIN_GPU_MAP"), "{e}");
         let mut off = cfg.clone();
         off.offload.optimizer = true;
         let n = need(&off, 1, 4, DeviceModel::cuda(), false).expect("need");

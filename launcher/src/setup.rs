@@ -135,8 +135,10 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let world = nnodes * local_ranks;
     // A plan that cannot fit the GPU or the host stops here, before any rank allocates.
     if device == Device::Gpu && std::env::var_os(SKIP_FIT_ENV).is_none() {
+        let busiest = gpu_map.iter().map(|g| gpu_map.iter().filter(|h| *h == g).count()).max().unwrap_or(1);
         let need = crate::fit::need(&cfg, world, local_ranks, trainer::zero::plan::DeviceModel::cuda(), true)
-            .map_err(SetupError)?;
+            .map_err(SetupError)?
+            .sharing(busiest);
         crate::fit::check(&need, crate::fit::Capacity::of_this_machine(true, None, args.host_mem), &cfg)
             .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
     }
