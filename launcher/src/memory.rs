@@ -54,8 +54,8 @@ impl MemoryDevice {
             }
             MemoryDevice::Gpu => {
                 "the CUDA backend's accounting: bf16 parameters and activations, fp32 gradients, master weights and \
-                 AdamW moments, flash attention; on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s), \
-                 library kernels loaded on first use (~0.2 GiB) and scratch with the cuBLASLt workspace (~45 MiB), \
+                 AdamW moments, flash attention; on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s) \
+                 and its kernels loaded on first use (~0.2 GiB), and scratch with the cuBLASLt workspace (~45 MiB), \
                  which a run measures per rank (measured on H200, CUDA 13, NCCL 2.28)"
             }
         }
@@ -280,9 +280,8 @@ fn table(p: &Prediction, cfg: &Config) -> String {
         }
     }
     if p.device == MemoryDevice::Gpu.name() {
-        let kept = |(n, _): &&(&str, u64)| p.ranks > 1 || *n != "NCCL";
-        let rt: u64 = GPU_RUNTIME_MIB.iter().filter(kept).map(|(_, m)| m).sum();
-        let parts: Vec<String> = GPU_RUNTIME_MIB.iter().filter(kept).map(|(n, m)| format!("{n} {m}")).collect();
+        let rt: u64 = gpu_runtime_parts(p.ranks).map(|(_, m)| m).sum();
+        let parts: Vec<String> = gpu_runtime_parts(p.ranks).map(|(n, m)| format!("{n} {m}")).collect();
         let peak = p
             .stages
             .iter()
@@ -305,13 +304,24 @@ fn table(p: &Prediction, cfg: &Config) -> String {
     s
 }
 
-/// [`GPU_RUNTIME_MIB`] in bytes: what a GPU rank of a `world`-rank job holds beyond the
-/// ledger (a one-GPU job makes no NCCL communicator).
+/// What a GPU rank of a `world`-rank job holds beyond the ledger, in bytes.
 pub fn gpu_runtime_bytes(world: usize) -> u64 {
-    GPU_RUNTIME_MIB.iter().filter(|(n, _)| world > 1 || *n != "NCCL").map(|(_, m)| m << 20).sum()
+    gpu_runtime_parts(world).map(|(_, m)| m << 20).sum()
 }
 
-/// What a GPU rank holds outside the ledger, as measured (BENCHMARKS.md, run 4: every rank of
-/// every 2x H200 run, 124M to 1.5B, reported these; the untracked rest was 0 MiB).
-const GPU_RUNTIME_MIB: [(&str, u64); 4] =
-    [("CUDA context", 533), ("NCCL", 928), ("library kernels loaded on first use", 188), ("scratch", 45)];
+/// The parts of [`gpu_runtime_bytes`] (name, MiB): a one-GPU job makes no NCCL
+/// communicator and loads none of NCCL's kernels.
+pub fn gpu_runtime_parts(world: usize) -> impl Iterator<Item = (&'static str, u64)> {
+    GPU_RUNTIME_MIB.iter().filter(move |(_, _, nccl)| world > 1 || !nccl).map(|&(n, m, _)| (n, m))
+}
+
+/// What a GPU rank holds outside the ledger (name, MiB, whether only with NCCL), as
+/// measured on H200s (BENCHMARKS.md runs 4 and 6: every rank of every run, 124M to 6.65B,
+/// reported these; the untracked rest was 0 MiB; at one GPU nothing but the context and
+/// the scratch).
+const GPU_RUNTIME_MIB: [(&str, u64, bool); 4] = [
+    ("CUDA context", 533, false),
+    ("NCCL", 930, true),
+    ("NCCL kernels loaded on first use", 186, true),
+    ("scratch", 45, false),
+];
