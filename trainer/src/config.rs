@@ -268,7 +268,8 @@ pub struct OffloadConfig {
     /// ZeRO-3: the rounded parameter shard in page-locked host memory too, fetched at
     /// gather time (needs `optimizer`).
     pub params: bool,
-    /// Host threads for the host AdamW; 0 = this rank's share of the node's cores.
+    /// Host threads for the host AdamW; 0 = this rank's share of the node's cores (less one
+    /// with `delayed_update`, for the thread that drives the device meanwhile).
     pub cpu_threads: usize,
     /// ZeRO-Offload's one-step delayed update (needs `optimizer`): step t's host AdamW runs
     /// while step t+1's forward and backward run on the GPU, which therefore computes with

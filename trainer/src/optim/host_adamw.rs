@@ -128,18 +128,21 @@ impl HostAdamWStats {
 
 impl HostAdamW {
     /// `threads` workers (0: the rank's share of the cores, `MATMUL_NUM_THREADS` as the
-    /// launcher sets it, else all), pinned to cores `first..first + threads` when `pin`.
-    pub fn new(threads: usize, rank: usize, pin: bool) -> Result<HostAdamW, String> {
+    /// launcher sets it, else all, less `reserve` of them), pinned to the first cores of the
+    /// rank's share when `pin`. The delayed update reserves one core: its threads run while
+    /// the rank's own thread drives the device, which must not wait for a core.
+    pub fn new(threads: usize, rank: usize, pin: bool, reserve: usize) -> Result<HostAdamW, String> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let share = std::env::var("MATMUL_NUM_THREADS")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&n| n > 0)
-            .unwrap_or(cores);
-        let threads = if threads == 0 { share } else { threads }.clamp(1, cores);
+            .unwrap_or(cores)
+            .clamp(1, cores);
+        let threads = if threads == 0 { share.saturating_sub(reserve) } else { threads }.clamp(1, cores);
         // Ranks of a node are numbered consecutively, so rank % (ranks per node) is this
         // rank's place on the node and its share starts there.
-        let first = (rank % (cores / threads).max(1)) * threads;
+        let first = (rank % (cores / share.max(threads)).max(1)) * share.max(threads);
         let ids = core_affinity::get_core_ids().unwrap_or_default();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -264,7 +267,7 @@ mod tests {
             adamw_segment(&mut rw[r.clone()], &mut rm[r.clone()], &mut rv[r], &g[s.goff..s.goff + s.len], h, wd);
         }
         for threads in [1, 3] {
-            let mut opt = HostAdamW::new(threads, 0, false).expect("pool");
+            let mut opt = HostAdamW::new(threads, 0, false, 0).expect("pool");
             let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
             let mut out = vec![0u16; n + 3];
             opt.step(&mut w, &mut m, &mut v, &g, Some(HostValues::Bf16(&mut out)), &segs, h);
@@ -286,6 +289,14 @@ mod tests {
             assert_eq!(&out32[3..], &w2[..]);
             assert_eq!(w2, w, "the same update twice gives the same bits");
         }
+    }
+
+    #[test]
+    fn the_delayed_update_leaves_a_core_to_the_driving_thread() {
+        let all = HostAdamW::new(0, 0, false, 0).expect("pool").threads();
+        assert_eq!(HostAdamW::new(0, 0, false, 1).expect("pool").threads(), (all - 1).max(1));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(HostAdamW::new(3, 0, false, 1).expect("pool").threads(), 3.min(cores), "a stated count is kept");
     }
 
     #[test]

@@ -180,7 +180,8 @@ impl<B: Backend> Optimizer<B> {
             Placement::Device => None,
             Placement::Host { threads, params_on_host, delay_after } => {
                 let adamw = if be.holds_values() {
-                    Some(HostAdamW::new(threads, rank, true).map_err(BackendError::Device)?)
+                    let reserve = usize::from(delay_after.is_some());
+                    Some(HostAdamW::new(threads, rank, true, reserve).map_err(BackendError::Device)?)
                 } else {
                     None
                 };
