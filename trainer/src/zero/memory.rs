@@ -73,7 +73,8 @@ pub struct HostMemory {
     pub optimizer: u64,
     /// `offload.params`: the rounded parameter shard (page-locked).
     pub params: u64,
-    /// Page-locked staging rings for gradients going to the host and parameters coming back.
+    /// Page-locked staging for gradients going to the host and parameters coming back: the
+    /// rings, or with `offload.delayed_update` every unit's own pair of buffers.
     pub staging: u64,
 }
 
