@@ -342,17 +342,22 @@ fn cross_entropy() {
     });
 }
 
-/// AdamW over two segments (one with weight decay, one without) at odd offsets.
+/// AdamW over 21 segments (more than one launch takes: 16), with and without weight decay,
+/// at odd offsets, one of them empty.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn adamw() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
-        let (len, poff, moff, goff) = (100_003usize, 5usize, 3usize, 7usize);
-        let segs = [
-            AdamWSegment { poff, moff, goff, len: 60_001, decay: true },
-            AdamWSegment { poff: poff + 60_001, moff: moff + 60_001, goff: goff + 60_001, len: 40_002, decay: false },
-        ];
+        let (poff, moff, goff) = (5usize, 3usize, 7usize);
+        let mut segs = Vec::new();
+        let mut at = 0usize;
+        for k in 0..21usize {
+            let n = if k == 9 { 0 } else { 3_001 + 997 * k };
+            segs.push(AdamWSegment { poff: poff + at, moff: moff + at, goff: goff + at, len: n, decay: k % 3 != 1 });
+            at += n;
+        }
+        let len = at;
         let master = rng.vec(moff + len, 0.5);
         let m0 = rng.vec(moff + len, 0.01);
         let v0: Vec<f32> = rng.vec(moff + len, 0.01).iter().map(|x| x * x).collect();
