@@ -51,12 +51,20 @@ def ref_results(out, name):
     return None, "failed: " + (text.strip().splitlines() or ["no output"])[-1][:120]
 
 
-def ref_cell(out, name):
+def ref_ok(out, name):
+    """(rows, None) when every rank of the reference run reported a result, else (None, why)."""
     rows, err = ref_results(out, name)
     if rows is None:
         return None, err
     if any("error" in r for r in rows):
         return None, next(r["error"] for r in rows if "error" in r)[:120]
+    return rows, None
+
+
+def ref_cell(out, name):
+    rows, err = ref_ok(out, name)
+    if rows is None:
+        return None, err
     slowest = min(r["tok_s_rank"] for r in rows)
     mem = max(r.get("peak_reserved_GiB", 0) for r in rows)
     return slowest, f"{slowest / 1e3:.1f}k ({mem:.1f} GiB)"
@@ -161,17 +169,11 @@ def largest(out):
         name = os.path.basename(run_dir)
         shape = resolved_shape(run_dir)
         recs = metrics(f"{run_dir}/metrics.jsonl")
-        ref_rows, ref_err = ref_results(out, f"ref-{name}")
+        ref_rows, ref = ref_ok(out, f"ref-{name}")
         if ref_rows:
-            errs = [r["error"] for r in ref_rows if "error" in r]
-            if errs:
-                ref = errs[0][:100]
-            else:
-                ok = ref_rows[0]
-                ref = (f"trains: {min(r['tok_s_rank'] for r in ref_rows):.0f} tok/s/GPU, "
-                       f"{max(r.get('peak_reserved_GiB', 0) for r in ref_rows):.1f} GiB reserved, losses {ok['losses'][0]} → {ok['losses'][-1]}")
-        else:
-            ref = ref_err
+            ok = ref_rows[0]
+            ref = (f"trains: {min(r['tok_s_rank'] for r in ref_rows):.0f} tok/s/GPU, "
+                   f"{max(r.get('peak_reserved_GiB', 0) for r in ref_rows):.1f} GiB reserved, losses {ok['losses'][0]} → {ok['losses'][-1]}")
         if not shape:
             print(f"| {name} | | | 0 | did not start (see {name}.log) | | | | | | {ref} |")
             continue
