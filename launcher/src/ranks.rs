@@ -148,16 +148,15 @@ pub fn describe_status(status: &std::io::Result<ExitStatus>) -> String {
     format!("ended with {status}")
 }
 
-/// The last step `rank` reported in its log (0 if none): how a launcher that does not
-/// receive the rank's step reports (nodes other than 0) names the step a rank failed after.
-pub fn last_logged_step(path: &Path, rank: usize) -> u64 {
-    log_tail_text(path).lines().rev().find_map(|l| crate::worker::parse_step_line(rank, l)).unwrap_or(0)
-}
-
-/// The rank whose loss made `rank` fail, as its log says (a node other than node 0 has no
-/// control connection to hear it from; it tells the cause from the consequence by it).
-pub fn logged_lost_peer(path: &Path, rank: usize) -> Option<u32> {
-    log_tail_text(path).lines().rev().find_map(|l| crate::worker::parse_lost_peer_line(rank, l))
+/// What a launcher that has no control connection to `rank` (nodes other than 0) reads from
+/// the rank's log, in one read of its tail: the last step it reported (0 if none), which
+/// names the step it failed after, and the rank whose loss made it fail, if it says so,
+/// which tells the cause from the consequence.
+pub fn logged_end(path: &Path, rank: usize) -> (u64, Option<u32>) {
+    let text = log_tail_text(path);
+    let step = text.lines().rev().find_map(|l| crate::worker::parse_step_line(rank, l)).unwrap_or(0);
+    let lost = text.lines().rev().find_map(|l| crate::worker::parse_lost_peer_line(rank, l));
+    (step, lost)
 }
 
 /// The last 256 KiB of a log ("" if it cannot be read).
@@ -212,9 +211,9 @@ mod tests {
         let log = "rank 2/4: group connected\nrank 2 step 1/50 loss 4.5\nrank 2 step 2/50 loss 4.4\n\
                    rank 2 step 3/50 loss 4.3\nrank 2: error: boom\n    at somewhere\n";
         std::fs::write(&p, log).expect("write");
-        assert_eq!(last_logged_step(&p, 2), 3);
-        assert_eq!(last_logged_step(&p, 1), 0);
-        assert_eq!(last_logged_step(&dir.path().join("none.log"), 2), 0);
+        assert_eq!(logged_end(&p, 2).0, 3);
+        assert_eq!(logged_end(&p, 1).0, 0);
+        assert_eq!(logged_end(&dir.path().join("none.log"), 2).0, 0);
     }
 
     #[cfg(unix)]

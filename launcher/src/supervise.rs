@@ -23,7 +23,7 @@ use crate::metrics::MetricsLog;
 use crate::out;
 use crate::progress::Progress;
 use crate::protocol::{self, Bootstrap, Msg, StopKind};
-use crate::ranks::{self, describe_status, last_logged_step, log_tail, logged_lost_peer, Exited};
+use crate::ranks::{self, describe_status, log_tail, logged_end, Exited};
 use crate::rendezvous::{self, ConnEvent};
 use crate::setup::RunPlan;
 use crate::watchdog::Watchdog;
@@ -387,13 +387,12 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     if !plan.is_master() {
         // Step reports go to node 0: this node reads its ranks' last steps from their logs.
         for r in plan.local_rank_ids() {
-            ranks[r].last_step = last_logged_step(&plan.log_path(r), r);
+            let (step, lost) = logged_end(&plan.log_path(r), r);
+            ranks[r].last_step = step;
             // Which of its ranks failed first is the order their exits arrived in; a rank
             // whose log says it lost a peer is a consequence, whatever its exit's place.
-            if ranks[r].failed.is_none() {
-                if let Some(p) = logged_lost_peer(&plan.log_path(r), r) {
-                    ranks[r].failed = Some((format!("lost rank {p}"), Some(p)));
-                }
+            if let (None, Some(p)) = (&ranks[r].failed, lost) {
+                ranks[r].failed = Some((format!("lost rank {p}"), Some(p)));
             }
         }
     }

@@ -116,6 +116,12 @@ pub struct HostAdamWStats {
 }
 
 impl HostAdamWStats {
+    /// Count `other`'s time and parameters too (the thread count stays).
+    pub fn add(&mut self, other: HostAdamWStats) {
+        self.seconds += other.seconds;
+        self.params += other.params;
+    }
+
     /// Parameters updated per second per thread.
     pub fn params_per_s_per_core(&self) -> f64 {
         if self.seconds > 0.0 && self.threads > 0 {

@@ -334,9 +334,7 @@ impl<B: Backend> Optimizer<B> {
     pub fn take_host_stats(&mut self) -> Option<HostAdamWStats> {
         let hs = self.host.as_mut()?;
         if let Some(a) = hs.adamw.as_mut() {
-            let s = a.take_stats();
-            hs.stats.seconds += s.seconds;
-            hs.stats.params += s.params;
+            hs.stats.add(a.take_stats());
         }
         let s = hs.stats;
         hs.stats.seconds = 0.0;
@@ -367,7 +365,7 @@ impl<B: Backend> Optimizer<B> {
             }
             return Ok(());
         }
-        if self.host.as_ref().is_some_and(|hs| hs.delay.is_some()) {
+        if self.delays() {
             return self.delayed_step(be, tensors, updates, h);
         }
         self.host_step(be, tensors, updates, h)
@@ -473,12 +471,7 @@ impl<B: Backend> Optimizer<B> {
         updates: &mut [UnitUpdate<'_, B>],
         h: AdamWStep,
     ) -> BResult<()> {
-        let mut dests = destinations(updates);
-        let landed = self.settle(be, &mut dests)?;
-        drop(dests);
-        for (up, e) in updates.iter_mut().zip(landed) {
-            up.upload = e;
-        }
+        self.settle_updates(be, updates)?;
         for (u, up) in updates.iter().enumerate() {
             self.grad_ready(be, u, up.grads)?;
         }
@@ -504,12 +497,19 @@ impl<B: Backend> Optimizer<B> {
             .map_err(|e| BackendError::Device(format!("starting the delayed host optimizer thread: {e}")))?;
         d.worker = Some(worker);
         if h.t <= d.after {
-            let mut dests = destinations(updates);
-            let landed = self.settle(be, &mut dests)?;
-            drop(dests);
-            for (up, e) in updates.iter_mut().zip(landed) {
-                up.upload = e;
-            }
+            self.settle_updates(be, updates)?;
+        }
+        Ok(())
+    }
+
+    /// [`Optimizer::settle`] into the step's destinations, each unit's copy noted in its
+    /// [`UnitUpdate::upload`].
+    fn settle_updates(&mut self, be: &B, updates: &mut [UnitUpdate<'_, B>]) -> BResult<()> {
+        let mut dests = destinations(updates);
+        let landed = self.settle(be, &mut dests)?;
+        drop(dests);
+        for (up, e) in updates.iter_mut().zip(landed) {
+            up.upload = e;
         }
         Ok(())
     }
@@ -528,9 +528,7 @@ impl<B: Backend> Optimizer<B> {
         let Some(worker) = d.worker.take() else { return Ok(Vec::new()) };
         let (mut adamw, done) =
             worker.join().map_err(|_| BackendError::Device("the delayed host optimizer thread panicked".into()))?;
-        let st = adamw.take_stats();
-        hs.stats.seconds += st.seconds;
-        hs.stats.params += st.params;
+        hs.stats.add(adamw.take_stats());
         hs.adamw = Some(adamw);
         done.map_err(BackendError::Device)?;
         d.uploads = Vec::with_capacity(dests.len());
@@ -551,12 +549,12 @@ impl<B: Backend> Optimizer<B> {
     /// One of unit `u`'s tensors (0 = master weights, 1 = m, 2 = v) over `[lo, hi)` (unit
     /// coordinates, inside the held range), on the host.
     pub fn tensor_host(&self, be: &B, u: usize, which: usize, lo: usize, hi: usize) -> BResult<Vec<f32>> {
+        if self.update_in_flight() {
+            return Err(BackendError::Device(
+                "optimizer state read while a delayed update is in flight (settle it first)".into(),
+            ));
+        }
         if let Some(hs) = &self.host {
-            if hs.delay.as_ref().is_some_and(|d| d.worker.is_some()) {
-                return Err(BackendError::Device(
-                    "optimizer state read while a delayed update is in flight (settle it first)".into(),
-                ));
-            }
             let st = hs.unit(u)?;
             let off = hs.ranges[u].0;
             let src = [&st.master, &st.m, &st.v][which.min(2)];
