@@ -66,7 +66,8 @@ fn encoder() {
 fn layernorm() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
-        for &(n, c) in &[(256usize, 768usize), (37, 100), (64, 4096)] {
+        // Every backward path: warp (768), general (100: C % 8 != 0), wide (3072, 4096, 8192).
+        for &(n, c) in &[(256usize, 768usize), (37, 100), (64, 4096), (45, 3072), (19, 8192)] {
             let tag = format!("layernorm N{n} C{c}");
             let off = 5; // parameters at an odd offset: unaligned pointers
             let at = NormLocs { w: Loc::new(off, c), b: Loc::new(off + c, c) };

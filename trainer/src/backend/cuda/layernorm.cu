@@ -186,3 +186,102 @@ extern "C" __global__ void layernorm_bwd_warp(bf16_t* dinp, float* partial, cons
         }
     }
 }
+
+// Wide backward, for the rows the warp kernel cannot hold (2048 < C <= LN_BWD_MAXJ * 8 *
+// 32 * LN_WIDE_WARPS, C % 8 == 0, 16-byte aligned rows): a block of LN_WIDE_WARPS warps per
+// group of rows, each thread holding the 16-byte chunks c = 8 * tid + j * 8 * blockDim.x. A
+// row's two sums go warp_sum, then across the block's warps through shared memory in warp
+// order (deterministic), double-buffered by row parity so each row costs one barrier.
+// dw/db accumulate in registers and leave as partial row `blockIdx.x` for reduce_partials.
+extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, const bf16_t* dout,
+                                              const bf16_t* inp, const bf16_t* w, const float* mean,
+                                              const float* rstd, int N, int C, int rows_per_block) {
+    __shared__ float sums[2][2][LN_WIDE_WARPS];  // [row parity][a | bsum][warp]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int stride = 8 * blockDim.x;
+    const int r0 = blockIdx.x * rows_per_block;
+    const int r1 = min(N, r0 + rows_per_block);
+    float dwacc[LN_BWD_MAXJ][8], dbacc[LN_BWD_MAXJ][8];
+#pragma unroll
+    for (int j = 0; j < LN_BWD_MAXJ; ++j)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            dwacc[j][k] = 0.f;
+            dbacc[j][k] = 0.f;
+        }
+    for (int row = r0; row < r1; ++row) {
+        const int par = (row - r0) & 1;
+        const bf16_t* x = inp + (long long)row * C;
+        const bf16_t* dy = dout + (long long)row * C;
+        bf16_t* dx = dinp + (long long)row * C;
+        const float m = mean[row], s = rstd[row];
+        float a = 0.f, bsum = 0.f;
+#pragma unroll
+        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+            const int c = 8 * threadIdx.x + j * stride;
+            if (c < C) {
+                float xf[8], gf[8], wf[8];
+                unpack8(*(const uint4*)(x + c), xf);
+                unpack8(*(const uint4*)(dy + c), gf);
+                unpack8(*(const uint4*)(w + c), wf);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const float dn = wf[k] * gf[k];
+                    a += dn;
+                    bsum += dn * ((xf[k] - m) * s);
+                }
+            }
+        }
+        a = warp_sum(a);
+        bsum = warp_sum(bsum);
+        if (lane == 0) {
+            sums[par][0][warp] = a;
+            sums[par][1][warp] = bsum;
+        }
+        // One barrier per row: the other parity's slots are rewritten only after the next
+        // row's barrier, which every thread reaches after reading these.
+        __syncthreads();
+        a = 0.f;
+        bsum = 0.f;
+#pragma unroll
+        for (int k = 0; k < LN_WIDE_WARPS; ++k) {
+            a += sums[par][0][k];
+            bsum += sums[par][1][k];
+        }
+        a /= C;
+        bsum /= C;
+#pragma unroll
+        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+            const int c = 8 * threadIdx.x + j * stride;
+            if (c < C) {
+                float xf[8], gf[8], wf[8], df[8];
+                unpack8(*(const uint4*)(x + c), xf);
+                unpack8(*(const uint4*)(dy + c), gf);
+                unpack8(*(const uint4*)(w + c), wf);
+                unpack8(*(const uint4*)(dx + c), df);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const float norm = (xf[k] - m) * s;
+                    const float dn = wf[k] * gf[k];
+                    dbacc[j][k] += gf[k];
+                    dwacc[j][k] += norm * gf[k];
+                    df[k] += (dn - a - norm * bsum) * s;
+                }
+                *(uint4*)(dx + c) = pack8(df);
+            }
+        }
+    }
+    if (r0 >= N) return;  // a block past the last row writes no partial row
+    float* p = partial + (long long)blockIdx.x * 2 * C;
+#pragma unroll
+    for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+        const int c = 8 * threadIdx.x + j * stride;
+        if (c < C) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                p[c + k] = dwacc[j][k];
+                p[C + c + k] = dbacc[j][k];
+            }
+        }
+    }
+}

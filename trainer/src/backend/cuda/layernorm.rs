@@ -20,13 +20,24 @@ const LN_ROWS_PER_WARP: usize = 8;
 const LN_WARPS_PER_BLOCK: usize = 4;
 const LN_BWD_MAXJ: usize = 8;
 const LN_BWD_WARP_MAX_C: usize = LN_BWD_MAXJ * 8 * 32;
+/// The wide backward (C > LN_BWD_WARP_MAX_C): warps per block (a block per row group, the
+/// row's sums across its warps) and rows per block; it holds rows up to this width.
+const LN_WIDE_WARPS: usize = 4;
+const LN_WIDE_ROWS_PER_BLOCK: usize = 8;
+const LN_BWD_WIDE_MAX_C: usize = LN_BWD_MAXJ * 8 * 32 * LN_WIDE_WARPS;
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "layernorm",
     src: include_str!("layernorm.cu"),
-    functions: &["layernorm_fwd", "layernorm_bwd", "layernorm_bwd_warp"],
+    functions: &["layernorm_fwd", "layernorm_bwd", "layernorm_bwd_warp", "layernorm_bwd_wide"],
     big_smem: |f| f == "layernorm_bwd",
-    defines: || vec![("LN_EPS", format!("{LN_EPS:?}f")), ("LN_BWD_MAXJ", LN_BWD_MAXJ.to_string())],
+    defines: || {
+        vec![
+            ("LN_EPS", format!("{LN_EPS:?}f")),
+            ("LN_BWD_MAXJ", LN_BWD_MAXJ.to_string()),
+            ("LN_WIDE_WARPS", LN_WIDE_WARPS.to_string()),
+        ]
+    },
 };
 
 impl LayerNormOps for CudaBackend {
@@ -121,6 +132,22 @@ impl LayerNormOps for CudaBackend {
             // (warps past the last row return before writing); partial holds nparts*2C floats.
             unsafe { lb.launch(cfg((blocks, 1, 1), ((32 * LN_WARPS_PER_BLOCK) as u32, 1, 1), 0)) }
                 .map_err(|e| self.launch_err("layernorm_bwd_warp", e))?;
+            return self.reduce_partials(s, partial, nparts, 2 * c);
+        }
+        let aligned = [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16));
+        if c.is_multiple_of(8) && c <= LN_BWD_WIDE_MAX_C && aligned {
+            // Wide rows (GPT widths 2560 to 8192): a block of warps per LN_WIDE_ROWS_PER_BLOCK
+            // rows, 16-byte loads, one barrier per row.
+            let nparts = n.div_ceil(LN_WIDE_ROWS_PER_BLOCK);
+            let partial = self.scratch_f32(nparts * 2 * c)?;
+            let (ni, ci, rpb) = (to_i32("N", n)?, to_i32("C", c)?, LN_WIDE_ROWS_PER_BLOCK as i32);
+            let f = self.f("layernorm_bwd_wide")?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpb);
+            // SAFETY: ranges and alignment checked above; block k writes partial row k < nparts;
+            // partial holds nparts*2C floats.
+            unsafe { lb.launch(cfg((nparts as u32, 1, 1), ((32 * LN_WIDE_WARPS) as u32, 1, 1), 0)) }
+                .map_err(|e| self.launch_err("layernorm_bwd_wide", e))?;
             return self.reduce_partials(s, partial, nparts, 2 * c);
         }
         let smem = 2 * c * 4;
