@@ -1,20 +1,39 @@
 //! AdamW on the GPU (twin of cpu/adamw.rs; kernel in adamw.cu): fp32 master weights and
-//! moments updated in place, the result rounded into the bf16 parameters.
+//! moments updated in place, the result rounded into the bf16 parameters. One launch takes
+//! up to 16 segments (a unit's tensors), so a step is one launch per unit, not per tensor.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::kernels::{no_big_smem, KernelFile};
 use super::launch::{cfg, check, BLOCK};
 use super::CudaBackend;
 use crate::backend::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, BResult};
+
+/// Segments one launch updates (a GPT-2 block has 12 tensors: one launch per unit).
+const SEGS: usize = 16;
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "adamw",
     src: include_str!("adamw.cu"),
     functions: &["adamw"],
     big_smem: no_big_smem,
-    defines: no_defines,
+    defines: || vec![("ADAMW_SEGS", SEGS.to_string())],
 };
+
+/// The kernel's `AdamWSegs`, passed by value (same layout: `repr(C)`, the same field order).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SegTable {
+    start: [i64; SEGS + 1],
+    poff: [i64; SEGS],
+    moff: [i64; SEGS],
+    goff: [i64; SEGS],
+    wd: [f32; SEGS],
+    n: i32,
+}
+
+// SAFETY: plain numbers in C layout, as the kernel declares them.
+unsafe impl DeviceRepr for SegTable {}
 
 impl AdamWOps for CudaBackend {
     fn adamw(&self, mut t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
@@ -29,36 +48,50 @@ impl AdamWOps for CudaBackend {
             check("adamw m", t.m.len(), s.moff, s.len)?;
             check("adamw v", t.v.len(), s.moff, s.len)?;
             check("adamw grads", t.grads.len(), s.goff, s.len)?;
-            if s.len == 0 {
-                continue;
+        }
+        // Null: no compute copy to round into (the kernel skips the write).
+        let p = t.params.as_deref_mut().map_or(0, |p| self.ptr_mut(p, 0));
+        let (w, mp, vp, g) =
+            (self.ptr_mut(t.master, 0), self.ptr_mut(t.m, 0), self.ptr_mut(t.v, 0), self.ptr(t.grads, 0));
+        let nonempty: Vec<&AdamWSegment> = segs.iter().filter(|s| s.len > 0).collect();
+        for group in nonempty.chunks(SEGS) {
+            let mut table = SegTable {
+                start: [0; SEGS + 1],
+                poff: [0; SEGS],
+                moff: [0; SEGS],
+                goff: [0; SEGS],
+                wd: [0.0; SEGS],
+                n: 0,
+            };
+            for (k, s) in group.iter().enumerate() {
+                table.start[k + 1] = table.start[k] + s.len as i64;
+                table.poff[k] = s.poff as i64;
+                table.moff[k] = s.moff as i64;
+                table.goff[k] = s.goff as i64;
+                table.wd[k] = if s.decay { h.weight_decay } else { 0.0 };
             }
-            let wd = if s.decay { h.weight_decay } else { 0.0 };
-            let (p, w, mp, vp, g, n) = (
-                // Null: no compute copy to round into (the kernel skips the write).
-                t.params.as_deref_mut().map_or(0, |p| self.ptr_mut(p, s.poff)),
-                self.ptr_mut(t.master, s.moff),
-                self.ptr_mut(t.m, s.moff),
-                self.ptr_mut(t.v, s.moff),
-                self.ptr(t.grads, s.goff),
-                s.len as i64,
-            );
+            table.n = group.len() as i32;
+            // Past the last segment: the kernel's segment search stops there.
+            for k in group.len() + 1..=SEGS {
+                table.start[k] = table.start[group.len()];
+            }
+            let total = table.start[group.len()] as usize;
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&p)
                 .arg(&w)
                 .arg(&mp)
                 .arg(&vp)
                 .arg(&g)
-                .arg(&n)
+                .arg(&table)
                 .arg(&h.lr)
                 .arg(&h.beta1)
                 .arg(&h.beta2)
                 .arg(&h.eps)
-                .arg(&wd)
                 .arg(&bc1)
                 .arg(&bc2)
                 .arg(&h.grad_scale);
-            // SAFETY: ranges checked above.
-            unsafe { lb.launch(cfg((self.grid_for(s.len), 1, 1), (BLOCK, 1, 1), 0)) }
+            // SAFETY: every segment's ranges were checked above.
+            unsafe { lb.launch(cfg((self.grid_for(total), 1, 1), (BLOCK, 1, 1), 0)) }
                 .map_err(|e| self.launch_err("adamw", e))?;
         }
         Ok(())
