@@ -254,7 +254,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     let mut logits = newbuf(n * v, &chunk)?;
     let head = LinearLocs { w: Loc::new(0, v * c), b: None };
     let head_flop = 2.0 * (n * c * v) as f64;
-    tm.time("matmul_fwd lm head (768->50257)", 2, 10, tflops(head_flop), || {
+    tm.time(&format!("matmul_fwd lm head ({c}->{v})"), 2, 10, tflops(head_flop), || {
         be.matmul_fwd(&mut logits, &x, Weights::new(&eparams, head), MatShape { n, c, oc: v })
     });
     let t_hf = tm.rows.last().map_or(0.0, |r| r.1);
@@ -265,7 +265,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     });
     let t_ce = tm.rows.last().map_or(0.0, |r| r.1);
     let mut dln = newbuf(n * c, &chunk)?;
-    tm.time("matmul_bwd lm head (768->50257)", 2, 10, tflops(2.0 * head_flop), || {
+    tm.time(&format!("matmul_bwd lm head ({c}->{v})"), 2, 10, tflops(2.0 * head_flop), || {
         be.matmul_bwd(
             &mut dln,
             WeightGrads::new(&mut egrads, head),
@@ -282,12 +282,11 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     let vp = v.div_ceil(64) * 64;
     let mut logits_p = newbuf(n * vp, &chunk)?;
     let eparams_p = newbuf(vp * c, &small)?;
-    tm.time(&format!("matmul_fwd lm head padded (768->{vp})"), 2, 10, tflops(2.0 * (n * c * vp) as f64), || {
+    tm.time(&format!("matmul_fwd lm head padded ({c}->{vp})"), 2, 10, tflops(2.0 * (n * c * vp) as f64), || {
         let headp = LinearLocs { w: Loc::new(0, vp * c), b: None };
         be.matmul_fwd(&mut logits_p, &x, Weights::new(&eparams_p, headp), MatShape { n, c, oc: vp })
     });
     drop((logits_p, eparams_p));
-    // Optimizer over all 124M parameters in one segment.
     // Parameters of the timed model (GPT-2 layout, vocab v, context t, `layers` blocks).
     let np = v * c + t * c + 2 * c + layers * (12 * c * c + 13 * c);
     let mut p = be.alloc_buf(np, "")?;
@@ -298,18 +297,22 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     fill_f32(be, &mut w, &small)?;
     fill_f32(be, &mut g, &small)?;
     let h = AdamWStep { lr: 6e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 10, grad_scale: 1.0 };
-    tm.time("adamw (124M params)", 3, 20, gbps((np * (4 * 7 + 2)) as f64), || {
+    let mp = format!("{:.0}M", np as f64 / 1e6);
+    // The optimizer over all of them in one segment.
+    tm.time(&format!("adamw ({mp} params)"), 3, 20, gbps((np * (4 * 7 + 2)) as f64), || {
         let t = AdamWTensors { params: Some(&mut p), master: &mut w, m: &mut m, v: &mut vv, grads: &g };
         be.adamw(t, &[AdamWSegment { poff: 0, moff: 0, goff: 0, len: np, decay: true }], h)
     });
     let t_adam = tm.rows.last().map_or(0.0, |r| r.1);
     let mut slots = be.alloc_f32(2, "")?;
-    tm.time("grad_sumsq_into (124M)", 3, 20, gbps((np * 4) as f64), || {
+    tm.time(&format!("grad_sumsq_into ({mp})"), 3, 20, gbps((np * 4) as f64), || {
         be.grad_sumsq_into(&g, Loc::all(np), &mut slots, 0)
     });
     let t_norm = tm.rows.last().map_or(0.0, |r| r.1);
-    tm.time("cast_to_buf (124M)", 3, 20, gbps((np * 6) as f64), || be.cast_to_buf(&mut p, 0, &w, Loc::all(np)));
-    tm.time("add_grad (124M)", 3, 20, gbps((np * 12) as f64), || be.add_grad(&mut g, 0, &w, Loc::all(np)));
+    tm.time(&format!("cast_to_buf ({mp})"), 3, 20, gbps((np * 6) as f64), || {
+        be.cast_to_buf(&mut p, 0, &w, Loc::all(np))
+    });
+    tm.time(&format!("add_grad ({mp})"), 3, 20, gbps((np * 12) as f64), || be.add_grad(&mut g, 0, &w, Loc::all(np)));
 
     // Estimated step (no communication): blocks as the model runs them (GELU fused into the
     // fc forward and the fc2 backward; GELU recomputed in backward) + head + optimizer.

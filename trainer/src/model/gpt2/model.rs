@@ -76,7 +76,6 @@ pub struct Gpt2<B: Backend> {
     acts: Vec<BlockActs<B>>,
     act_slot: Vec<usize>,
     scratch: Scratch<B>,
-    recompute_out: B::Buf,
     lnf: B::Buf,
     lnf_stats: NormStats<B>,
     logits: B::Buf,
@@ -111,7 +110,6 @@ impl<B: Backend> Gpt2<B> {
         };
         let resid = (0..=l).map(|_| buf(n * c, "residual stream")).collect::<BResult<Vec<_>>>()?;
         let scratch = Scratch { tmp: buf(n * c, "block scratch")?, gelu_out: buf(n * 4 * c, "gelu output")? };
-        let recompute_out = buf(n * c, "recompute scratch")?;
         let lnf = buf(n * c, "final layernorm")?;
         let logits = buf(n * cfg.vocab_size, "logits")?;
         let g = GradScratch {
@@ -188,7 +186,6 @@ impl<B: Backend> Gpt2<B> {
             acts,
             act_slot,
             scratch,
-            recompute_out,
             lnf,
             lnf_stats,
             logits,
@@ -221,7 +218,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
         let blk = Block { be, p, k: &self.block, s: self.shape };
-        blk.forward(&x[layer], &mut rest[0], acts, &mut self.scratch)
+        blk.forward(&x[layer], Some(&mut rest[0]), acts, &mut self.scratch)
     }
 
     fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()> {
@@ -260,8 +257,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let slot = self.act_slot[layer];
         let blk = Block { be, p, k: &self.block, s: self.shape };
         if self.ckpt.is_checkpointed(layer) {
-            let (x, out, acts) = (&self.resid[layer], &mut self.recompute_out, &mut self.acts[slot]);
-            blk.forward(x, out, acts, &mut self.scratch)?;
+            blk.forward(&self.resid[layer], None, &mut self.acts[slot], &mut self.scratch)?;
         }
         blk.backward(gr, &self.resid[layer], &self.acts[slot], &mut self.g)
     }
@@ -295,8 +291,11 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
-    /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`.
-    fn forward(&self, x: &B::Buf, out: &mut B::Buf, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
+    /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`. With `out = None` (the recompute
+    /// of a checkpointed block before its backward) it stops once everything backward
+    /// reads is saved: the fc2 GEMM and the last residual add only make the block's output,
+    /// which the next block's checkpoint already holds (a quarter of the forward's FLOPs).
+    fn forward(&self, x: &B::Buf, out: Option<&mut B::Buf>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
         let (be, k, s) = (self.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
@@ -307,6 +306,7 @@ impl<B: Backend> Block<'_, B> {
         be.residual_fwd(&mut a.resid2, x, &sc.tmp, n * c)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
         be.matmul_gelu_fwd(&mut a.fch, &mut sc.gelu_out, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
+        let Some(out) = out else { return Ok(()) };
         be.matmul_fwd(&mut sc.tmp, &sc.gelu_out, self.w(k.fc2), MatShape { n, c: 4 * c, oc: c })?;
         be.residual_fwd(out, &a.resid2, &sc.tmp, n * c)?;
         Ok(())
