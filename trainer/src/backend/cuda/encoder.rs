@@ -103,23 +103,19 @@ impl EncoderOps for CudaBackend {
         let mut plan = starts;
         plan.extend_from_slice(&uniq);
         plan.extend_from_slice(&rows);
-        // Staged through pinned memory (sized for the largest plan, 3n + 1) and copied whole.
+        // Staged through pinned memory sized for the largest plan (3n + 1).
         let cap = 3 * n + 1;
-        let mut pinned = self.plan_pinned.borrow_mut();
-        if pinned.as_ref().is_none_or(|p| p.len() < cap) {
-            *pinned = Some(self.pinned(cap, "the embedding backward plan")?);
+        let mut staging = self.plan_pinned.borrow_mut();
+        if staging.as_ref().is_none_or(|p| p.len() < cap) {
+            *staging = None; // waits for its last copy before the memory is freed
+            *staging = Some(super::staging::Staging::new(self, cap, "the embedding backward plan")?);
         }
-        let staged = pinned.as_mut().expect("allocated above");
-        let cap = staged.len();
-        staged.as_mut_slice().map_err(|e| self.err("staging the embedding plan", e))?[..plan.len()]
-            .copy_from_slice(&plan);
+        let staged = staging.as_mut().expect("allocated above");
         self.scratch(&self.scratch_u32, cap, "embedding backward plan")?;
         let plan_ptr = {
             let mut cell = self.scratch_u32.borrow_mut();
             let s = cell.as_mut().expect("allocated by scratch()");
-            self.stream
-                .memcpy_htod(&*staged, &mut s.slice_mut(0..cap))
-                .map_err(|e| self.err("uploading the embedding plan", e))?;
+            staged.upload(self, &plan, s, "the embedding backward plan")?;
             self.ptr(s, 0)
         };
         let (g_wte, g_wpe, d) = (self.ptr_mut(grads, dwte.off), self.ptr_mut(grads, dwpe.off), self.ptr(dout, 0));

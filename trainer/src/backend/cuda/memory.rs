@@ -40,20 +40,13 @@ impl MemoryOps for CudaBackend {
         self.alloc(n, what)
     }
     fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens> {
-        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned: self.pinned(n, "token ids")? })
+        let pinned = super::staging::Staging::new(self, n, "token ids")?;
+        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned })
     }
     fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
         check("upload_tokens", dst.dev.len(), 0, host.len())?;
-        let n = host.len();
-        dst.host[..n].copy_from_slice(host);
-        // Waits only until this buffer's previous upload has left it (long done by now).
-        let staged = dst.pinned.as_mut_slice().map_err(|e| self.err("staging token ids", e))?;
-        staged[..n].copy_from_slice(host);
-        if n == staged.len() {
-            self.stream.memcpy_htod(&dst.pinned, &mut dst.dev).map_err(|e| self.err("uploading tokens", e))
-        } else {
-            self.stream.memcpy_htod(host, &mut dst.dev.slice_mut(0..n)).map_err(|e| self.err("uploading tokens", e))
-        }
+        dst.host[..host.len()].copy_from_slice(host);
+        dst.pinned.upload(self, host, &mut dst.dev, "token ids")
     }
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
         check("upload_buf", dst.len(), off, host.len())?;

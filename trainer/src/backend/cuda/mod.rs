@@ -33,6 +33,7 @@ mod layernorm;
 mod matmul;
 mod memory;
 mod reduce;
+mod staging;
 mod transfer;
 
 pub use attention::AttentionImpl;
@@ -73,7 +74,7 @@ pub struct CudaBackend {
     scratch_u32: RefCell<Option<CudaSlice<u32>>>,
     /// Page-locked staging for the embedding plan: an upload from pageable memory may
     /// wait for the stream, a pinned one does not.
-    plan_pinned: RefCell<Option<PinnedHostSlice<u32>>>,
+    plan_pinned: RefCell<Option<staging::Staging>>,
     scratch_bf16: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bias: RefCell<Option<CudaSlice<bf16>>>,
@@ -417,5 +418,5 @@ pub struct DeviceTokens {
     dev: CudaSlice<u32>,
     host: Vec<u32>,
     /// Page-locked staging, so the upload does not wait for the stream.
-    pinned: PinnedHostSlice<u32>,
+    pinned: staging::Staging,
 }
