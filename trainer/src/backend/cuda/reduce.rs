@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::kernels::{no_big_smem, KernelFile};
 use super::launch::{cfg, check, check_loc, to_i32, BLOCK};
 use super::CudaBackend;
 use crate::backend::{BResult, Loc, ReduceOps};
@@ -14,8 +14,12 @@ pub(super) const KERNELS: KernelFile = KernelFile {
     src: include_str!("reduce.cu"),
     functions: &["sum_partial", "sum_finish", "reduce_partials"],
     big_smem: no_big_smem,
-    defines: no_defines,
+    defines: || vec![("RP_ROWS", RP_ROWS.to_string())],
 };
+
+/// Threads per column in `reduce_partials` (each sums every RP_ROWS-th partial row): fixed,
+/// so the summation order is the same on every GPU.
+const RP_ROWS: usize = 32;
 
 /// Blocks of the sum kernel: fixed, not derived from the GPU, so results are the same
 /// bits on every GPU.
@@ -36,7 +40,7 @@ impl CudaBackend {
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&s.dst0).arg(&s.dst1).arg(&split).arg(&partial).arg(&nchunks_i).arg(&w_i);
         // SAFETY: partial holds nchunks*w floats; dst0/dst1 hold split and w-split.
-        unsafe { lb.launch(cfg((w.div_ceil(256) as u32, 1, 1), (256, 1, 1), 0)) }
+        unsafe { lb.launch(cfg((w.div_ceil(32) as u32, 1, 1), (32, RP_ROWS as u32, 1), 0)) }
             .map_err(|e| self.launch_err("reduce_partials", e))?;
         Ok(())
     }
