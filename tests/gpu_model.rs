@@ -9,7 +9,7 @@ mod gpu;
 use collectives::nccl::{nccl_unique_id, NcclComm};
 use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
-use trainer::config::{ActivationCheckpointing, ModelConfig};
+use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
 use trainer::model::{step_micro_loss, ModelFamily, ModelLayout};
 use trainer::optim::Hyper;
 use trainer::zero::{Engine, EngineOptions};
@@ -44,13 +44,13 @@ fn one_training_step_matches_the_cpu() {
                 Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
             }
         };
-        let ckpt = ActivationCheckpointing::None;
+        let ckpt = CheckpointingConfig::default();
 
         let cpu = CpuBackend;
         let mut ccomm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
         let mut ceng =
             Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init(&layout))).map_err(dev)?;
-        let mut cm = cfg.family.build(&cpu, &layout, b, ckpt, &mut ceng.ledger)?;
+        let mut cm = cfg.family.build(&cpu, &layout, b, &ckpt, &mut ceng.ledger)?;
         ceng.begin_step(&cpu)?;
         let closs = step_micro_loss(cm.as_mut(), &cpu, &mut ceng, &mut ccomm, &inputs, &targets, scale).map_err(dev)?;
         let cgrads: Vec<Vec<f32>> =
@@ -63,19 +63,26 @@ fn one_training_step_matches_the_cpu() {
 
         let id = nccl_unique_id().map_err(dev)?;
         let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
-        // Stage 0 and 3 against the CPU; then stage 0 with every block checkpointed against
-        // the GPU's own stage-0 gradients, bit for bit (the recompute runs the same kernels
-        // on the same inputs, and stops before the fc2 GEMM whose output backward never reads).
+        // Stage 0 and 3 against the CPU; then stage 0 with every block checkpointed (the
+        // attention recomputed, then kept) against the GPU's own stage-0 gradients, bit for
+        // bit: the recompute runs the same kernels on the same inputs, and stops before the
+        // fc2 GEMM whose output backward never reads.
+        let every =
+            |keep_attention| CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, keep_attention };
         let mut ggrads: Vec<Vec<f32>> = Vec::new();
-        for (stage, ckpt) in [(0u8, ckpt), (3, ckpt), (0, ActivationCheckpointing::EveryLayer)] {
-            let recompute = ckpt == ActivationCheckpointing::EveryLayer;
+        for (stage, ckpt) in [(0u8, ckpt.clone()), (3, ckpt.clone()), (0, every(false)), (0, every(true))] {
+            let recompute = ckpt.activations == ActivationCheckpointing::EveryLayer;
             let tag = format!(
                 "model step (GPT L2 C128 V1001 T256 B4) stage {stage}{}",
-                if recompute { ", every layer checkpointed" } else { "" }
+                match (recompute, ckpt.keep_attention) {
+                    (false, _) => "",
+                    (true, false) => ", every layer checkpointed",
+                    (true, true) => ", every layer checkpointed, attention kept",
+                }
             );
             let opts = EngineOptions::stage(stage);
             let mut geng = Engine::new(be, layout.clone(), opts, 0, 1, Some(&mut init(&layout))).map_err(dev)?;
-            let mut gm = cfg.family.build(be, &layout, b, ckpt, &mut geng.ledger)?;
+            let mut gm = cfg.family.build(be, &layout, b, &ckpt, &mut geng.ledger)?;
             geng.begin_step(be)?;
             let gloss =
                 step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;

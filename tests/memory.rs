@@ -3,6 +3,7 @@
 //! the way the ZeRO paper says.
 
 mod common;
+use common::KEEP_ATTENTION;
 
 use trainer::backend::cpu::CpuBackend;
 use trainer::train::Trainer;
@@ -23,7 +24,7 @@ fn prediction_equals_measured_ledger_on_every_stage() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
     for stage in 0..=3u8 {
-        for act in ["\"none\"", "\"every_layer\""] {
+        for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION] {
             let cfg = Config::from_toml_str(&common::tiny_toml(stage, 2, act), "test").expect("cfg");
             let got = measured(&cfg, 2, &data);
             for (rank, m) in got.iter().enumerate() {
@@ -65,7 +66,7 @@ fn stages_shard_model_state_as_zero_paper() {
 #[test]
 fn steady_state_steps_allocate_nothing_on_any_stage() {
     for stage in 0..=3u8 {
-        for act in ["\"none\"", "\"every_layer\""] {
+        for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION] {
             let cfg = Config::from_toml_str(&common::tiny_toml(stage, 2, act), "test").expect("cfg");
             let (_, allocs) = trainer::zero::plan::dry_run(&cfg, 3, 1, DeviceModel::cuda(), 3).expect("dry run");
             assert_eq!(allocs[0], allocs[2], "stage {stage} {act}: buffers allocated after step 1: {allocs:?}");
@@ -136,4 +137,20 @@ fn offload_moves_optimizer_state_to_the_host_as_predicted() {
             assert_eq!(m.host.staging * 12, m.host.optimizer * 8, "stage {stage}: {:?}", m.host);
         }
     }
+}
+
+/// `checkpointing.keep_attention` holds each checkpointed block's attention output (C
+/// values per token) and softmax state: more activation memory than recomputing it, far
+/// less than keeping every activation.
+#[test]
+fn keeping_the_attention_costs_its_output_per_checkpointed_block() {
+    let act = |a: &str| {
+        let cfg = Config::from_toml_str(&common::tiny_toml(1, 1, a), "test").expect("cfg");
+        predict(&cfg, 1, 0, DeviceModel::cuda()).expect("predict").current.activations
+    };
+    let (none, every, kept) = (act("\"none\""), act("\"every_layer\""), act(KEEP_ATTENTION));
+    // tiny_toml: 2 blocks, micro-batch 2 x 16 tokens, C = 36, 3 heads: bf16 outputs (2 bytes)
+    // plus the attention's saved state.
+    let outputs = 2 * (2 * 16 * 36 * 2) as u64;
+    assert!(kept >= every + outputs && kept < none, "none {none}, every layer {every}, attention kept {kept}");
 }

@@ -4,6 +4,7 @@
 //! parameters after N steps within 1e-5 absolute (observed differences are ~1e-7).
 
 mod common;
+use common::KEEP_ATTENTION;
 
 use trainer::backend::cpu::CpuBackend;
 use trainer::train::Trainer;
@@ -86,7 +87,7 @@ fn every_stage_matches_single_rank() {
         // on every step: a norm computed over a partial or unreduced shard would change the update.
         assert!(reference.norms.iter().all(|&n| n > 0.05), "clipping not exercised: {:?}", reference.norms);
         for stage in 0..=3u8 {
-            for act in ["\"none\"", "\"every_layer\""] {
+            for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION] {
                 let got = run(world, stage, accum, act, &data);
                 assert_matches(&format!("world {world} stage {stage} checkpointing {act}"), &got, &reference);
             }
@@ -99,10 +100,13 @@ fn checkpointing_every_k_matches_none() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
     let a = run(1, 0, 1, "\"none\"", &data);
-    let b = run(1, 0, 1, "2", &data);
-    // Same arithmetic on the same ranks: recomputation is bit-identical.
-    assert_eq!(a.losses, b.losses);
-    assert_eq!(a.params, b.params);
+    // Same arithmetic on the same ranks: recomputation is bit-identical, with the
+    // attention recomputed or kept.
+    for act in ["2", "2\nkeep_attention = true", KEEP_ATTENTION] {
+        let b = run(1, 0, 1, act, &data);
+        assert_eq!(a.losses, b.losses, "{act}");
+        assert_eq!(a.params, b.params, "{act}");
+    }
 }
 
 #[test]

@@ -29,7 +29,7 @@ use crate::setup::SetupError;
 use anyhow::Context;
 use clap::ValueEnum;
 use serde::Serialize;
-use trainer::config::{ActivationCheckpointing, ModelConfig};
+use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
 use trainer::model::ModelLayout;
 use trainer::Config;
 
@@ -147,6 +147,8 @@ pub struct Workload {
     pub stage: u8,
     /// Share of blocks whose forward is recomputed in backward.
     pub recompute: f64,
+    /// Whether the recompute skips the attention (`checkpointing.keep_attention`).
+    pub keep_attention: bool,
 }
 
 impl Workload {
@@ -155,10 +157,11 @@ impl Workload {
         micro_batch: usize,
         grad_accum: usize,
         stage: u8,
-        ckpt: ActivationCheckpointing,
+        ckpt: &CheckpointingConfig,
     ) -> Workload {
         let params = ModelLayout::new(m).num_params();
-        let recompute = (0..m.n_layer).filter(|&l| ckpt.is_checkpointed(l)).count() as f64 / m.n_layer.max(1) as f64;
+        let recomputed = (0..m.n_layer).filter(|&l| ckpt.activations.is_checkpointed(l)).count();
+        let recompute = recomputed as f64 / m.n_layer.max(1) as f64;
         Workload {
             n_layer: m.n_layer,
             n_embd: m.n_embd,
@@ -169,6 +172,7 @@ impl Workload {
             grad_accum,
             stage,
             recompute,
+            keep_attention: ckpt.keep_attention,
         }
     }
 
@@ -178,8 +182,9 @@ impl Workload {
         let base = 6.0 * self.params_no_wpe as f64 + 12.0 * l * t * c;
         // A recomputed block runs its forward again up to the MLP's GELU (backward does not
         // read the fc2 output): 2 FLOPs per weight of qkv, proj and fc (8·C² of the block's
-        // 12·C²), 4·T·C attention.
-        let block_forward = 2.0 * 8.0 * l * c * c + 4.0 * l * t * c;
+        // 12·C²), and 4·T·C attention unless the block kept it.
+        let attention = if self.keep_attention { 0.0 } else { 4.0 * l * t * c };
+        let block_forward = 2.0 * 8.0 * l * c * c + attention;
         base + self.recompute * block_forward
     }
 
@@ -248,8 +253,8 @@ pub fn step_time(w: &Workload, c: &Cluster, fit: Fit) -> (f64, f64) {
 fn measured_workload(m: &Measured) -> (Workload, Cluster) {
     let (n_layer, n_head, n_embd, vocab_size, seq_len) = m.model;
     let mc = ModelConfig { family: Default::default(), n_layer, n_head, n_embd, vocab_size, seq_len };
-    let ckpt = if m.checkpointed { ActivationCheckpointing::EveryLayer } else { ActivationCheckpointing::None };
-    let w = Workload::new(&mc, m.micro_batch, 1, m.stage, ckpt);
+    let activations = if m.checkpointed { ActivationCheckpointing::EveryLayer } else { ActivationCheckpointing::None };
+    let w = Workload::new(&mc, m.micro_batch, 1, m.stage, &CheckpointingConfig { activations, keep_attention: false });
     (w, Cluster { nodes: m.nodes, gpus_per_node: m.gpus_per_node, hw: m.gpu.hardware() })
 }
 
@@ -369,7 +374,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
                 .into_iter()
                 .max()
                 .unwrap_or(0);
-            let w = Workload::new(&c.model, c.train.micro_batch, c.train.grad_accum, stage, ckpt);
+            let w = Workload::new(&c.model, c.train.micro_batch, c.train.grad_accum, stage, &c.checkpointing);
             let (compute, comm) = step_time(&w, &cluster, fit);
             let step = compute + comm;
             choices.push(Choice {
@@ -403,13 +408,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         })
         .collect();
     let mae = calibration.iter().map(|r| r.relative_error.abs()).sum::<f64>() / calibration.len() as f64;
-    let w0 = Workload::new(
-        &cfg.model,
-        cfg.train.micro_batch,
-        cfg.train.grad_accum,
-        cfg.zero.stage,
-        cfg.checkpointing.activations,
-    );
+    let w0 = Workload::new(&cfg.model, cfg.train.micro_batch, cfg.train.grad_accum, cfg.zero.stage, &cfg.checkpointing);
     let plan = Plan {
         config: args.config.display().to_string(),
         cluster,
@@ -529,13 +528,18 @@ mod tests {
     #[test]
     fn the_model_counts_flops_and_bytes_as_documented() {
         let m = gpt2(12, 768, 12);
-        let w = Workload::new(&m, 16, 1, 1, ActivationCheckpointing::None);
+        let w = Workload::new(&m, 16, 1, 1, &CheckpointingConfig::default());
         // 124M: 6·N + 12·L·T·C per token.
         let expect = 6.0 * (w.params - 1024 * 768) as f64 + 12.0 * 12.0 * 1024.0 * 768.0;
         assert_eq!(w.flops_per_token(), expect);
-        let ckpt = Workload::new(&m, 16, 1, 1, ActivationCheckpointing::EveryLayer);
+        let every =
+            |keep_attention| CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, keep_attention };
+        let ckpt = Workload::new(&m, 16, 1, 1, &every(false));
         let extra = ckpt.flops_per_token() / w.flops_per_token();
         assert!(extra > 1.15 && extra < 1.2, "recomputing every block's forward up to the GELU: {extra}");
+        let kept = Workload::new(&m, 16, 1, 1, &every(true));
+        let attention = 4.0 * 12.0 * 1024.0 * 768.0;
+        assert_eq!(kept.flops_per_token(), ckpt.flops_per_token() - attention);
         assert_eq!(w.comm_bytes(1), 0.0);
         let p = w.params as f64;
         assert_eq!(w.comm_bytes(2), 0.5 * (4.0 * p + 2.0 * p));
@@ -552,7 +556,7 @@ mod tests {
         assert_eq!(one.bus_bytes_per_s(), 450e9);
         assert_eq!(two.bus_bytes_per_s(), 200e9);
         assert_eq!(thin.bus_bytes_per_s(), 50e9);
-        let w = Workload::new(&gpt2(48, 1600, 25), 8, 1, 3, ActivationCheckpointing::None);
+        let w = Workload::new(&gpt2(48, 1600, 25), 8, 1, 3, &CheckpointingConfig::default());
         let fit = Fit { efficiency: 0.4, exposure: 1.0 };
         assert!(step_time(&w, &thin, fit).1 > 5.0 * step_time(&w, &one, fit).1);
     }

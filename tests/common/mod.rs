@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 /// A deliberately awkward tiny GPT: vocab 97, n_embd 36 and head size 12 divide by no
 /// world size we test, so every unit needs padding and shards are uneven.
+/// `tiny_toml`'s `activations` for every block checkpointed with its attention kept.
+pub const KEEP_ATTENTION: &str = "\"every_layer\"\nkeep_attention = true";
+
 pub fn tiny_toml(stage: u8, world_accum: usize, activations: &str) -> String {
     format!(
         r#"

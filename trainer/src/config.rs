@@ -204,11 +204,15 @@ impl<'de> Deserialize<'de> for ActivationCheckpointing {
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointingConfig {
     pub activations: ActivationCheckpointing,
+    /// Checkpointed blocks also keep their attention output and softmax statistics
+    /// (C + n_head/2 values per token per block, about 1/4 of a block's full activations),
+    /// so their recompute skips the attention forward.
+    pub keep_attention: bool,
 }
 
 impl Default for CheckpointingConfig {
     fn default() -> Self {
-        CheckpointingConfig { activations: ActivationCheckpointing::None }
+        CheckpointingConfig { activations: ActivationCheckpointing::None, keep_attention: false }
     }
 }
 
@@ -453,6 +457,14 @@ impl Config {
                  parameter shard the running step fetches from); set one of them to false",
             ));
         }
+        if self.checkpointing.keep_attention && self.checkpointing.activations == ActivationCheckpointing::None {
+            return Err(bad(
+                "checkpointing.keep_attention",
+                true,
+                "applies to checkpointed blocks, and checkpointing.activations = \"none\" checkpoints none; \
+                 set checkpointing.activations (\"every_layer\" or k) or drop keep_attention",
+            ));
+        }
         if self.offload.params && self.zero.stage != 3 {
             return Err(bad(
                 "offload.params",
@@ -614,6 +626,9 @@ mod tests {
         assert_eq!(c.train.lr, 1e-4);
         assert_eq!(c.checkpointing.activations, ActivationCheckpointing::EveryLayer);
         assert_eq!(c.data.path, Some(PathBuf::from("/x")));
+        let e = load_str(BASE, &["checkpointing.keep_attention=true"]).unwrap_err().to_string();
+        assert!(e.contains("checkpointing.keep_attention") && e.contains("checkpointing.activations"), "{e}");
+        load_str(BASE, &["checkpointing.keep_attention=true", "checkpointing.activations=2"]).expect("valid");
         let c = load_str(BASE, &["checkpointing.activations=2"]).expect("valid");
         assert_eq!(c.checkpointing.activations, ActivationCheckpointing::Every(2));
         let e = load_str(BASE, &["zero.stage"]).unwrap_err().to_string();

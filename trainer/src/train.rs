@@ -80,7 +80,7 @@ impl<B: Backend> Trainer<B> {
                 Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| Ok(hf.unit_values(&l2, u)?[r].to_vec())))?
             }
         };
-        let ckpt = cfg.checkpointing.activations;
+        let ckpt = &cfg.checkpointing;
         let model = family
             .build(be, &engine.layout, cfg.train.micro_batch, ckpt, &mut engine.ledger)
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;

@@ -17,7 +17,7 @@ pub use schedule::{step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{BResult, Backend};
-use crate::config::{ActivationCheckpointing, InitScheme, ModelConfig};
+use crate::config::{CheckpointingConfig, InitScheme, ModelConfig};
 use crate::zero::MemoryLedger;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -74,7 +74,7 @@ impl ModelFamily {
         be: &B,
         layout: &ModelLayout,
         b: usize,
-        ckpt: ActivationCheckpointing,
+        ckpt: &CheckpointingConfig,
         ledger: &mut MemoryLedger,
     ) -> BResult<Box<dyn DecoderModel<B>>> {
         Ok(match self {

@@ -50,7 +50,7 @@ pub fn dry_run(
     // No initial values: the meta backend holds none, and making them would cost host
     // memory and time that grow with the model.
     let mut eng = Engine::new(&be, layout, EngineOptions::from_config(cfg), rank, world, None)?;
-    let ckpt = cfg.checkpointing.activations;
+    let ckpt = &cfg.checkpointing;
     let mut model = cfg.model.family.build(&be, &eng.layout, cfg.train.micro_batch, ckpt, &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];

@@ -10,7 +10,7 @@ use crate::backend::{
     AttnShape, BResult, Backend, Device, F64Pair, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
     WeightGrads, Weights,
 };
-use crate::config::ActivationCheckpointing;
+use crate::config::{ActivationCheckpointing, CheckpointingConfig};
 use crate::model::schedule::DecoderModel;
 use crate::model::ModelLayout;
 use crate::zero::{Category, MemoryLedger};
@@ -45,6 +45,36 @@ struct BlockActs<B: Device> {
     fch: B::Buf,
 }
 
+/// A checkpointed block's attention output and softmax state, kept from its forward
+/// (`checkpointing.keep_attention`): swapped into the shared activation set for the
+/// block's forward and again for its recompute and backward, so the recompute skips the
+/// attention forward.
+struct KeptAttention<B: Device> {
+    atty: B::Buf,
+    saved: B::F32,
+}
+
+impl<B: Device> KeptAttention<B> {
+    /// Exchange with the shared set's attention buffers (twice restores both).
+    fn swap(kept: Option<&mut Self>, a: &mut BlockActs<B>) {
+        if let Some(k) = kept {
+            std::mem::swap(&mut k.atty, &mut a.atty);
+            std::mem::swap(&mut k.saved, &mut a.att_saved);
+        }
+    }
+}
+
+/// What a block's forward computes.
+enum Pass<'o, B: Device> {
+    /// The whole block, into the next block's input.
+    Full(&'o mut B::Buf),
+    /// The recompute before a checkpointed block's backward: everything backward reads and
+    /// nothing more (the fc2 GEMM and the last residual add only make the block's output,
+    /// which the next block's checkpoint holds); the attention forward too unless the
+    /// block kept its output.
+    Recompute { attention: bool },
+}
+
 /// Backward scratch shared by all blocks.
 struct GradScratch<B: Device> {
     /// Gradient of the residual stream, updated in place block by block.
@@ -75,6 +105,8 @@ pub struct Gpt2<B: Backend> {
     /// blocks share the last set, which is recomputed in backward).
     acts: Vec<BlockActs<B>>,
     act_slot: Vec<usize>,
+    /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
+    kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     lnf: B::Buf,
     lnf_stats: NormStats<B>,
@@ -95,9 +127,10 @@ impl<B: Backend> Gpt2<B> {
         be: &B,
         layout: &ModelLayout,
         b: usize,
-        ckpt: ActivationCheckpointing,
+        ckpt_cfg: &CheckpointingConfig,
         ledger: &mut MemoryLedger,
     ) -> BResult<Gpt2<B>> {
+        let ckpt = ckpt_cfg.activations;
         let cfg = &layout.cfg;
         let (_, locs) = super::layout::layout(cfg);
         let (t, c, l) = (cfg.seq_len, cfg.n_embd, cfg.n_layer);
@@ -173,6 +206,18 @@ impl<B: Backend> Gpt2<B> {
                 fch,
             });
         }
+        let mut kept = Vec::with_capacity(l);
+        for layer in 0..l {
+            kept.push(if ckpt_cfg.keep_attention && ckpt.is_checkpointed(layer) {
+                ledger.alloc(Category::Activations, n * c * sz.buf + saved_len * sz.f32);
+                Some(KeptAttention {
+                    atty: be.alloc_buf(n * c, "kept attention output")?,
+                    saved: be.alloc_f32(saved_len, "kept attention softmax state")?,
+                })
+            } else {
+                None
+            });
+        }
         ledger.alloc(Category::Workspace, 2 * n * 4);
         let tokens = be.alloc_tokens(n)?;
         let targets = be.alloc_tokens(n)?;
@@ -185,6 +230,7 @@ impl<B: Backend> Gpt2<B> {
             resid,
             acts,
             act_slot,
+            kept,
             scratch,
             lnf,
             lnf_stats,
@@ -218,7 +264,10 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
         let blk = Block { be, p, k: &self.block, s: self.shape };
-        blk.forward(&x[layer], Some(&mut rest[0]), acts, &mut self.scratch)
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        r
     }
 
     fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()> {
@@ -256,10 +305,18 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: &mut B::Grad) -> BResult<()> {
         let slot = self.act_slot[layer];
         let blk = Block { be, p, k: &self.block, s: self.shape };
+        let acts = &mut self.acts[slot];
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        let mut r = Ok(());
         if self.ckpt.is_checkpointed(layer) {
-            blk.forward(&self.resid[layer], None, &mut self.acts[slot], &mut self.scratch)?;
+            let pass = Pass::Recompute { attention: self.kept[layer].is_none() };
+            r = blk.forward(&self.resid[layer], pass, acts, &mut self.scratch);
         }
-        blk.backward(gr, &self.resid[layer], &self.acts[slot], &mut self.g)
+        if r.is_ok() {
+            r = blk.backward(gr, &self.resid[layer], acts, &mut self.g);
+        }
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        r
     }
 
     fn embed_bwd(&mut self, be: &B, gr: &mut B::Grad) -> BResult<()> {
@@ -291,22 +348,21 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
-    /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`. With `out = None` (the recompute
-    /// of a checkpointed block before its backward) it stops once everything backward
-    /// reads is saved: the fc2 GEMM and the last residual add only make the block's output,
-    /// which the next block's checkpoint already holds (a quarter of the forward's FLOPs).
-    fn forward(&self, x: &B::Buf, out: Option<&mut B::Buf>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
+    /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`, or what `pass` says of it.
+    fn forward(&self, x: &B::Buf, pass: Pass<'_, B>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
         let (be, k, s) = (self.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
         be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
-        be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
+        if !matches!(pass, Pass::Recompute { attention: false }) {
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
+        }
         be.matmul_fwd(&mut sc.tmp, &a.atty, self.w(k.proj), MatShape { n, c, oc: c })?;
         be.residual_fwd(&mut a.resid2, x, &sc.tmp, n * c)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
         be.matmul_gelu_fwd(&mut a.fch, &mut sc.gelu_out, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
-        let Some(out) = out else { return Ok(()) };
+        let Pass::Full(out) = pass else { return Ok(()) };
         be.matmul_fwd(&mut sc.tmp, &sc.gelu_out, self.w(k.fc2), MatShape { n, c: 4 * c, oc: c })?;
         be.residual_fwd(out, &a.resid2, &sc.tmp, n * c)?;
         Ok(())
