@@ -77,6 +77,9 @@ pub struct Measured {
     pub micro_batch: usize,
     pub stage: u8,
     pub checkpointed: bool,
+    /// The build that ran it recomputed a checkpointed block's whole forward (runs before
+    /// the recompute stopped at the MLP's GELU): its FLOPs count 12·C² per recomputed block.
+    pub full_recompute: bool,
     pub nodes: usize,
     pub gpus_per_node: usize,
     pub gpu: GpuKind,
@@ -92,6 +95,7 @@ pub const CALIBRATION: [Measured; 4] = [
         micro_batch: 16,
         stage: 1,
         checkpointed: false,
+        full_recompute: false,
         nodes: 1,
         gpus_per_node: 2,
         gpu: GpuKind::H200,
@@ -103,6 +107,7 @@ pub const CALIBRATION: [Measured; 4] = [
         micro_batch: 16,
         stage: 3,
         checkpointed: false,
+        full_recompute: false,
         nodes: 1,
         gpus_per_node: 2,
         gpu: GpuKind::H200,
@@ -114,6 +119,7 @@ pub const CALIBRATION: [Measured; 4] = [
         micro_batch: 8,
         stage: 3,
         checkpointed: false,
+        full_recompute: false,
         nodes: 1,
         gpus_per_node: 2,
         gpu: GpuKind::H200,
@@ -125,6 +131,7 @@ pub const CALIBRATION: [Measured; 4] = [
         micro_batch: 8,
         stage: 3,
         checkpointed: true,
+        full_recompute: true,
         nodes: 1,
         gpus_per_node: 2,
         gpu: GpuKind::H200,
@@ -149,6 +156,9 @@ pub struct Workload {
     pub recompute: f64,
     /// Whether the recompute skips the attention (`checkpointing.keep_attention`).
     pub keep_attention: bool,
+    /// Block weights a recompute multiplies, in C² (8: qkv, proj and fc; 12 for runs
+    /// measured when the recompute also ran fc2).
+    pub recompute_c2: f64,
 }
 
 impl Workload {
@@ -173,6 +183,7 @@ impl Workload {
             stage,
             recompute,
             keep_attention: ckpt.keep_attention,
+            recompute_c2: 8.0,
         }
     }
 
@@ -184,7 +195,7 @@ impl Workload {
         // read the fc2 output): 2 FLOPs per weight of qkv, proj and fc (8·C² of the block's
         // 12·C²), and 4·T·C attention unless the block kept it.
         let attention = if self.keep_attention { 0.0 } else { 4.0 * l * t * c };
-        let block_forward = 2.0 * 8.0 * l * c * c + attention;
+        let block_forward = 2.0 * self.recompute_c2 * l * c * c + attention;
         base + self.recompute * block_forward
     }
 
@@ -254,7 +265,11 @@ fn measured_workload(m: &Measured) -> (Workload, Cluster) {
     let (n_layer, n_head, n_embd, vocab_size, seq_len) = m.model;
     let mc = ModelConfig { family: Default::default(), n_layer, n_head, n_embd, vocab_size, seq_len };
     let activations = if m.checkpointed { ActivationCheckpointing::EveryLayer } else { ActivationCheckpointing::None };
-    let w = Workload::new(&mc, m.micro_batch, 1, m.stage, &CheckpointingConfig { activations, keep_attention: false });
+    let mut w =
+        Workload::new(&mc, m.micro_batch, 1, m.stage, &CheckpointingConfig { activations, keep_attention: false });
+    if m.full_recompute {
+        w.recompute_c2 = 12.0;
+    }
     (w, Cluster { nodes: m.nodes, gpus_per_node: m.gpus_per_node, hw: m.gpu.hardware() })
 }
 
