@@ -5,7 +5,7 @@
 //! checkpointing a block keeps only its input (the residual stream entering it, which is
 //! always kept) — and with `checkpointing.keep_attention` its attention output and softmax
 //! state — and its forward is recomputed into a shared set before its backward, up to the
-//! MLP's GELU (see [`Pass`]).
+//! MLP's GELU (see `Pass`).
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
