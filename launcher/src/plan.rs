@@ -555,6 +555,13 @@ mod tests {
         let kept = Workload::new(&m, 16, 1, 1, &every(true));
         let attention = 4.0 * 12.0 * 1024.0 * 768.0;
         assert_eq!(kept.flops_per_token(), ckpt.flops_per_token() - attention);
+        // The checkpointed calibration run was measured when the recompute also ran fc2.
+        let old = CALIBRATION.iter().find(|m| m.checkpointed).expect("a checkpointed calibration run");
+        assert!(old.full_recompute);
+        let (w_old, _) = measured_workload(old);
+        let (l, c) = (old.model.0 as f64, old.model.2 as f64);
+        let now = Workload { recompute_c2: 8.0, ..w_old };
+        assert_eq!(w_old.flops_per_token() - now.flops_per_token(), 2.0 * 4.0 * l * c * c);
         assert_eq!(w.comm_bytes(1), 0.0);
         let p = w.params as f64;
         assert_eq!(w.comm_bytes(2), 0.5 * (4.0 * p + 2.0 * p));
