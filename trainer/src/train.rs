@@ -130,6 +130,7 @@ impl<B: Backend> Trainer<B> {
     fn micro_from_graph<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, dloss_scale: f32) -> Result<(), TrainError> {
         self.engine.set_final_micro(false);
         self.model.load_batch(be, &self.inputs, &self.targets)?;
+        self.engine.await_pending(be, comm)?;
         if let Some(g) = &self.graph {
             be.replay(g)?;
             self.model.replayed_micro();
