@@ -136,12 +136,17 @@ impl<B: Backend> Trainer<B> {
             self.model.replayed_micro();
             return Ok(());
         }
-        be.begin_capture()?;
+        let failed = |e: TrainError| {
+            TrainError::Invalid(format!(
+                "recording the micro-step as a CUDA graph failed: {e}; set train.cuda_graphs = false to run eagerly"
+            ))
+        };
+        be.begin_capture().map_err(|e| failed(e.into()))?;
         let recorded = run_micro(self.model.as_mut(), be, &mut self.engine, comm, Some(dloss_scale));
         // End the capture whatever happened, so the stream is usable for the error path.
         let graph = be.end_capture();
-        recorded?;
-        let g = graph?;
+        recorded.map_err(failed)?;
+        let g = graph.map_err(|e| failed(e.into()))?;
         be.replay(&g)?; // recording ran nothing: this micro-step runs now
         self.graph = Some(g);
         Ok(())
