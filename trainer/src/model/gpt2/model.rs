@@ -334,6 +334,10 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         self.loss_micro = 0;
         Ok(mean)
     }
+
+    fn replayed_micro(&mut self) {
+        self.loss_micro += 1;
+    }
 }
 
 /// One block's computations: the backend, the block's gathered parameters and where
