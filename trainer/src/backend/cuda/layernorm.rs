@@ -119,53 +119,67 @@ impl LayerNormOps for CudaBackend {
             self.ptr(rstd, 0),
         );
         let s = Split { dst0: self.ptr_mut(grads, dw.off), dst1: self.ptr_mut(grads, db.off), split: c };
-        if c.is_multiple_of(8) && c <= LN_BWD_WARP_MAX_C && [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16)) {
-            // Fast path: a warp per LN_ROWS_PER_WARP rows, 16-byte loads, no block barriers.
-            let nparts = n.div_ceil(LN_ROWS_PER_WARP);
-            let partial = self.scratch_f32(nparts * 2 * c)?;
-            let (ni, ci, rpw) = (to_i32("N", n)?, to_i32("C", c)?, LN_ROWS_PER_WARP as i32);
-            let f = self.f("layernorm_bwd_warp")?;
-            let mut lb = self.stream.launch_builder(f);
-            lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpw);
-            let blocks = nparts.div_ceil(LN_WARPS_PER_BLOCK) as u32;
-            // SAFETY: ranges and alignment checked above; warp g writes partial row g < nparts
-            // (warps past the last row return before writing); partial holds nparts*2C floats.
-            unsafe { lb.launch(cfg((blocks, 1, 1), ((32 * LN_WARPS_PER_BLOCK) as u32, 1, 1), 0)) }
-                .map_err(|e| self.launch_err("layernorm_bwd_warp", e))?;
-            return self.reduce_partials(s, partial, nparts, 2 * c);
-        }
-        let aligned = [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16));
-        if c.is_multiple_of(8) && c <= LN_BWD_WIDE_MAX_C && aligned {
+        let aligned = c.is_multiple_of(8) && [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16));
+        // Every variant writes partial dw/db rows of rows_per_part rows each, which
+        // reduce_partials then adds in order.
+        let k = if aligned && c <= LN_BWD_WARP_MAX_C {
+            // Fast path: a warp per LN_ROWS_PER_WARP rows, 16-byte loads, no block barriers;
+            // warp g writes partial row g (warps past the last row return before writing).
+            LnBwdKernel {
+                name: "layernorm_bwd_warp",
+                rows_per_part: LN_ROWS_PER_WARP,
+                parts_per_block: LN_WARPS_PER_BLOCK,
+                threads: 32 * LN_WARPS_PER_BLOCK,
+                smem: 0,
+            }
+        } else if aligned && c <= LN_BWD_WIDE_MAX_C {
             // Wide rows (GPT widths 2560 to 8192): a block of warps per LN_WIDE_ROWS_PER_BLOCK
-            // rows, 16-byte loads, one barrier per row.
-            let nparts = n.div_ceil(LN_WIDE_ROWS_PER_BLOCK);
-            let partial = self.scratch_f32(nparts * 2 * c)?;
-            let (ni, ci, rpb) = (to_i32("N", n)?, to_i32("C", c)?, LN_WIDE_ROWS_PER_BLOCK as i32);
-            let f = self.f("layernorm_bwd_wide")?;
-            let mut lb = self.stream.launch_builder(f);
-            lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpb);
-            // SAFETY: ranges and alignment checked above; block k writes partial row k < nparts;
-            // partial holds nparts*2C floats.
-            unsafe { lb.launch(cfg((nparts as u32, 1, 1), ((32 * LN_WIDE_WARPS) as u32, 1, 1), 0)) }
-                .map_err(|e| self.launch_err("layernorm_bwd_wide", e))?;
-            return self.reduce_partials(s, partial, nparts, 2 * c);
-        }
-        let smem = 2 * c * 4;
-        if smem + 256 > self.kernels.max_smem {
-            return Err(bad(format!(
-                "layernorm_bwd: C = {c} needs {smem} bytes of shared memory, more than the device's {}",
-                self.kernels.max_smem
-            )));
-        }
-        let nblocks = n.div_ceil(LN_ROWS_PER_BLOCK);
-        let partial = self.scratch_f32(nblocks * 2 * c)?;
-        let (ni, ci, rpb) = (to_i32("N", n)?, to_i32("C", c)?, LN_ROWS_PER_BLOCK as i32);
-        let f = self.f("layernorm_bwd")?;
+            // rows, 16-byte loads, one barrier per row; block k writes partial row k.
+            LnBwdKernel {
+                name: "layernorm_bwd_wide",
+                rows_per_part: LN_WIDE_ROWS_PER_BLOCK,
+                parts_per_block: 1,
+                threads: 32 * LN_WIDE_WARPS,
+                smem: 0,
+            }
+        } else {
+            let smem = 2 * c * 4;
+            if smem + 256 > self.kernels.max_smem {
+                return Err(bad(format!(
+                    "layernorm_bwd: C = {c} needs {smem} bytes of shared memory, more than the device's {}",
+                    self.kernels.max_smem
+                )));
+            }
+            LnBwdKernel {
+                name: "layernorm_bwd",
+                rows_per_part: LN_ROWS_PER_BLOCK,
+                parts_per_block: 1,
+                threads: 256,
+                smem,
+            }
+        };
+        let nparts = n.div_ceil(k.rows_per_part);
+        let partial = self.scratch_f32(nparts * 2 * c)?;
+        let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_per_part as i32);
+        let f = self.f(k.name)?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpb);
-        // SAFETY: all ranges checked above; partial holds nblocks*2C floats.
-        unsafe { lb.launch(cfg((nblocks as u32, 1, 1), (256, 1, 1), smem)) }
-            .map_err(|e| self.launch_err("layernorm_bwd", e))?;
-        self.reduce_partials(s, partial, nblocks, 2 * c)
+        lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpp);
+        let blocks = nparts.div_ceil(k.parts_per_block) as u32;
+        // SAFETY: ranges (and, for the 16-byte variants, alignment) checked above; partial
+        // holds nparts*2C floats and each writer writes only its own partial row < nparts.
+        unsafe { lb.launch(cfg((blocks, 1, 1), (k.threads as u32, 1, 1), k.smem)) }
+            .map_err(|e| self.launch_err(k.name, e))?;
+        self.reduce_partials(s, partial, nparts, 2 * c)
     }
+}
+
+/// Which LayerNorm backward kernel runs, and its launch shape.
+struct LnBwdKernel {
+    name: &'static str,
+    /// Rows summed into one partial dw/db row.
+    rows_per_part: usize,
+    /// Partial rows one block writes (one per warp for the warp kernel).
+    parts_per_block: usize,
+    threads: usize,
+    smem: usize,
 }
