@@ -147,6 +147,16 @@ fn matmul() {
             let mut outg = poisoned_buf(be, n * oc)?;
             be.matmul_fwd(&mut outg, &gi, Weights::new(&gp, at), s)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * oc))?, &outc, TOL_BF16);
+            // The same layer added to a residual stream (the residual in the GEMM epilogue
+            // where the backend fuses it, GEMM + add otherwise).
+            let res = rng.vec(n * oc, 1.0);
+            let (mut outrc, mut tmpc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
+            cpu.matmul_residual_fwd(&mut outrc, &res, &inp, Weights::new(&params, at), s, &mut tmpc)?;
+            let (gres, mut tmpg) = (up_buf(be, &res)?, poisoned_buf(be, n * oc)?);
+            let mut outrg = poisoned_buf(be, n * oc)?;
+            be.matmul_residual_fwd(&mut outrg, &gres, &gi, Weights::new(&gp, at), s, &mut tmpg)?;
+            let got = be.download_buf(&outrg, Loc::all(n * oc))?;
+            rep.cmp(&format!("{tag} fwd + residual"), "out", &got, &outrc, TOL_BF16);
             let dout = rng.vec(n * oc, 0.1);
             let g0 = rng.vec(plen, 0.01);
             let (mut dic, mut gc) = (vec![0.0; n * c], g0.clone());

@@ -107,3 +107,90 @@ fn one_training_step_matches_the_cpu() {
         Ok(())
     });
 }
+
+/// A CUDA graph of one micro-step (recorded after an eager warm-up, then replayed) gives
+/// the same loss and gradient bits as running the same micro-steps eagerly, on ZeRO stages
+/// 0 and 3 — what `train.cuda_graphs` relies on.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn graph_replay_matches_eager_micro_steps() {
+    use trainer::backend::GraphOps;
+    use trainer::model::{run_micro, step_micro};
+    gpu::check(|be, rng, rep| {
+        let cfg = ModelConfig {
+            family: ModelFamily::Gpt2,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 128,
+            vocab_size: 1024,
+            seq_len: 256,
+        };
+        let (b, seed) = (4usize, 5u64);
+        let n = b * cfg.seq_len;
+        let layout = ModelLayout::new(&cfg);
+        let batches: Vec<(Vec<u32>, Vec<u32>)> =
+            (0..4).map(|_| (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32))).collect();
+        let scale = Some(1.0 / (4 * n) as f32);
+        let init = |l: &ModelLayout| {
+            let l = l.clone();
+            move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
+                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
+            }
+        };
+        let id = nccl_unique_id().map_err(dev)?;
+        let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+        for stage in [0u8, 3] {
+            let tag = format!("graph replay (GPT L2 C128 T256 B4) stage {stage}");
+            let mut out: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
+            for graphs in [false, true] {
+                let mut eng =
+                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init(&layout)))
+                        .map_err(dev)?;
+                let mut m = cfg.family.build(be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
+                eng.begin_step(be)?;
+                eng.set_final_micro(false);
+                let mut graph = None;
+                for (k, (inp, tgt)) in batches.iter().enumerate() {
+                    if !graphs || k == 0 {
+                        step_micro(m.as_mut(), be, &mut eng, &mut comm, inp, tgt, scale).map_err(dev)?;
+                        continue;
+                    }
+                    m.load_batch(be, inp, tgt)?;
+                    match &graph {
+                        Some(g) => {
+                            be.replay(g)?;
+                            m.replayed_micro();
+                        }
+                        None => {
+                            be.begin_capture()?;
+                            let r = run_micro(m.as_mut(), be, &mut eng, &mut comm, scale);
+                            let g = be.end_capture();
+                            r.map_err(dev)?;
+                            let g = g?;
+                            be.replay(&g)?;
+                            graph = Some(g);
+                        }
+                    }
+                }
+                let loss = m.take_mean_loss(be)?;
+                eng.step(
+                    be,
+                    &mut comm,
+                    Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 },
+                    1,
+                )
+                .map_err(dev)?;
+                let params: Vec<Vec<f32>> = (0..eng.num_units())
+                    .map(|u| eng.full_params_host(be, &mut comm, u))
+                    .collect::<Result<_, _>>()
+                    .map_err(dev)?;
+                out.push((loss, params));
+            }
+            rep.same_bits(&tag, "mean loss of 4 micro-steps", &[out[1].0 as f32], &[out[0].0 as f32]);
+            for u in 0..out[0].1.len() {
+                rep.same_bits(&tag, &format!("params unit {u} after the step"), &out[1].1[u], &out[0].1[u]);
+            }
+        }
+        Ok(())
+    });
+}

@@ -92,6 +92,10 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Micro-batches per evaluation.
     pub eval_batches: usize,
+    /// GPU ranks: record one micro-step's forward and backward as a CUDA graph at the
+    /// second optimizer step and replay it from then on (one launch instead of hundreds).
+    /// Applies to one-GPU runs with the optimizer on the GPU; the others run eagerly.
+    pub cuda_graphs: bool,
 }
 
 impl Default for TrainConfig {
@@ -111,6 +115,7 @@ impl Default for TrainConfig {
             seed: 1337,
             eval_every: 0,
             eval_batches: 4,
+            cuda_graphs: true,
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::checkpoint::hf::HfWeights;
 use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
 use crate::metrics::StepMetrics;
-use crate::model::{step_micro, step_micro_loss, DecoderModel, ModelLayout};
+use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout};
 use crate::optim::{lr_at, Hyper};
 use crate::zero::engine::all_reduce_f64;
 use crate::zero::{Engine, EngineComm, EngineOptions};
@@ -39,6 +39,13 @@ pub struct Trainer<B: Backend> {
     /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
     /// print their times (perturbs the overlap a little; for finding where time goes).
     profile: bool,
+    /// `train.cuda_graphs` applies: one GPU, the optimizer on it.
+    graphs: bool,
+    /// The recorded micro-step, once made (at this process's second optimizer step, when
+    /// every pool and scratch buffer has reached its size: a recording must allocate nothing).
+    graph: Option<B::Graph>,
+    /// Optimizer steps this process has run (a resumed run starts at 0 here).
+    steps_here: usize,
 }
 
 impl<B: Backend> Trainer<B> {
@@ -86,6 +93,14 @@ impl<B: Backend> Trainer<B> {
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
+        let graphs = cfg.train.cuda_graphs && be.graphs_supported() && world == 1 && !cfg.offload.optimizer;
+        if cfg.train.cuda_graphs && be.graphs_supported() && !graphs && rank == 0 {
+            eprintln!(
+                "rank 0: train.cuda_graphs records one-GPU runs with the optimizer on the GPU; \
+                 this run ({world} ranks, offload.optimizer = {}) runs eagerly",
+                cfg.offload.optimizer
+            );
+        }
         Ok(Trainer {
             cfg: cfg.clone(),
             engine,
@@ -96,6 +111,9 @@ impl<B: Backend> Trainer<B> {
             targets: vec![0; n],
             step: 0,
             profile,
+            graphs,
+            graph: None,
+            steps_here: 0,
         })
     }
 
@@ -103,6 +121,35 @@ impl<B: Backend> Trainer<B> {
     pub fn global_tokens(&self) -> u64 {
         let t = &self.cfg.train;
         (t.micro_batch * t.grad_accum * self.engine.world * self.cfg.model.seq_len) as u64
+    }
+
+    /// One micro-step through the CUDA graph: upload the batch, then replay the recorded
+    /// forward and backward (recording it first, the first time). Every micro-step runs as
+    /// a non-final one — the reductions that a final micro-step starts during backward wait
+    /// for `Engine::step` — so one recording serves them all.
+    fn micro_from_graph<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, dloss_scale: f32) -> Result<(), TrainError> {
+        self.engine.set_final_micro(false);
+        self.model.load_batch(be, &self.inputs, &self.targets)?;
+        self.engine.await_pending(be, comm)?;
+        if let Some(g) = &self.graph {
+            be.replay(g)?;
+            self.model.replayed_micro();
+            return Ok(());
+        }
+        let failed = |e: TrainError| {
+            TrainError::Invalid(format!(
+                "recording the micro-step as a CUDA graph failed: {e}; set train.cuda_graphs = false to run eagerly"
+            ))
+        };
+        be.begin_capture().map_err(|e| failed(e.into()))?;
+        let recorded = run_micro(self.model.as_mut(), be, &mut self.engine, comm, Some(dloss_scale));
+        // End the capture whatever happened, so the stream is usable for the error path.
+        let graph = be.end_capture();
+        recorded.map_err(failed)?;
+        let g = graph.map_err(|e| failed(e.into()))?;
+        be.replay(&g)?; // recording ran nothing: this micro-step runs now
+        self.graph = Some(g);
+        Ok(())
     }
 
     /// Run one optimizer step and return its metrics.
@@ -115,8 +162,9 @@ impl<B: Backend> Trainer<B> {
         let dloss_scale = 1.0 / (n * tc.grad_accum * world) as f32;
         self.engine.begin_step(be)?;
         let mut phases: Vec<(&str, Instant)> = Vec::new();
+        let profile = self.profile;
         let mut mark = |be: &B, name: &'static str| -> Result<(), TrainError> {
-            if self.profile {
+            if profile {
                 be.synchronize()?;
                 phases.push((name, Instant::now()));
             }
@@ -135,8 +183,12 @@ impl<B: Backend> Trainer<B> {
                 &mut self.inputs,
                 &mut self.targets,
             )?;
-            let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
-            step_micro(self.model.as_mut(), be, eng, comm, inputs, targets, Some(dloss_scale))?;
+            if self.graphs && self.steps_here >= 1 {
+                self.micro_from_graph(be, comm, dloss_scale)?;
+            } else {
+                let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
+                step_micro(self.model.as_mut(), be, eng, comm, inputs, targets, Some(dloss_scale))?;
+            }
         }
         mark(be, "forward+backward")?;
         let lr = lr_at(self.step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
@@ -162,6 +214,7 @@ impl<B: Backend> Trainer<B> {
         }
         let step_time_s = t0.elapsed().as_secs_f64();
         self.step += 1;
+        self.steps_here += 1;
         let ev = tc.eval_every;
         let eval_due = ev > 0 && (self.step.is_multiple_of(ev) || self.step == tc.steps);
         if self.step >= tc.steps {

@@ -83,6 +83,37 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         Ok(false)
     }
 
+    /// A linear layer whose output joins the residual stream: `out = res + inp · Wᵀ + bias`
+    /// (`tmp`, n·oc, is scratch for backends that run it as two operations).
+    fn matmul_residual_fwd(
+        &self,
+        out: &mut Self::Buf,
+        res: &Self::Buf,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+        tmp: &mut Self::Buf,
+    ) -> BResult<()> {
+        if self.fused_matmul_residual_fwd(out, res, inp, p, s)? {
+            return Ok(());
+        }
+        self.matmul_fwd(tmp, inp, p, s)?;
+        self.residual_fwd(out, res, tmp, s.n * s.oc)
+    }
+    /// [`MatmulOps::matmul_residual_fwd`] as one operation (the residual added in the GEMM's
+    /// epilogue) where the backend has one for these shapes; `Ok(false)` (the default) runs
+    /// the GEMM and the residual add instead.
+    fn fused_matmul_residual_fwd(
+        &self,
+        _out: &mut Self::Buf,
+        _res: &Self::Buf,
+        _inp: &Self::Buf,
+        _p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+    ) -> BResult<bool> {
+        Ok(false)
+    }
+
     /// Backward of a linear layer whose input is `act = GELU(pre)`, through the GELU:
     /// `dpre = (dout · W) ⊙ GELU'(pre)` (overwritten), `dW += doutᵀ · act`, `dbias += Σ dout`.
     /// `act` is clobbered.

@@ -225,6 +225,11 @@ impl AdamWOps for MetaBackend {
     }
 }
 
+/// The planner only counts bytes: nothing to record.
+impl crate::backend::GraphOps for MetaBackend {
+    type Graph = ();
+}
+
 impl TransferOps for MetaBackend {
     type HostF32 = MetaBuf;
     type HostBuf = MetaBuf;

@@ -44,6 +44,7 @@ pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod encoder;
+pub mod graph;
 pub mod layernorm;
 pub mod matmul;
 pub mod memory;
@@ -56,6 +57,7 @@ pub use adamw::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors};
 pub use attention::{AttentionOps, AttnShape};
 pub use cross_entropy::CrossEntropyOps;
 pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
+pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
 pub use matmul::{GeluInput, LinearLocs, MatShape, MatmulOps};
 pub use memory::MemoryOps;
@@ -132,6 +134,7 @@ pub trait Backend:
     + ReduceOps
     + AdamWOps
     + TransferOps
+    + GraphOps
 {
 }
 
@@ -147,6 +150,7 @@ impl<T> Backend for T where
         + ReduceOps
         + AdamWOps
         + TransferOps
+        + GraphOps
 {
 }
 

@@ -147,7 +147,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     tm.time("encoder_fwd", 3, 20, gbps(2.0 * bc2), || {
         be.encoder_fwd(&mut y, &gtok, Weights::new(&eparams, emb), SeqShape { b, t, c })
     });
-    tm.time("encoder_bwd (incl. host grouping)", 2, 10, gbps(bc2 + (n * c * 8) as f64), || {
+    tm.time("encoder_bwd (grouping planned at upload)", 2, 10, gbps(bc2 + (n * c * 8) as f64), || {
         be.encoder_bwd(WeightGrads::new(&mut egrads, emb), &x, &gtok, SeqShape { b, t, c })
     });
     let ln = NormLocs { w: Loc::new(0, c), b: Loc::new(c, c) };

@@ -13,7 +13,7 @@ pub mod gpt2;
 pub mod schedule;
 pub mod units;
 
-pub use schedule::{step_micro, step_micro_loss, DecoderModel};
+pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{BResult, Backend};

@@ -31,6 +31,8 @@ pub trait DecoderModel<B: Backend> {
     fn embed_bwd(&mut self, be: &B, g: &mut B::Grad) -> BResult<()>;
     /// Mean loss per token over the micro-steps since the last call (one device read).
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64>;
+    /// A recording of [`run_micro`] was replayed: count its loss as `head_fwd` would have.
+    fn replayed_micro(&mut self);
 }
 
 /// One micro-step: forward to the loss, and with `dloss_scale = Some(s)` the backward,
@@ -45,9 +47,21 @@ pub fn step_micro<B: Backend, C: EngineComm<B>>(
     targets: &[u32],
     dloss_scale: Option<f32>,
 ) -> Result<(), TrainError> {
+    model.load_batch(be, inputs, targets)?;
+    run_micro(model, be, eng, comm, dloss_scale)
+}
+
+/// [`step_micro`] after its batch upload: the device work of one micro-step, which a CUDA
+/// graph records once and replays (the engine's state is the same before and after it).
+pub fn run_micro<B: Backend, C: EngineComm<B>>(
+    model: &mut dyn DecoderModel<B>,
+    be: &B,
+    eng: &mut Engine<B>,
+    comm: &mut C,
+    dloss_scale: Option<f32>,
+) -> Result<(), TrainError> {
     let l = eng.layout.cfg.n_layer;
     let (embed, head) = (ModelLayout::EMBED_UNIT, eng.layout.head_unit);
-    model.load_batch(be, inputs, targets)?;
     let order = gather_order(l, head, dloss_scale.is_some());
     let mut pos = 0usize;
 

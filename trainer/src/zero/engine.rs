@@ -429,6 +429,22 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
+    /// Wait for every gather or upload still filling a unit's parameters (stage 1/2's
+    /// publish after a step, a delayed update's copies): before recording a micro-step as a
+    /// CUDA graph, which cannot wait on work queued outside it, and before each replay,
+    /// which would not.
+    pub fn await_pending<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
+        for u in &mut self.units {
+            if let Some(e) = u.upload_pending.take() {
+                be.order_compute_after(&e)?;
+            }
+            if let Some(p) = u.gather_pending.take() {
+                Group::wait(comm, p)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Done with unit `i`'s parameters for now (stage 3: park the gathered copy in the pool).
     pub fn release(&mut self, i: usize) {
         let u = &mut self.units[i];

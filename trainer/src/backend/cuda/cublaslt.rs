@@ -41,7 +41,8 @@ pub(super) enum Act {
     DGelu,
 }
 
-/// One GEMM `D = alpha·op(A)·op(B) + beta·C` with C = D, column-major, A and B bf16.
+/// One GEMM `D = alpha·op(A)·op(B) + beta·C`, column-major, A and B bf16; C is D unless
+/// `c` names another matrix of D's type and layout (a residual added in the epilogue).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Gemm {
     pub transa: bool,
@@ -57,6 +58,8 @@ pub(super) struct Gemm {
     pub ldd: usize,
     pub out: OutType,
     pub beta: f32,
+    /// C when it is not D (same type, shape and leading dimension).
+    pub c: Option<u64>,
     /// Bias of length m (bf16) added to every column: the fused epilogue.
     pub bias: Option<u64>,
     /// GELU in the epilogue, with its aux matrix (same shape and leading dimension as D).
@@ -77,7 +80,7 @@ struct Key {
     out: OutType,
     bias: bool,
     act: Act,
-    align: [u32; 5],
+    align: [u32; 6],
 }
 
 struct Plan {
@@ -175,6 +178,7 @@ impl Lt {
                 alignment(g.d),
                 g.bias.map_or(256, alignment),
                 g.aux.map_or(256, alignment),
+                g.c.map_or(256, alignment),
             ],
         }
     }
@@ -223,7 +227,7 @@ impl Lt {
                 plan.a,
                 g.b as *const c_void,
                 plan.b,
-                g.d as *const c_void,
+                g.c.unwrap_or(g.d) as *const c_void,
                 plan.d,
                 g.d as *mut c_void,
                 plan.d,

@@ -53,17 +53,17 @@ extern "C" __global__ void encoder_bwd_wpe(float* dwpe, const bf16_t* dout, int 
     }
 }
 
-// plan = [starts (nb+1) | tokens (nb) | rows (N)]: bucket k holds rows
+// plan = [nb | starts (nb+1) | tokens (nb) | rows (N)]: bucket k holds rows
 // rows[starts[k]..starts[k+1]] (ascending), all with token tokens[k].
-// grid = (nb, ceil(C / blockDim.x)); dwte[tok,c] += sum over the bucket's rows.
-extern "C" __global__ void encoder_bwd_wte(float* dwte, const bf16_t* dout, const unsigned* plan,
-                                           int nb, int C) {
+// grid = (N, ceil(C / blockDim.x)), blocks past nb idle; dwte[tok,c] += sum over the bucket's rows.
+extern "C" __global__ void encoder_bwd_wte(float* dwte, const bf16_t* dout, const unsigned* plan, int C) {
+    const int nb = (int)plan[0];  // distinct ids; the grid has a block for every row
     const int k = blockIdx.x;
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const unsigned* starts = plan;
-    const unsigned* toks = plan + nb + 1;
-    const unsigned* rows = plan + 2 * nb + 1;
+    if (k >= nb || c >= C) return;
+    const unsigned* starts = plan + 1;
+    const unsigned* toks = plan + nb + 2;
+    const unsigned* rows = plan + 2 * nb + 2;
     float acc = 0.f;
     for (unsigned p = starts[k]; p < starts[k + 1]; ++p) acc += bf2f(dout[(long long)rows[p] * C + c]);
     dwte[(long long)toks[k] * C + c] += acc;

@@ -1,6 +1,6 @@
 //! Token + position embedding on the GPU (twin of cpu/encoder.rs; kernels in encoder.cu).
-//! The backward is deterministic: rows are grouped by token on the host, from the ids'
-//! host copy, and each token's rows are summed in order.
+//! The backward is deterministic: rows are grouped by token on the host when the ids are
+//! uploaded (`DeviceTokens`), and each token's rows are summed in order.
 
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, check_loc, to_i32, BLOCK};
@@ -86,45 +86,19 @@ impl EncoderOps for CudaBackend {
         if let Some(bad_tok) = toks.iter().find(|&&x| x as usize >= vocab) {
             return Err(bad(format!("encoder_bwd: token id {bad_tok} is outside the vocabulary of {vocab}")));
         }
-        // plan = [starts (nb+1) | tokens (nb) | rows (n)], rows sorted by (token, row).
-        let mut rows: Vec<u32> = (0..n as u32).collect();
-        rows.sort_by_key(|&r| toks[r as usize]);
-        let mut starts = Vec::new();
-        let mut uniq = Vec::new();
-        for (i, &r) in rows.iter().enumerate() {
-            let tk = toks[r as usize];
-            if uniq.last() != Some(&tk) {
-                uniq.push(tk);
-                starts.push(i as u32);
-            }
-        }
-        starts.push(n as u32);
-        let nb = uniq.len();
-        let mut plan = starts;
-        plan.extend_from_slice(&uniq);
-        plan.extend_from_slice(&rows);
-        // Staged through pinned memory sized for the largest plan (3n + 1).
-        let cap = 3 * n + 1;
-        let mut staging = self.plan_pinned.borrow_mut();
-        if staging.as_ref().is_none_or(|p| p.len() < cap) {
-            *staging = None; // waits for its last copy before the memory is freed
-            *staging = Some(super::staging::Staging::new(self, cap, "the embedding backward plan")?);
-        }
-        let staged = staging.as_mut().expect("allocated above");
-        self.scratch(&self.scratch_u32, cap, "embedding backward plan")?;
-        let plan_ptr = {
-            let mut cell = self.scratch_u32.borrow_mut();
-            let s = cell.as_mut().expect("allocated by scratch()");
-            staged.upload(self, &plan, s, "the embedding backward plan")?;
-            self.ptr(s, 0)
-        };
+        // The grouping was planned and uploaded with the ids (`DeviceTokens`); the kernel
+        // reads the number of distinct ids from it, so its grid (one block per possible id)
+        // does not depend on the batch.
+        check("encoder_bwd plan", tokens.plan.len(), 0, 3 * n + 2)?;
+        let plan_ptr = self.ptr(&tokens.plan, 0);
         let (g_wte, g_wpe, d) = (self.ptr_mut(grads, dwte.off), self.ptr_mut(grads, dwpe.off), self.ptr(dout, 0));
-        let (nbi, ci, bi, ti) = (to_i32("distinct tokens", nb)?, to_i32("C", c)?, to_i32("B", b)?, to_i32("T", t)?);
+        let (ci, bi, ti) = (to_i32("C", c)?, to_i32("B", b)?, to_i32("T", t)?);
         let f = self.f("encoder_bwd_wte")?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&g_wte).arg(&d).arg(&plan_ptr).arg(&nbi).arg(&ci);
-        // SAFETY: the plan indexes rows < n and tokens < vocab (checked above).
-        unsafe { lb.launch(cfg((nb as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }
+        lb.arg(&g_wte).arg(&d).arg(&plan_ptr).arg(&ci);
+        // SAFETY: the plan (made from these ids at upload) indexes rows < n and ids < vocab
+        // (checked above); blocks past its nb distinct ids return at once.
+        unsafe { lb.launch(cfg((n as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }
             .map_err(|e| self.launch_err("encoder_bwd_wte", e))?;
         let f = self.f("encoder_bwd_wpe")?;
         let mut lb = self.stream.launch_builder(f);

@@ -107,6 +107,54 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
     }
 }
 
+// The 16-byte-chunk steps the warp and wide backward kernels share. Chunk `c` (8 values
+// from column c) of a row with mean m and rstd s:
+// its contribution to the row's two sums, a += w*dy and bsum += w*dy*norm;
+__device__ __forceinline__ void ln_bwd_chunk_sums(const bf16_t* x, const bf16_t* dy, const bf16_t* w, int c,
+                                                  float m, float s, float& a, float& bsum) {
+    float xf[8], gf[8], wf[8];
+    unpack8(*(const uint4*)(x + c), xf);
+    unpack8(*(const uint4*)(dy + c), gf);
+    unpack8(*(const uint4*)(w + c), wf);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float dn = wf[k] * gf[k];
+        a += dn;
+        bsum += dn * ((xf[k] - m) * s);
+    }
+}
+
+// with the row's a and bsum (already divided by C): dx += its gradient, and the chunk's
+// dw/db accumulated into dwacc/dbacc (8 values each);
+__device__ __forceinline__ void ln_bwd_chunk_apply(bf16_t* dx, const bf16_t* x, const bf16_t* dy, const bf16_t* w,
+                                                   int c, float m, float s, float a, float bsum, float* dwacc,
+                                                   float* dbacc) {
+    float xf[8], gf[8], wf[8], df[8];
+    unpack8(*(const uint4*)(x + c), xf);
+    unpack8(*(const uint4*)(dy + c), gf);
+    unpack8(*(const uint4*)(w + c), wf);
+    unpack8(*(const uint4*)(dx + c), df);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float norm = (xf[k] - m) * s;
+        const float dn = wf[k] * gf[k];
+        dbacc[k] += gf[k];
+        dwacc[k] += norm * gf[k];
+        df[k] += (dn - a - norm * bsum) * s;
+    }
+    *(uint4*)(dx + c) = pack8(df);
+}
+
+// and its accumulated dw/db written to partial row p = [dw (C) | db (C)].
+__device__ __forceinline__ void ln_bwd_chunk_partial(float* p, int C, int c, const float* dwacc,
+                                                     const float* dbacc) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        p[c + k] = dwacc[k];
+        p[C + c + k] = dbacc[k];
+    }
+}
+
 // Fast backward for C % 8 == 0, C <= 8*256 = 2048, 16-byte aligned rows: one warp per
 // group of rows, 16-byte loads, warp-level reductions only (the block-wide reductions of
 // layernorm_bwd cost two __syncthreads per row). Each warp accumulates dw/db for its rows
@@ -137,53 +185,21 @@ extern "C" __global__ void layernorm_bwd_warp(bf16_t* dinp, float* partial, cons
 #pragma unroll
         for (int j = 0; j < LN_BWD_MAXJ; ++j) {
             const int c = lane * 8 + j * 256;
-            if (c < C) {
-                float xf[8], gf[8], wf[8];
-                unpack8(*(const uint4*)(x + c), xf);
-                unpack8(*(const uint4*)(dy + c), gf);
-                unpack8(*(const uint4*)(w + c), wf);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const float dn = wf[k] * gf[k];
-                    a += dn;
-                    bsum += dn * ((xf[k] - m) * s);
-                }
-            }
+            if (c < C) ln_bwd_chunk_sums(x, dy, w, c, m, s, a, bsum);
         }
         a = warp_sum(a) / C;
         bsum = warp_sum(bsum) / C;
 #pragma unroll
         for (int j = 0; j < LN_BWD_MAXJ; ++j) {
             const int c = lane * 8 + j * 256;
-            if (c < C) {
-                float xf[8], gf[8], wf[8], df[8];
-                unpack8(*(const uint4*)(x + c), xf);
-                unpack8(*(const uint4*)(dy + c), gf);
-                unpack8(*(const uint4*)(w + c), wf);
-                unpack8(*(const uint4*)(dx + c), df);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const float norm = (xf[k] - m) * s;
-                    const float dn = wf[k] * gf[k];
-                    dbacc[j][k] += gf[k];
-                    dwacc[j][k] += norm * gf[k];
-                    df[k] += (dn - a - norm * bsum) * s;
-                }
-                *(uint4*)(dx + c) = pack8(df);
-            }
+            if (c < C) ln_bwd_chunk_apply(dx, x, dy, w, c, m, s, a, bsum, dwacc[j], dbacc[j]);
         }
     }
     float* p = partial + (long long)gw * 2 * C;
 #pragma unroll
     for (int j = 0; j < LN_BWD_MAXJ; ++j) {
         const int c = lane * 8 + j * 256;
-        if (c < C) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                p[c + k] = dwacc[j][k];
-                p[C + c + k] = dbacc[j][k];
-            }
-        }
+        if (c < C) ln_bwd_chunk_partial(p, C, c, dwacc[j], dbacc[j]);
     }
 }
 
@@ -219,18 +235,7 @@ extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, cons
 #pragma unroll
         for (int j = 0; j < LN_BWD_MAXJ; ++j) {
             const int c = 8 * threadIdx.x + j * stride;
-            if (c < C) {
-                float xf[8], gf[8], wf[8];
-                unpack8(*(const uint4*)(x + c), xf);
-                unpack8(*(const uint4*)(dy + c), gf);
-                unpack8(*(const uint4*)(w + c), wf);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const float dn = wf[k] * gf[k];
-                    a += dn;
-                    bsum += dn * ((xf[k] - m) * s);
-                }
-            }
+            if (c < C) ln_bwd_chunk_sums(x, dy, w, c, m, s, a, bsum);
         }
         a = warp_sum(a);
         bsum = warp_sum(bsum);
@@ -253,22 +258,7 @@ extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, cons
 #pragma unroll
         for (int j = 0; j < LN_BWD_MAXJ; ++j) {
             const int c = 8 * threadIdx.x + j * stride;
-            if (c < C) {
-                float xf[8], gf[8], wf[8], df[8];
-                unpack8(*(const uint4*)(x + c), xf);
-                unpack8(*(const uint4*)(dy + c), gf);
-                unpack8(*(const uint4*)(w + c), wf);
-                unpack8(*(const uint4*)(dx + c), df);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const float norm = (xf[k] - m) * s;
-                    const float dn = wf[k] * gf[k];
-                    dbacc[j][k] += gf[k];
-                    dwacc[j][k] += norm * gf[k];
-                    df[k] += (dn - a - norm * bsum) * s;
-                }
-                *(uint4*)(dx + c) = pack8(df);
-            }
+            if (c < C) ln_bwd_chunk_apply(dx, x, dy, w, c, m, s, a, bsum, dwacc[j], dbacc[j]);
         }
     }
     if (r0 >= N) return;  // a block past the last row writes no partial row
@@ -276,12 +266,6 @@ extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, cons
 #pragma unroll
     for (int j = 0; j < LN_BWD_MAXJ; ++j) {
         const int c = 8 * threadIdx.x + j * stride;
-        if (c < C) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                p[c + k] = dwacc[j][k];
-                p[C + c + k] = dbacc[j][k];
-            }
-        }
+        if (c < C) ln_bwd_chunk_partial(p, C, c, dwacc[j], dbacc[j]);
     }
 }

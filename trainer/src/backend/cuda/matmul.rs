@@ -89,6 +89,7 @@ fn fwd_gemm(w: u64, inp: u64, out: u64, s: MatShape, bias: Option<u64>, gelu_pre
         ldd: oc,
         out: OutType::Bf16,
         beta: 0.0,
+        c: None,
         bias,
         act: if gelu_pre.is_some() { Act::Gelu } else { Act::None },
         aux: gelu_pre,
@@ -113,6 +114,7 @@ fn dinp_gemm(dinp: u64, dout: u64, w: u64, s: MatShape, ldb: usize, dgelu_pre: O
         ldd: c,
         out: OutType::Bf16,
         beta: 0.0,
+        c: None,
         bias: None,
         act: if dgelu_pre.is_some() { Act::DGelu } else { Act::None },
         aux: dgelu_pre,
@@ -137,6 +139,7 @@ fn dw_gemm(dw: u64, inp: u64, dout: u64, s: MatShape, ldb: usize, beta: f32) -> 
         ldd: c,
         out: OutType::F32,
         beta,
+        c: None,
         bias: None,
         act: Act::None,
         aux: None,
@@ -399,6 +402,50 @@ impl MatmulOps for CudaBackend {
         self.bind()?;
         let (b, aux) = (Some(self.aligned_bias(params, bias)?), Some(self.ptr_mut(pre, 0)));
         let g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, aux);
+        if !self.lt.supports(&g) {
+            return Ok(false);
+        }
+        self.lt.gemm(&g, self.lt_stream())?;
+        Ok(true)
+    }
+
+    /// `matmul_residual_fwd` as one GEMM: the residual is cuBLASLt's C (beta = 1, D ≠ C),
+    /// so the stream's sum is rounded to bf16 once instead of twice and no residual kernel
+    /// runs. `Ok(false)` where the output needs the padded staging (odd OC).
+    fn fused_matmul_residual_fwd(
+        &self,
+        out: &mut Self::Buf,
+        res: &Self::Buf,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<bool> {
+        let MatShape { n, c, oc } = s;
+        let (params, LinearLocs { w, b: bias }) = (p.buf, p.at);
+        check("matmul_residual_fwd out", out.len(), 0, n * oc)?;
+        check("matmul_residual_fwd res", res.len(), 0, n * oc)?;
+        check("matmul_residual_fwd inp", inp.len(), 0, n * c)?;
+        check_loc("matmul_residual_fwd weight", params.len(), w)?;
+        if w.len != oc * c {
+            return Err(bad(format!("matmul_residual_fwd: weight has {} elements, expected OC*C = {}", w.len, oc * c)));
+        }
+        if let Some(bl) = bias {
+            check_loc("matmul_residual_fwd bias", params.len(), bl)?;
+            if bl.len != oc {
+                return Err(bad(format!("matmul_residual_fwd: bias has {} elements, expected OC = {oc}", bl.len)));
+            }
+        }
+        if n == 0 || c == 0 || oc == 0 || stage_pad(n, oc).is_some() {
+            return Ok(false);
+        }
+        self.bind()?;
+        let b = match bias {
+            Some(bl) => Some(self.aligned_bias(params, bl)?),
+            None => None,
+        };
+        let mut g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, None);
+        g.beta = 1.0;
+        g.c = Some(self.ptr(res, 0));
         if !self.lt.supports(&g) {
             return Ok(false);
         }

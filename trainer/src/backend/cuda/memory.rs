@@ -41,12 +41,17 @@ impl MemoryOps for CudaBackend {
     }
     fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens> {
         let pinned = super::staging::Staging::new(self, n, "token ids")?;
-        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned })
+        let plan_len = 3 * n + 2;
+        let plan_pinned = super::staging::Staging::new(self, plan_len, "the embedding backward plan")?;
+        let plan = self.alloc(plan_len, "the embedding backward plan")?;
+        self.plan_bytes.set(self.plan_bytes.get() + 4 * plan_len as u64);
+        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned, plan, plan_pinned })
     }
     fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
         check("upload_tokens", dst.dev.len(), 0, host.len())?;
         dst.host[..host.len()].copy_from_slice(host);
-        dst.pinned.upload(self, host, &mut dst.dev, "token ids")
+        dst.pinned.upload(self, host, &mut dst.dev, "token ids")?;
+        dst.plan_pinned.upload(self, &embedding_plan(host), &mut dst.plan, "the embedding backward plan")
     }
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
         check("upload_buf", dst.len(), off, host.len())?;
@@ -108,4 +113,28 @@ impl MemoryOps for CudaBackend {
             .memcpy_dtod(&src.slice(at.off..at.end()), &mut dst.slice_mut(doff..doff + at.len))
             .map_err(|e| self.err("copying a compute buffer", e))
     }
+}
+
+/// The embedding backward's grouping of `tokens`' rows by id: `[nb | starts (nb + 1) |
+/// ids (nb) | rows (n)]`, rows sorted by (id, row), so each id's rows are summed in order.
+fn embedding_plan(tokens: &[u32]) -> Vec<u32> {
+    let n = tokens.len();
+    let mut rows: Vec<u32> = (0..n as u32).collect();
+    rows.sort_by_key(|&r| tokens[r as usize]);
+    let mut starts = Vec::new();
+    let mut ids = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        let id = tokens[r as usize];
+        if ids.last() != Some(&id) {
+            ids.push(id);
+            starts.push(i as u32);
+        }
+    }
+    starts.push(n as u32);
+    let mut plan = Vec::with_capacity(3 * n + 2);
+    plan.push(ids.len() as u32);
+    plan.extend_from_slice(&starts);
+    plan.extend_from_slice(&ids);
+    plan.extend_from_slice(&rows);
+    plan
 }

@@ -27,6 +27,7 @@ mod attention;
 mod cross_entropy;
 mod cublaslt;
 mod encoder;
+mod graph;
 mod kernels;
 mod launch;
 mod layernorm;
@@ -71,10 +72,9 @@ pub struct CudaBackend {
     /// time uses each, in stream order, so sharing them is safe.
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
     scratch_f64: RefCell<Option<CudaSlice<f64>>>,
-    scratch_u32: RefCell<Option<CudaSlice<u32>>>,
-    /// Page-locked staging for the embedding plan: an upload from pageable memory may
-    /// wait for the stream, a pinned one does not.
-    plan_pinned: RefCell<Option<staging::Staging>>,
+    /// Device bytes of the token buffers' embedding-backward plans (`DeviceTokens::plan`),
+    /// reported with the scratch.
+    plan_bytes: Cell<u64>,
     scratch_bf16: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bf16_w: RefCell<Option<CudaSlice<bf16>>>,
     scratch_bias: RefCell<Option<CudaSlice<bf16>>>,
@@ -190,8 +190,7 @@ impl CudaBackend {
             sm_count,
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
-            scratch_u32: RefCell::new(None),
-            plan_pinned: RefCell::new(None),
+            plan_bytes: Cell::new(0),
             scratch_bf16: RefCell::new(None),
             scratch_bf16_w: RefCell::new(None),
             scratch_bias: RefCell::new(None),
@@ -303,7 +302,7 @@ impl CudaBackend {
         LT_WORKSPACE as u64
             + held(&self.scratch_f32)
             + held(&self.scratch_f64)
-            + held(&self.scratch_u32)
+            + self.plan_bytes.get()
             + held(&self.scratch_bf16)
             + held(&self.scratch_bf16_w)
             + held(&self.scratch_bias)
@@ -411,12 +410,16 @@ impl Device for CudaBackend {
     }
 }
 
-/// Token ids on the device, plus the host copy they were uploaded from: the embedding
-/// backward plans its deterministic grouping of rows by token from the host copy, so it
-/// never reads ids back from the device (a wait for the GPU in the middle of every step).
+/// Token ids on the device, plus the host copy they were uploaded from, plus the
+/// embedding backward's plan: the deterministic grouping of rows by token, made on the host
+/// at upload (never reading ids back from the device) and uploaded beside the ids, so the
+/// backward itself is device work only (recordable in a CUDA graph). Layout:
+/// `[nb | starts (nb + 1) | tokens (nb) | rows (n)]`, `nb` the distinct ids.
 pub struct DeviceTokens {
     dev: CudaSlice<u32>,
     host: Vec<u32>,
     /// Page-locked staging, so the upload does not wait for the stream.
     pinned: staging::Staging,
+    plan: CudaSlice<u32>,
+    plan_pinned: staging::Staging,
 }

@@ -23,10 +23,6 @@ impl Staging {
         Ok(Staging { buf: be.pinned(n, what)?, copied: None })
     }
 
-    pub fn len(&self) -> usize {
-        self.buf.len()
-    }
-
     /// Queue `dst[..values.len()] = values` on the compute stream through the staging,
     /// once its previous copy has left it (normally long done: the wait is a safeguard
     /// that costs nothing unless the host is a micro-step ahead).

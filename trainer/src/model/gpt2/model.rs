@@ -334,6 +334,10 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         self.loss_micro = 0;
         Ok(mean)
     }
+
+    fn replayed_micro(&mut self) {
+        self.loss_micro += 1;
+    }
 }
 
 /// One block's computations: the backend, the block's gathered parameters and where
@@ -360,13 +364,12 @@ impl<B: Backend> Block<'_, B> {
         if !matches!(pass, Pass::Recompute { attention: false }) {
             be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
         }
-        be.matmul_fwd(&mut sc.tmp, &a.atty, self.w(k.proj), MatShape { n, c, oc: c })?;
-        be.residual_fwd(&mut a.resid2, x, &sc.tmp, n * c)?;
+        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
         be.matmul_gelu_fwd(&mut a.fch, &mut sc.gelu_out, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
         let Pass::Full(out) = pass else { return Ok(()) };
-        be.matmul_fwd(&mut sc.tmp, &sc.gelu_out, self.w(k.fc2), MatShape { n, c: 4 * c, oc: c })?;
-        be.residual_fwd(out, &a.resid2, &sc.tmp, n * c)?;
+        let fc2 = MatShape { n, c: 4 * c, oc: c };
+        be.matmul_residual_fwd(out, &a.resid2, &sc.gelu_out, self.w(k.fc2), fc2, &mut sc.tmp)?;
         Ok(())
     }
 
