@@ -67,7 +67,28 @@ fn layernorm() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
         // Every backward path: warp (768), general (100: C % 8 != 0), wide (3072, 4096, 8192).
-        for &(n, c) in &[(256usize, 768usize), (37, 100), (64, 4096), (45, 3072), (19, 8192)] {
+        // Every instance of the rows backward (J = ceil(C / 256) = 1..8, a ragged last chunk
+        // at 1600, row counts that leave warps and blocks past N) and of the wide one
+        // (J = ceil(C / 1024) = 3..8), and the scalar path (C = 100).
+        let shapes = [
+            (256usize, 768usize),
+            (37, 100),
+            (33, 64),
+            (70, 512),
+            (40, 1024),
+            (41, 1280),
+            (300, 1536),
+            (77, 1600),
+            (50, 2048),
+            (21, 2560),
+            (45, 3072),
+            (64, 4096),
+            (13, 5120),
+            (11, 6144),
+            (9, 7168),
+            (19, 8192),
+        ];
+        for &(n, c) in &shapes {
             let tag = format!("layernorm N{n} C{c}");
             let off = 5; // parameters at an odd offset: unaligned pointers
             let at = NormLocs { w: Loc::new(off, c), b: Loc::new(off + c, c) };

@@ -404,8 +404,9 @@ ATTN_INSTANCES(128)
 // ============================================================================
 // Tensor-core path for head sizes 64, 80, 96 and 128 (GPT-2 sizes use 64; models from
 // ~3B up use 128): the same three kernels with the products on mma.sync m16n8k16 (bf16
-// in, fp32 accumulate), FlashAttention-2 style. Block = 4 warps = 64 rows of the tile,
-// 16 per warp. q, k, v, dO stay bf16 in dynamic shared memory, rows padded to HS + 8
+// in, fp32 accumulate), FlashAttention-2 style. Block = 4 warps; the backward kernels and
+// the head-size-64 forward give each warp 16 rows of a 64-row tile, the forward at larger
+// head sizes 32 rows of a 128-row tile (`FWD_MT`). q, k, v, dO stay bf16 in dynamic shared memory, rows padded to HS + 8
 // elements (an odd number of 16-byte words: conflict-free ldmatrix rows). Probabilities
 // and dS are rounded to bf16 only as mma operands; the softmax statistics, D and every
 // accumulator are fp32.
@@ -435,6 +436,11 @@ template <int HS> struct Mg {
     static constexpr int NT = HS / 8;       // 8-wide n-tiles over the head dimension
     static constexpr int TE = 64 * LD;      // bf16 elements of one 64-row tile
     static constexpr bool OWN_IN_REGS = HS <= 64;  // backward kernels: own tile as A fragments
+    // Forward: 16 FWD_MT query rows per warp (H200, T = 1024 and 2048: two m-tiles are up
+    // to 14% faster at head sizes 80-128 and slower at 64, which keeps attn_fwd_mma16_impl),
+    // kept as A fragments where they fit.
+    static constexpr int FWD_MT = HS <= 64 ? 1 : 2;
+    static constexpr bool FWD_Q_IN_REGS = FWD_MT == 1 || HS <= 80;
 };
 
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
@@ -631,9 +637,110 @@ __device__ __forceinline__ void next_kv_tile(bf16_t* Kn, bf16_t* Vn, const bf16_
     __syncthreads();
 }
 
-// Forward. grid = (ceil(T/64), NH, B), 128 threads, 4 tiles of shared memory.
+// 2^x on the special-function unit, flushing denormals: exp2f without fast math wraps
+// the same instruction in a range fix-up the softmax does not need (its results either
+// matter at fp32/bf16 precision or are rounded to zero anyway).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// acc[mi][j] (MT m-tiles: 16 MT rows x 64 keys) += A (16 MT x HS) * Y^T, Y a [64 n][LD]
+// tile. A is rows 0.. of X (row stride LD), as fragments in registers (`qa`, QREGS) or
+// read from X a pair of k-steps at a time. Every B fragment (one ldmatrix.x4: two k-steps
+// of an n-tile) feeds 2 MT mma: with MT = 2, half the shared-memory reads per product.
+template <int HS, int MT, bool QREGS>
+__device__ __forceinline__ void mma_abt_mt(float acc[MT][8][4], const unsigned (*qa)[QREGS ? Mg<HS>::KS : 1][4],
+                                           const bf16_t* X, const bf16_t* Y) {
+    constexpr int LD = Mg<HS>::LD, KS = Mg<HS>::KS;
+    const int lane = threadIdx.x & 31;
+    const bf16_t* base = Y + (lane & 7) * LD + (lane >> 3) * 8;
+#pragma unroll
+    for (int h = 0; h < KS / 2; ++h) {
+        unsigned ta[MT][2][4];
+        const unsigned* a[MT][2];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                if constexpr (QREGS) {
+                    a[mi][s] = qa[mi][2 * h + s];
+                } else {
+                    afrag_step<HS>(ta[mi][s], X, 16 * mi, 2 * h + s);
+                    a[mi][s] = ta[mi][s];
+                }
+            }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            unsigned r[4];
+            ldsm_x4(r, base + j * 8 * LD + h * 32);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) mma_bf16(acc[mi][j], a[mi][0], r[0], r[1]);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) mma_bf16(acc[mi][j], a[mi][1], r[2], r[3]);
+        }
+    }
+    if constexpr (KS % 2 == 1) {
+        unsigned ta[MT][4];
+        const unsigned* a[MT];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+            if constexpr (QREGS) {
+                a[mi] = qa[mi][KS - 1];
+            } else {
+                afrag_step<HS>(ta[mi], X, 16 * mi, KS - 1);
+                a[mi] = ta[mi];
+            }
+        }
+        const bf16_t* base2 = Y + (lane & 7) * LD + ((lane >> 3) & 1) * 8 + (KS - 1) * 16;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            unsigned r[2];
+            ldsm_x2(r, base2 + j * 8 * LD);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) mma_bf16(acc[mi][j], a[mi], r[0], r[1]);
+        }
+    }
+}
+
+// acc[mi][j] (16 MT x HS) += P (16 MT x 64, MT m-tiles of C-layout fp32 registers) * Z, Z
+// a [64 k][LD] tile; each transposed B fragment feeds every m-tile.
+template <int HS, int MT>
+__device__ __forceinline__ void mma_pz_mt(float acc[MT][Mg<HS>::NT][4], const float P[MT][8][4], const bf16_t* Z) {
+    constexpr int LD = Mg<HS>::LD;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+            a[mi][0] = pack2(P[mi][2 * kk][0], P[mi][2 * kk][1]);
+            a[mi][1] = pack2(P[mi][2 * kk][2], P[mi][2 * kk][3]);
+            a[mi][2] = pack2(P[mi][2 * kk + 1][0], P[mi][2 * kk + 1][1]);
+            a[mi][3] = pack2(P[mi][2 * kk + 1][2], P[mi][2 * kk + 1][3]);
+        }
+        const int row = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int jp = 0; jp < Mg<HS>::NT / 2; ++jp) {
+            unsigned r[4];
+            ldsm_x4_trans(r, Z + row * LD + 16 * jp + (lane >> 4) * 8);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) mma_bf16(acc[mi][2 * jp], a[mi], r[0], r[1]);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) mma_bf16(acc[mi][2 * jp + 1], a[mi], r[2], r[3]);
+        }
+    }
+}
+
+// Forward with one m-tile (16 query rows) per warp, for head size 64 (`FWD_MT` = 1).
+// grid = (ceil(T/64), NH, B), 128 threads, 4 tiles of shared memory. The same function
+// as attn_fwd_mma_impl below with MT = 1, kept as its own kernel because it is faster:
+// 0.179 against 0.193 ms at GPT-2 124M shapes on an H200 (the two-m-tile kernel's
+// register layout costs the one-m-tile case 7%; reordering its softmax did not recover
+// it).
 template <int HS>
-__device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
+__device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
                                                   float scale) {
     using G = Mg<HS>;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -685,14 +792,14 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
         for (int r = 0; r < 2; ++r) {
             const float mnew = fmaxf(m[r], quad_max(mx[r]));
             ref[r] = mnew == -F_INF ? 0.f : mnew;
-            alpha[r] = exp2f(m[r] - ref[r]);
+            alpha[r] = ex2(m[r] - ref[r]);
             m[r] = mnew;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(s[j][e] - ref[e >> 1]);
+                const float p = ex2(s[j][e] - ref[e >> 1]);
                 s[j][e] = p;
                 rs[e >> 1] += p;
             }
@@ -717,6 +824,133 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
         for (int j = 0; j < G::NT; ++j) *(unsigned*)(dst + j * 8) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
         if (t == 0) lse[((long long)b * NH + h) * T + q] = m[r] + log2f(l[r]);
     }
+}
+
+// Forward. grid = (ceil(T / (64 MT)), NH, B), 128 threads: a block per 64 MT query
+// rows, each warp 16 MT of them (MT = 2 is FlashAttention-2's layout: half the
+// shared-memory reads per product, but fewer blocks fit an SM; `FWD_MT` picks per head
+// size, as measured), key/value tiles of 64 double-buffered. Shared memory: 4 tiles (K, V
+// x 2), and Q's MT tiles of its own where its fragments do not fit in registers
+// (`FWD_Q_IN_REGS`); otherwise Q borrows the second K (and V) buffers, which key tile 1
+// first refills after every warp has read Q. A warp skips the key tiles wholly after its
+// last row; only tiles that cross its diagonal (or T) pay for the mask. Row sums stay per
+// thread until the end (the rescaling is the same for the four threads of a row).
+template <int HS>
+__device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
+                                                  float scale) {
+    using G = Mg<HS>;
+    constexpr int MT = G::FWD_MT, ROWS = 64 * MT, WR = 16 * MT;
+    constexpr bool QREGS = G::FWD_Q_IN_REGS;
+    extern __shared__ __align__(16) bf16_t smem_mma[];
+    require_smem((QREGS ? 4 : 4 + MT) * G::TE * 2);
+    bf16_t* const Ks = smem_mma;
+    bf16_t* const Vs = smem_mma + 2 * G::TE;
+    bf16_t* const Qlo = QREGS ? Ks + G::TE : smem_mma + 4 * G::TE;  // query rows 0-63
+    bf16_t* const Qhi = QREGS ? Vs + G::TE : smem_mma + 5 * G::TE;  // query rows 64-127 (MT = 2)
+    const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * HS;
+    const long long C3 = 3LL * C;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const int q0 = qt * ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_tile16_async<HS>(Qlo, base + (long long)q0 * C3, C3, min(64, T - q0));
+    if constexpr (MT == 2) {
+        // (rows past T are zero-filled without being read; the address stays inside the batch)
+        load_tile16_async<HS>(Qhi, base + (long long)min(q0 + 64, T - 1) * C3, C3, min(64, T - q0 - 64));
+    }
+    load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
+    load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
+    cp_commit();
+    cp_wait0();
+    __syncthreads();
+    const int wq = warp * WR;  // this warp's first row in the block
+    const bf16_t* const Qw = (wq < 64 ? Qlo : Qhi) + (wq & 63) * G::LD;
+    unsigned qa[MT][QREGS ? G::KS : 1][4];
+    if constexpr (QREGS) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) load_afrag<HS>(qa[mi], Qw, 16 * mi);
+    }
+    float o[MT][G::NT][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+        zero_acc<G::NT>(o[mi]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            m[mi][r] = -F_INF;
+            l[mi][r] = 0.f;
+        }
+    }
+    const int qw0 = q0 + wq;  // this thread's rows: qw0 + 16 mi + 8 r + g
+    const int nkt = min((T + 63) / 64, (q0 + ROWS - 1) / 64 + 1);
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int k0 = kt * 64, cur = kt & 1;
+        // (with Q in registers, its copy in the second buffers counts as tile -1)
+        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, base, C, kt + 1 < nkt ? k0 + 64 : -1, T);
+        if (k0 > qw0 + WR - 1) continue;  // warp-uniform: every key is after every row of this warp
+        float s[MT][8][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) zero_acc<8>(s[mi]);
+        mma_abt_mt<HS, MT, QREGS>(s, qa, Qw, Ks + cur * G::TE);
+        const bool edge = k0 + 63 > qw0 || k0 + 64 > T;
+        float mx[MT][2];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) mx[mi][r] = -F_INF;
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e >> 1, q = qw0 + 16 * mi + 8 * r + g, k = k0 + j * 8 + 2 * t + (e & 1);
+                    if (edge && (k > q || k >= T)) s[mi][j][e] = -F_INF;
+                    mx[mi][r] = fmaxf(mx[mi][r], s[mi][j][e]);
+                }
+        // Statistics in base-2 units of the scaled score (scale > 0: the max commutes).
+        float nref[MT][2];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float mnew = fmaxf(m[mi][r], quad_max(mx[mi][r]) * sl2);
+                const float ref = mnew == -F_INF ? 0.f : mnew;
+                const float alpha = ex2(m[mi][r] - ref);
+                m[mi][r] = mnew;
+                nref[mi][r] = -ref;
+                l[mi][r] *= alpha;
+#pragma unroll
+                for (int j = 0; j < G::NT; ++j) {
+                    o[mi][j][2 * r] *= alpha;
+                    o[mi][j][2 * r + 1] *= alpha;
+                }
+            }
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float p = ex2(fmaf(s[mi][j][e], sl2, nref[mi][e >> 1]));
+                    s[mi][j][e] = p;
+                    l[mi][e >> 1] += p;
+                }
+        mma_pz_mt<HS, MT>(o, s, Vs + cur * G::TE);
+    }
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int q = qw0 + 16 * mi + 8 * r + g;
+            const float lt = quad_sum(l[mi][r]);
+            if (q >= T) continue;
+            const float inv = 1.f / lt;
+            bf16_t* dst = out + ((long long)b * T + q) * C + h * HS + 2 * t;
+#pragma unroll
+            for (int j = 0; j < G::NT; ++j)
+                *(unsigned*)(dst + j * 8) = pack2(o[mi][j][2 * r] * inv, o[mi][j][2 * r + 1] * inv);
+            if (t == 0) lse[((long long)b * NH + h) * T + q] = m[mi][r] + log2f(lt);
+        }
 }
 
 // dK, dV of dqkv. grid = (ceil(T/64), NH, B), 128 threads, block per key tile; shared
@@ -792,7 +1026,7 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
             for (int e = 0; e < 4; ++e) {
                 const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
                 const bool valid = !edge || (k <= q && q < T && k < T);
-                const float p = valid ? exp2f(st[j][e] * sl2 - ls[qi]) : 0.f;
+                const float p = valid ? ex2(fmaf(st[j][e], sl2, -ls[qi])) : 0.f;
                 st[j][e] = p;
                 dpt[j][e] = p * (dpt[j][e] - ds[qi]);
             }
@@ -873,7 +1107,7 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
                 const bool valid = !edge || (k <= q && q < T && k < T);
-                const float p = valid ? exp2f(s[j][e] * sl2 - lr[r]) : 0.f;
+                const float p = valid ? ex2(fmaf(s[j][e], sl2, -lr[r])) : 0.f;
                 s[j][e] = p * (dp[j][e] - dr[r]);
             }
         mma_pz<HS>(dq, s, Kc);  // dQ += dS K
@@ -889,14 +1123,19 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     }
 }
 
-// ptxas budgets: the dK/dV kernel keeps every register it wants; the dQ kernel is asked
+// ptxas budgets: the one-m-tile forward (head size 64) is asked to fit three blocks per SM
+// (left alone, it takes 176 registers: two blocks); the dK/dV kernel keeps every
+// register it wants; the dQ kernel is asked
 // to fit MINB blocks per SM (at HS 64, three: a few spilled registers buy more warps in
 // flight, 0.552 -> 0.542 ms per call at GPT-2 1.5B shapes on an H200, where the same
 // request makes the dK/dV kernel 5% slower).
-#define ATTN_MMA_INSTANCES(HS, DQ_MINB)                                                                       \
-    extern "C" __global__ void __launch_bounds__(128)                                                         \
+#define ATTN_MMA_INSTANCES(HS, FWD_MINB, DQ_MINB)                                                             \
+    extern "C" __global__ void __launch_bounds__(128, FWD_MINB)                                               \
         attn_fwd_mma##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {           \
-        attn_fwd_mma_impl<HS>(out, lse, qkv, T, NH, scale);                                                   \
+        if constexpr (Mg<HS>::FWD_MT == 1)                                                                    \
+            attn_fwd_mma16_impl<HS>(out, lse, qkv, T, NH, scale);                                             \
+        else                                                                                                  \
+            attn_fwd_mma_impl<HS>(out, lse, qkv, T, NH, scale);                                               \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                      \
         attn_bwd_dkv_mma##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,           \
@@ -909,7 +1148,7 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
         attn_bwd_dq_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, scale);                                      \
     }
 
-ATTN_MMA_INSTANCES(64, 3)
-ATTN_MMA_INSTANCES(80, 2)
-ATTN_MMA_INSTANCES(96, 2)
-ATTN_MMA_INSTANCES(128, 2)
+ATTN_MMA_INSTANCES(64, 3, 3)
+ATTN_MMA_INSTANCES(80, 1, 2)
+ATTN_MMA_INSTANCES(96, 1, 2)
+ATTN_MMA_INSTANCES(128, 1, 2)

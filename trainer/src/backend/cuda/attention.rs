@@ -106,14 +106,30 @@ fn kernel_name(pass: Pass, v: Variant) -> &'static str {
     TABLE.iter().find(|&&(p, vv, _)| p == pass && vv == v).map(|&(_, _, n)| n).expect("every variant has every pass")
 }
 
+/// m-tiles of 16 query rows per warp in the tensor-core forward (`FWD_MT` in attention.cu):
+/// a block is 4 warps, 64 * this many query rows.
+fn fwd_m_tiles(hs: usize) -> usize {
+    if hs <= 64 {
+        1
+    } else {
+        2
+    }
+}
+
 /// Dynamic shared memory of a tensor-core kernel: its 64-row bf16 tiles, rows padded to
-/// `hs + 8` (`Mg<HS>` in attention.cu). Four double-buffered stream tiles; the backward
-/// kernels keep their own tile in two more where its fragments do not fit in registers
-/// (`OWN_IN_REGS`: head size 64 and below). The kernels trap if given less.
+/// `hs + 8` (`Mg<HS>` in attention.cu). Four double-buffered stream tiles; each kernel
+/// keeps its own rows (the forward's query tiles, the backward's key or query tile) in
+/// tiles of their own where their fragments do not fit in registers (`FWD_Q_IN_REGS`:
+/// one m-tile per warp, or head size 80 and below; `OWN_IN_REGS`: 64 and below). The
+/// kernels trap if given less.
 fn mma_smem(hs: usize, pass: Pass) -> usize {
-    let own_in_regs = hs <= 64;
-    let tiles = if pass == Pass::Fwd || own_in_regs { 4 } else { 6 };
-    tiles * TILE * (hs + 8) * 2
+    let own_tiles = match pass {
+        Pass::Fwd if fwd_m_tiles(hs) == 1 || hs <= 80 => 0,
+        Pass::Fwd => fwd_m_tiles(hs),
+        Pass::Dkv | Pass::Dq if hs <= 64 => 0,
+        Pass::Dkv | Pass::Dq => 2,
+    };
+    (4 + own_tiles) * TILE * (hs + 8) * 2
 }
 
 /// Dynamic shared memory of a SIMT kernel: its float tiles (rows padded to `hs + 4`).
@@ -186,7 +202,11 @@ impl AttentionOps for CudaBackend {
         let (ti, nhi) = (to_i32("T", s.t)?, to_i32("NH", s.nh)?);
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&scale);
-        let grid = (s.t.div_ceil(TILE) as u32, s.nh as u32, s.b as u32);
+        let rows = match v {
+            Variant::Mma(hs) => TILE * fwd_m_tiles(hs),
+            Variant::Simt(_) => TILE,
+        };
+        let grid = (s.t.div_ceil(rows) as u32, s.nh as u32, s.b as u32);
         let (threads, smem) = Self::attn_launch(v, Pass::Fwd);
         // SAFETY: ranges checked above; the kernel guards rows >= T.
         unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;

@@ -5,7 +5,7 @@
 // partial dw/db sums to a scratch array, which reduce_partials (reduce.cu) then adds up
 // in chunk order. No atomics.
 
-// LN_EPS (cpu::LN_EPS) and LN_BWD_MAXJ (layernorm.rs) come from the launch code as -D options.
+// LN_EPS (cpu::LN_EPS) and LN_WIDE_WARPS (layernorm.rs) come from the launch code as -D options.
 
 // One warp per row; blockDim.x = 256 (8 rows per block).
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
@@ -107,15 +107,16 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
     }
 }
 
-// The 16-byte-chunk steps the warp and wide backward kernels share. Chunk `c` (8 values
-// from column c) of a row with mean m and rstd s:
-// its contribution to the row's two sums, a += w*dy and bsum += w*dy*norm;
-__device__ __forceinline__ void ln_bwd_chunk_sums(const bf16_t* x, const bf16_t* dy, const bf16_t* w, int c,
-                                                  float m, float s, float& a, float& bsum) {
+// The 16-byte-chunk steps the rows and wide backward kernels share, on chunks already
+// loaded (8 bf16 values of x, dy and w at one column, and of the row's dx). Chunk of a row
+// with mean m and rstd s: its contribution to the row's two sums, a += w*dy and
+// bsum += w*dy*norm;
+__device__ __forceinline__ void ln_bwd_chunk_sums(uint4 xv, uint4 gv, uint4 wv, float m, float s, float& a,
+                                                  float& bsum) {
     float xf[8], gf[8], wf[8];
-    unpack8(*(const uint4*)(x + c), xf);
-    unpack8(*(const uint4*)(dy + c), gf);
-    unpack8(*(const uint4*)(w + c), wf);
+    unpack8(xv, xf);
+    unpack8(gv, gf);
+    unpack8(wv, wf);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         const float dn = wf[k] * gf[k];
@@ -124,16 +125,15 @@ __device__ __forceinline__ void ln_bwd_chunk_sums(const bf16_t* x, const bf16_t*
     }
 }
 
-// with the row's a and bsum (already divided by C): dx += its gradient, and the chunk's
-// dw/db accumulated into dwacc/dbacc (8 values each);
-__device__ __forceinline__ void ln_bwd_chunk_apply(bf16_t* dx, const bf16_t* x, const bf16_t* dy, const bf16_t* w,
-                                                   int c, float m, float s, float a, float bsum, float* dwacc,
-                                                   float* dbacc) {
+// with the row's a and bsum (already divided by C): dx plus its gradient (returned), and
+// the chunk's dw/db accumulated into dwacc/dbacc (8 values each).
+__device__ __forceinline__ uint4 ln_bwd_chunk_apply(uint4 dxv, uint4 xv, uint4 gv, uint4 wv, float m, float s,
+                                                    float a, float bsum, float* dwacc, float* dbacc) {
     float xf[8], gf[8], wf[8], df[8];
-    unpack8(*(const uint4*)(x + c), xf);
-    unpack8(*(const uint4*)(dy + c), gf);
-    unpack8(*(const uint4*)(w + c), wf);
-    unpack8(*(const uint4*)(dx + c), df);
+    unpack8(xv, xf);
+    unpack8(gv, gf);
+    unpack8(wv, wf);
+    unpack8(dxv, df);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         const float norm = (xf[k] - m) * s;
@@ -142,84 +142,131 @@ __device__ __forceinline__ void ln_bwd_chunk_apply(bf16_t* dx, const bf16_t* x, 
         dwacc[k] += norm * gf[k];
         df[k] += (dn - a - norm * bsum) * s;
     }
-    *(uint4*)(dx + c) = pack8(df);
+    return pack8(df);
 }
 
-// and its accumulated dw/db written to partial row p = [dw (C) | db (C)].
-__device__ __forceinline__ void ln_bwd_chunk_partial(float* p, int C, int c, const float* dwacc,
-                                                     const float* dbacc) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        p[c + k] = dwacc[k];
-        p[C + c + k] = dbacc[k];
-    }
-}
+__device__ __forceinline__ uint4 ld16(const bf16_t* p) { return *(const uint4*)p; }
 
-// Fast backward for C % 8 == 0, C <= 8*256 = 2048, 16-byte aligned rows: one warp per
-// group of rows, 16-byte loads, warp-level reductions only (the block-wide reductions of
-// layernorm_bwd cost two __syncthreads per row). Each warp accumulates dw/db for its rows
-// in registers and writes them as partial row `global warp id`; reduce_partials then adds
-// the partials in warp order, so the result is deterministic (no atomics).
-extern "C" __global__ void layernorm_bwd_warp(bf16_t* dinp, float* partial, const bf16_t* dout,
-                                              const bf16_t* inp, const bf16_t* w, const float* mean,
-                                              const float* rstd, int N, int C, int rows_per_warp) {
-    const int lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int r0 = gw * rows_per_warp;
-    if (r0 >= N) return;  // past the last partial row: nothing to write
-    const int r1 = min(N, r0 + rows_per_warp);
-    float dwacc[LN_BWD_MAXJ][8], dbacc[LN_BWD_MAXJ][8];
+// Fast backward for C % 8 == 0, C <= 256 J, 16-byte aligned rows: J = ceil(C / 256)
+// chunks of 8 values per lane (a template parameter, so registers hold exactly the
+// chunks a row has). A block of warps, each a run of rows_per_warp rows with warp-level
+// reductions only; up to 4 chunks, the row's x and dy stay in registers (packed bf16)
+// between its two passes and w's for the whole run. Each warp accumulates dw/db in registers; the
+// block adds its warps' sums in warp order through shared memory ([warps][2C] floats)
+// and writes them as partial row `blockIdx.x`; reduce_partials then adds the partial rows
+// in order: deterministic, no atomics, the same bits on every GPU.
+template <int J>
+__device__ __forceinline__ void ln_bwd_rows_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
+                                                 const bf16_t* inp, const bf16_t* w, const float* mean,
+                                                 const float* rstd, int N, int C, int rows_per_warp) {
+    extern __shared__ float wsum[];  // [warp][dw (C) | db (C)]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int r0 = (blockIdx.x * nw + warp) * rows_per_warp;
+    const int r1 = min(N, r0 + rows_per_warp);  // a warp past the last row adds zeros
+    // Up to 4 chunks the row's x, dy and w stay in registers; wider rows re-read them in
+    // the second pass (from L1), which keeps the registers for more warps in flight.
+    constexpr bool KEEP = J <= 4;
+    uint4 wv[KEEP ? J : 1];
+    float dwacc[J][8], dbacc[J][8];
 #pragma unroll
-    for (int j = 0; j < LN_BWD_MAXJ; ++j)
+    for (int j = 0; j < J; ++j) {
+        const int c = lane * 8 + j * 256;
+        if constexpr (KEEP)
+            if (c < C) wv[j] = ld16(w + c);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             dwacc[j][k] = 0.f;
             dbacc[j][k] = 0.f;
         }
+    }
     for (int row = r0; row < r1; ++row) {
         const bf16_t* x = inp + (long long)row * C;
         const bf16_t* dy = dout + (long long)row * C;
         bf16_t* dx = dinp + (long long)row * C;
         const float m = mean[row], s = rstd[row];
+        uint4 xv[KEEP ? J : 1], gv[KEEP ? J : 1];
         float a = 0.f, bsum = 0.f;
 #pragma unroll
-        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+        for (int j = 0; j < J; ++j) {
             const int c = lane * 8 + j * 256;
-            if (c < C) ln_bwd_chunk_sums(x, dy, w, c, m, s, a, bsum);
+            if (c >= C) continue;
+            if constexpr (KEEP) {
+                xv[j] = ld16(x + c);
+                gv[j] = ld16(dy + c);
+                ln_bwd_chunk_sums(xv[j], gv[j], wv[j], m, s, a, bsum);
+            } else {
+                ln_bwd_chunk_sums(ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a, bsum);
+            }
         }
         a = warp_sum(a) / C;
         bsum = warp_sum(bsum) / C;
 #pragma unroll
-        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+        for (int j = 0; j < J; ++j) {
             const int c = lane * 8 + j * 256;
-            if (c < C) ln_bwd_chunk_apply(dx, x, dy, w, c, m, s, a, bsum, dwacc[j], dbacc[j]);
+            if (c >= C) continue;
+            const uint4 dxv = ld16(dx + c);
+            if constexpr (KEEP)
+                *(uint4*)(dx + c) = ln_bwd_chunk_apply(dxv, xv[j], gv[j], wv[j], m, s, a, bsum, dwacc[j], dbacc[j]);
+            else
+                *(uint4*)(dx + c) = ln_bwd_chunk_apply(dxv, ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a, bsum,
+                                                       dwacc[j], dbacc[j]);
         }
     }
-    float* p = partial + (long long)gw * 2 * C;
+    float* mine = wsum + warp * 2 * C;
 #pragma unroll
-    for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+    for (int j = 0; j < J; ++j) {
         const int c = lane * 8 + j * 256;
-        if (c < C) ln_bwd_chunk_partial(p, C, c, dwacc[j], dbacc[j]);
+        if (c < C) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                mine[c + k] = dwacc[j][k];
+                mine[C + c + k] = dbacc[j][k];
+            }
+        }
+    }
+    __syncthreads();
+    float* p = partial + (long long)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float v = 0.f;
+        for (int k = 0; k < nw; ++k) v += wsum[k * 2 * C + c];
+        p[c] = v;
     }
 }
 
-// Wide backward, for the rows the warp kernel cannot hold (2048 < C <= LN_BWD_MAXJ * 8 *
-// 32 * LN_WIDE_WARPS, C % 8 == 0, 16-byte aligned rows): a block of LN_WIDE_WARPS warps per
-// group of rows, each thread holding the 16-byte chunks c = 8 * tid + j * 8 * blockDim.x. A
+#define LN_BWD_ROWS(J)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128) layernorm_bwd_rows##J(                                 \
+        bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp, const bf16_t* w,                \
+        const float* mean, const float* rstd, int N, int C, int rows_per_warp) {                             \
+        ln_bwd_rows_impl<J>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_warp);                   \
+    }
+LN_BWD_ROWS(1)
+LN_BWD_ROWS(2)
+LN_BWD_ROWS(3)
+LN_BWD_ROWS(4)
+LN_BWD_ROWS(5)
+LN_BWD_ROWS(6)
+LN_BWD_ROWS(7)
+LN_BWD_ROWS(8)
+
+// Wide backward, for the rows the rows kernel cannot hold (2048 < C <= 8 * 8 * 32 *
+// LN_WIDE_WARPS, C % 8 == 0, 16-byte aligned rows): a block of LN_WIDE_WARPS warps per
+// group of rows, each thread holding the J = ceil(C / (8 * blockDim.x)) 16-byte chunks
+// c = 8 * tid + j * 8 * blockDim.x (J a template parameter, as in the rows kernel). A
 // row's two sums go warp_sum, then across the block's warps through shared memory in warp
 // order (deterministic), double-buffered by row parity so each row costs one barrier.
 // dw/db accumulate in registers and leave as partial row `blockIdx.x` for reduce_partials.
-extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, const bf16_t* dout,
-                                              const bf16_t* inp, const bf16_t* w, const float* mean,
-                                              const float* rstd, int N, int C, int rows_per_block) {
+template <int J>
+__device__ __forceinline__ void ln_bwd_wide_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
+                                                 const bf16_t* inp, const bf16_t* w, const float* mean,
+                                                 const float* rstd, int N, int C, int rows_per_block) {
     __shared__ float sums[2][2][LN_WIDE_WARPS];  // [row parity][a | bsum][warp]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int stride = 8 * blockDim.x;
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
-    float dwacc[LN_BWD_MAXJ][8], dbacc[LN_BWD_MAXJ][8];
+    float dwacc[J][8], dbacc[J][8];
 #pragma unroll
-    for (int j = 0; j < LN_BWD_MAXJ; ++j)
+    for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             dwacc[j][k] = 0.f;
@@ -233,9 +280,9 @@ extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, cons
         const float m = mean[row], s = rstd[row];
         float a = 0.f, bsum = 0.f;
 #pragma unroll
-        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+        for (int j = 0; j < J; ++j) {
             const int c = 8 * threadIdx.x + j * stride;
-            if (c < C) ln_bwd_chunk_sums(x, dy, w, c, m, s, a, bsum);
+            if (c < C) ln_bwd_chunk_sums(ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a, bsum);
         }
         a = warp_sum(a);
         bsum = warp_sum(bsum);
@@ -256,16 +303,37 @@ extern "C" __global__ void layernorm_bwd_wide(bf16_t* dinp, float* partial, cons
         a /= C;
         bsum /= C;
 #pragma unroll
-        for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+        for (int j = 0; j < J; ++j) {
             const int c = 8 * threadIdx.x + j * stride;
-            if (c < C) ln_bwd_chunk_apply(dx, x, dy, w, c, m, s, a, bsum, dwacc[j], dbacc[j]);
+            if (c < C)
+                *(uint4*)(dx + c) = ln_bwd_chunk_apply(ld16(dx + c), ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a,
+                                                       bsum, dwacc[j], dbacc[j]);
         }
     }
     if (r0 >= N) return;  // a block past the last row writes no partial row
     float* p = partial + (long long)blockIdx.x * 2 * C;
 #pragma unroll
-    for (int j = 0; j < LN_BWD_MAXJ; ++j) {
+    for (int j = 0; j < J; ++j) {
         const int c = 8 * threadIdx.x + j * stride;
-        if (c < C) ln_bwd_chunk_partial(p, C, c, dwacc[j], dbacc[j]);
+        if (c < C) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                p[c + k] = dwacc[j][k];
+                p[C + c + k] = dbacc[j][k];
+            }
+        }
     }
 }
+
+#define LN_BWD_WIDE(J)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * LN_WIDE_WARPS) layernorm_bwd_wide##J(                  \
+        bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp, const bf16_t* w,                \
+        const float* mean, const float* rstd, int N, int C, int rows_per_block) {                            \
+        ln_bwd_wide_impl<J>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);                  \
+    }
+LN_BWD_WIDE(3)
+LN_BWD_WIDE(4)
+LN_BWD_WIDE(5)
+LN_BWD_WIDE(6)
+LN_BWD_WIDE(7)
+LN_BWD_WIDE(8)

@@ -14,30 +14,61 @@ use crate::backend::{BResult, LayerNormOps, LnSaved, LnStats, NormLocs, Rows, We
 /// Rows per block in the general LayerNorm backward. A constant (not derived from the
 /// GPU), so results are the same bits on every GPU.
 const LN_ROWS_PER_BLOCK: usize = 32;
-/// The warp backward: rows per warp, warps per block, and 16-byte chunks of 8 values
-/// each lane holds per row (`LN_BWD_MAXJ` in the kernel), which bounds the row width.
+/// The rows backward (C <= LN_ROWS_MAX_C): a block of LN_ROWS_WARPS warps, each a run of
+/// LN_ROWS_PER_WARP rows; one partial dw/db row per block. Its instances hold J = 1..=8
+/// chunks of 8 values per lane (`layernorm_bwd_rows{J}`, J = ceil(C / 256)).
 const LN_ROWS_PER_WARP: usize = 8;
-const LN_WARPS_PER_BLOCK: usize = 4;
-const LN_BWD_MAXJ: usize = 8;
-const LN_BWD_WARP_MAX_C: usize = LN_BWD_MAXJ * 8 * 32;
-/// The wide backward (C > LN_BWD_WARP_MAX_C): warps per block (a block per row group, the
-/// row's sums across its warps) and rows per block; it holds rows up to this width.
+const LN_ROWS_WARPS: usize = 4;
+const LN_ROWS_MAX_C: usize = 8 * 8 * 32;
+const LN_BWD_ROWS: [&str; 8] = [
+    "layernorm_bwd_rows1",
+    "layernorm_bwd_rows2",
+    "layernorm_bwd_rows3",
+    "layernorm_bwd_rows4",
+    "layernorm_bwd_rows5",
+    "layernorm_bwd_rows6",
+    "layernorm_bwd_rows7",
+    "layernorm_bwd_rows8",
+];
+/// The wide backward (LN_ROWS_MAX_C < C <= LN_BWD_WIDE_MAX_C): warps per block (a block per
+/// row group, the row's sums across its warps) and rows per block; instances for
+/// J = ceil(C / (256 * LN_WIDE_WARPS)) = 3..=8 chunks per thread.
 const LN_WIDE_WARPS: usize = 4;
 const LN_WIDE_ROWS_PER_BLOCK: usize = 8;
-const LN_BWD_WIDE_MAX_C: usize = LN_BWD_MAXJ * 8 * 32 * LN_WIDE_WARPS;
+const LN_BWD_WIDE_MAX_C: usize = 8 * 8 * 32 * LN_WIDE_WARPS;
+const LN_BWD_WIDE: [&str; 6] = [
+    "layernorm_bwd_wide3",
+    "layernorm_bwd_wide4",
+    "layernorm_bwd_wide5",
+    "layernorm_bwd_wide6",
+    "layernorm_bwd_wide7",
+    "layernorm_bwd_wide8",
+];
+
+const FUNCTIONS: [&str; 16] = {
+    let mut f = ["layernorm_fwd"; 16];
+    f[1] = "layernorm_bwd";
+    let mut i = 0;
+    while i < 8 {
+        f[2 + i] = LN_BWD_ROWS[i];
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        f[10 + i] = LN_BWD_WIDE[i];
+        i += 1;
+    }
+    f
+};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "layernorm",
     src: include_str!("layernorm.cu"),
-    functions: &["layernorm_fwd", "layernorm_bwd", "layernorm_bwd_warp", "layernorm_bwd_wide"],
-    big_smem: |f| f == "layernorm_bwd",
-    defines: || {
-        vec![
-            ("LN_EPS", format!("{LN_EPS:?}f")),
-            ("LN_BWD_MAXJ", LN_BWD_MAXJ.to_string()),
-            ("LN_WIDE_WARPS", LN_WIDE_WARPS.to_string()),
-        ]
-    },
+    functions: &FUNCTIONS,
+    // The general kernel's dw/db accumulators and the rows kernel's per-warp sums (2C
+    // floats each) pass 48 KiB at the wider rows.
+    big_smem: |f| f == "layernorm_bwd" || LN_BWD_ROWS.contains(&f),
+    defines: || vec![("LN_EPS", format!("{LN_EPS:?}f")), ("LN_WIDE_WARPS", LN_WIDE_WARPS.to_string())],
 };
 
 impl LayerNormOps for CudaBackend {
@@ -122,23 +153,23 @@ impl LayerNormOps for CudaBackend {
         let aligned = c.is_multiple_of(8) && [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16));
         // Every variant writes partial dw/db rows of rows_per_part rows each, which
         // reduce_partials then adds in order.
-        let k = if aligned && c <= LN_BWD_WARP_MAX_C {
-            // Fast path: a warp per LN_ROWS_PER_WARP rows, 16-byte loads, no block barriers;
-            // warp g writes partial row g (warps past the last row return before writing).
+        let k = if aligned && c <= LN_ROWS_MAX_C {
+            // Fast path: each warp a run of rows, 16-byte loads, one block barrier at the
+            // end; block k writes partial row k.
             LnBwdKernel {
-                name: "layernorm_bwd_warp",
-                rows_per_part: LN_ROWS_PER_WARP,
-                parts_per_block: LN_WARPS_PER_BLOCK,
-                threads: 32 * LN_WARPS_PER_BLOCK,
-                smem: 0,
+                name: LN_BWD_ROWS[c.div_ceil(256) - 1],
+                rows_per_part: LN_ROWS_PER_WARP * LN_ROWS_WARPS,
+                rows_arg: LN_ROWS_PER_WARP,
+                threads: 32 * LN_ROWS_WARPS,
+                smem: LN_ROWS_WARPS * 2 * c * 4,
             }
         } else if aligned && c <= LN_BWD_WIDE_MAX_C {
             // Wide rows (GPT widths 2560 to 8192): a block of warps per LN_WIDE_ROWS_PER_BLOCK
             // rows, 16-byte loads, one barrier per row; block k writes partial row k.
             LnBwdKernel {
-                name: "layernorm_bwd_wide",
+                name: LN_BWD_WIDE[c.div_ceil(256 * LN_WIDE_WARPS) - 3],
                 rows_per_part: LN_WIDE_ROWS_PER_BLOCK,
-                parts_per_block: 1,
+                rows_arg: LN_WIDE_ROWS_PER_BLOCK,
                 threads: 32 * LN_WIDE_WARPS,
                 smem: 0,
             }
@@ -153,18 +184,18 @@ impl LayerNormOps for CudaBackend {
             LnBwdKernel {
                 name: "layernorm_bwd",
                 rows_per_part: LN_ROWS_PER_BLOCK,
-                parts_per_block: 1,
+                rows_arg: LN_ROWS_PER_BLOCK,
                 threads: 256,
                 smem,
             }
         };
         let nparts = n.div_ceil(k.rows_per_part);
         let partial = self.scratch_f32(nparts * 2 * c)?;
-        let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_per_part as i32);
+        let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_arg as i32);
         let f = self.f(k.name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpp);
-        let blocks = nparts.div_ceil(k.parts_per_block) as u32;
+        let blocks = nparts as u32;
         // SAFETY: ranges (and, for the 16-byte variants, alignment) checked above; partial
         // holds nparts*2C floats and each writer writes only its own partial row < nparts.
         unsafe { lb.launch(cfg((blocks, 1, 1), (k.threads as u32, 1, 1), k.smem)) }
@@ -176,10 +207,10 @@ impl LayerNormOps for CudaBackend {
 /// Which LayerNorm backward kernel runs, and its launch shape.
 struct LnBwdKernel {
     name: &'static str,
-    /// Rows summed into one partial dw/db row.
+    /// Rows summed into one partial dw/db row (one block's rows).
     rows_per_part: usize,
-    /// Partial rows one block writes (one per warp for the warp kernel).
-    parts_per_block: usize,
+    /// The kernel's last argument: rows per warp (rows kernel) or per block (the others).
+    rows_arg: usize,
     threads: usize,
     smem: usize,
 }
