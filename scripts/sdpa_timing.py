@@ -1,10 +1,12 @@
 # PyTorch's SDPA (flash / cuDNN backends, whichever PyTorch picks) at the shapes
-# `gpu-timing attention [T]` uses: causal, B=4, NH=16, head sizes 64/80/96/128, bf16.
+# `gpu-timing attention [T]` uses: causal, B=4, NH=16, head sizes 64/80/96/128, bf16; or
+# another batch and head count: `sdpa_timing.py T B NH` (GPT-2 124M: 1024 16 12).
 # Prints one line per head size with forward and backward TFLOP/s (same FLOP convention:
 # causal = half of the T x T products; backward counted as 2.5 x forward).
 import sys, torch, torch.nn.functional as F
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-B, NH = 4, 16
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+NH = int(sys.argv[3]) if len(sys.argv) > 3 else 16
 def timed(fn, reps=20, warm=3):
     for _ in range(warm): fn()
     torch.cuda.synchronize()

@@ -160,7 +160,7 @@ pub fn up_grad<B: MemoryOps<Grad = <B as Device>::F32>>(be: &B, v: &[f32]) -> BR
     up_f32(be, v)
 }
 pub fn up_tok<B: MemoryOps>(be: &B, v: &[u32]) -> BResult<B::Tokens> {
-    let mut b = be.alloc_tokens(v.len())?;
+    let mut b = be.alloc_tokens(v.len(), trainer::backend::TokenRole::Inputs)?;
     be.upload_tokens(v, &mut b)?;
     Ok(b)
 }

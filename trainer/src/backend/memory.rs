@@ -3,11 +3,19 @@
 
 use super::{BResult, Device, Loc};
 
+/// What a token-id buffer holds: the embedding's inputs (a backend may prepare the
+/// embedding backward's grouping with them, as CUDA does at upload) or the loss's targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRole {
+    Inputs,
+    Targets,
+}
+
 pub trait MemoryOps: Device {
     fn alloc_buf(&self, n: usize, what: &str) -> BResult<Self::Buf>;
     fn alloc_grad(&self, n: usize, what: &str) -> BResult<Self::Grad>;
     fn alloc_f32(&self, n: usize, what: &str) -> BResult<Self::F32>;
-    fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens>;
+    fn alloc_tokens(&self, n: usize, role: TokenRole) -> BResult<Self::Tokens>;
     fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()>;
     /// Host f32 → compute buffer at `off` (rounded to compute precision).
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()>;

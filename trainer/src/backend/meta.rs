@@ -8,7 +8,7 @@
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
     Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, MatShape, MatmulOps,
-    MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, TransferOps, WeightGrads, Weights,
+    MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
@@ -76,7 +76,7 @@ impl MemoryOps for MetaBackend {
     fn alloc_f32(&self, n: usize, _: &str) -> BResult<MetaBuf> {
         self.counted(n)
     }
-    fn alloc_tokens(&self, n: usize) -> BResult<MetaBuf> {
+    fn alloc_tokens(&self, n: usize, _: TokenRole) -> BResult<MetaBuf> {
         self.counted(n)
     }
     fn upload_tokens(&self, _: &[u32], _: &mut MetaBuf) -> BResult<()> {

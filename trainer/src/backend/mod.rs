@@ -60,7 +60,7 @@ pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
 pub use matmul::{GeluInput, LinearLocs, MatShape, MatmulOps};
-pub use memory::MemoryOps;
+pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;
 pub use transfer::{HostRead, HostValues, HostWait, HostWrite, TransferOps};
 

@@ -138,7 +138,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     let ones: Vec<f32> = vec![1.0; n];
     be.upload_f32(&ones, &mut rstd, 0)?;
     let toks: Vec<u32> = (0..n as u64).map(|i| (trainer::rng::uniform(3, 1, i) * v as f64) as u32 % v as u32).collect();
-    let mut gtok = be.alloc_tokens(n)?;
+    let mut gtok = be.alloc_tokens(n, TokenRole::Inputs)?;
     be.upload_tokens(&toks, &mut gtok)?;
     let emb = EmbedLocs { wte: Loc::new(0, v * c), wpe: Loc::new(v * c, t * c) };
     let mut tm = Timer { be, rows: Vec::new() };

@@ -2,7 +2,7 @@
 //! the cast to compute precision is the identity.
 
 use super::{alloc, CpuBackend};
-use crate::backend::{BResult, Loc, MemoryOps};
+use crate::backend::{BResult, Loc, MemoryOps, TokenRole};
 
 impl MemoryOps for CpuBackend {
     fn alloc_buf(&self, n: usize, what: &str) -> BResult<Vec<f32>> {
@@ -14,7 +14,7 @@ impl MemoryOps for CpuBackend {
     fn alloc_f32(&self, n: usize, what: &str) -> BResult<Vec<f32>> {
         alloc(n, what)
     }
-    fn alloc_tokens(&self, n: usize) -> BResult<Vec<u32>> {
+    fn alloc_tokens(&self, n: usize, _: TokenRole) -> BResult<Vec<u32>> {
         Ok(vec![0; n])
     }
     fn upload_tokens(&self, host: &[u32], dst: &mut Vec<u32>) -> BResult<()> {

@@ -89,8 +89,11 @@ impl EncoderOps for CudaBackend {
         // The grouping was planned and uploaded with the ids (`DeviceTokens`); the kernel
         // reads the number of distinct ids from it, so its grid (one block per possible id)
         // does not depend on the batch.
-        check("encoder_bwd plan", tokens.plan.len(), 0, 3 * n + 2)?;
-        let plan_ptr = self.ptr(&tokens.plan, 0);
+        let plan = tokens.plan.as_ref().map(|p| &p.dev).ok_or_else(|| {
+            bad("encoder_bwd: these token ids were allocated as loss targets (TokenRole::Targets), without the embedding backward's grouping".to_string())
+        })?;
+        check("encoder_bwd plan", plan.len(), 0, 3 * n + 2)?;
+        let plan_ptr = self.ptr(plan, 0);
         let (g_wte, g_wpe, d) = (self.ptr_mut(grads, dwte.off), self.ptr_mut(grads, dwpe.off), self.ptr(dout, 0));
         let (ci, bi, ti) = (to_i32("C", c)?, to_i32("B", b)?, to_i32("T", t)?);
         let f = self.f("encoder_bwd_wte")?;

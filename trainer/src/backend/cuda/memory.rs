@@ -7,8 +7,8 @@ use half::bf16;
 
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{check, check_loc};
-use super::{CudaBackend, DeviceTokens};
-use crate::backend::{BResult, Loc, MemoryOps};
+use super::{CudaBackend, DeviceTokens, EmbeddingPlan};
+use crate::backend::{BResult, Loc, MemoryOps, TokenRole};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "memory",
@@ -39,19 +39,29 @@ impl MemoryOps for CudaBackend {
     fn alloc_f32(&self, n: usize, what: &str) -> BResult<Self::F32> {
         self.alloc(n, what)
     }
-    fn alloc_tokens(&self, n: usize) -> BResult<Self::Tokens> {
+    fn alloc_tokens(&self, n: usize, role: TokenRole) -> BResult<Self::Tokens> {
         let pinned = super::staging::Staging::new(self, n, "token ids")?;
-        let plan_len = 3 * n + 2;
-        let plan_pinned = super::staging::Staging::new(self, plan_len, "the embedding backward plan")?;
-        let plan = self.alloc(plan_len, "the embedding backward plan")?;
-        self.plan_bytes.set(self.plan_bytes.get() + 4 * plan_len as u64);
-        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned, plan, plan_pinned })
+        // Only the embedding's inputs get the backward's grouping (made at each upload).
+        let plan = match role {
+            TokenRole::Targets => None,
+            TokenRole::Inputs => {
+                let plan_len = 3 * n + 2;
+                let staged = super::staging::Staging::new(self, plan_len, "the embedding backward plan")?;
+                let dev = self.alloc(plan_len, "the embedding backward plan")?;
+                self.plan_bytes.set(self.plan_bytes.get() + 4 * plan_len as u64);
+                Some(EmbeddingPlan { dev, staged })
+            }
+        };
+        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned, plan })
     }
     fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
         check("upload_tokens", dst.dev.len(), 0, host.len())?;
         dst.host[..host.len()].copy_from_slice(host);
         dst.pinned.upload(self, host, &mut dst.dev, "token ids")?;
-        dst.plan_pinned.upload(self, &embedding_plan(host), &mut dst.plan, "the embedding backward plan")
+        match dst.plan.as_mut() {
+            Some(p) => p.staged.upload(self, &embedding_plan(host), &mut p.dev, "the embedding backward plan"),
+            None => Ok(()),
+        }
     }
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
         check("upload_buf", dst.len(), off, host.len())?;

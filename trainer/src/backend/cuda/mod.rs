@@ -420,6 +420,13 @@ pub struct DeviceTokens {
     host: Vec<u32>,
     /// Page-locked staging, so the upload does not wait for the stream.
     pinned: staging::Staging,
-    plan: CudaSlice<u32>,
-    plan_pinned: staging::Staging,
+    /// The embedding backward's grouping of these ids (`TokenRole::Inputs` only).
+    plan: Option<EmbeddingPlan>,
+}
+
+/// The embedding backward's grouping of a token buffer's ids, on the device, and its
+/// page-locked staging.
+pub struct EmbeddingPlan {
+    dev: CudaSlice<u32>,
+    staged: staging::Staging,
 }

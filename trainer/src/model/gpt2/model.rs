@@ -10,7 +10,7 @@
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
     AttnShape, BResult, Backend, Device, F64Pair, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
-    WeightGrads, Weights,
+    TokenRole, WeightGrads, Weights,
 };
 use crate::config::{ActivationCheckpointing, CheckpointingConfig};
 use crate::model::schedule::DecoderModel;
@@ -221,8 +221,8 @@ impl<B: Backend> Gpt2<B> {
             });
         }
         ledger.alloc(Category::Workspace, 2 * n * 4);
-        let tokens = be.alloc_tokens(n)?;
-        let targets = be.alloc_tokens(n)?;
+        let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        let targets = be.alloc_tokens(n, TokenRole::Targets)?;
         Ok(Gpt2 {
             embed: locs.embed,
             block: locs.block,
