@@ -9,7 +9,8 @@
 #   e.g. cur=trainer/src/backend/cuda/attention.cu:64:36864
 #
 # ROWS: query rows per block (the grid's x is ceil(T / ROWS)); SMEM_BYTES: the dynamic
-# shared memory the variant needs. Shapes: B NH T = 16 12 1024 (GPT-2 124M), 4 16 1024,
+# shared memory the variant needs. ARCH (default -arch=sm_90) is passed to nvcc; wgmma
+# variants need ARCH=-gencode=arch=compute_90a,code=sm_90a. Shapes: B NH T = 16 12 1024 (GPT-2 124M), 4 16 1024,
 # 4 16 2048, 8 25 1024 (1.5B). Used for BENCHMARKS.md run 9's forward experiments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ for spec in "$@"; do
     name=${spec%%=*}; rest=${spec#*=}
     IFS=: read -r src rows smem <<< "$rest"
     cp "$src" "$work/$name.cu"
-    (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -Xptxas -v -DSRC="\"$name.cu\"" -DKERNEL=attn_fwd_mma64 -DHSZ=64 \
+    (cd "$work" && nvcc ${ARCH:--arch=sm_90} -O3 -std=c++17 -Xptxas -v -DSRC="\"$name.cu\"" -DKERNEL=attn_fwd_mma64 -DHSZ=64 \
         -DGRID_ROWS="$rows" -DSMEM="$smem" -DVARIANT="\"$name\"" attn_fwd_bench.cu -o "bin_$name" 2> "ptxas_$name.log" \
         && awk "/entry function 'attn_fwd_mma64'/{f=1} f&&/Used/{print \"$name:\", \$0; exit}" "ptxas_$name.log") &
     names+=("$name")

@@ -297,7 +297,8 @@ fn attention() {
                 }
             }
             let (gq, gdo) = (up_buf(be, &qkv)?, up_buf(be, &dout)?);
-            for imp in [AttentionImpl::TensorCore, AttentionImpl::Simt] {
+            // The default (wgmma forward at head size 64 on Hopper), the mma.sync kernels, SIMT.
+            for imp in [AttentionImpl::TensorCore, AttentionImpl::MmaSync, AttentionImpl::Simt] {
                 be.set_attention_impl(imp);
                 let tag = format!("{tag} {imp:?}");
                 let mut outg = poisoned_buf(be, n * c)?;

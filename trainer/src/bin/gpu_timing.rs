@@ -231,6 +231,8 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     tm.time("attention_bwd (SIMT fp32)", 2, 10, tflops(2.5 * att_flop), || {
         be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
     });
+    be.set_attention_impl(AttentionImpl::MmaSync);
+    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
     be.set_attention_impl(AttentionImpl::TensorCore);
     tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || {
         be.attention_fwd(&mut att, &mut saved, &qkv, s)

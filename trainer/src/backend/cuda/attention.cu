@@ -1152,3 +1152,177 @@ ATTN_MMA_INSTANCES(64, 3, 3)
 ATTN_MMA_INSTANCES(80, 1, 2)
 ATTN_MMA_INSTANCES(96, 1, 2)
 ATTN_MMA_INSTANCES(128, 1, 2)
+
+// ============================================================================
+// Hopper forward (sm_90a: wgmma), head size 64. One warpgroup (the block's 4 warps) per 64
+// query rows; S = Q K^T and O += P V are warpgroup MMAs (wgmma.mma_async m64n64k16) with
+// Q, K and V read from shared memory through matrix descriptors and P from registers. The
+// wgmma accumulator layout is the mma.sync C layout per warp (16 rows each), so the online
+// softmax is the mma.sync kernel's. K/V tiles double-buffered with cp.async, as there.
+// H200, GPT-2 124M shapes: 0.176 -> 0.119 ms (146 -> 216 TFLOP/s; SDPA 0.103 ms).
+//
+// Tiles of 64 rows x 64 bf16 (128 B per row) in 128-byte-swizzled shared memory: the 16-byte
+// chunk c of row r sits at r * 128 + ((c ^ (r & 7)) << 4), tiles 1024-byte aligned (the
+// swizzle is a function of the address bits, which the descriptors' swizzle mode matches).
+// Built only where the compiler targets sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`); elsewhere the
+// entry point traps and attention.rs never launches it.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void load_tile_sw128_async(unsigned dst, const bf16_t* src, long long stride, int nvalid) {
+    for (int c = threadIdx.x; c < 64 * 8; c += 128) {
+        const int r = c >> 3, ch = c & 7;
+        const bool ok = r < nvalid;
+        const bf16_t* g = src + (long long)(ok ? r : 0) * stride + ch * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * 128 + ((ch ^ (r & 7)) << 4)),
+                     "l"(g), "r"(ok ? 16 : 0));
+    }
+}
+// Matrix descriptor: start address, both byte offsets 1024 (the next 8-row group; the one
+// of them a layout does not use is ignored), 128-byte swizzle.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(1024 >> 4) << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+#define WG_D32(x)                                                                                                  \
+    "+f"(x[0][0]), "+f"(x[0][1]), "+f"(x[0][2]), "+f"(x[0][3]), "+f"(x[1][0]), "+f"(x[1][1]), "+f"(x[1][2]),     \
+        "+f"(x[1][3]), "+f"(x[2][0]), "+f"(x[2][1]), "+f"(x[2][2]), "+f"(x[2][3]), "+f"(x[3][0]), "+f"(x[3][1]), \
+        "+f"(x[3][2]), "+f"(x[3][3]), "+f"(x[4][0]), "+f"(x[4][1]), "+f"(x[4][2]), "+f"(x[4][3]), "+f"(x[5][0]), \
+        "+f"(x[5][1]), "+f"(x[5][2]), "+f"(x[5][3]), "+f"(x[6][0]), "+f"(x[6][1]), "+f"(x[6][2]), "+f"(x[6][3]), \
+        "+f"(x[7][0]), "+f"(x[7][1]), "+f"(x[7][2]), "+f"(x[7][3])
+#define WG_REGS32                                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31}"
+
+// d (64 x 64, fp32) (+)= A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major).
+__device__ __forceinline__ void wg_ss(float d[8][4], unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : WG_D32(d)
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+// d (64 x 64) += A (64 x 16, registers) * B (16 x 64, smem, N-major: rows of B contiguous).
+__device__ __forceinline__ void wg_rs(float d[8][4], const unsigned a[4], unsigned long long db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : WG_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = 5 tiles of 8 KiB (Q; K, V x 2)
+// + 1 KiB for the 1024-byte alignment.
+template <int HS>
+__device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
+                                                  float scale) {
+    static_assert(HS == 64, "the wgmma forward is written for head size 64");
+    extern __shared__ __align__(16) bf16_t smem_mma[];
+    require_smem(5 * 8192 + 1024);
+    const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
+    const unsigned Qs = sbase, Ks = sbase + 8192, Vs = sbase + 3 * 8192;  // K, V: two buffers each
+    const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * HS;
+    const long long C3 = 3LL * C;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_tile_sw128_async(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_tile_sw128_async(Ks, base + C, C3, min(64, T));
+    load_tile_sw128_async(Vs, base + 2 * C, C3, min(64, T));
+    cp_commit();
+    const unsigned long long dq = wg_desc(Qs);
+    float o[8][4];
+    zero_acc<8>(o);
+    float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f};
+    const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+    for (int kt = 0; kt <= qt; ++kt) {
+        const int k0 = kt * 64, cur = kt & 1;
+        __syncthreads();  // every read of buffer cur ^ 1 is done (the MMAs were waited for)
+        if (kt < qt) {
+            const int k1 = k0 + 64;
+            load_tile_sw128_async(Ks + (cur ^ 1) * 8192, base + C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_tile_sw128_async(Vs + (cur ^ 1) * 8192, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
+        __syncthreads();
+        float s[8][4];
+        const unsigned long long dk = wg_desc(Ks + cur * 8192);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wg_ss(s, dq + 2 * kk, dk + 2 * kk, kk);
+        wg_commit();
+        wg_wait0();
+        const bool edge = kt == qt || k0 + 64 > T;
+        float mx[2] = {-F_INF, -F_INF};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
+                float v = s[j][e] * sl2;
+                if (edge && (k > q || k >= T)) v = -F_INF;
+                s[j][e] = v;
+                mx[r] = fmaxf(mx[r], v);
+            }
+        float ref[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float mnew = fmaxf(m[r], quad_max(mx[r]));
+            ref[r] = mnew == -F_INF ? 0.f : mnew;
+            alpha[r] = ex2(m[r] - ref[r]);
+            m[r] = mnew;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = ex2(s[j][e] - ref[e >> 1]);
+                s[j][e] = p;
+                rs[e >> 1] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+        }
+        const unsigned long long dv = wg_desc(Vs + cur * 8192);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            unsigned a[4];
+            a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            wg_rs(o, a, dv + (2048 >> 4) * kk);
+        }
+        wg_commit();
+        wg_wait0();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = qrow + 8 * r;
+        if (q >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16_t* dst = out + ((long long)b * T + q) * C + h * HS + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) *(unsigned*)(dst + j * 8) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        if (t == 0) lse[((long long)b * NH + h) * T + q] = m[r] + log2f(l[r]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_fwd_wg64(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {
+    attn_fwd_wg_impl<64>(out, lse, qkv, T, NH, scale);
+}
+#else
+extern "C" __global__ void attn_fwd_wg64(bf16_t*, float*, const bf16_t*, int, int, float) { __trap(); }
+#endif

@@ -1,8 +1,9 @@
 //! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu):
-//! flash style, saving only the per-row log-sum-exp. Two families of kernels compute the
+//! flash style, saving only the per-row log-sum-exp. Three families of kernels compute the
 //! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
-//! 64, 80, 96 and 128, and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head
-//! size 32, and the cross-check).
+//! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) a wgmma forward for head size
+//! 64; and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head size 32, and the
+//! cross-check).
 
 use cudarc::driver::PushKernelArg;
 
@@ -14,9 +15,13 @@ use crate::backend::{AttentionOps, AttnShape, BResult};
 /// Which attention kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionImpl {
-    /// Tensor cores (mma.sync, bf16 operands, fp32 accumulation) for head sizes 64, 80,
-    /// 96 and 128; the fp32 SIMT kernels (with a note on stderr) for 32. The default.
+    /// Tensor cores (bf16 operands, fp32 accumulation) for head sizes 64, 80, 96 and 128:
+    /// the wgmma forward where it exists (head size 64 on Hopper), mma.sync otherwise; the
+    /// fp32 SIMT kernels (with a note on stderr) for 32. The default.
     TensorCore,
+    /// The mma.sync kernels even where a wgmma one exists (the portable path, for
+    /// cross-checks on Hopper).
+    MmaSync,
     /// fp32 SIMT kernels where they exist (head sizes 32, 64, 128; the tensor-core
     /// kernels otherwise): the slower cross-check.
     Simt,
@@ -43,14 +48,17 @@ enum Pass {
 enum Variant {
     Simt(usize),
     Mma(usize),
+    /// The wgmma forward (sm_90a); its backward is the mma.sync one.
+    Wg(usize),
 }
 
 /// Head sizes of each family.
 const SIMT_HEAD_SIZES: [usize; 3] = [32, 64, 128];
 const MMA_HEAD_SIZES: [usize; 4] = [64, 80, 96, 128];
+const WG_HEAD_SIZES: [usize; 1] = [64];
 
 /// Every attention kernel of a pass and variant: the one list of their names.
-const TABLE: [(Pass, Variant, &str); 21] = [
+const TABLE: [(Pass, Variant, &str); 22] = [
     (Pass::Fwd, Variant::Simt(32), "attn_fwd_32"),
     (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32"),
     (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32"),
@@ -72,6 +80,7 @@ const TABLE: [(Pass, Variant, &str); 21] = [
     (Pass::Fwd, Variant::Mma(128), "attn_fwd_mma128"),
     (Pass::Dkv, Variant::Mma(128), "attn_bwd_dkv_mma128"),
     (Pass::Dq, Variant::Mma(128), "attn_bwd_dq_mma128"),
+    (Pass::Fwd, Variant::Wg(64), "attn_fwd_wg64"),
 ];
 
 /// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
@@ -103,6 +112,10 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 };
 
 fn kernel_name(pass: Pass, v: Variant) -> &'static str {
+    let v = match (pass, v) {
+        (Pass::Dkv | Pass::Dq, Variant::Wg(hs)) => Variant::Mma(hs),
+        _ => v,
+    };
     TABLE.iter().find(|&&(p, vv, _)| p == pass && vv == v).map(|&(_, _, n)| n).expect("every variant has every pass")
 }
 
@@ -150,8 +163,11 @@ impl CudaBackend {
             return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
         }
         let hs = s.c / s.nh;
-        let tc = self.attention.get() == AttentionImpl::TensorCore || !SIMT_HEAD_SIZES.contains(&hs);
-        let v = if tc && MMA_HEAD_SIZES.contains(&hs) {
+        let which = self.attention.get();
+        let tc = which != AttentionImpl::Simt || !SIMT_HEAD_SIZES.contains(&hs);
+        let v = if which == AttentionImpl::TensorCore && self.kernels.wgmma && WG_HEAD_SIZES.contains(&hs) {
+            Variant::Wg(hs)
+        } else if tc && MMA_HEAD_SIZES.contains(&hs) {
             Variant::Mma(hs)
         } else if SIMT_HEAD_SIZES.contains(&hs) {
             if tc && !self.attention_fallback_noted.replace(true) {
@@ -173,9 +189,11 @@ impl CudaBackend {
 
     /// Block size and dynamic shared memory of a pass.
     fn attn_launch(v: Variant, pass: Pass) -> (u32, usize) {
-        match v {
-            Variant::Mma(hs) => (MMA_THREADS, mma_smem(hs, pass)),
-            Variant::Simt(hs) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
+        match (v, pass) {
+            // Q and two K and V buffers of 64 rows, plus room to align them to 1024 bytes.
+            (Variant::Wg(hs), Pass::Fwd) => (MMA_THREADS, 5 * TILE * hs * 2 + 1024),
+            (Variant::Mma(hs) | Variant::Wg(hs), _) => (MMA_THREADS, mma_smem(hs, pass)),
+            (Variant::Simt(hs), _) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
         }
     }
 }
@@ -204,7 +222,7 @@ impl AttentionOps for CudaBackend {
         lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&scale);
         let rows = match v {
             Variant::Mma(hs) => TILE * fwd_m_tiles(hs),
-            Variant::Simt(_) => TILE,
+            Variant::Wg(_) | Variant::Simt(_) => TILE,
         };
         let grid = (s.t.div_ceil(rows) as u32, s.nh as u32, s.b as u32);
         let (threads, smem) = Self::attn_launch(v, Pass::Fwd);

@@ -64,6 +64,8 @@ pub(super) struct Kernels {
     failed: HashMap<&'static str, String>,
     /// Largest dynamic shared memory a block may ask for (the device's opt-in limit).
     pub max_smem: usize,
+    /// Built for sm_90a: the kernels that use wgmma are real (elsewhere they trap).
+    pub wgmma: bool,
 }
 
 impl Kernels {
@@ -91,12 +93,15 @@ impl Kernels {
 pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
     let (major, minor) =
         ctx.compute_capability().map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
-    let arch = format!("sm_{major}{minor}");
+    // Hopper (compute capability 9.0) builds for sm_90a, which adds wgmma (the attention
+    // forward's warpgroup MMAs); a CUBIN for sm_90a runs on exactly that architecture.
+    let arch = if (major, minor) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
+    let wgmma = arch == "sm_90a";
     let nvrtc = nvrtc_version();
     let max_smem =
         ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| BackendError::Device(format!("reading the shared-memory limit: {e}")))? as usize;
-    let mut k = Kernels { functions: HashMap::new(), failed: HashMap::new(), max_smem };
+    let mut k = Kernels { functions: HashMap::new(), failed: HashMap::new(), max_smem, wgmma };
     for s in FILES {
         match load_source(ctx, s, &arch, &nvrtc) {
             Ok(funcs) => {

@@ -194,10 +194,7 @@ impl CudaBackend {
             scratch_bf16: RefCell::new(None),
             scratch_bf16_w: RefCell::new(None),
             scratch_bias: RefCell::new(None),
-            attention: Cell::new(match std::env::var("SHARDTRAIN_ATTENTION").as_deref() {
-                Ok("simt") => AttentionImpl::Simt,
-                _ => AttentionImpl::TensorCore,
-            }),
+            attention: Cell::new(attention_from_env()?),
             attention_fallback_noted: Cell::new(false),
             context_bytes,
             comm_library_bytes: Cell::new(0),
@@ -220,7 +217,7 @@ impl CudaBackend {
     }
 
     /// Choose the attention kernels (default: [`AttentionImpl::TensorCore`], or
-    /// `SHARDTRAIN_ATTENTION=simt` in the environment). Both compute the same function
+    /// `SHARDTRAIN_ATTENTION=simt|mma|tc` in the environment). All compute the same function
     /// and save the same state, so forward and backward may even use different ones.
     pub fn set_attention_impl(&self, which: AttentionImpl) {
         self.attention.set(which);
@@ -310,6 +307,22 @@ impl CudaBackend {
 
     fn scratch_f32(&self, n: usize) -> BResult<u64> {
         self.scratch(&self.scratch_f32, n, "fp32 scratch")
+    }
+}
+
+/// The attention kernels `SHARDTRAIN_ATTENTION` asks for: `tc` (or unset) the default,
+/// `mma` the mma.sync kernels even on Hopper, `simt` the fp32 cross-check.
+fn attention_from_env() -> BResult<AttentionImpl> {
+    match std::env::var("SHARDTRAIN_ATTENTION") {
+        Err(_) => Ok(AttentionImpl::TensorCore),
+        Ok(v) => match v.as_str() {
+            "" | "tc" => Ok(AttentionImpl::TensorCore),
+            "mma" => Ok(AttentionImpl::MmaSync),
+            "simt" => Ok(AttentionImpl::Simt),
+            _ => {
+                Err(launch::bad(format!("SHARDTRAIN_ATTENTION = {v:?}: expected tc, mma or simt (or leave it unset)")))
+            }
+        },
     }
 }
 
