@@ -495,6 +495,16 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
 }
 
+// The A fragment (16 rows x k 16) of k-step kk of a 16 x 64 tile held as C-layout fp32
+// registers (its n-tiles 2kk and 2kk + 1), rounded to bf16: how P or dS feeds the next
+// product, with mma.sync and wgmma alike.
+__device__ __forceinline__ void pack_afrag(unsigned a[4], const float P[8][4], int kk) {
+    a[0] = pack2(P[2 * kk][0], P[2 * kk][1]);
+    a[1] = pack2(P[2 * kk][2], P[2 * kk][3]);
+    a[2] = pack2(P[2 * kk + 1][0], P[2 * kk + 1][1]);
+    a[3] = pack2(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+}
+
 // The A fragment of k-step kk (columns 16kk..) of rows r0..r0+15 of a [64][LD] tile:
 // lanes 0-15 address rows r0.. at column 16kk, lanes 16-31 the same rows at 16kk + 8.
 template <int HS>
@@ -588,10 +598,7 @@ __device__ __forceinline__ void mma_pz(float acc[][4], const float P[8][4], cons
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         unsigned a[4];
-        a[0] = pack2(P[2 * kk][0], P[2 * kk][1]);
-        a[1] = pack2(P[2 * kk][2], P[2 * kk][3]);
-        a[2] = pack2(P[2 * kk + 1][0], P[2 * kk + 1][1]);
-        a[3] = pack2(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+        pack_afrag(a, P, kk);
         const int row = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int jp = 0; jp < Mg<HS>::NT / 2; ++jp) {
@@ -714,12 +721,7 @@ __device__ __forceinline__ void mma_pz_mt(float acc[MT][Mg<HS>::NT][4], const fl
     for (int kk = 0; kk < 4; ++kk) {
         unsigned a[MT][4];
 #pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-            a[mi][0] = pack2(P[mi][2 * kk][0], P[mi][2 * kk][1]);
-            a[mi][1] = pack2(P[mi][2 * kk][2], P[mi][2 * kk][3]);
-            a[mi][2] = pack2(P[mi][2 * kk + 1][0], P[mi][2 * kk + 1][1]);
-            a[mi][3] = pack2(P[mi][2 * kk + 1][2], P[mi][2 * kk + 1][3]);
-        }
+        for (int mi = 0; mi < MT; ++mi) pack_afrag(a[mi], P[mi], kk);
         const int row = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int jp = 0; jp < Mg<HS>::NT / 2; ++jp) {
@@ -730,6 +732,61 @@ __device__ __forceinline__ void mma_pz_mt(float acc[MT][Mg<HS>::NT][4], const fl
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi) mma_bf16(acc[mi][2 * jp + 1], a[mi], r[2], r[3]);
         }
+    }
+}
+
+// Which scores of a 16 x 64 tile of the one-m-tile forward are masked: this thread's rows
+// qrow and qrow + 8 against keys k0 + 8j + 2t (+1); only an edge tile (crossing the
+// diagonal or T) is masked at all.
+struct TileMask {
+    int qrow, k0, t, T;
+    bool edge;
+};
+
+// One key tile of the one-m-tile forward's online softmax (the mma.sync and the wgmma
+// kernels: their accumulator layouts agree). s (16 x 64 scores, C layout) becomes the
+// tile's probabilities against the new running max m (base 2, scaled by sl2); the running
+// sum l and the output accumulator o (NT n-tiles) are rescaled to it.
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], float m[2], float l[2], TileMask mk,
+                                             float sl2) {
+    const int qrow = mk.qrow, k0 = mk.k0, t = mk.t, T = mk.T;
+    const bool edge = mk.edge;
+    float mx[2] = {-F_INF, -F_INF};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
+            float v = s[j][e] * sl2;
+            if (edge && (k > q || k >= T)) v = -F_INF;
+            s[j][e] = v;
+            mx[r] = fmaxf(mx[r], v);
+        }
+    float ref[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float mnew = fmaxf(m[r], quad_max(mx[r]));
+        ref[r] = mnew == -F_INF ? 0.f : mnew;
+        alpha[r] = ex2(m[r] - ref[r]);
+        m[r] = mnew;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = ex2(s[j][e] - ref[e >> 1]);
+            s[j][e] = p;
+            rs[e >> 1] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
     }
 }
 
@@ -775,43 +832,7 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
         float s[8][4];
         zero_acc<8>(s);
         mma_abt<HS>(s, qa, nullptr, 0, Ks + cur * G::TE);
-        const bool edge = kt == qt || k0 + 64 > T;
-        float mx[2] = {-F_INF, -F_INF};
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
-                float v = s[j][e] * sl2;
-                if (edge && (k > q || k >= T)) v = -F_INF;
-                s[j][e] = v;
-                mx[r] = fmaxf(mx[r], v);
-            }
-        float ref[2], alpha[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float mnew = fmaxf(m[r], quad_max(mx[r]));
-            ref[r] = mnew == -F_INF ? 0.f : mnew;
-            alpha[r] = ex2(m[r] - ref[r]);
-            m[r] = mnew;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = ex2(s[j][e] - ref[e >> 1]);
-                s[j][e] = p;
-                rs[e >> 1] += p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
-#pragma unroll
-        for (int j = 0; j < G::NT; ++j) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
-        }
+        softmax_tile<G::NT>(s, o, m, l, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
         mma_pz<HS>(o, s, Vs + cur * G::TE);
     }
 #pragma unroll
@@ -1256,52 +1277,13 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         for (int kk = 0; kk < 4; ++kk) wg_ss(s, dq + 2 * kk, dk + 2 * kk, kk);
         wg_commit();
         wg_wait0();
-        const bool edge = kt == qt || k0 + 64 > T;
-        float mx[2] = {-F_INF, -F_INF};
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
-                float v = s[j][e] * sl2;
-                if (edge && (k > q || k >= T)) v = -F_INF;
-                s[j][e] = v;
-                mx[r] = fmaxf(mx[r], v);
-            }
-        float ref[2], alpha[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float mnew = fmaxf(m[r], quad_max(mx[r]));
-            ref[r] = mnew == -F_INF ? 0.f : mnew;
-            alpha[r] = ex2(m[r] - ref[r]);
-            m[r] = mnew;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = ex2(s[j][e] - ref[e >> 1]);
-                s[j][e] = p;
-                rs[e >> 1] += p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
-        }
+        softmax_tile<8>(s, o, m, l, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
         const unsigned long long dv = wg_desc(Vs + cur * 8192);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             unsigned a[4];
-            a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pack_afrag(a, s, kk);
             wg_rs(o, a, dv + (2048 >> 4) * kk);
         }
         wg_commit();
