@@ -62,6 +62,27 @@ struct BwdPtrs {
 /// V = 50304, and padding only the leading dimension did not help (17 ms). So the weight
 /// is padded with zero rows and the activations with zero columns to a multiple of 64;
 /// the results are the same. Small layers are not worth the copies.
+/// A forward GEMM's parameters: the weight (OC·C elements) and the optional bias (OC) lie
+/// inside `params_len`; errors name `op`. The labels are formatted only on failure.
+fn check_linear(op: &str, params_len: usize, at: LinearLocs, s: MatShape) -> BResult<()> {
+    let MatShape { c, oc, .. } = s;
+    let fits = |what: &str, loc: Loc| match check_loc(what, params_len, loc) {
+        Ok(()) => Ok(()),
+        Err(_) => check_loc(&format!("{op} {what}"), params_len, loc),
+    };
+    fits("weight", at.w)?;
+    if at.w.len != oc * c {
+        return Err(bad(format!("{op}: weight has {} elements, expected OC*C = {}", at.w.len, oc * c)));
+    }
+    if let Some(bl) = at.b {
+        fits("bias", bl)?;
+        if bl.len != oc {
+            return Err(bad(format!("{op}: bias has {} elements, expected OC = {oc}", bl.len)));
+        }
+    }
+    Ok(())
+}
+
 fn stage_pad(n: usize, oc: usize) -> Option<(usize, usize)> {
     if oc.is_multiple_of(8) || n * oc < (1 << 20) {
         return None;
@@ -322,16 +343,7 @@ impl MatmulOps for CudaBackend {
         let (params, LinearLocs { w, b: bias }) = (p.buf, p.at);
         check("matmul_fwd out", out.len(), 0, n * oc)?;
         check("matmul_fwd inp", inp.len(), 0, n * c)?;
-        check_loc("matmul_fwd weight", params.len(), w)?;
-        if w.len != oc * c {
-            return Err(bad(format!("matmul_fwd: weight has {} elements, expected OC*C = {}", w.len, oc * c)));
-        }
-        if let Some(bl) = bias {
-            check_loc("matmul_fwd bias", params.len(), bl)?;
-            if bl.len != oc {
-                return Err(bad(format!("matmul_fwd: bias has {} elements, expected OC = {oc}", bl.len)));
-            }
-        }
+        check_linear("matmul_fwd", params.len(), p.at, s)?;
         if n == 0 || oc == 0 {
             return Ok(());
         }
@@ -425,16 +437,7 @@ impl MatmulOps for CudaBackend {
         check("matmul_residual_fwd out", out.len(), 0, n * oc)?;
         check("matmul_residual_fwd res", res.len(), 0, n * oc)?;
         check("matmul_residual_fwd inp", inp.len(), 0, n * c)?;
-        check_loc("matmul_residual_fwd weight", params.len(), w)?;
-        if w.len != oc * c {
-            return Err(bad(format!("matmul_residual_fwd: weight has {} elements, expected OC*C = {}", w.len, oc * c)));
-        }
-        if let Some(bl) = bias {
-            check_loc("matmul_residual_fwd bias", params.len(), bl)?;
-            if bl.len != oc {
-                return Err(bad(format!("matmul_residual_fwd: bias has {} elements, expected OC = {oc}", bl.len)));
-            }
-        }
+        check_linear("matmul_residual_fwd", params.len(), p.at, s)?;
         if n == 0 || c == 0 || oc == 0 || stage_pad(n, oc).is_some() {
             return Ok(false);
         }
