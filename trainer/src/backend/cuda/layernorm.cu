@@ -126,7 +126,7 @@ __device__ __forceinline__ void ln_bwd_chunk_sums(uint4 xv, uint4 gv, uint4 wv, 
 }
 
 // with the row's a and bsum (already divided by C): dx plus its gradient (returned), and
-// the chunk's dw/db accumulated into dwacc/dbacc (8 values each).
+// the chunk's dw/db accumulated into dwacc/dbacc (8 values each);
 __device__ __forceinline__ uint4 ln_bwd_chunk_apply(uint4 dxv, uint4 xv, uint4 gv, uint4 wv, float m, float s,
                                                     float a, float bsum, float* dwacc, float* dbacc) {
     float xf[8], gf[8], wf[8], df[8];
@@ -143,6 +143,16 @@ __device__ __forceinline__ uint4 ln_bwd_chunk_apply(uint4 dxv, uint4 xv, uint4 g
         df[k] += (dn - a - norm * bsum) * s;
     }
     return pack8(df);
+}
+
+// and a chunk's accumulated dw/db written to p = [dw (C) | db (C)] at column c (a partial
+// row, or a warp's row of the block's shared sums).
+__device__ __forceinline__ void ln_bwd_chunk_store(float* p, int C, int c, const float* dwacc, const float* dbacc) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        p[c + k] = dwacc[k];
+        p[C + c + k] = dbacc[k];
+    }
 }
 
 __device__ __forceinline__ uint4 ld16(const bf16_t* p) { return *(const uint4*)p; }
@@ -216,13 +226,7 @@ __device__ __forceinline__ void ln_bwd_rows_impl(bf16_t* dinp, float* partial, c
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = lane * 8 + j * 256;
-        if (c < C) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                mine[c + k] = dwacc[j][k];
-                mine[C + c + k] = dbacc[j][k];
-            }
-        }
+        if (c < C) ln_bwd_chunk_store(mine, C, c, dwacc[j], dbacc[j]);
     }
     __syncthreads();
     float* p = partial + (long long)blockIdx.x * 2 * C;
@@ -315,13 +319,7 @@ __device__ __forceinline__ void ln_bwd_wide_impl(bf16_t* dinp, float* partial, c
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = 8 * threadIdx.x + j * stride;
-        if (c < C) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                p[c + k] = dwacc[j][k];
-                p[C + c + k] = dbacc[j][k];
-            }
-        }
+        if (c < C) ln_bwd_chunk_store(p, C, c, dwacc[j], dbacc[j]);
     }
 }
 
