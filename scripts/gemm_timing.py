@@ -6,14 +6,7 @@ import sys, torch
 import torch.nn.functional as F
 N, C = int(sys.argv[1]), int(sys.argv[2])
 V = 50304
-def timed(fn, reps=20, warm=3):
-    for _ in range(warm): fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
-    ts.sort(); return ts[len(ts) // 2]
+from torch_timed import timed  # (this script's directory is on sys.path)
 print(f"torch {torch.__version__} cuBLAS GEMMs, N={N} C={C}")
 bf = dict(device="cuda", dtype=torch.bfloat16)
 for name, cin, cout in [("qkv", C, 3 * C), ("attn proj", C, C), ("fc", C, 4 * C), ("fc2", 4 * C, C), ("lm head padded", C, V)]:

@@ -7,14 +7,7 @@ import sys, torch, torch.nn.functional as F
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 NH = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-def timed(fn, reps=20, warm=3):
-    for _ in range(warm): fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
-    ts.sort(); return ts[len(ts) // 2]
+from torch_timed import timed  # (this script's directory is on sys.path)
 print(f"SDPA causal, B x NH = {B*NH} heads, T = {T}, torch {torch.__version__}")
 for hs in (64, 80, 96, 128):
     q, k, v = (torch.randn(B, NH, T, hs, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
