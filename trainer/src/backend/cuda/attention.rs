@@ -17,8 +17,7 @@ use crate::backend::{AttentionOps, AttnShape, BResult};
 pub enum AttentionImpl {
     /// Tensor cores (bf16 operands, fp32 accumulation) for head sizes 64, 80, 96 and 128:
     /// the wgmma kernels where they exist (on Hopper, head sizes 64 and 128), mma.sync
-    /// otherwise; the
-    /// fp32 SIMT kernels (with a note on stderr) for 32. The default.
+    /// otherwise; the fp32 SIMT kernels (with a note on stderr) for 32. The default.
     TensorCore,
     /// The mma.sync kernels even where a wgmma one exists (the portable path, for
     /// cross-checks on Hopper).
