@@ -3,9 +3,10 @@
 //! `GPU_CHECK_SHAPE="B,T,C,NH,V"` and `GPU_CHECK_LAYERS=L` time another model (e.g. 1.5B:
 //! `8,1024,1600,25,50304` with 48 layers).
 //!
-//! `gpu-timing attention [T]`: causal attention forward and backward at every
-//! tensor-core head size (64, 80, 96, 128), B·NH = 64 heads of length T (default 1024),
-//! in TFLOP/s — the same shapes `scripts/sdpa_timing.py` times with PyTorch's SDPA.
+//! `gpu-timing attention [T [B NH]]`: causal attention forward and backward at every
+//! tensor-core head size (64, 80, 96, 128), B×NH heads (default 4×16) of length T (default
+//! 1024), in TFLOP/s, the default kernels beside the mma.sync ones — the same shapes
+//! `scripts/sdpa_timing.py T B NH` times with PyTorch's SDPA.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -335,11 +336,12 @@ fn timing(be: &CudaBackend) -> BResult<()> {
 }
 
 /// Attention alone at every tensor-core head size: fwd and bwd TFLOP/s (causal: half of
-/// the T x T products; forward 2 GEMMs, backward 5 of which 2 recompute).
-fn attention_timing(be: &CudaBackend, t: usize) -> BResult<()> {
-    println!("\nCausal attention, B x NH = 64 heads, T = {t} (median of event-timed repeats)");
+/// the T x T products; forward 2 GEMMs, backward 5 of which 2 recompute), the default
+/// kernels beside the mma.sync ones. B x NH = 4 x 16 unless given (a model's shape, e.g.
+/// GPT-2 124M: `attention 1024 16 12`; `scripts/sdpa_timing.py` takes the same arguments).
+fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize) -> BResult<()> {
+    println!("\nCausal attention, B x NH = {b} x {nh} heads, T = {t} (median of event-timed repeats)");
     for hs in [64usize, 80, 96, 128] {
-        let (b, nh) = (4usize, 16usize);
         let (c, n) = (nh * hs, b * t);
         let s = AttnShape { b, t, c, nh };
         let chunk = randn(4, 1 << 22, 1.0);
@@ -352,12 +354,16 @@ fn attention_timing(be: &CudaBackend, t: usize) -> BResult<()> {
         let mut saved = be.alloc_f32(be.attention_saved_len(s), "timing")?;
         let flop = 2.0 * 2.0 * (b * nh * t * t * hs) as f64 / 2.0;
         let mut tm = Timer { be, rows: Vec::new() };
-        tm.time(&format!("attention_fwd HS{hs}"), 3, 20, tflops(flop), || {
-            be.attention_fwd(&mut out, &mut saved, &qkv, s)
-        });
-        tm.time(&format!("attention_bwd HS{hs}"), 3, 20, tflops(2.5 * flop), || {
-            be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
-        });
+        for (imp, label) in [(AttentionImpl::TensorCore, ""), (AttentionImpl::MmaSync, " (mma.sync)")] {
+            be.set_attention_impl(imp);
+            tm.time(&format!("attention_fwd HS{hs}{label}"), 3, 20, tflops(flop), || {
+                be.attention_fwd(&mut out, &mut saved, &qkv, s)
+            });
+            tm.time(&format!("attention_bwd HS{hs}{label}"), 3, 20, tflops(2.5 * flop), || {
+                be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+            });
+        }
+        be.set_attention_impl(AttentionImpl::TensorCore);
     }
     Ok(())
 }
@@ -379,7 +385,10 @@ fn main() -> ExitCode {
     );
     let args: Vec<String> = std::env::args().collect();
     let run = match args.get(1).map(String::as_str) {
-        Some("attention") => attention_timing(&be, args.get(2).and_then(|t| t.parse().ok()).unwrap_or(1024)),
+        Some("attention") => {
+            let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+            attention_timing(&be, arg(2, 1024), arg(3, 4), arg(4, 16))
+        }
         _ => timing(&be),
     };
     match run {

@@ -1175,18 +1175,21 @@ ATTN_MMA_INSTANCES(96, 1, 2)
 ATTN_MMA_INSTANCES(128, 1, 2)
 
 // ============================================================================
-// Hopper forward (sm_90a: wgmma), head size 64. One warpgroup (the block's 4 warps) per 64
-// query rows; S = Q K^T and O += P V are warpgroup MMAs (wgmma.mma_async m64n64k16) with
-// Q, K and V read from shared memory through matrix descriptors and P from registers. The
-// wgmma accumulator layout is the mma.sync C layout per warp (16 rows each), so the online
-// softmax is the mma.sync kernel's. K/V tiles double-buffered with cp.async, as there.
-// H200, GPT-2 124M shapes: 0.176 -> 0.119 ms (146 -> 216 TFLOP/s; SDPA 0.103 ms).
+// Hopper (sm_90a: wgmma), head sizes 64 and 128: the forward, then the backward below.
+// Forward: one warpgroup (the block's 4 warps) per 64 query rows; S = Q K^T and O += P V
+// are warpgroup MMAs (wgmma.mma_async m64n64k16) with Q, K and V read from shared memory
+// through matrix descriptors and P from registers. The wgmma accumulator layout is the
+// mma.sync C layout per warp (16 rows each), so the online softmax is the mma.sync kernel's.
+// K/V tiles double-buffered with cp.async, as there. H200, GPT-2 124M shapes (16 x 12 heads
+// of 64, T 1024): forward 0.176 -> 0.117 ms (SDPA 0.116), backward 0.525 -> 0.337 ms (SDPA
+// 0.352); 6.65B shapes (4 x 32 heads of 128): forward 0.234 -> 0.158 (SDPA 0.121), backward
+// 0.663 -> 0.413 (SDPA 0.433).
 //
 // Tiles of 64 rows x 64 bf16 (128 B per row) in 128-byte-swizzled shared memory: the 16-byte
 // chunk c of row r sits at r * 128 + ((c ^ (r & 7)) << 4), tiles 1024-byte aligned (the
 // swizzle is a function of the address bits, which the descriptors' swizzle mode matches).
 // Built only where the compiler targets sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`); elsewhere the
-// entry point traps and attention.rs never launches it.
+// entry points trap and attention.rs never launches them.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void load_tile_sw128_async(unsigned dst, const bf16_t* src, long long stride, int nvalid) {
     for (int c = threadIdx.x; c < 64 * 8; c += 128) {
@@ -1233,29 +1236,38 @@ __device__ __forceinline__ void wg_rs(float d[8][4], const unsigned a[4], unsign
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-// grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = 5 tiles of 8 KiB (Q; K, V x 2)
-// + 1 KiB for the 1024-byte alignment.
+// grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = 5 tiles (Q; K, V x 2) of HS/64
+// swizzle atoms of 8 KiB each (a row of 128 bf16 is two 64-column atoms, side by side in
+// separate 8 KiB sub-tiles) + 1 KiB for the 1024-byte alignment. Every wgmma is n64: the
+// score tile is 64 keys wide, and at head size 128 the output is two n64 halves, each with
+// its V sub-tile as B (the layout the head-size-64 kernel verified).
+template <int HS>
+__device__ __forceinline__ void load_rows_sw128_async(unsigned dst, const bf16_t* src, long long stride, int nvalid) {
+#pragma unroll
+    for (int a = 0; a < HS / 64; ++a) load_tile_sw128_async(dst + a * 8192, src + a * 64, stride, nvalid);
+}
+
 template <int HS>
 __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
                                                   float scale) {
-    static_assert(HS == 64, "the wgmma forward is written for head size 64");
+    static_assert(HS == 64 || HS == 128, "the wgmma forward covers head sizes 64 and 128");
+    constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
-    require_smem(5 * 8192 + 1024);
+    require_smem(5 * TB + 1024);
     const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
-    const unsigned Qs = sbase, Ks = sbase + 8192, Vs = sbase + 3 * 8192;  // K, V: two buffers each
+    const unsigned Qs = sbase, Ks = sbase + TB, Vs = sbase + 3 * TB;  // K, V: two buffers each
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
     const long long C3 = 3LL * C;
     const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile_sw128_async(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
-    load_tile_sw128_async(Ks, base + C, C3, min(64, T));
-    load_tile_sw128_async(Vs, base + 2 * C, C3, min(64, T));
+    load_rows_sw128_async<HS>(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_rows_sw128_async<HS>(Ks, base + C, C3, min(64, T));
+    load_rows_sw128_async<HS>(Vs, base + 2 * C, C3, min(64, T));
     cp_commit();
-    const unsigned long long dq = wg_desc(Qs);
-    float o[8][4];
-    zero_acc<8>(o);
+    float o[8 * NA][4];  // the output's n-tiles; half a (HS 128) is o[8a .. 8a + 7]
+    zero_acc<8 * NA>(o);
     float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f};
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     for (int kt = 0; kt <= qt; ++kt) {
@@ -1263,28 +1275,30 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         __syncthreads();  // every read of buffer cur ^ 1 is done (the MMAs were waited for)
         if (kt < qt) {
             const int k1 = k0 + 64;
-            load_tile_sw128_async(Ks + (cur ^ 1) * 8192, base + C + (long long)k1 * C3, C3, min(64, T - k1));
-            load_tile_sw128_async(Vs + (cur ^ 1) * 8192, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_rows_sw128_async<HS>(Ks + (cur ^ 1) * TB, base + C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_rows_sw128_async<HS>(Vs + (cur ^ 1) * TB, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
         }
         cp_commit();
         cp_wait1();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
         __syncthreads();
         float s[8][4];
-        const unsigned long long dk = wg_desc(Ks + cur * 8192);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg_ss(s, dq + 2 * kk, dk + 2 * kk, kk);
+        for (int kk = 0; kk < 4 * NA; ++kk) {
+            const int a = kk / 4, k = kk % 4;  // swizzle atom, k-step within it
+            wg_ss(s, wg_desc(Qs + a * 8192) + 2 * k, wg_desc(Ks + cur * TB + a * 8192) + 2 * k, kk);
+        }
         wg_commit();
         wg_wait0();
-        softmax_tile<8>(s, o, m, l, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
-        const unsigned long long dv = wg_desc(Vs + cur * 8192);
+        softmax_tile<8 * NA>(s, o, m, l, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            unsigned a[4];
-            pack_afrag(a, s, kk);
-            wg_rs(o, a, dv + (2048 >> 4) * kk);
+            unsigned pa[4];
+            pack_afrag(pa, s, kk);
+#pragma unroll
+            for (int a = 0; a < NA; ++a) wg_rs(o + 8 * a, pa, wg_desc(Vs + cur * TB + a * 8192) + (2048 >> 4) * kk);
         }
         wg_commit();
         wg_wait0();
@@ -1296,8 +1310,222 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         const float inv = 1.f / l[r];
         bf16_t* dst = out + ((long long)b * T + q) * C + h * HS + 2 * t;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) *(unsigned*)(dst + j * 8) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *(unsigned*)(dst + a * 64 + j * 8) = pack2(o[8 * a + j][2 * r] * inv, o[8 * a + j][2 * r + 1] * inv);
         if (t == 0) lse[((long long)b * NH + h) * T + q] = m[r] + log2f(l[r]);
+    }
+}
+
+
+// Backward on Hopper, head sizes 64 and 128: the mma.sync kernels' two passes (attn_bwd_dkv_mma_impl,
+// attn_bwd_dq_mma_impl) with every product a warpgroup MMA: the score-like products
+// (K Q^T, V dO^T, Q K^T, dO V^T) read both operands from swizzled shared memory, the
+// gradient products (P^T dO, dS^T Q, dS K) take P or dS from registers and the other
+// operand N-major, as the forward's P V does. The element-wise work between them is the
+// mma.sync kernels' (same accumulator layout per warp). At head size 128 every tile is two
+// swizzle atoms and every gradient product two n64 halves, as in the forward. Shared memory:
+// the block's own two tiles, the streamed two double-buffered (6 tiles of HS/64 x 8 KiB) +
+// 1 KiB for alignment.
+
+// Block per key tile: dK, dV of dqkv.
+template <int HS>
+__device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                     const float* lse, const float* D, int T, int NH, float scale) {
+    static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
+    constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
+    extern __shared__ __align__(16) bf16_t smem_mma[];
+    require_smem(6 * TB + 1024);
+    __shared__ __align__(16) float lse_s[2][64], d_s[2][64];
+    const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
+    const unsigned Kt = sbase, Vt = sbase + TB, Qs = sbase + 2 * TB, dOs = sbase + 4 * TB;  // Q, dO: x 2
+    const int nt = gridDim.x, kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * HS;
+    const long long C3 = 3LL * C;
+    const long long bh = (long long)b * NH + h;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
+    const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_rows_sw128_async<HS>(Kt, base + C + (long long)k0 * C3, C3, min(64, T - k0));
+    load_rows_sw128_async<HS>(Vt, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
+    load_rows_sw128_async<HS>(Qs, base + (long long)k0 * C3, C3, min(64, T - k0));
+    load_rows_sw128_async<HS>(dOs, dobase + (long long)k0 * C, C, min(64, T - k0));
+    load_row64_async(lse_s[0], lse + bh * T, k0, T, 0);
+    load_row64_async(d_s[0], D + bh * T, k0, T, 64);
+    cp_commit();
+    float dk[NA][8][4], dv[NA][8][4];
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+        zero_acc<8>(dk[a]);
+        zero_acc<8>(dv[a]);
+    }
+    const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
+    for (int qt = kt; qt < nt; ++qt) {
+        const int q0 = qt * 64, cur = (qt - kt) & 1;
+        __syncthreads();  // buffer cur ^ 1 (query tile qt - 1) is no longer read
+        if (qt + 1 < nt) {
+            const int q1 = q0 + 64;
+            load_rows_sw128_async<HS>(Qs + (cur ^ 1) * TB, base + (long long)q1 * C3, C3, min(64, T - q1));
+            load_rows_sw128_async<HS>(dOs + (cur ^ 1) * TB, dobase + (long long)q1 * C, C, min(64, T - q1));
+            load_row64_async(lse_s[cur ^ 1], lse + bh * T, q1, T, 0);
+            load_row64_async(d_s[cur ^ 1], D + bh * T, q1, T, 64);
+        }
+        cp_commit();
+        cp_wait1();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
+        __syncthreads();  // query tile qt is in buffer cur
+        const unsigned Qc = Qs + cur * TB, dOc = dOs + cur * TB;
+        float st[8][4], dpt[8][4];  // S^T and dP^T: rows = keys, columns = queries
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4 * NA; ++kk) {
+            const int a = kk / 4, k = kk % 4;  // swizzle atom, k-step within it
+            wg_ss(st, wg_desc(Kt + a * 8192) + 2 * k, wg_desc(Qc + a * 8192) + 2 * k, kk);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4 * NA; ++kk) {
+            const int a = kk / 4, k = kk % 4;
+            wg_ss(dpt, wg_desc(Vt + a * 8192) + 2 * k, wg_desc(dOc + a * 8192) + 2 * k, kk);
+        }
+        wg_commit();
+        wg_wait0();
+        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
+        const float* ls = lse_s[cur];
+        const float* ds = d_s[cur];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
+                const bool valid = !edge || (k <= q && q < T && k < T);
+                const float p = valid ? ex2(fmaf(st[j][e], sl2, -ls[qi])) : 0.f;
+                st[j][e] = p;
+                dpt[j][e] = p * (dpt[j][e] - ds[qi]);
+            }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            unsigned pa[4], sa[4];
+            pack_afrag(pa, st, kk);
+            pack_afrag(sa, dpt, kk);
+#pragma unroll
+            for (int a = 0; a < NA; ++a) {
+                wg_rs(dv[a], pa, wg_desc(dOc + a * 8192) + (2048 >> 4) * kk);  // dV += P^T dO
+                wg_rs(dk[a], sa, wg_desc(Qc + a * 8192) + (2048 >> 4) * kk);   // dK += dS^T Q
+            }
+        }
+        wg_commit();
+        wg_wait0();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int k = krow + 8 * r;
+        if (k >= T) continue;
+        bf16_t* row = dqkv + ((long long)b * T + k) * C3 + h * HS + 2 * t;
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                *(unsigned*)(row + C + a * 64 + j * 8) = pack2(dk[a][j][2 * r] * scale, dk[a][j][2 * r + 1] * scale);
+                *(unsigned*)(row + 2 * C + a * 64 + j * 8) = pack2(dv[a][j][2 * r], dv[a][j][2 * r + 1]);
+            }
+    }
+}
+
+// Block per query tile: dQ of dqkv.
+template <int HS>
+__device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                                    const float* lse, const float* D, int T, int NH, float scale) {
+    static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
+    constexpr int NA = HS / 64, TB = 8192 * NA;
+    extern __shared__ __align__(16) bf16_t smem_mma[];
+    require_smem(6 * TB + 1024);
+    const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
+    const unsigned Qt = sbase, dOt = sbase + TB, Ks = sbase + 2 * TB, Vs = sbase + 4 * TB;  // K, V: x 2
+    const int nt = gridDim.x, qt = nt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int C = NH * HS;
+    const long long C3 = 3LL * C;
+    const long long bh = (long long)b * NH + h;
+    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
+    const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = scale * LOG2E_F;
+    load_rows_sw128_async<HS>(Qt, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_rows_sw128_async<HS>(dOt, dobase + (long long)q0 * C, C, min(64, T - q0));
+    load_rows_sw128_async<HS>(Ks, base + C, C3, min(64, T));
+    load_rows_sw128_async<HS>(Vs, base + 2 * C, C3, min(64, T));
+    cp_commit();
+    const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+    float lr[2], dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = qrow + 8 * r;
+        lr[r] = q < T ? lse[bh * T + q] : 0.f;
+        dr[r] = q < T ? D[bh * T + q] : 0.f;
+    }
+    float dq[NA][8][4];
+#pragma unroll
+    for (int a = 0; a < NA; ++a) zero_acc<8>(dq[a]);
+    for (int kt = 0; kt <= qt; ++kt) {
+        const int k0 = kt * 64, cur = kt & 1;
+        __syncthreads();  // buffer cur ^ 1 (key tile kt - 1) is no longer read
+        if (kt < qt) {
+            const int k1 = k0 + 64;
+            load_rows_sw128_async<HS>(Ks + (cur ^ 1) * TB, base + C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_rows_sw128_async<HS>(Vs + (cur ^ 1) * TB, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+        }
+        cp_commit();
+        cp_wait1();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
+        __syncthreads();
+        const unsigned Kc = Ks + cur * TB, Vc = Vs + cur * TB;
+        float s[8][4], dp[8][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4 * NA; ++kk) {
+            const int a = kk / 4, k = kk % 4;
+            wg_ss(s, wg_desc(Qt + a * 8192) + 2 * k, wg_desc(Kc + a * 8192) + 2 * k, kk);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4 * NA; ++kk) {
+            const int a = kk / 4, k = kk % 4;
+            wg_ss(dp, wg_desc(dOt + a * 8192) + 2 * k, wg_desc(Vc + a * 8192) + 2 * k, kk);
+        }
+        wg_commit();
+        wg_wait0();
+        const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
+                const bool valid = !edge || (k <= q && q < T && k < T);
+                const float p = valid ? ex2(fmaf(s[j][e], sl2, -lr[r])) : 0.f;
+                s[j][e] = p * (dp[j][e] - dr[r]);
+            }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            unsigned sa[4];
+            pack_afrag(sa, s, kk);
+#pragma unroll
+            for (int a = 0; a < NA; ++a) wg_rs(dq[a], sa, wg_desc(Kc + a * 8192) + (2048 >> 4) * kk);  // dQ += dS K
+        }
+        wg_commit();
+        wg_wait0();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = qrow + 8 * r;
+        if (q >= T) continue;
+        bf16_t* row = dqkv + ((long long)b * T + q) * C3 + h * HS + 2 * t;
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *(unsigned*)(row + a * 64 + j * 8) = pack2(dq[a][j][2 * r] * scale, dq[a][j][2 * r + 1] * scale);
     }
 }
 
@@ -1305,6 +1533,47 @@ extern "C" __global__ void __launch_bounds__(128)
     attn_fwd_wg64(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {
     attn_fwd_wg_impl<64>(out, lse, qkv, T, NH, scale);
 }
+extern "C" __global__ void __launch_bounds__(128)
+    attn_fwd_wg128(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {
+    attn_fwd_wg_impl<128>(out, lse, qkv, T, NH, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_wg64(bf16_t* dqkv, const bf16_t* dout,
+                                                                   const bf16_t* qkv, const float* lse,
+                                                                   const float* D, int T, int NH, float scale) {
+    attn_bwd_dkv_wg_impl<64>(dqkv, dout, qkv, lse, D, T, NH, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_wg128(bf16_t* dqkv, const bf16_t* dout,
+                                                                    const bf16_t* qkv, const float* lse,
+                                                                    const float* D, int T, int NH, float scale) {
+    attn_bwd_dkv_wg_impl<128>(dqkv, dout, qkv, lse, D, T, NH, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_wg128(bf16_t* dqkv, const bf16_t* dout,
+                                                                   const bf16_t* qkv, const float* lse,
+                                                                   const float* D, int T, int NH, float scale) {
+    attn_bwd_dq_wg_impl<128>(dqkv, dout, qkv, lse, D, T, NH, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_wg64(bf16_t* dqkv, const bf16_t* dout,
+                                                                  const bf16_t* qkv, const float* lse,
+                                                                  const float* D, int T, int NH, float scale) {
+    attn_bwd_dq_wg_impl<64>(dqkv, dout, qkv, lse, D, T, NH, scale);
+}
 #else
 extern "C" __global__ void attn_fwd_wg64(bf16_t*, float*, const bf16_t*, int, int, float) { __trap(); }
+extern "C" __global__ void attn_fwd_wg128(bf16_t*, float*, const bf16_t*, int, int, float) { __trap(); }
+extern "C" __global__ void attn_bwd_dkv_wg64(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
+                                             int, float) {
+    __trap();
+}
+extern "C" __global__ void attn_bwd_dq_wg64(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
+                                            int, float) {
+    __trap();
+}
+extern "C" __global__ void attn_bwd_dkv_wg128(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
+                                              int, float) {
+    __trap();
+}
+extern "C" __global__ void attn_bwd_dq_wg128(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
+                                             int, float) {
+    __trap();
+}
 #endif

@@ -1,8 +1,8 @@
 //! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu):
 //! flash style, saving only the per-row log-sum-exp. Three families of kernels compute the
 //! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
-//! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) a wgmma forward for head size
-//! 64; and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head size 32, and the
+//! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) wgmma kernels for 64 and 128;
+//! and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head size 32, and the
 //! cross-check).
 
 use cudarc::driver::PushKernelArg;
@@ -16,8 +16,8 @@ use crate::backend::{AttentionOps, AttnShape, BResult};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionImpl {
     /// Tensor cores (bf16 operands, fp32 accumulation) for head sizes 64, 80, 96 and 128:
-    /// the wgmma forward where it exists (head size 64 on Hopper), mma.sync otherwise; the
-    /// fp32 SIMT kernels (with a note on stderr) for 32. The default.
+    /// the wgmma kernels where they exist (on Hopper, head sizes 64 and 128), mma.sync
+    /// otherwise; the fp32 SIMT kernels (with a note on stderr) for 32. The default.
     TensorCore,
     /// The mma.sync kernels even where a wgmma one exists (the portable path, for
     /// cross-checks on Hopper).
@@ -48,17 +48,18 @@ enum Pass {
 enum Variant {
     Simt(usize),
     Mma(usize),
-    /// The wgmma forward (sm_90a); its backward is the mma.sync one.
+    /// The wgmma kernels (sm_90a).
     Wg(usize),
 }
 
 /// Head sizes of each family.
 const SIMT_HEAD_SIZES: [usize; 3] = [32, 64, 128];
 const MMA_HEAD_SIZES: [usize; 4] = [64, 80, 96, 128];
-const WG_HEAD_SIZES: [usize; 1] = [64];
+/// Head sizes with wgmma kernels (every pass).
+const WG_HEAD_SIZES: [usize; 2] = [64, 128];
 
 /// Every attention kernel of a pass and variant: the one list of their names.
-const TABLE: [(Pass, Variant, &str); 22] = [
+const TABLE: [(Pass, Variant, &str); 27] = [
     (Pass::Fwd, Variant::Simt(32), "attn_fwd_32"),
     (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32"),
     (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32"),
@@ -81,6 +82,11 @@ const TABLE: [(Pass, Variant, &str); 22] = [
     (Pass::Dkv, Variant::Mma(128), "attn_bwd_dkv_mma128"),
     (Pass::Dq, Variant::Mma(128), "attn_bwd_dq_mma128"),
     (Pass::Fwd, Variant::Wg(64), "attn_fwd_wg64"),
+    (Pass::Fwd, Variant::Wg(128), "attn_fwd_wg128"),
+    (Pass::Dkv, Variant::Wg(64), "attn_bwd_dkv_wg64"),
+    (Pass::Dq, Variant::Wg(64), "attn_bwd_dq_wg64"),
+    (Pass::Dkv, Variant::Wg(128), "attn_bwd_dkv_wg128"),
+    (Pass::Dq, Variant::Wg(128), "attn_bwd_dq_wg128"),
 ];
 
 /// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
@@ -112,10 +118,6 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 };
 
 fn kernel_name(pass: Pass, v: Variant) -> &'static str {
-    let v = match (pass, v) {
-        (Pass::Dkv | Pass::Dq, Variant::Wg(hs)) => Variant::Mma(hs),
-        _ => v,
-    };
     TABLE.iter().find(|&&(p, vv, _)| p == pass && vv == v).map(|&(_, _, n)| n).expect("every variant has every pass")
 }
 
@@ -190,9 +192,12 @@ impl CudaBackend {
     /// Block size and dynamic shared memory of a pass.
     fn attn_launch(v: Variant, pass: Pass) -> (u32, usize) {
         match (v, pass) {
-            // Q and two K and V buffers of 64 rows, plus room to align them to 1024 bytes.
+            // The block's own tile(s) and two double-buffered streamed tiles of 64 rows, plus
+            // room to align them to 1024 bytes: Q, K x 2, V x 2 (forward); K, V, Q x 2, dO x 2
+            // (dK/dV); Q, dO, K x 2, V x 2 (dQ).
             (Variant::Wg(hs), Pass::Fwd) => (MMA_THREADS, 5 * TILE * hs * 2 + 1024),
-            (Variant::Mma(hs) | Variant::Wg(hs), _) => (MMA_THREADS, mma_smem(hs, pass)),
+            (Variant::Wg(hs), Pass::Dkv | Pass::Dq) => (MMA_THREADS, 6 * TILE * hs * 2 + 1024),
+            (Variant::Mma(hs), _) => (MMA_THREADS, mma_smem(hs, pass)),
             (Variant::Simt(hs), _) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
         }
     }
