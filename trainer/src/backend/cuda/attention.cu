@@ -744,12 +744,14 @@ struct TileMask {
 };
 
 // One key tile of the one-m-tile forward's online softmax (the mma.sync and the wgmma
-// kernels: their accumulator layouts agree). s (16 x 64 scores, C layout) becomes the
-// tile's probabilities against the new running max m (base 2, scaled by sl2); the running
-// sum l and the output accumulator o (NT n-tiles) are rescaled to it.
-template <int NT>
-__device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], float m[2], float l[2], TileMask mk,
-                                             float sl2) {
+// kernels: their accumulator layouts agree), in two steps so that the wgmma forward can run
+// the first while the previous tile's P V is still accumulating into o. softmax_probs: s
+// (16 x 64 scores, C layout) becomes the tile's probabilities against the new running max m
+// (base 2, scaled by sl2), the running sum l is rescaled to it and gains the tile's sum;
+// returns the factor (alpha) by which the output accumulator must be rescaled, which
+// rescale_acc applies.
+__device__ __forceinline__ void softmax_probs(float s[8][4], float m[2], float l[2], float alpha[2], TileMask mk,
+                                              float sl2) {
     const int qrow = mk.qrow, k0 = mk.k0, t = mk.t, T = mk.T;
     const bool edge = mk.edge;
     float mx[2] = {-F_INF, -F_INF};
@@ -763,7 +765,7 @@ __device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], floa
             s[j][e] = v;
             mx[r] = fmaxf(mx[r], v);
         }
-    float ref[2], alpha[2], rs[2] = {0.f, 0.f};
+    float ref[2], rs[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float mnew = fmaxf(m[r], quad_max(mx[r]));
@@ -781,6 +783,9 @@ __device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], floa
         }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+}
+template <int NT>
+__device__ __forceinline__ void rescale_acc(float o[NT][4], const float alpha[2]) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         o[j][0] *= alpha[0];
@@ -788,6 +793,13 @@ __device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], floa
         o[j][2] *= alpha[1];
         o[j][3] *= alpha[1];
     }
+}
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], float m[2], float l[2], TileMask mk,
+                                             float sl2) {
+    float alpha[2];
+    softmax_probs(s, m, l, alpha, mk, sl2);
+    rescale_acc<NT>(o, alpha);
 }
 
 // Forward with one m-tile (16 query rows) per warp, for head size 64 (`FWD_MT` = 1).
@@ -1191,13 +1203,22 @@ ATTN_MMA_INSTANCES(128, 1, 2)
 // Built only where the compiler targets sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`); elsewhere the
 // entry points trap and attention.rs never launches them.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void load_tile_sw128_async(unsigned dst, const bf16_t* src, long long stride, int nvalid) {
-    for (int c = threadIdx.x; c < 64 * 8; c += 128) {
-        const int r = c >> 3, ch = c & 7;
-        const bool ok = r < nvalid;
-        const bf16_t* g = src + (long long)(ok ? r : 0) * stride + ch * 8;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * 128 + ((ch ^ (r & 7)) << 4)),
-                     "l"(g), "r"(ok ? 16 : 0));
+template <int NTH = 128>
+__device__ __forceinline__ void load_tile_sw128_async(unsigned dst, const bf16_t* src, long long stride, int nvalid,
+                                                      int tid = threadIdx.x) {
+    // NTH threads, 8 per row (one 16-byte chunk each), NTH / 8 rows a pass: a thread's chunk
+    // and its swizzle (which depends on row & 7) are the same on every pass, so each pass is
+    // the first one's addresses plus constants (a loop from threadIdx.x would not unroll).
+    static_assert(NTH % 64 == 0, "whole 8-row swizzle groups per pass");
+    constexpr int RP = NTH / 8;  // rows per pass
+    const int r0 = tid >> 3, ch = tid & 7;
+    const unsigned d0 = dst + r0 * 128 + ((ch ^ (r0 & 7)) << 4);
+    const bf16_t* g0 = src + (long long)r0 * stride + ch * 8;
+#pragma unroll
+    for (int i = 0; i < 64 / RP; ++i) {
+        const bool ok = r0 + i * RP < nvalid;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d0 + i * RP * 128),
+                     "l"(ok ? g0 + i * RP * stride : src), "r"(ok ? 16 : 0));
     }
 }
 // Matrix descriptor: start address, both byte offsets 1024 (the next 8-row group; the one
@@ -1247,62 +1268,126 @@ __device__ __forceinline__ void load_rows_sw128_async(unsigned dst, const bf16_t
     for (int a = 0; a < HS / 64; ++a) load_tile_sw128_async(dst + a * 8192, src + a * 64, stride, nvalid);
 }
 
+// Compiler fences for wgmma operands: an empty asm that "rewrites" each register, placed
+// after a wgmma wait, so that no use of an accumulator moves above the wait and no register
+// a pending wgmma reads (P from registers) is reused before it (CUTLASS's
+// warpgroup_fence_operand does the same).
+template <int N>
+__device__ __forceinline__ void fence_regs(float x[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(x[j][e])::"memory");
+}
+__device__ __forceinline__ void fence_afrags(unsigned a[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+__device__ __forceinline__ void fence_vals(float l[2], float alpha[2]) {
+    asm volatile("" : "+f"(l[0]), "+f"(l[1]), "+f"(alpha[0]), "+f"(alpha[1])::"memory");
+}
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+
+// The forward, pipelined within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
+// for key tile kt it issues S = Q K_kt^T and O += P_(kt-1) V_(kt-1) back to back, waits for S
+// only, and computes tile kt's probabilities while the tensor cores still accumulate the
+// previous tile's P V; the output's rescale waits for that. V is triple-buffered (the P V
+// of tile kt - 1 still reads its V while tile kt + 1 loads), K double-buffered.
+// grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = Q, K x 2, V x 3 + 1 KiB for the
+// 1024-byte alignment.
 template <int HS>
 __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
                                                   float scale) {
     static_assert(HS == 64 || HS == 128, "the wgmma forward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
-    require_smem(5 * TB + 1024);
+    require_smem(6 * TB + 1024);
     const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
-    const unsigned Qs = sbase, Ks = sbase + TB, Vs = sbase + 3 * TB;  // K, V: two buffers each
+    const unsigned Qs = sbase, Ks = sbase + TB, Vs = sbase + 3 * TB;  // K: two buffers, V: three
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
     const long long C3 = 3LL * C;
     const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_rows_sw128_async<HS>(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
-    load_rows_sw128_async<HS>(Ks, base + C, C3, min(64, T));
-    load_rows_sw128_async<HS>(Vs, base + 2 * C, C3, min(64, T));
-    cp_commit();
-    float o[8 * NA][4];  // the output's n-tiles; half a (HS 128) is o[8a .. 8a + 7]
-    zero_acc<8 * NA>(o);
-    float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f};
-    const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
-    for (int kt = 0; kt <= qt; ++kt) {
-        const int k0 = kt * 64, cur = kt & 1;
-        __syncthreads();  // every read of buffer cur ^ 1 is done (the MMAs were waited for)
-        if (kt < qt) {
-            const int k1 = k0 + 64;
-            load_rows_sw128_async<HS>(Ks + (cur ^ 1) * TB, base + C + (long long)k1 * C3, C3, min(64, T - k1));
-            load_rows_sw128_async<HS>(Vs + (cur ^ 1) * TB, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
-        }
-        cp_commit();
-        cp_wait1();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
-        __syncthreads();
-        float s[8][4];
-        wg_fence();
+    // Key tile j's K in buffer j % 2, its V in buffer j % 3; tile j + 1 is copied during tile j.
+    auto load_kv = [&](int j) {
+        const int k = j * 64;
+        load_rows_sw128_async<HS>(Ks + (j & 1) * TB, base + C + (long long)k * C3, C3, min(64, T - k));
+        load_rows_sw128_async<HS>(Vs + (j % 3) * TB, base + 2 * C + (long long)k * C3, C3, min(64, T - k));
+    };
+    auto scores = [&](float s[8][4], int j) {  // issue S = Q K_j^T
 #pragma unroll
         for (int kk = 0; kk < 4 * NA; ++kk) {
             const int a = kk / 4, k = kk % 4;  // swizzle atom, k-step within it
-            wg_ss(s, wg_desc(Qs + a * 8192) + 2 * k, wg_desc(Ks + cur * TB + a * 8192) + 2 * k, kk);
+            wg_ss(s, wg_desc(Qs + a * 8192) + 2 * k, wg_desc(Ks + (j & 1) * TB + a * 8192) + 2 * k, kk);
         }
-        wg_commit();
-        wg_wait0();
-        softmax_tile<8 * NA>(s, o, m, l, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
+    };
+    float o[8 * NA][4];  // the output's n-tiles; half a (HS 128) is o[8a .. 8a + 7]
+    unsigned pa[4][4];   // the previous tile's probabilities as A fragments (k-steps of 16 keys)
+    auto accumulate_pv = [&](int j) {  // issue O += P_j V_j
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int a = 0; a < NA; ++a) wg_rs(o + 8 * a, pa[kk], wg_desc(Vs + (j % 3) * TB + a * 8192) + (2048 >> 4) * kk);
+    };
+    load_rows_sw128_async<HS>(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_kv(0);
+    cp_commit();
+    if (qt > 0) load_kv(1);
+    cp_commit();
+    zero_acc<8 * NA>(o);
+    float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f}, alpha[2];
+    const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+    float s[8][4];
+    cp_wait1();  // Q and tile 0
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
+    __syncthreads();
+    wg_fence();
+    scores(s, 0);
+    wg_commit();
+    wg_wait0();
+    fence_regs<8>(s);
+    softmax_probs(s, m, l, alpha, TileMask{qrow, 0, t, T, qt == 0 || 64 > T}, sl2);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) pack_afrag(pa[kk], s, kk);
+    for (int kt = 1; kt <= qt; ++kt) {
+        const int k0 = kt * 64;
+        // Every warp is done with tile kt - 1's S (K buffer (kt + 1) % 2) and with tile
+        // kt - 2's P V (V buffer (kt + 1) % 3): both were waited for last step.
+        __syncthreads();
+        if (kt < qt) load_kv(kt + 1);
+        cp_commit();
+        cp_wait1();  // tile kt
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            unsigned pa[4];
-            pack_afrag(pa, s, kk);
-#pragma unroll
-            for (int a = 0; a < NA; ++a) wg_rs(o + 8 * a, pa, wg_desc(Vs + cur * TB + a * 8192) + (2048 >> 4) * kk);
-        }
+        scores(s, kt);
         wg_commit();
+        accumulate_pv(kt - 1);
+        wg_commit();
+        wg_wait1();  // S of tile kt; tile kt - 1's P V may still run
+        fence_regs<8>(s);
+        softmax_probs(s, m, l, alpha, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
+        // The probabilities and sums exist before the wait below (ex2 is a plain asm, which
+        // the compiler would otherwise sink past it, serializing the overlap).
+        fence_regs<8>(s);
+        fence_vals(l, alpha);
         wg_wait0();
+        fence_regs<8 * NA>(o);
+        fence_afrags(pa);
+        rescale_acc<8 * NA>(o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) pack_afrag(pa[kk], s, kk);
     }
+    wg_fence();
+    accumulate_pv(qt);
+    wg_commit();
+    wg_wait0();
+    fence_regs<8 * NA>(o);
+    fence_afrags(pa);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int q = qrow + 8 * r;
@@ -1317,7 +1402,6 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         if (t == 0) lse[((long long)b * NH + h) * T + q] = m[r] + log2f(l[r]);
     }
 }
-
 
 // Backward on Hopper, head sizes 64 and 128: the mma.sync kernels' two passes (attn_bwd_dkv_mma_impl,
 // attn_bwd_dq_mma_impl) with every product a warpgroup MMA: the score-like products

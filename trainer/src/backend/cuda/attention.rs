@@ -193,9 +193,10 @@ impl CudaBackend {
     fn attn_launch(v: Variant, pass: Pass) -> (u32, usize) {
         match (v, pass) {
             // The block's own tile(s) and two double-buffered streamed tiles of 64 rows, plus
-            // room to align them to 1024 bytes: Q, K x 2, V x 2 (forward); K, V, Q x 2, dO x 2
-            // (dK/dV); Q, dO, K x 2, V x 2 (dQ).
-            (Variant::Wg(hs), Pass::Fwd) => (MMA_THREADS, 5 * TILE * hs * 2 + 1024),
+            // room to align them to 1024 bytes: Q, K x 2, V x 3 (forward: V of the tile before
+            // is still read while the next loads); K, V, Q x 2, dO x 2 (dK/dV); Q, dO, K x 2,
+            // V x 2 (dQ).
+            (Variant::Wg(hs), Pass::Fwd) => (MMA_THREADS, 6 * TILE * hs * 2 + 1024),
             (Variant::Wg(hs), Pass::Dkv | Pass::Dq) => (MMA_THREADS, 6 * TILE * hs * 2 + 1024),
             (Variant::Mma(hs), _) => (MMA_THREADS, mma_smem(hs, pass)),
             (Variant::Simt(hs), _) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
