@@ -376,38 +376,50 @@ fn cross_entropy() {
 }
 
 /// AdamW over 21 segments (more than one launch takes: 16), with and without weight decay,
-/// at odd offsets, one of them empty.
+/// one of them empty, at odd offsets and at offsets in multiples of 4 (both kernels).
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn adamw() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
-        let (poff, moff, goff) = (5usize, 3usize, 7usize);
-        let mut segs = Vec::new();
-        let mut at = 0usize;
-        for k in 0..21usize {
-            let n = if k == 9 { 0 } else { 3_001 + 997 * k };
-            segs.push(AdamWSegment { poff: poff + at, moff: moff + at, goff: goff + at, len: n, decay: k % 3 != 1 });
-            at += n;
+        // Odd offsets and lengths (the one-element kernel), then offsets and lengths in
+        // multiples of 4 (the four-element kernel).
+        for (poff, moff, goff, step, tag) in [(5usize, 3usize, 7usize, 997usize, "odd"), (4, 8, 12, 996, "by 4")] {
+            let mut segs = Vec::new();
+            let mut at = 0usize;
+            for k in 0..21usize {
+                let n = if k == 9 { 0 } else { 3_000 + (tag == "odd") as usize + step * k };
+                segs.push(AdamWSegment {
+                    poff: poff + at,
+                    moff: moff + at,
+                    goff: goff + at,
+                    len: n,
+                    decay: k % 3 != 1,
+                });
+                at += n;
+            }
+            let len = at;
+            let master = rng.vec(moff + len, 0.5);
+            let m0 = rng.vec(moff + len, 0.01);
+            let v0: Vec<f32> = rng.vec(moff + len, 0.01).iter().map(|x| x * x).collect();
+            let g = rng.vec(goff + len, 0.1);
+            let h =
+                AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, grad_scale: 0.7 };
+            let (mut pc, mut wc, mut mc, mut vc) = (vec![0.0; poff + len], master.clone(), m0.clone(), v0.clone());
+            let t = AdamWTensors { params: Some(&mut pc), master: &mut wc, m: &mut mc, v: &mut vc, grads: &g };
+            cpu.adamw(t, &segs, h)?;
+            let mut pg = poisoned_buf(be, poff + len)?;
+            let (mut wg, mut mg, mut vg, gg) =
+                (up_f32(be, &master)?, up_f32(be, &m0)?, up_f32(be, &v0)?, up_grad(be, &g)?);
+            let t = AdamWTensors { params: Some(&mut pg), master: &mut wg, m: &mut mg, v: &mut vg, grads: &gg };
+            be.adamw(t, &segs, h)?;
+            let r = Loc::new(moff, len);
+            let op = format!("adamw ({tag})");
+            rep.cmp(&op, "master", &be.download_f32(&wg, r)?, &wc[moff..], 1e-6);
+            rep.cmp(&op, "m", &be.download_f32(&mg, r)?, &mc[moff..], 1e-5);
+            rep.cmp(&op, "v", &be.download_f32(&vg, r)?, &vc[moff..], 1e-5);
+            rep.cmp(&op, "params(bf16)", &be.download_buf(&pg, Loc::new(poff, len))?, &pc[poff..], TOL_BF16);
         }
-        let len = at;
-        let master = rng.vec(moff + len, 0.5);
-        let m0 = rng.vec(moff + len, 0.01);
-        let v0: Vec<f32> = rng.vec(moff + len, 0.01).iter().map(|x| x * x).collect();
-        let g = rng.vec(goff + len, 0.1);
-        let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, grad_scale: 0.7 };
-        let (mut pc, mut wc, mut mc, mut vc) = (vec![0.0; poff + len], master.clone(), m0.clone(), v0.clone());
-        let t = AdamWTensors { params: Some(&mut pc), master: &mut wc, m: &mut mc, v: &mut vc, grads: &g };
-        cpu.adamw(t, &segs, h)?;
-        let mut pg = poisoned_buf(be, poff + len)?;
-        let (mut wg, mut mg, mut vg, gg) = (up_f32(be, &master)?, up_f32(be, &m0)?, up_f32(be, &v0)?, up_grad(be, &g)?);
-        let t = AdamWTensors { params: Some(&mut pg), master: &mut wg, m: &mut mg, v: &mut vg, grads: &gg };
-        be.adamw(t, &segs, h)?;
-        let r = Loc::new(moff, len);
-        rep.cmp("adamw", "master", &be.download_f32(&wg, r)?, &wc[moff..], 1e-6);
-        rep.cmp("adamw", "m", &be.download_f32(&mg, r)?, &mc[moff..], 1e-5);
-        rep.cmp("adamw", "v", &be.download_f32(&vg, r)?, &vc[moff..], 1e-5);
-        rep.cmp("adamw", "params(bf16)", &be.download_buf(&pg, Loc::new(poff, len))?, &pc[poff..], TOL_BF16);
         Ok(())
     });
 }
@@ -422,8 +434,18 @@ fn memory_and_reduce() {
         let y = rng.vec(n, 1.0);
         let (gx, gy) = (up_f32(be, &x)?, up_f32(be, &y)?);
         let mut b = poisoned_buf(be, n + 9)?;
+        // At element 9 (an unaligned destination: the one-element kernel) and at 8 (the
+        // four-element kernel, with n % 4 = 3 elements of tail).
         be.cast_to_buf(&mut b, 9, &gx, Loc::new(0, n))?;
         rep.cmp("cast_to_buf", "out", &be.download_buf(&b, Loc::new(9, n))?, &x, TOL_BF16);
+        let mut b4 = poisoned_buf(be, n + 8)?;
+        be.cast_to_buf(&mut b4, 8, &gx, Loc::new(0, n))?;
+        rep.same_bits(
+            "cast_to_buf x4",
+            "vs one-element",
+            &be.download_buf(&b4, Loc::new(8, n))?,
+            &be.download_buf(&b, Loc::new(9, n))?,
+        );
         let mut b2 = be.alloc_buf(n, "")?;
         be.copy_buf(&mut b2, 0, &b, Loc::new(9, n))?;
         rep.cmp("copy_buf", "out", &be.download_buf(&b2, Loc::all(n))?, &x, TOL_BF16);
@@ -434,6 +456,11 @@ fn memory_and_reduce() {
         be.add_grad(&mut acc, 0, &gy, Loc::new(0, n))?;
         let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
         rep.cmp("add_grad", "out", &be.download_grad(&acc, Loc::all(n))?, &want, 1e-7);
+        // From element 1 of the source (unaligned: the one-element kernel).
+        let mut acc1 = up_grad(be, &x[..n - 1])?;
+        be.add_grad(&mut acc1, 0, &gy, Loc::new(1, n - 1))?;
+        let want1: Vec<f32> = x.iter().zip(&y[1..]).map(|(a, b)| a + b).collect();
+        rep.cmp("add_grad (unaligned)", "out", &be.download_grad(&acc1, Loc::all(n - 1))?, &want1, 1e-7);
         let mut slots = be.alloc_f32(4, "")?;
         be.grad_sumsq_into(&gx, Loc::new(3, n - 3), &mut slots, 1)?;
         let got = F64Pair::join(&be.download_f32(&slots, Loc::new(2, 2))?);

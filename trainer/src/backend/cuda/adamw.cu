@@ -15,6 +15,18 @@ struct AdamWSegs {
     int n;
 };
 
+// One element's update: the moments in place, the new master weight returned. Both kernels
+// below use it, so they compute the same bits.
+__device__ __forceinline__ float adamw_update(float g, float& mi, float& vi, float w, float wd, float lr, float beta1,
+                                              float beta2, float eps, float bc1, float bc2, float grad_scale) {
+    g *= grad_scale;
+    mi = beta1 * mi + (1.f - beta1) * g;
+    vi = beta2 * vi + (1.f - beta2) * g * g;
+    const float mhat = mi / bc1;
+    const float vhat = vi / bc2;
+    return w - lr * (mhat / (sqrtf(vhat) + eps) + wd * w);
+}
+
 extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float* v, const float* grads,
                                  const AdamWSegs segs, float lr, float beta1, float beta2, float eps,
                                  float bc1, float bc2, float grad_scale) {
@@ -26,16 +38,43 @@ extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float*
         while (i >= segs.start[s + 1]) s++;
         const long long k = i - segs.start[s];
         const long long j = segs.moff[s] + k;
-        const float g = grads[segs.goff[s] + k] * grad_scale;
-        const float mi = beta1 * m[j] + (1.f - beta1) * g;
-        const float vi = beta2 * v[j] + (1.f - beta2) * g * g;
+        float mi = m[j], vi = v[j];
+        const float w = adamw_update(grads[segs.goff[s] + k], mi, vi, master[j], segs.wd[s], lr, beta1, beta2, eps,
+                                     bc1, bc2, grad_scale);
         m[j] = mi;
         v[j] = vi;
-        const float mhat = mi / bc1;
-        const float vhat = vi / bc2;
-        float w = master[j];
-        w -= lr * (mhat / (sqrtf(vhat) + eps) + segs.wd[s] * w);
         master[j] = w;
         if (params) params[segs.poff[s] + k] = f2bf(w);
+    }
+}
+
+// The same update four elements at a time with 16-byte loads and stores (the step is bound
+// by memory: 30 bytes an element). adamw.rs launches it when every segment's length and
+// offsets are multiples of 4 and the arrays are aligned for it.
+extern "C" __global__ void adamw4(bf16_t* params, float* master, float* m, float* v, const float* grads,
+                                  const AdamWSegs segs, float lr, float beta1, float beta2, float eps,
+                                  float bc1, float bc2, float grad_scale) {
+    const long long total = segs.start[segs.n];
+    int s = 0;
+    for (long long i = 4 * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < total;
+         i += 4LL * gridDim.x * blockDim.x) {
+        while (i >= segs.start[s + 1]) s++;
+        const long long k = i - segs.start[s];
+        const long long j = segs.moff[s] + k;
+        const float4 g = *(const float4*)(grads + segs.goff[s] + k);
+        float4 mi = *(const float4*)(m + j), vi = *(const float4*)(v + j), w = *(const float4*)(master + j);
+        const float wd = segs.wd[s];
+        w.x = adamw_update(g.x, mi.x, vi.x, w.x, wd, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+        w.y = adamw_update(g.y, mi.y, vi.y, w.y, wd, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+        w.z = adamw_update(g.z, mi.z, vi.z, w.z, wd, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+        w.w = adamw_update(g.w, mi.w, vi.w, w.w, wd, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+        *(float4*)(m + j) = mi;
+        *(float4*)(v + j) = vi;
+        *(float4*)(master + j) = w;
+        if (params) {
+            const uint2 pb = {(unsigned)f2bf(w.x) | ((unsigned)f2bf(w.y) << 16),
+                              (unsigned)f2bf(w.z) | ((unsigned)f2bf(w.w) << 16)};
+            *(uint2*)(params + segs.poff[s] + k) = pb;
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! AdamW on the GPU (twin of cpu/adamw.rs; kernel in adamw.cu): fp32 master weights and
 //! moments updated in place, the result rounded into the bf16 parameters. One launch takes
-//! up to 16 segments (a unit's tensors), so a step is one launch per unit, not per tensor.
+//! up to 16 segments (a unit's tensors), so a step is one launch per unit, not per tensor;
+//! four elements a thread (16-byte accesses) wherever the segments' offsets allow it.
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
@@ -15,7 +16,7 @@ const SEGS: usize = 16;
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "adamw",
     src: include_str!("adamw.cu"),
-    functions: &["adamw"],
+    functions: &["adamw", "adamw4"],
     big_smem: no_big_smem,
     defines: || vec![("ADAMW_SEGS", SEGS.to_string())],
 };
@@ -32,6 +33,11 @@ struct SegTable {
     n: i32,
 }
 
+/// Elements of a launch (the end of its last segment).
+fn total_of(t: &SegTable) -> usize {
+    t.start[t.n as usize] as usize
+}
+
 // SAFETY: plain numbers in C layout, as the kernel declares them.
 unsafe impl DeviceRepr for SegTable {}
 
@@ -39,7 +45,6 @@ impl AdamWOps for CudaBackend {
     fn adamw(&self, mut t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
         // Exactly as cpu/adamw.rs computes them.
         let (bc1, bc2) = h.bias_corrections();
-        let f = self.f("adamw")?;
         for s in segs {
             if let Some(p) = t.params.as_deref() {
                 check("adamw params", p.len(), s.poff, s.len)?;
@@ -71,11 +76,18 @@ impl AdamWOps for CudaBackend {
                 table.wd[k] = if s.decay { h.weight_decay } else { 0.0 };
             }
             table.n = group.len() as i32;
+            // Four elements a thread where every segment starts and ends on a multiple of 4
+            // and each array is 16-byte aligned there (bf16 parameters: 8-byte).
+            let four = |x: usize| x.is_multiple_of(4);
+            let vec4 = group.iter().all(|s| four(s.len) && four(s.poff) && four(s.moff) && four(s.goff))
+                && [w, mp, vp, g].iter().all(|&a| a.is_multiple_of(16))
+                && p.is_multiple_of(8);
+            let (name, threads) = if vec4 { ("adamw4", total_of(&table) / 4) } else { ("adamw", total_of(&table)) };
+            let f = self.f(name)?;
             // Past the last segment: the kernel's segment search stops there.
             for k in group.len() + 1..=SEGS {
                 table.start[k] = table.start[group.len()];
             }
-            let total = table.start[group.len()] as usize;
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&p)
                 .arg(&w)
@@ -91,8 +103,8 @@ impl AdamWOps for CudaBackend {
                 .arg(&bc2)
                 .arg(&h.grad_scale);
             // SAFETY: every segment's ranges were checked above.
-            unsafe { lb.launch(cfg((self.grid_for(total), 1, 1), (BLOCK, 1, 1), 0)) }
-                .map_err(|e| self.launch_err("adamw", e))?;
+            unsafe { lb.launch(cfg((self.grid_for(threads), 1, 1), (BLOCK, 1, 1), 0)) }
+                .map_err(|e| self.launch_err(name, e))?;
         }
         Ok(())
     }
