@@ -54,6 +54,7 @@ if [[ $WHAT == 124m || $WHAT == all ]]; then
     [[ $NGPU == 1 ]] || ref ref-124m-ddp ddp 12 768 12 16
 fi
 if [[ $WHAT == 1.5b || $WHAT == all ]]; then
+    ours 1.5b-z1 configs/gpt2-1.5b.toml 1 8
     ours 1.5b-z3 configs/gpt2-1.5b.toml 3 8
     ours 1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
     refs 1.5b 48 1600 25 8
