@@ -358,7 +358,8 @@ fn activation() {
 fn cross_entropy() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
-        for &(n, v) in &[(64usize, 50257usize), (33, 8), (16, 1024)] {
+        // Odd (unaligned rows), padded, tiny and large vocabularies.
+        for &(n, v) in &[(64usize, 50257usize), (16, 50304), (33, 8), (16, 1024), (6, 70001)] {
             let tag = format!("cross_entropy N{n} V{v}");
             let logits = rng.vec(n * v, 3.0);
             let tg = rng.below(n, v as u32);
