@@ -1192,10 +1192,10 @@ ATTN_MMA_INSTANCES(128, 1, 2)
 // are warpgroup MMAs (wgmma.mma_async m64n64k16) with Q, K and V read from shared memory
 // through matrix descriptors and P from registers. The wgmma accumulator layout is the
 // mma.sync C layout per warp (16 rows each), so the online softmax is the mma.sync kernel's.
-// K/V tiles double-buffered with cp.async, as there. H200, GPT-2 124M shapes (16 x 12 heads
-// of 64, T 1024): forward 0.176 -> 0.117 ms (SDPA 0.116), backward 0.525 -> 0.337 ms (SDPA
-// 0.352); 6.65B shapes (4 x 32 heads of 128): forward 0.234 -> 0.158 (SDPA 0.121), backward
-// 0.663 -> 0.413 (SDPA 0.433).
+// K/V tiles streamed with cp.async, as there. H200, GPT-2 124M shapes (16 x 12 heads of 64,
+// T 1024), mma.sync -> wgmma: forward 0.178 -> 0.099 ms (SDPA 0.119), backward 0.521 ->
+// 0.287 ms (SDPA 0.366); 6.65B shapes (4 x 32 heads of 128): forward 0.230 -> 0.130 (SDPA
+// 0.118), backward 0.660 -> 0.360 (SDPA 0.415) (BENCHMARKS.md run 10).
 //
 // Tiles of 64 rows x 64 bf16 (128 B per row) in 128-byte-swizzled shared memory: the 16-byte
 // chunk c of row r sits at r * 128 + ((c ^ (r & 7)) << 4), tiles 1024-byte aligned (the
@@ -1292,9 +1292,11 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 
 // The forward, pipelined within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
 // for key tile kt it issues S = Q K_kt^T and O += P_(kt-1) V_(kt-1) back to back, waits for S
-// only, and computes tile kt's probabilities while the tensor cores still accumulate the
-// previous tile's P V; the output's rescale waits for that. V is triple-buffered (the P V
-// of tile kt - 1 still reads its V while tile kt + 1 loads), K double-buffered.
+// only, and computes tile kt's probabilities while the tensor cores may still accumulate the
+// previous tile's P V; the output's rescale waits for that. (ptxas, as of CUDA 13.0, places
+// the second wait above the exponentials, so only the scaling and the row max overlap; on
+// its own this measured no change, run 10.) V is triple-buffered (the P V of tile kt - 1
+// still reads its V while tile kt + 1 loads), K double-buffered.
 // grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = Q, K x 2, V x 3 + 1 KiB for the
 // 1024-byte alignment.
 template <int HS>
