@@ -802,6 +802,41 @@ __device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], floa
     rescale_acc<NT>(o, alpha);
 }
 
+// The backward's element-wise step between its products, shared by the mma.sync and the
+// wgmma kernels (their accumulator layouts agree: 16 rows per warp, C layout). Probabilities
+// are recomputed from the saved log-sum-exp (base 2); a score outside the causal triangle or
+// past T (only on an edge tile) gives p = 0.
+//
+// dK/dV block, transposed tiles (rows = keys krow, krow + 8; columns = the query tile at q0):
+// st becomes P^T, dpt becomes dS^T = P^T (dP^T - D). ls, ds: the query tile's lse and D.
+__device__ __forceinline__ void dkv_dscores(float st[8][4], float dpt[8][4], int krow, int q0, int t, int T,
+                                            bool edge, const float* ls, const float* ds, float sl2) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
+            const bool valid = !edge || (k <= q && q < T && k < T);
+            const float p = valid ? ex2(fmaf(st[j][e], sl2, -ls[qi])) : 0.f;
+            st[j][e] = p;
+            dpt[j][e] = p * (dpt[j][e] - ds[qi]);
+        }
+}
+// dQ block (rows = queries qrow, qrow + 8; columns = the key tile at k0): s becomes
+// dS = P (dP - D). lr, dr: this thread's two rows' lse and D.
+__device__ __forceinline__ void dq_dscores(float s[8][4], const float dp[8][4], int qrow, int k0, int t, int T,
+                                           bool edge, const float lr[2], const float dr[2], float sl2) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
+            const bool valid = !edge || (k <= q && q < T && k < T);
+            const float p = valid ? ex2(fmaf(s[j][e], sl2, -lr[r])) : 0.f;
+            s[j][e] = p * (dp[j][e] - dr[r]);
+        }
+}
+
 // Forward with one m-tile (16 query rows) per warp, for head size 64 (`FWD_MT` = 1).
 // grid = (ceil(T/64), NH, B), 128 threads, 4 tiles of shared memory. The same function
 // as attn_fwd_mma_impl below with MT = 1, kept as its own kernel because it is faster:
@@ -1053,16 +1088,7 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
         const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
         const float* ls = lse_s[cur];
         const float* ds = d_s[cur];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
-                const bool valid = !edge || (k <= q && q < T && k < T);
-                const float p = valid ? ex2(fmaf(st[j][e], sl2, -ls[qi])) : 0.f;
-                st[j][e] = p;
-                dpt[j][e] = p * (dpt[j][e] - ds[qi]);
-            }
+        dkv_dscores(st, dpt, krow, q0, t, T, edge, ls, ds, sl2);
         mma_pz<HS>(dv, st, dOc);  // dV += P^T dO
         mma_pz<HS>(dk, dpt, Qc);   // dK += dS^T Q
     }
@@ -1134,15 +1160,7 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
         mma_abt<HS>(s, REGS ? qa : nullptr, Qt, warp * 16, Kc);
         mma_abt<HS>(dp, REGS ? oa : nullptr, dOt, warp * 16, Vs + cur * G::TE);
         const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
-                const bool valid = !edge || (k <= q && q < T && k < T);
-                const float p = valid ? ex2(fmaf(s[j][e], sl2, -lr[r])) : 0.f;
-                s[j][e] = p * (dp[j][e] - dr[r]);
-            }
+        dq_dscores(s, dp, qrow, k0, t, T, edge, lr, dr, sl2);
         mma_pz<HS>(dq, s, Kc);  // dQ += dS K
     }
 #pragma unroll
@@ -1256,6 +1274,17 @@ __device__ __forceinline__ void wg_rs(float d[8][4], const unsigned a[4], unsign
                  : WG_D32(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+// d (64 x 64) = A B^T over HS = 64 NA columns: A and B are 64-row tiles of NA swizzle atoms
+// (8 KiB each) at shared addresses a and b; 4 k-steps of 16 per atom. Issues only (the caller
+// fences, commits and waits).
+template <int NA>
+__device__ __forceinline__ void wg_abt(float d[8][4], unsigned a, unsigned b) {
+#pragma unroll
+    for (int kk = 0; kk < 4 * NA; ++kk) {
+        const int at = kk / 4, k = kk % 4;  // swizzle atom, k-step within it
+        wg_ss(d, wg_desc(a + at * 8192) + 2 * k, wg_desc(b + at * 8192) + 2 * k, kk);
+    }
+}
 
 // grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = 5 tiles (Q; K, V x 2) of HS/64
 // swizzle atoms of 8 KiB each (a row of 128 bf16 is two 64-column atoms, side by side in
@@ -1320,13 +1349,6 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         load_rows_sw128_async<HS>(Ks + (j & 1) * TB, base + C + (long long)k * C3, C3, min(64, T - k));
         load_rows_sw128_async<HS>(Vs + (j % 3) * TB, base + 2 * C + (long long)k * C3, C3, min(64, T - k));
     };
-    auto scores = [&](float s[8][4], int j) {  // issue S = Q K_j^T
-#pragma unroll
-        for (int kk = 0; kk < 4 * NA; ++kk) {
-            const int a = kk / 4, k = kk % 4;  // swizzle atom, k-step within it
-            wg_ss(s, wg_desc(Qs + a * 8192) + 2 * k, wg_desc(Ks + (j & 1) * TB + a * 8192) + 2 * k, kk);
-        }
-    };
     float o[8 * NA][4];  // the output's n-tiles; half a (HS 128) is o[8a .. 8a + 7]
     unsigned pa[4][4];   // the previous tile's probabilities as A fragments (k-steps of 16 keys)
     auto accumulate_pv = [&](int j) {  // issue O += P_j V_j
@@ -1348,7 +1370,7 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
     __syncthreads();
     wg_fence();
-    scores(s, 0);
+    wg_abt<NA>(s, Qs, Ks);  // S = Q K_0^T
     wg_commit();
     wg_wait0();
     fence_regs<8>(s);
@@ -1366,7 +1388,7 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
         wg_fence();
-        scores(s, kt);
+        wg_abt<NA>(s, Qs, Ks + (kt & 1) * TB);  // S = Q K_kt^T
         wg_commit();
         accumulate_pv(kt - 1);
         wg_commit();
@@ -1465,31 +1487,14 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
         const unsigned Qc = Qs + cur * TB, dOc = dOs + cur * TB;
         float st[8][4], dpt[8][4];  // S^T and dP^T: rows = keys, columns = queries
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4 * NA; ++kk) {
-            const int a = kk / 4, k = kk % 4;  // swizzle atom, k-step within it
-            wg_ss(st, wg_desc(Kt + a * 8192) + 2 * k, wg_desc(Qc + a * 8192) + 2 * k, kk);
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4 * NA; ++kk) {
-            const int a = kk / 4, k = kk % 4;
-            wg_ss(dpt, wg_desc(Vt + a * 8192) + 2 * k, wg_desc(dOc + a * 8192) + 2 * k, kk);
-        }
+        wg_abt<NA>(st, Kt, Qc);
+        wg_abt<NA>(dpt, Vt, dOc);
         wg_commit();
         wg_wait0();
         const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
         const float* ls = lse_s[cur];
         const float* ds = d_s[cur];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
-                const bool valid = !edge || (k <= q && q < T && k < T);
-                const float p = valid ? ex2(fmaf(st[j][e], sl2, -ls[qi])) : 0.f;
-                st[j][e] = p;
-                dpt[j][e] = p * (dpt[j][e] - ds[qi]);
-            }
+        dkv_dscores(st, dpt, krow, q0, t, T, edge, ls, ds, sl2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -1569,28 +1574,12 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
         const unsigned Kc = Ks + cur * TB, Vc = Vs + cur * TB;
         float s[8][4], dp[8][4];
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4 * NA; ++kk) {
-            const int a = kk / 4, k = kk % 4;
-            wg_ss(s, wg_desc(Qt + a * 8192) + 2 * k, wg_desc(Kc + a * 8192) + 2 * k, kk);
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4 * NA; ++kk) {
-            const int a = kk / 4, k = kk % 4;
-            wg_ss(dp, wg_desc(dOt + a * 8192) + 2 * k, wg_desc(Vc + a * 8192) + 2 * k, kk);
-        }
+        wg_abt<NA>(s, Qt, Kc);
+        wg_abt<NA>(dp, dOt, Vc);
         wg_commit();
         wg_wait0();
         const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
-                const bool valid = !edge || (k <= q && q < T && k < T);
-                const float p = valid ? ex2(fmaf(s[j][e], sl2, -lr[r])) : 0.f;
-                s[j][e] = p * (dp[j][e] - dr[r]);
-            }
+        dq_dscores(s, dp, qrow, k0, t, T, edge, lr, dr, sl2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
