@@ -435,14 +435,14 @@ fn memory_and_reduce() {
         let y = rng.vec(n, 1.0);
         let (gx, gy) = (up_f32(be, &x)?, up_f32(be, &y)?);
         let mut b = poisoned_buf(be, n + 9)?;
-        // At element 9 (an unaligned destination: the one-element kernel) and at 8 (the
-        // four-element kernel, with n % 4 = 3 elements of tail).
+        // At element 9 (an unaligned destination: the one-element path) and at 8 (the
+        // four-element path, with n % 4 = 3 elements of tail).
         be.cast_to_buf(&mut b, 9, &gx, Loc::new(0, n))?;
         rep.cmp("cast_to_buf", "out", &be.download_buf(&b, Loc::new(9, n))?, &x, TOL_BF16);
         let mut b4 = poisoned_buf(be, n + 8)?;
         be.cast_to_buf(&mut b4, 8, &gx, Loc::new(0, n))?;
         rep.same_bits(
-            "cast_to_buf x4",
+            "cast_to_buf aligned",
             "vs one-element",
             &be.download_buf(&b4, Loc::new(8, n))?,
             &be.download_buf(&b, Loc::new(9, n))?,
@@ -457,7 +457,7 @@ fn memory_and_reduce() {
         be.add_grad(&mut acc, 0, &gy, Loc::new(0, n))?;
         let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
         rep.cmp("add_grad", "out", &be.download_grad(&acc, Loc::all(n))?, &want, 1e-7);
-        // From element 1 of the source (unaligned: the one-element kernel).
+        // From element 1 of the source (unaligned: the one-element path).
         let mut acc1 = up_grad(be, &x[..n - 1])?;
         be.add_grad(&mut acc1, 0, &gy, Loc::new(1, n - 1))?;
         let want1: Vec<f32> = x.iter().zip(&y[1..]).map(|(a, b)| a + b).collect();

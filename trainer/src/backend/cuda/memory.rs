@@ -13,10 +13,14 @@ use crate::backend::{BResult, Loc, MemoryOps, TokenRole};
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "memory",
     src: include_str!("memory.cu"),
-    functions: &["cast_f32_bf16", "add_f32", "cast_f32_bf16_x4", "add_f32_x4"],
+    functions: &["cast_f32_bf16", "add_f32"],
     big_smem: no_big_smem,
     defines: no_defines,
 };
+
+/// fp32 values per thread per grid-stride turn where the pointers are aligned (one 16-byte
+/// word); the kernels fall back to one at a time otherwise.
+const PER_THREAD: usize = 4;
 
 impl CudaBackend {
     /// `dst[..n] += src[..n]` on raw pointers (also the padded GEMM's gradient fold-in).
@@ -24,15 +28,8 @@ impl CudaBackend {
     /// # Safety
     /// Both pointers must address at least `n` floats.
     pub(super) unsafe fn add_f32(&self, dst: u64, src: u64, n: usize) -> BResult<()> {
-        // SAFETY: forwarded from the caller; the four-element kernel only on 16-byte-aligned
-        // pointers.
-        unsafe {
-            if dst.is_multiple_of(16) && src.is_multiple_of(16) {
-                self.launch_elementwise("add_f32_x4", &[dst, src], n, 4)
-            } else {
-                self.launch_elementwise("add_f32", &[dst, src], n, 1)
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_elementwise("add_f32", &[dst, src], n, PER_THREAD) }
     }
 }
 
@@ -103,15 +100,8 @@ impl MemoryOps for CudaBackend {
         check_loc("cast_to_buf source", src.len(), at)?;
         check("cast_to_buf destination", dst.len(), doff, at.len)?;
         let (d, s) = (self.ptr_mut(dst, doff), self.ptr(src, at.off));
-        // SAFETY: both ranges checked above; the four-element kernel only where the source
-        // is 16-byte and the destination 8-byte aligned.
-        unsafe {
-            if s.is_multiple_of(16) && d.is_multiple_of(8) {
-                self.launch_elementwise("cast_f32_bf16_x4", &[d, s], at.len, 4)
-            } else {
-                self.launch_elementwise("cast_f32_bf16", &[d, s], at.len, 1)
-            }
-        }
+        // SAFETY: both ranges checked above.
+        unsafe { self.launch_elementwise("cast_f32_bf16", &[d, s], at.len, PER_THREAD) }
     }
     fn zero_buf(&self, buf: &mut Self::Buf, at: Loc) -> BResult<()> {
         check_loc("zero_buf", buf.len(), at)?;
