@@ -46,7 +46,7 @@ with tempfile.TemporaryDirectory() as d:
 if r.returncode != 0:
     sys.exit("ptxas failed:\n" + r.stderr)
 for line in r.stderr.splitlines():
-    if "warning" in line.lower() or "Performance Loss" in line:
+    if "warning" in line.lower() or re.search(r"\(C7\d{3}\)", line):  # e.g. wgmma serialized or fenced
         print(line)
 fn = None
 for line in r.stderr.splitlines():
