@@ -225,3 +225,78 @@ fn delayed_update_is_the_same_schedule_on_every_stage_and_world() {
         }
     }
 }
+
+/// What a CUDA-graph replay relies on, checked on the CPU ranks with several ranks: a
+/// micro-step run as it is recorded (the step's first and last micro-steps told apart, and
+/// every collective it started waited for before it ends, `Engine::join_micro`) computes
+/// the same bits as the eager micro-step, and each kind of micro-step starts from and
+/// leaves the same engine host state at every step (a replay runs no host code: the
+/// trainer checks the first and restores the second). Stages 0–3, 2 ranks, grad_accum 3.
+#[test]
+fn recorded_micro_steps_compute_what_eager_ones_do() {
+    use std::collections::HashMap;
+    use trainer::model::{run_micro, step_micro, ModelLayout};
+    use trainer::optim::Hyper;
+    use trainer::zero::{Engine, EngineOptions};
+    let (world, accum, steps) = (2usize, 3usize, 3usize);
+    for stage in 0..4u8 {
+        let cfg = Config::from_toml_str(&common::tiny_toml(stage, accum, "\"none\""), "test").expect("config");
+        // Per run (eager, recorded), per rank: the step losses and the final parameters.
+        type Ranks = Vec<(Vec<f64>, Vec<Vec<f32>>)>;
+        let runs: Vec<Ranks> = [false, true]
+            .into_iter()
+            .map(|recorded| {
+                let cfg = cfg.clone();
+                common::run_ranks(world, move |rank, mut comm| {
+                    let be = CpuBackend;
+                    let layout = ModelLayout::new(&cfg.model);
+                    let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
+                    let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
+                    let opts = EngineOptions::from_config(&cfg);
+                    let mut eng = Engine::new(&be, layout, opts, rank, world, Some(&mut init)).expect("engine");
+                    let mut model = family
+                        .build(&be, &eng.layout, cfg.train.micro_batch, &cfg.checkpointing, &mut eng.ledger)
+                        .expect("model");
+                    let n = cfg.train.micro_batch * cfg.model.seq_len;
+                    let dloss = 1.0 / (n * accum * world) as f32;
+                    let mut states = HashMap::new();
+                    let mut losses = vec![];
+                    for step in 0..steps {
+                        eng.begin_step(&be).expect("begin");
+                        for micro in 0..accum {
+                            // A different batch on every rank, micro-step and step.
+                            let tok = |i: usize| ((i * 7 + 13 * micro + 31 * step + 57 * rank) % 97) as u32;
+                            let inputs: Vec<u32> = (0..n).map(tok).collect();
+                            let targets: Vec<u32> = (0..n).map(|i| tok(i + 1)).collect();
+                            let (first, last) = (micro == 0, micro + 1 == accum);
+                            if !recorded {
+                                eng.set_final_micro(last);
+                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
+                                    .expect("micro");
+                                continue;
+                            }
+                            let key = eng.micro_key(first, last);
+                            eng.set_final_micro(key.last);
+                            model.load_batch(&be, &inputs, &targets).expect("batch");
+                            eng.await_pending(&be, &mut comm).expect("await");
+                            let before = eng.micro_state();
+                            run_micro(model.as_mut(), &be, &mut eng, &mut comm, Some(dloss)).expect("micro");
+                            eng.join_micro(&be, &mut comm).expect("join");
+                            let seen = states.entry(key).or_insert_with(|| (before.clone(), eng.micro_state()));
+                            assert_eq!((&seen.0, &seen.1), (&before, &eng.micro_state()), "stage {stage} {key:?}");
+                        }
+                        let h =
+                            Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.05 };
+                        eng.step(&be, &mut comm, h, step as u64 + 1).expect("step");
+                        losses.push(model.take_mean_loss(&be).expect("loss"));
+                    }
+                    assert_eq!(states.len(), if recorded { 3 } else { 0 }, "first, middle and last kinds");
+                    let params: Result<Vec<Vec<f32>>, _> =
+                        (0..eng.num_units()).map(|i| eng.full_params_host(&be, &mut comm, i)).collect();
+                    (losses, params.expect("params"))
+                })
+            })
+            .collect();
+        assert_eq!(runs[1], runs[0], "stage {stage}: recorded micro-steps differ from eager ones");
+    }
+}

@@ -9,7 +9,7 @@ use crate::metrics::StepMetrics;
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout};
 use crate::optim::{lr_at, Hyper};
 use crate::zero::engine::all_reduce_f64;
-use crate::zero::{Engine, EngineComm, EngineOptions};
+use crate::zero::{Engine, EngineComm, EngineOptions, MicroKey, MicroState};
 use crate::TrainError;
 use collectives::Group;
 use data::{BatchSampler, Dataset, Split};
@@ -22,6 +22,15 @@ pub struct TrainSummary {
     pub steps: usize,
     /// Global mean loss of every step, in order.
     pub losses: Vec<f64>,
+}
+
+/// A recorded micro-step: its kind, the engine's host-side state it starts from and
+/// leaves (a replay runs no host code, so the trainer sets it), and the graph.
+struct Recorded<B: Backend> {
+    key: MicroKey,
+    before: MicroState,
+    after: MicroState,
+    graph: B::Graph,
 }
 
 /// One rank's model, engine and data: the pieces of the loop, usable step by step (tests).
@@ -39,11 +48,12 @@ pub struct Trainer<B: Backend> {
     /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
     /// print their times (perturbs the overlap a little; for finding where time goes).
     profile: bool,
-    /// `train.cuda_graphs` applies: one GPU, the optimizer on it.
+    /// `train.cuda_graphs` applies: a backend that records, the optimizer on the device.
     graphs: bool,
-    /// The recorded micro-step, once made (at this process's second optimizer step, when
-    /// every pool and scratch buffer has reached its size: a recording must allocate nothing).
-    graph: Option<B::Graph>,
+    /// The recorded micro-steps, one per kind, each made the first time its kind comes
+    /// from this process's second optimizer step on (when every pool and scratch buffer has
+    /// reached its size: a recording must allocate nothing).
+    graphs_recorded: Vec<Recorded<B>>,
     /// Optimizer steps this process has run (a resumed run starts at 0 here).
     steps_here: usize,
 }
@@ -93,12 +103,12 @@ impl<B: Backend> Trainer<B> {
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
-        let graphs = cfg.train.cuda_graphs && be.graphs_supported() && world == 1 && !cfg.offload.optimizer;
+        // The host optimizer's copies and waits between units cannot be recorded.
+        let graphs = cfg.train.cuda_graphs && be.graphs_supported() && !cfg.offload.optimizer;
         if cfg.train.cuda_graphs && be.graphs_supported() && !graphs && rank == 0 {
             eprintln!(
-                "rank 0: train.cuda_graphs records one-GPU runs with the optimizer on the GPU; \
-                 this run ({world} ranks, offload.optimizer = {}) runs eagerly",
-                cfg.offload.optimizer
+                "rank 0: train.cuda_graphs records runs with the optimizer on the GPU; \
+                 this run (offload.optimizer = true) runs eagerly"
             );
         }
         Ok(Trainer {
@@ -112,7 +122,7 @@ impl<B: Backend> Trainer<B> {
             step: 0,
             profile,
             graphs,
-            graph: None,
+            graphs_recorded: Vec::new(),
             steps_here: 0,
         })
     }
@@ -123,16 +133,35 @@ impl<B: Backend> Trainer<B> {
         (t.micro_batch * t.grad_accum * self.engine.world * self.cfg.model.seq_len) as u64
     }
 
-    /// One micro-step through the CUDA graph: upload the batch, then replay the recorded
-    /// forward and backward (recording it first, the first time). Every micro-step runs as
-    /// a non-final one — the reductions that a final micro-step starts during backward wait
-    /// for `Engine::step` — so one recording serves them all.
-    fn micro_from_graph<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, dloss_scale: f32) -> Result<(), TrainError> {
-        self.engine.set_final_micro(false);
+    /// One micro-step through a CUDA graph: upload the batch, then replay the recorded
+    /// forward and backward (recording it first, the first time this kind of micro-step
+    /// comes). On one rank every micro-step runs as a non-final one — the reductions that a
+    /// final micro-step starts during backward wait for `Engine::step` — so one recording
+    /// serves them all. On several ranks the collectives are recorded too: the step's
+    /// first and last micro-step each get their own recording ([`Engine::micro_key`]), and
+    /// the recording waits for every collective it started ([`Engine::join_micro`]).
+    fn micro_from_graph<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        dloss_scale: f32,
+        (first, last): (bool, bool),
+    ) -> Result<(), TrainError> {
+        let key = self.engine.micro_key(first, last);
+        self.engine.set_final_micro(key.last);
         self.model.load_batch(be, &self.inputs, &self.targets)?;
         self.engine.await_pending(be, comm)?;
-        if let Some(g) = &self.graph {
-            be.replay(g)?;
+        let before = self.engine.micro_state();
+        if let Some(r) = self.graphs_recorded.iter().find(|r| r.key == key) {
+            if r.before != before {
+                return Err(TrainError::Invalid(format!(
+                    "the recorded micro-step {key:?} started from engine state {:?} but this one starts from {before:?} \
+                     (a bug: set train.cuda_graphs = false to run eagerly, and report it)",
+                    r.before
+                )));
+            }
+            be.replay(&r.graph)?;
+            self.engine.restore_micro_state(&r.after);
             self.model.replayed_micro();
             return Ok(());
         }
@@ -142,13 +171,15 @@ impl<B: Backend> Trainer<B> {
             ))
         };
         be.begin_capture().map_err(|e| failed(e.into()))?;
-        let recorded = run_micro(self.model.as_mut(), be, &mut self.engine, comm, Some(dloss_scale));
+        let recorded = run_micro(self.model.as_mut(), be, &mut self.engine, comm, Some(dloss_scale))
+            .and_then(|()| self.engine.join_micro(be, comm));
         // End the capture whatever happened, so the stream is usable for the error path.
         let graph = be.end_capture();
         recorded.map_err(failed)?;
-        let g = graph.map_err(|e| failed(e.into()))?;
-        be.replay(&g)?; // recording ran nothing: this micro-step runs now
-        self.graph = Some(g);
+        let graph = graph.map_err(|e| failed(e.into()))?;
+        be.replay(&graph)?; // recording ran nothing: this micro-step runs now
+        let after = self.engine.micro_state();
+        self.graphs_recorded.push(Recorded { key, before, after, graph });
         Ok(())
     }
 
@@ -184,7 +215,7 @@ impl<B: Backend> Trainer<B> {
                 &mut self.targets,
             )?;
             if self.graphs && self.steps_here >= 1 {
-                self.micro_from_graph(be, comm, dloss_scale)?;
+                self.micro_from_graph(be, comm, dloss_scale, (micro == 0, micro + 1 == tc.grad_accum))?;
             } else {
                 let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
                 step_micro(self.model.as_mut(), be, eng, comm, inputs, targets, Some(dloss_scale))?;

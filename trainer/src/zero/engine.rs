@@ -73,6 +73,22 @@ impl EngineOptions {
 /// Initial values of unit `u` over an element range (unpadded unit coordinates).
 pub type InitFn<'a> = dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> + 'a;
 
+/// Which recording of a micro-step applies (see [`Engine::micro_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MicroKey {
+    /// The step's first micro-step (several ranks).
+    pub first: bool,
+    /// The step's last micro-step (several ranks).
+    pub last: bool,
+}
+
+/// The engine's host-side state after a micro-step (see [`Engine::micro_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MicroState {
+    shard_empty: Vec<bool>,
+    reduced: Vec<bool>,
+}
+
 /// What one optimizer step measured.
 #[derive(Debug, Clone, Copy)]
 pub struct StepStats {
@@ -100,6 +116,9 @@ struct Unit<B: Backend> {
     gather_pending: Option<Pending>,
     /// Stage 0/1: the gradient reduction started during the last micro-step's backward.
     reduce_pending: Option<Pending>,
+    /// Stage 0/1: this step's reduction is complete already (a recorded final micro-step
+    /// waits for its reductions inside the recording), so `step` does not start it again.
+    reduced: bool,
     /// Full gradient accumulation buffer (always for stage 0/1; during backward for 2/3).
     grads: Option<B::Grad>,
     /// This rank's reduced gradient shard (stage >= 1).
@@ -313,6 +332,7 @@ impl<B: Backend> Engine<B> {
                 upload_pending: None,
                 gather_pending: None,
                 reduce_pending: None,
+                reduced: false,
                 grads,
                 grad_shard,
                 shard_empty: true,
@@ -371,6 +391,58 @@ impl<B: Backend> Engine<B> {
                 be.zero_grad(g, Loc::all(u.shard))?;
             }
             u.shard_empty = true;
+            u.reduced = false;
+        }
+        Ok(())
+    }
+
+    /// What decides the work a micro-step queues besides the buffers it uses, i.e. which
+    /// CUDA-graph recording a micro-step can replay (`first`/`last`: the step's first and
+    /// last micro-step). One rank: the same work every micro-step (the reduction waits for
+    /// `step`). Several: a step's first reduce-scatter of a unit overwrites its shard (stage
+    /// 2/3) and the last micro-step reduces during backward (all stages).
+    pub fn micro_key(&self, first: bool, last: bool) -> MicroKey {
+        if self.world == 1 {
+            MicroKey::default()
+        } else {
+            MicroKey { first, last }
+        }
+    }
+
+    /// The host-side state a micro-step leaves behind (which shards a reduction has
+    /// reached, which reductions are complete): a replay queues the recorded work but runs
+    /// no host code, so the trainer records this after the recording and restores it
+    /// after each replay.
+    pub fn micro_state(&self) -> MicroState {
+        MicroState {
+            shard_empty: self.units.iter().map(|u| u.shard_empty).collect(),
+            reduced: self.units.iter().map(|u| u.reduced).collect(),
+        }
+    }
+
+    /// Set the host-side state a replayed micro-step left (see [`Engine::micro_state`]).
+    pub fn restore_micro_state(&mut self, s: &MicroState) {
+        for (u, (&empty, &reduced)) in self.units.iter_mut().zip(s.shard_empty.iter().zip(&s.reduced)) {
+            u.shard_empty = empty;
+            u.reduced = reduced;
+        }
+    }
+
+    /// End a micro-step that is being recorded: order the compute stream after every
+    /// collective the micro-step started (a recording must join all the work it forked to
+    /// the communication stream, and a later wait could not reach inside it), and finish
+    /// what waits on them (the last reduce-scatter's accumulation and its buffer's return
+    /// to the pool). Eager micro-steps leave these running under the next step's start.
+    pub fn join_micro<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
+        self.finish_reduce_scatter(be, comm)?;
+        for u in &mut self.units {
+            if let Some(p) = u.reduce_pending.take() {
+                Group::wait(comm, p)?;
+                u.reduced = true;
+            }
+            if let Some(p) = u.gather_pending.take() {
+                Group::wait(comm, p)?;
+            }
         }
         Ok(())
     }
@@ -548,11 +620,12 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Stage 0/1: start reducing unit `i`'s complete gradient (stage 0: all-reduce in place;
-    /// stage 1: reduce-scatter into this rank's shard). Idempotent within a step.
+    /// stage 1: reduce-scatter into this rank's shard). Idempotent within a step (started,
+    /// or complete inside a recorded micro-step).
     fn start_reduction<C: EngineComm<B>>(&mut self, comm: &mut C, i: usize) -> Result<(), TrainError> {
         let shard_optimizer = self.policy.shard_optimizer;
         let u = &mut self.units[i];
-        if u.reduce_pending.is_some() {
+        if u.reduce_pending.is_some() || u.reduced {
             return Ok(());
         }
         let g = u.grads.as_mut().expect("stage 0/1 keep full gradients");

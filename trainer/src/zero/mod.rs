@@ -14,7 +14,7 @@ pub mod engine;
 pub mod memory;
 pub mod plan;
 
-pub use engine::{Engine, EngineComm, EngineOptions, InitFn, StepStats};
+pub use engine::{Engine, EngineComm, EngineOptions, InitFn, MicroKey, MicroState, StepStats};
 pub use memory::{Category, HostMemory, MemoryBytes, MemoryLedger, MemoryReport};
 
 /// What a ZeRO stage shards. Each flag is one decision in the engine.
