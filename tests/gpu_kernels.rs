@@ -66,10 +66,11 @@ fn encoder() {
 fn layernorm() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend;
-        // Every backward path: warp (768), general (100: C % 8 != 0), wide (3072, 4096, 8192).
-        // Every instance of the rows backward (J = ceil(C / 256) = 1..8, a ragged last chunk
-        // at 1600, row counts that leave warps and blocks past N) and of the wide one
-        // (J = ceil(C / 1024) = 3..8), and the scalar path (C = 100).
+        // Every backward path at two parameter offsets: 5 (unaligned weights: the general
+        // kernel) and 8 (16-byte aligned: the fast kernel, every instance — J = 1 with 1..4
+        // warps up to C = 1024, J = 2 with 4, 8, 12, 16 warps up to 8192 — with ragged last
+        // chunks (1600), blocks of 8 and 32 rows (N = 9000) and a ragged last block); and
+        // C % 8 != 0 (100), which only the general kernel takes.
         let shapes = [
             (256usize, 768usize),
             (37, 100),
@@ -87,10 +88,10 @@ fn layernorm() {
             (11, 6144),
             (9, 7168),
             (19, 8192),
+            (9000, 64),
         ];
-        for &(n, c) in &shapes {
-            let tag = format!("layernorm N{n} C{c}");
-            let off = 5; // parameters at an odd offset: unaligned pointers
+        for (&(n, c), off) in shapes.iter().flat_map(|s| [(s, 5usize), (s, 8)]) {
+            let tag = format!("layernorm N{n} C{c} offset {off}");
             let at = NormLocs { w: Loc::new(off, c), b: Loc::new(off + c, c) };
             let r = Rows { n, c };
             let mut params = rng.vec(off + 2 * c, 0.3);

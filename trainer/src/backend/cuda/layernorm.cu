@@ -5,7 +5,7 @@
 // partial dw/db sums to a scratch array, which reduce_partials (reduce.cu) then adds up
 // in chunk order. No atomics.
 
-// LN_EPS (cpu::LN_EPS) and LN_WIDE_WARPS (layernorm.rs) come from the launch code as -D options.
+// LN_EPS (cpu::LN_EPS) comes from the launch code as a -D option.
 
 // One warp per row; blockDim.x = 256 (8 rows per block).
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
@@ -107,8 +107,7 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
     }
 }
 
-// The 16-byte-chunk steps the rows and wide backward kernels share, on chunks already
-// loaded (8 bf16 values of x, dy and w at one column, and of the row's dx). Chunk of a row
+// The 16-byte-chunk steps of the fast backward, on chunks already loaded (8 bf16 values of x, dy and w at one column, and of the row's dx). Chunk of a row
 // with mean m and rstd s: its contribution to the row's two sums, a += w*dy and
 // bsum += w*dy*norm;
 __device__ __forceinline__ void ln_bwd_chunk_sums(uint4 xv, uint4 gv, uint4 wv, float m, float s, float& a,
@@ -146,7 +145,7 @@ __device__ __forceinline__ uint4 ln_bwd_chunk_apply(uint4 dxv, uint4 xv, uint4 g
 }
 
 // and a chunk's accumulated dw/db written to p = [dw (C) | db (C)] at column c (a partial
-// row, or a warp's row of the block's shared sums).
+// row).
 __device__ __forceinline__ void ln_bwd_chunk_store(float* p, int C, int c, const float* dwacc, const float* dbacc) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -157,137 +156,72 @@ __device__ __forceinline__ void ln_bwd_chunk_store(float* p, int C, int c, const
 
 __device__ __forceinline__ uint4 ld16(const bf16_t* p) { return *(const uint4*)p; }
 
-// Fast backward for C % 8 == 0, C <= 256 J, 16-byte aligned rows: J = ceil(C / 256)
-// chunks of 8 values per lane (a template parameter, so registers hold exactly the
-// chunks a row has). A block of warps, each a run of rows_per_warp rows with warp-level
-// reductions only; up to 4 chunks, the row's x and dy stay in registers (packed bf16)
-// between its two passes and w's for the whole run. Each warp accumulates dw/db in registers; the
-// block adds its warps' sums in warp order through shared memory ([warps][2C] floats)
-// and writes them as partial row `blockIdx.x`; reduce_partials then adds the partial rows
-// in order: deterministic, no atomics, the same bits on every GPU.
+// Fast backward for C % 8 == 0, C <= 8192, 16-byte aligned rows: a block of W warps per
+// run of rows, each thread holding the J 16-byte chunks c = 8 * tid + j * 256 * W of a
+// row (J and W template parameters, so registers hold exactly the chunks a row has). Per
+// row: x, dy and the dx being accumulated are loaded together (one trip to memory), the
+// row's two sums go warp_sum, then across the block's warps through shared memory in warp
+// order (deterministic), double-buffered by row parity so each row costs one barrier. The
+// next row's loads are issued before this row's arithmetic (software pipelining: a block
+// never waits on memory with nothing in flight), which fits the registers up to two
+// chunks a thread (127 registers), so wide rows take more warps; w stays in registers for
+// the whole run. dw/db accumulate in registers and leave as
+// partial row `blockIdx.x`; reduce_partials then adds the partial rows in order:
+// deterministic, no atomics, the same bits on every GPU.
 template <int J>
-__device__ __forceinline__ void ln_bwd_rows_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
-                                                 const bf16_t* inp, const bf16_t* w, const float* mean,
-                                                 const float* rstd, int N, int C, int rows_per_warp) {
-    extern __shared__ float wsum[];  // [warp][dw (C) | db (C)]
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int r0 = (blockIdx.x * nw + warp) * rows_per_warp;
-    const int r1 = min(N, r0 + rows_per_warp);  // a warp past the last row adds zeros
-    // Up to 4 chunks the row's x, dy and w stay in registers; wider rows re-read them in
-    // the second pass (from L1), which keeps the registers for more warps in flight.
-    constexpr bool KEEP = J <= 4;
-    uint4 wv[KEEP ? J : 1];
-    float dwacc[J][8], dbacc[J][8];
+__device__ __forceinline__ void ln_bwd_load_row(const bf16_t* x, const bf16_t* dy, const bf16_t* dx, int C, int c0,
+                                                int stride, uint4 (&xv)[J], uint4 (&gv)[J], uint4 (&dv)[J]) {
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-        const int c = lane * 8 + j * 256;
-        if constexpr (KEEP)
-            if (c < C) wv[j] = ld16(w + c);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            dwacc[j][k] = 0.f;
-            dbacc[j][k] = 0.f;
+        const int c = c0 + j * stride;
+        if (c < C) {
+            xv[j] = ld16(x + c);
+            gv[j] = ld16(dy + c);
+            dv[j] = ld16(dx + c);
         }
-    }
-    for (int row = r0; row < r1; ++row) {
-        const bf16_t* x = inp + (long long)row * C;
-        const bf16_t* dy = dout + (long long)row * C;
-        bf16_t* dx = dinp + (long long)row * C;
-        const float m = mean[row], s = rstd[row];
-        uint4 xv[KEEP ? J : 1], gv[KEEP ? J : 1];
-        float a = 0.f, bsum = 0.f;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = lane * 8 + j * 256;
-            if (c >= C) continue;
-            if constexpr (KEEP) {
-                xv[j] = ld16(x + c);
-                gv[j] = ld16(dy + c);
-                ln_bwd_chunk_sums(xv[j], gv[j], wv[j], m, s, a, bsum);
-            } else {
-                ln_bwd_chunk_sums(ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a, bsum);
-            }
-        }
-        a = warp_sum(a) / C;
-        bsum = warp_sum(bsum) / C;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = lane * 8 + j * 256;
-            if (c >= C) continue;
-            const uint4 dxv = ld16(dx + c);
-            if constexpr (KEEP)
-                *(uint4*)(dx + c) = ln_bwd_chunk_apply(dxv, xv[j], gv[j], wv[j], m, s, a, bsum, dwacc[j], dbacc[j]);
-            else
-                *(uint4*)(dx + c) = ln_bwd_chunk_apply(dxv, ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a, bsum,
-                                                       dwacc[j], dbacc[j]);
-        }
-    }
-    float* mine = wsum + warp * 2 * C;
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = lane * 8 + j * 256;
-        if (c < C) ln_bwd_chunk_store(mine, C, c, dwacc[j], dbacc[j]);
-    }
-    __syncthreads();
-    float* p = partial + (long long)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-        float v = 0.f;
-        for (int k = 0; k < nw; ++k) v += wsum[k * 2 * C + c];
-        p[c] = v;
     }
 }
 
-#define LN_BWD_ROWS(J)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(128) layernorm_bwd_rows##J(                                 \
-        bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp, const bf16_t* w,                \
-        const float* mean, const float* rstd, int N, int C, int rows_per_warp) {                             \
-        ln_bwd_rows_impl<J>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_warp);                   \
-    }
-LN_BWD_ROWS(1)
-LN_BWD_ROWS(2)
-LN_BWD_ROWS(3)
-LN_BWD_ROWS(4)
-LN_BWD_ROWS(5)
-LN_BWD_ROWS(6)
-LN_BWD_ROWS(7)
-LN_BWD_ROWS(8)
-
-// Wide backward, for the rows the rows kernel cannot hold (2048 < C <= 8 * 8 * 32 *
-// LN_WIDE_WARPS, C % 8 == 0, 16-byte aligned rows): a block of LN_WIDE_WARPS warps per
-// group of rows, each thread holding the J = ceil(C / (8 * blockDim.x)) 16-byte chunks
-// c = 8 * tid + j * 8 * blockDim.x (J a template parameter, as in the rows kernel). A
-// row's two sums go warp_sum, then across the block's warps through shared memory in warp
-// order (deterministic), double-buffered by row parity so each row costs one barrier.
-// dw/db accumulate in registers and leave as partial row `blockIdx.x` for reduce_partials.
-template <int J>
-__device__ __forceinline__ void ln_bwd_wide_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
-                                                 const bf16_t* inp, const bf16_t* w, const float* mean,
-                                                 const float* rstd, int N, int C, int rows_per_block) {
-    __shared__ float sums[2][2][LN_WIDE_WARPS];  // [row parity][a | bsum][warp]
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int stride = 8 * blockDim.x;
+template <int J, int W>
+__device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
+                                                  const bf16_t* inp, const bf16_t* w, const float* mean,
+                                                  const float* rstd, int N, int C, int rows_per_block) {
+    static_assert(J <= 2, "two rows' chunks in registers");
+    constexpr int STRIDE = 8 * 32 * W;
+    __shared__ float sums[2][2][W];  // [row parity][a | bsum][warp]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c0 = 8 * threadIdx.x;
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
+    if (r0 >= N) return;  // the whole block: no barrier is left waiting
+    uint4 wv[J], xv[J], gv[J], dv[J];
     float dwacc[J][8], dbacc[J][8];
 #pragma unroll
-    for (int j = 0; j < J; ++j)
+    for (int j = 0; j < J; ++j) {
+        if (c0 + j * STRIDE < C) wv[j] = ld16(w + c0 + j * STRIDE);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             dwacc[j][k] = 0.f;
             dbacc[j][k] = 0.f;
         }
+    }
+    const long long C64 = C;
+    ln_bwd_load_row<J>(inp + r0 * C64, dout + r0 * C64, dinp + r0 * C64, C, c0, STRIDE, xv, gv, dv);
+    float m = mean[r0], s = rstd[r0];
     for (int row = r0; row < r1; ++row) {
         const int par = (row - r0) & 1;
-        const bf16_t* x = inp + (long long)row * C;
-        const bf16_t* dy = dout + (long long)row * C;
-        bf16_t* dx = dinp + (long long)row * C;
-        const float m = mean[row], s = rstd[row];
+        const bool more = row + 1 < r1;
+        uint4 xn[J], gn[J], dn[J];
+        float mn = 0.f, sn = 0.f;
+        if (more) {
+            const long long o = (row + 1) * C64;
+            ln_bwd_load_row<J>(inp + o, dout + o, dinp + o, C, c0, STRIDE, xn, gn, dn);
+            mn = mean[row + 1];
+            sn = rstd[row + 1];
+        }
         float a = 0.f, bsum = 0.f;
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = 8 * threadIdx.x + j * stride;
-            if (c < C) ln_bwd_chunk_sums(ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a, bsum);
-        }
+        for (int j = 0; j < J; ++j)
+            if (c0 + j * STRIDE < C) ln_bwd_chunk_sums(xv[j], gv[j], wv[j], m, s, a, bsum);
         a = warp_sum(a);
         bsum = warp_sum(bsum);
         if (lane == 0) {
@@ -300,38 +234,49 @@ __device__ __forceinline__ void ln_bwd_wide_impl(bf16_t* dinp, float* partial, c
         a = 0.f;
         bsum = 0.f;
 #pragma unroll
-        for (int k = 0; k < LN_WIDE_WARPS; ++k) {
+        for (int k = 0; k < W; ++k) {
             a += sums[par][0][k];
             bsum += sums[par][1][k];
         }
         a /= C;
         bsum /= C;
+        bf16_t* dx = dinp + row * C64;
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-            const int c = 8 * threadIdx.x + j * stride;
+            const int c = c0 + j * STRIDE;
             if (c < C)
-                *(uint4*)(dx + c) = ln_bwd_chunk_apply(ld16(dx + c), ld16(x + c), ld16(dy + c), ld16(w + c), m, s, a,
-                                                       bsum, dwacc[j], dbacc[j]);
+                *(uint4*)(dx + c) = ln_bwd_chunk_apply(dv[j], xv[j], gv[j], wv[j], m, s, a, bsum, dwacc[j], dbacc[j]);
         }
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            xv[j] = xn[j];
+            gv[j] = gn[j];
+            dv[j] = dn[j];
+        }
+        m = mn;
+        s = sn;
     }
-    if (r0 >= N) return;  // a block past the last row writes no partial row
     float* p = partial + (long long)blockIdx.x * 2 * C;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-        const int c = 8 * threadIdx.x + j * stride;
+        const int c = c0 + j * STRIDE;
         if (c < C) ln_bwd_chunk_store(p, C, c, dwacc[j], dbacc[j]);
     }
 }
 
-#define LN_BWD_WIDE(J)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * LN_WIDE_WARPS) layernorm_bwd_wide##J(                  \
+// Instances: J = 1 with W = 1..4 warps (C <= 1024), then J = 2 with 4, 8, 12 and 16 warps
+// (C <= 2048, 4096, 6144, 8192); layernorm.rs picks by C.
+#define LN_BWD_BLOCK(J, W)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * W) layernorm_bwd_j##J##w##W(                           \
         bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp, const bf16_t* w,                \
         const float* mean, const float* rstd, int N, int C, int rows_per_block) {                            \
-        ln_bwd_wide_impl<J>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);                  \
+        ln_bwd_block_impl<J, W>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);              \
     }
-LN_BWD_WIDE(3)
-LN_BWD_WIDE(4)
-LN_BWD_WIDE(5)
-LN_BWD_WIDE(6)
-LN_BWD_WIDE(7)
-LN_BWD_WIDE(8)
+LN_BWD_BLOCK(1, 1)
+LN_BWD_BLOCK(1, 2)
+LN_BWD_BLOCK(1, 3)
+LN_BWD_BLOCK(1, 4)
+LN_BWD_BLOCK(2, 4)
+LN_BWD_BLOCK(2, 8)
+LN_BWD_BLOCK(2, 12)
+LN_BWD_BLOCK(2, 16)

@@ -14,48 +14,34 @@ use crate::backend::{BResult, LayerNormOps, LnSaved, LnStats, NormLocs, Rows, We
 /// Rows per block in the general LayerNorm backward. A constant (not derived from the
 /// GPU), so results are the same bits on every GPU.
 const LN_ROWS_PER_BLOCK: usize = 32;
-/// The rows backward (C <= LN_ROWS_MAX_C): a block of LN_ROWS_WARPS warps, each a run of
-/// LN_ROWS_PER_WARP rows; one partial dw/db row per block. Its instances hold J = 1..=8
-/// chunks of 8 values per lane (`layernorm_bwd_rows{J}`, J = ceil(C / 256)).
-const LN_ROWS_PER_WARP: usize = 8;
-const LN_ROWS_WARPS: usize = 4;
-const LN_ROWS_MAX_C: usize = 8 * 8 * 32;
-const LN_BWD_ROWS: [&str; 8] = [
-    "layernorm_bwd_rows1",
-    "layernorm_bwd_rows2",
-    "layernorm_bwd_rows3",
-    "layernorm_bwd_rows4",
-    "layernorm_bwd_rows5",
-    "layernorm_bwd_rows6",
-    "layernorm_bwd_rows7",
-    "layernorm_bwd_rows8",
+/// The fast backward (`layernorm_bwd_j{J}w{W}`, C % 8 == 0 and C <= LN_BWD_FAST_MAX_C,
+/// 16-byte aligned rows): W warps per block, J chunks of 8 values a thread; the first
+/// instance whose 256·W·J columns hold the row runs.
+const LN_BWD_FAST: [(&str, usize, usize); 8] = [
+    ("layernorm_bwd_j1w1", 1, 1),
+    ("layernorm_bwd_j1w2", 1, 2),
+    ("layernorm_bwd_j1w3", 1, 3),
+    ("layernorm_bwd_j1w4", 1, 4),
+    ("layernorm_bwd_j2w4", 2, 4),
+    ("layernorm_bwd_j2w8", 2, 8),
+    ("layernorm_bwd_j2w12", 2, 12),
+    ("layernorm_bwd_j2w16", 2, 16),
 ];
-/// The wide backward (LN_ROWS_MAX_C < C <= LN_BWD_WIDE_MAX_C): warps per block (a block per
-/// row group, the row's sums across its warps) and rows per block; instances for
-/// J = ceil(C / (256 * LN_WIDE_WARPS)) = 3..=8 chunks per thread.
-const LN_WIDE_WARPS: usize = 4;
-const LN_WIDE_ROWS_PER_BLOCK: usize = 8;
-const LN_BWD_WIDE_MAX_C: usize = 8 * 8 * 32 * LN_WIDE_WARPS;
-const LN_BWD_WIDE: [&str; 6] = [
-    "layernorm_bwd_wide3",
-    "layernorm_bwd_wide4",
-    "layernorm_bwd_wide5",
-    "layernorm_bwd_wide6",
-    "layernorm_bwd_wide7",
-    "layernorm_bwd_wide8",
-];
+const LN_BWD_FAST_MAX_C: usize = 8192;
 
-const FUNCTIONS: [&str; 16] = {
-    let mut f = ["layernorm_fwd"; 16];
+/// Rows per block of the fast backward: about 512 blocks (a partial dw/db row each, which
+/// `reduce_partials` adds), 8 to 64 rows. From N alone, so the partial sums — and the
+/// result's bits — are the same on every GPU.
+fn ln_fast_rows_per_block(n: usize) -> usize {
+    (n / 512).next_power_of_two().clamp(8, 64)
+}
+
+const FUNCTIONS: [&str; 10] = {
+    let mut f = ["layernorm_fwd"; 10];
     f[1] = "layernorm_bwd";
     let mut i = 0;
     while i < 8 {
-        f[2 + i] = LN_BWD_ROWS[i];
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 6 {
-        f[10 + i] = LN_BWD_WIDE[i];
+        f[2 + i] = LN_BWD_FAST[i].0;
         i += 1;
     }
     f
@@ -65,10 +51,9 @@ pub(super) const KERNELS: KernelFile = KernelFile {
     name: "layernorm",
     src: include_str!("layernorm.cu"),
     functions: &FUNCTIONS,
-    // The general kernel's dw/db accumulators and the rows kernel's per-warp sums (2C
-    // floats each) pass 48 KiB at the wider rows.
-    big_smem: |f| f == "layernorm_bwd" || LN_BWD_ROWS.contains(&f),
-    defines: || vec![("LN_EPS", format!("{LN_EPS:?}f")), ("LN_WIDE_WARPS", LN_WIDE_WARPS.to_string())],
+    // The general kernel's dw/db accumulators (2C floats) pass 48 KiB at the wider rows.
+    big_smem: |f| f == "layernorm_bwd",
+    defines: || vec![("LN_EPS", format!("{LN_EPS:?}f"))],
 };
 
 impl LayerNormOps for CudaBackend {
@@ -153,26 +138,12 @@ impl LayerNormOps for CudaBackend {
         let aligned = c.is_multiple_of(8) && [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16));
         // Every variant writes partial dw/db rows of rows_per_part rows each, which
         // reduce_partials then adds in order.
-        let k = if aligned && c <= LN_ROWS_MAX_C {
-            // Fast path: each warp a run of rows, 16-byte loads, one block barrier at the
-            // end; block k writes partial row k.
-            LnBwdKernel {
-                name: LN_BWD_ROWS[c.div_ceil(256) - 1],
-                rows_per_part: LN_ROWS_PER_WARP * LN_ROWS_WARPS,
-                rows_arg: LN_ROWS_PER_WARP,
-                threads: 32 * LN_ROWS_WARPS,
-                smem: LN_ROWS_WARPS * 2 * c * 4,
-            }
-        } else if aligned && c <= LN_BWD_WIDE_MAX_C {
-            // Wide rows (GPT widths 2560 to 8192): a block of warps per LN_WIDE_ROWS_PER_BLOCK
-            // rows, 16-byte loads, one barrier per row; block k writes partial row k.
-            LnBwdKernel {
-                name: LN_BWD_WIDE[c.div_ceil(256 * LN_WIDE_WARPS) - 3],
-                rows_per_part: LN_WIDE_ROWS_PER_BLOCK,
-                rows_arg: LN_WIDE_ROWS_PER_BLOCK,
-                threads: 32 * LN_WIDE_WARPS,
-                smem: 0,
-            }
+        let fast = LN_BWD_FAST.iter().find(|(_, j, w)| 256 * w * j >= c);
+        let k = if let (true, Some(&(name, _, warps))) = (aligned && c <= LN_BWD_FAST_MAX_C, fast) {
+            // Fast path: a block of warps per run of rows, 16-byte loads, the next row's
+            // loads in flight during this one's arithmetic; block k writes partial row k.
+            let rows = ln_fast_rows_per_block(n);
+            LnBwdKernel { name, rows_per_part: rows, threads: 32 * warps, smem: 0 }
         } else {
             let smem = 2 * c * 4;
             if smem + 256 > self.kernels.max_smem {
@@ -181,17 +152,11 @@ impl LayerNormOps for CudaBackend {
                     self.kernels.max_smem
                 )));
             }
-            LnBwdKernel {
-                name: "layernorm_bwd",
-                rows_per_part: LN_ROWS_PER_BLOCK,
-                rows_arg: LN_ROWS_PER_BLOCK,
-                threads: 256,
-                smem,
-            }
+            LnBwdKernel { name: "layernorm_bwd", rows_per_part: LN_ROWS_PER_BLOCK, threads: 256, smem }
         };
         let nparts = n.div_ceil(k.rows_per_part);
         let partial = self.scratch_f32(nparts * 2 * c)?;
-        let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_arg as i32);
+        let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_per_part as i32);
         let f = self.f(k.name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dx).arg(&partial).arg(&dy).arg(&x).arg(&wp).arg(&mp).arg(&rp).arg(&ni).arg(&ci).arg(&rpp);
@@ -207,10 +172,8 @@ impl LayerNormOps for CudaBackend {
 /// Which LayerNorm backward kernel runs, and its launch shape.
 struct LnBwdKernel {
     name: &'static str,
-    /// Rows summed into one partial dw/db row (one block's rows).
+    /// Rows summed into one partial dw/db row: one block's rows (the kernel's last argument).
     rows_per_part: usize,
-    /// The kernel's last argument: rows per warp (rows kernel) or per block (the others).
-    rows_arg: usize,
     threads: usize,
     smem: usize,
 }
