@@ -76,7 +76,8 @@ impl<B: Backend> Trainer<B> {
             let have = v.val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)?.len();
             if have < world {
                 return Err(TrainError::Invalid(format!(
-                    "the validation split of {} holds {have} batches of micro_batch × seq_len tokens but {world} ranks                      need one each: add validation data or lower train.micro_batch",
+                    "the validation split of {} holds {have} batches of micro_batch × seq_len tokens but {world} ranks \
+                     need one each: add validation data or lower train.micro_batch",
                     data_path.display()
                 )));
             }
