@@ -432,7 +432,7 @@ impl<B: Backend> Engine<B> {
     /// collective the micro-step started (a recording must join all the work it forked to
     /// the communication stream, and a later wait could not reach inside it), and finish
     /// what waits on them (the last reduce-scatter's accumulation and its buffer's return
-    /// to the pool). Eager micro-steps leave these running under the next step's start.
+    /// to the pool). Eager micro-steps leave them running into `step`, which waits for them.
     pub fn join_micro<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
         self.finish_reduce_scatter(be, comm)?;
         for u in &mut self.units {
