@@ -6,7 +6,9 @@
 #
 # PyTorch runs eager and torch.compile: on one GPU `--mode single` (autocast), on several
 # FSDP2 (and DDP at 124M). OLD=path/to/launcher also runs that binary on every shardtrain
-# row (rows named old-*), for before/after comparisons in one call.
+# row (rows named old-*), for before/after comparisons in one call. Rows ending in -timed
+# set train.gemm_tuning = "timed" (each GEMM shape's cuBLASLt algorithm picked by timing);
+# they run the new binary only.
 # Prints a Markdown table (tokens/s per GPU, MFU vs 989 TFLOP/s bf16 dense, step time,
 # peak memory per rank) and writes raw logs to $OUT.
 set -uo pipefail
@@ -30,6 +32,10 @@ ours() { # name config stage batch extra...
     run_ours "$BIN/launcher" "ours-${name#ours-}" "$@"
     if [[ -n ${OLD:-} ]]; then run_ours "$OLD" "old-${name#ours-}" "$@"; fi
 }
+timed() { # name config stage batch extra...: the new binary with timed GEMM tuning
+    local name=$1; shift
+    run_ours "$BIN/launcher" "ours-${name}-timed" "$@" --set train.gemm_tuning='"timed"'
+}
 ref() { # name mode layers embd heads batch extra...
     local name=$1 mode=$2 l=$3 c=$4 h=$5 b=$6; shift 6
     torchrun --standalone --nproc_per_node="$NGPU" "$BIN/fsdp_gpt2.py" --mode "$mode" --layers "$l" --embd "$c" \
@@ -50,12 +56,14 @@ refs() { # name layers embd heads batch extra...
 if [[ $WHAT == 124m || $WHAT == all ]]; then
     ours 124m-z1 configs/gpt2-124m.toml 1 16
     ours 124m-z3 configs/gpt2-124m.toml 3 16
+    timed 124m-z3 configs/gpt2-124m.toml 3 16
     refs 124m 12 768 12 16
     [[ $NGPU == 1 ]] || ref ref-124m-ddp ddp 12 768 12 16
 fi
 if [[ $WHAT == 1.5b || $WHAT == all ]]; then
     ours 1.5b-z1 configs/gpt2-1.5b.toml 1 8
     ours 1.5b-z3 configs/gpt2-1.5b.toml 3 8
+    timed 1.5b-z3 configs/gpt2-1.5b.toml 3 8
     ours 1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
     refs 1.5b 48 1600 25 8
     [[ $NGPU == 1 ]] || ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt

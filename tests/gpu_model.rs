@@ -46,20 +46,8 @@ fn one_training_step_matches_the_cpu() {
         };
         let ckpt = CheckpointingConfig::default();
 
-        let cpu = CpuBackend;
-        let mut ccomm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
-        let mut ceng =
-            Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init(&layout))).map_err(dev)?;
-        let mut cm = cfg.family.build(&cpu, &layout, b, &ckpt, &mut ceng.ledger)?;
-        ceng.begin_step(&cpu)?;
-        let closs = step_micro_loss(cm.as_mut(), &cpu, &mut ceng, &mut ccomm, &inputs, &targets, scale).map_err(dev)?;
-        let cgrads: Vec<Vec<f32>> =
-            (0..ceng.num_units()).map(|u| ceng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(dev)?;
-        ceng.step(&cpu, &mut ccomm, h, 1).map_err(dev)?;
-        let cparams: Vec<Vec<f32>> = (0..ceng.num_units())
-            .map(|u| ceng.full_params_host(&cpu, &mut ccomm, u))
-            .collect::<Result<_, _>>()
-            .map_err(dev)?;
+        let CpuStep { loss: closs, grads: cgrads, params: cparams } =
+            cpu_step(&cfg, b, &mut init(&layout), &inputs, &targets, h)?;
 
         let id = nccl_unique_id().map_err(dev)?;
         let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
@@ -104,6 +92,107 @@ fn one_training_step_matches_the_cpu() {
                 rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
             }
         }
+        Ok(())
+    });
+}
+
+/// The CPU reference of one micro-step and one AdamW step at ZeRO stage 0: the loss, each
+/// unit's gradient, each unit's parameters after the step.
+type UnitInit<'a> = dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> + 'a;
+fn cpu_step(
+    cfg: &ModelConfig,
+    b: usize,
+    init: &mut UnitInit<'_>,
+    inputs: &[u32],
+    targets: &[u32],
+    h: Hyper,
+) -> Result<CpuStep, trainer::backend::BackendError> {
+    let (cpu, layout) = (CpuBackend, ModelLayout::new(cfg));
+    let scale = Some(1.0 / inputs.len() as f32);
+    let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
+    let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;
+    let mut m = cfg.family.build(&cpu, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
+    eng.begin_step(&cpu)?;
+    let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, inputs, targets, scale).map_err(dev)?;
+    let grads: Vec<Vec<f32>> =
+        (0..eng.num_units()).map(|u| eng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(dev)?;
+    eng.step(&cpu, &mut comm, h, 1).map_err(dev)?;
+    let params: Vec<Vec<f32>> = (0..eng.num_units())
+        .map(|u| eng.full_params_host(&cpu, &mut comm, u))
+        .collect::<Result<_, _>>()
+        .map_err(dev)?;
+    Ok(CpuStep { loss, grads, params })
+}
+
+struct CpuStep {
+    loss: f64,
+    grads: Vec<Vec<f32>>,
+    params: Vec<Vec<f32>>,
+}
+
+/// `train.gemm_tuning = "timed"`: each GEMM shape's cuBLASLt candidates are timed on its
+/// first call, on that call's own buffers (a gradient being accumulated is saved to the
+/// host and put back). The step must match the CPU as closely as with the heuristic's
+/// algorithms: a gradient left holding the timing runs' sums would be off by a factor.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn timed_gemm_tuning_matches_the_cpu() {
+    use trainer::backend::{GemmTuning, MatmulOps};
+    gpu::check(|be, rng, rep| {
+        let cfg = ModelConfig {
+            family: ModelFamily::Gpt2,
+            n_layer: 2,
+            n_head: 2,
+            n_embd: 128,
+            vocab_size: 1024,
+            seq_len: 256,
+        };
+        let (b, seed) = (4usize, 7u64);
+        let n = b * cfg.seq_len;
+        let layout = ModelLayout::new(&cfg);
+        let (inputs, targets) = (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32));
+        let h = Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+        let init = |l: &ModelLayout| {
+            let l = l.clone();
+            move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
+                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
+            }
+        };
+        let CpuStep { loss: closs, grads: cgrads, params: cparams } =
+            cpu_step(&cfg, b, &mut init(&layout), &inputs, &targets, h)?;
+
+        be.set_gemm_tuning(GemmTuning::Timed);
+        let tag = "model step, timed GEMM tuning (GPT L2 C128 V1024 T256 B4)";
+        let id = nccl_unique_id().map_err(dev)?;
+        let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+        let mut eng =
+            Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init(&layout))).map_err(dev)?;
+        let mut m = cfg.family.build(be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
+        eng.begin_step(be)?;
+        let scale = Some(1.0 / n as f32);
+        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &inputs, &targets, scale).map_err(dev)?;
+        rep.cmp(tag, "loss", &[loss as f32], &[closs as f32], 5e-3);
+        for (u, cg) in cgrads.iter().enumerate() {
+            let gg = eng.local_grads_host(be, u).map_err(dev)?;
+            rep.cmp(tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
+        }
+        eng.step(be, &mut comm, h, 1).map_err(dev)?;
+        for (u, cp) in cparams.iter().enumerate() {
+            let gp = eng.full_params_host(be, &mut comm, u).map_err(dev)?;
+            rep.cmp(tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+        }
+        let tuned = be.gemm_tuning_report();
+        let accumulating = tuned.iter().filter(|t| t.candidates >= 2 && !t.gemm.ends_with("beta=0")).count();
+        let changed = tuned.iter().filter(|t| t.chosen != 0).count();
+        rep.check(
+            tag,
+            "shapes timed",
+            tuned.iter().any(|t| t.candidates >= 2) && accumulating > 0,
+            &format!(
+                "{} shapes, {accumulating} accumulating with beta=1, {changed} off the heuristic's first",
+                tuned.len()
+            ),
+        );
         Ok(())
     });
 }

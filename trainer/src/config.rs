@@ -4,6 +4,7 @@
 //! by serde (`deny_unknown_fields`); impossible values are rejected by [`Config::validate`]
 //! with an error that names the key and says how to fix it.
 
+use crate::backend::GemmTuning;
 use crate::model::ModelFamily;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -96,6 +97,12 @@ pub struct TrainConfig {
     /// second optimizer step and replay it from then on (one launch instead of hundreds).
     /// Applies to one-GPU runs with the optimizer on the GPU; the others run eagerly.
     pub cuda_graphs: bool,
+    /// GPU ranks: how each GEMM shape's cuBLASLt algorithm is picked. `heuristic` (the
+    /// default): the heuristic's first, the same bits on every run. `timed`: the fastest
+    /// of the heuristic's first 8, timed at the shape's first call (faster where the
+    /// heuristic misjudges; near-ties may go either way, so two runs can differ in the
+    /// losses' last bits). The CPU reference has one way to multiply.
+    pub gemm_tuning: GemmTuning,
 }
 
 impl Default for TrainConfig {
@@ -116,6 +123,7 @@ impl Default for TrainConfig {
             eval_every: 0,
             eval_batches: 4,
             cuda_graphs: true,
+            gemm_tuning: GemmTuning::Heuristic,
         }
     }
 }
@@ -583,6 +591,15 @@ mod tests {
         assert_eq!(c.model.family, ModelFamily::Gpt2);
         let e = load_str(BASE, &["model.family=\"llama\""]).unwrap_err().to_string();
         assert!(e.contains("unknown model.family \"llama\"") && e.contains("\"gpt2\""), "{e}");
+    }
+
+    #[test]
+    fn gemm_tuning_takes_its_two_values_and_names_a_wrong_one() {
+        assert_eq!(load_str(BASE, &[]).expect("valid").train.gemm_tuning, GemmTuning::Heuristic);
+        let c = load_str(BASE, &["train.gemm_tuning=\"timed\""]).expect("valid");
+        assert_eq!(c.train.gemm_tuning, GemmTuning::Timed);
+        let e = load_str(BASE, &["train.gemm_tuning=\"fast\""]).unwrap_err().to_string();
+        assert!(e.contains("gemm_tuning") && e.contains("heuristic") && e.contains("timed"), "{e}");
     }
 
     /// Every config shipped in configs/ loads and validates.

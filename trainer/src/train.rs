@@ -1,7 +1,7 @@
 //! The training loop one rank runs: sample its part of the global batch, forward/backward
 //! every micro-step through the ZeRO engine, step the optimizer, report metrics.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, TunedGemm};
 use crate::checkpoint::hf::HfWeights;
 use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
@@ -103,6 +103,7 @@ impl<B: Backend> Trainer<B> {
             .build(be, &engine.layout, cfg.train.micro_batch, ckpt, &mut engine.ledger)
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
+        be.set_gemm_tuning(cfg.train.gemm_tuning);
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
         // The host optimizer's copies and waits between units cannot be recorded. Several
         // ranks run eagerly until the recording of their collectives (which the engine and
@@ -249,6 +250,9 @@ impl<B: Backend> Trainer<B> {
             eprintln!("profile: rank {rank} step {}: {}", self.step + 1, parts.join(", "));
         }
         let step_time_s = t0.elapsed().as_secs_f64();
+        if self.steps_here == 0 && rank == 0 {
+            report_gemm_tuning(&be.gemm_tuning_report(), profile);
+        }
         self.step += 1;
         self.steps_here += 1;
         let ev = tc.eval_every;
@@ -344,6 +348,29 @@ impl<B: Backend> Trainer<B> {
 
 /// The model's vocabulary must hold every token id in the training data (the launcher
 /// calls this before spawning ranks; `Trainer::new` calls it again on every rank).
+/// After the first step (every GEMM shape has run once): what `train.gemm_tuning =
+/// "timed"` picked, in one line, and per shape with `SHARDTRAIN_PROFILE`.
+fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
+    if tuned.is_empty() {
+        return;
+    }
+    let changed = tuned.iter().filter(|t| t.chosen != 0).count();
+    let (h, c) = tuned.iter().fold((0.0, 0.0), |(h, c), t| (h + t.heuristic_ms, c + t.chosen_ms));
+    eprintln!(
+        "rank 0: train.gemm_tuning = timed: {} GEMM shapes timed, {changed} run another cuBLASLt algorithm than \
+         the heuristic's first ({h:.3} -> {c:.3} ms for one call of each)",
+        tuned.len()
+    );
+    if per_shape {
+        for t in tuned {
+            eprintln!(
+                "  {}: candidate {} of {}, {:.4} -> {:.4} ms",
+                t.gemm, t.chosen, t.candidates, t.heuristic_ms, t.chosen_ms
+            );
+        }
+    }
+}
+
 pub fn check_data_fits(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
     let max_tok = dataset.max_token() as usize;
     if max_tok >= cfg.model.vocab_size {

@@ -5,11 +5,40 @@
 
 use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
 
+/// How a backend with a choice of GEMM algorithms picks one for each GEMM shape
+/// (`train.gemm_tuning`). The CPU reference has one way to multiply and nothing to pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmTuning {
+    /// cuBLASLt's heuristic's first choice: the same algorithm, so the same bits, on every run.
+    #[default]
+    Heuristic,
+    /// At each shape's first call, time the heuristic's first candidates on the call itself
+    /// and keep the fastest. Faster where the heuristic misjudges (it often does at GPT-2
+    /// shapes); but where two candidates are within the timing noise either may win, so the
+    /// last bits of the losses can differ between two runs of one config.
+    Timed,
+}
+
 /// A linear layer's weight `[oc, c]` and optional bias `[oc]` in a flat buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinearLocs {
     pub w: Loc,
     pub b: Option<Loc>,
+}
+
+/// One GEMM shape as timed tuning left it (`MatmulOps::gemm_tuning_report`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunedGemm {
+    /// Its shape, transposes, output type and epilogue.
+    pub gemm: String,
+    /// Candidates timed (the heuristic's first ones, in its order).
+    pub candidates: usize,
+    /// The one kept (0 = the heuristic's first).
+    pub chosen: usize,
+    /// Mean ms of one call with the heuristic's first, and with the one kept.
+    pub heuristic_ms: f64,
+    pub chosen_ms: f64,
 }
 
 /// `n` rows of `c` inputs to `oc` outputs.
@@ -35,6 +64,15 @@ impl<B: Device + ?Sized, L: Copy> WeightGrads<'_, B, L> {
 }
 
 pub trait MatmulOps: ActivationOps + MemoryOps {
+    /// How GEMM algorithms are picked from here on (shapes already planned keep theirs).
+    /// A backend with one way to multiply (the CPU) has nothing to pick.
+    fn set_gemm_tuning(&self, _tuning: GemmTuning) {}
+    /// What timed tuning picked so far, one line per GEMM shape; empty where nothing was
+    /// timed.
+    fn gemm_tuning_report(&self) -> Vec<TunedGemm> {
+        Vec::new()
+    }
+
     /// `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias)`.
     fn matmul_fwd(
         &self,

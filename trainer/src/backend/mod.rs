@@ -59,7 +59,7 @@ pub use cross_entropy::CrossEntropyOps;
 pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
-pub use matmul::{GeluInput, LinearLocs, MatShape, MatmulOps};
+pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, TunedGemm};
 pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;
 pub use transfer::{HostRead, HostValues, HostWait, HostWrite, TransferOps};

@@ -7,6 +7,10 @@
 //! tensor-core head size (64, 80, 96, 128), B×NH heads (default 4×16) of length T (default
 //! 1024), in TFLOP/s, the default kernels beside the mma.sync ones — the same shapes
 //! `scripts/sdpa_timing.py T B NH` times with PyTorch's SDPA.
+//!
+//! `gpu-timing gemm-algos [COUNT]`: the table, then every GEMM it ran timed again with each
+//! of cuBLASLt's first COUNT (default 8) heuristic algorithms: is the heuristic's first
+//! choice, the one the trainer uses, the fastest at these shapes?
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -24,6 +28,10 @@ fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
 struct Timer<'a> {
     be: &'a CudaBackend,
     rows: Vec<(String, f64, String)>,
+    /// `gemm-algos COUNT`: after each GEMM row, time cuBLASLt's first COUNT candidates.
+    algos: Option<usize>,
+    /// Per GEMM: (the heuristic's first, the fastest candidate) in ms.
+    algo_sums: Vec<(f64, f64)>,
 }
 
 impl Timer<'_> {
@@ -73,6 +81,28 @@ impl Timer<'_> {
     }
 }
 
+impl Timer<'_> {
+    /// With `gemm-algos`: every GEMM run since the last call (its buffers still live),
+    /// timed again with each of cuBLASLt's first candidates; #0 is the trainer's.
+    fn sweep(&mut self) {
+        let Some(count) = self.algos else { return };
+        match self.be.gemm_sweep(count, 20) {
+            Ok(rows) => {
+                for row in rows {
+                    println!("    GEMM {}", row.gemm);
+                    let fastest = row.candidates.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+                    for (i, (cfg, ms)) in row.candidates.iter().enumerate() {
+                        let mark = if *ms == fastest { " <- fastest" } else { "" };
+                        println!("      #{i} {ms:>8.4} ms {:>6.1} TFLOP/s  {cfg}{mark}", row.flop / (ms * 1e-3) / 1e12);
+                    }
+                    self.algo_sums.push((row.candidates.first().map_or(0.0, |c| c.1), fastest));
+                }
+            }
+            Err(e) => println!("    GEMM sweep failed: {e}"),
+        }
+    }
+}
+
 fn tflops(flop: f64) -> impl Fn(f64) -> String {
     move |ms| format!("{:>7.1} TFLOP/s", flop / (ms * 1e-3) / 1e12)
 }
@@ -102,7 +132,7 @@ fn fill_f32(be: &CudaBackend, buf: &mut CudaSlice<f32>, chunk: &[f32]) -> BResul
     Ok(())
 }
 
-fn timing(be: &CudaBackend) -> BResult<()> {
+fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     // GPT-2 124M by default; GPU_CHECK_SHAPE="B,T,C,NH,V" times another model (e.g. 1.5B: 8,1024,1600,25,50304).
     let shape: Vec<usize> = std::env::var("GPU_CHECK_SHAPE")
         .ok()
@@ -142,7 +172,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     let mut gtok = be.alloc_tokens(n, TokenRole::Inputs)?;
     be.upload_tokens(&toks, &mut gtok)?;
     let emb = EmbedLocs { wte: Loc::new(0, v * c), wpe: Loc::new(v * c, t * c) };
-    let mut tm = Timer { be, rows: Vec::new() };
+    let mut tm = Timer { be, rows: Vec::new(), algos, algo_sums: Vec::new() };
     let bc2 = (n * c * 2) as f64;
 
     tm.time("encoder_fwd", 3, 20, gbps(2.0 * bc2), || {
@@ -188,6 +218,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
         tm.time(&format!("matmul_fwd {name} ({cin}->{cout})"), 3, 20, tflops(flop), || {
             be.matmul_fwd(out, inp, Weights::new(&bparams, lin), ms)
         });
+        tm.sweep();
         total_fwd += tm.rows.last().map_or(0.0, |r| r.1);
         let dout: &CudaSlice<bf16> = match name {
             "qkv" => &qkv,
@@ -198,6 +229,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
         tm.time(&format!("matmul_bwd {name} ({cin}->{cout})"), 3, 20, tflops(2.0 * flop), || {
             be.matmul_bwd(&mut dinp, WeightGrads::new(&mut bgrads, lin), dout, inp, Weights::new(&bparams, lin), ms)
         });
+        tm.sweep();
         total_bwd += tm.rows.last().map_or(0.0, |r| r.1);
     }
     // The MLP with GELU fused into the GEMMs (compare with matmul fc + gelu_fwd, fc2 + gelu_bwd).
@@ -208,6 +240,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
         tm.time("matmul_gelu_fwd fc (fused epilogue)", 3, 20, tflops(flop), || {
             be.matmul_gelu_fwd(&mut pre, &mut y4, &x, Weights::new(&bparams, fc), MatShape { n, c, oc: 4 * c })
         });
+        tm.sweep();
         let fc2 = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, c)) };
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
@@ -222,6 +255,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
                 ms,
             )
         });
+        tm.sweep();
     }
     let mut att = newbuf(n * c, &chunk)?;
     let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
@@ -260,6 +294,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     tm.time(&format!("matmul_fwd lm head ({c}->{v})"), 2, 10, tflops(head_flop), || {
         be.matmul_fwd(&mut logits, &x, Weights::new(&eparams, head), MatShape { n, c, oc: v })
     });
+    tm.sweep();
     let t_hf = tm.rows.last().map_or(0.0, |r| r.1);
     let mut losses = be.alloc_f32(n, "")?;
 
@@ -278,6 +313,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
             MatShape { n, c, oc: v },
         )
     });
+    tm.sweep();
     let t_hb = tm.rows.last().map_or(0.0, |r| r.1);
     drop(logits);
     // The same head with the vocabulary padded to a multiple of 64 (as llm.c does): is
@@ -289,6 +325,7 @@ fn timing(be: &CudaBackend) -> BResult<()> {
         let headp = LinearLocs { w: Loc::new(0, vp * c), b: None };
         be.matmul_fwd(&mut logits_p, &x, Weights::new(&eparams_p, headp), MatShape { n, c, oc: vp })
     });
+    tm.sweep();
     drop((logits_p, eparams_p));
     // Parameters of the timed model (GPT-2 layout, vocab v, context t, `layers` blocks).
     let np = v * c + t * c + 2 * c + layers * (12 * c * c + 13 * c);
@@ -326,6 +363,10 @@ fn timing(be: &CudaBackend) -> BResult<()> {
     let t_block_f = 2.0 * t_lnf + total_fwd - fc_f + fused_f + t_att_f + 2.0 * t_res;
     let t_block_b = 2.0 * t_lnb + total_bwd - fc2_b + fused_b + t_gf + t_att_b;
     let step = layers as f64 * (t_block_f + t_block_b) + t_lnf + t_lnb + t_hf + t_ce + t_hb + t_adam + t_norm;
+    if tm.algos.is_some() {
+        let (first, best) = tm.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
+        println!("\nGEMMs above, once each: the heuristic's first choices {first:.3} ms, the fastest candidates {best:.3} ms");
+    }
     println!("\nEstimate from the table (one GPU, sum of op medians, no launch gaps): block fwd {t_block_f:.2} ms, block bwd {t_block_b:.2} ms,");
     println!(
         "step ({layers} layers, B={b}, T={t}, fwd+bwd+AdamW) {step:.1} ms = {:.0} tokens/s; attention is {:.0}% of it.",
@@ -353,7 +394,7 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize) -> BResult<
         let (qkv, mut out, dout, mut dqkv) = (fill(n * 3 * c)?, fill(n * c)?, fill(n * c)?, fill(n * 3 * c)?);
         let mut saved = be.alloc_f32(be.attention_saved_len(s), "timing")?;
         let flop = 2.0 * 2.0 * (b * nh * t * t * hs) as f64 / 2.0;
-        let mut tm = Timer { be, rows: Vec::new() };
+        let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
         for (imp, label) in [(AttentionImpl::TensorCore, ""), (AttentionImpl::MmaSync, " (mma.sync)")] {
             be.set_attention_impl(imp);
             tm.time(&format!("attention_fwd HS{hs}{label}"), 3, 20, tflops(flop), || {
@@ -389,7 +430,8 @@ fn main() -> ExitCode {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
             attention_timing(&be, arg(2, 1024), arg(3, 4), arg(4, 16))
         }
-        _ => timing(&be),
+        Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
+        _ => timing(&be, None),
     };
     match run {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,7 +9,7 @@
 //! Descriptors, layouts and the heuristic's algorithm are made once per shape and
 //! pointer alignment and cached (the heuristic query costs more than a small GEMM).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::size_of;
@@ -18,7 +18,16 @@ use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use cudarc::driver::CudaSlice;
 
-use crate::backend::{BResult, BackendError};
+use cudarc::driver::{result as dr, sys as dsys};
+
+use crate::backend::{BResult, BackendError, GemmTuning, TunedGemm};
+
+/// `GemmTuning::Timed`: how many of the heuristic's candidates to time. The eight cover
+/// the fastest at every GPT-2 shape `gpu-timing gemm-algos` measured on an H200.
+const TUNE_CANDIDATES: usize = 8;
+/// ... and how much faster than the heuristic's first another must be to replace it, so
+/// that a tie within the timing noise keeps the heuristic's (repeatable) choice.
+const TUNE_MARGIN: f64 = 0.01;
 
 fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
     BackendError::Device(format!("cuBLASLt {what}: {:?}", e.0))
@@ -89,6 +98,8 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// The GEMM this plan last ran (its pointers): what `Lt::sweep` times again.
+    last: Option<Gemm>,
 }
 
 impl Drop for Plan {
@@ -110,6 +121,9 @@ pub(super) struct Lt {
     workspace: CudaSlice<u8>,
     ws_ptr: u64,
     plans: RefCell<HashMap<Key, Plan>>,
+    tuning: Cell<GemmTuning>,
+    /// What timed tuning picked, per shape, in the order the shapes were first run.
+    tuned: RefCell<Vec<TunedGemm>>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread, one call at a time; `Lt` is
@@ -136,11 +150,91 @@ fn alignment(p: u64) -> u32 {
     a
 }
 
+/// One GEMM and the heuristic's candidates for it, timed (`Lt::sweep`).
+#[derive(Debug, Clone)]
+pub struct GemmSweep {
+    /// Its shape, transposes, output type and epilogue.
+    pub gemm: String,
+    /// 2·m·n·k.
+    pub flop: f64,
+    /// Per candidate, in the heuristic's order: its configuration and mean ms.
+    pub candidates: Vec<(String, f64)>,
+}
+
+/// A GEMM in words: its shape, transposes, output type, epilogue and beta.
+fn describe(key: &Key, g: &Gemm) -> String {
+    format!(
+        "m={} n={} k={} {}{} out={:?} bias={} act={:?} beta={}",
+        key.m,
+        key.n,
+        key.k,
+        if key.transa { 'T' } else { 'N' },
+        if key.transb { 'T' } else { 'N' },
+        key.out,
+        key.bias,
+        key.act,
+        g.beta
+    )
+}
+
+/// An algorithm's configuration as cuBLASLt reports it (ids of its tile, stages, cluster
+/// shape and so on; their meaning is in cublasLt.h's enums).
+fn algo_config(algo: &sys::cublasLtMatmulAlgo_t, workspace: usize, waves: f32) -> String {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let get = |attr: A, size: usize| -> i64 {
+        let mut v = 0u64;
+        let mut written = 0usize;
+        // SAFETY: `algo` is an initialised algorithm; `v` has room for `size` <= 8 bytes.
+        let st = unsafe {
+            sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut v as *mut u64 as *mut c_void, size, &mut written)
+        };
+        if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            match size {
+                2 => v as u16 as i64,
+                _ => v as u32 as i32 as i64,
+            }
+        } else {
+            -1
+        }
+    };
+    format!(
+        "id {} tile {} stages {} splitk {} red {} swizzle {} custom {} inner {} cluster {} ws {} KiB waves {:.2}",
+        get(A::CUBLASLT_ALGO_CONFIG_ID, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4),
+        get(A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2),
+        get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2),
+        workspace >> 10,
+        waves
+    )
+}
+
 impl Lt {
     /// `workspace` is the scratch cuBLASLt may use (32 MiB is NVIDIA's advice for Hopper).
     pub fn new(workspace: CudaSlice<u8>, ws_ptr: u64) -> BResult<Lt> {
         let handle = lt::create_handle().map_err(|e| lt_err("create handle", e))?;
-        Ok(Lt { handle, workspace, ws_ptr, plans: RefCell::new(HashMap::new()) })
+        Ok(Lt {
+            handle,
+            workspace,
+            ws_ptr,
+            plans: RefCell::new(HashMap::new()),
+            tuning: Cell::new(GemmTuning::Heuristic),
+            tuned: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// How shapes planned from here on pick their algorithm.
+    pub fn set_tuning(&self, t: GemmTuning) {
+        self.tuning.set(t);
+    }
+
+    /// What timed tuning picked so far.
+    pub fn tuned(&self) -> Vec<TunedGemm> {
+        self.tuned.borrow().clone()
     }
 
     /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).
@@ -192,8 +286,20 @@ impl Lt {
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let mut plan = self.plan(&key)?;
+                if self.tuning.get() == GemmTuning::Timed {
+                    self.tune(&mut plan, &key, g, stream)?;
+                }
+                e.insert(plan)
+            }
         };
+        plan.last = Some(*g);
+        self.run(plan, g, &plan.algo, stream)
+    }
+
+    /// Enqueue `g` with `algo` (one of `plan`'s algorithms).
+    fn run(&self, plan: &Plan, g: &Gemm, algo: &sys::cublasLtMatmulAlgo_t, stream: sys::cudaStream_t) -> BResult<()> {
         let alpha = 1.0f32;
         let beta = g.beta;
         // SAFETY: the plan's descriptors are live; the pointers address device buffers
@@ -231,7 +337,7 @@ impl Lt {
                 plan.d,
                 g.d as *mut c_void,
                 plan.d,
-                &plan.algo,
+                algo,
                 self.ws_ptr as *mut c_void,
                 self.workspace.len(),
                 stream,
@@ -246,6 +352,137 @@ impl Lt {
                 )
             })
         }
+    }
+
+    /// Every GEMM run since the last sweep, run again with each of the heuristic's first
+    /// `count` algorithms (one warm-up, then the mean of `reps` back-to-back runs): what
+    /// `gpu-timing gemm-algos` prints, to see whether the heuristic's first choice is the
+    /// fastest. Each GEMM reruns on the pointers it last ran on, which must still be live,
+    /// and its output (and a gradient it accumulates into) is overwritten: for timing
+    /// tools only.
+    pub fn sweep(&self, stream: sys::cudaStream_t, count: usize, reps: usize) -> BResult<Vec<GemmSweep>> {
+        let mut plans = self.plans.borrow_mut();
+        let mut keys: Vec<Key> = plans.iter().filter(|(_, p)| p.last.is_some()).map(|(k, _)| *k).collect();
+        keys.sort_by_key(|k| format!("{k:?}"));
+        let mut out = Vec::new();
+        for key in &keys {
+            let Some(plan) = plans.get_mut(key) else { continue };
+            let Some(g) = plan.last.take() else { continue };
+            let plan = &*plan;
+            let mut row = GemmSweep {
+                gemm: describe(key, &g),
+                flop: 2.0 * (key.m * key.n * key.k) as f64,
+                candidates: Vec::new(),
+            };
+            for cand in self.heuristics(plan, key, count)? {
+                let ms = self.time_algo(plan, &g, &cand.algo, stream, Some(reps), 1)?;
+                row.candidates.push((algo_config(&cand.algo, cand.workspaceSize, cand.wavesCount), ms));
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+
+    /// `GemmTuning::Timed`: time the heuristic's first candidates on `g` itself and keep
+    /// the fastest in `plan` (the heuristic's first unless another is `TUNE_MARGIN`
+    /// faster). A GEMM that reads D (beta ≠ 0 with C = D: a gradient accumulating) has D
+    /// copied to the host first and put back after, so the call that follows computes
+    /// from the same D as an untuned one; any other output is rewritten by that call. No
+    /// device memory is allocated. A stream being captured into a CUDA graph cannot be
+    /// timed: a shape first seen there keeps the heuristic's choice.
+    fn tune(&self, plan: &mut Plan, key: &Key, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
+        let cs = stream as dsys::CUstream;
+        let err =
+            |what: &str, e: cudarc::driver::DriverError| BackendError::Device(format!("GEMM tuning: {what}: {e}"));
+        // SAFETY: the stream is this backend's, live.
+        let status = unsafe { dr::stream::is_capturing(cs) }.map_err(|e| err("capture status", e))?;
+        if status != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(());
+        }
+        let cands = self.heuristics(plan, key, TUNE_CANDIDATES)?;
+        if cands.len() < 2 {
+            return Ok(());
+        }
+        let saved = if g.beta != 0.0 && g.c.is_none_or(|c| c == g.d) {
+            let elem = match key.out {
+                OutType::Bf16 => 2,
+                OutType::F32 => 4,
+            };
+            let mut host = vec![0u8; (key.ldd * (key.n - 1) + key.m) * elem];
+            // SAFETY: D spans these bytes (its layout: n columns of ldd, the last m long);
+            // the stream is synchronised before `host` is read or dropped.
+            unsafe {
+                dr::memcpy_dtoh_async(&mut host, g.d, cs).map_err(|e| err("saving D", e))?;
+                dr::stream::synchronize(cs).map_err(|e| err("saving D", e))?;
+            }
+            Some(host)
+        } else {
+            None
+        };
+        let mut times = Vec::with_capacity(cands.len());
+        for cand in &cands {
+            // A candidate cuBLASLt offers but then refuses to run is skipped.
+            times.push(self.time_algo(plan, g, &cand.algo, stream, None, 3).unwrap_or(f64::INFINITY));
+        }
+        if let Some(host) = saved {
+            // SAFETY: as above; the copy completes before `host` is dropped.
+            unsafe {
+                dr::memcpy_htod_async(g.d, &host, cs).map_err(|e| err("restoring D", e))?;
+                dr::stream::synchronize(cs).map_err(|e| err("restoring D", e))?;
+            }
+        }
+        let (fastest, t) = times.iter().enumerate().fold((0, times[0]), |b, (i, &t)| if t < b.1 { (i, t) } else { b });
+        let chosen = if t < times[0] * (1.0 - TUNE_MARGIN) { fastest } else { 0 };
+        plan.algo = cands[chosen].algo;
+        self.tuned.borrow_mut().push(TunedGemm {
+            gemm: describe(key, g),
+            candidates: cands.len(),
+            chosen,
+            heuristic_ms: times[0],
+            chosen_ms: times[chosen],
+        });
+        Ok(())
+    }
+
+    /// Mean ms of one run of `g` with `algo`: after one warm-up, the least over `rounds`
+    /// of the mean of `reps` back-to-back runs (`None`: as many as take about half a
+    /// millisecond, 1 to 50).
+    fn time_algo(
+        &self,
+        plan: &Plan,
+        g: &Gemm,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        stream: sys::cudaStream_t,
+        reps: Option<usize>,
+        rounds: usize,
+    ) -> BResult<f64> {
+        let cs = stream as dsys::CUstream;
+        let err = |e: cudarc::driver::DriverError| BackendError::Device(format!("GEMM timing event: {e}"));
+        let start = dr::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err)?;
+        let end = dr::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err)?;
+        // SAFETY: both events live until destroyed at the end; the stream is this
+        // backend's; elapsed times are read after `end` completed.
+        let timed = |n: usize| -> BResult<f64> {
+            unsafe {
+                dr::event::record(start, cs).map_err(err)?;
+                for _ in 0..n {
+                    self.run(plan, g, algo, stream)?;
+                }
+                dr::event::record(end, cs).map_err(err)?;
+                dr::event::synchronize(end).map_err(err)?;
+                Ok(dr::event::elapsed(start, end).map_err(err)? as f64 / n as f64)
+            }
+        };
+        let r = timed(1).and_then(|first| {
+            let n = reps.unwrap_or_else(|| ((0.5 / first.max(1e-4)).ceil() as usize).clamp(1, 50));
+            (0..rounds.max(1)).try_fold(f64::INFINITY, |best, _| Ok(best.min(timed(n)?)))
+        });
+        // SAFETY: created above, no longer recorded.
+        unsafe {
+            let _ = dr::event::destroy(start);
+            let _ = dr::event::destroy(end);
+        }
+        r
     }
 
     fn plan(&self, key: &Key) -> BResult<Plan> {
@@ -265,6 +502,7 @@ impl Lt {
             b: std::ptr::null_mut(),
             d: std::ptr::null_mut(),
             algo: unsafe { std::mem::zeroed() },
+            last: None,
         };
         plan.a =
             lt::create_matrix_layout(bf16, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;
@@ -274,9 +512,8 @@ impl Lt {
             .map_err(|e| lt_err("layout D", e))?;
         // cublasOperation_t as an int: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         let op = |t: bool| -> i32 { i32::from(t) };
-        let pref = lt::create_matmul_pref().map_err(|e| lt_err("create preference", e))?;
         // SAFETY: descriptors created above; every attribute value is the documented type.
-        let res = unsafe {
+        let r = unsafe {
             let set_desc = |attr, p: *const c_void, n: usize| lt::set_matmul_desc_attribute(plan.desc, attr, p, n);
             let ta = op(key.transa);
             let tb = op(key.transb);
@@ -332,15 +569,28 @@ impl Lt {
                     size_of::<sys::cudaDataType>(),
                 );
             }
+            r
+        };
+        r.map_err(|e| lt_err("set attributes", e))?;
+        let best = self.heuristics(&plan, key, 1)?;
+        plan.algo = best[0].algo;
+        Ok(plan)
+    }
+
+    /// The heuristic's first `count` algorithms for `plan` (at least one, or an error that
+    /// names the GEMM), best first.
+    fn heuristics(&self, plan: &Plan, key: &Key, count: usize) -> BResult<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
+        let pref = lt::create_matmul_pref().map_err(|e| lt_err("create preference", e))?;
+        // SAFETY: `pref` was created above and is destroyed once below; every attribute
+        // value is the documented type; the results array has room for `count`.
+        let res = unsafe {
             let ws = self.workspace.len() as u64;
             let set_pref = |attr, p: *const c_void, n: usize| lt::set_matmul_pref_attribute(pref, attr, p, n);
-            if r.is_ok() {
-                r = set_pref(
-                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &ws as *const u64 as *const c_void,
-                    size_of::<u64>(),
-                );
-            }
+            let mut r = set_pref(
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                size_of::<u64>(),
+            );
             let prefs = [
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -353,23 +603,41 @@ impl Lt {
                     r = set_pref(attr, &a as *const u32 as *const c_void, size_of::<u32>());
                 }
             }
-            let r = r.map_err(|e| lt_err("set attributes", e)).and_then(|_| {
-                lt::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref).map_err(
-                    |e| {
-                        lt_err(
-                            &format!(
-                                "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} act={:?} alignments={:?}",
-                                key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.act, key.align
-                            ),
-                            e,
-                        )
-                    },
+            let mut out = vec![std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>(); count];
+            let mut found = 0i32;
+            let r = r.and_then(|_| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.a,
+                    plan.b,
+                    plan.d,
+                    plan.d,
+                    pref,
+                    count as i32,
+                    out.as_mut_ptr(),
+                    &mut found,
                 )
+                .result()
             });
             let _ = lt::destroy_matmul_pref(pref);
-            r
+            match r {
+                Ok(()) if found > 0 => {
+                    out.truncate(found as usize);
+                    Ok(out)
+                }
+                Ok(()) => Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)),
+                Err(e) => Err(e),
+            }
         };
-        plan.algo = res?.algo;
-        Ok(plan)
+        res.map_err(|e| {
+            lt_err(
+                &format!(
+                    "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} act={:?} alignments={:?}",
+                    key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.act, key.align
+                ),
+                e,
+            )
+        })
     }
 }

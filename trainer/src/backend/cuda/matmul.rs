@@ -18,7 +18,7 @@ use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
-use crate::backend::{BResult, LinearLocs, Loc, MatShape, MatmulOps, WeightGrads, Weights};
+use crate::backend::{BResult, GemmTuning, LinearLocs, Loc, MatShape, MatmulOps, TunedGemm, WeightGrads, Weights};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "matmul",
@@ -332,6 +332,14 @@ impl CudaBackend {
 }
 
 impl MatmulOps for CudaBackend {
+    fn set_gemm_tuning(&self, tuning: GemmTuning) {
+        self.lt.set_tuning(tuning);
+    }
+
+    fn gemm_tuning_report(&self) -> Vec<TunedGemm> {
+        self.lt.tuned()
+    }
+
     fn matmul_fwd(
         &self,
         out: &mut Self::Buf,

@@ -38,6 +38,7 @@ mod staging;
 mod transfer;
 
 pub use attention::AttentionImpl;
+pub use cublaslt::GemmSweep;
 pub use kernels::compile_all;
 
 use std::cell::{Cell, RefCell};
@@ -221,6 +222,14 @@ impl CudaBackend {
     /// and save the same state, so forward and backward may even use different ones.
     pub fn set_attention_impl(&self, which: AttentionImpl) {
         self.attention.set(which);
+    }
+
+    /// Every GEMM this backend has run, timed again with each of cuBLASLt's first `count`
+    /// heuristic algorithms (see `cublaslt::Lt::sweep`: it overwrites their outputs, so
+    /// for timing tools only).
+    pub fn gemm_sweep(&self, count: usize, reps: usize) -> BResult<Vec<GemmSweep>> {
+        self.ctx.bind_to_thread().map_err(|e| BackendError::Device(format!("binding the context: {e}")))?;
+        self.lt.sweep(self.stream.cu_stream() as _, count, reps)
     }
 
     /// The attention kernels in use.
