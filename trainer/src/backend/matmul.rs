@@ -64,7 +64,7 @@ impl<B: Device + ?Sized, L: Copy> WeightGrads<'_, B, L> {
 }
 
 pub trait MatmulOps: ActivationOps + MemoryOps {
-    /// How GEMM algorithms are picked from here on (shapes already planned keep theirs).
+    /// How GEMM algorithms are picked from here on (shapes already run keep theirs).
     /// A backend with one way to multiply (the CPU) has nothing to pick.
     fn set_gemm_tuning(&self, _tuning: GemmTuning) {}
     /// What timed tuning picked so far, one line per GEMM shape; empty where nothing was

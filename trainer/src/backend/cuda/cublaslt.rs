@@ -100,6 +100,9 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
     /// The GEMM this plan last ran (its pointers): what `Lt::sweep` times again.
     last: Option<Gemm>,
+    /// Whether `algo` was settled by its first run (timed tuning happens there, not when
+    /// `Lt::supports` makes the plan: that has no buffers to time on).
+    settled: bool,
 }
 
 impl Drop for Plan {
@@ -227,7 +230,7 @@ impl Lt {
         })
     }
 
-    /// How shapes planned from here on pick their algorithm.
+    /// How shapes first run from here on pick their algorithm.
     pub fn set_tuning(&self, t: GemmTuning) {
         self.tuning.set(t);
     }
@@ -286,14 +289,14 @@ impl Lt {
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let mut plan = self.plan(&key)?;
-                if self.tuning.get() == GemmTuning::Timed {
-                    self.tune(&mut plan, &key, g, stream)?;
-                }
-                e.insert(plan)
-            }
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
         };
+        if !plan.settled {
+            if self.tuning.get() == GemmTuning::Timed {
+                self.tune(plan, &key, g, stream)?;
+            }
+            plan.settled = true;
+        }
         plan.last = Some(*g);
         self.run(plan, g, &plan.algo, stream)
     }
@@ -503,6 +506,7 @@ impl Lt {
             d: std::ptr::null_mut(),
             algo: unsafe { std::mem::zeroed() },
             last: None,
+            settled: false,
         };
         plan.a =
             lt::create_matrix_layout(bf16, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;
