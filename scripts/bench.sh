@@ -72,6 +72,8 @@ if [[ $WHAT == 7b ]]; then
     ours 7b-z3-ckpt configs/gpt-7b.toml 3 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"'
     ours 7b-z3-ckpt-keepattn configs/gpt-7b.toml 3 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"' \
         --set checkpointing.keep_attention=true
+    timed 7b-z3-ckpt-keepattn configs/gpt-7b.toml 3 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"' \
+        --set checkpointing.keep_attention=true
     ref ref-7b-fsdp-ckpt fsdp 32 4096 32 4 --ckpt
 fi
 
