@@ -15,6 +15,24 @@ use trainer::optim::Hyper;
 use trainer::zero::{Engine, EngineOptions};
 use trainer::TrainError;
 
+/// The GPT-2 these tests train: 2 layers, 2 heads of 64 (the tensor-core attention),
+/// sequences of 256.
+fn small_gpt(vocab_size: usize) -> ModelConfig {
+    ModelConfig { family: ModelFamily::Gpt2, n_layer: 2, n_head: 2, n_embd: 128, vocab_size, seq_len: 256 }
+}
+
+/// Every unit's initial values for `layout` from `seed` (what `Engine::new` asks for).
+fn gpt2_init(
+    layout: &ModelLayout,
+    seed: u64,
+) -> impl FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> {
+    let l = layout.clone();
+    move |u, r| Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
+}
+
+/// The optimizer step every test takes.
+const HYPER: Hyper = Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+
 fn dev(e: impl std::fmt::Display) -> trainer::backend::BackendError {
     trainer::backend::BackendError::Device(e.to_string())
 }
@@ -23,31 +41,17 @@ fn dev(e: impl std::fmt::Display) -> trainer::backend::BackendError {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn one_training_step_matches_the_cpu() {
     gpu::check(|be, rng, rep| {
-        let cfg = ModelConfig {
-            family: ModelFamily::Gpt2,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 128,
-            vocab_size: 1001,
-            seq_len: 256,
-        };
+        let cfg = small_gpt(1001);
         let (b, seed) = (4usize, 11u64);
         let n = b * cfg.seq_len;
         let layout = ModelLayout::new(&cfg);
         let inputs = rng.below(n, cfg.vocab_size as u32);
         let targets = rng.below(n, cfg.vocab_size as u32);
-        let h = Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
         let scale = Some(1.0 / n as f32);
-        let init = |l: &ModelLayout| {
-            let l = l.clone();
-            move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
-                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
-            }
-        };
         let ckpt = CheckpointingConfig::default();
 
         let CpuStep { loss: closs, grads: cgrads, params: cparams } =
-            cpu_step(&cfg, b, &mut init(&layout), &inputs, &targets, h)?;
+            cpu_step(&cfg, b, &mut gpt2_init(&layout, seed), &inputs, &targets)?;
 
         let id = nccl_unique_id().map_err(dev)?;
         let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
@@ -69,7 +73,8 @@ fn one_training_step_matches_the_cpu() {
                 }
             );
             let opts = EngineOptions::stage(stage);
-            let mut geng = Engine::new(be, layout.clone(), opts, 0, 1, Some(&mut init(&layout))).map_err(dev)?;
+            let mut geng =
+                Engine::new(be, layout.clone(), opts, 0, 1, Some(&mut gpt2_init(&layout, seed))).map_err(dev)?;
             let mut gm = cfg.family.build(be, &layout, b, &ckpt, &mut geng.ledger)?;
             geng.begin_step(be)?;
             let gloss =
@@ -86,7 +91,7 @@ fn one_training_step_matches_the_cpu() {
                     }
                 }
             }
-            geng.step(be, &mut gcomm, h, 1).map_err(dev)?;
+            geng.step(be, &mut gcomm, HYPER, 1).map_err(dev)?;
             for (u, cp) in cparams.iter().enumerate() {
                 let gp = geng.full_params_host(be, &mut gcomm, u).map_err(dev)?;
                 rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
@@ -96,8 +101,8 @@ fn one_training_step_matches_the_cpu() {
     });
 }
 
-/// The CPU reference of one micro-step and one AdamW step at ZeRO stage 0: the loss, each
-/// unit's gradient, each unit's parameters after the step.
+/// The CPU reference of one micro-step and one AdamW step (`HYPER`) at ZeRO stage 0: the
+/// loss, each unit's gradient, each unit's parameters after the step.
 type UnitInit<'a> = dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> + 'a;
 fn cpu_step(
     cfg: &ModelConfig,
@@ -105,7 +110,6 @@ fn cpu_step(
     init: &mut UnitInit<'_>,
     inputs: &[u32],
     targets: &[u32],
-    h: Hyper,
 ) -> Result<CpuStep, trainer::backend::BackendError> {
     let (cpu, layout) = (CpuBackend, ModelLayout::new(cfg));
     let scale = Some(1.0 / inputs.len() as f32);
@@ -116,7 +120,7 @@ fn cpu_step(
     let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, inputs, targets, scale).map_err(dev)?;
     let grads: Vec<Vec<f32>> =
         (0..eng.num_units()).map(|u| eng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(dev)?;
-    eng.step(&cpu, &mut comm, h, 1).map_err(dev)?;
+    eng.step(&cpu, &mut comm, HYPER, 1).map_err(dev)?;
     let params: Vec<Vec<f32>> = (0..eng.num_units())
         .map(|u| eng.full_params_host(&cpu, &mut comm, u))
         .collect::<Result<_, _>>()
@@ -139,34 +143,21 @@ struct CpuStep {
 fn timed_gemm_tuning_matches_the_cpu() {
     use trainer::backend::{GemmTuning, MatmulOps};
     gpu::check(|be, rng, rep| {
-        let cfg = ModelConfig {
-            family: ModelFamily::Gpt2,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 128,
-            vocab_size: 1024,
-            seq_len: 256,
-        };
+        let cfg = small_gpt(1024);
         let (b, seed) = (4usize, 7u64);
         let n = b * cfg.seq_len;
         let layout = ModelLayout::new(&cfg);
         let (inputs, targets) = (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32));
-        let h = Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
-        let init = |l: &ModelLayout| {
-            let l = l.clone();
-            move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
-                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
-            }
-        };
         let CpuStep { loss: closs, grads: cgrads, params: cparams } =
-            cpu_step(&cfg, b, &mut init(&layout), &inputs, &targets, h)?;
+            cpu_step(&cfg, b, &mut gpt2_init(&layout, seed), &inputs, &targets)?;
 
         be.set_gemm_tuning(GemmTuning::Timed);
         let tag = "model step, timed GEMM tuning (GPT L2 C128 V1024 T256 B4)";
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
         let mut eng =
-            Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init(&layout))).map_err(dev)?;
+            Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
+                .map_err(dev)?;
         let mut m = cfg.family.build(be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
         eng.begin_step(be)?;
         let scale = Some(1.0 / n as f32);
@@ -176,7 +167,7 @@ fn timed_gemm_tuning_matches_the_cpu() {
             let gg = eng.local_grads_host(be, u).map_err(dev)?;
             rep.cmp(tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
         }
-        eng.step(be, &mut comm, h, 1).map_err(dev)?;
+        eng.step(be, &mut comm, HYPER, 1).map_err(dev)?;
         for (u, cp) in cparams.iter().enumerate() {
             let gp = eng.full_params_host(be, &mut comm, u).map_err(dev)?;
             rep.cmp(tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
@@ -206,35 +197,28 @@ fn graph_replay_matches_eager_micro_steps() {
     use trainer::backend::GraphOps;
     use trainer::model::{run_micro, step_micro};
     gpu::check(|be, rng, rep| {
-        let cfg = ModelConfig {
-            family: ModelFamily::Gpt2,
-            n_layer: 2,
-            n_head: 2,
-            n_embd: 128,
-            vocab_size: 1024,
-            seq_len: 256,
-        };
+        let cfg = small_gpt(1024);
         let (b, seed) = (4usize, 5u64);
         let n = b * cfg.seq_len;
         let layout = ModelLayout::new(&cfg);
         let batches: Vec<(Vec<u32>, Vec<u32>)> =
             (0..4).map(|_| (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32))).collect();
         let scale = Some(1.0 / (4 * n) as f32);
-        let init = |l: &ModelLayout| {
-            let l = l.clone();
-            move |u: usize, r: std::ops::Range<usize>| -> Result<Vec<f32>, TrainError> {
-                Ok(ModelFamily::Gpt2.init_range(&l, u, seed, Default::default(), r))
-            }
-        };
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
         for stage in [0u8, 3] {
             let tag = format!("graph replay (GPT L2 C128 T256 B4) stage {stage}");
             let mut out: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
             for graphs in [false, true] {
-                let mut eng =
-                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init(&layout)))
-                        .map_err(dev)?;
+                let mut eng = Engine::new(
+                    be,
+                    layout.clone(),
+                    EngineOptions::stage(stage),
+                    0,
+                    1,
+                    Some(&mut gpt2_init(&layout, seed)),
+                )
+                .map_err(dev)?;
                 let mut m = cfg.family.build(be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
                 eng.begin_step(be)?;
                 eng.set_final_micro(false);
@@ -262,13 +246,7 @@ fn graph_replay_matches_eager_micro_steps() {
                     }
                 }
                 let loss = m.take_mean_loss(be)?;
-                eng.step(
-                    be,
-                    &mut comm,
-                    Hyper { lr: 1e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 },
-                    1,
-                )
-                .map_err(dev)?;
+                eng.step(be, &mut comm, HYPER, 1).map_err(dev)?;
                 let params: Vec<Vec<f32>> = (0..eng.num_units())
                     .map(|u| eng.full_params_host(be, &mut comm, u))
                     .collect::<Result<_, _>>()
