@@ -16,59 +16,44 @@ __device__ __forceinline__ float gelu_grad(float x) {
 }
 
 extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (aligned16(out) && aligned16(inp)) {
-        const long long nv = n / 8;
-        for (long long i = t0; i < nv; i += stride) {
+    grid_stride<8>(
+        n, aligned16(out) && aligned16(inp),
+        [&](long long i) {
             float x[8];
             unpack8(((const uint4*)inp)[i], x);
 #pragma unroll
             for (int k = 0; k < 8; ++k) x[k] = gelu_f(x[k]);
             ((uint4*)out)[i] = pack8(x);
-        }
-        done = nv * 8;
-    }
-    for (long long i = done + t0; i < n; i += stride) out[i] = f2bf(gelu_f(bf2f(inp[i])));
+        },
+        [&](long long i) { out[i] = f2bf(gelu_f(bf2f(inp[i]))); });
 }
 
 // dinp = gelu'(inp) * dout (overwrite).
 extern "C" __global__ void gelu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
-        const long long nv = n / 8;
-        for (long long i = t0; i < nv; i += stride) {
+    grid_stride<8>(
+        n, aligned16(dinp) && aligned16(inp) && aligned16(dout),
+        [&](long long i) {
             float x[8], g[8];
             unpack8(((const uint4*)inp)[i], x);
             unpack8(((const uint4*)dout)[i], g);
 #pragma unroll
             for (int k = 0; k < 8; ++k) x[k] = gelu_grad(x[k]) * g[k];
             ((uint4*)dinp)[i] = pack8(x);
-        }
-        done = nv * 8;
-    }
-    for (long long i = done + t0; i < n; i += stride) dinp[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(dout[i]));
+        },
+        [&](long long i) { dinp[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(dout[i])); });
 }
 
 // Residual connection out = a + b.
 extern "C" __global__ void residual_fwd(bf16_t* out, const bf16_t* a, const bf16_t* b, long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    long long done = 0;
-    if (aligned16(out) && aligned16(a) && aligned16(b)) {
-        const long long nv = n / 8;
-        for (long long i = t0; i < nv; i += stride) {
+    grid_stride<8>(
+        n, aligned16(out) && aligned16(a) && aligned16(b),
+        [&](long long i) {
             float x[8], y[8];
             unpack8(((const uint4*)a)[i], x);
             unpack8(((const uint4*)b)[i], y);
 #pragma unroll
             for (int k = 0; k < 8; ++k) x[k] += y[k];
             ((uint4*)out)[i] = pack8(x);
-        }
-        done = nv * 8;
-    }
-    for (long long i = done + t0; i < n; i += stride) out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
+        },
+        [&](long long i) { out[i] = f2bf(bf2f(a[i]) + bf2f(b[i])); });
 }

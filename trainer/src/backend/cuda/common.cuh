@@ -41,6 +41,22 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15) == 0; }
 
+// The element-wise kernels' grid-stride loop: when `vectors` (the pointers allow wide
+// accesses), `vec(i)` handles elements [V i, V i + V) for every whole vector, then `one(i)`
+// each element after them; otherwise `one(i)` handles every element.
+template <int V, class Vec, class One>
+__device__ __forceinline__ void grid_stride(long long n, bool vectors, Vec vec, One one) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long done = 0;
+    if (vectors) {
+        const long long nv = n / V;
+        for (long long i = t0; i < nv; i += stride) vec(i);
+        done = nv * V;
+    }
+    for (long long i = done + t0; i < n; i += stride) one(i);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
