@@ -56,12 +56,14 @@ refs() { # name layers embd heads batch extra...
 if [[ $WHAT == 124m || $WHAT == all ]]; then
     ours 124m-z1 configs/gpt2-124m.toml 1 16
     ours 124m-z3 configs/gpt2-124m.toml 3 16
+    timed 124m-z1 configs/gpt2-124m.toml 1 16
     timed 124m-z3 configs/gpt2-124m.toml 3 16
     refs 124m 12 768 12 16
     [[ $NGPU == 1 ]] || ref ref-124m-ddp ddp 12 768 12 16
 fi
 if [[ $WHAT == 1.5b || $WHAT == all ]]; then
     ours 1.5b-z1 configs/gpt2-1.5b.toml 1 8
+    timed 1.5b-z1 configs/gpt2-1.5b.toml 1 8
     ours 1.5b-z3 configs/gpt2-1.5b.toml 3 8
     timed 1.5b-z3 configs/gpt2-1.5b.toml 3 8
     ours 1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'

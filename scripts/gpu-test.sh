@@ -102,7 +102,11 @@ done
 python3 - "$OUT" <<'PY' || fail=1
 import json, sys
 load = lambda d: [json.loads(l) for l in open(f"{sys.argv[1]}/{d}/metrics.jsonl")]
-mem = lambda rows: json.dumps(rows[-1]["memory"], sort_keys=True)
+# The ledger: every tracked category, now and at the peak. The driver's figure beside it
+# also holds what CUDA keeps for an instantiated graph (reported, not compared).
+LEDGER = ("params", "grads", "optimizer", "activations", "comm", "workspace", "cached", "total", "peak", "peak_total")
+mem = lambda rows: json.dumps([{k: m[k] for k in LEDGER} for m in rows[-1]["memory"]], sort_keys=True)
+driver = lambda rows: rows[-1]["memory"][0]["device_used"] / 2**20
 tok = lambda rows: sum(r["tokens"] for r in rows[2:]) / sum(r["step_time_s"] for r in rows[2:])
 ok = True
 for v in ("z1", "z3-ckpt"):
@@ -111,7 +115,8 @@ for v in ("z1", "z3-ckpt"):
     same = len(eager) == 20 and all(a[k] == b[k] for a, b in zip(eager, graphs) for k in ("loss", "grad_norm"))
     same_mem = mem(eager) == mem(graphs)  # replay allocates nothing: the ledger is unchanged
     print(f"{v}: graphs vs eager over {len(eager)} steps: losses and norms {'bit-identical' if same else 'DIFFER'}, "
-          f"ledger {'unchanged' if same_mem else 'DIFFERS'}; tokens/s eager {tok(eager):.0f}, graphs {tok(graphs):.0f}")
+          f"ledger {'unchanged' if same_mem else 'DIFFERS'} (driver {driver(eager):.0f} / {driver(graphs):.0f} MiB); "
+          f"tokens/s eager {tok(eager):.0f}, graphs {tok(graphs):.0f}")
     if not same:
         print("  eager :", [r["loss"] for r in eager][:8]); print("  graphs:", [r["loss"] for r in graphs][:8])
     if not same_mem:

@@ -1,6 +1,6 @@
 //! Every op of the CUDA backend against the CPU reference, one test per op group, on
 //! fresh random inputs (outputs poisoned with NaN first, so an element the GPU never
-//! writes fails), forward and backward, at GPT-2 shapes and at odd ones; bit-for-bit
+//! writes fails; parameter gradients both added to and written over NaN), forward and backward, at GPT-2 shapes and at odd ones; bit-for-bit
 //! repeat checks of the backward ops; and one training step of a small GPT through the
 //! real engine and model on both backends.
 //!
@@ -41,21 +41,25 @@ fn encoder() {
             let mut out_g = poisoned_buf(be, n * c)?;
             be.encoder_fwd(&mut out_g, &gt, Weights::new(&gp, at), s)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&out_g, Loc::all(n * c))?, &out_c, TOL_BF16);
-            // backward: += into random gradients
+            // backward: += into random gradients, or written over NaN (fresh)
             let dout = rng.vec(n * c, 1.0);
-            let g0 = rng.vec(v * c + t * c, 0.1);
-            let mut gc = g0.clone();
-            cpu.encoder_bwd(WeightGrads::new(&mut gc, at), &dout, &toks, s)?;
             let dg = up_buf(be, &dout)?;
-            let run = || -> BResult<Vec<f32>> {
-                let mut gg = up_grad(be, &g0)?;
-                be.encoder_bwd(WeightGrads::new(&mut gg, at), &dg, &gt, s)?;
-                be.download_grad(&gg, Loc::all(g0.len()))
-            };
-            let got = run()?;
-            rep.cmp(&format!("{tag} bwd"), "dwte", &got[..v * c], &gc[..v * c], TOL_F32);
-            rep.cmp(&format!("{tag} bwd"), "dwpe", &got[v * c..], &gc[v * c..], TOL_F32);
-            rep.same_bits(&format!("{tag} bwd"), "repeat", &run()?, &got);
+            for fresh in [false, true] {
+                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+                let g0 = rng.vec(v * c + t * c, 0.1);
+                let mut gc = g0.clone();
+                cpu.encoder_bwd(WeightGrads { buf: &mut gc, at, fresh }, &dout, &toks, s)?;
+                let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
+                let run = || -> BResult<Vec<f32>> {
+                    let mut gg = up_grad(be, &gpu0)?;
+                    be.encoder_bwd(WeightGrads { buf: &mut gg, at, fresh }, &dg, &gt, s)?;
+                    be.download_grad(&gg, Loc::all(gpu0.len()))
+                };
+                let got = run()?;
+                rep.cmp(&tag, "dwte", &got[..v * c], &gc[..v * c], TOL_F32);
+                rep.cmp(&tag, "dwpe", &got[v * c..], &gc[v * c..], TOL_F32);
+                rep.same_bits(&tag, "repeat", &run()?, &got);
+            }
         }
         Ok(())
     });
@@ -113,27 +117,34 @@ fn layernorm() {
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * c))?, &oc, TOL_BF16);
             rep.cmp(&format!("{tag} fwd"), "mean", &be.download_f32(&mg, Loc::all(n))?, &mc, TOL_F32);
             rep.cmp(&format!("{tag} fwd"), "rstd", &be.download_f32(&rg, Loc::all(n))?, &rc, TOL_F32);
-            // backward: dinp +=, dw +=, db +=; both use the CPU's statistics
+            // backward: dinp +=, dw +=, db += (or dw, db written over NaN: fresh); both use
+            // the CPU's statistics
             let dout = rng.vec(n * c, 1.0);
             let dinp0 = rng.vec(n * c, 0.5);
-            let g0 = rng.vec(off + 2 * c, 0.1);
-            let (mut dic, mut gc) = (dinp0.clone(), g0.clone());
-            let saved = LnSaved { inp: &inp, mean: &mc, rstd: &rc };
-            cpu.layernorm_bwd(&mut dic, WeightGrads::new(&mut gc, at), &dout, saved, Weights::new(&params, at), r)?;
             let (gdo, gm, gr) = (up_buf(be, &dout)?, up_f32(be, &mc)?, up_f32(be, &rc)?);
-            let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
-                let mut dig = up_buf(be, &dinp0)?;
-                let mut gg = up_grad(be, &g0)?;
-                let saved = LnSaved { inp: &gi, mean: &gm, rstd: &gr };
-                be.layernorm_bwd(&mut dig, WeightGrads::new(&mut gg, at), &gdo, saved, Weights::new(&gp, at), r)?;
-                Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(g0.len()))?))
-            };
-            let (di1, g1) = run()?;
-            rep.cmp(&format!("{tag} bwd"), "dinp", &di1, &dic, TOL_BF16);
-            rep.cmp(&format!("{tag} bwd"), "dw", &g1[off..off + c], &gc[off..off + c], TOL_F32);
-            rep.cmp(&format!("{tag} bwd"), "db", &g1[off + c..], &gc[off + c..], TOL_F32);
-            let (di2, g2) = run()?;
-            rep.same_bits(&format!("{tag} bwd"), "repeat", &[di2, g2].concat(), &[di1, g1].concat());
+            for fresh in [false, true] {
+                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+                let g0 = rng.vec(off + 2 * c, 0.1);
+                let (mut dic, mut gc) = (dinp0.clone(), g0.clone());
+                let saved = LnSaved { inp: &inp, mean: &mc, rstd: &rc };
+                let wg = WeightGrads { buf: &mut gc, at, fresh };
+                cpu.layernorm_bwd(&mut dic, wg, &dout, saved, Weights::new(&params, at), r)?;
+                let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
+                let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
+                    let mut dig = up_buf(be, &dinp0)?;
+                    let mut gg = up_grad(be, &gpu0)?;
+                    let saved = LnSaved { inp: &gi, mean: &gm, rstd: &gr };
+                    let wg = WeightGrads { buf: &mut gg, at, fresh };
+                    be.layernorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r)?;
+                    Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(gpu0.len()))?))
+                };
+                let (di1, g1) = run()?;
+                rep.cmp(&tag, "dinp", &di1, &dic, TOL_BF16);
+                rep.cmp(&tag, "dw", &g1[off..off + c], &gc[off..off + c], TOL_F32);
+                rep.cmp(&tag, "db", &g1[off + c..], &gc[off + c..], TOL_F32);
+                let (di2, g2) = run()?;
+                rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
+            }
         }
         Ok(())
     });
@@ -180,24 +191,31 @@ fn matmul() {
             let got = be.download_buf(&outrg, Loc::all(n * oc))?;
             rep.cmp(&format!("{tag} fwd + residual"), "out", &got, &outrc, TOL_BF16);
             let dout = rng.vec(n * oc, 0.1);
-            let g0 = rng.vec(plen, 0.01);
-            let (mut dic, mut gc) = (vec![0.0; n * c], g0.clone());
-            cpu.matmul_bwd(&mut dic, WeightGrads::new(&mut gc, at), &dout, &inp, Weights::new(&params, at), s)?;
             let gdo = up_buf(be, &dout)?;
-            let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
-                let mut dig = poisoned_buf(be, n * c)?;
-                let mut gg = up_grad(be, &g0)?;
-                be.matmul_bwd(&mut dig, WeightGrads::new(&mut gg, at), &gdo, &gi, Weights::new(&gp, at), s)?;
-                Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
-            };
-            let (di1, g1) = run()?;
-            rep.cmp(&format!("{tag} bwd"), "dinp", &di1, &dic, TOL_BF16);
-            rep.cmp(&format!("{tag} bwd"), "dW", &g1[off..off + oc * c], &gc[off..off + oc * c], TOL_F32);
-            if bias {
-                rep.cmp(&format!("{tag} bwd"), "dbias", &g1[off + oc * c..], &gc[off + oc * c..], TOL_F32);
+            // dW, dbias += into random gradients, or written over NaN (fresh).
+            for fresh in [false, true] {
+                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+                let g0 = rng.vec(plen, 0.01);
+                let (mut dic, mut gc) = (vec![0.0; n * c], g0.clone());
+                let wg = WeightGrads { buf: &mut gc, at, fresh };
+                cpu.matmul_bwd(&mut dic, wg, &dout, &inp, Weights::new(&params, at), s)?;
+                let gpu0 = if fresh { vec![f32::NAN; plen] } else { g0 };
+                let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
+                    let mut dig = poisoned_buf(be, n * c)?;
+                    let mut gg = up_grad(be, &gpu0)?;
+                    let wg = WeightGrads { buf: &mut gg, at, fresh };
+                    be.matmul_bwd(&mut dig, wg, &gdo, &gi, Weights::new(&gp, at), s)?;
+                    Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
+                };
+                let (di1, g1) = run()?;
+                rep.cmp(&tag, "dinp", &di1, &dic, TOL_BF16);
+                rep.cmp(&tag, "dW", &g1[off..off + oc * c], &gc[off..off + oc * c], TOL_F32);
+                if bias {
+                    rep.cmp(&tag, "dbias", &g1[off + oc * c..], &gc[off + oc * c..], TOL_F32);
+                }
+                let (di2, g2) = run()?;
+                rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
             }
-            let (di2, g2) = run()?;
-            rep.same_bits(&format!("{tag} bwd"), "repeat", &[di2, g2].concat(), &[di1, g1].concat());
         }
         Ok(())
     });
@@ -230,26 +248,33 @@ fn matmul_gelu() {
             // The GPU holds GELU(pre) in bf16: give the reference the same input for dW.
             act.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
             let dout = rng.vec(n * oc, 0.1);
-            let g0 = rng.vec(plen, 0.01);
-            let (mut dpc, mut gc, mut actc2) = (vec![0.0; n * c], g0.clone(), act.clone());
-            let x = GeluInput { act: &mut actc2, pre: &pre };
             let s = MatShape { n, c, oc };
-            cpu.matmul_bwd_dgelu(&mut dpc, WeightGrads::new(&mut gc, at), &dout, x, Weights::new(&params, at), s)?;
             let (gdo, gpre) = (up_buf(be, &dout)?, up_buf(be, &pre)?);
-            let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
-                let mut dpg = poisoned_buf(be, n * c)?;
-                let mut gact = up_buf(be, &act)?;
-                let mut gg = up_grad(be, &g0)?;
-                let x = GeluInput { act: &mut gact, pre: &gpre };
-                be.matmul_bwd_dgelu(&mut dpg, WeightGrads::new(&mut gg, at), &gdo, x, Weights::new(&gp, at), s)?;
-                Ok((be.download_buf(&dpg, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
-            };
-            let (dp1, g1) = run()?;
-            rep.cmp(&format!("{tag} bwd"), "dpre", &dp1, &dpc, TOL_BF16);
-            rep.cmp(&format!("{tag} bwd"), "dW", &g1[..oc * c], &gc[..oc * c], TOL_F32);
-            rep.cmp(&format!("{tag} bwd"), "dbias", &g1[oc * c..], &gc[oc * c..], TOL_F32);
-            let (dp2, g2) = run()?;
-            rep.same_bits(&format!("{tag} bwd"), "repeat", &[dp2, g2].concat(), &[dp1, g1].concat());
+            // dW, dbias += into random gradients, or written over NaN (fresh).
+            for fresh in [false, true] {
+                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+                let g0 = rng.vec(plen, 0.01);
+                let (mut dpc, mut gc, mut actc2) = (vec![0.0; n * c], g0.clone(), act.clone());
+                let x = GeluInput { act: &mut actc2, pre: &pre };
+                let wg = WeightGrads { buf: &mut gc, at, fresh };
+                cpu.matmul_bwd_dgelu(&mut dpc, wg, &dout, x, Weights::new(&params, at), s)?;
+                let gpu0 = if fresh { vec![f32::NAN; plen] } else { g0 };
+                let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
+                    let mut dpg = poisoned_buf(be, n * c)?;
+                    let mut gact = up_buf(be, &act)?;
+                    let mut gg = up_grad(be, &gpu0)?;
+                    let x = GeluInput { act: &mut gact, pre: &gpre };
+                    let wg = WeightGrads { buf: &mut gg, at, fresh };
+                    be.matmul_bwd_dgelu(&mut dpg, wg, &gdo, x, Weights::new(&gp, at), s)?;
+                    Ok((be.download_buf(&dpg, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
+                };
+                let (dp1, g1) = run()?;
+                rep.cmp(&tag, "dpre", &dp1, &dpc, TOL_BF16);
+                rep.cmp(&tag, "dW", &g1[..oc * c], &gc[..oc * c], TOL_F32);
+                rep.cmp(&tag, "dbias", &g1[oc * c..], &gc[oc * c..], TOL_F32);
+                let (dp2, g2) = run()?;
+                rep.same_bits(&tag, "repeat", &[dp2, g2].concat(), &[dp1, g1].concat());
+            }
         }
         Ok(())
     });

@@ -63,6 +63,23 @@ fn stages_shard_model_state_as_zero_paper() {
     assert!((per_param[3] - 16.0 / 4.0).abs() < 0.3, "stage 3: {per_param:?}");
 }
 
+/// On one rank stage 1's shard is the whole gradient: it keeps the one full gradient
+/// buffer stage 0 keeps, not a second one (and the ledger of a real run agrees).
+#[test]
+fn one_rank_stage_1_keeps_one_gradient_buffer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let plan = |stage: u8| {
+        let cfg = Config::from_toml_str(&common::tiny_toml(stage, 2, "\"none\""), "test").expect("cfg");
+        let p = predict(&cfg, 1, 0, DeviceModel::cpu()).expect("predict");
+        assert_eq!(vec![p], measured(&cfg, 1, &data), "stage {stage}: predicted vs measured on one rank");
+        p
+    };
+    let (s0, s1) = (plan(0), plan(1));
+    assert_eq!(s1.current.grads, s0.current.grads, "stage 1 on one rank: {:?} vs stage 0 {:?}", s1.current, s0.current);
+    assert_eq!(s1.peak_total, s0.peak_total, "stage 1 on one rank: peak");
+}
+
 #[test]
 fn steady_state_steps_allocate_nothing_on_any_stage() {
     for stage in 0..=3u8 {

@@ -95,6 +95,85 @@ fn every_stage_matches_single_rank() {
     }
 }
 
+/// The step's first backward writes each unit's gradient instead of adding onto a cleared
+/// buffer: the same bits as clearing first (`Engine::set_clear_grads`), on every stage, one
+/// and two ranks, with and without accumulation, over several steps (an element the
+/// model failed to write would carry the last step's gradient into this one's update).
+#[test]
+fn written_gradients_match_cleared_ones() {
+    use trainer::model::{step_micro, ModelLayout};
+    use trainer::optim::Hyper;
+    use trainer::zero::{Engine, EngineOptions};
+    for (world, accum) in [(1usize, 1usize), (1, 2), (2, 1), (2, 3)] {
+        for stage in 0..4u8 {
+            let cfg = Config::from_toml_str(&common::tiny_toml(stage, accum, "\"none\""), "test").expect("config");
+            // Per run (written, cleared), per rank: losses, gradient norms, final parameters.
+            type Ranks = Vec<(Vec<f64>, Vec<f64>, Vec<Vec<f32>>)>;
+            let runs: Vec<Ranks> = [false, true]
+                .into_iter()
+                .map(|clear| {
+                    let cfg = cfg.clone();
+                    common::run_ranks(world, move |rank, mut comm| {
+                        let be = CpuBackend;
+                        let layout = ModelLayout::new(&cfg.model);
+                        let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
+                        let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
+                        let opts = EngineOptions::from_config(&cfg);
+                        let mut eng = Engine::new(&be, layout, opts, rank, world, Some(&mut init)).expect("engine");
+                        eng.set_clear_grads(clear);
+                        let mut model = family
+                            .build(&be, &eng.layout, cfg.train.micro_batch, &cfg.checkpointing, &mut eng.ledger)
+                            .expect("model");
+                        let n = cfg.train.micro_batch * cfg.model.seq_len;
+                        let dloss = 1.0 / (n * accum * world) as f32;
+                        let (mut losses, mut norms) = (vec![], vec![]);
+                        for step in 0..3 {
+                            eng.begin_step(&be).expect("begin");
+                            for micro in 0..accum {
+                                let tok = |i: usize| ((i * 7 + 13 * micro + 31 * step + 57 * rank) % 97) as u32;
+                                let inputs: Vec<u32> = (0..n).map(tok).collect();
+                                let targets: Vec<u32> = (0..n).map(|i| tok(i + 1)).collect();
+                                eng.set_final_micro(micro + 1 == accum);
+                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
+                                    .expect("micro");
+                            }
+                            let h = Hyper {
+                                lr: 1e-3,
+                                weight_decay: 0.1,
+                                beta1: 0.9,
+                                beta2: 0.95,
+                                eps: 1e-8,
+                                grad_clip: 0.0,
+                            };
+                            norms.push(eng.step(&be, &mut comm, h, step as u64 + 1).expect("step").grad_norm);
+                            losses.push(model.take_mean_loss(&be).expect("loss"));
+                        }
+                        let params: Result<Vec<Vec<f32>>, _> =
+                            (0..eng.num_units()).map(|i| eng.full_params_host(&be, &mut comm, i)).collect();
+                        (losses, norms, params.expect("params"))
+                    })
+                })
+                .collect();
+            assert_eq!(runs[0], runs[1], "world {world} stage {stage} accum {accum}: written vs cleared gradients");
+        }
+    }
+}
+
+/// One rank has nothing to shard: every stage computes stage 0's update, bit for bit
+/// (stage 1 there uses its full gradient as the shard; stages 2/3 accumulate into theirs).
+#[test]
+fn every_stage_on_one_rank_is_stage_0_bit_for_bit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let reference = run(1, 0, 2, "\"none\"", &data);
+    for stage in 1..=3u8 {
+        let got = run(1, stage, 2, "\"none\"", &data);
+        assert_eq!(got.losses, reference.losses, "stage {stage}: losses");
+        assert_eq!(got.norms, reference.norms, "stage {stage}: gradient norms");
+        assert_eq!(got.params, reference.params, "stage {stage}: parameters");
+    }
+}
+
 #[test]
 fn checkpointing_every_k_matches_none() {
     let dir = tempfile::tempdir().expect("tempdir");

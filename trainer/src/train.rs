@@ -197,7 +197,6 @@ impl<B: Backend> Trainer<B> {
         let n = tc.micro_batch * self.cfg.model.seq_len;
         // Mean over the global batch: every token's dloss is 1/(global tokens); reductions sum.
         let dloss_scale = 1.0 / (n * tc.grad_accum * world) as f32;
-        self.engine.begin_step(be)?;
         let mut phases: Vec<(&str, Instant)> = Vec::new();
         let profile = self.profile;
         let mut mark = |be: &B, name: &'static str| -> Result<(), TrainError> {
@@ -208,6 +207,8 @@ impl<B: Backend> Trainer<B> {
             Ok(())
         };
         mark(be, "start")?;
+        self.engine.begin_step(be)?;
+        mark(be, "zero gradients")?;
         for micro in 0..tc.grad_accum {
             collectives::progress::note_micro_step(micro);
             self.engine.set_final_micro(micro + 1 == tc.grad_accum);

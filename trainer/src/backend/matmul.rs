@@ -59,7 +59,7 @@ pub struct GeluInput<'a, B: Device + ?Sized> {
 impl<B: Device + ?Sized, L: Copy> WeightGrads<'_, B, L> {
     /// The same destination, borrowed again (to try a fused op, then fall back).
     pub fn reborrow(&mut self) -> WeightGrads<'_, B, L> {
-        WeightGrads { buf: &mut *self.buf, at: self.at }
+        WeightGrads { buf: &mut *self.buf, at: self.at, fresh: self.fresh }
     }
 }
 

@@ -22,7 +22,8 @@
 //! [`Loc`] (offset + length), the way llm.c addresses a flat parameter block. That keeps
 //! one parameter group = one buffer = one collective, and maps directly onto device
 //! pointers in the CUDA backend. A layer's tensors inside a flat buffer travel as
-//! [`Weights`] (parameters, read) and [`WeightGrads`] (their gradients, accumulated).
+//! [`Weights`] (parameters, read) and [`WeightGrads`] (their gradients, accumulated, or
+//! written where the step's first micro-step meets an uncleared buffer).
 //!
 //! Three buffer roles, so a backend can pick precision per role:
 //! - [`Device::Buf`]: compute precision — parameters as used by forward/backward and activations
@@ -33,8 +34,9 @@
 //!
 //! Conventions: `N = B*T` rows; matrices are row-major; a weight of a linear layer is
 //! `[out, in]` (PyTorch `nn.Linear` layout). Parameter-gradient outputs are *accumulated*
-//! (`+=`) so gradient accumulation is free; activation-gradient outputs are *overwritten*
-//! unless the doc says `+=`.
+//! (`+=`) so gradient accumulation is free, or written when [`WeightGrads::fresh`] (the
+//! step's first micro-step: no pass that clears 4 bytes per parameter first, no GEMM that
+//! reads them back); activation-gradient outputs are *overwritten* unless the doc says `+=`.
 
 pub mod activation;
 pub mod adamw;
@@ -174,16 +176,41 @@ impl<B: Device + ?Sized, L: Copy> Clone for Weights<'_, B, L> {
 }
 impl<B: Device + ?Sized, L: Copy> Copy for Weights<'_, B, L> {}
 
-/// Where a layer's parameter gradients accumulate: the tensors at `at` inside the flat
-/// gradient buffer `buf` (`+=`, see the module conventions).
+/// Where a layer's parameter gradients go: the tensors at `at` inside the flat gradient
+/// buffer `buf`. They are added to (`+=`, see the module conventions) unless `fresh`: then
+/// the tensors hold no gradient yet (nor zeros: the step's first micro-step into a buffer
+/// nobody cleared) and the op writes them (`=`), as `+=` onto zeros would, without the
+/// clearing pass and, for a GEMM, without reading the old values.
 pub struct WeightGrads<'a, B: Device + ?Sized, L> {
     pub buf: &'a mut B::Grad,
     pub at: L,
+    pub fresh: bool,
 }
 
 impl<'a, B: Device + ?Sized, L> WeightGrads<'a, B, L> {
+    /// Add to what `buf` holds at `at`.
     pub fn new(buf: &'a mut B::Grad, at: L) -> Self {
-        WeightGrads { buf, at }
+        WeightGrads { buf, at, fresh: false }
+    }
+}
+
+/// A unit's gradient buffer as one micro-step's backward receives it: `fresh` when nothing
+/// of this step is in it yet and it was not cleared, so the first op to reach each tensor
+/// writes it (see [`WeightGrads`]). The model must then write every element of the unit:
+/// an element no op writes would keep the last step's value.
+pub struct UnitGrads<'a, B: Device + ?Sized> {
+    pub buf: &'a mut B::Grad,
+    pub fresh: bool,
+}
+
+impl<B: Device + ?Sized> UnitGrads<'_, B> {
+    /// The tensors at `at`, for the first op that reaches them in this micro-step.
+    pub fn first<L>(&mut self, at: L) -> WeightGrads<'_, B, L> {
+        WeightGrads { buf: &mut *self.buf, at, fresh: self.fresh }
+    }
+    /// The tensors at `at`, which an earlier op of this micro-step already wrote.
+    pub fn again<L>(&mut self, at: L) -> WeightGrads<'_, B, L> {
+        WeightGrads { buf: &mut *self.buf, at, fresh: false }
     }
 }
 

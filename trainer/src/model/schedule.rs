@@ -6,7 +6,7 @@
 //! backward: head → blocks L..=1 → embedding, each unit's reduction started as soon as
 //! its gradient is complete.
 
-use crate::backend::{BResult, Backend};
+use crate::backend::{BResult, Backend, UnitGrads};
 use crate::model::ModelLayout;
 use crate::zero::{Engine, EngineComm};
 use crate::TrainError;
@@ -24,11 +24,14 @@ pub trait DecoderModel<B: Backend> {
     /// `dloss_scale = Some(s)` the logits are also replaced by their gradient times `s`.
     fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()>;
     /// The head's backward into the head unit's gradients; starts the residual gradient.
-    fn head_bwd(&mut self, be: &B, p: &B::Buf, g: &mut B::Grad) -> BResult<()>;
+    /// Each backward hook writes every element of its unit when `g.fresh` (the head and
+    /// the embedding together, where they share a unit), and adds to it otherwise.
+    fn head_bwd(&mut self, be: &B, p: &B::Buf, g: UnitGrads<'_, B>) -> BResult<()>;
     /// Block `layer` backward (recomputing its forward first if it is checkpointed).
-    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, g: &mut B::Grad) -> BResult<()>;
-    /// The embedding's backward into unit 0's gradients.
-    fn embed_bwd(&mut self, be: &B, g: &mut B::Grad) -> BResult<()>;
+    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, g: UnitGrads<'_, B>) -> BResult<()>;
+    /// The embedding's backward into unit 0's gradients (after `head_bwd` where the head
+    /// shares unit 0).
+    fn embed_bwd(&mut self, be: &B, g: UnitGrads<'_, B>) -> BResult<()>;
     /// Mean loss per token over the micro-steps since the last call (one device read).
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64>;
     /// A recording of [`run_micro`] was replayed: count its loss as `head_fwd` would have.

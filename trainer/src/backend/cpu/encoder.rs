@@ -56,6 +56,11 @@ impl EncoderOps for CpuBackend {
     ) -> BResult<()> {
         let SeqShape { b, t, c } = s;
         let (wte_g, wpe_g) = two_mut(g.buf, g.at.wte, g.at.wpe);
+        if g.fresh {
+            // Written, not added to: a scatter leaves the rows of absent tokens as they were.
+            wte_g.fill(0.0);
+            wpe_g.fill(0.0);
+        }
         encoder_backward(wte_g, wpe_g, &dout[..b * t * c], &tokens[..b * t], s);
         Ok(())
     }

@@ -87,6 +87,11 @@ impl LayerNormOps for CpuBackend {
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let (dw, db) = two_mut(g.buf, g.at.w, g.at.b);
+        if g.fresh {
+            // Written, not added to: `+=` onto zeros gives the same bits.
+            dw.fill(0.0);
+            db.fill(0.0);
+        }
         layernorm_backward(&mut dinp[..n * c], dw, db, &dout[..n * c], saved, at(p.buf, p.at.w), r);
         Ok(())
     }

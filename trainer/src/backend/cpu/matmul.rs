@@ -115,13 +115,18 @@ impl MatmulOps for CpuBackend {
         s: MatShape,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        let (dw, db) = match g.at.b {
+        let (dw, mut db) = match g.at.b {
             Some(b) => {
                 let (dw, db) = two_mut(g.buf, g.at.w, b);
                 (dw, Some(db))
             }
             None => (&mut g.buf[g.at.w.off..g.at.w.end()], None),
         };
+        if g.fresh {
+            // Written, not added to: `+=` onto zeros gives the same bits.
+            dw.fill(0.0);
+            db.iter_mut().for_each(|d| d.fill(0.0));
+        }
         matmul_backward(&mut dinp[..n * c], dw, db, &dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w), s);
         Ok(())
     }

@@ -78,6 +78,14 @@ impl EncoderOps for CudaBackend {
                 dwte.len, dwpe.len
             )));
         }
+        if g.fresh {
+            // A scatter leaves the rows of absent ids as they were: clear both tables first.
+            // SAFETY: both ranges checked above.
+            unsafe {
+                self.zero_f32(self.ptr_mut(grads, dwte.off), dwte.len)?;
+                self.zero_f32(self.ptr_mut(grads, dwpe.off), dwpe.len)?;
+            }
+        }
         if n == 0 {
             return Ok(());
         }

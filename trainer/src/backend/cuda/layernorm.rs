@@ -124,6 +124,14 @@ impl LayerNormOps for CudaBackend {
             return Err(bad(format!("layernorm_bwd: weight and gradients must have C = {c} elements")));
         }
         if n == 0 {
+            if g.fresh {
+                // No rows: a fresh dw / db is zero.
+                // SAFETY: both ranges checked above.
+                unsafe {
+                    self.zero_f32(self.ptr_mut(grads, dw.off), c)?;
+                    self.zero_f32(self.ptr_mut(grads, db.off), c)?;
+                }
+            }
             return Ok(());
         }
         let (dx, dy, x, wp, mp, rp) = (
@@ -134,7 +142,8 @@ impl LayerNormOps for CudaBackend {
             self.ptr(mean, 0),
             self.ptr(rstd, 0),
         );
-        let s = Split { dst0: self.ptr_mut(grads, dw.off), dst1: self.ptr_mut(grads, db.off), split: c };
+        let (dst0, dst1) = (self.ptr_mut(grads, dw.off), self.ptr_mut(grads, db.off));
+        let s = Split { dst0, dst1, split: c, overwrite: g.fresh };
         let aligned = c.is_multiple_of(8) && [dx, dy, x, wp].iter().all(|p| p.is_multiple_of(16));
         // Every variant writes partial dw/db rows of rows_per_part rows each, which
         // reduce_partials then adds in order.

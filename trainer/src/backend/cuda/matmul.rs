@@ -51,6 +51,8 @@ struct BwdPtrs {
     dinp: u64,
     dw: u64,
     dbias: Option<u64>,
+    /// Write dW and dbias instead of adding to them (`WeightGrads::fresh`).
+    fresh: bool,
     dout: u64,
     inp: u64,
     w: u64,
@@ -266,6 +268,7 @@ impl CudaBackend {
             dinp: self.ptr_mut(dinp, 0),
             dw: self.ptr_mut(grads, dw.off),
             dbias: dbias.map(|b| self.ptr_mut(grads, b.off)),
+            fresh: g.fresh,
             dout: self.ptr(dout, 0),
             inp: self.ptr(inp, 0),
             w: self.ptr(params, w.off),
@@ -277,10 +280,20 @@ impl CudaBackend {
     fn linear_bwd(&self, ptr: BwdPtrs, s: MatShape, dgelu_pre: Option<u64>) -> BResult<()> {
         let MatShape { n, c, oc } = s;
         if n == 0 || c == 0 {
+            // No rows or no inputs: nothing to add, but a fresh dW / dbias is zero.
+            if ptr.fresh {
+                // SAFETY: dw holds oc*c floats and dbias oc (checked by bwd_ptrs).
+                unsafe { self.zero_f32(ptr.dw, oc * c)? };
+                if let Some(db) = ptr.dbias {
+                    unsafe { self.zero_f32(db, oc)? };
+                }
+            }
             return Ok(());
         }
         self.bind()?;
         let stream = self.lt_stream();
+        // dW's GEMM adds to it (beta 1), or writes it without reading (beta 0) when fresh.
+        let dw_beta = if ptr.fresh { 0.0 } else { 1.0 };
         if oc == 0 {
             // dinp = dout·W with an empty inner dimension is zero.
             // SAFETY: dinp holds n*c bf16 (checked by bwd_ptrs).
@@ -308,12 +321,17 @@ impl CudaBackend {
                 let beta = if i == 0 { 0.0 } else { 1.0 };
                 self.lt.gemm(&dw_gemm(dwp, inp, tmp, chunk, ocp, beta), stream)?;
             }
-            // dW (oc rows of c, contiguous) += the first oc rows of the padded one.
-            // SAFETY: dw holds oc*c floats (checked by bwd_ptrs); dwp holds ocp*c >= oc*c.
-            unsafe { self.add_f32(ptr.dw, dwp, oc * c)? };
+            // dW (oc rows of c, contiguous) += (fresh: =) the first oc rows of the padded one.
+            if ptr.fresh {
+                // SAFETY: dw holds oc*c floats (checked by bwd_ptrs); dwp, scratch, ocp*c >= oc*c.
+                unsafe { self.copy_f32(ptr.dw, dwp, oc * c)? };
+            } else {
+                // SAFETY: dw holds oc*c floats (checked by bwd_ptrs); dwp holds ocp*c >= oc*c.
+                unsafe { self.add_f32(ptr.dw, dwp, oc * c)? };
+            }
         } else {
             self.lt.gemm(&dinp_gemm(ptr.dinp, ptr.dout, ptr.w, s, oc, dgelu_pre), stream)?;
-            self.lt.gemm(&dw_gemm(ptr.dw, ptr.inp, ptr.dout, s, oc, 1.0), stream)?;
+            self.lt.gemm(&dw_gemm(ptr.dw, ptr.inp, ptr.dout, s, oc, dw_beta), stream)?;
         }
         if let Some(db) = ptr.dbias {
             let nchunks = n.div_ceil(BIAS_ROWS_PER_CHUNK);
@@ -325,7 +343,8 @@ impl CudaBackend {
             // SAFETY: dout holds n*oc; partial holds nchunks*oc floats.
             unsafe { lb.launch(cfg((oc.div_ceil(64) as u32, nchunks as u32, 1), (64, 4, 1), 0)) }
                 .map_err(|e| self.launch_err("bias_grad_partial", e))?;
-            self.reduce_partials(Split { dst0: db, dst1: db, split: oc }, partial, nchunks, oc)?;
+            let split = Split { dst0: db, dst1: db, split: oc, overwrite: ptr.fresh };
+            self.reduce_partials(split, partial, nchunks, oc)?;
         }
         Ok(())
     }

@@ -31,6 +31,26 @@ impl CudaBackend {
         // SAFETY: forwarded from the caller.
         unsafe { self.launch_elementwise("add_f32", &[dst, src], n, PER_THREAD) }
     }
+
+    /// `dst[..n] = 0` on a raw pointer (a fresh gradient no row reached).
+    ///
+    /// # Safety
+    /// `dst` must address at least `n` floats.
+    pub(super) unsafe fn zero_f32(&self, dst: u64, n: usize) -> BResult<()> {
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { cudarc::driver::result::memset_d8_async(dst, 0, n * 4, self.stream.cu_stream()) };
+        r.map_err(|e| self.err("zeroing a gradient", e))
+    }
+
+    /// `dst[..n] = src[..n]` on raw pointers (the padded GEMM's fresh gradient).
+    ///
+    /// # Safety
+    /// Both pointers must address at least `n` floats, not overlapping.
+    pub(super) unsafe fn copy_f32(&self, dst: u64, src: u64, n: usize) -> BResult<()> {
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, n * 4, self.stream.cu_stream()) };
+        r.map_err(|e| self.err("copying a gradient", e))
+    }
 }
 
 impl MemoryOps for CudaBackend {

@@ -37,14 +37,15 @@ extern "C" __global__ void sum_finish(float* dst, const double* partial, int nb,
 // The ordered reduction of per-block partial column sums that keeps the column-sum
 // kernels (LayerNorm and bias gradients) deterministic.
 // partial is [nchunks, W]; for j < W: s = sum of column j over the chunks; j < split goes
-// to dst0[j] += s, the rest to dst1[j - split] += s.
+// to dst0[j] += s, the rest to dst1[j - split] += s (= s when overwrite != 0: a fresh
+// gradient, whose old contents are not read).
 // A block of 32 x RP_ROWS threads owns 32 columns: thread (x, y) sums chunks y, y + RP_ROWS,
 // ... of column x (a warp reads 128 contiguous bytes per chunk), then row y = 0 adds the
 // RP_ROWS sums in y order. RP_ROWS (reduce.rs) is a constant, not derived from the GPU: the
 // same order, and the same bits, on every GPU. (One thread per column, the earlier kernel,
 // left the LayerNorm backward's thousands of partial rows to a few SMs.)
 extern "C" __global__ void reduce_partials(float* dst0, float* dst1, int split, const float* partial,
-                                           int nchunks, int W) {
+                                           int nchunks, int W, int overwrite) {
     __shared__ float sh[RP_ROWS][33];
     const int j = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
@@ -58,7 +59,7 @@ extern "C" __global__ void reduce_partials(float* dst0, float* dst1, int split, 
         float t = 0.f;
 #pragma unroll
         for (int y = 0; y < RP_ROWS; ++y) t += sh[y][threadIdx.x];
-        if (j < split) dst0[j] += t;
-        else dst1[j - split] += t;
+        float* d = j < split ? dst0 + j : dst1 + (j - split);
+        *d = overwrite ? t : *d + t;
     }
 }

@@ -30,15 +30,19 @@ pub(super) struct Split {
     pub dst0: u64,
     pub dst1: u64,
     pub split: usize,
+    /// Write the sums instead of adding them (a fresh gradient, `WeightGrads::fresh`).
+    pub overwrite: bool,
 }
 
 impl CudaBackend {
-    /// `dst0[j] += Σ_k partial[k][j]` for `j < split`, `dst1[j - split] += ..` beyond.
+    /// `dst0[j] += Σ_k partial[k][j]` for `j < split`, `dst1[j - split] += ..` beyond (`=`
+    /// with `overwrite`).
     pub(super) fn reduce_partials(&self, s: Split, partial: u64, nchunks: usize, w: usize) -> BResult<()> {
         let f = self.f("reduce_partials")?;
         let (split, nchunks_i, w_i) = (to_i32("width", s.split)?, to_i32("chunks", nchunks)?, to_i32("width", w)?);
+        let overwrite = s.overwrite as i32;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&s.dst0).arg(&s.dst1).arg(&split).arg(&partial).arg(&nchunks_i).arg(&w_i);
+        lb.arg(&s.dst0).arg(&s.dst1).arg(&split).arg(&partial).arg(&nchunks_i).arg(&w_i).arg(&overwrite);
         // SAFETY: partial holds nchunks*w floats; dst0/dst1 hold split and w-split.
         unsafe { lb.launch(cfg((w.div_ceil(32) as u32, 1, 1), (32, RP_ROWS as u32, 1), 0)) }
             .map_err(|e| self.launch_err("reduce_partials", e))?;

@@ -10,7 +10,7 @@
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
     AttnShape, BResult, Backend, Device, F64Pair, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
-    TokenRole, WeightGrads, Weights,
+    TokenRole, UnitGrads, Weights,
 };
 use crate::config::{ActivationCheckpointing, CheckpointingConfig};
 use crate::model::schedule::DecoderModel;
@@ -285,26 +285,20 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         Ok(())
     }
 
-    fn head_bwd(&mut self, be: &B, p: &B::Buf, gr: &mut B::Grad) -> BResult<()> {
+    fn head_bwd(&mut self, be: &B, p: &B::Buf, mut gr: UnitGrads<'_, B>) -> BResult<()> {
         let r = self.rows();
         let (n, c, l) = (r.n, r.c, self.resid.len() - 1);
         let e = self.embed;
         // logits now hold dlogits.
         let s = MatShape { n, c, oc: self.vocab };
-        be.matmul_bwd(
-            &mut self.g.dln,
-            WeightGrads::new(gr, e.head),
-            &self.logits,
-            &self.lnf,
-            Weights::new(p, e.head),
-            s,
-        )?;
+        // The head is wte: written here first, the embedding's backward adds to it.
+        be.matmul_bwd(&mut self.g.dln, gr.first(e.head), &self.logits, &self.lnf, Weights::new(p, e.head), s)?;
         be.zero_buf(&mut self.g.dres, Loc::all(n * c))?;
         let saved = self.lnf_stats.saved(&self.resid[l]);
-        be.layernorm_bwd(&mut self.g.dres, WeightGrads::new(gr, e.ln_f), &self.g.dln, saved, Weights::new(p, e.ln_f), r)
+        be.layernorm_bwd(&mut self.g.dres, gr.first(e.ln_f), &self.g.dln, saved, Weights::new(p, e.ln_f), r)
     }
 
-    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: &mut B::Grad) -> BResult<()> {
+    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
         let blk = Block { be, p, k: &self.block, s: self.shape };
         let acts = &mut self.acts[slot];
@@ -321,9 +315,13 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         r
     }
 
-    fn embed_bwd(&mut self, be: &B, gr: &mut B::Grad) -> BResult<()> {
+    fn embed_bwd(&mut self, be: &B, mut gr: UnitGrads<'_, B>) -> BResult<()> {
         let s = SeqShape { b: self.shape.b, t: self.shape.t, c: self.shape.c };
-        be.encoder_bwd(WeightGrads::new(gr, self.embed.tokens), &self.g.dres, &self.tokens, s)
+        // head_bwd wrote wte (the tied head) already; wpe is this op's alone.
+        if gr.fresh {
+            be.zero_grad(&mut *gr.buf, self.embed.tokens.wpe)?;
+        }
+        be.encoder_bwd(gr.again(self.embed.tokens), &self.g.dres, &self.tokens, s)
     }
 
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
@@ -374,7 +372,9 @@ impl<B: Backend> Block<'_, B> {
     }
 
     /// Backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x).
-    fn backward(&self, gr: &mut B::Grad, x: &B::Buf, a: &BlockActs<B>, g: &mut GradScratch<B>) -> BResult<()> {
+    /// Every tensor of the block is reached by exactly one op, which writes it when `gr` is
+    /// fresh.
+    fn backward(&self, mut gr: UnitGrads<'_, B>, x: &B::Buf, a: &BlockActs<B>, g: &mut GradScratch<B>) -> BResult<()> {
         let (be, k, s) = (self.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
@@ -382,19 +382,19 @@ impl<B: Backend> Block<'_, B> {
         be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
         let gelu = GeluInput { act: &mut g.dbig2, pre: &a.fch };
         let fc2 = MatShape { n, c: 4 * c, oc: c };
-        be.matmul_bwd_dgelu(&mut g.dbig1, WeightGrads::new(gr, k.fc2), &g.dres, gelu, self.w(k.fc2), fc2)?;
+        be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(k.fc2), &g.dres, gelu, self.w(k.fc2), fc2)?;
         let fc = MatShape { n, c, oc: 4 * c };
-        be.matmul_bwd(&mut g.dln, WeightGrads::new(gr, k.fc), &g.dbig1, &a.ln2, self.w(k.fc), fc)?;
+        be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(k.fc), fc)?;
         // dres += through ln2 (the residual branch already carries dres itself)
         let saved = a.ln2_stats.saved(&a.resid2);
-        be.layernorm_bwd(&mut g.dres, WeightGrads::new(gr, k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
+        be.layernorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
         // attention
         let proj = MatShape { n, c, oc: c };
-        be.matmul_bwd(&mut g.dln, WeightGrads::new(gr, k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
+        be.matmul_bwd(&mut g.dln, gr.first(k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
         be.attention_bwd(&mut g.dqkv, &g.dln, &a.qkv, &a.atty, &a.att_saved, s)?;
         let qkv = MatShape { n, c, oc: 3 * c };
-        be.matmul_bwd(&mut g.dln, WeightGrads::new(gr, k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
+        be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = a.ln1_stats.saved(x);
-        be.layernorm_bwd(&mut g.dres, WeightGrads::new(gr, k.ln1), &g.dln, saved, self.w(k.ln1), r)
+        be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r)
     }
 }
