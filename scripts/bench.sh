@@ -58,6 +58,7 @@ if [[ $WHAT == 124m || $WHAT == all ]]; then
     ours 124m-z3 configs/gpt2-124m.toml 3 16
     timed 124m-z1 configs/gpt2-124m.toml 1 16
     timed 124m-z3 configs/gpt2-124m.toml 3 16
+    timed 124m-z1-keepgelu configs/gpt2-124m.toml 1 16 --set checkpointing.keep_gelu=true
     refs 124m 12 768 12 16
     [[ $NGPU == 1 ]] || ref ref-124m-ddp ddp 12 768 12 16
 fi
@@ -66,6 +67,8 @@ if [[ $WHAT == 1.5b || $WHAT == all ]]; then
     timed 1.5b-z1 configs/gpt2-1.5b.toml 1 8
     ours 1.5b-z3 configs/gpt2-1.5b.toml 3 8
     timed 1.5b-z3 configs/gpt2-1.5b.toml 3 8
+    timed 1.5b-z1-keepgelu configs/gpt2-1.5b.toml 1 8 --set checkpointing.keep_gelu=true
+    timed 1.5b-z3-keepgelu configs/gpt2-1.5b.toml 3 8 --set checkpointing.keep_gelu=true
     ours 1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
     refs 1.5b 48 1600 25 8
     [[ $NGPU == 1 ]] || ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt

@@ -3,7 +3,7 @@
 //! the way the ZeRO paper says.
 
 mod common;
-use common::KEEP_ATTENTION;
+use common::{KEEP_ATTENTION, KEEP_GELU};
 
 use trainer::backend::cpu::CpuBackend;
 use trainer::train::Trainer;
@@ -24,7 +24,7 @@ fn prediction_equals_measured_ledger_on_every_stage() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
     for stage in 0..=3u8 {
-        for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION] {
+        for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION, KEEP_GELU] {
             let cfg = Config::from_toml_str(&common::tiny_toml(stage, 2, act), "test").expect("cfg");
             let got = measured(&cfg, 2, &data);
             for (rank, m) in got.iter().enumerate() {
@@ -83,7 +83,7 @@ fn one_rank_stage_1_keeps_one_gradient_buffer() {
 #[test]
 fn steady_state_steps_allocate_nothing_on_any_stage() {
     for stage in 0..=3u8 {
-        for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION] {
+        for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION, KEEP_GELU] {
             let cfg = Config::from_toml_str(&common::tiny_toml(stage, 2, act), "test").expect("cfg");
             let (_, allocs) = trainer::zero::plan::dry_run(&cfg, 3, 1, DeviceModel::cuda(), 3).expect("dry run");
             assert_eq!(allocs[0], allocs[2], "stage {stage} {act}: buffers allocated after step 1: {allocs:?}");
@@ -170,4 +170,19 @@ fn keeping_the_attention_costs_its_output_per_checkpointed_block() {
     // plus the attention's saved state.
     let outputs = 2 * (2 * 16 * 36 * 2) as u64;
     assert!(kept >= every + outputs && kept < none, "none {none}, every layer {every}, attention kept {kept}");
+}
+
+/// `keep_gelu` costs exactly each non-checkpointed block's GELU output (4·C bf16 values per
+/// token), and nothing where the block is checkpointed.
+#[test]
+fn keeping_the_gelu_output_costs_it_per_block_not_checkpointed() {
+    let act = |a: &str| {
+        let cfg = Config::from_toml_str(&common::tiny_toml(1, 1, a), "test").expect("cfg");
+        predict(&cfg, 1, 0, DeviceModel::cuda()).expect("predict").current.activations
+    };
+    // tiny_toml: 2 blocks, micro-batch 2 x 16 tokens, C = 36.
+    let gelu = (2 * 16 * 4 * 36 * 2) as u64;
+    assert_eq!(act(KEEP_GELU), act("\"none\"") + 2 * gelu, "both blocks keep theirs");
+    // Every second block checkpointed: block 0 is, block 1 keeps its GELU output.
+    assert_eq!(act("2\nkeep_gelu = true"), act("2") + gelu, "only the block not checkpointed");
 }

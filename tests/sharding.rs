@@ -4,7 +4,7 @@
 //! parameters after N steps within 1e-5 absolute (observed differences are ~1e-7).
 
 mod common;
-use common::KEEP_ATTENTION;
+use common::{KEEP_ATTENTION, KEEP_GELU};
 
 use trainer::backend::cpu::CpuBackend;
 use trainer::train::Trainer;
@@ -180,8 +180,8 @@ fn checkpointing_every_k_matches_none() {
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
     let a = run(1, 0, 1, "\"none\"", &data);
     // Same arithmetic on the same ranks: recomputation is bit-identical, with the
-    // attention recomputed or kept.
-    for act in ["2", "2\nkeep_attention = true", KEEP_ATTENTION] {
+    // attention or the GELU output recomputed or kept.
+    for act in ["2", "2\nkeep_attention = true", KEEP_ATTENTION, KEEP_GELU, "2\nkeep_gelu = true"] {
         let b = run(1, 0, 1, act, &data);
         assert_eq!(a.losses, b.losses, "{act}");
         assert_eq!(a.params, b.params, "{act}");

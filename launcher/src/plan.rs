@@ -265,8 +265,13 @@ fn measured_workload(m: &Measured) -> (Workload, Cluster) {
     let (n_layer, n_head, n_embd, vocab_size, seq_len) = m.model;
     let mc = ModelConfig { family: Default::default(), n_layer, n_head, n_embd, vocab_size, seq_len };
     let activations = if m.checkpointed { ActivationCheckpointing::EveryLayer } else { ActivationCheckpointing::None };
-    let mut w =
-        Workload::new(&mc, m.micro_batch, 1, m.stage, &CheckpointingConfig { activations, keep_attention: false });
+    let mut w = Workload::new(
+        &mc,
+        m.micro_batch,
+        1,
+        m.stage,
+        &CheckpointingConfig { activations, ..CheckpointingConfig::default() },
+    );
     if m.full_recompute {
         w.recompute_c2 = 12.0;
     }
@@ -547,8 +552,11 @@ mod tests {
         // 124M: 6·N + 12·L·T·C per token.
         let expect = 6.0 * (w.params - 1024 * 768) as f64 + 12.0 * 12.0 * 1024.0 * 768.0;
         assert_eq!(w.flops_per_token(), expect);
-        let every =
-            |keep_attention| CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, keep_attention };
+        let every = |keep_attention| CheckpointingConfig {
+            activations: ActivationCheckpointing::EveryLayer,
+            keep_attention,
+            keep_gelu: false,
+        };
         let ckpt = Workload::new(&m, 16, 1, 1, &every(false));
         let extra = ckpt.flops_per_token() / w.flops_per_token();
         assert!(extra > 1.15 && extra < 1.2, "recomputing every block's forward up to the GELU: {extra}");

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 /// world size we test, so every unit needs padding and shards are uneven.
 /// `tiny_toml`'s `activations` for every block checkpointed with its attention kept.
 pub const KEEP_ATTENTION: &str = "\"every_layer\"\nkeep_attention = true";
+/// No block checkpointed, each keeping its GELU output (`checkpointing.keep_gelu`).
+pub const KEEP_GELU: &str = "\"none\"\nkeep_gelu = true";
 
 pub fn tiny_toml(stage: u8, world_accum: usize, activations: &str) -> String {
     format!(

@@ -221,11 +221,15 @@ pub struct CheckpointingConfig {
     /// (C + n_head/2 values per token per block, about 1/4 of a block's full activations),
     /// so their recompute skips the attention forward.
     pub keep_attention: bool,
+    /// Blocks that are not checkpointed also keep their MLP's GELU output (4·C values per
+    /// token per block), so their backward does not recompute it for the second MLP
+    /// GEMM's weight gradient (checkpointed blocks reuse their recompute's anyway).
+    pub keep_gelu: bool,
 }
 
 impl Default for CheckpointingConfig {
     fn default() -> Self {
-        CheckpointingConfig { activations: ActivationCheckpointing::None, keep_attention: false }
+        CheckpointingConfig { activations: ActivationCheckpointing::None, keep_attention: false, keep_gelu: false }
     }
 }
 
@@ -478,6 +482,15 @@ impl Config {
                  set checkpointing.activations (\"every_layer\" or k) or drop keep_attention",
             ));
         }
+        let ckpt = self.checkpointing.activations;
+        if self.checkpointing.keep_gelu && (0..self.model.n_layer).all(|l| ckpt.is_checkpointed(l)) {
+            return Err(bad(
+                "checkpointing.keep_gelu",
+                true,
+                "applies to blocks that are not checkpointed, and every block is (their recompute gives \
+                 the GELU output to the backward anyway); checkpoint fewer blocks or drop keep_gelu",
+            ));
+        }
         if self.offload.params && self.zero.stage != 3 {
             return Err(bad(
                 "offload.params",
@@ -651,6 +664,12 @@ mod tests {
         let e = load_str(BASE, &["checkpointing.keep_attention=true"]).unwrap_err().to_string();
         assert!(e.contains("checkpointing.keep_attention") && e.contains("checkpointing.activations"), "{e}");
         load_str(BASE, &["checkpointing.keep_attention=true", "checkpointing.activations=2"]).expect("valid");
+        let e = load_str(BASE, &["checkpointing.keep_gelu=true", "checkpointing.activations=\"every_layer\""])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("checkpointing.keep_gelu") && e.contains("every block is"), "{e}");
+        load_str(BASE, &["checkpointing.keep_gelu=true", "checkpointing.activations=2"]).expect("valid");
+        load_str(BASE, &["checkpointing.keep_gelu=true"]).expect("valid");
         let c = load_str(BASE, &["checkpointing.activations=2"]).expect("valid");
         assert_eq!(c.checkpointing.activations, ActivationCheckpointing::Every(2));
         let e = load_str(BASE, &["zero.stage"]).unwrap_err().to_string();

@@ -5,7 +5,9 @@
 //! checkpointing a block keeps only its input (the residual stream entering it, which is
 //! always kept) — and with `checkpointing.keep_attention` its attention output and softmax
 //! state — and its forward is recomputed into a shared set before its backward, up to the
-//! MLP's GELU (see `Pass`).
+//! MLP's GELU (see `Pass`). The GELU output, the second MLP GEMM's input, is recomputed
+//! by the backward from the pre-activation unless (`checkpointing.keep_gelu`) the block
+//! kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
@@ -42,9 +44,11 @@ struct BlockActs<B: Device> {
     resid2: B::Buf,
     ln2: B::Buf,
     ln2_stats: NormStats<B>,
-    /// MLP hidden pre-activation. GELU(fch) is not saved: backward recomputes it
-    /// (one cheap element-wise pass) to save 4·C values per token per layer.
+    /// MLP hidden pre-activation. GELU(fch) is not saved by default: backward recomputes it
+    /// (one element-wise pass) to save 4·C values per token per layer.
     fch: B::Buf,
+    /// GELU(fch) as the forward made it (`checkpointing.keep_gelu`, blocks not checkpointed).
+    gelu: Option<B::Buf>,
 }
 
 /// A checkpointed block's attention output and softmax state, kept from its forward
@@ -181,7 +185,9 @@ impl<B: Backend> Gpt2<B> {
         }
         let saved_len = be.attention_saved_len(shape);
         let mut acts = Vec::with_capacity(n_sets);
-        for _ in 0..n_sets {
+        // The last set is the checkpointed blocks' shared one when any block is checkpointed.
+        let shared = (0..l).any(|layer| ckpt.is_checkpointed(layer));
+        for set in 0..n_sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
                 ledger.alloc(Category::Activations, len * sz.buf);
                 be.alloc_buf(len, what)
@@ -192,6 +198,8 @@ impl<B: Backend> Gpt2<B> {
             let resid2 = bb(n * c, "residual")?;
             let ln2 = bb(n * c, "ln2")?;
             let fch = bb(n * 4 * c, "mlp hidden")?;
+            let keep_gelu = ckpt_cfg.keep_gelu && !(shared && set + 1 == n_sets);
+            let gelu = if keep_gelu { Some(bb(n * 4 * c, "kept gelu output")?) } else { None };
             let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
                 ledger.alloc(Category::Activations, len * sz.f32);
                 be.alloc_f32(len, what)
@@ -206,6 +214,7 @@ impl<B: Backend> Gpt2<B> {
                 ln2,
                 ln2_stats: NormStats { mean: ff(n, "ln2 mean")?, rstd: ff(n, "ln2 rstd")? },
                 fch,
+                gelu,
             });
         }
         let mut kept = Vec::with_capacity(l);
@@ -364,23 +373,39 @@ impl<B: Backend> Block<'_, B> {
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
-        be.matmul_gelu_fwd(&mut a.fch, &mut sc.gelu_out, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
+        let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
+        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
         let Pass::Full(out) = pass else { return Ok(()) };
         let fc2 = MatShape { n, c: 4 * c, oc: c };
-        be.matmul_residual_fwd(out, &a.resid2, &sc.gelu_out, self.w(k.fc2), fc2, &mut sc.tmp)?;
+        let gelu = a.gelu.as_ref().unwrap_or(&sc.gelu_out);
+        be.matmul_residual_fwd(out, &a.resid2, gelu, self.w(k.fc2), fc2, &mut sc.tmp)?;
         Ok(())
     }
 
     /// Backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x).
     /// Every tensor of the block is reached by exactly one op, which writes it when `gr` is
     /// fresh.
-    fn backward(&self, mut gr: UnitGrads<'_, B>, x: &B::Buf, a: &BlockActs<B>, g: &mut GradScratch<B>) -> BResult<()> {
+    fn backward(
+        &self,
+        mut gr: UnitGrads<'_, B>,
+        x: &B::Buf,
+        a: &mut BlockActs<B>,
+        g: &mut GradScratch<B>,
+    ) -> BResult<()> {
         let (be, k, s) = (self.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
-        // MLP: recompute GELU(fch) into dbig2 (not saved in forward), then backprop through fc2 and GELU.
-        be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
-        let gelu = GeluInput { act: &mut g.dbig2, pre: &a.fch };
+        // MLP: GELU(fch), kept, or else recomputed into dbig2 (always with the element-wise
+        // kernel, never from a recompute's GEMM epilogue, so that checkpointing does not
+        // change the bits); then backprop through fc2 and GELU (which may overwrite it).
+        let act = match a.gelu.as_mut() {
+            Some(kept) => kept,
+            None => {
+                be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
+                &mut g.dbig2
+            }
+        };
+        let gelu = GeluInput { act, pre: &a.fch };
         let fc2 = MatShape { n, c: 4 * c, oc: c };
         be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(k.fc2), &g.dres, gelu, self.w(k.fc2), fc2)?;
         let fc = MatShape { n, c, oc: 4 * c };
