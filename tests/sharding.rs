@@ -95,15 +95,49 @@ fn every_stage_matches_single_rank() {
     }
 }
 
+/// The engine and model one rank of a hand-driven test steps (what `Trainer::new` builds,
+/// without the data and the loop).
+fn engine_and_model(
+    cfg: &Config,
+    rank: usize,
+    world: usize,
+) -> (trainer::zero::Engine<CpuBackend>, Box<dyn trainer::model::DecoderModel<CpuBackend>>) {
+    use trainer::model::ModelLayout;
+    use trainer::zero::{Engine, EngineOptions};
+    let layout = ModelLayout::new(&cfg.model);
+    let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
+    let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
+    let opts = EngineOptions::from_config(cfg);
+    let mut eng = Engine::new(&CpuBackend, layout, opts, rank, world, Some(&mut init)).expect("engine");
+    let model = family
+        .build(&CpuBackend, &eng.layout, cfg.train.micro_batch, &cfg.checkpointing, &mut eng.ledger)
+        .expect("model");
+    (eng, model)
+}
+
+/// `n` input and target ids of a hand-driven test, different on every rank, micro-step
+/// and step.
+fn hand_batch(n: usize, step: usize, micro: usize, rank: usize) -> (Vec<u32>, Vec<u32>) {
+    let tok = |i: usize| ((i * 7 + 13 * micro + 31 * step + 57 * rank) % 97) as u32;
+    ((0..n).map(tok).collect(), (0..n).map(|i| tok(i + 1)).collect())
+}
+
+/// Every unit's full parameters, as rank 0 sees them after a hand-driven run.
+fn all_params<C: trainer::zero::EngineComm<CpuBackend>>(
+    eng: &mut trainer::zero::Engine<CpuBackend>,
+    comm: &mut C,
+) -> Vec<Vec<f32>> {
+    (0..eng.num_units()).map(|i| eng.full_params_host(&CpuBackend, comm, i).expect("params")).collect()
+}
+
 /// The step's first backward writes each unit's gradient instead of adding onto a cleared
 /// buffer: the same bits as clearing first (`Engine::set_clear_grads`), on every stage, one
 /// and two ranks, with and without accumulation, over several steps (an element the
 /// model failed to write would carry the last step's gradient into this one's update).
 #[test]
 fn written_gradients_match_cleared_ones() {
-    use trainer::model::{step_micro, ModelLayout};
+    use trainer::model::step_micro;
     use trainer::optim::Hyper;
-    use trainer::zero::{Engine, EngineOptions};
     for (world, accum) in [(1usize, 1usize), (1, 2), (2, 1), (2, 3)] {
         for stage in 0..4u8 {
             let cfg = Config::from_toml_str(&common::tiny_toml(stage, accum, "\"none\""), "test").expect("config");
@@ -115,24 +149,15 @@ fn written_gradients_match_cleared_ones() {
                     let cfg = cfg.clone();
                     common::run_ranks(world, move |rank, mut comm| {
                         let be = CpuBackend;
-                        let layout = ModelLayout::new(&cfg.model);
-                        let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
-                        let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
-                        let opts = EngineOptions::from_config(&cfg);
-                        let mut eng = Engine::new(&be, layout, opts, rank, world, Some(&mut init)).expect("engine");
+                        let (mut eng, mut model) = engine_and_model(&cfg, rank, world);
                         eng.set_clear_grads(clear);
-                        let mut model = family
-                            .build(&be, &eng.layout, cfg.train.micro_batch, &cfg.checkpointing, &mut eng.ledger)
-                            .expect("model");
                         let n = cfg.train.micro_batch * cfg.model.seq_len;
                         let dloss = 1.0 / (n * accum * world) as f32;
                         let (mut losses, mut norms) = (vec![], vec![]);
                         for step in 0..3 {
                             eng.begin_step(&be).expect("begin");
                             for micro in 0..accum {
-                                let tok = |i: usize| ((i * 7 + 13 * micro + 31 * step + 57 * rank) % 97) as u32;
-                                let inputs: Vec<u32> = (0..n).map(tok).collect();
-                                let targets: Vec<u32> = (0..n).map(|i| tok(i + 1)).collect();
+                                let (inputs, targets) = hand_batch(n, step, micro, rank);
                                 eng.set_final_micro(micro + 1 == accum);
                                 step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
                                     .expect("micro");
@@ -148,9 +173,7 @@ fn written_gradients_match_cleared_ones() {
                             norms.push(eng.step(&be, &mut comm, h, step as u64 + 1).expect("step").grad_norm);
                             losses.push(model.take_mean_loss(&be).expect("loss"));
                         }
-                        let params: Result<Vec<Vec<f32>>, _> =
-                            (0..eng.num_units()).map(|i| eng.full_params_host(&be, &mut comm, i)).collect();
-                        (losses, norms, params.expect("params"))
+                        (losses, norms, all_params(&mut eng, &mut comm))
                     })
                 })
                 .collect();
@@ -314,9 +337,8 @@ fn delayed_update_is_the_same_schedule_on_every_stage_and_world() {
 #[test]
 fn recorded_micro_steps_compute_what_eager_ones_do() {
     use std::collections::HashMap;
-    use trainer::model::{run_micro, step_micro, ModelLayout};
+    use trainer::model::{run_micro, step_micro};
     use trainer::optim::Hyper;
-    use trainer::zero::{Engine, EngineOptions};
     let (world, accum, steps) = (2usize, 3usize, 3usize);
     for stage in 0..4u8 {
         let cfg = Config::from_toml_str(&common::tiny_toml(stage, accum, "\"none\""), "test").expect("config");
@@ -328,14 +350,7 @@ fn recorded_micro_steps_compute_what_eager_ones_do() {
                 let cfg = cfg.clone();
                 common::run_ranks(world, move |rank, mut comm| {
                     let be = CpuBackend;
-                    let layout = ModelLayout::new(&cfg.model);
-                    let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
-                    let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
-                    let opts = EngineOptions::from_config(&cfg);
-                    let mut eng = Engine::new(&be, layout, opts, rank, world, Some(&mut init)).expect("engine");
-                    let mut model = family
-                        .build(&be, &eng.layout, cfg.train.micro_batch, &cfg.checkpointing, &mut eng.ledger)
-                        .expect("model");
+                    let (mut eng, mut model) = engine_and_model(&cfg, rank, world);
                     let n = cfg.train.micro_batch * cfg.model.seq_len;
                     let dloss = 1.0 / (n * accum * world) as f32;
                     let mut states = HashMap::new();
@@ -343,10 +358,7 @@ fn recorded_micro_steps_compute_what_eager_ones_do() {
                     for step in 0..steps {
                         eng.begin_step(&be).expect("begin");
                         for micro in 0..accum {
-                            // A different batch on every rank, micro-step and step.
-                            let tok = |i: usize| ((i * 7 + 13 * micro + 31 * step + 57 * rank) % 97) as u32;
-                            let inputs: Vec<u32> = (0..n).map(tok).collect();
-                            let targets: Vec<u32> = (0..n).map(|i| tok(i + 1)).collect();
+                            let (inputs, targets) = hand_batch(n, step, micro, rank);
                             let (first, last) = (micro == 0, micro + 1 == accum);
                             if !recorded {
                                 eng.set_final_micro(last);
@@ -370,9 +382,7 @@ fn recorded_micro_steps_compute_what_eager_ones_do() {
                         losses.push(model.take_mean_loss(&be).expect("loss"));
                     }
                     assert_eq!(states.len(), if recorded { 3 } else { 0 }, "first, middle and last kinds");
-                    let params: Result<Vec<Vec<f32>>, _> =
-                        (0..eng.num_units()).map(|i| eng.full_params_host(&be, &mut comm, i)).collect();
-                    (losses, params.expect("params"))
+                    (losses, all_params(&mut eng, &mut comm))
                 })
             })
             .collect();

@@ -140,11 +140,17 @@ impl<B: Backend> Unit<B> {
     /// Where the optimizer reads this unit's reduced gradient and writes its rounded update.
     fn update(&mut self, policy: Policy, rank: usize) -> UnitUpdate<'_, B> {
         let Unit { grads, grad_shard, params, param_shard, shard, .. } = self;
-        // Stage 1 on one rank keeps no shard: the full gradient is already the reduced one.
-        let g = if policy.shard_optimizer { grad_shard.as_ref().or(grads.as_ref()) } else { grads.as_ref() };
-        let grads = g.expect("the reduced gradient of the elements this rank owns");
+        let grads = reduced_grads(grads, grad_shard, policy);
         UnitUpdate { grads, params: update_target(params, param_shard, policy, rank * *shard), upload: None }
     }
+}
+
+/// A unit's reduced gradient over the elements this rank owns: the shard where the
+/// optimizer is sharded, except stage 1 on one rank, which keeps none (the full gradient
+/// is already the reduced one); the full gradient on stage 0.
+fn reduced_grads<'a, T>(grads: &'a Option<T>, grad_shard: &'a Option<T>, policy: Policy) -> &'a T {
+    let g = if policy.shard_optimizer { grad_shard.as_ref().or(grads.as_ref()) } else { grads.as_ref() };
+    g.expect("the reduced gradient of the elements this rank owns")
 }
 
 /// Where a unit's rounded update goes: stage 0-2 into their piece of the full compute copy
@@ -429,11 +435,11 @@ impl<B: Backend> Engine<B> {
 
     /// What decides the work a micro-step queues besides the buffers it uses, i.e. which
     /// CUDA-graph recording a micro-step can replay (`first`/`last`: the step's first and
-    /// last micro-step). One rank: the same work every micro-step (the reduction waits for
-    /// `step`). Several: a step's first reduce-scatter of a unit overwrites its shard (stage
-    /// 2/3) and the last micro-step reduces during backward (all stages).
+    /// last micro-step). Every rank count: the first micro-step writes the gradients, later
+    /// ones add to them (and, on several ranks, a step's first reduce-scatter of a unit
+    /// overwrites its shard, stage 2/3). Several ranks only: the last micro-step reduces
+    /// during backward (one rank's reduction waits for `step`).
     pub fn micro_key(&self, first: bool, last: bool) -> MicroKey {
-        // The first micro-step writes the gradients, later ones add to them.
         MicroKey { first, last: last && self.world > 1 }
     }
 
@@ -730,15 +736,14 @@ impl<B: Backend> Engine<B> {
         // 2. Global norm of the reduced gradient (padding is zero and adds nothing): every
         // unit's sum of squares into its device slot, then one download.
         for (i, u) in self.units.iter().enumerate() {
-            let (g, at) = if !policy.shard_optimizer {
-                (u.grads.as_ref().expect("stage 0 grads"), Loc::all(u.numel))
+            let at = if !policy.shard_optimizer {
+                Loc::all(u.numel)
             } else {
                 let lo = (rank * u.shard).min(u.numel);
                 let hi = ((rank + 1) * u.shard).min(u.numel);
-                let g = u.grad_shard.as_ref().or(u.grads.as_ref());
-                (g.expect("a reduced gradient (its shard, or stage 1's full one on one rank)"), Loc::new(0, hi - lo))
+                Loc::new(0, hi - lo)
             };
-            be.grad_sumsq_into(g, at, &mut self.norm_slots, i)?;
+            be.grad_sumsq_into(reduced_grads(&u.grads, &u.grad_shard, policy), at, &mut self.norm_slots, i)?;
         }
         let slots = be.download_f32(&self.norm_slots, Loc::all(2 * self.units.len()))?;
         let mut sumsq: f64 = F64Pair::all(&slots).sum();
