@@ -73,7 +73,8 @@ fn layernorm() {
         // Every backward path at two parameter offsets: 5 (unaligned weights: the general
         // kernel) and 8 (16-byte aligned: the fast kernel, every instance — J = 1 with 1..4
         // warps up to C = 1024, J = 2 with 4, 8, 12, 16 warps up to 8192 — with ragged last
-        // chunks (1600), blocks of 8 and 32 rows (N = 9000) and a ragged last block); and
+        // chunks (1600), blocks of 8 and 32 rows (N = 9000) and a ragged last block of an odd
+        // row count, which the fast kernel's row pairs end with a single row); and
         // C % 8 != 0 (100), which only the general kernel takes.
         let shapes = [
             (256usize, 768usize),

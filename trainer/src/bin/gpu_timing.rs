@@ -11,6 +11,9 @@
 //! `gpu-timing gemm-algos [COUNT]`: the table, then every GEMM it ran timed again with each
 //! of cuBLASLt's first COUNT (default 8) heuristic algorithms: is the heuristic's first
 //! choice, the one the trainer uses, the fastest at these shapes?
+//!
+//! `gpu-timing layernorm`: the LayerNorm forward and backward alone at the three models'
+//! row shapes, for before/after comparisons of those kernels.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -409,6 +412,45 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize) -> BResult<
     Ok(())
 }
 
+/// `gpu-timing layernorm`: the LayerNorm forward and backward alone at the three models'
+/// row shapes (124M 16x1024 x 768, 1.5B 8x1024 x 1600, 6.65B 4x1024 x 4096), for quick
+/// before/after comparisons of those kernels (the backward includes its partial-sum reduction).
+fn layernorm_timing(be: &CudaBackend) -> BResult<()> {
+    let chunk = randn(1, 1 << 22, 1.0);
+    let small = randn(2, 1 << 22, 0.02);
+    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    for (n, c) in [(16384usize, 768usize), (8192, 1600), (4096, 4096)] {
+        println!("\nLayerNorm at N={n} C={c} (median of event-timed repeats)");
+        let newbuf = |len: usize, ch: &[f32]| -> BResult<CudaSlice<bf16>> {
+            let mut x = be.alloc_buf(len, "timing")?;
+            fill_buf(be, &mut x, ch)?;
+            Ok(x)
+        };
+        let (x, mut y, mut dres) = (newbuf(n * c, &chunk)?, newbuf(n * c, &chunk)?, newbuf(n * c, &chunk)?);
+        let params = newbuf(2 * c, &small)?;
+        let mut grads = be.alloc_grad(2 * c, "timing")?;
+        let (mut mean, mut rstd) = (be.alloc_f32(n, "")?, be.alloc_f32(n, "")?);
+        let ln = NormLocs { w: Loc::new(0, c), b: Loc::new(c, c) };
+        let bc2 = (n * c * 2) as f64;
+        tm.time("layernorm_fwd", 3, 50, gbps(2.0 * bc2), || {
+            let stats = LnStats { mean: &mut mean, rstd: &mut rstd };
+            be.layernorm_fwd(&mut y, stats, &x, Weights::new(&params, ln), Rows { n, c })
+        });
+        tm.time("layernorm_bwd", 3, 50, gbps(4.0 * bc2), || {
+            let saved = LnSaved { inp: &x, mean: &mean, rstd: &rstd };
+            be.layernorm_bwd(
+                &mut dres,
+                WeightGrads::new(&mut grads, ln),
+                &y,
+                saved,
+                Weights::new(&params, ln),
+                Rows { n, c },
+            )
+        });
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let t0 = Instant::now();
     let be = match CudaBackend::new(0) {
@@ -430,6 +472,7 @@ fn main() -> ExitCode {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
             attention_timing(&be, arg(2, 1024), arg(3, 4), arg(4, 16))
         }
+        Some("layernorm") => layernorm_timing(&be),
         Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
         _ => timing(&be, None),
     };

@@ -451,12 +451,6 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // Bytes of dynamic shared memory this launch got.
 __device__ __forceinline__ unsigned dyn_smem_bytes() {
     unsigned r;
@@ -585,11 +579,6 @@ __device__ __forceinline__ void load_row64_async(float* dst, const float* v, int
                  "r"(ok ? 4 : 0));
 }
 
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-// Wait until at most one committed group (the newest) is still in flight.
-__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;"); }
-__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;"); }
-
 // acc[j] (16 x HS, NT n-tiles) += P (16 x 64, C-layout fp32 registers) * Z, Z a [64 k][LD] tile.
 template <int HS>
 __device__ __forceinline__ void mma_pz(float acc[][4], const float P[8][4], const bf16_t* Z) {
@@ -640,7 +629,7 @@ __device__ __forceinline__ void next_kv_tile(bf16_t* Kn, bf16_t* Vn, const bf16_
         load_tile16_async<HS>(Vn, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
     }
     cp_commit();
-    cp_wait1();
+    cp_wait<1>();
     __syncthreads();
 }
 
@@ -864,7 +853,7 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
     load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
     load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
     cp_commit();
-    cp_wait0();
+    cp_wait<0>();
     __syncthreads();
     unsigned qa[G::KS][4];
     load_afrag<HS>(qa, Ks + G::TE, warp * 16);
@@ -929,7 +918,7 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
     load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
     cp_commit();
-    cp_wait0();
+    cp_wait<0>();
     __syncthreads();
     const int wq = warp * WR;  // this warp's first row in the block
     const bf16_t* const Qw = (wq < 64 ? Qlo : Qhi) + (wq & 63) * G::LD;
@@ -1054,7 +1043,7 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
     load_row64_async(lse_s[0], lse + bh * T, k0, T, 0);
     load_row64_async(d_s[0], D + bh * T, k0, T, 64);
     cp_commit();
-    cp_wait0();
+    cp_wait<0>();
     __syncthreads();
     unsigned ka[REGS ? G::KS : 1][4], va[REGS ? G::KS : 1][4];
     if constexpr (REGS) {
@@ -1076,7 +1065,7 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
             load_row64_async(d_s[cur ^ 1], D + bh * T, q1, T, 64);
         }
         cp_commit();
-        cp_wait1();
+        cp_wait<1>();
         __syncthreads();  // query tile qt is in buffer cur
         float st[8][4], dpt[8][4];  // S^T and dP^T: rows = keys, columns = queries
         zero_acc<8>(st);
@@ -1132,7 +1121,7 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
     load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
     cp_commit();
-    cp_wait0();
+    cp_wait<0>();
     __syncthreads();
     unsigned qa[REGS ? G::KS : 1][4], oa[REGS ? G::KS : 1][4];
     if constexpr (REGS) {
@@ -1366,7 +1355,7 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
     float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f}, alpha[2];
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     float s[8][4];
-    cp_wait1();  // Q and tile 0
+    cp_wait<1>();  // Q and tile 0
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
     __syncthreads();
     wg_fence();
@@ -1384,7 +1373,7 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         __syncthreads();
         if (kt < qt) load_kv(kt + 1);
         cp_commit();
-        cp_wait1();  // tile kt
+        cp_wait<1>();  // tile kt
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
         wg_fence();
@@ -1481,7 +1470,7 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
             load_row64_async(d_s[cur ^ 1], D + bh * T, q1, T, 64);
         }
         cp_commit();
-        cp_wait1();
+        cp_wait<1>();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
         __syncthreads();  // query tile qt is in buffer cur
         const unsigned Qc = Qs + cur * TB, dOc = dOs + cur * TB;
@@ -1568,7 +1557,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
             load_rows_sw128_async<HS>(Vs + (cur ^ 1) * TB, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
         }
         cp_commit();
-        cp_wait1();
+        cp_wait<1>();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
         __syncthreads();
         const unsigned Kc = Ks + cur * TB, Vc = Vs + cur * TB;

@@ -107,3 +107,19 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     float r = lane < nw ? sh[lane] : -F_INF;
     return warp_max(r);
 }
+
+// Shared-memory address of a generic pointer, for PTX that takes one (cp.async, ldmatrix).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// cp.async groups: the copies a thread issued since its last commit form one group;
+// cp_wait<N> returns once at most its N newest groups are still in flight (its own
+// copies: another thread's need a barrier before they are read).
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}

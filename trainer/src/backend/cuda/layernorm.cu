@@ -107,9 +107,9 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
     }
 }
 
-// The 16-byte-chunk steps of the fast backward, on chunks already loaded (8 bf16 values of x, dy and w at one column, and of the row's dx). Chunk of a row
-// with mean m and rstd s: its contribution to the row's two sums, a += w*dy and
-// bsum += w*dy*norm;
+// The 16-byte-chunk steps of the fast backward, on chunks already loaded (8 bf16 values
+// of x, dy and w at one column, and of the row's dx). Chunk of a row with mean m and
+// rstd s: its contribution to the row's two sums, a += w*dy and bsum += w*dy*norm;
 __device__ __forceinline__ void ln_bwd_chunk_sums(uint4 xv, uint4 gv, uint4 wv, float m, float s, float& a,
                                                   float& bsum) {
     float xf[8], gf[8], wf[8];
@@ -157,43 +157,65 @@ __device__ __forceinline__ void ln_bwd_chunk_store(float* p, int C, int c, const
 __device__ __forceinline__ uint4 ld16(const bf16_t* p) { return *(const uint4*)p; }
 
 // Fast backward for C % 8 == 0, C <= 8192, 16-byte aligned rows: a block of W warps per
-// run of rows, each thread holding the J 16-byte chunks c = 8 * tid + j * 256 * W of a
-// row (J and W template parameters, so registers hold exactly the chunks a row has). Per
-// row: x, dy and the dx being accumulated are loaded together (one trip to memory), the
-// row's two sums go warp_sum, then across the block's warps through shared memory in warp
-// order (deterministic), double-buffered by row parity so each row costs one barrier. The
-// next row's loads are issued before this row's arithmetic (software pipelining: a block
-// never waits on memory with nothing in flight), which fits the registers up to two
-// chunks a thread (127 registers), so wide rows take more warps; w stays in registers for
-// the whole run. dw/db accumulate in registers and leave as
-// partial row `blockIdx.x`; reduce_partials then adds the partial rows in order:
-// deterministic, no atomics, the same bits on every GPU.
+// run of rows, each thread owning the J 16-byte chunks c = 8 * tid + j * 256 * W of every
+// row (J and W template parameters). Rows go two at a time: each row's two sums go
+// warp_sum, then across the block's warps through shared memory in warp order
+// (deterministic), both rows' sums behind one barrier — the per-row chain of reductions
+// and barrier, not memory, is what bounded this kernel (ncu at 1.5B's rows: 0.97 waves,
+// 21% of warps resident, 53% of DRAM bandwidth). The rows stream through a ring of four
+// slots in shared memory filled by cp.async: the next pair's x, dy and dx copies are in
+// flight during this pair's arithmetic, without holding registers. Each thread copies and
+// reads back only its own chunks, so its own cp.async wait is all the ordering a slot
+// needs. w stays in registers for the whole run; dw/db accumulate in registers, rows in
+// order, and leave as partial row `blockIdx.x`; reduce_partials then adds the partial rows
+// in order: deterministic, no atomics, the same bits on every GPU (and as one row at a
+// time: the same sums in the same order).
+// Dynamic shared memory: LN_BWD_SLOTS * 3 * J * blockDim 16-byte chunks (layernorm.rs).
 template <int J>
-__device__ __forceinline__ void ln_bwd_load_row(const bf16_t* x, const bf16_t* dy, const bf16_t* dx, int C, int c0,
-                                                int stride, uint4 (&xv)[J], uint4 (&gv)[J], uint4 (&dv)[J]) {
+__device__ __forceinline__ void ln_bwd_issue_row(uint4* slot, const bf16_t* inp, const bf16_t* dout,
+                                                 const bf16_t* dinp, int row, int C, int c0, int stride) {
+    const long long o = (long long)row * C;
+    const bf16_t* src[3] = {inp + o, dout + o, dinp + o};
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = c0 + j * stride;
-        if (c < C) {
-            xv[j] = ld16(x + c);
-            gv[j] = ld16(dy + c);
-            dv[j] = ld16(dx + c);
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = c0 + j * stride;
+            if (c < C)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                 smem_addr(slot + (a * J + j) * blockDim.x + threadIdx.x)),
+                             "l"(src[a] + c));
         }
-    }
+}
+
+// This thread's chunk j of field a (0 x, 1 dy, 2 dx) in a ring slot.
+template <int J>
+__device__ __forceinline__ uint4 ln_slot(const uint4* slot, int a, int j) {
+    return slot[(a * J + j) * blockDim.x + threadIdx.x];
 }
 
 template <int J, int W>
 __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
                                                   const bf16_t* inp, const bf16_t* w, const float* mean,
                                                   const float* rstd, int N, int C, int rows_per_block) {
-    static_assert(J <= 2, "two rows' chunks in registers");
+    static_assert(LN_BWD_SLOTS == 4, "two rows worked on, the next two in flight");
     constexpr int STRIDE = 8 * 32 * W;
-    __shared__ float sums[2][2][W];  // [row parity][a | bsum][warp]
+    extern __shared__ uint4 ring[];              // [LN_BWD_SLOTS][x | dy | dx][J][blockDim]
+    __shared__ float sums[2][4][W];              // [pair parity][a, bsum of row 0 | of row 1][warp]
+    __shared__ float stats[2][LN_BWD_MAX_ROWS];  // the block's rows' mean and rstd
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c0 = 8 * threadIdx.x;
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
     if (r0 >= N) return;  // the whole block: no barrier is left waiting
-    uint4 wv[J], xv[J], gv[J], dv[J];
+    const int slot_len = 3 * J * blockDim.x;
+    for (int k = 0; k < 2 && r0 + k < r1; ++k)
+        ln_bwd_issue_row<J>(ring + k * slot_len, inp, dout, dinp, r0 + k, C, c0, STRIDE);
+    cp_commit();
+    for (int r = threadIdx.x; r < r1 - r0; r += blockDim.x) {
+        stats[0][r] = mean[r0 + r];
+        stats[1][r] = rstd[r0 + r];
+    }
+    uint4 wv[J];
     float dwacc[J][8], dbacc[J][8];
 #pragma unroll
     for (int j = 0; j < J; ++j) {
@@ -204,58 +226,73 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
             dbacc[j][k] = 0.f;
         }
     }
-    const long long C64 = C;
-    ln_bwd_load_row<J>(inp + r0 * C64, dout + r0 * C64, dinp + r0 * C64, C, c0, STRIDE, xv, gv, dv);
-    float m = mean[r0], s = rstd[r0];
-    for (int row = r0; row < r1; ++row) {
-        const int par = (row - r0) & 1;
-        const bool more = row + 1 < r1;
-        uint4 xn[J], gn[J], dn[J];
-        float mn = 0.f, sn = 0.f;
-        if (more) {
-            const long long o = (row + 1) * C64;
-            ln_bwd_load_row<J>(inp + o, dout + o, dinp + o, C, c0, STRIDE, xn, gn, dn);
-            mn = mean[row + 1];
-            sn = rstd[row + 1];
-        }
-        float a = 0.f, bsum = 0.f;
+    __syncthreads();  // stats
+    for (int i = 0; r0 + i < r1; i += 2) {
+        const int row = r0 + i, par = (i >> 1) & 1;
+        const bool two = row + 1 < r1;  // the same for the whole block
+        // The next pair into the slots the previous pair used (this thread read them last
+        // iteration), then wait for this pair's copies: at most the newest group in flight.
+        for (int k = 2; k < 4 && row + k < r1; ++k)
+            ln_bwd_issue_row<J>(ring + ((i + k) % LN_BWD_SLOTS) * slot_len, inp, dout, dinp, row + k, C, c0, STRIDE);
+        cp_commit();
+        cp_wait<1>();
+        const uint4* s0 = ring + (i % LN_BWD_SLOTS) * slot_len;
+        const uint4* s1 = ring + ((i + 1) % LN_BWD_SLOTS) * slot_len;
+        const float m0 = stats[0][i], q0 = stats[1][i];
+        const float m1 = two ? stats[0][i + 1] : 0.f, q1 = two ? stats[1][i + 1] : 0.f;
+        float a0 = 0.f, b0 = 0.f, a1 = 0.f, b1 = 0.f;
 #pragma unroll
-        for (int j = 0; j < J; ++j)
-            if (c0 + j * STRIDE < C) ln_bwd_chunk_sums(xv[j], gv[j], wv[j], m, s, a, bsum);
-        a = warp_sum(a);
-        bsum = warp_sum(bsum);
+        for (int j = 0; j < J; ++j) {
+            if (c0 + j * STRIDE < C) {
+                ln_bwd_chunk_sums(ln_slot<J>(s0, 0, j), ln_slot<J>(s0, 1, j), wv[j], m0, q0, a0, b0);
+                if (two) ln_bwd_chunk_sums(ln_slot<J>(s1, 0, j), ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1);
+            }
+        }
+        a0 = warp_sum(a0);
+        b0 = warp_sum(b0);
+        a1 = warp_sum(a1);
+        b1 = warp_sum(b1);
         if (lane == 0) {
-            sums[par][0][warp] = a;
-            sums[par][1][warp] = bsum;
+            sums[par][0][warp] = a0;
+            sums[par][1][warp] = b0;
+            sums[par][2][warp] = a1;
+            sums[par][3][warp] = b1;
         }
-        // One barrier per row: the other parity's slots are rewritten only after the next
-        // row's barrier, which every thread reaches after reading these.
+        // One barrier per pair: the other parity's sums are rewritten only after the next
+        // pair's barrier, which every thread reaches after reading these.
         __syncthreads();
-        a = 0.f;
-        bsum = 0.f;
+        a0 = b0 = a1 = b1 = 0.f;
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-            a += sums[par][0][k];
-            bsum += sums[par][1][k];
+        for (int q = 0; q < W; ++q) {
+            a0 += sums[par][0][q];
+            b0 += sums[par][1][q];
+            a1 += sums[par][2][q];
+            b1 += sums[par][3][q];
         }
-        a /= C;
-        bsum /= C;
-        bf16_t* dx = dinp + row * C64;
+        a0 /= C;
+        b0 /= C;
+        a1 /= C;
+        b1 /= C;
+        bf16_t* dx = dinp + (long long)row * C;
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = c0 + j * STRIDE;
             if (c < C)
-                *(uint4*)(dx + c) = ln_bwd_chunk_apply(dv[j], xv[j], gv[j], wv[j], m, s, a, bsum, dwacc[j], dbacc[j]);
+                *(uint4*)(dx + c) = ln_bwd_chunk_apply(ln_slot<J>(s0, 2, j), ln_slot<J>(s0, 0, j), ln_slot<J>(s0, 1, j),
+                                                       wv[j], m0, q0, a0, b0, dwacc[j], dbacc[j]);
         }
+        if (two) {
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            xv[j] = xn[j];
-            gv[j] = gn[j];
-            dv[j] = dn[j];
+            for (int j = 0; j < J; ++j) {
+                const int c = c0 + j * STRIDE;
+                if (c < C)
+                    *(uint4*)(dx + C + c) = ln_bwd_chunk_apply(ln_slot<J>(s1, 2, j), ln_slot<J>(s1, 0, j),
+                                                               ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1, dwacc[j],
+                                                               dbacc[j]);
+            }
         }
-        m = mn;
-        s = sn;
     }
+    cp_wait<0>();  // no copy outlives the block (the trailing groups are empty)
     float* p = partial + (long long)blockIdx.x * 2 * C;
 #pragma unroll
     for (int j = 0; j < J; ++j) {

@@ -28,12 +28,18 @@ const LN_BWD_FAST: [(&str, usize, usize); 8] = [
     ("layernorm_bwd_j2w16", 2, 16),
 ];
 const LN_BWD_FAST_MAX_C: usize = 8192;
+/// Row slots in the fast backward's shared-memory ring: the pair of rows being worked on and
+/// the next pair, whose copies are in flight meanwhile.
+const LN_BWD_SLOTS: usize = 4;
+/// The most rows one block of the fast backward runs (`ln_fast_rows_per_block`): its rows'
+/// statistics are staged in shared memory.
+const LN_BWD_MAX_ROWS: usize = 64;
 
 /// Rows per block of the fast backward: about 512 blocks (a partial dw/db row each, which
 /// `reduce_partials` adds), 8 to 64 rows. From N alone, so the partial sums — and the
 /// result's bits — are the same on every GPU.
 fn ln_fast_rows_per_block(n: usize) -> usize {
-    (n / 512).next_power_of_two().clamp(8, 64)
+    (n / 512).next_power_of_two().clamp(8, LN_BWD_MAX_ROWS)
 }
 
 const FUNCTIONS: [&str; 10] = {
@@ -51,9 +57,16 @@ pub(super) const KERNELS: KernelFile = KernelFile {
     name: "layernorm",
     src: include_str!("layernorm.cu"),
     functions: &FUNCTIONS,
-    // The general kernel's dw/db accumulators (2C floats) pass 48 KiB at the wider rows.
-    big_smem: |f| f == "layernorm_bwd",
-    defines: || vec![("LN_EPS", format!("{LN_EPS:?}f"))],
+    // The general kernel's dw/db accumulators (2C floats) and the fast ones' row rings pass
+    // 48 KiB at the wider rows.
+    big_smem: |f| f.starts_with("layernorm_bwd"),
+    defines: || {
+        vec![
+            ("LN_EPS", format!("{LN_EPS:?}f")),
+            ("LN_BWD_SLOTS", LN_BWD_SLOTS.to_string()),
+            ("LN_BWD_MAX_ROWS", LN_BWD_MAX_ROWS.to_string()),
+        ]
+    },
 };
 
 impl LayerNormOps for CudaBackend {
@@ -148,11 +161,19 @@ impl LayerNormOps for CudaBackend {
         // Every variant writes partial dw/db rows of rows_per_part rows each, which
         // reduce_partials then adds in order.
         let fast = LN_BWD_FAST.iter().find(|(_, j, w)| 256 * w * j >= c);
-        let k = if let (true, Some(&(name, _, warps))) = (aligned && c <= LN_BWD_FAST_MAX_C, fast) {
-            // Fast path: a block of warps per run of rows, 16-byte loads, the next row's
-            // loads in flight during this one's arithmetic; block k writes partial row k.
+        let k = if let (true, Some(&(name, j, warps))) = (aligned && c <= LN_BWD_FAST_MAX_C, fast) {
+            // Fast path: a block of warps per run of rows, two rows at a time, the next
+            // two rows' copies in flight during their arithmetic; block k writes partial row k.
             let rows = ln_fast_rows_per_block(n);
-            LnBwdKernel { name, rows_per_part: rows, threads: 32 * warps, smem: 0 }
+            let threads = 32 * warps;
+            let smem = LN_BWD_SLOTS * 3 * j * threads * 16;
+            if smem + 1024 > self.kernels.max_smem {
+                return Err(bad(format!(
+                    "layernorm_bwd: C = {c} needs {smem} bytes of shared memory for its row ring, more than the device's {}",
+                    self.kernels.max_smem
+                )));
+            }
+            LnBwdKernel { name, rows_per_part: rows, threads, smem }
         } else {
             let smem = 2 * c * 4;
             if smem + 256 > self.kernels.max_smem {
