@@ -9,8 +9,9 @@
 # 2. every NCCL collective on 2 GPUs (gpu-nccl);
 # 3. ZeRO stages 0-3 on 2 GPUs reproduce 1 GPU's per-step losses (bf16 tolerance);
 # 4. GPT-2 124M trains 300 steps on real tokenised text on every GPU and its loss falls;
-# 5. CUDA-graph replay gives the same losses as eager execution (one GPU, bitwise).
-# Parts 2 and 3 need 2 GPUs and say "skipped" on one. Logs go to $OUT (or
+# 5. CUDA-graph replay gives the same losses as eager execution (one GPU, bitwise);
+# 6. the same on 2 GPUs with the collectives inside the recording, ZeRO stages 0-3.
+# Parts 2, 3 and 6 need 2 GPUs and say "skipped" on one. Logs go to $OUT (or
 # ./gpu-test-out). Exits non-zero if any part fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -124,6 +125,36 @@ for v in ("z1", "z3-ckpt"):
     ok &= same and same_mem
 sys.exit(0 if ok else 1)
 PY
+
+if (( NGPU < 2 )); then
+    step "6. CUDA graphs with collectives on 2 GPUs vs eager: skipped ($NGPU GPU)"
+else
+step "6. CUDA graphs with the collectives recorded, 2 GPUs, ZeRO stages 0-3, grad_accum 3, vs eager"
+# grad_accum 3: the step's first, middle and last micro-steps are three recordings.
+for s in 0 1 2 3; do
+    for g in false true; do
+        "$BIN/launcher" --gpus 2 configs/gpt2-124m.toml "${SMALL[@]}" --set train.grad_accum=3 --set zero.stage=$s \
+            --set train.cuda_graphs=$g --set "output.dir=\"$OUT/graphs2-s$s-$g\"" > "$OUT/graphs2-s$s-$g.log" 2>&1 \
+            || { echo "FAIL: 2-GPU stage $s run with train.cuda_graphs=$g"; fail=1; }
+    done
+done
+python3 - "$OUT" <<'PY' || fail=1
+import json, sys
+load = lambda d: [json.loads(l) for l in open(f"{sys.argv[1]}/{d}/metrics.jsonl")]
+mem = lambda rows: json.dumps(rows[-1]["memory"], sort_keys=True)
+ok = True
+for s in range(4):
+    eager, graphs = load(f"graphs2-s{s}-false"), load(f"graphs2-s{s}-true")
+    same = len(eager) == 20 and all(a[k] == b[k] for a, b in zip(eager, graphs) for k in ("loss", "grad_norm"))
+    worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(eager, graphs))
+    same_mem = mem(eager) == mem(graphs)
+    print(f"stage {s}: graphs vs eager over {len(graphs)} steps: losses and norms "
+          f"{'bit-identical' if same else f'DIFFER (max relative loss difference {worst:.2e})'}, "
+          f"ledger {'unchanged' if same_mem else 'DIFFERS'}")
+    ok &= same and same_mem
+sys.exit(0 if ok else 1)
+PY
+fi
 
 echo
 [ $fail = 0 ] && echo "GPU TESTS PASSED" || echo "GPU TESTS FAILED"

@@ -93,9 +93,9 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Micro-batches per evaluation.
     pub eval_batches: usize,
-    /// GPU ranks: record the micro-step's forward and backward as a CUDA graph at the
-    /// second optimizer step and replay it from then on (one launch instead of hundreds).
-    /// Applies to one-GPU runs with the optimizer on the GPU; the others run eagerly.
+    /// GPU ranks: record a micro-step's forward and backward (with its collectives) as a
+    /// CUDA graph from the second optimizer step on and replay it (one launch instead of
+    /// hundreds). Applies with the optimizer on the GPU; offload runs eagerly.
     pub cuda_graphs: bool,
     /// GPU ranks: how each GEMM shape's cuBLASLt algorithm is picked. `heuristic` (the
     /// default): the heuristic's first, the same bits on every run. `timed`: the fastest

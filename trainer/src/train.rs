@@ -48,7 +48,7 @@ pub struct Trainer<B: Backend> {
     /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
     /// print their times (perturbs the overlap a little; for finding where time goes).
     profile: bool,
-    /// `train.cuda_graphs` applies: one GPU, the optimizer on it.
+    /// `train.cuda_graphs` applies: a backend that records, the optimizer on the device.
     graphs: bool,
     /// The recorded micro-steps, one per kind, each made the first time its kind comes
     /// from this process's second optimizer step on (when every pool and scratch buffer has
@@ -105,16 +105,12 @@ impl<B: Backend> Trainer<B> {
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         be.set_gemm_tuning(cfg.train.gemm_tuning);
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
-        // The host optimizer's copies and waits between units cannot be recorded. Several
-        // ranks run eagerly until the recording of their collectives (which the engine and
-        // the trainer implement, and tests/sharding.rs and gpu-nccl check) has been run on
-        // a multi-GPU machine: branch gpu-verify/graph-collectives, gpu-test.sh part 6.
-        let graphs = cfg.train.cuda_graphs && be.graphs_supported() && world == 1 && !cfg.offload.optimizer;
+        // The host optimizer's copies and waits between units cannot be recorded.
+        let graphs = cfg.train.cuda_graphs && be.graphs_supported() && !cfg.offload.optimizer;
         if cfg.train.cuda_graphs && be.graphs_supported() && !graphs && rank == 0 {
             eprintln!(
-                "rank 0: train.cuda_graphs records one-GPU runs with the optimizer on the GPU; \
-                 this run ({world} ranks, offload.optimizer = {}) runs eagerly",
-                cfg.offload.optimizer
+                "rank 0: train.cuda_graphs records runs with the optimizer on the GPU; \
+                 this run (offload.optimizer = true) runs eagerly"
             );
         }
         Ok(Trainer {
