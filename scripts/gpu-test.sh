@@ -141,7 +141,10 @@ done
 python3 - "$OUT" <<'PY' || fail=1
 import json, sys
 load = lambda d: [json.loads(l) for l in open(f"{sys.argv[1]}/{d}/metrics.jsonl")]
-mem = lambda rows: json.dumps(rows[-1]["memory"], sort_keys=True)
+# Every rank's ledger (as part 5: the driver's figure also holds the instantiated graphs).
+LEDGER = ("params", "grads", "optimizer", "activations", "comm", "workspace", "cached", "total", "peak", "peak_total")
+mem = lambda rows: json.dumps([{k: m[k] for k in LEDGER} for m in rows[-1]["memory"]], sort_keys=True)
+tok = lambda rows: sum(r["tokens"] for r in rows[2:]) / sum(r["step_time_s"] for r in rows[2:])
 ok = True
 for s in range(4):
     eager, graphs = load(f"graphs2-s{s}-false"), load(f"graphs2-s{s}-true")
@@ -150,7 +153,9 @@ for s in range(4):
     same_mem = mem(eager) == mem(graphs)
     print(f"stage {s}: graphs vs eager over {len(graphs)} steps: losses and norms "
           f"{'bit-identical' if same else f'DIFFER (max relative loss difference {worst:.2e})'}, "
-          f"ledger {'unchanged' if same_mem else 'DIFFERS'}")
+          f"ledger {'unchanged' if same_mem else 'DIFFERS'}; tokens/s eager {tok(eager):.0f}, graphs {tok(graphs):.0f}")
+    if not same_mem:
+        print("  eager :", mem(eager)); print("  graphs:", mem(graphs))
     ok &= same and same_mem
 sys.exit(0 if ok else 1)
 PY
