@@ -8,7 +8,8 @@
 # FSDP2 (and DDP at 124M). OLD=path/to/launcher also runs that binary on every shardtrain
 # row (rows named old-*), for before/after comparisons in one call. Rows ending in -timed
 # set train.gemm_tuning = "timed" (each GEMM shape's cuBLASLt algorithm picked by timing);
-# they run the new binary only.
+# they run the new binary only. ONLY=REGEX runs only the rows whose name matches (e.g.
+# ONLY='z3|fsdp' for the ZeRO-3 rows and FSDP2 beside them), to fit a call's time limit.
 # Prints a Markdown table (tokens/s per GPU, MFU vs 989 TFLOP/s bf16 dense, step time,
 # peak memory per rank) and writes raw logs to $OUT.
 set -uo pipefail
@@ -21,8 +22,10 @@ WHAT=${1:-all}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 STEPS=${STEPS:-30}
 
+wanted() { [[ -z ${ONLY:-} || $1 =~ $ONLY ]]; }
 run_ours() { # launcher name config stage batch extra...
     local exe=$1 name=$2 cfg=$3 stage=$4 batch=$5; shift 5
+    wanted "$name" || return 0
     "$exe" --gpus "$NGPU" "$cfg" --set zero.stage="$stage" --set train.micro_batch="$batch" \
         --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.eval_every=0 --set checkpoint.every=0 \
         --set "output.dir=\"$OUT/$name\"" "$@" > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
@@ -38,6 +41,7 @@ timed() { # name config stage batch extra...: the new binary with timed GEMM tun
 }
 ref() { # name mode layers embd heads batch extra...
     local name=$1 mode=$2 l=$3 c=$4 h=$5 b=$6; shift 6
+    wanted "$name" || return 0
     torchrun --standalone --nproc_per_node="$NGPU" "$BIN/fsdp_gpt2.py" --mode "$mode" --layers "$l" --embd "$c" \
         --heads "$h" --batch "$b" --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 || echo "reference $name failed"
 }
@@ -59,6 +63,8 @@ if [[ $WHAT == 124m || $WHAT == all ]]; then
     timed 124m-z1 configs/gpt2-124m.toml 1 16
     timed 124m-z3 configs/gpt2-124m.toml 3 16
     timed 124m-z1-keepgelu configs/gpt2-124m.toml 1 16 --set checkpointing.keep_gelu=true
+    # Several GPUs: the same ZeRO-3 run with the step not recorded (collectives eager).
+    [[ $NGPU == 1 ]] || ours 124m-z3-eager configs/gpt2-124m.toml 3 16 --set train.cuda_graphs=false
     refs 124m 12 768 12 16
     [[ $NGPU == 1 ]] || ref ref-124m-ddp ddp 12 768 12 16
 fi
@@ -70,6 +76,7 @@ if [[ $WHAT == 1.5b || $WHAT == all ]]; then
     timed 1.5b-z1-keepgelu configs/gpt2-1.5b.toml 1 8 --set checkpointing.keep_gelu=true
     timed 1.5b-z3-keepgelu configs/gpt2-1.5b.toml 3 8 --set checkpointing.keep_gelu=true
     ours 1.5b-z3-ckpt configs/gpt2-1.5b.toml 3 8 --set checkpointing.activations='"every_layer"'
+    [[ $NGPU == 1 ]] || ours 1.5b-z3-eager configs/gpt2-1.5b.toml 3 8 --set train.cuda_graphs=false
     refs 1.5b 48 1600 25 8
     [[ $NGPU == 1 ]] || ref ref-1.5b-fsdp-ckpt fsdp 48 1600 25 8 --ckpt
 fi
@@ -78,6 +85,10 @@ if [[ $WHAT == 7b ]]; then
     ours 7b-z3-ckpt-keepattn configs/gpt-7b.toml 3 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"' \
         --set checkpointing.keep_attention=true
     timed 7b-z3-ckpt-keepattn configs/gpt-7b.toml 3 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"' \
+        --set checkpointing.keep_attention=true
+    # One GPU with room for ZeRO-1's persistent bf16 weights (115.5 GiB on an H200, `launcher
+    # memory`): no per-step cast of every block's master weights (ZeRO-3 casts twice a step).
+    timed 7b-z1-ckpt-keepattn configs/gpt-7b.toml 1 4 --set train.grad_accum=1 --set checkpointing.activations='"every_layer"' \
         --set checkpointing.keep_attention=true
     ref ref-7b-fsdp-ckpt fsdp 32 4096 32 4 --ckpt
 fi
