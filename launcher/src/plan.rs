@@ -21,7 +21,9 @@
 //!   No multi-node run has been measured yet, so the network term is not calibrated, and
 //!   the plan says so.
 //!
-//! CPU offload (`offload.*`) is not planned: no backend implements it.
+//! CPU offload (`offload.*`) is not in the table (its step is bound by PCIe and the host's
+//! AdamW, which this model does not describe): `launcher memory` predicts an offloaded run's
+//! GPU and host bytes, and BENCHMARKS.md (run 8) measures its step.
 
 use crate::cli::PlanArgs;
 use crate::memory::MemoryDevice;
@@ -533,7 +535,8 @@ fn table(p: &Plan) -> String {
         s += "the network term is not calibrated: no multi-node run has been measured yet (it assumes one NIC per GPU \
               and rings over every NIC of a node)\n";
     }
-    s += "CPU offload (offload.*) is not planned: no backend implements it.\n";
+    s += "CPU offload (offload.*) is not in this table: `launcher memory CONFIG --ranks N --device gpu --set \
+          offload.optimizer=true` predicts its GPU and host memory; its step time is measured in BENCHMARKS.md (run 8)\n";
     s
 }
 
