@@ -124,6 +124,39 @@ fn fill_buf(be: &CudaBackend, buf: &mut CudaSlice<bf16>, chunk: &[f32]) -> BResu
     }
     Ok(())
 }
+/// A bf16 buffer of `len` elements filled from `chunk` (tiled).
+fn new_buf(be: &CudaBackend, len: usize, chunk: &[f32]) -> BResult<CudaSlice<bf16>> {
+    let mut x = be.alloc_buf(len, "timing")?;
+    fill_buf(be, &mut x, chunk)?;
+    Ok(x)
+}
+
+/// The buffers one LayerNorm is timed on: rows `x` in, `y` out, `dres` the residual
+/// gradient the backward adds to; the weight and bias at 0 and C of `params`/`grads`.
+struct LnBufs<'a> {
+    x: &'a CudaSlice<bf16>,
+    y: &'a mut CudaSlice<bf16>,
+    dres: &'a mut CudaSlice<bf16>,
+    params: &'a CudaSlice<bf16>,
+    grads: &'a mut CudaSlice<f32>,
+    mean: &'a mut CudaSlice<f32>,
+    rstd: &'a mut CudaSlice<f32>,
+}
+
+/// The LayerNorm forward and backward (with its partial-sum reduction), `reps` timed calls each.
+fn time_layernorm(tm: &mut Timer<'_>, b: LnBufs<'_>, r: Rows, reps: usize) {
+    let (be, ln) = (tm.be, NormLocs { w: Loc::new(0, r.c), b: Loc::new(r.c, r.c) });
+    let bc2 = (r.n * r.c * 2) as f64;
+    let LnBufs { x, y, dres, params, grads, mean, rstd } = b;
+    tm.time("layernorm_fwd", 3, reps, gbps(2.0 * bc2), || {
+        be.layernorm_fwd(y, LnStats { mean, rstd }, x, Weights::new(params, ln), r)
+    });
+    tm.time("layernorm_bwd", 3, reps, gbps(4.0 * bc2), || {
+        let saved = LnSaved { inp: x, mean, rstd };
+        be.layernorm_bwd(dres, WeightGrads::new(grads, ln), y, saved, Weights::new(params, ln), r)
+    });
+}
+
 fn fill_f32(be: &CudaBackend, buf: &mut CudaSlice<f32>, chunk: &[f32]) -> BResult<()> {
     let n = buf.len();
     let mut off = 0;
@@ -149,11 +182,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     println!("\nTiming at shapes B={b} T={t} C={c} NH={nh} V={v} (median of event-timed repeats)");
     let chunk = randn(1, 1 << 22, 1.0);
     let small = randn(2, 1 << 22, 0.02);
-    let newbuf = |len: usize, ch: &[f32]| -> BResult<CudaSlice<bf16>> {
-        let mut x = be.alloc_buf(len, "timing")?;
-        fill_buf(be, &mut x, ch)?;
-        Ok(x)
-    };
+    let newbuf = |len: usize, ch: &[f32]| new_buf(be, len, ch);
     let x = newbuf(n * c, &chunk)?;
     let mut y = newbuf(n * c, &chunk)?;
     let x4 = newbuf(n * 4 * c, &chunk)?;
@@ -184,28 +213,17 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     tm.time("encoder_bwd (grouping planned at upload)", 2, 10, gbps(bc2 + (n * c * 8) as f64), || {
         be.encoder_bwd(WeightGrads::new(&mut egrads, emb), &x, &gtok, SeqShape { b, t, c })
     });
-    let ln = NormLocs { w: Loc::new(0, c), b: Loc::new(c, c) };
-    tm.time("layernorm_fwd", 3, 20, gbps(2.0 * bc2), || {
-        be.layernorm_fwd(
-            &mut y,
-            LnStats { mean: &mut mean, rstd: &mut rstd },
-            &x,
-            Weights::new(&bparams, ln),
-            Rows { n, c },
-        )
-    });
     let mut dres = newbuf(n * c, &chunk)?;
-    tm.time("layernorm_bwd", 3, 20, gbps(4.0 * bc2), || {
-        let saved = LnSaved { inp: &x, mean: &mean, rstd: &rstd };
-        be.layernorm_bwd(
-            &mut dres,
-            WeightGrads::new(&mut bgrads, ln),
-            &y,
-            saved,
-            Weights::new(&bparams, ln),
-            Rows { n, c },
-        )
-    });
+    let ln_bufs = LnBufs {
+        x: &x,
+        y: &mut y,
+        dres: &mut dres,
+        params: &bparams,
+        grads: &mut bgrads,
+        mean: &mut mean,
+        rstd: &mut rstd,
+    };
+    time_layernorm(&mut tm, ln_bufs, Rows { n, c }, 20);
     let mut total_fwd = 0.0;
     let mut total_bwd = 0.0;
     for (name, cin, cout) in [("qkv", c, 3 * c), ("attn proj", c, c), ("fc", c, 4 * c), ("fc2", 4 * c, c)] {
@@ -421,32 +439,21 @@ fn layernorm_timing(be: &CudaBackend) -> BResult<()> {
     let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
     for (n, c) in [(16384usize, 768usize), (8192, 1600), (4096, 4096)] {
         println!("\nLayerNorm at N={n} C={c} (median of event-timed repeats)");
-        let newbuf = |len: usize, ch: &[f32]| -> BResult<CudaSlice<bf16>> {
-            let mut x = be.alloc_buf(len, "timing")?;
-            fill_buf(be, &mut x, ch)?;
-            Ok(x)
-        };
-        let (x, mut y, mut dres) = (newbuf(n * c, &chunk)?, newbuf(n * c, &chunk)?, newbuf(n * c, &chunk)?);
-        let params = newbuf(2 * c, &small)?;
+        let (x, mut y, mut dres) =
+            (new_buf(be, n * c, &chunk)?, new_buf(be, n * c, &chunk)?, new_buf(be, n * c, &chunk)?);
+        let params = new_buf(be, 2 * c, &small)?;
         let mut grads = be.alloc_grad(2 * c, "timing")?;
         let (mut mean, mut rstd) = (be.alloc_f32(n, "")?, be.alloc_f32(n, "")?);
-        let ln = NormLocs { w: Loc::new(0, c), b: Loc::new(c, c) };
-        let bc2 = (n * c * 2) as f64;
-        tm.time("layernorm_fwd", 3, 50, gbps(2.0 * bc2), || {
-            let stats = LnStats { mean: &mut mean, rstd: &mut rstd };
-            be.layernorm_fwd(&mut y, stats, &x, Weights::new(&params, ln), Rows { n, c })
-        });
-        tm.time("layernorm_bwd", 3, 50, gbps(4.0 * bc2), || {
-            let saved = LnSaved { inp: &x, mean: &mean, rstd: &rstd };
-            be.layernorm_bwd(
-                &mut dres,
-                WeightGrads::new(&mut grads, ln),
-                &y,
-                saved,
-                Weights::new(&params, ln),
-                Rows { n, c },
-            )
-        });
+        let ln_bufs = LnBufs {
+            x: &x,
+            y: &mut y,
+            dres: &mut dres,
+            params: &params,
+            grads: &mut grads,
+            mean: &mut mean,
+            rstd: &mut rstd,
+        };
+        time_layernorm(&mut tm, ln_bufs, Rows { n, c }, 50);
     }
     Ok(())
 }

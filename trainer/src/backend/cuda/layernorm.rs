@@ -167,23 +167,24 @@ impl LayerNormOps for CudaBackend {
             let rows = ln_fast_rows_per_block(n);
             let threads = 32 * warps;
             let smem = LN_BWD_SLOTS * 3 * j * threads * 16;
-            if smem + 1024 > self.kernels.max_smem {
-                return Err(bad(format!(
-                    "layernorm_bwd: C = {c} needs {smem} bytes of shared memory for its row ring, more than the device's {}",
-                    self.kernels.max_smem
-                )));
-            }
-            LnBwdKernel { name, rows_per_part: rows, threads, smem }
+            // Static: the pair sums and the block's rows' statistics.
+            LnBwdKernel { name, rows_per_part: rows, threads, smem, static_smem: 1024 }
         } else {
-            let smem = 2 * c * 4;
-            if smem + 256 > self.kernels.max_smem {
-                return Err(bad(format!(
-                    "layernorm_bwd: C = {c} needs {smem} bytes of shared memory, more than the device's {}",
-                    self.kernels.max_smem
-                )));
+            // dw/db accumulators (2C floats); static: a block reduction's 32 floats.
+            LnBwdKernel {
+                name: "layernorm_bwd",
+                rows_per_part: LN_ROWS_PER_BLOCK,
+                threads: 256,
+                smem: 2 * c * 4,
+                static_smem: 256,
             }
-            LnBwdKernel { name: "layernorm_bwd", rows_per_part: LN_ROWS_PER_BLOCK, threads: 256, smem }
         };
+        if k.smem + k.static_smem > self.kernels.max_smem {
+            return Err(bad(format!(
+                "layernorm_bwd: C = {c} needs {} bytes of shared memory ({}), more than the device's {}",
+                k.smem, k.name, self.kernels.max_smem
+            )));
+        }
         let nparts = n.div_ceil(k.rows_per_part);
         let partial = self.scratch_f32(nparts * 2 * c)?;
         let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_per_part as i32);
@@ -205,5 +206,7 @@ struct LnBwdKernel {
     /// Rows summed into one partial dw/db row: one block's rows (the kernel's last argument).
     rows_per_part: usize,
     threads: usize,
+    /// Dynamic shared memory, and a bound on the kernel's static shared memory beside it.
     smem: usize,
+    static_smem: usize,
 }
