@@ -32,7 +32,7 @@ fn encoder() {
         for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7)] {
             let tag = format!("encoder B{b} T{t} C{c} V{v}");
             let (n, s) = (b * t, SeqShape { b, t, c });
-            let at = EmbedLocs { wte: Loc::new(0, v * c), wpe: Loc::new(v * c, t * c) };
+            let at = EmbedLocs { wte: Loc::new(0, v * c), wpe: Some(Loc::new(v * c, t * c)) };
             let params = rng.vec(v * c + t * c, 0.5);
             let toks = rng.below(n, v as u32);
             let mut out_c = cpu.alloc_buf(n * c, "")?;
@@ -299,7 +299,7 @@ fn attention() {
             }
             let tag = format!("attention B{b} T{t} NH{nh} HS{hs}");
             let c = nh * hs;
-            let s = AttnShape { b, t, c, nh };
+            let s = AttnShape::mha(b, t, c, nh);
             let n = b * t;
             let qkv = rng.vec(n * 3 * c, 1.0);
             let mut outc = vec![0.0; n * c];
@@ -392,10 +392,10 @@ fn cross_entropy() {
             let tg = rng.below(n, v as u32);
             let scale = 1.0 / n as f32;
             let (mut lc, mut ls) = (logits.clone(), vec![0.0; n]);
-            cpu.cross_entropy_fwd_bwd(&mut lc, &mut ls, &tg, n, v, scale)?;
+            cpu.cross_entropy_fwd_bwd(&mut lc, &mut ls, &tg, LossRows::all(n, v), scale)?;
             let mut gl = up_buf(be, &logits)?;
             let mut gls = poisoned_f32(be, n)?;
-            be.cross_entropy_fwd_bwd(&mut gl, &mut gls, &up_tok(be, &tg)?, n, v, scale)?;
+            be.cross_entropy_fwd_bwd(&mut gl, &mut gls, &up_tok(be, &tg)?, LossRows::all(n, v), scale)?;
             rep.cmp(&tag, "losses", &be.download_f32(&gls, Loc::all(n))?, &ls, TOL_F32);
             rep.cmp(&tag, "dlogits", &be.download_buf(&gl, Loc::all(n * v))?, &lc, TOL_BF16);
         }

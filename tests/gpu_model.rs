@@ -10,7 +10,7 @@ use collectives::nccl::{nccl_unique_id, NcclComm};
 use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
-use trainer::model::{step_micro_loss, ModelFamily, ModelLayout};
+use trainer::model::{step_micro_loss, ModelFamily, ModelLayout, ModelOptions};
 use trainer::optim::Hyper;
 use trainer::zero::{Engine, EngineOptions};
 use trainer::TrainError;
@@ -83,7 +83,12 @@ fn one_training_step_matches_the_cpu() {
             let opts = EngineOptions::stage(stage);
             let mut geng =
                 Engine::new(be, layout.clone(), opts, 0, 1, Some(&mut gpt2_init(&layout, seed))).map_err(dev)?;
-            let mut gm = cfg.family.build(be, &layout, b, &ckpt, &mut geng.ledger)?;
+            let mut gm = cfg.family.build(
+                be,
+                &layout,
+                &ModelOptions { checkpointing: ckpt.clone(), ..ModelOptions::batch(b) },
+                &mut geng.ledger,
+            )?;
             geng.begin_step(be)?;
             let gloss =
                 step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
@@ -123,7 +128,7 @@ fn cpu_step(
     let scale = Some(1.0 / inputs.len() as f32);
     let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
     let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;
-    let mut m = cfg.family.build(&cpu, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
+    let mut m = cfg.family.build(&cpu, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
     eng.begin_step(&cpu)?;
     let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, inputs, targets, scale).map_err(dev)?;
     let grads: Vec<Vec<f32>> =
@@ -166,7 +171,7 @@ fn timed_gemm_tuning_matches_the_cpu() {
         let mut eng =
             Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
                 .map_err(dev)?;
-        let mut m = cfg.family.build(be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
+        let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
         eng.begin_step(be)?;
         let scale = Some(1.0 / n as f32);
         let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &inputs, &targets, scale).map_err(dev)?;
@@ -227,7 +232,7 @@ fn graph_replay_matches_eager_micro_steps() {
                     Some(&mut gpt2_init(&layout, seed)),
                 )
                 .map_err(dev)?;
-                let mut m = cfg.family.build(be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger)?;
+                let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
                 eng.begin_step(be)?;
                 eng.set_final_micro(false);
                 let mut graph = None;

@@ -3,8 +3,8 @@
 
 use collectives::tcp::TcpComm;
 use trainer::backend::cpu::{CpuBackend, HostComm};
-use trainer::config::{CheckpointingConfig, ModelConfig};
-use trainer::model::{step_micro_loss, ModelFamily, ModelLayout};
+use trainer::config::ModelConfig;
+use trainer::model::{step_micro_loss, ModelFamily, ModelLayout, ModelOptions};
 use trainer::zero::{Engine, EngineOptions};
 
 #[test]
@@ -17,7 +17,7 @@ fn every_parameter_tensor_matches_finite_differences() {
     let mut init = |u, r| Ok(cfg.family.init_range(&l2, u, 7, Default::default(), r));
     let mut eng = Engine::new(&be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init)).expect("engine");
     let b = 2;
-    let mut model = cfg.family.build(&be, &layout, b, &CheckpointingConfig::default(), &mut eng.ledger).expect("model");
+    let mut model = cfg.family.build(&be, &layout, &ModelOptions::batch(b), &mut eng.ledger).expect("model");
     let n = b * cfg.seq_len;
     let inputs: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % 11).collect();
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % 11).collect();

@@ -102,16 +102,15 @@ fn engine_and_model(
     rank: usize,
     world: usize,
 ) -> (trainer::zero::Engine<CpuBackend>, Box<dyn trainer::model::DecoderModel<CpuBackend>>) {
-    use trainer::model::ModelLayout;
+    use trainer::model::{ModelLayout, ModelOptions};
     use trainer::zero::{Engine, EngineOptions};
     let layout = ModelLayout::new(&cfg.model);
     let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
     let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
     let opts = EngineOptions::from_config(cfg);
     let mut eng = Engine::new(&CpuBackend, layout, opts, rank, world, Some(&mut init)).expect("engine");
-    let model = family
-        .build(&CpuBackend, &eng.layout, cfg.train.micro_batch, &cfg.checkpointing, &mut eng.ledger)
-        .expect("model");
+    let model =
+        family.build(&CpuBackend, &eng.layout, &ModelOptions::from_config(&cfg), &mut eng.ledger).expect("model");
     (eng, model)
 }
 

@@ -103,6 +103,10 @@ pub struct TrainConfig {
     /// heuristic misjudges; near-ties may go either way, so two runs can differ in the
     /// losses' last bits). The CPU reference has one way to multiply.
     pub gemm_tuning: GemmTuning,
+    /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
+    /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
+    /// fewest equal chunks of at most 1 GiB of logits.
+    pub loss_chunk_rows: usize,
 }
 
 impl Default for TrainConfig {
@@ -124,6 +128,7 @@ impl Default for TrainConfig {
             eval_batches: 4,
             cuda_graphs: true,
             gemm_tuning: GemmTuning::Heuristic,
+            loss_chunk_rows: 0,
         }
     }
 }

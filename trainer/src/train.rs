@@ -6,7 +6,7 @@ use crate::checkpoint::hf::HfWeights;
 use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
 use crate::metrics::StepMetrics;
-use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout};
+use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
 use crate::zero::engine::all_reduce_f64;
 use crate::zero::{Engine, EngineComm, EngineOptions, MicroKey, MicroState};
@@ -98,9 +98,8 @@ impl<B: Backend> Trainer<B> {
                 Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| Ok(hf.unit_values(&l2, u)?[r].to_vec())))?
             }
         };
-        let ckpt = &cfg.checkpointing;
         let model = family
-            .build(be, &engine.layout, cfg.train.micro_batch, ckpt, &mut engine.ledger)
+            .build(be, &engine.layout, &ModelOptions::from_config(cfg), &mut engine.ledger)
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         be.set_gemm_tuning(cfg.train.gemm_tuning);

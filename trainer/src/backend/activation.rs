@@ -1,6 +1,6 @@
-//! Element-wise activations and the residual add.
+//! Element-wise activations (GELU, SwiGLU) and the residual add.
 
-use super::{BResult, Device};
+use super::{BResult, Device, Rows};
 
 pub trait ActivationOps: Device {
     /// GELU (tanh approximation).
@@ -9,4 +9,9 @@ pub trait ActivationOps: Device {
     fn gelu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, n: usize) -> BResult<()>;
     /// `out = a + b`.
     fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()>;
+    /// SwiGLU over rows `[gate | up]` of `inp[N, 2F]`: `out[N, F] = silu(gate) ⊙ up`,
+    /// `silu(x) = x·sigmoid(x)` (`r.c` = F).
+    fn swiglu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, r: Rows) -> BResult<()>;
+    /// `dinp[N, 2F]` overwritten: `dgate = dout·up·silu'(gate)`, `dup = dout·silu(gate)`.
+    fn swiglu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, r: Rows) -> BResult<()>;
 }

@@ -1,22 +1,55 @@
-//! Causal multi-head self-attention over a fused `qkv[N, 3C]` projection.
+//! Causal multi-head self-attention over a fused `qkv` projection, with grouped-query
+//! attention (several query heads share one key/value head) and rotary position
+//! embeddings (RoPE) applied in place to the projection's query and key heads.
 
 use super::{BResult, Device};
 
-/// Shapes for one attention call.
-#[derive(Debug, Clone, Copy)]
+/// Shapes for one attention call. A row of `qkv` holds the `nh` query heads, then the
+/// `nkv` key heads, then the `nkv` value heads, `hs = c / nh` values each: query head `h`
+/// reads key/value head `h / (nh / nkv)` (GPT-2 and other multi-head models: `nkv = nh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnShape {
     pub b: usize,
     pub t: usize,
+    /// Query width (and the output's): `nh · hs`.
     pub c: usize,
     pub nh: usize,
+    /// Key/value heads; divides `nh`.
+    pub nkv: usize,
+}
+
+impl AttnShape {
+    /// Multi-head attention: as many key/value heads as query heads.
+    pub fn mha(b: usize, t: usize, c: usize, nh: usize) -> AttnShape {
+        AttnShape { b, t, c, nh, nkv: nh }
+    }
+    /// Head size.
+    pub fn hs(&self) -> usize {
+        self.c / self.nh
+    }
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.nh / self.nkv
+    }
+    /// Values per row of `qkv`: `(nh + 2·nkv) · hs`.
+    pub fn qkv_width(&self) -> usize {
+        (self.nh + 2 * self.nkv) * self.hs()
+    }
+    /// Offset of the key heads (then the value heads, `nkv · hs` later) in a `qkv` row.
+    pub fn k_off(&self) -> usize {
+        self.c
+    }
+    pub fn v_off(&self) -> usize {
+        self.c + self.nkv * self.hs()
+    }
 }
 
 pub trait AttentionOps: Device {
     /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
     fn attention_saved_len(&self, s: AttnShape) -> usize;
-    /// Causal multi-head self-attention: `qkv[N,3C]` → `out[N,C]`.
+    /// Causal self-attention: `qkv[N, qkv_width]` → `out[N, C]`.
     fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()>;
-    /// `dqkv` overwritten from `dout`.
+    /// `dqkv` overwritten from `dout` (a key/value head's gradient sums its query heads').
     fn attention_bwd(
         &self,
         dqkv: &mut Self::Buf,
@@ -26,4 +59,71 @@ pub trait AttentionOps: Device {
         saved: &Self::F32,
         s: AttnShape,
     ) -> BResult<()>;
+
+    /// Rotary position embedding, in place on the query and key heads of `qkv` (values
+    /// untouched): in every head, the pair of dimensions `(i, i + hs/2)` of the token at
+    /// position `p = row mod T` is rotated by the angle whose cosine and sine are
+    /// `table[p·hs/2 + i]` and `table[T·hs/2 + p·hs/2 + i]` ([`rope_table`]). This is
+    /// Hugging Face transformers' convention (`rotate_half`), so their checkpoints load
+    /// without permuting rows.
+    fn rope_fwd(&self, qkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()>;
+    /// The backward of [`AttentionOps::rope_fwd`]: the inverse rotation, in place on the
+    /// query and key gradients of `dqkv`.
+    fn rope_bwd(&self, dqkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()>;
+}
+
+/// Llama 3.1's frequency scaling of RoPE (`rope_scaling` with `rope_type = "llama3"`):
+/// wavelengths longer than the original context / `low_freq_factor` are divided by
+/// `factor`, shorter than it / `high_freq_factor` kept, and those between blended.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: usize,
+}
+
+/// The inverse frequencies `theta^(-2i/hs)`, `i < hs/2`, with the Llama 3.1 scaling, as
+/// transformers (and Meta's reference code) hold them: in fp32.
+pub fn rope_inv_freq(hs: usize, theta: f64, scaling: Option<RopeScaling>) -> Vec<f32> {
+    let half = hs / 2;
+    (0..half)
+        .map(|i| {
+            // transformers: 1 / base ** (arange(0, dim, 2).float() / dim)
+            let f = 1.0 / theta.powf((2 * i) as f64 / hs as f64);
+            let Some(sc) = scaling else { return f as f32 };
+            let old = sc.original_max_position_embeddings as f64;
+            let (low_wl, high_wl) = (old / sc.low_freq_factor, old / sc.high_freq_factor);
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            let scaled = if wavelen < high_wl {
+                f
+            } else if wavelen > low_wl {
+                f / sc.factor
+            } else {
+                let smooth = (old / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
+                (1.0 - smooth) * f / sc.factor + smooth * f
+            };
+            scaled as f32
+        })
+        .collect()
+}
+
+/// The table [`AttentionOps::rope_fwd`] reads: `cos` of the angle `p · inv_freq[i]` for
+/// positions `p < t`, `[t, hs/2]`, then its `sin`, `[t, hs/2]`. The angle is an fp32
+/// product, as transformers and Meta's code compute it (at position 8191 that product is
+/// off by up to 5e-4 rad, and a pretrained model learned with it); its cosine and sine
+/// are exact to f32.
+pub fn rope_table(t: usize, hs: usize, theta: f64, scaling: Option<RopeScaling>) -> Vec<f32> {
+    let inv = rope_inv_freq(hs, theta, scaling);
+    let half = hs / 2;
+    let mut out = vec![0.0f32; 2 * t * half];
+    for p in 0..t {
+        for (i, f) in inv.iter().enumerate() {
+            let a = (p as f32 * f) as f64;
+            out[p * half + i] = a.cos() as f32;
+            out[t * half + p * half + i] = a.sin() as f32;
+        }
+    }
+    out
 }

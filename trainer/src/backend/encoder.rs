@@ -1,12 +1,13 @@
-//! Token + position embedding (GPT-2's `wte` and `wpe`).
+//! Token embedding, plus learned positions where the model has them (GPT-2's `wte` and
+//! `wpe`; Llama has no position table: RoPE rotates queries and keys instead).
 
 use super::{BResult, Device, Loc, WeightGrads, Weights};
 
-/// The token table `[V, C]` and the position table `[T_max, C]` in a flat buffer.
+/// The token table `[V, C]` and the position table `[T_max, C]`, if any, in a flat buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmbedLocs {
     pub wte: Loc,
-    pub wpe: Loc,
+    pub wpe: Option<Loc>,
 }
 
 /// `b` sequences of `t` tokens, `c` channels.
@@ -18,7 +19,7 @@ pub struct SeqShape {
 }
 
 pub trait EncoderOps: Device {
-    /// `out[N,C] = wte[tokens] + wpe[t]`.
+    /// `out[N,C] = wte[tokens] (+ wpe[t])`.
     fn encoder_fwd(
         &self,
         out: &mut Self::Buf,
@@ -26,7 +27,7 @@ pub trait EncoderOps: Device {
         p: Weights<'_, Self, EmbedLocs>,
         s: SeqShape,
     ) -> BResult<()>;
-    /// `dwte[tokens] += dout`, `dwpe[t] += dout`.
+    /// `dwte[tokens] += dout` (`dwpe[t] += dout`); both written when `g.fresh`.
     fn encoder_bwd(
         &self,
         g: WeightGrads<'_, Self, EmbedLocs>,

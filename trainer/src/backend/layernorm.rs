@@ -1,4 +1,4 @@
-//! LayerNorm over the last dimension.
+//! The norms over the last dimension: LayerNorm (GPT-2) and RMSNorm (Llama).
 
 use super::{BResult, Device, Loc, WeightGrads, Weights};
 
@@ -29,6 +29,12 @@ pub struct LnSaved<'a, B: Device + ?Sized> {
     pub rstd: &'a B::F32,
 }
 
+/// What the RMSNorm backward reads of its forward: the input and its rows' 1/rms.
+pub struct RmsSaved<'a, B: Device + ?Sized> {
+    pub inp: &'a B::Buf,
+    pub rstd: &'a B::F32,
+}
+
 pub trait LayerNormOps: Device {
     /// `out = (inp − mean)·rstd·w + b` per row; saves mean and rstd.
     fn layernorm_fwd(
@@ -47,6 +53,28 @@ pub trait LayerNormOps: Device {
         dout: &Self::Buf,
         saved: LnSaved<'_, Self>,
         p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+    ) -> BResult<()>;
+
+    /// RMSNorm: `out = inp · rstd · w` per row with `rstd = 1/sqrt(mean(inp²) + eps)`,
+    /// computed in fp32; saves `rstd`.
+    fn rmsnorm_fwd(
+        &self,
+        out: &mut Self::Buf,
+        rstd: &mut Self::F32,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+        eps: f32,
+    ) -> BResult<()>;
+    /// `dinp += ..`, `dw += ..` (written when `g.fresh`).
+    fn rmsnorm_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, Loc>,
+        dout: &Self::Buf,
+        saved: RmsSaved<'_, Self>,
+        p: Weights<'_, Self, Loc>,
         r: Rows,
     ) -> BResult<()>;
 }

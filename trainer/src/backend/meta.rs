@@ -7,8 +7,8 @@
 
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
-    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, MatShape, MatmulOps,
-    MemoryOps, NormLocs, ReduceOps, Rows, SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
+    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, LossRows, MatShape,
+    MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
@@ -145,6 +145,28 @@ impl LayerNormOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+    fn rmsnorm_fwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: Weights<'_, Self, Loc>,
+        _: Rows,
+        _: f32,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn rmsnorm_bwd(
+        &self,
+        _: &mut MetaBuf,
+        _: WeightGrads<'_, Self, Loc>,
+        _: &MetaBuf,
+        _: RmsSaved<'_, Self>,
+        _: Weights<'_, Self, Loc>,
+        _: Rows,
+    ) -> BResult<()> {
+        Ok(())
+    }
 }
 
 impl MatmulOps for MetaBackend {
@@ -182,6 +204,12 @@ impl AttentionOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+    fn rope_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+        Ok(())
+    }
+    fn rope_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+        Ok(())
+    }
 }
 
 impl ActivationOps for MetaBackend {
@@ -194,18 +222,16 @@ impl ActivationOps for MetaBackend {
     fn residual_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
+    fn swiglu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Rows) -> BResult<()> {
+        Ok(())
+    }
+    fn swiglu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: Rows) -> BResult<()> {
+        Ok(())
+    }
 }
 
 impl CrossEntropyOps for MetaBackend {
-    fn cross_entropy_fwd_bwd(
-        &self,
-        _: &mut MetaBuf,
-        _: &mut MetaBuf,
-        _: &MetaBuf,
-        _: usize,
-        _: usize,
-        _: f32,
-    ) -> BResult<()> {
+    fn cross_entropy_fwd_bwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: &MetaBuf, _: LossRows, _: f32) -> BResult<()> {
         Ok(())
     }
 }

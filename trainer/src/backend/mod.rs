@@ -4,11 +4,11 @@
 //! | group (file) | ops |
 //! |---|---|
 //! | [`MemoryOps`] (`memory.rs`) | allocation, host transfers, casts, copies, zeroing |
-//! | [`EncoderOps`] (`encoder.rs`) | token + position embedding |
-//! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm |
+//! | [`EncoderOps`] (`encoder.rs`) | token (+ position) embedding |
+//! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm, RMSNorm |
 //! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs), with the fused-GELU hooks |
-//! | [`AttentionOps`] (`attention.rs`) | causal multi-head self-attention |
-//! | [`ActivationOps`] (`activation.rs`) | GELU, residual add |
+//! | [`AttentionOps`] (`attention.rs`) | causal self-attention (multi-head, grouped-query), RoPE |
+//! | [`ActivationOps`] (`activation.rs`) | GELU, SwiGLU, residual add |
 //! | [`CrossEntropyOps`] (`cross_entropy.rs`) | softmax cross-entropy with its backward |
 //! | [`ReduceOps`] (`reduce.rs`) | sums kept on the device (loss, gradient norm) |
 //! | [`AdamWOps`] (`adamw.rs`) | the AdamW update |
@@ -56,11 +56,11 @@ pub mod transfer;
 
 pub use activation::ActivationOps;
 pub use adamw::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors};
-pub use attention::{AttentionOps, AttnShape};
-pub use cross_entropy::CrossEntropyOps;
+pub use attention::{rope_inv_freq, rope_table, AttentionOps, AttnShape, RopeScaling};
+pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
 pub use graph::GraphOps;
-pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, Rows};
+pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
 pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, TunedGemm};
 pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;

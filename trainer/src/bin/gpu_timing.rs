@@ -178,7 +178,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let (b, t, c, nh, v) = (shape[0], shape[1], shape[2], shape[3], shape[4]);
     let layers: usize = std::env::var("GPU_CHECK_LAYERS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
     let n = b * t;
-    let s = AttnShape { b, t, c, nh };
+    let s = AttnShape::mha(b, t, c, nh);
     println!("\nTiming at shapes B={b} T={t} C={c} NH={nh} V={v} (median of event-timed repeats)");
     let chunk = randn(1, 1 << 22, 1.0);
     let small = randn(2, 1 << 22, 0.02);
@@ -203,7 +203,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let toks: Vec<u32> = (0..n as u64).map(|i| (trainer::rng::uniform(3, 1, i) * v as f64) as u32 % v as u32).collect();
     let mut gtok = be.alloc_tokens(n, TokenRole::Inputs)?;
     be.upload_tokens(&toks, &mut gtok)?;
-    let emb = EmbedLocs { wte: Loc::new(0, v * c), wpe: Loc::new(v * c, t * c) };
+    let emb = EmbedLocs { wte: Loc::new(0, v * c), wpe: Some(Loc::new(v * c, t * c)) };
     let mut tm = Timer { be, rows: Vec::new(), algos, algo_sums: Vec::new() };
     let bc2 = (n * c * 2) as f64;
 
@@ -320,7 +320,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut losses = be.alloc_f32(n, "")?;
 
     tm.time("cross_entropy_fwd_bwd", 2, 10, gbps(2.0 * 2.0 * (n * v) as f64 + 2.0 * (n * v) as f64), || {
-        be.cross_entropy_fwd_bwd(&mut logits, &mut losses, &gtok, n, v, 1.0 / n as f32)
+        be.cross_entropy_fwd_bwd(&mut logits, &mut losses, &gtok, LossRows::all(n, v), 1.0 / n as f32)
     });
     let t_ce = tm.rows.last().map_or(0.0, |r| r.1);
     let mut dln = newbuf(n * c, &chunk)?;
@@ -405,7 +405,7 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize) -> BResult<
     println!("\nCausal attention, B x NH = {b} x {nh} heads, T = {t} (median of event-timed repeats)");
     for hs in [64usize, 80, 96, 128] {
         let (c, n) = (nh * hs, b * t);
-        let s = AttnShape { b, t, c, nh };
+        let s = AttnShape::mha(b, t, c, nh);
         let chunk = randn(4, 1 << 22, 1.0);
         let fill = |len: usize| -> BResult<CudaSlice<bf16>> {
             let mut x = be.alloc_buf(len, "timing")?;

@@ -4,20 +4,24 @@
 //! - `schedule.rs`: [`DecoderModel`], the per-unit hooks a family implements, and the
 //!   micro-step schedule that drives them through the engine (gather, prefetch, release,
 //!   reduce);
+//! - `head.rs`: the LM head and the loss, in chunks of rows (every family's);
+//! - `slots.rs`: which saved-activation set each block uses under checkpointing;
 //! - `gpt2/`: the GPT-2 family (layout, init, blocks, Hugging Face names).
 //!
 //! [`ModelFamily`] is `model.family` in the config; adding a family means a folder beside
 //! `gpt2/`, a variant here, and its arms in `ModelFamily`'s methods.
 
 pub mod gpt2;
+pub mod head;
 pub mod schedule;
+pub mod slots;
 pub mod units;
 
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{BResult, Backend};
-use crate::config::{CheckpointingConfig, InitScheme, ModelConfig};
+use crate::config::{CheckpointingConfig, Config, InitScheme, ModelConfig};
 use crate::zero::MemoryLedger;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -68,17 +72,16 @@ impl ModelFamily {
         }
     }
 
-    /// The model's activations for micro-batch `b`, counted in `ledger`.
+    /// The model's activations as `opts` sizes them, counted in `ledger`.
     pub fn build<B: Backend>(
         self,
         be: &B,
         layout: &ModelLayout,
-        b: usize,
-        ckpt: &CheckpointingConfig,
+        opts: &ModelOptions,
         ledger: &mut MemoryLedger,
     ) -> BResult<Box<dyn DecoderModel<B>>> {
         Ok(match self {
-            ModelFamily::Gpt2 => Box::new(gpt2::Gpt2::new(be, layout, b, ckpt, ledger)?),
+            ModelFamily::Gpt2 => Box::new(gpt2::Gpt2::new(be, layout, opts, ledger)?),
         })
     }
 
@@ -94,6 +97,32 @@ impl ModelFamily {
         match self {
             ModelFamily::Gpt2 => &gpt2::Gpt2Hf,
         }
+    }
+}
+
+/// What sizes a model's activations besides its shape: the micro-batch, activation
+/// checkpointing, and the LM head's chunks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelOptions {
+    /// Sequences per micro-step.
+    pub micro_batch: usize,
+    pub checkpointing: CheckpointingConfig,
+    /// Rows of logits the LM head makes at a time (`train.loss_chunk_rows`; 0 = automatic).
+    pub loss_chunk_rows: usize,
+}
+
+impl ModelOptions {
+    pub fn from_config(cfg: &Config) -> ModelOptions {
+        ModelOptions {
+            micro_batch: cfg.train.micro_batch,
+            checkpointing: cfg.checkpointing.clone(),
+            loss_chunk_rows: cfg.train.loss_chunk_rows,
+        }
+    }
+
+    /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks).
+    pub fn batch(b: usize) -> ModelOptions {
+        ModelOptions { micro_batch: b, checkpointing: CheckpointingConfig::default(), loss_chunk_rows: 0 }
     }
 }
 

@@ -2,8 +2,8 @@
 //! ZeRO engine. A family implements [`DecoderModel`] (what each unit computes); this file
 //! decides when each unit is gathered, prefetched, released and its gradient reduced:
 //!
-//! forward: embedding (unit 0) → blocks 1..=L → head (`head_unit`) and loss;
-//! backward: head → blocks L..=1 → embedding, each unit's reduction started as soon as
+//! forward: embedding (unit 0) → blocks 1..=L → head (`head_unit`) and loss, whose
+//! backward runs with it; then the blocks L..=1 → embedding, each unit's reduction started as soon as
 //! its gradient is complete.
 
 use crate::backend::{BResult, Backend, UnitGrads};
@@ -20,16 +20,17 @@ pub trait DecoderModel<B: Backend> {
     fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()>;
     /// Block `layer` forward.
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()>;
-    /// Final norm, LM head and loss (added to the device-side loss sum); with
-    /// `dloss_scale = Some(s)` the logits are also replaced by their gradient times `s`.
-    fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()>;
-    /// The head's backward into the head unit's gradients; starts the residual gradient.
-    /// Each backward hook writes every element of its unit when `g.fresh` (the head and
-    /// the embedding together, where they share a unit), and adds to it otherwise.
-    fn head_bwd(&mut self, be: &B, p: &B::Buf, g: UnitGrads<'_, B>) -> BResult<()>;
+    /// Final norm, LM head and loss (added to the device-side loss sum): evaluation.
+    fn head_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()>;
+    /// Final norm, LM head and loss, and their backward scaled by `dloss_scale`: the head
+    /// unit's gradients and the start of the residual gradient. One hook, so the logits
+    /// can be made and consumed in chunks (`model/head.rs`). Each backward hook writes
+    /// every element of its unit when `g.fresh` (the head and the embedding together,
+    /// where they share a unit), and adds to it otherwise.
+    fn head_fwd_bwd(&mut self, be: &B, p: &B::Buf, dloss_scale: f32, g: UnitGrads<'_, B>) -> BResult<()>;
     /// Block `layer` backward (recomputing its forward first if it is checkpointed).
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, g: UnitGrads<'_, B>) -> BResult<()>;
-    /// The embedding's backward into unit 0's gradients (after `head_bwd` where the head
+    /// The embedding's backward into unit 0's gradients (after `head_fwd_bwd` where the head
     /// shares unit 0).
     fn embed_bwd(&mut self, be: &B, g: UnitGrads<'_, B>) -> BResult<()>;
     /// Mean loss per token over the micro-steps since the last call (one device read).
@@ -79,16 +80,16 @@ pub fn run_micro<B: Backend, C: EngineComm<B>>(
         eng.release(u);
     }
     gather_at(be, eng, comm, &order, &mut pos)?;
-    model.head_fwd(be, eng.params(head), dloss_scale)?;
-    if dloss_scale.is_none() {
+    let Some(scale) = dloss_scale else {
+        model.head_fwd(be, eng.params(head))?;
         eng.release(head);
         return Ok(());
-    }
+    };
 
-    // ---- backward ----
+    // ---- the head's forward and backward, then the blocks' backward ----
     {
         let (p, g) = eng.params_and_grads(be, head)?;
-        model.head_bwd(be, p, g)?;
+        model.head_fwd_bwd(be, p, scale, g)?;
     }
     if head != embed {
         eng.unit_backward_done(be, comm, head)?;

@@ -6,7 +6,7 @@ use super::{Engine, EngineOptions, MemoryReport};
 use crate::backend::meta::{MetaBackend, MetaComm};
 use crate::backend::{AttnShape, ElemBytes};
 use crate::config::Config;
-use crate::model::{step_micro, ModelLayout};
+use crate::model::{step_micro, ModelLayout, ModelOptions};
 use crate::optim::Hyper;
 use crate::TrainError;
 
@@ -50,8 +50,7 @@ pub fn dry_run(
     // No initial values: the meta backend holds none, and making them would cost host
     // memory and time that grow with the model.
     let mut eng = Engine::new(&be, layout, EngineOptions::from_config(cfg), rank, world, None)?;
-    let ckpt = &cfg.checkpointing;
-    let mut model = cfg.model.family.build(&be, &eng.layout, cfg.train.micro_batch, ckpt, &mut eng.ledger)?;
+    let mut model = cfg.model.family.build(&be, &eng.layout, &ModelOptions::from_config(cfg), &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];
     let h = Hyper { lr: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.0 };

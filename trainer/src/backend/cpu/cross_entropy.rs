@@ -1,7 +1,7 @@
 //! Fused softmax + cross-entropy forward and backward on the CPU (llm.c's fused classifier).
 
 use super::CpuBackend;
-use crate::backend::{BResult, CrossEntropyOps};
+use crate::backend::{BResult, CrossEntropyOps, LossRows};
 
 /// Per row: `loss = logsumexp(logits) - logits[target]`; then `logits` is overwritten with
 /// `(softmax - onehot(target)) * dloss_scale`.
@@ -37,11 +37,12 @@ impl CrossEntropyOps for CpuBackend {
         logits: &mut Vec<f32>,
         losses: &mut Vec<f32>,
         targets: &Vec<u32>,
-        n: usize,
-        v: usize,
+        rows: LossRows,
         dloss_scale: f32,
     ) -> BResult<()> {
-        cross_entropy_forward_backward(&mut logits[..n * v], &mut losses[..n], &targets[..n], n, v, dloss_scale);
+        let LossRows { n, v, first } = rows;
+        let (losses, targets) = (&mut losses[first..first + n], &targets[first..first + n]);
+        cross_entropy_forward_backward(&mut logits[..n * v], losses, targets, n, v, dloss_scale);
         Ok(())
     }
 }

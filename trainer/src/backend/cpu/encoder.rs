@@ -1,24 +1,27 @@
-//! Token + position embedding on the CPU.
+//! Token (+ position) embedding on the CPU.
 
-use super::{at, two_mut, CpuBackend};
-use crate::backend::{BResult, EmbedLocs, EncoderOps, SeqShape, WeightGrads, Weights};
+use super::{at, CpuBackend};
+use crate::backend::{BResult, EmbedLocs, EncoderOps, Loc, SeqShape, WeightGrads, Weights};
 
+/// `out = wte[tok] (+ wpe[t])`; an empty `wpe` adds no positions.
 pub fn encoder_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], s: SeqShape) {
     let SeqShape { b, t, c } = s;
     for bi in 0..b {
         for ti in 0..t {
             let tok = tokens[bi * t + ti] as usize;
             let o = &mut out[(bi * t + ti) * c..(bi * t + ti + 1) * c];
-            let e = &wte[tok * c..(tok + 1) * c];
-            let p = &wpe[ti * c..(ti + 1) * c];
-            for j in 0..c {
-                o[j] = e[j] + p[j];
+            o.copy_from_slice(&wte[tok * c..(tok + 1) * c]);
+            if !wpe.is_empty() {
+                for (o, p) in o.iter_mut().zip(&wpe[ti * c..(ti + 1) * c]) {
+                    *o += p;
+                }
             }
         }
     }
 }
 
-/// `dwte[tok] += dout`, `dwpe[t] += dout`, in row order (deterministic).
+/// `dwte[tok] += dout` (`dwpe[t] += dout` unless `dwpe` is empty), in row order
+/// (deterministic).
 pub fn encoder_backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], s: SeqShape) {
     let SeqShape { b, t, c } = s;
     for bi in 0..b {
@@ -28,8 +31,10 @@ pub fn encoder_backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens
             for (w, g) in dwte[tok * c..(tok + 1) * c].iter_mut().zip(d) {
                 *w += g;
             }
-            for (w, g) in dwpe[ti * c..(ti + 1) * c].iter_mut().zip(d) {
-                *w += g;
+            if !dwpe.is_empty() {
+                for (w, g) in dwpe[ti * c..(ti + 1) * c].iter_mut().zip(d) {
+                    *w += g;
+                }
             }
         }
     }
@@ -44,7 +49,8 @@ impl EncoderOps for CpuBackend {
         s: SeqShape,
     ) -> BResult<()> {
         let SeqShape { b, t, c } = s;
-        encoder_forward(&mut out[..b * t * c], &tokens[..b * t], at(p.buf, p.at.wte), at(p.buf, p.at.wpe), s);
+        let wpe = at(p.buf, p.at.wpe.unwrap_or(Loc::new(0, 0)));
+        encoder_forward(&mut out[..b * t * c], &tokens[..b * t], at(p.buf, p.at.wte), wpe, s);
         Ok(())
     }
     fn encoder_bwd(
@@ -55,7 +61,9 @@ impl EncoderOps for CpuBackend {
         s: SeqShape,
     ) -> BResult<()> {
         let SeqShape { b, t, c } = s;
-        let (wte_g, wpe_g) = two_mut(g.buf, g.at.wte, g.at.wpe);
+        // No position table: an empty one just after the token table (disjoint from it).
+        let (wte, wpe) = (g.at.wte, g.at.wpe.unwrap_or(Loc::new(g.at.wte.end(), 0)));
+        let (wte_g, wpe_g) = super::two_mut(g.buf, wte, wpe);
         if g.fresh {
             // Written, not added to: a scatter leaves the rows of absent tokens as they were.
             wte_g.fill(0.0);

@@ -1,7 +1,10 @@
-//! LayerNorm on the CPU (forward saves mean and 1/std per row for backward).
+//! LayerNorm and RMSNorm on the CPU (forwards save 1/std per row, and LayerNorm the mean,
+//! for the backward).
 
 use super::{at, two_mut, CpuBackend};
-use crate::backend::{BResult, BackendError, LayerNormOps, LnSaved, LnStats, NormLocs, Rows, WeightGrads, Weights};
+use crate::backend::{
+    BResult, BackendError, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights,
+};
 
 pub const LN_EPS: f32 = 1e-5;
 
@@ -59,6 +62,47 @@ pub fn layernorm_backward(
     }
 }
 
+/// RMSNorm forward over `n = rstd.len()` rows of `c = w.len()` values: the mean square
+/// in f64 (the reference's sum is exact enough not to depend on the order).
+pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], inp: &[f32], w: &[f32], eps: f32) {
+    let c = w.len();
+    for (i, r) in rstd.iter_mut().enumerate() {
+        let x = &inp[i * c..(i + 1) * c];
+        let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / c as f64;
+        let s = (1.0 / (ms + eps as f64).sqrt()) as f32;
+        for ((o, &xv), &wv) in out[i * c..(i + 1) * c].iter_mut().zip(x).zip(w) {
+            *o = xv * s * wv;
+        }
+        *r = s;
+    }
+}
+
+/// RMSNorm backward: with `xh = x·rstd` and `g = dy·w`, `dx += rstd·(g − xh·mean(g·xh))`
+/// and `dw += Σ_rows dy·xh`.
+pub fn rmsnorm_backward(
+    dinp: &mut [f32],
+    dw: &mut [f32],
+    dout: &[f32],
+    saved: RmsSaved<'_, CpuBackend>,
+    w: &[f32],
+    r: Rows,
+) {
+    let Rows { n, c } = r;
+    for i in 0..n {
+        let x = &saved.inp[i * c..(i + 1) * c];
+        let dy = &dout[i * c..(i + 1) * c];
+        let s = saved.rstd[i];
+        let dot = (0..c).map(|j| (dy[j] * w[j]) as f64 * (x[j] * s) as f64).sum::<f64>() / c as f64;
+        let dot = dot as f32;
+        let dx = &mut dinp[i * c..(i + 1) * c];
+        for j in 0..c {
+            let xh = x[j] * s;
+            dw[j] += dy[j] * xh;
+            dx[j] += s * (dy[j] * w[j] - xh * dot);
+        }
+    }
+}
+
 impl LayerNormOps for CpuBackend {
     fn layernorm_fwd(
         &self,
@@ -93,6 +137,40 @@ impl LayerNormOps for CpuBackend {
             db.fill(0.0);
         }
         layernorm_backward(&mut dinp[..n * c], dw, db, &dout[..n * c], saved, at(p.buf, p.at.w), r);
+        Ok(())
+    }
+    fn rmsnorm_fwd(
+        &self,
+        out: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+        eps: f32,
+    ) -> BResult<()> {
+        let Rows { n, c } = r;
+        let w = at(p.buf, p.at);
+        if w.len() != c {
+            return Err(BackendError::Device(format!("rmsnorm_fwd: the weight must have C = {c} elements")));
+        }
+        rmsnorm_forward(&mut out[..n * c], &mut rstd[..n], &inp[..n * c], w, eps);
+        Ok(())
+    }
+    fn rmsnorm_bwd(
+        &self,
+        dinp: &mut Vec<f32>,
+        g: WeightGrads<'_, Self, Loc>,
+        dout: &Vec<f32>,
+        saved: RmsSaved<'_, Self>,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+    ) -> BResult<()> {
+        let Rows { n, c } = r;
+        let dw = &mut g.buf[g.at.off..g.at.end()];
+        if g.fresh {
+            dw.fill(0.0);
+        }
+        rmsnorm_backward(&mut dinp[..n * c], dw, &dout[..n * c], saved, at(p.buf, p.at), r);
         Ok(())
     }
 }

@@ -19,13 +19,13 @@ mod memory;
 mod reduce;
 mod transfer;
 
-pub use activation::{gelu_backward, gelu_forward};
+pub use activation::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 pub use adamw::adamw_segment;
-pub use attention::{attention_backward, attention_forward};
+pub use attention::{attention_backward, attention_forward, rope_rotate};
 pub use comm::HostComm;
 pub use cross_entropy::cross_entropy_forward_backward;
 pub use encoder::{encoder_backward, encoder_forward};
-pub use layernorm::{layernorm_backward, layernorm_forward, LN_EPS};
+pub use layernorm::{layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward, LN_EPS};
 pub use matmul::{matmul_backward, matmul_forward};
 
 use super::{BResult, BackendError, Device, ElemBytes, Loc};

@@ -3,9 +3,9 @@
 //! (one 16-byte word) per thread and turn where the pointers allow it.
 
 use super::kernels::{no_big_smem, no_defines, KernelFile};
-use super::launch::check;
+use super::launch::{bad, check};
 use super::CudaBackend;
-use crate::backend::{ActivationOps, BResult};
+use crate::backend::{ActivationOps, BResult, Rows};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "activation",
@@ -41,5 +41,11 @@ impl ActivationOps for CudaBackend {
         let ptrs = [self.ptr_mut(out, 0), self.ptr(a, 0), self.ptr(b, 0)];
         // SAFETY: ranges checked above.
         unsafe { self.launch_elementwise("residual_fwd", &ptrs, n, PER_THREAD) }
+    }
+    fn swiglu_fwd(&self, _out: &mut Self::Buf, _inp: &Self::Buf, _r: Rows) -> BResult<()> {
+        Err(bad("swiglu_fwd PENDING".into()))
+    }
+    fn swiglu_bwd(&self, _dinp: &mut Self::Buf, _inp: &Self::Buf, _dout: &Self::Buf, _r: Rows) -> BResult<()> {
+        Err(bad("swiglu_bwd PENDING".into()))
     }
 }

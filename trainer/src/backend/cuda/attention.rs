@@ -164,6 +164,9 @@ impl CudaBackend {
         if s.nh == 0 || !s.c.is_multiple_of(s.nh) {
             return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
         }
+        if s.nkv != s.nh {
+            return Err(bad("attention: grouped-query attention (PENDING: GQA kernels)".into()));
+        }
         let hs = s.c / s.nh;
         let which = self.attention.get();
         let tc = which != AttentionImpl::Simt || !SIMT_HEAD_SIZES.contains(&hs);
@@ -279,5 +282,12 @@ impl AttentionOps for CudaBackend {
             unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
         }
         Ok(())
+    }
+
+    fn rope_fwd(&self, _qkv: &mut Self::Buf, _table: &Self::F32, _s: AttnShape) -> BResult<()> {
+        Err(bad("rope_fwd PENDING".into()))
+    }
+    fn rope_bwd(&self, _dqkv: &mut Self::Buf, _table: &Self::F32, _s: AttnShape) -> BResult<()> {
+        Err(bad("rope_bwd PENDING".into()))
     }
 }

@@ -6,7 +6,7 @@ use cudarc::driver::PushKernelArg;
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, to_i32};
 use super::CudaBackend;
-use crate::backend::{BResult, CrossEntropyOps};
+use crate::backend::{BResult, CrossEntropyOps, LossRows};
 
 /// Threads per row (a block): see cross_entropy.cu for what was measured.
 const THREADS: u32 = 512;
@@ -25,14 +25,13 @@ impl CrossEntropyOps for CudaBackend {
         logits: &mut Self::Buf,
         losses: &mut Self::F32,
         targets: &Self::Tokens,
-        n: usize,
-        v: usize,
+        rows: LossRows,
         dloss_scale: f32,
     ) -> BResult<()> {
-        let targets = &targets.dev;
+        let (targets, LossRows { n, v, first }) = (&targets.dev, rows);
         check("cross_entropy logits", logits.len(), 0, n * v)?;
-        check("cross_entropy losses", losses.len(), 0, n)?;
-        check("cross_entropy targets", targets.len(), 0, n)?;
+        check("cross_entropy losses", losses.len(), first, n)?;
+        check("cross_entropy targets", targets.len(), first, n)?;
         if n == 0 {
             return Ok(());
         }
@@ -41,7 +40,7 @@ impl CrossEntropyOps for CudaBackend {
         }
         let blocks = u32::try_from(n).map_err(|_| bad(format!("cross_entropy: {n} rows is too many")))?;
         let (lg, ls, tg, vi) =
-            (self.ptr_mut(logits, 0), self.ptr_mut(losses, 0), self.ptr(targets, 0), to_i32("V", v)?);
+            (self.ptr_mut(logits, 0), self.ptr_mut(losses, first), self.ptr(targets, first), to_i32("V", v)?);
         let f = self.f("cross_entropy_fwd_bwd")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&lg).arg(&ls).arg(&tg).arg(&vi).arg(&dloss_scale);

@@ -1,13 +1,15 @@
-// Token + position embedding (twin of cpu/encoder.rs).
+// Token (+ position) embedding (twin of cpu/encoder.rs).
 //
 // The backward is deterministic: no atomics. The host groups the rows by token
 // (stable, so positions stay in order) and one thread block per distinct token sums
 // its rows in that order; the position table is summed over the batch in order.
 
-// out[N,C] = wte[tok] + wpe[t]; a token outside the table gives NaN (visible in the loss).
+// out[N,C] = wte[tok] (+ wpe[t] when wpe is not null); a token outside the table gives NaN
+// (visible in the loss).
 extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, const bf16_t* wte,
                                        const bf16_t* wpe, int N, int T, int C, unsigned V) {
-    const bool vec = (C % 8 == 0) && aligned16(out) && aligned16(wte) && aligned16(wpe);
+    const bool pos = wpe != nullptr;
+    const bool vec = (C % 8 == 0) && aligned16(out) && aligned16(wte) && (!pos || aligned16(wpe));
     const long long stride = (long long)gridDim.x * blockDim.x;
     if (vec) {
         const int cv = C / 8;
@@ -18,9 +20,9 @@ extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, cons
             const int t = row % T;
             float o[8];
             if (tok < V) {
-                float e[8], p[8];
+                float e[8], p[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
                 unpack8(*(const uint4*)(wte + (long long)tok * C + c8), e);
-                unpack8(*(const uint4*)(wpe + (long long)t * C + c8), p);
+                if (pos) unpack8(*(const uint4*)(wpe + (long long)t * C + c8), p);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) o[k] = e[k] + p[k];
             } else {
@@ -35,7 +37,7 @@ extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, cons
             const int row = (int)(i / C), c = (int)(i % C);
             const unsigned tok = tokens[row];
             const int t = row % T;
-            float o = tok < V ? bf2f(wte[(long long)tok * C + c]) + bf2f(wpe[(long long)t * C + c])
+            float o = tok < V ? bf2f(wte[(long long)tok * C + c]) + (pos ? bf2f(wpe[(long long)t * C + c]) : 0.f)
                               : __int_as_float(0x7fc00000);
             out[i] = f2bf(o);
         }

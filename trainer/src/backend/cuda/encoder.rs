@@ -1,4 +1,4 @@
-//! Token + position embedding on the GPU (twin of cpu/encoder.rs; kernels in encoder.cu).
+//! Token (+ position) embedding on the GPU (twin of cpu/encoder.rs; kernels in encoder.cu).
 //! The backward is deterministic: rows are grouped by token on the host when the ids are
 //! uploaded (`DeviceTokens`), and each token's rows are summed in order.
 
@@ -30,12 +30,14 @@ impl EncoderOps for CudaBackend {
         check("encoder_fwd out", out.len(), 0, n * c)?;
         check("encoder_fwd tokens", tokens.len(), 0, n)?;
         check_loc("encoder_fwd wte", params.len(), wte)?;
-        check_loc("encoder_fwd wpe", params.len(), wpe)?;
-        if c == 0 || !wte.len.is_multiple_of(c) || wpe.len < t * c {
+        if let Some(wpe) = wpe {
+            check_loc("encoder_fwd wpe", params.len(), wpe)?;
+        }
+        if c == 0 || !wte.len.is_multiple_of(c) || wpe.is_some_and(|p| p.len < t * c) {
             return Err(bad(format!(
-                "encoder_fwd: wte ({}) must be a multiple of C = {c} and wpe ({}) hold T*C = {}",
+                "encoder_fwd: wte ({}) must be a multiple of C = {c} and wpe ({:?}) hold T*C = {}",
                 wte.len,
-                wpe.len,
+                wpe.map(|p| p.len),
                 t * c
             )));
         }
@@ -43,8 +45,9 @@ impl EncoderOps for CudaBackend {
             return Ok(());
         }
         let v = u32::try_from(wte.len / c).map_err(|_| bad("encoder_fwd: vocabulary too large".into()))?;
-        let (o, tk, e, pp) =
-            (self.ptr_mut(out, 0), self.ptr(tokens, 0), self.ptr(params, wte.off), self.ptr(params, wpe.off));
+        // No position table: a null pointer, which the kernel reads as "add nothing".
+        let pp = wpe.map_or(0, |p| self.ptr(params, p.off));
+        let (o, tk, e) = (self.ptr_mut(out, 0), self.ptr(tokens, 0), self.ptr(params, wte.off));
         let (ni, ti, ci) = (to_i32("B*T", n)?, to_i32("T", t)?, to_i32("C", c)?);
         let f = self.f("encoder_fwd")?;
         let mut lb = self.stream.launch_builder(f);
@@ -69,21 +72,26 @@ impl EncoderOps for CudaBackend {
         let (grads, EmbedLocs { wte: dwte, wpe: dwpe }, toks) = (g.buf, g.at, &tokens.host);
         let n = b * t;
         check_loc("encoder_bwd dwte", grads.len(), dwte)?;
-        check_loc("encoder_bwd dwpe", grads.len(), dwpe)?;
+        if let Some(dwpe) = dwpe {
+            check_loc("encoder_bwd dwpe", grads.len(), dwpe)?;
+        }
         check("encoder_bwd dout", dout.len(), 0, n * c)?;
         check("encoder_bwd tokens", toks.len(), 0, n)?;
-        if c == 0 || !dwte.len.is_multiple_of(c) || dwpe.len < t * c {
+        if c == 0 || !dwte.len.is_multiple_of(c) || dwpe.is_some_and(|p| p.len < t * c) {
             return Err(bad(format!(
-                "encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({}) hold T*C",
-                dwte.len, dwpe.len
+                "encoder_bwd: dwte ({}) must be a multiple of C = {c} and dwpe ({:?}) hold T*C",
+                dwte.len,
+                dwpe.map(|p| p.len)
             )));
         }
         if g.fresh {
-            // A scatter leaves the rows of absent ids as they were: clear both tables first.
+            // A scatter leaves the rows of absent ids as they were: clear the tables first.
             // SAFETY: both ranges checked above.
             unsafe {
                 self.zero_f32(self.ptr_mut(grads, dwte.off), dwte.len)?;
-                self.zero_f32(self.ptr_mut(grads, dwpe.off), dwpe.len)?;
+                if let Some(dwpe) = dwpe {
+                    self.zero_f32(self.ptr_mut(grads, dwpe.off), dwpe.len)?;
+                }
             }
         }
         if n == 0 {
@@ -102,7 +110,7 @@ impl EncoderOps for CudaBackend {
         })?;
         check("encoder_bwd plan", plan.len(), 0, 3 * n + 2)?;
         let plan_ptr = self.ptr(plan, 0);
-        let (g_wte, g_wpe, d) = (self.ptr_mut(grads, dwte.off), self.ptr_mut(grads, dwpe.off), self.ptr(dout, 0));
+        let (g_wte, d) = (self.ptr_mut(grads, dwte.off), self.ptr(dout, 0));
         let (ci, bi, ti) = (to_i32("C", c)?, to_i32("B", b)?, to_i32("T", t)?);
         let f = self.f("encoder_bwd_wte")?;
         let mut lb = self.stream.launch_builder(f);
@@ -111,6 +119,8 @@ impl EncoderOps for CudaBackend {
         // (checked above); blocks past its nb distinct ids return at once.
         unsafe { lb.launch(cfg((n as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }
             .map_err(|e| self.launch_err("encoder_bwd_wte", e))?;
+        let Some(dwpe) = dwpe else { return Ok(()) };
+        let g_wpe = self.ptr_mut(grads, dwpe.off);
         let f = self.f("encoder_bwd_wpe")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&g_wpe).arg(&d).arg(&bi).arg(&ti).arg(&ci);

@@ -9,7 +9,7 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::cpu::LN_EPS;
-use crate::backend::{BResult, LayerNormOps, LnSaved, LnStats, NormLocs, Rows, WeightGrads, Weights};
+use crate::backend::{BResult, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights};
 
 /// Rows per block in the general LayerNorm backward. A constant (not derived from the
 /// GPU), so results are the same bits on every GPU.
@@ -197,6 +197,28 @@ impl LayerNormOps for CudaBackend {
         unsafe { lb.launch(cfg((blocks, 1, 1), (k.threads as u32, 1, 1), k.smem)) }
             .map_err(|e| self.launch_err(k.name, e))?;
         self.reduce_partials(s, partial, nparts, 2 * c)
+    }
+    fn rmsnorm_fwd(
+        &self,
+        _out: &mut Self::Buf,
+        _rstd: &mut Self::F32,
+        _inp: &Self::Buf,
+        _p: Weights<'_, Self, Loc>,
+        _r: Rows,
+        _eps: f32,
+    ) -> BResult<()> {
+        Err(bad("rmsnorm_fwd PENDING".into()))
+    }
+    fn rmsnorm_bwd(
+        &self,
+        _dinp: &mut Self::Buf,
+        _g: WeightGrads<'_, Self, Loc>,
+        _dout: &Self::Buf,
+        _saved: RmsSaved<'_, Self>,
+        _p: Weights<'_, Self, Loc>,
+        _r: Rows,
+    ) -> BResult<()> {
+        Err(bad("rmsnorm_bwd PENDING".into()))
     }
 }
 

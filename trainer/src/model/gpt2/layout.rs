@@ -40,7 +40,7 @@ pub fn layout(cfg: &ModelConfig) -> (ModelLayout, Gpt2Locs) {
     let mut e = UnitLayout::new("embed");
     let (wte, wpe) = (e.push("wte.weight".into(), &[v, c]), e.push("wpe.weight".into(), &[t, c]));
     let ln_f = NormLocs { w: e.push("ln_f.weight".into(), &[c]), b: e.push("ln_f.bias".into(), &[c]) };
-    let embed = EmbedUnitLocs { tokens: EmbedLocs { wte, wpe }, ln_f, head: LinearLocs { w: wte, b: None } };
+    let embed = EmbedUnitLocs { tokens: EmbedLocs { wte, wpe: Some(wpe) }, ln_f, head: LinearLocs { w: wte, b: None } };
     let mut units = vec![e];
     let mut block = None;
     for l in 0..cfg.n_layer {

@@ -11,12 +11,14 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    AttnShape, BResult, Backend, Device, F64Pair, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
-    TokenRole, UnitGrads, Weights,
+    AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape, TokenRole,
+    UnitGrads, Weights,
 };
-use crate::config::{ActivationCheckpointing, CheckpointingConfig};
+use crate::config::ActivationCheckpointing;
+use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::ModelLayout;
+use crate::model::slots::ActSlots;
+use crate::model::{ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// The per-row statistics of one LayerNorm, kept from its forward for its backward.
@@ -103,7 +105,6 @@ pub struct Gpt2<B: Backend> {
     embed: EmbedUnitLocs,
     block: BlockLocs,
     shape: AttnShape,
-    vocab: usize,
     ckpt: ActivationCheckpointing,
     /// Residual stream entering each block, plus the final one: `n_layer + 1` buffers.
     resid: Vec<B::Buf>,
@@ -116,33 +117,24 @@ pub struct Gpt2<B: Backend> {
     scratch: Scratch<B>,
     lnf: B::Buf,
     lnf_stats: NormStats<B>,
-    logits: B::Buf,
-    losses: B::F32,
-    /// Loss summed over the micro-steps since the last [`DecoderModel::take_mean_loss`],
-    /// as an `F64Pair` on the device: reading it every micro-step would stall the device.
-    loss_acc: B::F32,
-    loss_micro: usize,
+    /// The tied LM head and the loss, in chunks of rows.
+    head: LossHead<B>,
     tokens: B::Tokens,
-    targets: B::Tokens,
     g: GradScratch<B>,
 }
 
 impl<B: Backend> Gpt2<B> {
-    /// Allocate activations for micro-batch `b` (sequences of `seq_len`), counted in `ledger`.
-    pub fn new(
-        be: &B,
-        layout: &ModelLayout,
-        b: usize,
-        ckpt_cfg: &CheckpointingConfig,
-        ledger: &mut MemoryLedger,
-    ) -> BResult<Gpt2<B>> {
+    /// Allocate activations for micro-batch `opts.micro_batch` (sequences of `seq_len`),
+    /// counted in `ledger`.
+    pub fn new(be: &B, layout: &ModelLayout, opts: &ModelOptions, ledger: &mut MemoryLedger) -> BResult<Gpt2<B>> {
+        let (b, ckpt_cfg) = (opts.micro_batch, &opts.checkpointing);
         let ckpt = ckpt_cfg.activations;
         let cfg = &layout.cfg;
         let (_, locs) = super::layout::layout(cfg);
         let (t, c, l) = (cfg.seq_len, cfg.n_embd, cfg.n_layer);
         let n = b * t;
         let sz = be.elem_bytes();
-        let shape = AttnShape { b, t, c, nh: cfg.n_head };
+        let shape = AttnShape::mha(b, t, c, cfg.n_head);
         let mut buf = |len: usize, what: &str| -> BResult<B::Buf> {
             ledger.alloc(Category::Activations, len * sz.buf);
             be.alloc_buf(len, what)
@@ -150,7 +142,6 @@ impl<B: Backend> Gpt2<B> {
         let resid = (0..=l).map(|_| buf(n * c, "residual stream")).collect::<BResult<Vec<_>>>()?;
         let scratch = Scratch { tmp: buf(n * c, "block scratch")?, gelu_out: buf(n * 4 * c, "gelu output")? };
         let lnf = buf(n * c, "final layernorm")?;
-        let logits = buf(n * cfg.vocab_size, "logits")?;
         let g = GradScratch {
             dres: buf(n * c, "residual gradient")?,
             dln: buf(n * c, "gradient scratch")?,
@@ -163,31 +154,10 @@ impl<B: Backend> Gpt2<B> {
             be.alloc_f32(len, what)
         };
         let lnf_stats = NormStats { mean: f32buf(n, "layernorm stats")?, rstd: f32buf(n, "layernorm stats")? };
-        let losses = f32buf(n, "per-token losses")?;
-        let mut loss_acc = f32buf(2, "loss sum")?;
-        be.upload_f32(&[0.0, 0.0], &mut loss_acc, 0)?;
-        // One saved set per non-checkpointed block, plus one shared set if any block is checkpointed.
-        let mut act_slot = Vec::with_capacity(l);
-        let mut n_sets = 0;
-        for layer in 0..l {
-            if ckpt.is_checkpointed(layer) {
-                act_slot.push(usize::MAX);
-            } else {
-                act_slot.push(n_sets);
-                n_sets += 1;
-            }
-        }
-        if act_slot.contains(&usize::MAX) {
-            for s in act_slot.iter_mut().filter(|s| **s == usize::MAX) {
-                *s = n_sets;
-            }
-            n_sets += 1;
-        }
+        let slots = ActSlots::new(ckpt, l);
         let saved_len = be.attention_saved_len(shape);
-        let mut acts = Vec::with_capacity(n_sets);
-        // The last set is the checkpointed blocks' shared one when any block is checkpointed.
-        let shared = (0..l).any(|layer| ckpt.is_checkpointed(layer));
-        for set in 0..n_sets {
+        let mut acts = Vec::with_capacity(slots.sets);
+        for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
                 ledger.alloc(Category::Activations, len * sz.buf);
                 be.alloc_buf(len, what)
@@ -198,7 +168,7 @@ impl<B: Backend> Gpt2<B> {
             let resid2 = bb(n * c, "residual")?;
             let ln2 = bb(n * c, "ln2")?;
             let fch = bb(n * 4 * c, "mlp hidden")?;
-            let keep_gelu = ckpt_cfg.keep_gelu && !(shared && set + 1 == n_sets);
+            let keep_gelu = ckpt_cfg.keep_gelu && !slots.is_shared(set);
             let gelu = if keep_gelu { Some(bb(n * 4 * c, "kept gelu output")?) } else { None };
             let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
                 ledger.alloc(Category::Activations, len * sz.f32);
@@ -229,28 +199,23 @@ impl<B: Backend> Gpt2<B> {
                 None
             });
         }
-        ledger.alloc(Category::Workspace, 2 * n * 4);
+        let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
+        ledger.alloc(Category::Workspace, n * 4);
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
-        let targets = be.alloc_tokens(n, TokenRole::Targets)?;
         Ok(Gpt2 {
             embed: locs.embed,
             block: locs.block,
             shape,
-            vocab: cfg.vocab_size,
             ckpt,
             resid,
             acts,
-            act_slot,
+            act_slot: slots.slot,
             kept,
             scratch,
             lnf,
             lnf_stats,
-            logits,
-            losses,
-            loss_acc,
-            loss_micro: 0,
+            head,
             tokens,
-            targets,
             g,
         })
     }
@@ -263,7 +228,7 @@ impl<B: Backend> Gpt2<B> {
 impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()> {
         be.upload_tokens(inputs, &mut self.tokens)?;
-        be.upload_tokens(targets, &mut self.targets)
+        self.head.load_targets(be, targets)
     }
 
     fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
@@ -281,28 +246,19 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         r
     }
 
-    fn head_fwd(&mut self, be: &B, p: &B::Buf, dloss_scale: Option<f32>) -> BResult<()> {
-        let r = self.rows();
-        let (n, c, l) = (r.n, r.c, self.resid.len() - 1);
-        let e = self.embed;
+    fn head_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
+        let (r, l, e) = (self.rows(), self.resid.len() - 1, self.embed);
         be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r)?;
-        be.matmul_fwd(&mut self.logits, &self.lnf, Weights::new(p, e.head), MatShape { n, c, oc: self.vocab })?;
-        let v = self.vocab;
-        be.cross_entropy_fwd_bwd(&mut self.logits, &mut self.losses, &self.targets, n, v, dloss_scale.unwrap_or(0.0))?;
-        be.sum_into(&self.losses, Loc::all(n), &mut self.loss_acc, 0)?;
-        self.loss_micro += 1;
-        Ok(())
+        self.head.forward(be, &self.lnf, Weights::new(p, e.head))
     }
 
-    fn head_bwd(&mut self, be: &B, p: &B::Buf, mut gr: UnitGrads<'_, B>) -> BResult<()> {
-        let r = self.rows();
-        let (n, c, l) = (r.n, r.c, self.resid.len() - 1);
-        let e = self.embed;
-        // logits now hold dlogits.
-        let s = MatShape { n, c, oc: self.vocab };
+    fn head_fwd_bwd(&mut self, be: &B, p: &B::Buf, dloss_scale: f32, mut gr: UnitGrads<'_, B>) -> BResult<()> {
+        let (r, l, e) = (self.rows(), self.resid.len() - 1, self.embed);
+        be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r)?;
         // The head is wte: written here first, the embedding's backward adds to it.
-        be.matmul_bwd(&mut self.g.dln, gr.first(e.head), &self.logits, &self.lnf, Weights::new(p, e.head), s)?;
-        be.zero_buf(&mut self.g.dres, Loc::all(n * c))?;
+        let w = Weights::new(p, e.head);
+        self.head.forward_backward(be, &self.lnf, w, dloss_scale, gr.first(e.head), &mut self.g.dln)?;
+        be.zero_buf(&mut self.g.dres, Loc::all(r.n * r.c))?;
         let saved = self.lnf_stats.saved(&self.resid[l]);
         be.layernorm_bwd(&mut self.g.dres, gr.first(e.ln_f), &self.g.dln, saved, Weights::new(p, e.ln_f), r)
     }
@@ -327,23 +283,18 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn embed_bwd(&mut self, be: &B, mut gr: UnitGrads<'_, B>) -> BResult<()> {
         let s = SeqShape { b: self.shape.b, t: self.shape.t, c: self.shape.c };
         // head_bwd wrote wte (the tied head) already; wpe is this op's alone.
-        if gr.fresh {
-            be.zero_grad(&mut *gr.buf, self.embed.tokens.wpe)?;
+        if let (true, Some(wpe)) = (gr.fresh, self.embed.tokens.wpe) {
+            be.zero_grad(&mut *gr.buf, wpe)?;
         }
         be.encoder_bwd(gr.again(self.embed.tokens), &self.g.dres, &self.tokens, s)
     }
 
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
-        let n = self.shape.b * self.shape.t;
-        let pair = be.download_f32(&self.loss_acc, Loc::all(2))?;
-        let mean = F64Pair::join(&pair) / (self.loss_micro.max(1) * n) as f64;
-        be.upload_f32(&[0.0, 0.0], &mut self.loss_acc, 0)?;
-        self.loss_micro = 0;
-        Ok(mean)
+        self.head.take_mean_loss(be)
     }
 
     fn replayed_micro(&mut self) {
-        self.loss_micro += 1;
+        self.head.replayed_micro();
     }
 }
 
