@@ -18,7 +18,7 @@ use trainer::TrainError;
 /// The GPT-2 these tests train: 2 layers, 2 heads of 64 (the tensor-core attention),
 /// sequences of 256.
 fn small_gpt(vocab_size: usize) -> ModelConfig {
-    ModelConfig { family: ModelFamily::Gpt2, n_layer: 2, n_head: 2, n_embd: 128, vocab_size, seq_len: 256 }
+    ModelConfig::gpt2(2, 2, 128, vocab_size, 256)
 }
 
 /// Every unit's initial values for `layout` from `seed` (what `Engine::new` asks for).

@@ -95,6 +95,35 @@ fn every_stage_matches_single_rank() {
     }
 }
 
+/// The Llama family on every stage, 2 and 3 ranks, checkpointing or not, tied and untied
+/// head (the untied head is a unit of its own, reduced and stepped like a block), and the
+/// LM head in chunks: the single-rank stage-0 run's losses and parameters.
+#[test]
+fn every_stage_matches_single_rank_llama() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for tied in [false, true] {
+        for world in [2usize, 3] {
+            let accum = 2;
+            let toml = |stage: u8, accum: usize, act: &str| common::tiny_llama_toml(stage, accum, act, tied);
+            let reference = run_toml(1, toml(0, accum * world, "\"none\""), &data);
+            assert!(reference.norms.iter().all(|&n| n > 0.05), "clipping not exercised: {:?}", reference.norms);
+            for stage in 0..=3u8 {
+                for act in ["\"none\"", "\"every_layer\"", KEEP_ATTENTION, KEEP_GELU] {
+                    let got = run_toml(world, toml(stage, accum, act), &data);
+                    let name = format!("llama tied {tied} world {world} stage {stage} checkpointing {act}");
+                    assert_matches(&name, &got, &reference);
+                }
+            }
+            // Chunks of 5 rows for a micro-batch of 32: the head's weight gradient is summed
+            // over chunks in another order, so within the tolerance rather than bit for bit.
+            let chunked_toml = toml(2, accum, "\"none\"").replace("[train]\n", "[train]\nloss_chunk_rows = 5\n");
+            let chunked = run_toml(world, chunked_toml, &data);
+            assert_matches(&format!("llama tied {tied} world {world} chunks of 5"), &chunked, &reference);
+        }
+    }
+}
+
 /// The engine and model one rank of a hand-driven test steps (what `Trainer::new` builds,
 /// without the data and the loop).
 fn engine_and_model(

@@ -265,7 +265,7 @@ pub fn step_time(w: &Workload, c: &Cluster, fit: Fit) -> (f64, f64) {
 
 fn measured_workload(m: &Measured) -> (Workload, Cluster) {
     let (n_layer, n_head, n_embd, vocab_size, seq_len) = m.model;
-    let mc = ModelConfig { family: Default::default(), n_layer, n_head, n_embd, vocab_size, seq_len };
+    let mc = ModelConfig::gpt2(n_layer, n_head, n_embd, vocab_size, seq_len);
     let activations = if m.checkpointed { ActivationCheckpointing::EveryLayer } else { ActivationCheckpointing::None };
     let mut w = Workload::new(
         &mc,
@@ -545,7 +545,7 @@ mod tests {
     use super::*;
 
     fn gpt2(n_layer: usize, n_embd: usize, n_head: usize) -> ModelConfig {
-        ModelConfig { family: Default::default(), n_layer, n_head, n_embd, vocab_size: 50304, seq_len: 1024 }
+        ModelConfig::gpt2(n_layer, n_head, n_embd, 50304, 1024)
     }
 
     #[test]

@@ -40,6 +40,20 @@ activations = {activations}
     )
 }
 
+/// [`tiny_toml`] as a tiny Llama: grouped-query attention (4 query heads, 2 key/value heads
+/// of 8), RoPE with Llama 3.1 scaling, an MLP of 40, the head tied to the embedding or not.
+pub fn tiny_llama_toml(stage: u8, world_accum: usize, activations: &str, tied: bool) -> String {
+    tiny_toml(stage, world_accum, activations).replace(
+        "[model]\nn_layer = 2\nn_head = 3\nn_embd = 36\n",
+        &format!(
+            "[model]\nfamily = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\nintermediate_size = 40\n\
+             rope_theta = 500.0\nrms_norm_eps = 1e-5\ntie_embeddings = {tied}\n\
+             rope_scaling = {{ factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, \
+             original_max_position_embeddings = 8 }}\n"
+        ),
+    )
+}
+
 /// Write a learnable synthetic token shard (noisy arithmetic progressions mod `vocab`).
 pub fn write_synthetic_shard(dir: &Path, vocab: u32, n_tokens: usize) -> PathBuf {
     let mut toks = Vec::with_capacity(n_tokens);

@@ -6,13 +6,17 @@
 //!   reduce);
 //! - `head.rs`: the LM head and the loss, in chunks of rows (every family's);
 //! - `slots.rs`: which saved-activation set each block uses under checkpointing;
-//! - `gpt2/`: the GPT-2 family (layout, init, blocks, Hugging Face names).
+//! - `init.rs`: random initialisation, per tensor as the family's rule says;
+//! - `gpt2/`: the GPT-2 family (layout, blocks, Hugging Face names);
+//! - `llama/`: the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention).
 //!
 //! [`ModelFamily`] is `model.family` in the config; adding a family means a folder beside
 //! `gpt2/`, a variant here, and its arms in `ModelFamily`'s methods.
 
 pub mod gpt2;
 pub mod head;
+pub mod init;
+pub mod llama;
 pub mod schedule;
 pub mod slots;
 pub mod units;
@@ -21,8 +25,9 @@ pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{BResult, Backend};
-use crate::config::{CheckpointingConfig, Config, InitScheme, ModelConfig};
+use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::MemoryLedger;
+use init::InitRule;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -32,11 +37,14 @@ pub enum ModelFamily {
     /// GPT-2: learned positions, LayerNorm, GELU MLP, tied LM head.
     #[default]
     Gpt2,
+    /// Llama (2, 3, 3.1, 3.2 and models of its shape): RoPE, RMSNorm, SwiGLU MLP,
+    /// grouped-query attention, no biases, tied or untied LM head.
+    Llama,
 }
 
 impl ModelFamily {
     /// Every family with its config name.
-    pub const ALL: [(&'static str, ModelFamily); 1] = [("gpt2", ModelFamily::Gpt2)];
+    pub const ALL: [(&'static str, ModelFamily); 2] = [("gpt2", ModelFamily::Gpt2), ("llama", ModelFamily::Llama)];
 
     pub fn name(self) -> &'static str {
         Self::ALL.iter().find(|(_, f)| *f == self).map(|(n, _)| *n).expect("every family is listed in ALL")
@@ -50,10 +58,19 @@ impl ModelFamily {
         })
     }
 
+    /// Refuse `cfg`'s keys that this family does not use or cannot take, naming the key.
+    pub fn validate(self, cfg: &ModelConfig) -> Result<(), ConfigError> {
+        match self {
+            ModelFamily::Gpt2 => gpt2::layout::validate(cfg),
+            ModelFamily::Llama => llama::layout::validate(cfg),
+        }
+    }
+
     /// The parameter layout of `cfg`'s model.
     pub fn layout(self, cfg: &ModelConfig) -> ModelLayout {
         match self {
             ModelFamily::Gpt2 => gpt2::layout::layout(cfg).0,
+            ModelFamily::Llama => llama::layout::layout(cfg).0,
         }
     }
 
@@ -67,8 +84,15 @@ impl ModelFamily {
         scheme: InitScheme,
         range: Range<usize>,
     ) -> Vec<f32> {
+        init::init_unit_range(layout, &layout.units[unit], seed, scheme, range)
+    }
+
+    /// What tensor `t` is initialised to, given the scheme's (matrix, residual projection)
+    /// standard deviations.
+    pub fn init_rule(self, t: &TensorSpec, std_all: f64, proj_std: f64) -> InitRule {
         match self {
-            ModelFamily::Gpt2 => gpt2::init::init_unit_range(layout, &layout.units[unit], seed, scheme, range),
+            ModelFamily::Gpt2 => gpt2::layout::init_rule(t, std_all, proj_std),
+            ModelFamily::Llama => llama::layout::init_rule(t, std_all, proj_std),
         }
     }
 
@@ -82,6 +106,7 @@ impl ModelFamily {
     ) -> BResult<Box<dyn DecoderModel<B>>> {
         Ok(match self {
             ModelFamily::Gpt2 => Box::new(gpt2::Gpt2::new(be, layout, opts, ledger)?),
+            ModelFamily::Llama => Box::new(llama::Llama::new(be, layout, opts, ledger)?),
         })
     }
 
@@ -89,6 +114,7 @@ impl ModelFamily {
     pub fn flops_per_token(self, layout: &ModelLayout) -> f64 {
         match self {
             ModelFamily::Gpt2 => gpt2::layout::flops_per_token(layout),
+            ModelFamily::Llama => llama::layout::flops_per_token(layout),
         }
     }
 
@@ -96,6 +122,7 @@ impl ModelFamily {
     pub fn hf(self) -> &'static dyn HfFormat {
         match self {
             ModelFamily::Gpt2 => &gpt2::Gpt2Hf,
+            ModelFamily::Llama => &llama::LlamaHf,
         }
     }
 }

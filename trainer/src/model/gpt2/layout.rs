@@ -4,8 +4,9 @@
 //! weights are stored `[out, in]` (`hf.rs` transposes to Hugging Face's `Conv1D`).
 
 use crate::backend::{EmbedLocs, LinearLocs, Loc, NormLocs};
-use crate::config::ModelConfig;
-use crate::model::{ModelLayout, UnitLayout};
+use crate::config::{ConfigError, ModelConfig};
+use crate::model::init::InitRule;
+use crate::model::{ModelLayout, TensorSpec, UnitLayout};
 
 /// Locations of unit 0's tensors.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +33,44 @@ pub struct BlockLocs {
 pub struct Gpt2Locs {
     pub embed: EmbedUnitLocs,
     pub block: BlockLocs,
+}
+
+/// GPT-2 has one shape of block: the Llama family's keys are refused, naming the key.
+pub fn validate(cfg: &ModelConfig) -> Result<(), ConfigError> {
+    let set = [
+        ("model.n_kv_head", cfg.n_kv_head.is_some()),
+        ("model.intermediate_size", cfg.intermediate_size.is_some()),
+        ("model.rope_theta", cfg.rope_theta.is_some()),
+        ("model.rope_scaling", cfg.rope_scaling.is_some()),
+        ("model.rms_norm_eps", cfg.rms_norm_eps.is_some()),
+        ("model.tie_embeddings", cfg.tie_embeddings.is_some()),
+    ];
+    match set.iter().find(|(_, on)| *on) {
+        Some((key, _)) => Err(ConfigError::Invalid {
+            key,
+            value: "set".into(),
+            message: "applies to model.family = \"llama\"; GPT-2 (the default family) has multi-head attention, \
+                      a 4·n_embd GELU MLP, learned positions, LayerNorm and a tied head: delete the key or set \
+                      model.family = \"llama\""
+                .into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// GPT-2's rule: biases 0, LayerNorm weights 1, residual projections (`c_proj`) the
+/// smaller scale, every other matrix the larger.
+pub fn init_rule(t: &TensorSpec, std_all: f64, proj_std: f64) -> InitRule {
+    let name = t.name.as_str();
+    if name.ends_with(".bias") {
+        InitRule::Zeros
+    } else if name.contains("ln_") {
+        InitRule::Ones
+    } else if name.ends_with("c_proj.weight") {
+        InitRule::Normal(proj_std)
+    } else {
+        InitRule::Normal(std_all)
+    }
 }
 
 /// The layout of a GPT-2 of `cfg`'s shape, and where its tensors are.

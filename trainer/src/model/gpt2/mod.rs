@@ -1,10 +1,9 @@
 //! The GPT-2 family: everything GPT-2-specific lives here — the parameter layout
-//! (`layout.rs`), the initialisation (`init.rs`), the block forward/backward and the
+//! (`layout.rs`, with its initialisation rule), the block forward/backward and the
 //! activations (`model.rs`), and the Hugging Face names and layouts (`hf.rs`). What every
 //! decoder shares (units, the gather/release schedule) is in `model/`.
 
 pub mod hf;
-pub mod init;
 pub mod layout;
 pub mod model;
 

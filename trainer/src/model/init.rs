@@ -1,10 +1,21 @@
-//! GPT-2 initialisation, computed per tensor from (seed, tensor name, element index)
-//! so it is identical on every rank, world size and ZeRO stage.
+//! Random initialisation, shared by every family: each element is computed from (seed,
+//! tensor name, element index), so it is identical on every rank, world size and ZeRO
+//! stage, and a ZeRO-3 rank makes only its shard. A family says what each tensor gets
+//! ([`InitRule`]); the scales come from `init.scheme` ([`stds`]).
 
 use crate::config::InitScheme;
 use crate::model::{ModelLayout, UnitLayout};
 use crate::rng;
 use std::ops::Range;
+
+/// What one tensor is initialised to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InitRule {
+    Zeros,
+    Ones,
+    /// Normal with this standard deviation.
+    Normal(f64),
+}
 
 /// Initial values of one unit's tensors (unpadded length `unit.numel`).
 pub fn init_unit(layout: &ModelLayout, unit: &UnitLayout, seed: u64, scheme: InitScheme) -> Vec<f32> {
@@ -33,6 +44,7 @@ pub fn init_unit_range(
 ) -> Vec<f32> {
     let mut out = vec![0.0f32; range.len()];
     let (std_all, proj_std) = stds(layout, scheme);
+    let family = layout.cfg.family;
     for t in &unit.tensors {
         // The part of tensor t inside `range`, in unit coordinates.
         let (lo, hi) = (t.loc.off.max(range.start), t.loc.end().min(range.end));
@@ -40,16 +52,14 @@ pub fn init_unit_range(
             continue;
         }
         let dst = &mut out[lo - range.start..hi - range.start];
-        let name = t.name.as_str();
-        if name.ends_with(".bias") {
-            dst.fill(0.0);
-        } else if name.contains("ln_") {
-            dst.fill(1.0);
-        } else {
-            let std = if name.ends_with("c_proj.weight") { proj_std } else { std_all };
-            let stream = rng::stream_id(name);
-            let first = (lo - t.loc.off) as u64;
-            fill_parallel(dst, |i| (rng::normal(seed, stream, first + i as u64) * std) as f32);
+        match family.init_rule(t, std_all, proj_std) {
+            InitRule::Zeros => dst.fill(0.0),
+            InitRule::Ones => dst.fill(1.0),
+            InitRule::Normal(std) => {
+                let stream = rng::stream_id(&t.name);
+                let first = (lo - t.loc.off) as u64;
+                fill_parallel(dst, |i| (rng::normal(seed, stream, first + i as u64) * std) as f32);
+            }
         }
     }
     out
@@ -87,12 +97,10 @@ fn init_threads() -> usize {
 mod tests {
     use super::*;
     use crate::config::ModelConfig;
-    use crate::model::ModelFamily;
 
     #[test]
     fn any_range_equals_the_slice_of_the_whole_unit() {
-        let cfg =
-            ModelConfig { family: ModelFamily::Gpt2, n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 50, seq_len: 8 };
+        let cfg = ModelConfig::gpt2(2, 2, 16, 50, 8);
         let layout = ModelLayout::new(&cfg);
         for unit in &layout.units {
             let full = init_unit(&layout, unit, 9, InitScheme::Gpt2);
@@ -109,13 +117,11 @@ mod tests {
 mod scheme_tests {
     use super::*;
     use crate::config::ModelConfig;
-    use crate::model::ModelFamily;
 
     /// Each scheme draws every matrix with its stated standard deviation.
     #[test]
     fn schemes_draw_the_stated_scales() {
-        let cfg =
-            ModelConfig { family: ModelFamily::Gpt2, n_layer: 4, n_head: 4, n_embd: 256, vocab_size: 64, seq_len: 8 };
+        let cfg = ModelConfig::gpt2(4, 4, 256, 64, 8);
         let layout = ModelLayout::new(&cfg);
         for scheme in [InitScheme::Gpt2, InitScheme::Scaled] {
             let (all, proj) = stds(&layout, scheme);
@@ -124,14 +130,10 @@ mod scheme_tests {
             for t in &block.tensors {
                 let x = &vals[t.loc.off..t.loc.end()];
                 let sd = (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
-                let want = if t.name.ends_with(".bias") {
-                    0.0
-                } else if t.name.contains("ln_") {
-                    1.0
-                } else if t.name.ends_with("c_proj.weight") {
-                    proj
-                } else {
-                    all
+                let want = match crate::model::gpt2::layout::init_rule(t, all, proj) {
+                    InitRule::Zeros => 0.0,
+                    InitRule::Ones => 1.0,
+                    InitRule::Normal(s) => s,
                 };
                 assert!((sd - want).abs() <= 0.03 * want.max(1e-9), "{scheme:?} {}: {sd} vs {want}", t.name);
             }

@@ -1,0 +1,381 @@
+//! Llama forward and backward for one micro-batch, over any [`Backend`]: the
+//! [`DecoderModel`] hooks the shared schedule (`model/schedule.rs`) calls per unit.
+//!
+//! A block is `h = x + o(attn(rope(qkv(rms1(x)))))`, `out = h + down(swiglu(gate_up(rms2(h))))`.
+//! RoPE rotates the query and key heads of the `qkv` buffer in place, so the attention
+//! (forward and backward) reads them rotated and the backward rotates their gradient
+//! back. As in GPT-2, activation buffers are allocated once for the micro-batch size;
+//! a checkpointed block keeps only its input (and with `checkpointing.keep_attention` its
+//! attention output and softmax state) and recomputes its forward up to the MLP's
+//! gate/up projection before its backward. The SwiGLU output, the down projection's
+//! input, is recomputed by the backward from the gate/up values unless
+//! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
+
+use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::{
+    rope_table, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole, UnitGrads,
+    Weights,
+};
+use crate::config::ActivationCheckpointing;
+use crate::model::head::LossHead;
+use crate::model::schedule::DecoderModel;
+use crate::model::slots::ActSlots;
+use crate::model::{ModelLayout, ModelOptions};
+use crate::zero::{Category, MemoryLedger};
+
+/// Activations one block saves for its backward.
+struct BlockActs<B: Device> {
+    ln1: B::Buf,
+    rstd1: B::F32,
+    /// `[N, (nh + 2·nkv)·hs]`, query and key heads rotated.
+    qkv: B::Buf,
+    atty: B::Buf,
+    att_saved: B::F32,
+    resid2: B::Buf,
+    ln2: B::Buf,
+    rstd2: B::F32,
+    /// The MLP's gate and up projections, `[N, 2F]`.
+    gate_up: B::Buf,
+    /// SwiGLU(gate_up) as the forward made it (`checkpointing.keep_gelu`, blocks not
+    /// checkpointed).
+    act: Option<B::Buf>,
+}
+
+/// A checkpointed block's attention output and softmax state, kept from its forward
+/// (`checkpointing.keep_attention`); see GPT-2's `KeptAttention`, which this mirrors.
+struct KeptAttention<B: Device> {
+    atty: B::Buf,
+    saved: B::F32,
+}
+
+impl<B: Device> KeptAttention<B> {
+    /// Exchange with the shared set's attention buffers (twice restores both).
+    fn swap(kept: Option<&mut Self>, a: &mut BlockActs<B>) {
+        if let Some(k) = kept {
+            std::mem::swap(&mut k.atty, &mut a.atty);
+            std::mem::swap(&mut k.saved, &mut a.att_saved);
+        }
+    }
+}
+
+/// What a block's forward computes.
+enum Pass<'o, B: Device> {
+    /// The whole block, into the next block's input.
+    Full(&'o mut B::Buf),
+    /// The recompute before a checkpointed block's backward: up to the gate/up projection
+    /// (the down projection and the last residual add only make the block's output); the
+    /// attention forward too unless the block kept its output.
+    Recompute { attention: bool },
+}
+
+/// Scratch shared by all blocks: the forward's and, in the backward, the recomputed
+/// SwiGLU output; the residual projections' output where they are not fused.
+struct Scratch<B: Device> {
+    tmp: B::Buf,
+    act: B::Buf,
+}
+
+/// Backward scratch shared by all blocks.
+struct GradScratch<B: Device> {
+    /// Gradient of the residual stream, updated in place block by block.
+    dres: B::Buf,
+    dln: B::Buf,
+    dact: B::Buf,
+    dgate_up: B::Buf,
+    dqkv: B::Buf,
+}
+
+/// The shapes of one micro-batch.
+#[derive(Debug, Clone, Copy)]
+struct Shapes {
+    attn: AttnShape,
+    /// The MLP width F.
+    f: usize,
+    eps: f32,
+}
+
+/// Llama's activation memory for a fixed micro-batch, and its per-unit computations.
+pub struct Llama<B: Backend> {
+    embed: EmbedUnitLocs,
+    block: BlockLocs,
+    s: Shapes,
+    tied: bool,
+    ckpt: ActivationCheckpointing,
+    /// Residual stream entering each block, plus the final one: `n_layer + 1` buffers.
+    resid: Vec<B::Buf>,
+    acts: Vec<BlockActs<B>>,
+    act_slot: Vec<usize>,
+    kept: Vec<Option<KeptAttention<B>>>,
+    scratch: Scratch<B>,
+    /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
+    rope: B::F32,
+    lnf: B::Buf,
+    rstdf: B::F32,
+    head: LossHead<B>,
+    tokens: B::Tokens,
+    g: GradScratch<B>,
+}
+
+impl<B: Backend> Llama<B> {
+    /// Allocate activations for micro-batch `opts.micro_batch` (sequences of `seq_len`),
+    /// counted in `ledger`.
+    pub fn new(be: &B, layout: &ModelLayout, opts: &ModelOptions, ledger: &mut MemoryLedger) -> BResult<Llama<B>> {
+        let (b, ckpt_cfg) = (opts.micro_batch, &opts.checkpointing);
+        let ckpt = ckpt_cfg.activations;
+        let cfg = &layout.cfg;
+        let (_, locs) = super::layout::layout(cfg);
+        let (t, c, l) = (cfg.seq_len, cfg.n_embd, cfg.n_layer);
+        let f = cfg.intermediate_size.unwrap_or(0);
+        let attn = AttnShape { b, t, c, nh: cfg.n_head, nkv: cfg.kv_heads() };
+        let (n, w) = (b * t, attn.qkv_width());
+        let sz = be.elem_bytes();
+        let mut buf = |len: usize, what: &str| -> BResult<B::Buf> {
+            ledger.alloc(Category::Activations, len * sz.buf);
+            be.alloc_buf(len, what)
+        };
+        let resid = (0..=l).map(|_| buf(n * c, "residual stream")).collect::<BResult<Vec<_>>>()?;
+        let scratch = Scratch { tmp: buf(n * c, "block scratch")?, act: buf(n * f, "swiglu output")? };
+        let lnf = buf(n * c, "final norm")?;
+        let g = GradScratch {
+            dres: buf(n * c, "residual gradient")?,
+            dln: buf(n * c, "gradient scratch")?,
+            dact: buf(n * f, "swiglu gradient")?,
+            dgate_up: buf(n * 2 * f, "gate/up gradient")?,
+            dqkv: buf(n * w, "qkv gradient")?,
+        };
+        let mut f32buf = |len: usize, what: &str| -> BResult<B::F32> {
+            ledger.alloc(Category::Activations, len * sz.f32);
+            be.alloc_f32(len, what)
+        };
+        let rstdf = f32buf(n, "final norm rstd")?;
+        let slots = ActSlots::new(ckpt, l);
+        let saved_len = be.attention_saved_len(attn);
+        let mut acts = Vec::with_capacity(slots.sets);
+        for set in 0..slots.sets {
+            let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
+                ledger.alloc(Category::Activations, len * sz.buf);
+                be.alloc_buf(len, what)
+            };
+            let (ln1, qkv, atty, resid2) =
+                (bb(n * c, "rms1")?, bb(n * w, "qkv")?, bb(n * c, "attention output")?, bb(n * c, "residual")?);
+            let (ln2, gate_up) = (bb(n * c, "rms2")?, bb(n * 2 * f, "gate/up")?);
+            let act =
+                if ckpt_cfg.keep_gelu && !slots.is_shared(set) { Some(bb(n * f, "kept swiglu output")?) } else { None };
+            let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
+                ledger.alloc(Category::Activations, len * sz.f32);
+                be.alloc_f32(len, what)
+            };
+            acts.push(BlockActs {
+                ln1,
+                rstd1: ff(n, "rms1 rstd")?,
+                qkv,
+                atty,
+                att_saved: ff(saved_len, "attention softmax state")?,
+                resid2,
+                ln2,
+                rstd2: ff(n, "rms2 rstd")?,
+                gate_up,
+                act,
+            });
+        }
+        let mut kept = Vec::with_capacity(l);
+        for layer in 0..l {
+            kept.push(if ckpt_cfg.keep_attention && ckpt.is_checkpointed(layer) {
+                ledger.alloc(Category::Activations, n * c * sz.buf + saved_len * sz.f32);
+                Some(KeptAttention {
+                    atty: be.alloc_buf(n * c, "kept attention output")?,
+                    saved: be.alloc_f32(saved_len, "kept attention softmax state")?,
+                })
+            } else {
+                None
+            });
+        }
+        let table = rope_table(t, attn.hs(), cfg.rope_theta(), cfg.rope_scaling);
+        ledger.alloc(Category::Workspace, table.len() * sz.f32);
+        let mut rope = be.alloc_f32(table.len(), "rope table")?;
+        be.upload_f32(&table, &mut rope, 0)?;
+        let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
+        ledger.alloc(Category::Workspace, n * 4);
+        let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        Ok(Llama {
+            embed: locs.embed,
+            block: locs.block,
+            s: Shapes { attn, f, eps: cfg.rms_norm_eps() as f32 },
+            tied: cfg.tied(),
+            ckpt,
+            resid,
+            acts,
+            act_slot: slots.slot,
+            kept,
+            scratch,
+            rope,
+            lnf,
+            rstdf,
+            head,
+            tokens,
+            g,
+        })
+    }
+
+    fn rows(&self) -> Rows {
+        Rows { n: self.s.attn.b * self.s.attn.t, c: self.s.attn.c }
+    }
+
+    fn seq(&self) -> SeqShape {
+        SeqShape { b: self.s.attn.b, t: self.s.attn.t, c: self.s.attn.c }
+    }
+
+    /// The final norm of the last residual stream into `lnf`.
+    fn final_norm(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
+        let (r, l) = (self.rows(), self.resid.len() - 1);
+        be.rmsnorm_fwd(&mut self.lnf, &mut self.rstdf, &self.resid[l], Weights::new(p, self.embed.norm), r, self.s.eps)
+    }
+}
+
+impl<B: Backend> DecoderModel<B> for Llama<B> {
+    fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()> {
+        be.upload_tokens(inputs, &mut self.tokens)?;
+        self.head.load_targets(be, targets)
+    }
+
+    fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
+        let s = self.seq();
+        be.encoder_fwd(&mut self.resid[0], &self.tokens, Weights::new(p, self.embed.tokens), s)
+    }
+
+    fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
+        let (x, rest) = self.resid.split_at_mut(layer + 1);
+        let acts = &mut self.acts[self.act_slot[layer]];
+        let blk = Block { be, p, k: &self.block, s: self.s, rope: &self.rope };
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        r
+    }
+
+    fn head_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
+        self.final_norm(be, p)?;
+        self.head.forward(be, &self.lnf, Weights::new(p, self.embed.head))
+    }
+
+    fn head_fwd_bwd(&mut self, be: &B, p: &B::Buf, dloss_scale: f32, mut gr: UnitGrads<'_, B>) -> BResult<()> {
+        self.final_norm(be, p)?;
+        let (r, l, e) = (self.rows(), self.resid.len() - 1, self.embed);
+        // Tied: the head is embed_tokens, written here first; the embedding's backward adds.
+        let w = Weights::new(p, e.head);
+        self.head.forward_backward(be, &self.lnf, w, dloss_scale, gr.first(e.head), &mut self.g.dln)?;
+        be.zero_buf(&mut self.g.dres, Loc::all(r.n * r.c))?;
+        let saved = RmsSaved { inp: &self.resid[l], rstd: &self.rstdf };
+        be.rmsnorm_bwd(&mut self.g.dres, gr.first(e.norm), &self.g.dln, saved, Weights::new(p, e.norm), r)
+    }
+
+    fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
+        let slot = self.act_slot[layer];
+        let blk = Block { be, p, k: &self.block, s: self.s, rope: &self.rope };
+        let acts = &mut self.acts[slot];
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        let mut r = Ok(());
+        if self.ckpt.is_checkpointed(layer) {
+            let pass = Pass::Recompute { attention: self.kept[layer].is_none() };
+            r = blk.forward(&self.resid[layer], pass, acts, &mut self.scratch);
+        }
+        if r.is_ok() {
+            r = blk.backward(gr, &self.resid[layer], acts, &mut self.scratch, &mut self.g);
+        }
+        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        r
+    }
+
+    fn embed_bwd(&mut self, be: &B, mut gr: UnitGrads<'_, B>) -> BResult<()> {
+        let at = self.embed.tokens;
+        // A tied head wrote embed_tokens already in head_fwd_bwd; otherwise this op is first.
+        let (g, s) = (if self.tied { gr.again(at) } else { gr.first(at) }, self.seq());
+        be.encoder_bwd(g, &self.g.dres, &self.tokens, s)
+    }
+
+    fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
+        self.head.take_mean_loss(be)
+    }
+
+    fn replayed_micro(&mut self) {
+        self.head.replayed_micro();
+    }
+}
+
+/// One block's computations: the backend, the block's gathered parameters and where its
+/// tensors are, the shapes and the RoPE table.
+struct Block<'a, B: Backend> {
+    be: &'a B,
+    p: &'a B::Buf,
+    k: &'a BlockLocs,
+    s: Shapes,
+    rope: &'a B::F32,
+}
+
+impl<B: Backend> Block<'_, B> {
+    fn w<L>(&self, at: L) -> Weights<'_, B, L> {
+        Weights::new(self.p, at)
+    }
+
+    /// Forward, or what `pass` says of it.
+    fn forward(&self, x: &B::Buf, pass: Pass<'_, B>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
+        let (be, k, s) = (self.be, self.k, self.s);
+        let at = s.attn;
+        let (n, c, f) = (at.b * at.t, at.c, s.f);
+        let r = Rows { n, c };
+        be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps)?;
+        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: at.qkv_width() })?;
+        be.rope_fwd(&mut a.qkv, self.rope, at)?;
+        if !matches!(pass, Pass::Recompute { attention: false }) {
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, at)?;
+        }
+        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o), MatShape { n, c, oc: c }, &mut sc.tmp)?;
+        be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps)?;
+        be.matmul_fwd(&mut a.gate_up, &a.ln2, self.w(k.gate_up), MatShape { n, c, oc: 2 * f })?;
+        let Pass::Full(out) = pass else { return Ok(()) };
+        let act = a.act.as_mut().unwrap_or(&mut sc.act);
+        be.swiglu_fwd(act, &a.gate_up, Rows { n, c: f })?;
+        let act = a.act.as_ref().unwrap_or(&sc.act);
+        be.matmul_residual_fwd(out, &a.resid2, act, self.w(k.down), MatShape { n, c: f, oc: c }, &mut sc.tmp)
+    }
+
+    /// Backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x). Every tensor of the
+    /// block is reached by exactly one op, which writes it when `gr` is fresh.
+    fn backward(
+        &self,
+        mut gr: UnitGrads<'_, B>,
+        x: &B::Buf,
+        a: &mut BlockActs<B>,
+        sc: &mut Scratch<B>,
+        g: &mut GradScratch<B>,
+    ) -> BResult<()> {
+        let (be, k, s) = (self.be, self.k, self.s);
+        let at = s.attn;
+        let (n, c, f) = (at.b * at.t, at.c, s.f);
+        let r = Rows { n, c };
+        // MLP: SwiGLU(gate_up), kept, or else recomputed (always by the element-wise
+        // kernel, so checkpointing does not change the bits).
+        let act = match a.act.as_ref() {
+            Some(kept) => kept,
+            None => {
+                be.swiglu_fwd(&mut sc.act, &a.gate_up, Rows { n, c: f })?;
+                &sc.act
+            }
+        };
+        be.matmul_bwd(&mut g.dact, gr.first(k.down), &g.dres, act, self.w(k.down), MatShape { n, c: f, oc: c })?;
+        be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f })?;
+        let gu = MatShape { n, c, oc: 2 * f };
+        be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, &a.ln2, self.w(k.gate_up), gu)?;
+        // dres += through rms2 (the residual branch already carries dres itself)
+        let saved = RmsSaved { inp: &a.resid2, rstd: &a.rstd2 };
+        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
+        // attention
+        be.matmul_bwd(&mut g.dln, gr.first(k.o), &g.dres, &a.atty, self.w(k.o), MatShape { n, c, oc: c })?;
+        be.attention_bwd(&mut g.dqkv, &g.dln, &a.qkv, &a.atty, &a.att_saved, at)?;
+        be.rope_bwd(&mut g.dqkv, self.rope, at)?;
+        let qkv = MatShape { n, c, oc: at.qkv_width() };
+        be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
+        let saved = RmsSaved { inp: x, rstd: &a.rstd1 };
+        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r)
+    }
+}
