@@ -5,8 +5,9 @@
 //! fits named.
 //!
 //! The model: step time = compute + e × communication, where
-//! - compute = tokens per GPU per step × (6·N + 12·L·T·C) FLOPs per token (N without the
-//!   position embedding; a checkpointed block adds its forward again) / (peak TFLOP/s × η);
+//! - compute = tokens per GPU per step × (6·N + 12·L·T·C) FLOPs per token (N the weights
+//!   that multiply: GPT-2's without the position table, an untied Llama's without the
+//!   embedding; a checkpointed block adds its forward again) / (peak TFLOP/s × η);
 //! - communication = the bytes a rank moves per step in NCCL's ring collectives (ZeRO-0:
 //!   all-reduce of fp32 gradients; 1: reduce-scatter of fp32 gradients and all-gather of bf16
 //!   parameters; 2: the reduce-scatter each micro-step; 3: two parameter all-gathers and one
@@ -147,9 +148,10 @@ pub struct Workload {
     pub n_layer: usize,
     pub n_embd: usize,
     pub seq_len: usize,
-    /// Parameters, with and without the position embedding.
+    /// Parameters (what the collectives move).
     pub params: usize,
-    pub params_no_wpe: usize,
+    /// Forward+backward FLOPs per token without recomputation (the family's count, as for MFU).
+    pub base_flops: f64,
     /// Tokens per GPU per step, micro-steps per step.
     pub tokens: usize,
     pub grad_accum: usize,
@@ -158,9 +160,9 @@ pub struct Workload {
     pub recompute: f64,
     /// Whether the recompute skips the attention (`checkpointing.keep_attention`).
     pub keep_attention: bool,
-    /// Block weights a recompute multiplies, in C² (8: qkv, proj and fc; 12 for runs
-    /// measured when the recompute also ran fc2).
-    pub recompute_c2: f64,
+    /// Weights of a block its recompute multiplies (the family's; GPT-2: 8·C², its qkv, proj
+    /// and fc; 12·C² for runs measured when the recompute also ran fc2).
+    pub recompute_weights: f64,
 }
 
 impl Workload {
@@ -171,7 +173,8 @@ impl Workload {
         stage: u8,
         ckpt: &CheckpointingConfig,
     ) -> Workload {
-        let params = ModelLayout::new(m).num_params();
+        let layout = ModelLayout::new(m);
+        let params = layout.num_params();
         let recomputed = (0..m.n_layer).filter(|&l| ckpt.activations.is_checkpointed(l)).count();
         let recompute = recomputed as f64 / m.n_layer.max(1) as f64;
         Workload {
@@ -179,26 +182,25 @@ impl Workload {
             n_embd: m.n_embd,
             seq_len: m.seq_len,
             params,
-            params_no_wpe: params.saturating_sub(m.seq_len * m.n_embd),
+            base_flops: layout.flops_per_token(),
             tokens: micro_batch * grad_accum * m.seq_len,
             grad_accum,
             stage,
             recompute,
             keep_attention: ckpt.keep_attention,
-            recompute_c2: 8.0,
+            recompute_weights: m.family.recomputed_weights(m) as f64,
         }
     }
 
     /// Training FLOPs per token, recomputation included.
     pub fn flops_per_token(&self) -> f64 {
         let (l, t, c) = (self.n_layer as f64, self.seq_len as f64, self.n_embd as f64);
-        let base = 6.0 * self.params_no_wpe as f64 + 12.0 * l * t * c;
-        // A recomputed block runs its forward again up to the MLP's GELU (backward does not
-        // read the fc2 output): 2 FLOPs per weight of qkv, proj and fc (8·C² of the block's
-        // 12·C²), and 4·T·C attention unless the block kept it.
+        // A recomputed block runs its forward again up to the MLP's activation (backward
+        // does not read the last projection's output): 2 FLOPs per weight it multiplies, and
+        // 4·T·C attention unless the block kept it.
         let attention = if self.keep_attention { 0.0 } else { 4.0 * l * t * c };
-        let block_forward = 2.0 * self.recompute_c2 * l * c * c + attention;
-        base + self.recompute * block_forward
+        let block_forward = 2.0 * self.recompute_weights * l + attention;
+        self.base_flops + self.recompute * block_forward
     }
 
     /// Bytes one rank sends per step in ring collectives, for `world` ranks.
@@ -275,7 +277,7 @@ fn measured_workload(m: &Measured) -> (Workload, Cluster) {
         &CheckpointingConfig { activations, ..CheckpointingConfig::default() },
     );
     if m.full_recompute {
-        w.recompute_c2 = 12.0;
+        w.recompute_weights = 12.0 * (m.model.2 * m.model.2) as f64;
     }
     (w, Cluster { nodes: m.nodes, gpus_per_node: m.gpus_per_node, hw: m.gpu.hardware() })
 }
@@ -571,7 +573,7 @@ mod tests {
         assert!(old.full_recompute);
         let (w_old, _) = measured_workload(old);
         let (l, c) = (old.model.0 as f64, old.model.2 as f64);
-        let now = Workload { recompute_c2: 8.0, ..w_old };
+        let now = Workload { recompute_weights: 8.0 * c * c, ..w_old };
         assert_eq!(w_old.flops_per_token() - now.flops_per_token(), 2.0 * 4.0 * l * c * c);
         assert_eq!(w.comm_bytes(1), 0.0);
         let p = w.params as f64;

@@ -118,6 +118,22 @@ impl ModelFamily {
         }
     }
 
+    /// The weights a checkpointed block's recompute multiplies (its forward up to the MLP's
+    /// activation: every matrix but the last projection), for `launcher plan`'s FLOPs.
+    pub fn recomputed_weights(self, cfg: &ModelConfig) -> usize {
+        let c = cfg.n_embd;
+        match self {
+            // qkv 3C², proj C², fc 4C²
+            ModelFamily::Gpt2 => 8 * c * c,
+            // qkv C·(nh + 2·nkv)·hs, o C², gate/up 2·F·C
+            ModelFamily::Llama => {
+                c * (cfg.n_head + 2 * cfg.kv_heads()) * cfg.head_size()
+                    + c * c
+                    + 2 * cfg.intermediate_size.unwrap_or(0) * c
+            }
+        }
+    }
+
     /// The family's Hugging Face names and layouts.
     pub fn hf(self) -> &'static dyn HfFormat {
         match self {

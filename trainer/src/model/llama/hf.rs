@@ -100,7 +100,9 @@ pub fn model_config(json: &serde_json::Value, seq_len: usize) -> Result<ModelCon
         None | Some("default") => None,
         Some("llama3") => {
             let r = rope.expect("a rope_type came from it");
-            let f = |k: &str| r.get(k).and_then(|v| v.as_f64()).ok_or_else(|| format!("config.json's llama3 RoPE has no `{k}`"));
+            let f = |k: &str| {
+                r.get(k).and_then(|v| v.as_f64()).ok_or_else(|| format!("config.json's llama3 RoPE has no `{k}`"))
+            };
             Some(RopeScaling {
                 factor: f("factor")?,
                 low_freq_factor: f("low_freq_factor")?,
@@ -108,11 +110,9 @@ pub fn model_config(json: &serde_json::Value, seq_len: usize) -> Result<ModelCon
                 original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
             })
         }
-        Some(other) => {
-            return Err(format!(
-                "config.json's RoPE type \"{other}\" is not supported (the Llama family runs \"default\" and \"llama3\")"
-            ))
-        }
+        Some(other) => return Err(format!(
+            "config.json's RoPE type \"{other}\" is not supported (the Llama family runs \"default\" and \"llama3\")"
+        )),
     };
     Ok(ModelConfig {
         family: ModelFamily::Llama,
