@@ -1,7 +1,8 @@
-//! One GPT training step end to end through the real engine and model code on the GPU
-//! against the CPU backend: a small GPT-2 (head size 64: the tensor-core attention; an
-//! odd vocabulary: the staged head) with a one-rank NCCL communicator, ZeRO stages 0
-//! and 3 — the loss, every unit's gradient, and the parameters after one AdamW step.
+//! One training step end to end through the real engine and model code on the GPU against
+//! the CPU backend: a small GPT-2 (head size 64: the tensor-core attention; an odd
+//! vocabulary: the staged head) and a small Llama (grouped-query attention, RoPE, RMSNorm,
+//! SwiGLU, the LM head in chunks) with a one-rank NCCL communicator, ZeRO stages 0 and 3 —
+//! the loss, every unit's gradient, and the parameters after one AdamW step.
 //! Ignored without `--include-ignored` (no GPU in CI).
 
 mod gpu;
@@ -108,6 +109,96 @@ fn one_training_step_matches_the_cpu() {
             for (u, cp) in cparams.iter().enumerate() {
                 let gp = geng.full_params_host(be, &mut gcomm, u).map_err(dev)?;
                 rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+            }
+        }
+        Ok(())
+    });
+}
+
+/// A small Llama: 2 layers, 4 query heads and 2 key/value heads of 64 (grouped-query
+/// attention on the tensor cores), SwiGLU of 384, RoPE with Llama 3.1 scaling, sequences of 256.
+fn small_llama(tied: bool) -> ModelConfig {
+    ModelConfig {
+        family: ModelFamily::Llama,
+        n_kv_head: Some(2),
+        intermediate_size: Some(384),
+        rope_theta: Some(500000.0),
+        rope_scaling: Some(trainer::backend::RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        }),
+        rms_norm_eps: Some(1e-5),
+        tie_embeddings: Some(tied),
+        ..ModelConfig::gpt2(2, 4, 256, 1001, 256)
+    }
+}
+
+/// One Llama training step on the GPU against the CPU, tied and untied head, ZeRO stages 0
+/// and 3, the LM head in chunks of 300 rows (4 chunks, the last short); then every block
+/// checkpointed (attention recomputed, then kept) bit for bit against the GPU's own
+/// stage-0 gradients, and the SwiGLU output kept within tolerance of the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn one_llama_training_step_matches_the_cpu() {
+    gpu::check(|be, rng, rep| {
+        for tied in [false, true] {
+            let cfg = small_llama(tied);
+            let (b, seed) = (4usize, 13u64);
+            let n = b * cfg.seq_len;
+            let layout = ModelLayout::new(&cfg);
+            let l2 = layout.clone();
+            let mut init = move |u, r| Ok(ModelFamily::Llama.init_range(&l2, u, seed, Default::default(), r));
+            let (inputs, targets) = (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32));
+            let scale = Some(1.0 / n as f32);
+            let CpuStep { loss: closs, grads: cgrads, params: cparams } =
+                cpu_step(&cfg, b, &mut init, &inputs, &targets)?;
+            let id = nccl_unique_id().map_err(dev)?;
+            let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+            let plain = CheckpointingConfig::default();
+            let every = |keep_attention| CheckpointingConfig {
+                activations: ActivationCheckpointing::EveryLayer,
+                keep_attention,
+                keep_gelu: false,
+            };
+            let keep_act = CheckpointingConfig { keep_gelu: true, ..plain.clone() };
+            let runs = [(0u8, plain.clone()), (3, plain.clone()), (0, every(false)), (0, every(true)), (0, keep_act)];
+            let mut ggrads: Vec<Vec<f32>> = Vec::new();
+            for (stage, ckpt) in runs {
+                let recompute = ckpt.activations == ActivationCheckpointing::EveryLayer;
+                let tag = format!(
+                    "llama step (L2 C256 NH4 NKV2 F384 V1001 T256 B4, tied {tied}) stage {stage}{}{}{}",
+                    if recompute { ", checkpointed" } else { "" },
+                    if ckpt.keep_attention { ", attention kept" } else { "" },
+                    if ckpt.keep_gelu { ", swiglu kept" } else { "" },
+                );
+                let l2 = layout.clone();
+                let mut init = move |u, r| Ok(ModelFamily::Llama.init_range(&l2, u, seed, Default::default(), r));
+                let mut geng = Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init))
+                    .map_err(dev)?;
+                let opts = ModelOptions { checkpointing: ckpt.clone(), loss_chunk_rows: 300, ..ModelOptions::batch(b) };
+                let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
+                geng.begin_step(be)?;
+                let gloss =
+                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
+                if stage == 0 {
+                    for (u, cg) in cgrads.iter().enumerate() {
+                        let gg = geng.local_grads_host(be, u).map_err(dev)?;
+                        rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
+                        if recompute {
+                            rep.same_bits(&tag, &format!("grad unit {u} vs no checkpointing"), &gg, &ggrads[u]);
+                        } else if !ckpt.keep_gelu {
+                            ggrads.push(gg);
+                        }
+                    }
+                }
+                geng.step(be, &mut gcomm, HYPER, 1).map_err(dev)?;
+                for (u, cp) in cparams.iter().enumerate() {
+                    let gp = geng.full_params_host(be, &mut gcomm, u).map_err(dev)?;
+                    rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+                }
             }
         }
         Ok(())
