@@ -8,14 +8,22 @@
 //! | 2 | shard | reduce-scattered per unit during backward; full buffer released | full |
 //! | 3 | shard | as stage 2 | shard; gathered per unit before use, released after |
 //!
-//! Where a stage differs is decided in `Policy`; everything else is shared code in `engine.rs`.
+//! Where a stage differs is decided in `Policy`; everything else is shared code: the
+//! [`Engine`] in `engine.rs` (its state, a unit's life, micro-steps) and its `impl` blocks by
+//! idea, `gather.rs` (parameters), `reduce.rs` (gradients), `step.rs` (the optimizer step),
+//! `host.rs` (host-side access for checkpoints and tests).
 
 pub mod engine;
+mod gather;
+mod host;
 pub mod memory;
 pub mod plan;
+mod reduce;
+mod step;
 
-pub use engine::{Engine, EngineComm, EngineOptions, InitFn, MicroKey, MicroState, StepStats};
+pub use engine::{Engine, EngineComm, EngineOptions, InitFn, MicroKey, MicroState};
 pub use memory::{Category, HostMemory, MemoryBytes, MemoryLedger, MemoryReport};
+pub use step::StepStats;
 
 /// What a ZeRO stage shards. Each flag is one decision in the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

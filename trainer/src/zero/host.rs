@@ -1,0 +1,146 @@
+//! Host-side access to the [`Engine`]'s state, off the hot path: full parameters and local
+//! gradients downloaded for tests and export, the ranges a rank saves and holds, optimizer
+//! state read for checkpoints and loaded back (then published as a step would), and the
+//! memory reports.
+
+use super::engine::{Engine, EngineComm};
+use super::memory::MemoryReport;
+use crate::backend::{Backend, Loc};
+use crate::optim::HostAdamWStats;
+use crate::zero::HostMemory;
+use crate::TrainError;
+use collectives::{AllGatherInPlace, Group};
+
+impl<B: Backend> Engine<B> {
+    /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded.
+    /// For tests and export; not for the hot path.
+    pub fn full_params_host<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        i: usize,
+    ) -> Result<Vec<f32>, TrainError> {
+        let was_gathered = self.units[i].params.is_some();
+        self.gather(be, comm, i)?;
+        let out = be.download_buf(self.params(i), Loc::all(self.units[i].numel))?;
+        if !was_gathered {
+            self.release(i);
+        }
+        Ok(out)
+    }
+
+    /// Overwrite one compute parameter (stage 0 only; finite-difference gradient checks).
+    pub fn set_param(&mut self, be: &B, unit: usize, index: usize, value: f32) -> Result<(), TrainError> {
+        if self.policy.stage != 0 {
+            return Err(TrainError::Invalid("set_param is only supported on ZeRO stage 0".into()));
+        }
+        let p = self.units[unit].params.as_mut().expect("stage 0 params");
+        be.upload_buf(&[value], p, index)?;
+        Ok(())
+    }
+
+    /// Unit `i`'s accumulated (unreduced) local gradient on the host (stage 0/1; tests).
+    pub fn local_grads_host(&self, be: &B, i: usize) -> Result<Vec<f32>, TrainError> {
+        let u = &self.units[i];
+        let g = u.grads.as_ref().ok_or_else(|| TrainError::Invalid("gradients are sharded on this stage".into()))?;
+        Ok(be.download_grad(g, Loc::all(u.numel))?)
+    }
+
+    /// The range `[lo, hi)` of unit `i` this rank writes to a checkpoint: its ZeRO shard
+    /// (clipped to the unpadded length). The same partition on every stage, so stage 0
+    /// saves in parallel too and any stage can reload it.
+    pub fn checkpoint_range(&self, i: usize) -> (usize, usize) {
+        let u = &self.units[i];
+        let lo = (self.rank * u.shard).min(u.numel);
+        let hi = ((self.rank + 1) * u.shard).min(u.numel);
+        (lo, hi)
+    }
+
+    /// fp32 master weights, AdamW m and v of unit `i` over `[lo, hi)` (which must lie
+    /// within what this rank holds).
+    pub fn optimizer_state_host(&self, be: &B, i: usize, lo: usize, hi: usize) -> Result<[Vec<f32>; 3], TrainError> {
+        Ok([
+            self.optimizer_tensor_host(be, i, 0, lo, hi)?,
+            self.optimizer_tensor_host(be, i, 1, lo, hi)?,
+            self.optimizer_tensor_host(be, i, 2, lo, hi)?,
+        ])
+    }
+
+    /// One of unit `i`'s optimizer tensors (0 = master weights, 1 = m, 2 = v) over `[lo, hi)`.
+    pub fn optimizer_tensor_host(
+        &self,
+        be: &B,
+        i: usize,
+        which: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<Vec<f32>, TrainError> {
+        let (off, len) = self.opt.range(i);
+        if lo < off || hi > off + len {
+            return Err(TrainError::Invalid(format!("unit {i}: range {lo}..{hi} is not held by rank {}", self.rank)));
+        }
+        Ok(self.opt.tensor_host(be, i, which, lo, hi)?)
+    }
+
+    /// The unpadded range of unit `i` whose optimizer state this rank holds.
+    pub fn held_range(&self, i: usize) -> (usize, usize) {
+        let u = &self.units[i];
+        let (off, len) = self.opt.range(i);
+        (off.min(u.numel), (off + len).min(u.numel))
+    }
+
+    /// Replace unit `i`'s optimizer state over its held range with `state` (master, m, v
+    /// for exactly `held_range(i)`), then rebuild the compute parameters from the master
+    /// weights the same way a step publishes them.
+    pub fn load_optimizer_state<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        i: usize,
+        state: [Vec<f32>; 3],
+    ) -> Result<(), TrainError> {
+        let (lo, hi) = self.held_range(i);
+        let policy = self.policy;
+        // A publish or prefetch still writing the parameters finishes first.
+        if let Some(p) = self.units[i].gather_pending.take() {
+            Group::wait(comm, p)?;
+        }
+        if state.iter().any(|s| s.len() != hi - lo) {
+            return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));
+        }
+        self.opt.load(be, i, lo, &state)?;
+        let rank = self.rank;
+        let u = &mut self.units[i];
+        if let Some(ps) = u.param_shard.as_mut() {
+            self.opt.upload_master(be, i, ps, 0, u.shard)?;
+        }
+        // Stage 3 outside a gather holds no compute copy: the next gather rounds the
+        // loaded master weights (or fetches them). Otherwise the copy is rebuilt as a step
+        // publishes it.
+        let Some(p) = u.params.as_mut() else { return Ok(()) };
+        let (own, len) = if policy.shard_optimizer { (rank * u.shard, u.shard) } else { (0, u.padded) };
+        if self.opt.on_host() {
+            self.opt.upload_master(be, i, p, own, len)?;
+        } else {
+            self.opt.cast_params(be, i, p, own, len)?;
+        }
+        if policy.shard_optimizer {
+            AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
+        }
+        Ok(())
+    }
+
+    pub fn memory(&self) -> MemoryReport {
+        self.ledger.report()
+    }
+
+    /// Host memory held for offload.
+    pub fn host_memory(&self) -> HostMemory {
+        self.host
+    }
+
+    /// What the host optimizer did since the last call (`None` with the optimizer on the device).
+    pub fn take_host_optimizer_stats(&mut self) -> Option<HostAdamWStats> {
+        self.opt.take_host_stats()
+    }
+}
