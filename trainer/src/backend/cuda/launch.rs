@@ -1,6 +1,8 @@
 //! What every op's launch code shares: bounds checks (an out-of-range `Loc` must be an
 //! error, not a silent write past a buffer), integer conversions for kernel arguments,
-//! launch geometry, and the one helper all element-wise kernels go through.
+//! launch geometry, and the one helper all element-wise kernels go through
+//! (`launch_elementwise`, and `launch_elementwise_with` for those that also take `int`s,
+//! such as SwiGLU's row width).
 
 use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, PushKernelArg};
 
