@@ -140,6 +140,7 @@ impl CudaBackend {
         }
         // A partial row per block: [dw | db] (LayerNorm) or [dw] (RMSNorm).
         let width = if rms { c } else { 2 * c };
+        // RMSNorm's partial rows are C wide: every column goes to dst0, none reaches dst1.
         let s = Split { dst0: a.dw, dst1: a.db.unwrap_or(a.dw), split: c, overwrite: a.fresh };
         let aligned = c.is_multiple_of(8) && [a.dx, a.dy, a.x, a.w].iter().all(|p| p.is_multiple_of(16));
         // Every variant writes partial rows of rows_per_part rows each, which
