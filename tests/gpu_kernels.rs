@@ -1,8 +1,10 @@
-//! Every op of the CUDA backend against the CPU reference, one test per op group, on
-//! fresh random inputs (outputs poisoned with NaN first, so an element the GPU never
-//! writes fails; parameter gradients both added to and written over NaN), forward and backward, at GPT-2 shapes and at odd ones; bit-for-bit
-//! repeat checks of the backward ops; and one training step of a small GPT through the
-//! real engine and model on both backends.
+//! Every op of the CUDA backend against the CPU reference, a test per op group (and per
+//! Llama op: `rmsnorm`, `swiglu`, `rope`, `encoder_without_positions`,
+//! `cross_entropy_chunk`), on fresh random inputs (outputs poisoned with NaN first, so an
+//! element the GPU never writes fails; parameter gradients both added to and written over
+//! NaN), forward and backward, at GPT-2 and Llama shapes and at odd ones; bit-for-bit
+//! repeat checks of the backward ops. (One training step of a small GPT through the real
+//! engine and model on both backends: tests/gpu_model.rs.)
 //!
 //! Ignored without `--include-ignored` (no GPU in CI): `scripts/gpu-test.sh` runs them on
 //! a GPU machine. Both backends see the same bf16-rounded inputs, so the differences are
@@ -13,7 +15,7 @@ mod gpu;
 use gpu::{backend, poisoned_buf, poisoned_f32, small, up_buf, up_f32, up_grad, up_tok, NEEDS_GPU, TOL_BF16, TOL_F32};
 use half::bf16;
 use trainer::backend::cpu::CpuBackend;
-use trainer::backend::cuda::AttentionImpl;
+use trainer::backend::cuda::{AttentionImpl, CudaBackend};
 use trainer::backend::*;
 
 #[test]
@@ -27,42 +29,58 @@ fn kernels_build() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn encoder() {
-    gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
-        for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7)] {
-            let tag = format!("encoder B{b} T{t} C{c} V{v}");
-            let (n, s) = (b * t, SeqShape { b, t, c });
-            let at = EmbedLocs { wte: Loc::new(0, v * c), wpe: Some(Loc::new(v * c, t * c)) };
-            let params = rng.vec(v * c + t * c, 0.5);
-            let toks = rng.below(n, v as u32);
-            let mut out_c = cpu.alloc_buf(n * c, "")?;
-            cpu.encoder_fwd(&mut out_c, &toks, Weights::new(&params, at), s)?;
-            let (gp, gt) = (up_buf(be, &params)?, up_tok(be, &toks)?);
-            let mut out_g = poisoned_buf(be, n * c)?;
-            be.encoder_fwd(&mut out_g, &gt, Weights::new(&gp, at), s)?;
-            rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&out_g, Loc::all(n * c))?, &out_c, TOL_BF16);
-            // backward: += into random gradients, or written over NaN (fresh)
-            let dout = rng.vec(n * c, 1.0);
-            let dg = up_buf(be, &dout)?;
-            for fresh in [false, true] {
-                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
-                let g0 = rng.vec(v * c + t * c, 0.1);
-                let mut gc = g0.clone();
-                cpu.encoder_bwd(WeightGrads { buf: &mut gc, at, fresh }, &dout, &toks, s)?;
-                let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
-                let run = || -> BResult<Vec<f32>> {
-                    let mut gg = up_grad(be, &gpu0)?;
-                    be.encoder_bwd(WeightGrads { buf: &mut gg, at, fresh }, &dg, &gt, s)?;
-                    be.download_grad(&gg, Loc::all(gpu0.len()))
-                };
-                let got = run()?;
-                rep.cmp(&tag, "dwte", &got[..v * c], &gc[..v * c], TOL_F32);
+    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, true));
+}
+
+/// The embedding with no position table (`EmbedLocs { wpe: None }`: Llama's, RoPE rotates
+/// queries and keys instead): the token rows alone, forward and backward.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn encoder_without_positions() {
+    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, false));
+}
+
+/// The embedding against the CPU, with the position table (GPT-2) or without; forward
+/// (written over NaN), backward added to random gradients or written over NaN (fresh).
+fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, positions: bool) -> BResult<()> {
+    let cpu = CpuBackend;
+    // GPT-2-like, odd (C % 8 != 0: the one-element path), and a Llama width.
+    for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7), (2, 33, 2048, 500)] {
+        let tag = format!("encoder{} B{b} T{t} C{c} V{v}", if positions { "" } else { " (no wpe)" });
+        let (n, s) = (b * t, SeqShape { b, t, c });
+        let wpe_len = if positions { t * c } else { 0 };
+        let at = EmbedLocs { wte: Loc::new(0, v * c), wpe: positions.then(|| Loc::new(v * c, t * c)) };
+        let params = rng.vec(v * c + wpe_len, 0.5);
+        let toks = rng.below(n, v as u32);
+        let mut out_c = cpu.alloc_buf(n * c, "")?;
+        cpu.encoder_fwd(&mut out_c, &toks, Weights::new(&params, at), s)?;
+        let (gp, gt) = (up_buf(be, &params)?, up_tok(be, &toks)?);
+        let mut out_g = poisoned_buf(be, n * c)?;
+        be.encoder_fwd(&mut out_g, &gt, Weights::new(&gp, at), s)?;
+        rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&out_g, Loc::all(n * c))?, &out_c, TOL_BF16);
+        // backward: += into random gradients, or written over NaN (fresh)
+        let dout = rng.vec(n * c, 1.0);
+        let dg = up_buf(be, &dout)?;
+        for fresh in [false, true] {
+            let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+            let g0 = rng.vec(v * c + wpe_len, 0.1);
+            let mut gc = g0.clone();
+            cpu.encoder_bwd(WeightGrads { buf: &mut gc, at, fresh }, &dout, &toks, s)?;
+            let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
+            let run = || -> BResult<Vec<f32>> {
+                let mut gg = up_grad(be, &gpu0)?;
+                be.encoder_bwd(WeightGrads { buf: &mut gg, at, fresh }, &dg, &gt, s)?;
+                be.download_grad(&gg, Loc::all(gpu0.len()))
+            };
+            let got = run()?;
+            rep.cmp(&tag, "dwte", &got[..v * c], &gc[..v * c], TOL_F32);
+            if positions {
                 rep.cmp(&tag, "dwpe", &got[v * c..], &gc[v * c..], TOL_F32);
-                rep.same_bits(&tag, "repeat", &run()?, &got);
             }
+            rep.same_bits(&tag, "repeat", &run()?, &got);
         }
-        Ok(())
-    });
+    }
+    Ok(())
 }
 
 #[test]
@@ -146,6 +164,110 @@ fn layernorm() {
                 let (di2, g2) = run()?;
                 rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
             }
+        }
+        Ok(())
+    });
+}
+
+/// RMSNorm forward and backward against the CPU: Llama's widths (2048, 3072, 4096, 8192)
+/// and an odd one (777: C % 8 != 0, only the general kernels), every instance of the fast
+/// forward (registers: 64 .. 12288 columns, ragged last chunks at 1600, 5120, 12288) and of
+/// the fast backward (LayerNorm's template: up to 8192; 12288 the general one), each at
+/// parameter offsets 5 (unaligned weight: the general kernels) and 8 (aligned); ragged row
+/// counts (a last block of one row: 2001; odd pair ends: 77) and blocks of 8 and 32 rows.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn rmsnorm() {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
+        let eps = 1e-5f32;
+        let shapes = [
+            (256usize, 2048usize),
+            (77, 2048),
+            (2001, 2048),
+            (45, 3072),
+            (64, 4096),
+            (19, 8192),
+            (37, 777),
+            (33, 64),
+            (70, 512),
+            (41, 768),
+            (40, 1024),
+            (77, 1600),
+            (13, 5120),
+            (11, 6144),
+            (11, 12288),
+            (9000, 64),
+        ];
+        for (&(n, c), off) in shapes.iter().flat_map(|s| [(s, 5usize), (s, 8)]) {
+            let tag = format!("rmsnorm N{n} C{c} offset {off}");
+            let at = Loc::new(off, c);
+            let r = Rows { n, c };
+            let mut params = rng.vec(off + c, 0.3);
+            for x in &mut params[off..] {
+                *x = bf16::from_f32(*x + 1.0).to_f32();
+            }
+            // Rows of different scales, so rstd differs between rows.
+            let inp: Vec<f32> = rng
+                .vec(n * c, 1.0)
+                .iter()
+                .enumerate()
+                .map(|(i, x)| bf16::from_f32(x * (0.5 + (i / c % 7) as f32 * 0.25)).to_f32())
+                .collect();
+            let (mut oc, mut rc) = (vec![0.0; n * c], vec![0.0; n]);
+            cpu.rmsnorm_fwd(&mut oc, &mut rc, &inp, Weights::new(&params, at), r, eps)?;
+            let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
+            let (mut og, mut rg) = (poisoned_buf(be, n * c)?, poisoned_f32(be, n)?);
+            be.rmsnorm_fwd(&mut og, &mut rg, &gi, Weights::new(&gp, at), r, eps)?;
+            rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * c))?, &oc, TOL_BF16);
+            rep.cmp(&format!("{tag} fwd"), "rstd", &be.download_f32(&rg, Loc::all(n))?, &rc, TOL_F32);
+            // backward: dinp +=, dw += (or written over NaN: fresh); both from the CPU's rstd
+            let dout = rng.vec(n * c, 1.0);
+            let dinp0 = rng.vec(n * c, 0.5);
+            let (gdo, gr) = (up_buf(be, &dout)?, up_f32(be, &rc)?);
+            for fresh in [false, true] {
+                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+                let g0 = rng.vec(off + c, 0.1);
+                let (mut dic, mut gc) = (dinp0.clone(), g0.clone());
+                let saved = RmsSaved { inp: &inp, rstd: &rc };
+                cpu.rmsnorm_bwd(
+                    &mut dic,
+                    WeightGrads { buf: &mut gc, at, fresh },
+                    &dout,
+                    saved,
+                    Weights::new(&params, at),
+                    r,
+                )?;
+                // Fresh: NaN everywhere, so the elements before the weight must stay NaN too.
+                let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
+                let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
+                    let mut dig = up_buf(be, &dinp0)?;
+                    let mut gg = up_grad(be, &gpu0)?;
+                    let saved = RmsSaved { inp: &gi, rstd: &gr };
+                    let wg = WeightGrads { buf: &mut gg, at, fresh };
+                    be.rmsnorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r)?;
+                    Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(gpu0.len()))?))
+                };
+                let (di1, g1) = run()?;
+                rep.cmp(&tag, "dinp", &di1, &dic, TOL_BF16);
+                rep.cmp(&tag, "dw", &g1[off..], &gc[off..], TOL_F32);
+                let before = g1[..off].iter().zip(&gpu0[..off]).all(|(a, b)| a.to_bits() == b.to_bits());
+                rep.check(&tag, "untouched", before, "the gradient buffer before dw");
+                let (di2, g2) = run()?;
+                rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
+            }
+        }
+        // No rows: a fresh dw is written (zeros), an accumulated one left as it was.
+        for fresh in [false, true] {
+            let c = 2048;
+            let params = up_buf(be, &vec![1.0; c])?;
+            let mut gg = up_grad(be, &vec![if fresh { f32::NAN } else { 0.5 }; c])?;
+            let (mut dig, x, rs) = (be.alloc_buf(1, "")?, be.alloc_buf(1, "")?, be.alloc_f32(1, "")?);
+            let (wg, saved) = (WeightGrads { buf: &mut gg, at: Loc::all(c), fresh }, RmsSaved { inp: &x, rstd: &rs });
+            be.rmsnorm_bwd(&mut dig, wg, &x, saved, Weights::new(&params, Loc::all(c)), Rows { n: 0, c })?;
+            let want = if fresh { 0.0 } else { 0.5 };
+            let got = be.download_grad(&gg, Loc::all(c))?;
+            rep.check("rmsnorm N0 bwd", if fresh { "fresh dw" } else { "dw" }, got.iter().all(|&g| g == want), "");
         }
         Ok(())
     });
@@ -380,6 +502,105 @@ fn activation() {
     });
 }
 
+/// SwiGLU forward and backward against the CPU: Llama widths F = 8192 (3.2-1B) and 14336
+/// (3-8B) on 16-byte words, and F % 8 != 0 (1001, 3: one element at a time); outputs and
+/// input gradients written over NaN.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn swiglu() {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
+        for &(n, f) in &[(64usize, 8192usize), (33, 14336), (37, 1001), (300, 64), (5, 8), (7, 3)] {
+            let tag = format!("swiglu N{n} F{f}");
+            let r = Rows { n, c: f };
+            // gate over the range where silu bends (and its tails), up and dout around 1
+            let inp = rng.vec(n * 2 * f, 3.0);
+            let dout = rng.vec(n * f, 1.0);
+            let mut oc = vec![0.0; n * f];
+            cpu.swiglu_fwd(&mut oc, &inp, r)?;
+            let (gi, gdo) = (up_buf(be, &inp)?, up_buf(be, &dout)?);
+            let mut og = poisoned_buf(be, n * f)?;
+            be.swiglu_fwd(&mut og, &gi, r)?;
+            rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * f))?, &oc, TOL_BF16);
+            let mut dc = vec![0.0; n * 2 * f];
+            cpu.swiglu_bwd(&mut dc, &inp, &dout, r)?;
+            let mut dg = poisoned_buf(be, n * 2 * f)?;
+            be.swiglu_bwd(&mut dg, &gi, &gdo, r)?;
+            let got = be.download_buf(&dg, Loc::all(n * 2 * f))?;
+            let half = |v: &[f32], k: usize| -> Vec<f32> {
+                v.chunks(2 * f).flat_map(|row| row[k * f..][..f].to_vec()).collect()
+            };
+            rep.cmp(&format!("{tag} bwd"), "dgate", &half(&got, 0), &half(&dc, 0), TOL_BF16);
+            rep.cmp(&format!("{tag} bwd"), "dup", &half(&got, 1), &half(&dc, 1), TOL_BF16);
+        }
+        Ok(())
+    });
+}
+
+/// RoPE in place on the query and key heads against the CPU, and its backward: bwd(fwd(x))
+/// gives x back (bf16 tolerance: two roundings), the backward of a random gradient matches
+/// the CPU's, and the value heads are not touched (same bits). Llama's shapes (T 2048 and
+/// 4096, head sizes 64 and 128, 1, 4 and 8 query heads per key/value head, B = 2 so
+/// positions restart at row T; the Llama 3.1 scaled table at T = 4096), then the general
+/// kernel (head sizes 80, 96, 10) and the other vectorised ones (32, 256) at odd lengths.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn rope() {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
+        // (b, t, nh, nkv, hs)
+        let mut shapes = Vec::new();
+        for t in [2048usize, 4096] {
+            for hs in [64usize, 128] {
+                for group in [1usize, 4, 8] {
+                    shapes.push((2usize, t, 8usize, 8 / group, hs));
+                }
+            }
+        }
+        shapes.extend([(2, 77, 6, 2, 80), (2, 33, 4, 1, 96), (2, 9, 3, 3, 10), (3, 17, 4, 4, 32), (1, 5, 4, 2, 256)]);
+        for (b, t, nh, nkv, hs) in shapes {
+            if small() && t > 512 {
+                continue;
+            }
+            let s = AttnShape { b, t, c: nh * hs, nh, nkv };
+            let tag = format!("rope B{b} T{t} NH{nh} NKV{nkv} HS{hs}");
+            let (n, w, qk) = (b * t, s.qkv_width(), (nh + nkv) * hs);
+            let scaling = (t == 4096).then_some(RopeScaling {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            });
+            let table = rope_table(t, hs, 500_000.0, scaling);
+            let gt = up_f32(be, &table)?;
+            // Columns [from, to) of every row.
+            let cols = |v: &[f32], from: usize, to: usize| -> Vec<f32> {
+                v.chunks(w).flat_map(|row| row[from..to].to_vec()).collect()
+            };
+            let x = rng.vec(n * w, 1.0);
+            let mut xc = x.clone();
+            cpu.rope_fwd(&mut xc, &table, s)?;
+            let mut gx = up_buf(be, &x)?;
+            be.rope_fwd(&mut gx, &gt, s)?;
+            let fwd = be.download_buf(&gx, Loc::all(n * w))?;
+            rep.cmp(&format!("{tag} fwd"), "q, k", &cols(&fwd, 0, qk), &cols(&xc, 0, qk), TOL_BF16);
+            rep.same_bits(&format!("{tag} fwd"), "v", &cols(&fwd, qk, w), &cols(&x, qk, w));
+            be.rope_bwd(&mut gx, &gt, s)?;
+            rep.cmp(&format!("{tag} bwd(fwd)"), "x", &be.download_buf(&gx, Loc::all(n * w))?, &x, TOL_BF16);
+            drop(gx);
+            let d = rng.vec(n * w, 1.0);
+            let mut dc = d.clone();
+            cpu.rope_bwd(&mut dc, &table, s)?;
+            let mut gd = up_buf(be, &d)?;
+            be.rope_bwd(&mut gd, &gt, s)?;
+            let bwd = be.download_buf(&gd, Loc::all(n * w))?;
+            rep.cmp(&format!("{tag} bwd"), "dq, dk", &cols(&bwd, 0, qk), &cols(&dc, 0, qk), TOL_BF16);
+            rep.same_bits(&format!("{tag} bwd"), "dv", &cols(&bwd, qk, w), &cols(&d, qk, w));
+        }
+        Ok(())
+    });
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn cross_entropy() {
@@ -397,6 +618,38 @@ fn cross_entropy() {
             let mut gls = poisoned_f32(be, n)?;
             be.cross_entropy_fwd_bwd(&mut gl, &mut gls, &up_tok(be, &tg)?, LossRows::all(n, v), scale)?;
             rep.cmp(&tag, "losses", &be.download_f32(&gls, Loc::all(n))?, &ls, TOL_F32);
+            rep.cmp(&tag, "dlogits", &be.download_buf(&gl, Loc::all(n * v))?, &lc, TOL_BF16);
+        }
+        Ok(())
+    });
+}
+
+/// The loss over a chunk of the batch's rows (`LossRows { first > 0 }`, the LM head in
+/// chunks): the chunk's logits against `targets[first..]`, its losses written at `first..`
+/// (over NaN) and every other loss left as it was.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn cross_entropy_chunk() {
+    gpu::check(|be, rng, rep| {
+        let cpu = CpuBackend;
+        // (rows in the batch, first, rows in the chunk, vocabulary)
+        for &(total, first, n, v) in &[(48usize, 16usize, 16usize, 50304usize), (37, 11, 13, 1001), (9, 8, 1, 128256)] {
+            let tag = format!("cross_entropy rows {first}..{} of {total} V{v}", first + n);
+            let rows = LossRows { n, v, first };
+            let logits = rng.vec(n * v, 3.0);
+            let tg = rng.below(total, v as u32);
+            let scale = 1.0 / total as f32;
+            let before = rng.vec(total, 1.0);
+            let (mut lc, mut ls) = (logits.clone(), before.clone());
+            cpu.cross_entropy_fwd_bwd(&mut lc, &mut ls, &tg, rows, scale)?;
+            let mut gpu_before = before.clone();
+            gpu_before[first..first + n].fill(f32::NAN);
+            let (mut gl, mut gls) = (up_buf(be, &logits)?, up_f32(be, &gpu_before)?);
+            be.cross_entropy_fwd_bwd(&mut gl, &mut gls, &up_tok(be, &tg)?, rows, scale)?;
+            let got = be.download_f32(&gls, Loc::all(total))?;
+            rep.cmp(&tag, "chunk losses", &got[first..first + n], &ls[first..first + n], TOL_F32);
+            let rest = |v: &[f32]| [&v[..first], &v[first + n..]].concat();
+            rep.same_bits(&tag, "other losses", &rest(&got), &rest(&before));
             rep.cmp(&tag, "dlogits", &be.download_buf(&gl, Loc::all(n * v))?, &lc, TOL_BF16);
         }
         Ok(())

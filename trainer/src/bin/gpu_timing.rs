@@ -14,6 +14,9 @@
 //!
 //! `gpu-timing layernorm`: the LayerNorm forward and backward alone at the three models'
 //! row shapes, for before/after comparisons of those kernels.
+//!
+//! `gpu-timing llama [B [T]]`: the Llama ops — RMSNorm, SwiGLU, RoPE, forward and backward —
+//! at Llama-3.2-1B's and Llama-3-8B's shapes, B×T rows (default 8×2048), in GB/s.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -458,6 +461,73 @@ fn layernorm_timing(be: &CudaBackend) -> BResult<()> {
     Ok(())
 }
 
+/// A Llama model's shapes for the `llama` table.
+struct LlamaShape {
+    name: &'static str,
+    c: usize,
+    /// The MLP's hidden width (SwiGLU's F).
+    f: usize,
+    nh: usize,
+    nkv: usize,
+}
+
+const LLAMA_SHAPES: [LlamaShape; 2] = [
+    LlamaShape { name: "Llama-3.2-1B", c: 2048, f: 8192, nh: 32, nkv: 8 },
+    LlamaShape { name: "Llama-3-8B", c: 4096, f: 14336, nh: 32, nkv: 8 },
+];
+
+/// `gpu-timing llama [B [T]]`: RMSNorm, SwiGLU and RoPE forward and backward at each
+/// `LLAMA_SHAPES` model's widths over B×T rows, in GB/s of the bytes each must move
+/// (RMSNorm's backward: x, dy and dx read, dx written, its partial dw rows and their
+/// reduction included in the time, not the bytes).
+fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
+    let chunk = randn(1, 1 << 22, 1.0);
+    let small = randn(2, 1 << 22, 0.02);
+    let n = b * t;
+    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    for &LlamaShape { name, c, f, nh, nkv } in &LLAMA_SHAPES {
+        let s = AttnShape { b, t, c, nh, nkv };
+        let hs = s.hs();
+        println!(
+            "\n{name} at B={b} T={t} (N={n}) C={c} F={f} NH={nh} NKV={nkv} HS={hs} (median of event-timed repeats)"
+        );
+        let bytes = |elems: usize| (elems * 2) as f64;
+        {
+            let (x, mut y, mut dx) =
+                (new_buf(be, n * c, &chunk)?, new_buf(be, n * c, &chunk)?, new_buf(be, n * c, &chunk)?);
+            let w = new_buf(be, c, &small)?;
+            let mut dw = be.alloc_grad(c, "timing")?;
+            let mut rstd = be.alloc_f32(n, "timing")?;
+            let (r, at) = (Rows { n, c }, Loc::all(c));
+            tm.time("rmsnorm_fwd", 3, 50, gbps(bytes(2 * n * c)), || {
+                be.rmsnorm_fwd(&mut y, &mut rstd, &x, Weights::new(&w, at), r, 1e-5)
+            });
+            tm.time("rmsnorm_bwd", 3, 50, gbps(bytes(4 * n * c)), || {
+                let saved = RmsSaved { inp: &x, rstd: &rstd };
+                be.rmsnorm_bwd(&mut dx, WeightGrads::new(&mut dw, at), &y, saved, Weights::new(&w, at), r)
+            });
+        }
+        {
+            let (gu, mut h, mut dgu) =
+                (new_buf(be, n * 2 * f, &chunk)?, new_buf(be, n * f, &chunk)?, new_buf(be, n * 2 * f, &chunk)?);
+            let r = Rows { n, c: f };
+            tm.time("swiglu_fwd", 3, 20, gbps(bytes(3 * n * f)), || be.swiglu_fwd(&mut h, &gu, r));
+            tm.time("swiglu_bwd", 3, 20, gbps(bytes(5 * n * f)), || be.swiglu_bwd(&mut dgu, &gu, &h, r));
+        }
+        {
+            let mut qkv = new_buf(be, n * s.qkv_width(), &chunk)?;
+            let table = rope_table(t, hs, 500_000.0, None);
+            let mut gt = be.alloc_f32(table.len(), "timing")?;
+            be.upload_f32(&table, &mut gt, 0)?;
+            // Read and written: the query and key heads.
+            let moved = gbps(bytes(2 * n * (nh + nkv) * hs));
+            tm.time("rope_fwd", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, s));
+            tm.time("rope_bwd", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, s));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let t0 = Instant::now();
     let be = match CudaBackend::new(0) {
@@ -480,6 +550,10 @@ fn main() -> ExitCode {
             attention_timing(&be, arg(2, 1024), arg(3, 4), arg(4, 16))
         }
         Some("layernorm") => layernorm_timing(&be),
+        Some("llama") => {
+            let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+            llama_timing(&be, arg(2, 8), arg(3, 2048))
+        }
         Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
         _ => timing(&be, None),
     };

@@ -1,5 +1,6 @@
 // Element-wise activations (twin of cpu/activation.rs): GELU, tanh approximation as in
-// GPT-2, and the residual add. 16-byte accesses when every pointer allows it.
+// GPT-2, SwiGLU as in Llama, and the residual add. 16-byte accesses when every pointer
+// allows it.
 
 #define GELU_K 0.7978845608f  // sqrt(2/pi)
 
@@ -56,4 +57,68 @@ extern "C" __global__ void residual_fwd(bf16_t* out, const bf16_t* a, const bf16
             ((uint4*)out)[i] = pack8(x);
         },
         [&](long long i) { out[i] = f2bf(bf2f(a[i]) + bf2f(b[i])); });
+}
+
+// SwiGLU over rows [gate | up] of inp[N, 2F]: out[N, F] = silu(gate) * up, silu(x) = x * sigmoid(x).
+// sigmoid through __expf: its error (a few ulp of fp32) is far below the bf16 output's.
+// exp(-x) overflowing (x < -88) gives sigmoid 0 and silu -0, as the exact function rounds.
+__device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+
+// n = N * F outputs. With F % 8 == 0 and 16-byte aligned pointers every row is whole 16-byte
+// words: word i of out is row i / (F / 8), and its gate and up words sit at the same column
+// of that row's two halves.
+extern "C" __global__ void swiglu_fwd(bf16_t* out, const bf16_t* inp, long long n, int F) {
+    const int fv = F / 8;  // words per output row (vector path only)
+    grid_stride<8>(
+        n, F % 8 == 0 && aligned16(out) && aligned16(inp),
+        [&](long long i) {
+            const long long r = i / fv, j = i - r * fv;
+            const uint4* g = (const uint4*)inp + r * 2 * fv + j;
+            float a[8], u[8];
+            unpack8(g[0], a);
+            unpack8(g[fv], u);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a[k] = a[k] * sigmoid_f(a[k]) * u[k];
+            ((uint4*)out)[i] = pack8(a);
+        },
+        [&](long long i) {
+            const long long r = i / F, j = i - r * F;
+            const bf16_t* x = inp + r * 2 * F + j;
+            const float a = bf2f(x[0]);
+            out[i] = f2bf(a * sigmoid_f(a) * bf2f(x[F]));
+        });
+}
+
+// dinp[N, 2F] (overwritten) from dout[N, F]: dgate = dout * up * silu'(gate) with
+// silu'(g) = s (1 + g (1 - s)), s = sigmoid(g); dup = dout * silu(gate). n = N * F.
+extern "C" __global__ void swiglu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, long long n, int F) {
+    const int fv = F / 8;
+    grid_stride<8>(
+        n, F % 8 == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout),
+        [&](long long i) {
+            const long long r = i / fv, j = i - r * fv;
+            const long long o = r * 2 * fv + j;
+            const uint4* x = (const uint4*)inp + o;
+            float a[8], u[8], dy[8], dg[8];
+            unpack8(x[0], a);
+            unpack8(x[fv], u);
+            unpack8(((const uint4*)dout)[i], dy);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float s = sigmoid_f(a[k]);
+                dg[k] = dy[k] * u[k] * s * (1.f + a[k] * (1.f - s));
+                u[k] = dy[k] * a[k] * s;
+            }
+            uint4* d = (uint4*)dinp + o;
+            d[0] = pack8(dg);
+            d[fv] = pack8(u);
+        },
+        [&](long long i) {
+            const long long r = i / F, j = i - r * F;
+            const long long o = r * 2 * F + j;
+            const float a = bf2f(inp[o]), u = bf2f(inp[o + F]), dy = bf2f(dout[i]);
+            const float s = sigmoid_f(a);
+            dinp[o] = f2bf(dy * u * s * (1.f + a * (1.f - s)));
+            dinp[o + F] = f2bf(dy * a * s);
+        });
 }

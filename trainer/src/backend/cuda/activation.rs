@@ -1,16 +1,17 @@
 //! Element-wise activations on the GPU (twin of cpu/activation.rs; kernels in
-//! activation.cu): GELU and its backward, the residual add. Each moves 8 bf16 values
-//! (one 16-byte word) per thread and turn where the pointers allow it.
+//! activation.cu): GELU and its backward, SwiGLU and its backward, the residual add. Each
+//! moves 8 bf16 values (one 16-byte word) per thread and turn where the pointers allow it
+//! (SwiGLU: and the width F is a multiple of 8, so rows are whole words).
 
 use super::kernels::{no_big_smem, no_defines, KernelFile};
-use super::launch::{bad, check};
+use super::launch::{check, to_i32};
 use super::CudaBackend;
 use crate::backend::{ActivationOps, BResult, Rows};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "activation",
     src: include_str!("activation.cu"),
-    functions: &["gelu_fwd", "gelu_bwd", "residual_fwd"],
+    functions: &["gelu_fwd", "gelu_bwd", "residual_fwd", "swiglu_fwd", "swiglu_bwd"],
     big_smem: no_big_smem,
     defines: no_defines,
 };
@@ -42,10 +43,30 @@ impl ActivationOps for CudaBackend {
         // SAFETY: ranges checked above.
         unsafe { self.launch_elementwise("residual_fwd", &ptrs, n, PER_THREAD) }
     }
-    fn swiglu_fwd(&self, _out: &mut Self::Buf, _inp: &Self::Buf, _r: Rows) -> BResult<()> {
-        Err(bad("swiglu_fwd PENDING".into()))
+    fn swiglu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, r: Rows) -> BResult<()> {
+        let Rows { n, c: f } = r;
+        check("swiglu_fwd out", out.len(), 0, n * f)?;
+        check("swiglu_fwd inp [gate | up]", inp.len(), 0, n * 2 * f)?;
+        if n == 0 || f == 0 {
+            return Ok(());
+        }
+        let fi = to_i32("swiglu F", f)?;
+        let ptrs = [self.ptr_mut(out, 0), self.ptr(inp, 0)];
+        // SAFETY: ranges checked above: out holds the N*F outputs, inp the N rows of 2F.
+        unsafe { self.launch_elementwise_with("swiglu_fwd", &ptrs, n * f, PER_THREAD, &[fi]) }
     }
-    fn swiglu_bwd(&self, _dinp: &mut Self::Buf, _inp: &Self::Buf, _dout: &Self::Buf, _r: Rows) -> BResult<()> {
-        Err(bad("swiglu_bwd PENDING".into()))
+    fn swiglu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, r: Rows) -> BResult<()> {
+        let Rows { n, c: f } = r;
+        check("swiglu_bwd dinp", dinp.len(), 0, n * 2 * f)?;
+        check("swiglu_bwd inp [gate | up]", inp.len(), 0, n * 2 * f)?;
+        check("swiglu_bwd dout", dout.len(), 0, n * f)?;
+        if n == 0 || f == 0 {
+            return Ok(());
+        }
+        let fi = to_i32("swiglu F", f)?;
+        let ptrs = [self.ptr_mut(dinp, 0), self.ptr(inp, 0), self.ptr(dout, 0)];
+        // SAFETY: ranges checked above: dinp and inp hold N rows of 2F, dout the N*F
+        // gradients the kernel walks.
+        unsafe { self.launch_elementwise_with("swiglu_bwd", &ptrs, n * f, PER_THREAD, &[fi]) }
     }
 }

@@ -3,7 +3,8 @@
 //! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
 //! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) wgmma kernels for 64 and 128;
 //! and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head size 32, and the
-//! cross-check).
+//! cross-check). RoPE, the group's rotation of the query and key heads, is in rope.rs
+//! (kernels in rope.cu); the `AttentionOps` impl here forwards to it.
 
 use cudarc::driver::PushKernelArg;
 
@@ -284,10 +285,11 @@ impl AttentionOps for CudaBackend {
         Ok(())
     }
 
-    fn rope_fwd(&self, _qkv: &mut Self::Buf, _table: &Self::F32, _s: AttnShape) -> BResult<()> {
-        Err(bad("rope_fwd PENDING".into()))
+    /// In rope.rs (kernels in rope.cu).
+    fn rope_fwd(&self, qkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()> {
+        self.rope("rope_fwd", qkv, table, s, false)
     }
-    fn rope_bwd(&self, _dqkv: &mut Self::Buf, _table: &Self::F32, _s: AttnShape) -> BResult<()> {
-        Err(bad("rope_bwd PENDING".into()))
+    fn rope_bwd(&self, dqkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()> {
+        self.rope("rope_bwd", dqkv, table, s, true)
     }
 }

@@ -52,6 +52,7 @@ const FILES: &[&KernelFile] = &[
     &super::layernorm::KERNELS,
     &super::matmul::KERNELS,
     &super::attention::KERNELS,
+    &super::rope::KERNELS,
     &super::activation::KERNELS,
     &super::cross_entropy::KERNELS,
     &super::reduce::KERNELS,

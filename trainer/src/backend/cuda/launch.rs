@@ -1,6 +1,8 @@
 //! What every op's launch code shares: bounds checks (an out-of-range `Loc` must be an
 //! error, not a silent write past a buffer), integer conversions for kernel arguments,
-//! launch geometry, and the one helper all element-wise kernels go through.
+//! launch geometry, and the one helper all element-wise kernels go through
+//! (`launch_elementwise`, and `launch_elementwise_with` for those that also take `int`s,
+//! such as SwiGLU's row width).
 
 use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, PushKernelArg};
 
@@ -64,6 +66,23 @@ impl CudaBackend {
         n: usize,
         per_thread: usize,
     ) -> BResult<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_elementwise_with(name, ptrs, n, per_thread, &[]) }
+    }
+
+    /// [`CudaBackend::launch_elementwise`] for a kernel with `int` arguments after `n`:
+    /// `name(ptrs..., long long n, int ints...)` (e.g. a row width).
+    ///
+    /// # Safety
+    /// Every pointer must address what the kernel reads and writes for `n` and `ints`.
+    pub(super) unsafe fn launch_elementwise_with(
+        &self,
+        name: &str,
+        ptrs: &[u64],
+        n: usize,
+        per_thread: usize,
+        ints: &[i32],
+    ) -> BResult<()> {
         if n == 0 {
             return Ok(());
         }
@@ -74,8 +93,11 @@ impl CudaBackend {
             lb.arg(p);
         }
         lb.arg(&ni);
+        for i in ints {
+            lb.arg(i);
+        }
         let grid = if per_thread > 1 { self.grid_for(n / per_thread + 1) } else { self.grid_for(n) };
-        // SAFETY: the caller guarantees the pointers cover n elements.
+        // SAFETY: the caller guarantees the pointers cover what the kernel touches.
         unsafe { lb.launch(cfg((grid, 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err(name, e))?;
         Ok(())
     }

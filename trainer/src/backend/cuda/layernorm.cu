@@ -1,11 +1,15 @@
-// LayerNorm (twin of cpu/layernorm.rs). Statistics in fp32, two passes over the row
-// (mean, then the centred variance) as the CPU reference does.
+// LayerNorm and RMSNorm (twin of cpu/layernorm.rs). Statistics in fp32; LayerNorm takes two
+// passes over the row (mean, then the centred variance) as the CPU reference does, RMSNorm
+// one (the mean square).
 //
 // Backward is deterministic: each block owns a fixed chunk of rows and writes its
 // partial dw/db sums to a scratch array, which reduce_partials (reduce.cu) then adds up
-// in chunk order. No atomics.
+// in chunk order. No atomics. RMSNorm's backward is the same kernels (template flag RMS:
+// no mean, no db, no mean(dnorm) term), so it inherits their speed and their ordering;
+// with RMS = false the code is LayerNorm's as before (the same arithmetic, the same bits).
 
-// LN_EPS (cpu::LN_EPS) comes from the launch code as a -D option.
+// LN_EPS (cpu::LN_EPS), LN_BWD_SLOTS, LN_BWD_MAX_ROWS and RMS_FWD_THREADS come from the
+// launch code as -D options.
 
 // One warp per row; blockDim.x = 256 (8 rows per block).
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
@@ -63,17 +67,19 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
 }
 
 // Block k handles rows [k*rows_per_block, ...). dinp += (overwritten with the sum),
-// partial[k] = [dw (C) | db (C)] for the block's rows. Dynamic shared memory: 2*C floats.
-extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf16_t* dout,
-                                         const bf16_t* inp, const bf16_t* w, const float* mean,
-                                         const float* rstd, int N, int C, int rows_per_block) {
+// partial[k] = [dw (C) | db (C)] for the block's rows (RMS: [dw (C)], and mean unused).
+// Dynamic shared memory: 2*C floats (RMS: C).
+template <bool RMS>
+__device__ __forceinline__ void ln_bwd_general(bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp,
+                                               const bf16_t* w, const float* mean, const float* rstd, int N, int C,
+                                               int rows_per_block) {
     extern __shared__ float sacc[];  // [dw (C) | db (C)], slot c owned by thread c % blockDim
     __shared__ float red[32];
     float* dw_acc = sacc;
     float* db_acc = sacc + C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         dw_acc[c] = 0.f;
-        db_acc[c] = 0.f;
+        if constexpr (!RMS) db_acc[c] = 0.f;
     }
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
@@ -81,35 +87,61 @@ extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf1
         const bf16_t* x = inp + (long long)row * C;
         const bf16_t* dy = dout + (long long)row * C;
         bf16_t* dx = dinp + (long long)row * C;
-        const float m = mean[row], s = rstd[row];
+        const float m = RMS ? 0.f : mean[row], s = rstd[row];
         float a = 0.f, bsum = 0.f;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float norm = (bf2f(x[c]) - m) * s;
-            const float dn = bf2f(w[c]) * bf2f(dy[c]);
-            a += dn;
-            bsum += dn * norm;
+            if constexpr (RMS) {
+                bsum += bf2f(w[c]) * bf2f(dy[c]) * (bf2f(x[c]) * s);
+            } else {
+                const float norm = (bf2f(x[c]) - m) * s;
+                const float dn = bf2f(w[c]) * bf2f(dy[c]);
+                a += dn;
+                bsum += dn * norm;
+            }
         }
-        a = block_sum(a, red) / C;
+        if constexpr (!RMS) a = block_sum(a, red) / C;
         bsum = block_sum(bsum, red) / C;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
             const float g = bf2f(dy[c]);
-            const float norm = (bf2f(x[c]) - m) * s;
-            const float dn = bf2f(w[c]) * g;
-            db_acc[c] += g;
-            dw_acc[c] += norm * g;
-            dx[c] = f2bf(bf2f(dx[c]) + (dn - a - norm * bsum) * s);
+            if constexpr (RMS) {
+                const float norm = bf2f(x[c]) * s;
+                const float dn = bf2f(w[c]) * g;
+                dw_acc[c] += norm * g;
+                dx[c] = f2bf(bf2f(dx[c]) + (dn - norm * bsum) * s);
+            } else {
+                const float norm = (bf2f(x[c]) - m) * s;
+                const float dn = bf2f(w[c]) * g;
+                db_acc[c] += g;
+                dw_acc[c] += norm * g;
+                dx[c] = f2bf(bf2f(dx[c]) + (dn - a - norm * bsum) * s);
+            }
         }
     }
-    float* p = partial + (long long)blockIdx.x * 2 * C;
+    float* p = partial + (long long)blockIdx.x * (RMS ? 1 : 2) * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         p[c] = dw_acc[c];
-        p[C + c] = db_acc[c];
+        if constexpr (!RMS) p[C + c] = db_acc[c];
     }
+}
+
+extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp,
+                                         const bf16_t* w, const float* mean, const float* rstd, int N, int C,
+                                         int rows_per_block) {
+    ln_bwd_general<false>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
+}
+
+// The same for RMSNorm (mean is not read: the launch code passes null).
+extern "C" __global__ void rmsnorm_bwd(bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp,
+                                       const bf16_t* w, const float* mean, const float* rstd, int N, int C,
+                                       int rows_per_block) {
+    ln_bwd_general<true>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
 }
 
 // The 16-byte-chunk steps of the fast backward, on chunks already loaded (8 bf16 values
 // of x, dy and w at one column, and of the row's dx). Chunk of a row with mean m and
-// rstd s: its contribution to the row's two sums, a += w*dy and bsum += w*dy*norm;
+// rstd s: its contribution to the row's two sums, a += w*dy and bsum += w*dy*norm (RMS:
+// bsum only, norm = x*s);
+template <bool RMS>
 __device__ __forceinline__ void ln_bwd_chunk_sums(uint4 xv, uint4 gv, uint4 wv, float m, float s, float& a,
                                                   float& bsum) {
     float xf[8], gf[8], wf[8];
@@ -119,13 +151,18 @@ __device__ __forceinline__ void ln_bwd_chunk_sums(uint4 xv, uint4 gv, uint4 wv, 
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         const float dn = wf[k] * gf[k];
-        a += dn;
-        bsum += dn * ((xf[k] - m) * s);
+        if constexpr (RMS) {
+            bsum += dn * (xf[k] * s);
+        } else {
+            a += dn;
+            bsum += dn * ((xf[k] - m) * s);
+        }
     }
 }
 
 // with the row's a and bsum (already divided by C): dx plus its gradient (returned), and
-// the chunk's dw/db accumulated into dwacc/dbacc (8 values each);
+// the chunk's dw/db accumulated into dwacc/dbacc (8 values each; RMS: no db, no a);
+template <bool RMS>
 __device__ __forceinline__ uint4 ln_bwd_chunk_apply(uint4 dxv, uint4 xv, uint4 gv, uint4 wv, float m, float s,
                                                     float a, float bsum, float* dwacc, float* dbacc) {
     float xf[8], gf[8], wf[8], df[8];
@@ -135,22 +172,30 @@ __device__ __forceinline__ uint4 ln_bwd_chunk_apply(uint4 dxv, uint4 xv, uint4 g
     unpack8(dxv, df);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        const float norm = (xf[k] - m) * s;
-        const float dn = wf[k] * gf[k];
-        dbacc[k] += gf[k];
-        dwacc[k] += norm * gf[k];
-        df[k] += (dn - a - norm * bsum) * s;
+        if constexpr (RMS) {
+            const float norm = xf[k] * s;
+            const float dn = wf[k] * gf[k];
+            dwacc[k] += norm * gf[k];
+            df[k] += (dn - norm * bsum) * s;
+        } else {
+            const float norm = (xf[k] - m) * s;
+            const float dn = wf[k] * gf[k];
+            dbacc[k] += gf[k];
+            dwacc[k] += norm * gf[k];
+            df[k] += (dn - a - norm * bsum) * s;
+        }
     }
     return pack8(df);
 }
 
 // and a chunk's accumulated dw/db written to p = [dw (C) | db (C)] at column c (a partial
-// row).
+// row; RMS: p = [dw (C)]).
+template <bool RMS>
 __device__ __forceinline__ void ln_bwd_chunk_store(float* p, int C, int c, const float* dwacc, const float* dbacc) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         p[c + k] = dwacc[k];
-        p[C + c + k] = dbacc[k];
+        if constexpr (!RMS) p[C + c + k] = dbacc[k];
     }
 }
 
@@ -170,6 +215,8 @@ __device__ __forceinline__ uint4 ld16(const bf16_t* p) { return *(const uint4*)p
 // order, and leave as partial row `blockIdx.x`; reduce_partials then adds the partial rows
 // in order: deterministic, no atomics, the same bits on every GPU (and as one row at a
 // time: the same sums in the same order).
+// RMS (RMSNorm): the same stream with one sum per row (bsum = Σ w·dy·x·rstd), no mean
+// (not read), no db; partial rows of C floats.
 // Dynamic shared memory: LN_BWD_SLOTS * 3 * J * blockDim 16-byte chunks (layernorm.rs).
 template <int J>
 __device__ __forceinline__ void ln_bwd_issue_row(uint4* slot, const bf16_t* inp, const bf16_t* dout,
@@ -194,7 +241,7 @@ __device__ __forceinline__ uint4 ln_slot(const uint4* slot, int a, int j) {
     return slot[(a * J + j) * blockDim.x + threadIdx.x];
 }
 
-template <int J, int W>
+template <int J, int W, bool RMS>
 __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
                                                   const bf16_t* inp, const bf16_t* w, const float* mean,
                                                   const float* rstd, int N, int C, int rows_per_block) {
@@ -202,7 +249,7 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
     constexpr int STRIDE = 8 * 32 * W;
     extern __shared__ uint4 ring[];              // [LN_BWD_SLOTS][x | dy | dx][J][blockDim]
     __shared__ float sums[2][4][W];              // [pair parity][a, bsum of row 0 | of row 1][warp]
-    __shared__ float stats[2][LN_BWD_MAX_ROWS];  // the block's rows' mean and rstd
+    __shared__ float stats[2][LN_BWD_MAX_ROWS];  // the block's rows' mean and rstd (RMS: rstd only)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c0 = 8 * threadIdx.x;
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
@@ -212,7 +259,7 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
         ln_bwd_issue_row<J>(ring + k * slot_len, inp, dout, dinp, r0 + k, C, c0, STRIDE);
     cp_commit();
     for (int r = threadIdx.x; r < r1 - r0; r += blockDim.x) {
-        stats[0][r] = mean[r0 + r];
+        if constexpr (!RMS) stats[0][r] = mean[r0 + r];
         stats[1][r] = rstd[r0 + r];
     }
     uint4 wv[J];
@@ -238,24 +285,24 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
         cp_wait<1>();
         const uint4* s0 = ring + (i % LN_BWD_SLOTS) * slot_len;
         const uint4* s1 = ring + ((i + 1) % LN_BWD_SLOTS) * slot_len;
-        const float m0 = stats[0][i], q0 = stats[1][i];
-        const float m1 = two ? stats[0][i + 1] : 0.f, q1 = two ? stats[1][i + 1] : 0.f;
+        const float m0 = RMS ? 0.f : stats[0][i], q0 = stats[1][i];
+        const float m1 = (two && !RMS) ? stats[0][i + 1] : 0.f, q1 = two ? stats[1][i + 1] : 0.f;
         float a0 = 0.f, b0 = 0.f, a1 = 0.f, b1 = 0.f;
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             if (c0 + j * STRIDE < C) {
-                ln_bwd_chunk_sums(ln_slot<J>(s0, 0, j), ln_slot<J>(s0, 1, j), wv[j], m0, q0, a0, b0);
-                if (two) ln_bwd_chunk_sums(ln_slot<J>(s1, 0, j), ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1);
+                ln_bwd_chunk_sums<RMS>(ln_slot<J>(s0, 0, j), ln_slot<J>(s0, 1, j), wv[j], m0, q0, a0, b0);
+                if (two) ln_bwd_chunk_sums<RMS>(ln_slot<J>(s1, 0, j), ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1);
             }
         }
-        a0 = warp_sum(a0);
+        if constexpr (!RMS) a0 = warp_sum(a0);
         b0 = warp_sum(b0);
-        a1 = warp_sum(a1);
+        if constexpr (!RMS) a1 = warp_sum(a1);
         b1 = warp_sum(b1);
         if (lane == 0) {
-            sums[par][0][warp] = a0;
+            if constexpr (!RMS) sums[par][0][warp] = a0;
             sums[par][1][warp] = b0;
-            sums[par][2][warp] = a1;
+            if constexpr (!RMS) sums[par][2][warp] = a1;
             sums[par][3][warp] = b1;
         }
         // One barrier per pair: the other parity's sums are rewritten only after the next
@@ -264,56 +311,155 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
         a0 = b0 = a1 = b1 = 0.f;
 #pragma unroll
         for (int q = 0; q < W; ++q) {
-            a0 += sums[par][0][q];
+            if constexpr (!RMS) a0 += sums[par][0][q];
             b0 += sums[par][1][q];
-            a1 += sums[par][2][q];
+            if constexpr (!RMS) a1 += sums[par][2][q];
             b1 += sums[par][3][q];
         }
-        a0 /= C;
+        if constexpr (!RMS) a0 /= C;
         b0 /= C;
-        a1 /= C;
+        if constexpr (!RMS) a1 /= C;
         b1 /= C;
         bf16_t* dx = dinp + (long long)row * C;
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = c0 + j * STRIDE;
             if (c < C)
-                *(uint4*)(dx + c) = ln_bwd_chunk_apply(ln_slot<J>(s0, 2, j), ln_slot<J>(s0, 0, j), ln_slot<J>(s0, 1, j),
-                                                       wv[j], m0, q0, a0, b0, dwacc[j], dbacc[j]);
+                *(uint4*)(dx + c) = ln_bwd_chunk_apply<RMS>(ln_slot<J>(s0, 2, j), ln_slot<J>(s0, 0, j),
+                                                            ln_slot<J>(s0, 1, j), wv[j], m0, q0, a0, b0, dwacc[j],
+                                                            dbacc[j]);
         }
         if (two) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int c = c0 + j * STRIDE;
                 if (c < C)
-                    *(uint4*)(dx + C + c) = ln_bwd_chunk_apply(ln_slot<J>(s1, 2, j), ln_slot<J>(s1, 0, j),
-                                                               ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1, dwacc[j],
-                                                               dbacc[j]);
+                    *(uint4*)(dx + C + c) = ln_bwd_chunk_apply<RMS>(ln_slot<J>(s1, 2, j), ln_slot<J>(s1, 0, j),
+                                                                    ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1,
+                                                                    dwacc[j], dbacc[j]);
             }
         }
     }
     cp_wait<0>();  // no copy outlives the block (the trailing groups are empty)
-    float* p = partial + (long long)blockIdx.x * 2 * C;
+    float* p = partial + (long long)blockIdx.x * (RMS ? 1 : 2) * C;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = c0 + j * STRIDE;
-        if (c < C) ln_bwd_chunk_store(p, C, c, dwacc[j], dbacc[j]);
+        if (c < C) ln_bwd_chunk_store<RMS>(p, C, c, dwacc[j], dbacc[j]);
     }
 }
 
 // Instances: J = 1 with W = 1..4 warps (C <= 1024), then J = 2 with 4, 8, 12 and 16 warps
-// (C <= 2048, 4096, 6144, 8192); layernorm.rs picks by C.
-#define LN_BWD_BLOCK(J, W)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * W) layernorm_bwd_j##J##w##W(                           \
+// (C <= 2048, 4096, 6144, 8192); layernorm.rs picks by C. Each for LayerNorm and RMSNorm
+// (whose kernels take the same arguments; mean is not read).
+#define LN_BWD_BLOCK(NAME, RMS, J, W)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * W) NAME##_bwd_j##J##w##W(                              \
         bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp, const bf16_t* w,                \
         const float* mean, const float* rstd, int N, int C, int rows_per_block) {                            \
-        ln_bwd_block_impl<J, W>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);              \
+        ln_bwd_block_impl<J, W, RMS>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);         \
     }
-LN_BWD_BLOCK(1, 1)
-LN_BWD_BLOCK(1, 2)
-LN_BWD_BLOCK(1, 3)
-LN_BWD_BLOCK(1, 4)
-LN_BWD_BLOCK(2, 4)
-LN_BWD_BLOCK(2, 8)
-LN_BWD_BLOCK(2, 12)
-LN_BWD_BLOCK(2, 16)
+#define LN_BWD_BLOCKS(NAME, RMS)   \
+    LN_BWD_BLOCK(NAME, RMS, 1, 1)  \
+    LN_BWD_BLOCK(NAME, RMS, 1, 2)  \
+    LN_BWD_BLOCK(NAME, RMS, 1, 3)  \
+    LN_BWD_BLOCK(NAME, RMS, 1, 4)  \
+    LN_BWD_BLOCK(NAME, RMS, 2, 4)  \
+    LN_BWD_BLOCK(NAME, RMS, 2, 8)  \
+    LN_BWD_BLOCK(NAME, RMS, 2, 12) \
+    LN_BWD_BLOCK(NAME, RMS, 2, 16)
+LN_BWD_BLOCKS(layernorm, false)
+LN_BWD_BLOCKS(rmsnorm, true)
+
+// RMSNorm forward, general: one warp per row (blockDim.x = 256, 8 rows per block), any C
+// and alignment; the row is read twice (the mean square, then the output).
+extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C,
+                                       float eps) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const bf16_t* x = inp + (long long)row * C;
+    bf16_t* o = out + (long long)row * C;
+    float ss = 0.f;
+    for (int c = lane; c < C; c += 32) {
+        const float v = bf2f(x[c]);
+        ss += v * v;
+    }
+    const float s = 1.f / sqrtf(warp_sum(ss) / C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = f2bf(bf2f(x[c]) * s * bf2f(w[c]));
+    if (lane == 0) rstd[row] = s;
+}
+
+// RMSNorm forward, fast: C % 8 == 0, 16-byte aligned rows and weight. W warps per row and
+// RMS_FWD_THREADS / (32 W) rows per block; each thread holds the J 16-byte chunks
+// c = 8 * t + j * 256 * W of its row in registers (t its index within the row's warps),
+// so x is read once and out written once. The mean square: each thread's chunks in order,
+// warp_sum, then (W > 1) the row's warps in warp order through shared memory: a fixed
+// order, the same bits on every run.
+template <int J, int W>
+__device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N,
+                                             int C, float eps) {
+    constexpr int ROWS = RMS_FWD_THREADS / (32 * W);
+    constexpr int STRIDE = 8 * 32 * W;
+    static_assert(ROWS * 32 * W == RMS_FWD_THREADS, "whole rows per block");
+    __shared__ float part[ROWS][W];
+    const int t = threadIdx.x % (32 * W), r = threadIdx.x / (32 * W);
+    const int row = blockIdx.x * ROWS + r;
+    const bool live = row < N;  // threads of absent rows still reach the barrier
+    const int c0 = 8 * t;
+    const bf16_t* x = inp + (long long)row * C;
+    uint4 xv[J];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = c0 + j * STRIDE;
+        xv[j] = (live && c < C) ? ld16(x + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        float f[8];
+        unpack8(xv[j], f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+    }
+    ss = warp_sum(ss);
+    if constexpr (W > 1) {
+        if ((threadIdx.x & 31) == 0) part[r][t >> 5] = ss;
+        __syncthreads();
+        ss = 0.f;
+#pragma unroll
+        for (int q = 0; q < W; ++q) ss += part[r][q];
+    }
+    if (!live) return;
+    const float s = 1.f / sqrtf(ss / C + eps);
+    bf16_t* o = out + (long long)row * C;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = c0 + j * STRIDE;
+        if (c < C) {
+            float f[8], ww[8];
+            unpack8(xv[j], f);
+            unpack8(ld16(w + c), ww);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = f[k] * s * ww[k];
+            *(uint4*)(o + c) = pack8(f);
+        }
+    }
+    if (t == 0) rstd[row] = s;
+}
+
+// Instances (layernorm.rs picks the first whose 256 * J * W columns hold the row): one warp
+// a row up to C = 2048, then 2, 4 and 8 warps (C <= 3072, 4096, 6144, 8192, 16384).
+#define RMS_FWD(J, W)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(RMS_FWD_THREADS) rmsnorm_fwd_j##J##w##W(                    \
+        bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C, float eps) {             \
+        rms_fwd_impl<J, W>(out, rstd, inp, w, N, C, eps);                                                    \
+    }
+RMS_FWD(1, 1)
+RMS_FWD(2, 1)
+RMS_FWD(4, 1)
+RMS_FWD(8, 1)
+RMS_FWD(6, 2)
+RMS_FWD(8, 2)
+RMS_FWD(6, 4)
+RMS_FWD(8, 4)
+RMS_FWD(8, 8)

@@ -9,7 +9,8 @@
 //!
 //! One module per op group beside its kernels and its CPU twin's name: `layernorm.rs`
 //! holds the launch code, the constants the kernel must agree with and the registration
-//! of `layernorm.cu` (twin: `cpu/layernorm.rs`), and so on. `launch.rs` has what every
+//! of `layernorm.cu` (twin: `cpu/layernorm.rs`), and so on (one op has a pair of its own
+//! inside its group: RoPE, `rope.rs` + `rope.cu`, of the attention group). `launch.rs` has what every
 //! launch shares, `kernels.rs` compiles the `.cu` files with NVRTC at start-up (cached on
 //! disk), `cublaslt.rs` wraps cuBLASLt for the GEMMs. Every kernel runs in order on one
 //! compute stream (`CudaBackend::stream`); the NCCL communicator orders its own
@@ -34,6 +35,7 @@ mod layernorm;
 mod matmul;
 mod memory;
 mod reduce;
+mod rope;
 mod staging;
 mod transfer;
 
