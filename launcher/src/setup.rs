@@ -76,14 +76,24 @@ impl RunPlan {
     }
 }
 
-/// Check the arguments and config, prepare the data and the run directory.
-/// Set to launch a GPU job whose predicted memory exceeds the GPU or the host.
+/// Set to launch a job whose predicted memory exceeds the GPU or the host.
 pub const SKIP_FIT_ENV: &str = "SHARDTRAIN_SKIP_FIT_CHECK";
+/// Set to start more than [`RANKS_PER_CORE`] CPU ranks per core.
+pub const OVERSUBSCRIBE_ENV: &str = "SHARDTRAIN_OVERSUBSCRIBE";
+/// CPU ranks per available core beyond which a launch is refused: every rank is a process
+/// computing on its own, and each collective waits for the slowest, so ranks beyond the
+/// cores only take turns (a few per core is useful for tests of sharding on a small machine).
+pub const RANKS_PER_CORE: usize = 8;
 
+/// Check the arguments and config, prepare the data and the run directory.
 pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let (device, local_ranks) = args.device();
     if let Some(reason) = device.unavailable_reason() {
         return Err(SetupError(reason));
+    }
+    if device == Device::Cpu && std::env::var_os(OVERSUBSCRIBE_ENV).is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        check_cpu_ranks(local_ranks, cores)?;
     }
     let (nnodes, node_rank) = (args.nnodes as usize, args.node_rank as usize);
     if node_rank >= nnodes {
@@ -134,12 +144,13 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     cfg.checkpoint.dir = cfg.checkpoint.dir.as_deref().map(absolute);
     let world = nnodes * local_ranks;
     // A plan that cannot fit the GPU or the host stops here, before any rank allocates.
-    if device == Device::Gpu && std::env::var_os(SKIP_FIT_ENV).is_none() {
+    if std::env::var_os(SKIP_FIT_ENV).is_none() {
+        let gpu = device == Device::Gpu;
+        let model =
+            if gpu { trainer::zero::plan::DeviceModel::cuda() } else { trainer::zero::plan::DeviceModel::cpu() };
         let busiest = gpu_map.iter().map(|g| gpu_map.iter().filter(|h| *h == g).count()).max().unwrap_or(1);
-        let need = crate::fit::need(&cfg, world, local_ranks, trainer::zero::plan::DeviceModel::cuda(), true)
-            .map_err(SetupError)?
-            .sharing(busiest);
-        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(true, None, args.host_mem), &cfg)
+        let need = crate::fit::need(&cfg, world, local_ranks, model, gpu).map_err(SetupError)?.sharing(busiest);
+        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(gpu, None, args.host_mem), &cfg)
             .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
     }
     // Before anything is written: a checkpoint that cannot be resumed leaves the run directory as it was.
@@ -200,6 +211,21 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         fingerprint,
         gpu_map,
     })
+}
+
+/// At most [`RANKS_PER_CORE`] CPU ranks per core of this machine.
+fn check_cpu_ranks(ranks: usize, cores: usize) -> Result<(), SetupError> {
+    let most = RANKS_PER_CORE * cores.max(1);
+    if ranks <= most {
+        return Ok(());
+    }
+    Err(SetupError(format!(
+        "--cpus {ranks} would start {ranks} rank processes on this machine's {cores} core(s), more than \
+         {RANKS_PER_CORE} per core ({most}): each rank is a process computing on its own and every collective \
+         waits for the slowest, so they would only take turns. Use --cpus {cores} (one rank per core) up to \
+         --cpus {most}, or spread the ranks over several nodes (--nnodes); set {OVERSUBSCRIBE_ENV}=1 to start \
+         them anyway"
+    )))
 }
 
 /// `data.path` as given, or the built-in corpus generated under the run directory.
