@@ -282,16 +282,20 @@ fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupErr
     Ok(tokens)
 }
 
-/// `init.from` must be a readable file (its tensors are checked by the ranks that load them).
+/// `init.from` must be Hugging Face weights (a model folder or a safetensors file) holding
+/// every tensor of the model in a dtype import reads; shapes are checked by the ranks that
+/// load them (they too stop the job with exit code 2).
 fn check_init(cfg: &Config) -> Result<(), SetupError> {
     let Some(path) = &cfg.init.from else { return Ok(()) };
-    std::fs::File::open(path).map(|_| ()).map_err(|e| {
-        SetupError(format!(
-            "init.from = {}: cannot open it ({e}); give a Hugging Face GPT-2 model.safetensors (e.g. from \
+    if !path.exists() {
+        return Err(SetupError(format!(
+            "init.from = {} does not exist: give a Hugging Face model folder or its .safetensors file (e.g. from \
              `launcher export`), or remove init.from to start from random weights",
             path.display()
-        ))
-    })
+        )));
+    }
+    let weights = trainer::checkpoint::hf::HfWeights::open(path).map_err(|e| SetupError(e.to_string()))?;
+    weights.check(&trainer::model::ModelLayout::new(&cfg.model)).map_err(|e| SetupError(e.to_string()))
 }
 
 /// When checkpoints will be written: the directory must exist or be creatable, and be
