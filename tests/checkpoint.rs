@@ -179,7 +179,10 @@ fn hugging_face_export_import_export_is_bit_identical() {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(a.join("config.json")).expect("config.json")).expect("JSON");
     assert_eq!(config["architectures"][0], "GPT2LMHeadModel");
-    assert_eq!((config["n_embd"].as_u64(), config["n_layer"].as_u64(), config["n_positions"].as_u64()), (Some(36), Some(2), Some(16)));
+    assert_eq!(
+        (config["n_embd"].as_u64(), config["n_layer"].as_u64(), config["n_positions"].as_u64()),
+        (Some(36), Some(2), Some(16))
+    );
     // Names and Hugging Face (Conv1D) layouts.
     let bytes = std::fs::read(a.join("model.safetensors")).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
@@ -222,10 +225,9 @@ fn sharded_folders_carry_an_index_and_import_like_one_file() {
     let n = s.files.len();
     assert!(n >= 3, "{:?}", s.files);
     assert_eq!(s.files[0], format!("model-00001-of-{n:05}.safetensors"));
-    let index: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(many.join("model.safetensors.index.json")).expect("index"),
-    )
-    .expect("JSON");
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(many.join("model.safetensors.index.json")).expect("index"))
+            .expect("JSON");
     let map = index["weight_map"].as_object().expect("weight_map");
     assert_eq!(map.len(), s.tensors);
     assert_eq!(index["metadata"]["total_size"].as_u64(), Some(4 * s.params as u64));
@@ -258,14 +260,19 @@ fn rewrite(src: &Path, dst: &Path, dtype: safetensors::Dtype, odd: Option<(&str,
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
     let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, view) in st.tensors() {
-        let vals: Vec<f32> = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let vals: Vec<f32> =
+            view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         let dt = match odd {
             Some((n, d)) if n == name => d,
             _ => dtype,
         };
         let data: Vec<u8> = match dt {
-            safetensors::Dtype::BF16 => vals.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect(),
-            safetensors::Dtype::F16 => vals.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect(),
+            safetensors::Dtype::BF16 => {
+                vals.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect()
+            }
+            safetensors::Dtype::F16 => {
+                vals.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect()
+            }
             safetensors::Dtype::F64 => vals.iter().flat_map(|&v| f64::from(v).to_le_bytes()).collect(),
             _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
         };

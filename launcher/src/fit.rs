@@ -25,8 +25,8 @@ pub struct Capacity {
     pub gpu: Option<u64>,
     /// Host bytes available to the node's ranks together (`None`: not known).
     pub host: Option<u64>,
-    /// The host figure was stated (`--host-mem`), not read from `MemAvailable`.
-    pub host_stated: bool,
+    /// Where `host` comes from: `--host-mem`, `MemAvailable`, or the cgroup's limit.
+    pub host_source: &'static str,
 }
 
 impl Capacity {
@@ -36,22 +36,22 @@ impl Capacity {
     /// MemAvailable at start says too little). A stated figure is not measured.
     pub fn of_this_machine(gpu: bool, gpu_gib: Option<f64>, host_gib: Option<f64>) -> Capacity {
         let bytes = |g: f64| (g * GIB) as u64;
-        Capacity {
-            gpu: if gpu { gpu_gib.map(bytes).or_else(crate::gpu::total_memory) } else { None },
-            host: host_gib.map(bytes).or_else(host_available),
-            host_stated: host_gib.is_some(),
+        let gpu = if gpu { gpu_gib.map(bytes).or_else(crate::gpu::total_memory) } else { None };
+        if let Some(g) = host_gib {
+            return Capacity { gpu, host: Some(bytes(g)), host_source: "--host-mem" };
         }
-    }
-
-    /// Where the host figure comes from, for messages.
-    fn host_source(&self) -> &'static str {
-        if self.host_stated {
-            "--host-mem"
-        } else {
-            "MemAvailable"
+        // Inside a container or an allocation the cgroup's limit binds before the host does.
+        let cgroup = crate::cgroup::MemoryCgroup::of_self().and_then(|c| c.headroom());
+        match (host_available(), cgroup) {
+            (Some(h), Some(c)) if c < h => Capacity { gpu, host: Some(c), host_source: CGROUP_SOURCE },
+            (None, Some(c)) => Capacity { gpu, host: Some(c), host_source: CGROUP_SOURCE },
+            (h, _) => Capacity { gpu, host: h, host_source: "MemAvailable" },
         }
     }
 }
+
+/// How messages name a capacity read from the memory cgroup.
+const CGROUP_SOURCE: &str = "the memory cgroup's limit less its usage";
 
 /// The host's available memory from /proc/meminfo (Linux), in bytes.
 fn host_available() -> Option<u64> {
@@ -179,7 +179,7 @@ pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
                 bytes as f64 / GIB,
                 CPU_RANK_OVERHEAD >> 20,
                 host as f64 / GIB,
-                cap.host_source(),
+                cap.host_source,
                 (need.host_per_node - host) as f64 / GIB
             ));
         }
@@ -197,7 +197,7 @@ pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
                 h.params as f64 / GIB,
                 h.staging as f64 / GIB,
                 host as f64 / GIB,
-                cap.host_source(),
+                cap.host_source,
                 (need.host_per_node - host) as f64 / GIB
             ));
         }
@@ -255,22 +255,22 @@ mod tests {
     fn a_plan_over_capacity_is_refused_naming_the_numbers() {
         let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
         let n = need(&cfg, 1, 1, DeviceModel::cuda(), true).expect("need");
-        check(&n, Capacity { gpu: Some(n.device_peak), host: None, host_stated: false }, &cfg).expect("exactly fits");
-        let e = check(&n, Capacity { gpu: Some(n.device_peak - 1), host: None, host_stated: false }, &cfg).unwrap_err();
+        check(&n, Capacity { gpu: Some(n.device_peak), host: None, host_source: "" }, &cfg).expect("exactly fits");
+        let e = check(&n, Capacity { gpu: Some(n.device_peak - 1), host: None, host_source: "" }, &cfg).unwrap_err();
         assert!(e.contains("does not fit the GPU") && e.contains("micro_batch"), "{e}");
         // Two ranks mapped onto one GPU (SHARDTRAIN_GPU_MAP=0,0) add up there.
         let two = n.clone().sharing(2);
-        check(&two, Capacity { gpu: Some(2 * n.device_peak), host: None, host_stated: false }, &cfg)
+        check(&two, Capacity { gpu: Some(2 * n.device_peak), host: None, host_source: "" }, &cfg)
             .expect("two fit twice the GPU");
-        let e = check(&two, Capacity { gpu: Some(2 * n.device_peak - 1), host: None, host_stated: false }, &cfg)
-            .unwrap_err();
+        let e =
+            check(&two, Capacity { gpu: Some(2 * n.device_peak - 1), host: None, host_source: "" }, &cfg).unwrap_err();
         assert!(e.contains("2 ranks share one GPU") && e.contains("SHARDTRAIN_GPU_MAP"), "{e}");
         let mut off = cfg.clone();
         off.offload.optimizer = true;
         let n = need(&off, 1, 4, DeviceModel::cuda(), true).expect("need");
         assert!(n.host_per_node >= 4 * n.report.host.optimizer && n.report.host.optimizer > 0);
-        let e =
-            check(&n, Capacity { gpu: None, host: Some(n.host_per_node - 1), host_stated: true }, &off).unwrap_err();
+        let e = check(&n, Capacity { gpu: None, host: Some(n.host_per_node - 1), host_source: "--host-mem" }, &off)
+            .unwrap_err();
         assert!(e.contains("does not fit the host") && e.contains("optimizer") && e.contains("--host-mem"), "{e}");
     }
 
@@ -279,7 +279,7 @@ mod tests {
         let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
         let n = need(&cfg, 4, 4, DeviceModel::cpu(), false).expect("need");
         assert!(n.cpu && n.host_per_node == 4 * (n.device_peak + CPU_RANK_OVERHEAD), "{n:?}");
-        let cap = |host: u64| Capacity { gpu: None, host: Some(host), host_stated: false };
+        let cap = |host: u64| Capacity { gpu: None, host: Some(host), host_source: "MemAvailable" };
         check(&n, cap(n.host_per_node), &cfg).expect("exactly fits");
         let e = check(&n, cap(n.host_per_node / 2), &cfg).unwrap_err();
         let short = format!("{:.2} GiB short", (n.host_per_node - n.host_per_node / 2) as f64 / GIB);
@@ -301,7 +301,9 @@ mod tests {
         let stated = Capacity::of_this_machine(false, None, Some(480.0));
         assert_eq!(stated.host, Some(480 << 30));
         assert_eq!(stated.gpu, None);
-        assert_eq!(Capacity::of_this_machine(false, None, None).host.is_some(), host_available().is_some());
+        let here = Capacity::of_this_machine(false, None, None);
+        assert!(here.host <= host_available(), "the cgroup's limit can only lower it");
+        assert_eq!(here.host.is_some(), host_available().is_some() || here.host_source == CGROUP_SOURCE);
         let gpu = Capacity::of_this_machine(true, Some(139.5), Some(1.0));
         assert_eq!((gpu.gpu, gpu.host), (Some(149_786_984_448), Some(1 << 30)));
         assert_eq!(Capacity::of_this_machine(false, Some(139.5), None).gpu, None, "no GPU check for CPU plans");
@@ -315,9 +317,9 @@ mod tests {
             c.train.micro_batch = b;
             need(&c, 2, 2, DeviceModel::cuda(), true).expect("need").device_peak
         };
-        let cap = Capacity { gpu: Some(at(37)), host: None, host_stated: false };
+        let cap = Capacity { gpu: Some(at(37)), host: None, host_source: "" };
         assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), true, cap, 1024).expect("search"), Some(37));
-        let none = Capacity { gpu: Some(at(1) - 1), host: None, host_stated: false };
+        let none = Capacity { gpu: Some(at(1) - 1), host: None, host_source: "" };
         assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), true, none, 1024).expect("search"), None);
     }
 }

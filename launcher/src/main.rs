@@ -22,6 +22,7 @@
 //! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
 //! stops a job when stdout is closed).
 
+mod cgroup;
 mod cli;
 mod device;
 mod export;

@@ -7,6 +7,7 @@
 //! count that rose names "out of memory"; otherwise the report still says that the OOM
 //! killer is the usual sender of SIGKILL, with the host's available memory and what to do.
 
+use crate::cgroup::{oom_kill, MemoryCgroup};
 use std::path::{Path, PathBuf};
 
 /// The OOM-kill counters this process can read, at one moment.
@@ -72,38 +73,10 @@ impl OomWatch {
 
 impl Counts {
     fn read(proc_root: &Path, sys_root: &Path) -> Counts {
-        let text = std::fs::read_to_string(proc_root.join("self/cgroup")).unwrap_or_default();
-        let cgroup = cgroup_files(&text, sys_root)
-            .into_iter()
-            .find_map(|f| std::fs::read_to_string(&f).ok().and_then(|t| oom_kill(&t)).map(|n| (f, n)));
+        let cgroup = MemoryCgroup::find(proc_root, sys_root).and_then(|c| c.oom_kills());
         let host = std::fs::read_to_string(proc_root.join("vmstat")).ok().and_then(|t| oom_kill(&t));
         Counts { cgroup, host }
     }
-}
-
-/// The files that may hold this cgroup's `oom_kill`, most specific first: v2's
-/// `memory.events` (at the unified root or under `unified/` on hybrid systems) and v1's
-/// `memory.oom_control` (at the cgroup's path, or at the root of a namespaced view).
-fn cgroup_files(proc_self_cgroup: &str, sys_root: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for line in proc_self_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
-        let rel = path.trim_start_matches('/');
-        if controllers.is_empty() {
-            files.push(sys_root.join(rel).join("memory.events"));
-            files.push(sys_root.join("unified").join(rel).join("memory.events"));
-        } else if controllers.split(',').any(|c| c == "memory") {
-            files.push(sys_root.join("memory").join(rel).join("memory.oom_control"));
-            files.push(sys_root.join("memory/memory.oom_control"));
-        }
-    }
-    files
-}
-
-/// The `oom_kill N` line's N.
-fn oom_kill(text: &str) -> Option<u64> {
-    text.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -117,6 +90,7 @@ mod tests {
         std::fs::create_dir_all(proc.join("self")).expect("mkdir");
         std::fs::create_dir_all(sys.join("job")).expect("mkdir");
         std::fs::write(proc.join("self/cgroup"), "0::/job\n").expect("write");
+        std::fs::write(sys.join("job/memory.max"), "max\n").expect("write");
         std::fs::write(proc.join("meminfo"), "MemTotal: 1000 kB\nMemAvailable:   2097152 kB\n").expect("write");
         set(dir.path(), cgroup_kills, host_kills);
         dir
@@ -139,15 +113,5 @@ mod tests {
         let oom = watch.explain_sigkill();
         assert!(oom.starts_with("out of memory: the kernel's OOM killer"), "{oom}");
         assert!(oom.contains("memory.events oom_kill 0 -> 1"), "{oom}");
-    }
-
-    #[test]
-    fn cgroup_v1_and_hybrid_layouts_are_found() {
-        let sys = Path::new("/s");
-        let v1 = cgroup_files("4:memory:/docker/abc\n1:cpu,cpuacct:/x\n0::/\n", sys);
-        assert!(v1.contains(&PathBuf::from("/s/memory/docker/abc/memory.oom_control")), "{v1:?}");
-        assert!(v1.contains(&PathBuf::from("/s/unified/memory.events")), "{v1:?}");
-        assert_eq!(oom_kill("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n"), Some(7));
-        assert_eq!(oom_kill("nothing here\n"), None);
     }
 }

@@ -80,11 +80,14 @@ fn header(
     let mut off = 0usize;
     for (name, shape, _) in tensors {
         let len = 4 * shape.iter().product::<usize>();
-        map.insert(name.clone(), serde_json::json!({ "dtype": "F32", "shape": shape, "data_offsets": [off, off + len] }));
+        map.insert(
+            name.clone(),
+            serde_json::json!({ "dtype": "F32", "shape": shape, "data_offsets": [off, off + len] }),
+        );
         off += len;
     }
-    let mut bytes =
-        serde_json::to_vec(&map).map_err(|e| TrainError::Invalid(format!("cannot encode a safetensors header: {e}")))?;
+    let mut bytes = serde_json::to_vec(&map)
+        .map_err(|e| TrainError::Invalid(format!("cannot encode a safetensors header: {e}")))?;
     while (8 + bytes.len()) % 8 != 0 {
         bytes.push(b' ');
     }

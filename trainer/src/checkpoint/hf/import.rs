@@ -29,11 +29,7 @@ impl HfWeights {
     /// Open `init.from`: a folder or a file; each file's header is read and checked.
     pub fn open(path: &Path) -> Result<HfWeights, TrainError> {
         let err = |problem: String| TrainError::from(CheckpointError::Init { path: path.to_path_buf(), problem });
-        let paths = if path.is_dir() {
-            folder_files(path).map_err(err)?
-        } else {
-            vec![path.to_path_buf()]
-        };
+        let paths = if path.is_dir() { folder_files(path).map_err(err)? } else { vec![path.to_path_buf()] };
         let mut files = Vec::with_capacity(paths.len());
         let mut index = HashMap::new();
         for p in paths {

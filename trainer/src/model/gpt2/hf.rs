@@ -139,11 +139,16 @@ mod tests {
         let c = Gpt2Hf.hf_config(&cfg);
         assert_eq!(c["architectures"][0], "GPT2LMHeadModel");
         assert_eq!(c["model_type"], "gpt2");
-        for (key, want) in [("n_embd", 768), ("n_layer", 12), ("n_head", 12), ("n_positions", 1024), ("vocab_size", 50304)] {
+        for (key, want) in
+            [("n_embd", 768), ("n_layer", 12), ("n_head", 12), ("n_positions", 1024), ("vocab_size", 50304)]
+        {
             assert_eq!(c[key], want, "{key}");
         }
         assert_eq!(c["layer_norm_epsilon"].as_f64().map(|e| e as f32), Some(crate::backend::cpu::LN_EPS));
-        assert_eq!((c["activation_function"].as_str(), c["tie_word_embeddings"].as_bool()), (Some("gelu_new"), Some(true)));
+        assert_eq!(
+            (c["activation_function"].as_str(), c["tie_word_embeddings"].as_bool()),
+            (Some("gelu_new"), Some(true))
+        );
         assert_eq!(c["eos_token_id"], 50256);
         let small = Gpt2Hf.hf_config(&ModelConfig { vocab_size: 97, ..cfg });
         assert!(small.get("eos_token_id").is_none(), "no <|endoftext|> in a vocabulary of 97");
