@@ -41,9 +41,13 @@ impl OomWatch {
     /// Why a rank that the launcher did not kill died of SIGKILL, and what to do about it.
     pub fn explain_sigkill(&self) -> String {
         let now = Counts::read(&self.proc_root, &self.sys_root);
-        let available = crate::fit::host_available_in(&self.proc_root)
-            .map(|b| format!("; the host has {:.2} GiB available now (MemAvailable)", b as f64 / (1u64 << 30) as f64))
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let mut available = crate::fit::host_available_in(&self.proc_root)
+            .map(|b| format!("; the host has {:.2} GiB available now (MemAvailable)", gib(b)))
             .unwrap_or_default();
+        if let Some(limit) = MemoryCgroup::find(&self.proc_root, &self.sys_root).and_then(|c| c.limit()) {
+            available += &format!(", and the ranks' memory cgroup allows {:.2} GiB", gib(limit));
+        }
         let todo = "`launcher memory CONFIG --ranks N --device cpu|gpu` shows what each rank needs; use fewer ranks \
                     per node, a higher zero.stage, a smaller train.micro_batch or checkpointing.activations = \
                     \"every_layer\"";
