@@ -536,9 +536,12 @@ fn export_writes_hugging_face_gpt2_weights() {
     assert_eq!(tensors.len(), 4 + 2 * 12);
     // The folder from_pretrained loads: its config.json, the GPT-2 shape, files readable by all
     // as the umask allows (not the 0600 of a private temporary file).
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config.json"))
-        .expect("JSON");
-    assert_eq!((config["model_type"].as_str(), config["architectures"][0].as_str()), (Some("gpt2"), Some("GPT2LMHeadModel")));
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config.json")).expect("JSON");
+    assert_eq!(
+        (config["model_type"].as_str(), config["architectures"][0].as_str()),
+        (Some("gpt2"), Some("GPT2LMHeadModel"))
+    );
     let cfg = job.cfg();
     for (key, want) in [("n_embd", cfg.model.n_embd), ("n_layer", cfg.model.n_layer), ("n_head", cfg.model.n_head)] {
         assert_eq!(config[key].as_u64(), Some(want as u64), "{key}");
@@ -551,7 +554,14 @@ fn export_writes_hugging_face_gpt2_weights() {
     for f in ["config.json", "model.safetensors"] {
         assert_eq!(mode(&out.join(f)), mode(&plain), "{f}: the mode of any new file here");
     }
-    assert_eq!(std::fs::read_dir(job.dir.path()).expect("dir").flatten().filter(|e| e.file_name().to_string_lossy().contains("partial")).count(), 0);
+    assert_eq!(
+        std::fs::read_dir(job.dir.path())
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+            .count(),
+        0
+    );
 
     // Sharded above --max-shard-size, as save_pretrained: shards and their index.
     let sharded = job.dir.path().join("sharded");
@@ -1212,7 +1222,10 @@ fn cpu_plans_that_do_not_fit_the_host_are_refused_before_launch() {
     let here = launcher(&["memory", &config, "--ranks", "2", "--device", "cpu"]);
     here.assert_success();
     let out = here.stdout();
-    assert!(out.contains("GPU none used (CPU ranks compute in host memory), host ") && out.contains("  fits\n"), "{out}");
+    assert!(
+        out.contains("GPU none used (CPU ranks compute in host memory), host ") && out.contains("  fits\n"),
+        "{out}"
+    );
     let small = launcher(&["memory", &config, "--ranks", "2", "--device", "cpu", "--host-mem", "0.01"]);
     small.assert_success();
     let out = small.stdout();
@@ -1222,7 +1235,11 @@ fn cpu_plans_that_do_not_fit_the_host_are_refused_before_launch() {
     // The launch runs the same check: nothing starts.
     let run = job.run(2, &["--host-mem", "0.01"], &[]);
     assert_eq!(run.code(), Some(2), "{}", run.stderr());
-    assert!(run.stderr().contains("does not fit the host") && run.stderr().contains("SHARDTRAIN_SKIP_FIT_CHECK"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("does not fit the host") && run.stderr().contains("SHARDTRAIN_SKIP_FIT_CHECK"),
+        "{}",
+        run.stderr()
+    );
     assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
     job.run(2, &["--host-mem", "0.01"], &[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]).assert_success();
     // Without a capacity to compare with, never "fits": a GPU plan on a machine without a GPU.
@@ -1272,7 +1289,12 @@ fn too_many_cpu_ranks_are_refused_in_one_short_line() {
     let stderr = run.stderr();
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.len() < 1000, "one short line, not 44 KB: {} bytes", stderr.len());
-    assert!(stderr.contains(&format!("--cpus {too_many}")) && stderr.contains("core") && stderr.contains("SHARDTRAIN_OVERSUBSCRIBE"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--cpus {too_many}"))
+            && stderr.contains("core")
+            && stderr.contains("SHARDTRAIN_OVERSUBSCRIBE"),
+        "{stderr}"
+    );
     assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
 }
 
@@ -1285,7 +1307,9 @@ fn a_rank_killed_by_sigkill_is_named_with_the_out_of_memory_hint() {
     signal("-KILL", rank_pid(&job, 1));
     assert_eq!(launcher.wait(Duration::from_secs(30)), Some(1), "{}", launcher.stderr());
     let stderr = launcher.stderr();
-    for needle in ["error: rank 1 failed after step", "was killed by SIGKILL (signal 9)", "out of memory", "launcher memory"] {
+    for needle in
+        ["error: rank 1 failed after step", "was killed by SIGKILL (signal 9)", "out of memory", "launcher memory"]
+    {
         assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
     }
     assert!(wait_gone(&job).is_empty());
@@ -1330,14 +1354,29 @@ fn a_rank_the_oom_killer_ends_is_named_out_of_memory() {
     let job = Job::new();
     // About 600 MiB per rank (the attention's B·heads·T·T softmax), limited to 160 MiB.
     let big = [
-        "--set", "model.n_embd=128", "--set", "model.n_head=8", "--set", "model.seq_len=256",
-        "--set", "train.micro_batch=64", "--set", "train.steps=3",
+        "--set",
+        "model.n_embd=128",
+        "--set",
+        "model.n_head=8",
+        "--set",
+        "model.seq_len=256",
+        "--set",
+        "train.micro_batch=64",
+        "--set",
+        "train.steps=3",
     ];
     let in_cgroup = |env: &[(&str, &str)]| {
-        let mut args = vec!["-c".to_string(), "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"".into(), cg.0.display().to_string()];
+        let mut args =
+            vec!["-c".to_string(), "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"".into(), cg.0.display().to_string()];
         args.push(env!("CARGO_BIN_EXE_launcher").into());
         args.extend(launch_args(1, &job, &big));
-        Command::new("sh").args(&args).env_remove("SHARDTRAIN_FAULT").envs(env.iter().copied()).stdin(Stdio::null()).output().expect("sh")
+        Command::new("sh")
+            .args(&args)
+            .env_remove("SHARDTRAIN_FAULT")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .expect("sh")
     };
     let refused = in_cgroup(&[]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -1346,7 +1385,10 @@ fn a_rank_the_oom_killer_ends_is_named_out_of_memory() {
     let killed = in_cgroup(&[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]);
     let stderr = String::from_utf8_lossy(&killed.stderr);
     assert_eq!(killed.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("SIGKILL") && stderr.contains("out of memory: the kernel's OOM killer ended it"), "{stderr}");
+    assert!(
+        stderr.contains("SIGKILL") && stderr.contains("out of memory: the kernel's OOM killer ended it"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -1370,10 +1412,14 @@ fn a_node_with_the_wrong_job_token_is_told_why() {
     let _node0 = node(&job, &master, 0, &[], &[]);
     let rank = "1".to_string();
     let args = launch_args(2, &job, &["--nnodes", "2", "--node-rank", &rank, "--master-addr", &master]);
-    let mut node1 = Background::start(&args, &[("SHARDTRAIN_JOB_TOKEN", "not-the-jobs-token")], job.dir.path(), "node1");
+    let mut node1 =
+        Background::start(&args, &[("SHARDTRAIN_JOB_TOKEN", "not-the-jobs-token")], job.dir.path(), "node1");
     assert_eq!(node1.wait(Duration::from_secs(30)), Some(2), "{}", node1.stderr());
     let e1 = node1.stderr();
-    assert!(e1.contains("node 0 refused node 1: its job token is not this job's") && e1.contains("SHARDTRAIN_JOB_TOKEN"), "{e1}");
+    assert!(
+        e1.contains("node 0 refused node 1: its job token is not this job's") && e1.contains("SHARDTRAIN_JOB_TOKEN"),
+        "{e1}"
+    );
     assert!(!e1.contains("two-nodes-test-token"), "node 0's token never travels: {e1}");
     assert!(!job.out().join("logs/rank2.log").exists(), "no rank of node 1 started");
 }
@@ -1407,7 +1453,8 @@ fn a_full_disk_during_a_save_stops_the_job_with_code_2() {
     std::fs::create_dir_all(&ck).expect("mkdir");
     let set = format!("checkpoint.dir='{}'", ck.display());
     let launch = launch_args(2, &job, &["--set", "checkpoint.every=2", "--set", &set]);
-    let namespaces = Command::new("unshare").args(["-rm", "true"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let namespaces =
+        Command::new("unshare").args(["-rm", "true"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
     let (mut cmd, os_error) = if namespaces {
         let mut c = Command::new("unshare");
         c.args(["-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs \"$0\" && exec \"$@\""]).arg(&ck);
@@ -1418,11 +1465,20 @@ fn a_full_disk_during_a_save_stops_the_job_with_code_2() {
         c.args(["-c", "trap '' XFSZ; ulimit -f 100 && exec \"$@\"", "sh"]);
         (c, "File too large")
     };
-    let out = cmd.arg(env!("CARGO_BIN_EXE_launcher")).args(&launch).env_remove("SHARDTRAIN_FAULT").stdin(Stdio::null()).output().expect("run");
+    let out = cmd
+        .arg(env!("CARGO_BIN_EXE_launcher"))
+        .args(&launch)
+        .env_remove("SHARDTRAIN_FAULT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let first = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
-    assert!(first.contains("failed after step 2") && first.contains("checkpoint I/O on") && first.contains(".safetensors"), "{stderr}");
+    assert!(
+        first.contains("failed after step 2") && first.contains("checkpoint I/O on") && first.contains(".safetensors"),
+        "{stderr}"
+    );
     assert_eq!(first.matches(os_error).count(), 1, "the OS error once:\n{first}");
     assert!(first.contains("checkpoint.dir") || first.contains("ulimit -f"), "what to do:\n{first}");
 }
@@ -1447,7 +1503,10 @@ fn exit_codes_are_those_of_the_readme_table() {
     let here = include_str!("launcher.rs");
     for (code, tests) in &rows {
         for t in tests.split(',').map(|t| t.trim().trim_matches('`')).filter(|t| !t.is_empty()) {
-            assert!(here.contains(&format!("fn {t}()")), "exit code {code}: the README names test `{t}`, which does not exist");
+            assert!(
+                here.contains(&format!("fn {t}()")),
+                "exit code {code}: the README names test `{t}`, which does not exist"
+            );
         }
     }
 
@@ -1468,7 +1527,11 @@ fn exit_codes_are_those_of_the_readme_table() {
     let init = format!("init.from='{}'", notes.display());
     let run = job.run(1, &["--set", &init], &[]);
     assert_eq!(run.code(), Some(2), "{}", run.stderr());
-    assert!(run.stderr().contains("is not a safetensors file") && run.stderr().contains("launcher export"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("is not a safetensors file") && run.stderr().contains("launcher export"),
+        "{}",
+        run.stderr()
+    );
     assert!(!job.out().join("logs/rank0.log").exists());
     // 1: a rank that failed while the job ran.
     assert_eq!(job.run(2, &["--set", "train.steps=3"], &[("SHARDTRAIN_FAULT", "1:1:exit")]).code(), Some(1));

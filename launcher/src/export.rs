@@ -23,7 +23,6 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     if let Some(hint) = root_hint(dir) {
         anyhow::bail!("export {}: {hint}", dir.display());
     }
-    check_out(&args.out, dir)?;
     if let Some(inside) = checkpoint_holding(&args.out) {
         return Err(SetupError(format!(
             "export: OUT_DIR {} is inside the checkpoint directory {}: writing it there would replace or mix with \
@@ -34,6 +33,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
+    check_out(&args.out, dir)?;
     if let Ok(reader) = CheckpointReader::open(dir, false) {
         crate::resume::check_manifest(&reader.dir, &reader.manifest)
             .map_err(|e| SetupError(format!("export {}: its manifest.json is inconsistent: {e}", dir.display())))?;
