@@ -975,6 +975,26 @@ fn a_node_names_the_step_its_rank_failed_after() {
 }
 
 #[test]
+fn a_node_names_a_rank_of_another_node_as_such() {
+    // Rank 0 (node 0) exits: node 1's ranks lose it. Node 1 names it with its node and leaves
+    // how it ended to node 0 (it used to say "rank 0 was told to stop").
+    let job = Job::new();
+    let (mut node0, mut node1) =
+        two_nodes(&job, &["--set", "train.steps=50"], &[], &[("SHARDTRAIN_FAULT", "0:3:exit")]);
+    assert_eq!(node0.wait(Duration::from_secs(60)), Some(1));
+    assert!(node0.stderr().contains("error: rank 0 (node 0) failed after step 3 of 50"), "{}", node0.stderr());
+    assert_eq!(node1.wait(Duration::from_secs(60)), Some(1));
+    let e1 = node1.stderr();
+    assert!(
+        e1.contains(
+            "rank 0 (node 0) failed after step 3 of 50: this node's ranks lost it; node 0's launcher reports why"
+        ),
+        "{e1}"
+    );
+    assert!(!e1.contains("was told to stop"), "{e1}");
+}
+
+#[test]
 fn ranks_stop_when_their_own_launcher_dies() {
     let job = Job::new();
     let (mut node0, mut node1) = two_nodes(&job, &["--set", "train.steps=1000000"], &[], &[]);

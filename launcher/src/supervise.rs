@@ -517,22 +517,32 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     } else {
         1
     };
+    // A node other than 0 knows nothing of the ranks elsewhere: their own launchers report them.
+    let known = |o: usize| plan.is_master() || ranks[o].local;
     let mut what = Vec::new();
     if let Some((message, _)) = &r.failed {
         what.push(format!("reported: {message}"));
     }
-    what.push(fate(r));
+    let mut last_step = r.last_step;
+    if known(culprit) {
+        what.push(fate(r));
+    } else {
+        // Blamed by this node's ranks (they lost it); they were in step with it.
+        what.push(format!(
+            "this node's ranks lost it; node {}'s launcher reports why",
+            culprit / plan.local_ranks.max(1)
+        ));
+        last_step = ranks.iter().filter(|x| x.local).map(|x| x.last_step).max().unwrap_or(0);
+    }
     if !r.killed && r.exit.as_ref().and_then(ranks::killed_by) == Some(9) {
         what.push(oom.explain_sigkill());
     }
-    let after = match (r.last_step, &plan.resume) {
+    let after = match (last_step, &plan.resume) {
         (0, None) => "before its first step".to_string(),
         (0, Some(resume)) => format!("before its first step after resuming at step {}", resume.step),
         (step, _) => format!("after step {step} of {}", plan.cfg.train.steps),
     };
     let mut s = format!("{} failed {after}: {}", rank_name(plan, culprit), what.join("; "));
-    // A node other than 0 knows nothing of the ranks elsewhere: their own launchers report them.
-    let known = |o: usize| plan.is_master() || ranks[o].local;
     let others: Vec<String> = (0..ranks.len())
         .filter(|&o| o != culprit && known(o))
         .map(|o| match &ranks[o].failed {
@@ -545,7 +555,7 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     if !others.is_empty() {
         s += &format!("\nthe other ranks were stopped: {}", others.join("; "));
     }
-    let elsewhere: Vec<usize> = (0..ranks.len()).filter(|&o| !known(o)).collect();
+    let elsewhere: Vec<usize> = (0..ranks.len()).filter(|&o| o != culprit && !known(o)).collect();
     if !elsewhere.is_empty() {
         s += &format!(
             "\nranks {} run on other nodes: node 0's launcher reports how the job ended for them",
