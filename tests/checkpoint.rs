@@ -167,14 +167,24 @@ fn retention_keeps_the_newest_and_ignores_partial_saves() {
 
 #[test]
 fn hugging_face_export_import_export_is_bit_identical() {
+    use trainer::checkpoint::hf::{export, DEFAULT_MAX_SHARD_BYTES};
     let dir = tempfile::tempdir().expect("tmp");
     let (ck, data) = saved_checkpoint(dir.path());
-    let a = dir.path().join("a.safetensors");
-    let summary = trainer::checkpoint::hf::export(&ck.join("step_00000002"), &a).expect("export");
+    let a = dir.path().join("a");
+    let summary = export(&ck.join("step_00000002"), &a, DEFAULT_MAX_SHARD_BYTES).expect("export");
     assert_eq!(summary.tensors, 4 + 2 * 12);
+    assert_eq!(summary.files, vec!["model.safetensors"]);
 
+    // A transformers folder: config.json beside the weights.
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("config.json")).expect("config.json")).expect("JSON");
+    assert_eq!(config["architectures"][0], "GPT2LMHeadModel");
+    assert_eq!(
+        (config["n_embd"].as_u64(), config["n_layer"].as_u64(), config["n_positions"].as_u64()),
+        (Some(36), Some(2), Some(16))
+    );
     // Names and Hugging Face (Conv1D) layouts.
-    let bytes = std::fs::read(&a).expect("read");
+    let bytes = std::fs::read(a.join("model.safetensors")).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
     let shape = |n: &str| st.tensor(n).expect(n).shape().to_vec();
     assert_eq!(shape("transformer.wte.weight"), vec![97, 36]);
@@ -185,7 +195,7 @@ fn hugging_face_export_import_export_is_bit_identical() {
     assert_eq!(shape("transformer.ln_f.bias"), vec![36]);
     assert!(st.tensor("lm_head.weight").is_err(), "the head is tied to wte and not written");
 
-    // Import it as the initial weights on another layout, save, export again.
+    // Import the folder as the initial weights on another layout, save, export again.
     let ck2 = dir.path().join("ck2");
     let mut cfg = cfg_for(3, 3, &ck2);
     cfg.init.from = Some(a.clone());
@@ -194,17 +204,133 @@ fn hugging_face_export_import_export_is_bit_identical() {
         let mut tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
         tr.save_checkpoint(&be, &mut comm).expect("save");
     });
-    let b = dir.path().join("b.safetensors");
-    trainer::checkpoint::hf::export(&ck2.join("step_00000000"), &b).expect("export again");
-    assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"), "round trip must be bit-identical");
+    let b = dir.path().join("b");
+    export(&ck2.join("step_00000000"), &b, DEFAULT_MAX_SHARD_BYTES).expect("export again");
+    for file in ["model.safetensors", "config.json"] {
+        assert_eq!(std::fs::read(a.join(file)).expect("a"), std::fs::read(b.join(file)).expect("b"), "{file}");
+    }
+}
+
+/// Above the shard size the folder is split as save_pretrained splits it (shards and an
+/// index), reads back as the single file does, from the folder or any way round.
+#[test]
+fn sharded_folders_carry_an_index_and_import_like_one_file() {
+    use trainer::checkpoint::hf::{export, HfWeights};
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ck, _) = saved_checkpoint(dir.path());
+    let (one, many) = (dir.path().join("one"), dir.path().join("many"));
+    export(&ck.join("step_00000002"), &one, u64::MAX).expect("export");
+    // wte alone is 97 x 36 x 4 = 13968 bytes: every block's tensors make several more files.
+    let s = export(&ck.join("step_00000002"), &many, 20_000).expect("sharded export");
+    let n = s.files.len();
+    assert!(n >= 3, "{:?}", s.files);
+    assert_eq!(s.files[0], format!("model-00001-of-{n:05}.safetensors"));
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(many.join("model.safetensors.index.json")).expect("index"))
+            .expect("JSON");
+    let map = index["weight_map"].as_object().expect("weight_map");
+    assert_eq!(map.len(), s.tensors);
+    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(4 * s.params as u64));
+    let mut total = 0;
+    for f in &s.files {
+        let bytes = std::fs::read(many.join(f)).expect("shard");
+        assert!(bytes.len() as u64 <= 20_000 + 4096, "{f}: {} bytes", bytes.len());
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+        for name in st.names() {
+            assert_eq!(map[name], f.as_str(), "{name} is where the index says");
+            total += st.tensor(name).expect("tensor").data().len() as u64;
+        }
+    }
+    assert_eq!(Some(total), index["metadata"]["total_size"].as_u64());
+    assert!(!many.join("model.safetensors").exists());
+    let cfg = cfg_for(1, 0, &ck);
+    let layout = trainer::model::ModelLayout::new(&cfg.model);
+    let (a, b) = (HfWeights::open(&one).expect("one"), HfWeights::open(&many).expect("many"));
+    let c = HfWeights::open(&one.join("model.safetensors")).expect("the file alone");
+    for u in 0..layout.units.len() {
+        let want = a.unit_values(&layout, u).expect("unit");
+        assert_eq!(b.unit_values(&layout, u).expect("unit"), want, "unit {u}");
+        assert_eq!(c.unit_values(&layout, u).expect("unit"), want, "unit {u}");
+    }
+}
+
+/// Write `src`'s float32 tensors again as `dtype` (`odd`: one tensor as another dtype).
+fn rewrite(src: &Path, dst: &Path, dtype: safetensors::Dtype, odd: Option<(&str, safetensors::Dtype)>) {
+    let bytes = std::fs::read(src).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid");
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let vals: Vec<f32> =
+            view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let dt = match odd {
+            Some((n, d)) if n == name => d,
+            _ => dtype,
+        };
+        let data: Vec<u8> = match dt {
+            safetensors::Dtype::BF16 => {
+                vals.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect()
+            }
+            safetensors::Dtype::F16 => {
+                vals.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect()
+            }
+            safetensors::Dtype::F64 => vals.iter().flat_map(|&v| f64::from(v).to_le_bytes()).collect(),
+            _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        owned.push((name, dt, view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).expect("view")))
+        .collect();
+    safetensors::serialize_to_file(views, None, dst).expect("write");
+}
+
+/// Hugging Face weights in bfloat16 or float16 (as most models are published) import as
+/// their values widened to f32; another dtype is refused, naming the tensor.
+#[test]
+fn half_precision_weights_import_and_other_dtypes_are_named() {
+    use trainer::checkpoint::hf::{export, HfWeights, DEFAULT_MAX_SHARD_BYTES};
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ck, data) = saved_checkpoint(dir.path());
+    let f32_dir = dir.path().join("f32");
+    export(&ck.join("step_00000002"), &f32_dir, DEFAULT_MAX_SHARD_BYTES).expect("export");
+    let f32_file = f32_dir.join("model.safetensors");
+    let cfg = cfg_for(1, 0, &ck);
+    let layout = trainer::model::ModelLayout::new(&cfg.model);
+    let full = HfWeights::open(&f32_file).expect("f32");
+    for (dtype, round) in [
+        (safetensors::Dtype::BF16, (|v: f32| half::bf16::from_f32(v).to_f32()) as fn(f32) -> f32),
+        (safetensors::Dtype::F16, |v: f32| half::f16::from_f32(v).to_f32()),
+    ] {
+        let path = dir.path().join(format!("{dtype:?}.safetensors"));
+        rewrite(&f32_file, &path, dtype, None);
+        let w = HfWeights::open(&path).expect("open");
+        for u in 0..layout.units.len() {
+            let want: Vec<f32> = full.unit_values(&layout, u).expect("f32").into_iter().map(round).collect();
+            assert_eq!(w.unit_values(&layout, u).expect("half"), want, "{dtype:?} unit {u}");
+        }
+        // And as a run's initial weights.
+        let mut c = cfg.clone();
+        c.init.from = Some(path);
+        Trainer::<CpuBackend>::new(&c, &CpuBackend, 0, 1, &data).expect("a run starts from half-precision weights");
+    }
+    let odd = dir.path().join("f64.safetensors");
+    rewrite(&f32_file, &odd, safetensors::Dtype::BF16, Some(("transformer.wte.weight", safetensors::Dtype::F64)));
+    let e = HfWeights::open(&odd).expect("open").check(&layout).unwrap_err().to_string();
+    assert!(e.contains("transformer.wte.weight is F64") && e.contains("float32, bfloat16 and float16"), "{e}");
+    let mut c = cfg.clone();
+    c.init.from = Some(odd);
+    let e = Trainer::<CpuBackend>::new(&c, &CpuBackend, 0, 1, &data).err().expect("must fail");
+    assert!(matches!(e, trainer::TrainError::Checkpoint(_)), "a checkpoint problem (exit code 2): {e}");
 }
 
 #[test]
 fn import_errors_name_the_tensor() {
+    use trainer::checkpoint::hf::{export, DEFAULT_MAX_SHARD_BYTES};
     let dir = tempfile::tempdir().expect("tmp");
     let (ck, data) = saved_checkpoint(dir.path());
-    let a = dir.path().join("a.safetensors");
-    trainer::checkpoint::hf::export(&ck.join("step_00000002"), &a).expect("export");
+    let a = dir.path().join("a");
+    export(&ck.join("step_00000002"), &a, DEFAULT_MAX_SHARD_BYTES).expect("export");
     let mut cfg = cfg_for(1, 0, &ck);
     cfg.init.from = Some(a);
     cfg.model.n_layer = 3;
@@ -214,6 +340,15 @@ fn import_errors_name_the_tensor() {
     cfg.init.from = Some(dir.path().join("nope.safetensors"));
     let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
     assert!(e.contains("nope.safetensors"), "{e}");
+    // A folder without weights, and a file that is not safetensors: named, never a panic.
+    std::fs::create_dir(dir.path().join("empty")).expect("mkdir");
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not weights").expect("write");
+    for (path, needle) in [(dir.path().join("empty"), "holds neither"), (text, "is not a safetensors file")] {
+        cfg.init.from = Some(path);
+        let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail");
+        assert!(matches!(e, trainer::TrainError::Checkpoint(_)) && e.to_string().contains(needle), "{e}");
+    }
 }
 
 /// A checkpoint saved with the optimizer on the host resumes with it on the device and

@@ -510,11 +510,11 @@ fn safetensors_header(path: &std::path::Path) -> Value {
 #[test]
 fn export_writes_hugging_face_gpt2_weights() {
     let (job, ck) = job_with_checkpoints();
-    let out = job.dir.path().join("model.safetensors");
+    let out = job.dir.path().join("model");
     let run = launcher(&["export", &ck.join("step_00000004").display().to_string(), &out.display().to_string()]);
     run.assert_success();
 
-    let header = safetensors_header(&out);
+    let header = safetensors_header(&out.join("model.safetensors"));
     let shape = |name: &str| -> Vec<u64> {
         let t = &header[name];
         assert_eq!(t["dtype"], "F32", "{name}: {t}");
@@ -524,6 +524,7 @@ fn export_writes_hugging_face_gpt2_weights() {
     assert_eq!(shape("transformer.h.0.attn.c_attn.weight"), vec![c, 3 * c], "Conv1D layout [C, 3C]");
     assert_eq!(shape("transformer.h.1.mlp.c_fc.weight"), vec![c, 4 * c]);
     assert_eq!(shape("transformer.wte.weight"), vec![97, c]);
+    assert_eq!(header["__metadata__"]["format"], "pt", "transformers refuses safetensors without it");
     let tensors: Vec<&String> = header.as_object().expect("object").keys().filter(|k| *k != "__metadata__").collect();
     let params: u64 = tensors.iter().map(|k| shape(k).iter().product::<u64>()).sum();
     let stdout = run.stdout();
@@ -531,11 +532,60 @@ fn export_writes_hugging_face_gpt2_weights() {
         stdout.contains(&format!("{} tensors, {params} parameters", tensors.len())) && stdout.contains("step 4"),
         "{stdout}"
     );
+    assert!(stdout.contains("from_pretrained"), "{stdout}");
     assert_eq!(tensors.len(), 4 + 2 * 12);
+    // The folder from_pretrained loads: its config.json, the GPT-2 shape, files readable by all
+    // as the umask allows (not the 0600 of a private temporary file).
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config.json")).expect("JSON");
+    assert_eq!(
+        (config["model_type"].as_str(), config["architectures"][0].as_str()),
+        (Some("gpt2"), Some("GPT2LMHeadModel"))
+    );
+    let cfg = job.cfg();
+    for (key, want) in [("n_embd", cfg.model.n_embd), ("n_layer", cfg.model.n_layer), ("n_head", cfg.model.n_head)] {
+        assert_eq!(config[key].as_u64(), Some(want as u64), "{key}");
+    }
+    assert_eq!(config["n_positions"].as_u64(), Some(cfg.model.seq_len as u64));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    let plain = job.dir.path().join("plain");
+    std::fs::write(&plain, b"").expect("write");
+    for f in ["config.json", "model.safetensors"] {
+        assert_eq!(mode(&out.join(f)), mode(&plain), "{f}: the mode of any new file here");
+    }
+    assert_eq!(
+        std::fs::read_dir(job.dir.path())
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+            .count(),
+        0
+    );
 
-    let run = launcher(&["export", &ck.display().to_string(), &out.display().to_string()]);
-    assert_eq!(run.code(), Some(1));
+    // Sharded above --max-shard-size, as save_pretrained: shards and their index.
+    let sharded = job.dir.path().join("sharded");
+    let args = ["export", &ck.join("step_00000004").display().to_string(), &sharded.display().to_string()];
+    launcher(&[&args[..], &["--max-shard-size", "20KB"]].concat()).assert_success();
+    let index: Value =
+        serde_json::from_str(&std::fs::read_to_string(sharded.join("model.safetensors.index.json")).expect("index"))
+            .expect("JSON");
+    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(4 * params));
+    assert!(index["weight_map"]["transformer.wte.weight"].as_str().is_some_and(|f| f.starts_with("model-00001-of-")));
+    assert!(!sharded.join("model.safetensors").exists() && sharded.join("config.json").is_file());
+
+    // Refused, exit code 2: a checkpoint root (suggesting one), an existing non-empty OUT_DIR,
+    // and a .safetensors file name (export writes a folder).
+    let run = launcher(&["export", &ck.display().to_string(), &job.dir.path().join("x").display().to_string()]);
+    assert_eq!(run.code(), Some(2));
     assert!(run.stderr().contains("step_00000004"), "a checkpoint root: suggests one:\n{}", run.stderr());
+    let run = launcher(&["export", &ck.join("step_00000004").display().to_string(), &out.display().to_string()]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("OUT_DIR") && run.stderr().contains("not empty"), "{}", run.stderr());
+    let file = job.dir.path().join("model.safetensors");
+    let run = launcher(&["export", &ck.join("step_00000004").display().to_string(), &file.display().to_string()]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("Hugging Face model folder") && !file.exists(), "{}", run.stderr());
 }
 
 #[test]
@@ -790,10 +840,13 @@ fn export_into_a_checkpoint_is_refused_and_the_checkpoint_kept() {
     let step4 = ck.join("step_00000004");
     let shard = step4.join("rank00000.safetensors");
     let before = std::fs::read(&shard).expect("shard");
-    let run = launcher(&["export", &step4.display().to_string(), &shard.display().to_string()]);
-    assert_eq!(run.code(), Some(2), "{}", run.stderr());
-    assert!(run.stderr().contains("inside the checkpoint directory"), "{}", run.stderr());
+    for out in [shard.clone(), step4.join("hf")] {
+        let run = launcher(&["export", &step4.display().to_string(), &out.display().to_string()]);
+        assert_eq!(run.code(), Some(2), "{}", run.stderr());
+        assert!(run.stderr().contains("inside the checkpoint directory"), "{}", run.stderr());
+    }
     assert_eq!(std::fs::read(&shard).expect("shard"), before, "the shard is untouched");
+    assert!(!step4.join("hf").exists());
     job.run(2, &["--set", "train.steps=6", "--resume", "latest"], &[]).assert_success();
 }
 
@@ -854,9 +907,10 @@ fn inconsistent_manifests_are_refused() {
         let run = job.run(2, &["--set", "train.steps=8", "--resume", &step4.display().to_string()], &[]);
         assert_eq!(run.code(), Some(2), "{key}: {}", run.stderr());
         assert!(run.stderr().contains(needle), "{key}: `{needle}` missing:\n{}", run.stderr());
-        let out = job.dir.path().join("model.safetensors");
+        let out = job.dir.path().join("model");
         let export = launcher(&["export", &step4.display().to_string(), &out.display().to_string()]);
         assert_eq!(export.code(), Some(2), "export, {key}: {}", export.stderr());
+        assert!(export.stderr().contains("manifest.json is inconsistent"), "export, {key}: {}", export.stderr());
     }
     std::fs::write(&path, original).expect("restore");
 }
@@ -864,7 +918,7 @@ fn inconsistent_manifests_are_refused() {
 #[test]
 fn a_checkpoint_problem_found_inside_a_rank_exits_with_code_2() {
     let (job, ck) = job_with_checkpoints();
-    let hf = job.dir.path().join("model.safetensors");
+    let hf = job.dir.path().join("model");
     launcher(&["export", &ck.join("step_00000004").display().to_string(), &hf.display().to_string()]).assert_success();
     // The weights are of n_embd 36; the ranks find out when they load them.
     let init = format!("init.from='{}'", hf.display());
@@ -914,7 +968,30 @@ fn a_node_names_the_step_its_rank_failed_after() {
     let _ = node0.wait(Duration::from_secs(60));
     assert_eq!(node1.wait(Duration::from_secs(60)), Some(1));
     let e1 = node1.stderr();
-    assert!(e1.contains("rank 2 failed after step 3 of 50"), "node 1 must name the step:\n{e1}");
+    assert!(e1.contains("rank 2 (node 1) failed after step 3 of 50"), "node 1 must name the step:\n{e1}");
+    // Node 1 knows nothing of ranks 0 and 1: it says so instead of "rank 0 was told to stop".
+    assert!(!e1.contains("rank 0 was told to stop") && !e1.contains("rank 0 (node 0) was told"), "{e1}");
+    assert!(e1.contains("ranks 0, 1 run on other nodes"), "{e1}");
+}
+
+#[test]
+fn a_node_names_a_rank_of_another_node_as_such() {
+    // Rank 0 (node 0) exits: node 1's ranks lose it. Node 1 names it with its node and leaves
+    // how it ended to node 0 (it used to say "rank 0 was told to stop").
+    let job = Job::new();
+    let (mut node0, mut node1) =
+        two_nodes(&job, &["--set", "train.steps=50"], &[], &[("SHARDTRAIN_FAULT", "0:3:exit")]);
+    assert_eq!(node0.wait(Duration::from_secs(60)), Some(1));
+    assert!(node0.stderr().contains("error: rank 0 (node 0) failed after step 3 of 50"), "{}", node0.stderr());
+    assert_eq!(node1.wait(Duration::from_secs(60)), Some(1));
+    let e1 = node1.stderr();
+    assert!(
+        e1.contains(
+            "rank 0 (node 0) failed after step 3 of 50: this node's ranks lost it; node 0's launcher reports why"
+        ),
+        "{e1}"
+    );
+    assert!(!e1.contains("was told to stop"), "{e1}");
 }
 
 #[test]
@@ -967,7 +1044,7 @@ fn strangers_cannot_join_or_stop_a_job() {
     // claim rank 2"), one sends a 1 GiB frame length, one sends garbage.
     let forged = ForgedMsg::Hello {
         magic: *b"SHRDTRN\0",
-        version: 2,
+        version: 3,
         token: "guessed-token".into(),
         rank: 2,
         data_addr: "127.0.0.1:9".into(),
@@ -1145,4 +1222,337 @@ fn a_memory_size_that_is_not_positive_is_refused() {
         assert_eq!(r.code(), Some(2), "--host-mem {bad}: {}", r.stderr());
         assert!(r.stderr().contains("not a size in GiB"), "{}", r.stderr());
     }
+}
+
+// ---- Nothing lost, ever (issue 28): memory checked for CPU ranks, signals named, nodes that
+// ---- say why, exit codes as the README's table says, Hugging Face folders.
+
+/// This machine has a CUDA driver (GPU-only behaviour is tested by the GPU scripts there).
+fn cuda_here() -> bool {
+    ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"].iter().any(|p| Path::new(p).exists())
+}
+
+#[test]
+fn cpu_plans_that_do_not_fit_the_host_are_refused_before_launch() {
+    let job = Job::new();
+    let config = job.config.display().to_string();
+    // `launcher memory --device cpu` compares with the host (it used to say "fits" against
+    // "GPU unknown (no check)"): this machine's MemAvailable holds the tiny model easily, a
+    // stated 10 MiB does not.
+    let here = launcher(&["memory", &config, "--ranks", "2", "--device", "cpu"]);
+    here.assert_success();
+    let out = here.stdout();
+    assert!(
+        out.contains("GPU none used (CPU ranks compute in host memory), host ") && out.contains("  fits\n"),
+        "{out}"
+    );
+    let small = launcher(&["memory", &config, "--ranks", "2", "--device", "cpu", "--host-mem", "0.01"]);
+    small.assert_success();
+    let out = small.stdout();
+    for needle in ["DOES NOT FIT", "2 CPU rank(s) need", "(--host-mem)", "GiB short", "zero.stage", "micro_batch"] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+    // The launch runs the same check: nothing starts.
+    let run = job.run(2, &["--host-mem", "0.01"], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("does not fit the host") && run.stderr().contains("SHARDTRAIN_SKIP_FIT_CHECK"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
+    job.run(2, &["--host-mem", "0.01"], &[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]).assert_success();
+    // Without a capacity to compare with, never "fits": a GPU plan on a machine without a GPU.
+    if !cuda_here() {
+        let gpu = launcher(&["memory", &config, "--ranks", "2", "--device", "gpu"]);
+        gpu.assert_success();
+        let out = gpu.stdout();
+        assert!(out.contains("cannot tell whether it fits") && out.contains("--gpu-mem"), "{out}");
+        assert!(!out.contains("  fits\n"), "{out}");
+        let json = launcher(&["memory", &config, "--ranks", "2", "--device", "gpu", "--json"]);
+        let v: Value = serde_json::from_str(&json.stdout()).expect("JSON");
+        assert_eq!(v["fit"]["verdict"], "unknown", "{}", v["fit"]);
+    }
+}
+
+#[test]
+fn an_absurd_model_is_refused_at_once() {
+    // 1.3 quadrillion parameters took 33 s and 430 MB and then said "fits".
+    let job = Job::new();
+    let set = ["--set", "model.n_layer=2000", "--set", "model.n_head=1000", "--set", "model.n_embd=230000"];
+    let start = Instant::now();
+    let run = launcher(&[&["memory", &job.config.display().to_string(), "--ranks", "8"][..], &set].concat());
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("1.270e15 parameters") && run.stderr().contains("model.n_embd"), "{}", run.stderr());
+    // Deep and long: bounded too, each named.
+    for (set, needle) in [("model.n_layer=100000", "model.n_layer"), ("train.grad_accum=1000000000", "")] {
+        let start = Instant::now();
+        let run = launcher(&["memory", &job.config.display().to_string(), "--ranks", "8", "--set", set]);
+        assert!(start.elapsed() < Duration::from_secs(5), "{set}: took {:?}", start.elapsed());
+        if needle.is_empty() {
+            run.assert_success(); // a long accumulation plans in three micro-steps
+        } else {
+            assert_eq!(run.code(), Some(2), "{set}: {}", run.stderr());
+            assert!(run.stderr().contains(needle), "{}", run.stderr());
+        }
+    }
+}
+
+#[test]
+fn too_many_cpu_ranks_are_refused_in_one_short_line() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let job = Job::new();
+    let too_many = (8 * cores + 1).to_string();
+    let run = job.run(8 * cores + 1, &[], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    let stderr = run.stderr();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.len() < 1000, "one short line, not 44 KB: {} bytes", stderr.len());
+    assert!(
+        stderr.contains(&format!("--cpus {too_many}"))
+            && stderr.contains("core")
+            && stderr.contains("SHARDTRAIN_OVERSUBSCRIBE"),
+        "{stderr}"
+    );
+    assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
+}
+
+#[test]
+fn a_rank_killed_by_sigkill_is_named_with_the_out_of_memory_hint() {
+    let job = Job::new();
+    let args = launch_args(2, &job, &["--set", "train.steps=1000000"]);
+    let mut launcher = Background::start(&args, &[], job.dir.path(), "launcher");
+    wait_for_steps(&job, 2);
+    signal("-KILL", rank_pid(&job, 1));
+    assert_eq!(launcher.wait(Duration::from_secs(30)), Some(1), "{}", launcher.stderr());
+    let stderr = launcher.stderr();
+    for needle in
+        ["error: rank 1 failed after step", "was killed by SIGKILL (signal 9)", "out of memory", "launcher memory"]
+    {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert!(wait_gone(&job).is_empty());
+}
+
+/// A memory cgroup made for one test (v1's memory controller, or v2's), removed afterwards.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    /// A child cgroup limited to `bytes`, if this machine lets the test make one (root).
+    fn new(bytes: u64) -> Option<TestCgroup> {
+        let name = format!("shardtrain-test-{}", std::process::id());
+        for (root, limit) in [("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")] {
+            let dir = Path::new(root).join(&name);
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            let cg = TestCgroup(dir);
+            if std::fs::write(cg.0.join(limit), bytes.to_string()).is_ok() {
+                return Some(cg);
+            }
+        }
+        None
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A rank that outgrows its memory is ended by the kernel's OOM killer: the launcher counts
+/// the kill in its cgroup and says "out of memory"; and the fit check counts the cgroup's
+/// limit (a container's) as the host's memory, so the same launch is refused before start.
+#[test]
+fn a_rank_the_oom_killer_ends_is_named_out_of_memory() {
+    let Some(cg) = TestCgroup::new(160 << 20) else {
+        eprintln!("skipped: this machine does not let the test make a memory cgroup (needs root)");
+        return;
+    };
+    let job = Job::new();
+    // About 600 MiB per rank (the attention's B·heads·T·T softmax), limited to 160 MiB.
+    let big = [
+        "--set",
+        "model.n_embd=128",
+        "--set",
+        "model.n_head=8",
+        "--set",
+        "model.seq_len=256",
+        "--set",
+        "train.micro_batch=64",
+        "--set",
+        "train.steps=3",
+    ];
+    let in_cgroup = |env: &[(&str, &str)]| {
+        let mut args =
+            vec!["-c".to_string(), "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"".into(), cg.0.display().to_string()];
+        args.push(env!("CARGO_BIN_EXE_launcher").into());
+        args.extend(launch_args(1, &job, &big));
+        Command::new("sh")
+            .args(&args)
+            .env_remove("SHARDTRAIN_FAULT")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .expect("sh")
+    };
+    let refused = in_cgroup(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("does not fit the host") && stderr.contains("memory cgroup's limit"), "{stderr}");
+    let killed = in_cgroup(&[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]);
+    let stderr = String::from_utf8_lossy(&killed.stderr);
+    assert_eq!(killed.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("SIGKILL") && stderr.contains("out of memory: the kernel's OOM killer ended it"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_rank_killed_by_the_file_size_limit_is_named() {
+    // Checkpoint shards of ~200 KB under `ulimit -f 100` (blocks of 512 or 1024 bytes): the
+    // rank writing one gets SIGXFSZ, reported as "signal 25" before.
+    let job = Job::new();
+    let mut args = vec!["-c".to_string(), "ulimit -f 100 && exec \"$@\"".into(), "sh".into()];
+    args.push(env!("CARGO_BIN_EXE_launcher").into());
+    args.extend(launch_args(2, &job, &["--set", "checkpoint.every=2"]));
+    let out = Command::new("sh").args(&args).env_remove("SHARDTRAIN_FAULT").stdin(Stdio::null()).output().expect("sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("was killed by SIGXFSZ (signal 25: ") && stderr.contains("ulimit -f"), "{stderr}");
+}
+
+#[test]
+fn a_node_with_the_wrong_job_token_is_told_why() {
+    let job = Job::new();
+    let master = format!("127.0.0.1:{}", free_port());
+    let _node0 = node(&job, &master, 0, &[], &[]);
+    let rank = "1".to_string();
+    let args = launch_args(2, &job, &["--nnodes", "2", "--node-rank", &rank, "--master-addr", &master]);
+    let mut node1 =
+        Background::start(&args, &[("SHARDTRAIN_JOB_TOKEN", "not-the-jobs-token")], job.dir.path(), "node1");
+    assert_eq!(node1.wait(Duration::from_secs(30)), Some(2), "{}", node1.stderr());
+    let e1 = node1.stderr();
+    assert!(
+        e1.contains("node 0 refused node 1: its job token is not this job's") && e1.contains("SHARDTRAIN_JOB_TOKEN"),
+        "{e1}"
+    );
+    assert!(!e1.contains("two-nodes-test-token"), "node 0's token never travels: {e1}");
+    assert!(!job.out().join("logs/rank2.log").exists(), "no rank of node 1 started");
+}
+
+#[test]
+fn a_node_says_what_it_waits_for_until_node_0_is_up() {
+    let job = Job::new();
+    let master = format!("127.0.0.1:{}", free_port());
+    let mut node1 = node(&job, &master, 1, &[], &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let waiting = format!("node 1: waiting for node 0's rendezvous at {master} (");
+    while !node1.stderr().contains(&waiting) {
+        assert!(Instant::now() < deadline, "node 1 said nothing while waiting:\n{}", node1.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut node0 = node(&job, &master, 0, &[], &[]);
+    assert_eq!(node1.wait(Duration::from_secs(60)), Some(0), "node 1:\n{}", node1.stderr());
+    assert_eq!(node0.wait(Duration::from_secs(60)), Some(0), "node 0:\n{}", node0.stderr());
+    assert!(node0.stdout().contains("node 1 (127.0.0.1) reached the rendezvous"), "{}", node0.stdout());
+}
+
+/// A checkpoint save that finds the disk full stops the job with exit code 2 (a checkpoint
+/// problem, as the README's table says), naming the file and the OS error once. The full disk
+/// is a 64 KiB tmpfs mounted on checkpoint.dir in a namespace of the launcher's own; where
+/// that is not allowed, a file-size limit with SIGXFSZ ignored makes the same write fail
+/// (EFBIG) on the same path.
+#[test]
+fn a_full_disk_during_a_save_stops_the_job_with_code_2() {
+    let job = Job::new();
+    let ck = job.dir.path().join("ck");
+    std::fs::create_dir_all(&ck).expect("mkdir");
+    let set = format!("checkpoint.dir='{}'", ck.display());
+    let launch = launch_args(2, &job, &["--set", "checkpoint.every=2", "--set", &set]);
+    let namespaces =
+        Command::new("unshare").args(["-rm", "true"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let (mut cmd, os_error) = if namespaces {
+        let mut c = Command::new("unshare");
+        c.args(["-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs \"$0\" && exec \"$@\""]).arg(&ck);
+        (c, "No space left on device")
+    } else {
+        eprintln!("note: no mount namespace here: the write fails on a file-size limit instead of a full disk");
+        let mut c = Command::new("sh");
+        c.args(["-c", "trap '' XFSZ; ulimit -f 100 && exec \"$@\"", "sh"]);
+        (c, "File too large")
+    };
+    let out = cmd
+        .arg(env!("CARGO_BIN_EXE_launcher"))
+        .args(&launch)
+        .env_remove("SHARDTRAIN_FAULT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let first = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
+    assert!(
+        first.contains("failed after step 2") && first.contains("checkpoint I/O on") && first.contains(".safetensors"),
+        "{stderr}"
+    );
+    assert_eq!(first.matches(os_error).count(), 1, "the OS error once:\n{first}");
+    assert!(first.contains("checkpoint.dir") || first.contains("ulimit -f"), "what to do:\n{first}");
+}
+
+/// The README's table of exit codes: every code it lists, and each case it names, is
+/// produced here or by the named test. Cases cheap enough run here.
+#[test]
+fn exit_codes_are_those_of_the_readme_table() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
+    let section = readme.split("### Exit codes").nth(1).expect("README has an `### Exit codes` section");
+    let rows: Vec<(i32, &str)> = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| code"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').parse().expect("a code"), cells[3])
+        })
+        .collect();
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 1, 2, 3, 130], "{section}");
+    let here = include_str!("launcher.rs");
+    for (code, tests) in &rows {
+        for t in tests.split(',').map(|t| t.trim().trim_matches('`')).filter(|t| !t.is_empty()) {
+            assert!(
+                here.contains(&format!("fn {t}()")),
+                "exit code {code}: the README names test `{t}`, which does not exist"
+            );
+        }
+    }
+
+    let job = Job::new();
+    let dir = job.dir.path();
+    let code = |args: &[&str]| launcher(args).code();
+    // 0: a tool that did what was asked.
+    assert_eq!(code(&["memory", &job.config.display().to_string(), "--ranks", "1"]), Some(0));
+    // 2: the tools, when they cannot do what was asked (they used to exit 1).
+    let missing = dir.join("missing.txt").display().to_string();
+    let prep = launcher(&["prepare-data", &missing, &dir.join("shards").display().to_string()]);
+    assert_eq!(prep.code(), Some(2), "{}", prep.stderr());
+    assert_eq!(prep.stderr().matches("No such file or directory").count(), 1, "the OS error once: {}", prep.stderr());
+    assert_eq!(code(&["export", &dir.display().to_string(), &dir.join("m").display().to_string()]), Some(2));
+    // 2: an init.from that is not safetensors, found before any rank starts.
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, "not weights").expect("write");
+    let init = format!("init.from='{}'", notes.display());
+    let run = job.run(1, &["--set", &init], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("is not a safetensors file") && run.stderr().contains("launcher export"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!job.out().join("logs/rank0.log").exists());
+    // 1: a rank that failed while the job ran.
+    assert_eq!(job.run(2, &["--set", "train.steps=3"], &[("SHARDTRAIN_FAULT", "1:1:exit")]).code(), Some(1));
 }

@@ -35,6 +35,41 @@ fn prediction_equals_measured_ledger_on_every_stage() {
     }
 }
 
+/// The planner runs at most three micro-steps (first, middle, last): a real run of five
+/// records the same ledger, on every stage.
+#[test]
+fn a_long_accumulation_is_planned_from_three_micro_steps_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for stage in 0..=3u8 {
+        let cfg = Config::from_toml_str(&common::tiny_toml(stage, 5, "\"none\""), "test").expect("cfg");
+        for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
+            assert_eq!(&predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict"), m, "stage {stage} rank {rank}");
+        }
+    }
+}
+
+/// `launcher memory` and the launch's fit check predict the first and the last rank only:
+/// every other rank predicts what the first does (equal padded shards), on every stage,
+/// with and without offload, for world sizes whose shards divide the units unevenly.
+#[test]
+fn every_rank_predicts_what_the_first_or_the_last_does() {
+    for world in [3usize, 5, 7] {
+        for stage in 0..=3u8 {
+            for extra in ["", "\n[offload]\noptimizer = true\n"] {
+                let toml = common::tiny_toml(stage, 2, "\"none\"") + extra;
+                let cfg = Config::from_toml_str(&toml, "t").expect("cfg");
+                let p = |r: usize| predict(&cfg, world, r, DeviceModel::cuda()).expect("predict");
+                let (first, last) = (p(0), p(world - 1));
+                for r in 1..world - 1 {
+                    assert_eq!(p(r), first, "world {world} stage {stage} {extra:?}: rank {r} vs rank 0");
+                }
+                assert_eq!(last.host, first.host, "world {world} stage {stage}: host memory");
+            }
+        }
+    }
+}
+
 #[test]
 fn stages_shard_model_state_as_zero_paper() {
     // A model big enough that padding is negligible: 4 ranks.

@@ -1,6 +1,6 @@
 //! The command line: `launcher --cpus N CONFIG [--set section.key=value]... [--resume DIR|latest]`
 //! trains, `launcher prepare-data` tokenizes text, `launcher export` writes a checkpoint as a
-//! Hugging Face GPT-2 file, `launcher memory` predicts per-rank memory for every ZeRO stage,
+//! Hugging Face model folder, `launcher memory` predicts per-rank memory for every ZeRO stage,
 //! `launcher sweep` trains one config over rank counts and stages (table and plots),
 //! and the hidden `launcher worker` is one rank (the launcher starts its own binary with it;
 //! users never type it).
@@ -30,7 +30,8 @@ pub struct Cli {
 pub enum Command {
     /// Tokenize a UTF-8 text file with the GPT-2 BPE into token shards (train + val) for `data.path`.
     PrepareData(PrepareDataArgs),
-    /// Write a checkpoint as one Hugging Face GPT-2 `model.safetensors` (GPT2LMHeadModel names, float32).
+    /// Write a checkpoint as a Hugging Face model folder (config.json and model.safetensors, float32) that
+    /// transformers' `from_pretrained` loads.
     Export(ExportArgs),
     /// Predict per-rank memory (by category, after one step and at the peak) for ZeRO stages 0-3 side by side.
     Memory(MemoryArgs),
@@ -132,9 +133,29 @@ pub struct ExportArgs {
     /// One checkpoint directory, e.g. runs/tiny/checkpoints/step_00000100.
     #[arg(value_name = "CKPT_DIR")]
     pub checkpoint: PathBuf,
-    /// The safetensors file to write (replaced if it exists).
-    #[arg(value_name = "OUT.safetensors")]
+    /// The folder to write: config.json and model.safetensors (or shards and their index). It
+    /// must not exist, or be empty.
+    #[arg(value_name = "OUT_DIR")]
     pub out: PathBuf,
+    /// The largest weights file, e.g. 5GB, 500MB, 100KB (1 KB = 1000 bytes) or bytes: above
+    /// it the weights are split into model-0000K-of-0000N.safetensors with
+    /// model.safetensors.index.json, as transformers' save_pretrained(max_shard_size) does.
+    #[arg(long, value_name = "SIZE", default_value = "5GB", value_parser = parse_size)]
+    pub max_shard_size: u64,
+}
+
+/// A size in bytes: a number with an optional KB, MB or GB (powers of 1000, as transformers).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let upper = t.to_ascii_uppercase();
+    let (num, unit) = [("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0)]
+        .iter()
+        .find_map(|(suffix, unit)| upper.strip_suffix(suffix).map(|n| (n.trim().to_string(), *unit)))
+        .unwrap_or((upper.clone(), 1.0));
+    match num.parse::<f64>() {
+        Ok(n) if n.is_finite() && n * unit >= 1.0 && n * unit < 1e18 => Ok((n * unit) as u64),
+        _ => Err(format!("{s:?} is not a size: give e.g. 5GB, 500MB, 100KB or a number of bytes")),
+    }
 }
 
 #[derive(Debug, Args)]

@@ -1,9 +1,13 @@
-//! `launcher export CKPT_DIR OUT.safetensors`: one sharded checkpoint as a Hugging Face GPT-2
-//! `model.safetensors` ([`trainer::checkpoint::hf::export`]: verifies the checkpoint's files,
-//! streams tensor by tensor, `GPT2LMHeadModel` names and Conv1D layouts, head tied to `wte`).
-//! The output may not lie inside a checkpoint directory (`launcher export CKPT
-//! CKPT/rank00000.safetensors` would overwrite the checkpoint's own shard), and the manifest
-//! must be consistent ([`crate::resume::check_manifest`]); both are refused with exit code 2.
+//! `launcher export CKPT_DIR OUT_DIR`: one sharded checkpoint as a Hugging Face model folder
+//! that transformers' `from_pretrained(OUT_DIR)` loads as it is
+//! ([`trainer::checkpoint::hf::export`]: verifies the checkpoint's files, writes the family's
+//! `config.json` and streams the weights tensor by tensor, in the family's names and
+//! layouts, e.g. `GPT2LMHeadModel`'s with its Conv1D layouts and the head tied to `wte`;
+//! above `--max-shard-size` in shards with their index). `OUT_DIR` must be new or empty,
+//! may not lie inside a checkpoint directory (it would replace or mix with the
+//! checkpoint's own files), and the manifest must be consistent
+//! ([`crate::resume::check_manifest`]); every refusal, like any failure of the tool, exits
+//! with code 2.
 
 use crate::cli::ExportArgs;
 use crate::setup::SetupError;
@@ -21,37 +25,61 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     }
     if let Some(inside) = checkpoint_holding(&args.out) {
         return Err(SetupError(format!(
-            "export: {} is inside the checkpoint directory {}: writing it there would replace or mix with the \
-             checkpoint's own files; write the model elsewhere, e.g. launcher export {} model.safetensors",
+            "export: OUT_DIR {} is inside the checkpoint directory {}: writing it there would replace or mix with \
+             the checkpoint's own files; write the model elsewhere, e.g. launcher export {} model",
             args.out.display(),
             inside.display(),
             dir.display()
         ))
         .into());
     }
+    check_out(&args.out, dir)?;
     if let Ok(reader) = CheckpointReader::open(dir, false) {
         crate::resume::check_manifest(&reader.dir, &reader.manifest)
             .map_err(|e| SetupError(format!("export {}: its manifest.json is inconsistent: {e}", dir.display())))?;
     }
-    let summary = trainer::checkpoint::hf::export(dir, &args.out)
+    let summary = trainer::checkpoint::hf::export(dir, &args.out, args.max_shard_size)
         .with_context(|| format!("export {} {}", dir.display(), args.out.display()))?;
     println!(
-        "exported step {} of {}: {} tensors, {} parameters ({:.2} M) -> {}",
+        "exported step {} of {}: {} tensors, {} parameters ({:.2} M), float32 -> {}: config.json, {}{}",
         summary.step,
         dir.display(),
         summary.tensors,
         summary.params,
         summary.params as f64 / 1e6,
-        summary.path.display()
+        summary.dir.display(),
+        summary.files.join(", "),
+        if summary.files.len() > 1 { format!(", {}", trainer::checkpoint::hf::INDEX_FILE) } else { String::new() }
     );
-    // The shape a transformers GPT2Config needs (not written: only the weights are).
-    if let Ok(reader) = CheckpointReader::open(dir, false) {
-        let m = &reader.manifest.model;
-        println!(
-            "Hugging Face GPT2LMHeadModel weights, float32 (lm_head is tied to transformer.wte); its GPT2Config: \
-             n_layer={} n_head={} n_embd={} vocab_size={} n_positions={}",
-            m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.seq_len
-        );
+    println!(
+        "load it with transformers: AutoModelForCausalLM.from_pretrained({:?}); as init.from it starts a run",
+        summary.dir.display().to_string()
+    );
+    Ok(())
+}
+
+/// `OUT_DIR` must be a folder to make: new, or an empty directory.
+fn check_out(out: &Path, ckpt: &Path) -> Result<(), SetupError> {
+    let is_file = out.exists() && !out.is_dir();
+    let nonempty = std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some());
+    if out.extension().is_some_and(|e| e == "safetensors") && !out.is_dir() {
+        let folder = out.with_extension("");
+        return Err(SetupError(format!(
+            "export: OUT_DIR {} names a .safetensors file, but export writes a Hugging Face model folder \
+             (config.json and model.safetensors, which transformers' from_pretrained loads): give a folder, e.g. \
+             launcher export {} {}",
+            out.display(),
+            ckpt.display(),
+            folder.display()
+        )));
+    }
+    if is_file || nonempty {
+        return Err(SetupError(format!(
+            "export: OUT_DIR {} {}: export writes a new folder and never mixes with or replaces other files; give \
+             a path that does not exist yet (or an empty folder), or remove it first",
+            out.display(),
+            if is_file { "is a file" } else { "exists and is not empty" }
+        )));
     }
     Ok(())
 }
@@ -81,7 +109,7 @@ fn checkpoint_holding(out: &Path) -> Option<PathBuf> {
 fn root_hint(dir: &Path) -> Option<String> {
     let (count, intact) = crate::resume::checkpoint_root(dir)?;
     let pick = match intact {
-        Some(d) => format!("export one of them, e.g. launcher export {} OUT.safetensors", d.display()),
+        Some(d) => format!("export one of them, e.g. launcher export {} OUT_DIR", d.display()),
         None => "and none of them is intact".to_string(),
     };
     Some(format!("{} holds {count} checkpoints (step_* directories), it is not one: {pick}", dir.display()))
@@ -105,5 +133,23 @@ mod tests {
         let partial = dir.path().join("checkpoints/.step_00000006.partial");
         std::fs::create_dir_all(&partial).expect("mkdir");
         assert!(checkpoint_holding(&partial.join("x.safetensors")).is_some());
+    }
+
+    #[test]
+    fn only_a_new_or_empty_folder_is_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ck = dir.path().join("ck");
+        check_out(&dir.path().join("new"), &ck).expect("a new folder");
+        std::fs::create_dir(dir.path().join("empty")).expect("mkdir");
+        check_out(&dir.path().join("empty"), &ck).expect("an empty folder");
+        std::fs::write(dir.path().join("empty/x"), b"").expect("write");
+        let e = check_out(&dir.path().join("empty"), &ck).unwrap_err().0;
+        assert!(e.contains("OUT_DIR") && e.contains("not empty"), "{e}");
+        let e = check_out(&dir.path().join("model.safetensors"), &ck).unwrap_err().0;
+        assert!(e.contains("names a .safetensors file") && e.contains("model"), "{e}");
+        assert_eq!(crate::cli::parse_size("5GB"), Ok(5_000_000_000));
+        assert_eq!(crate::cli::parse_size("100 kb"), Ok(100_000));
+        assert_eq!(crate::cli::parse_size("4096"), Ok(4096));
+        assert!(crate::cli::parse_size("0").is_err() && crate::cli::parse_size("lots").is_err());
     }
 }

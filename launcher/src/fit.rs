@@ -1,15 +1,22 @@
 //! Will the plan fit? The planner's prediction per rank (device bytes at the step's peak,
 //! plus the measured GPU runtime; host bytes for offload) against what the machine has:
 //! the GPU's memory (`cuDeviceTotalMem`, or `--gpu-mem`) and the host's (`MemAvailable`,
-//! or `--host-mem`) shared by the node's ranks. A launch whose plan cannot fit stops here,
-//! before any rank allocates, with the category that dominates and the numbers;
-//! `launcher memory --max-batch` searches the largest micro-batch that fits.
+//! or `--host-mem`) shared by the node's ranks. CPU ranks compute in host memory, so their
+//! whole prediction (and the process around it) counts against the host. A launch whose plan
+//! cannot fit stops here, before any rank allocates, with the category that dominates and
+//! the numbers; `launcher memory --max-batch` searches the largest micro-batch that fits.
+//! Where a capacity is not known the answer is "cannot tell", never "fits".
 
 use trainer::zero::plan::{predict, DeviceModel};
 use trainer::zero::{MemoryBytes, MemoryReport};
 use trainer::Config;
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// What a CPU rank's process holds besides the ledger's buffers (the binary, the GPT-2 BPE
+/// tables, data pages, the allocator's slack): `configs/tiny.toml` on 2 ranks measured
+/// 20 MiB of peak resident set (VmHWM) above the ledger's peak per rank; rounded up.
+pub const CPU_RANK_OVERHEAD: u64 = 32 << 20;
 
 /// What one node offers.
 #[derive(Debug, Clone, Copy, Default)]
@@ -18,6 +25,8 @@ pub struct Capacity {
     pub gpu: Option<u64>,
     /// Host bytes available to the node's ranks together (`None`: not known).
     pub host: Option<u64>,
+    /// Where `host` comes from: `--host-mem`, `MemAvailable`, or the cgroup's limit.
+    pub host_source: &'static str,
 }
 
 impl Capacity {
@@ -27,16 +36,31 @@ impl Capacity {
     /// MemAvailable at start says too little). A stated figure is not measured.
     pub fn of_this_machine(gpu: bool, gpu_gib: Option<f64>, host_gib: Option<f64>) -> Capacity {
         let bytes = |g: f64| (g * GIB) as u64;
-        Capacity {
-            gpu: if gpu { gpu_gib.map(bytes).or_else(crate::gpu::total_memory) } else { None },
-            host: host_gib.map(bytes).or_else(host_available),
+        let gpu = if gpu { gpu_gib.map(bytes).or_else(crate::gpu::total_memory) } else { None };
+        if let Some(g) = host_gib {
+            return Capacity { gpu, host: Some(bytes(g)), host_source: "--host-mem" };
+        }
+        // Inside a container or an allocation the cgroup's limit binds before the host does.
+        let cgroup = crate::cgroup::MemoryCgroup::of_self().and_then(|c| c.headroom());
+        match (host_available(), cgroup) {
+            (Some(h), Some(c)) if c < h => Capacity { gpu, host: Some(c), host_source: CGROUP_SOURCE },
+            (None, Some(c)) => Capacity { gpu, host: Some(c), host_source: CGROUP_SOURCE },
+            (h, _) => Capacity { gpu, host: h, host_source: "MemAvailable" },
         }
     }
 }
 
+/// How messages name a capacity read from the memory cgroup.
+const CGROUP_SOURCE: &str = "the memory cgroup's limit less its usage";
+
 /// The host's available memory from /proc/meminfo (Linux), in bytes.
 fn host_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    host_available_in(std::path::Path::new("/proc"))
+}
+
+/// `MemAvailable` of the `meminfo` under `proc_root`, in bytes.
+pub fn host_available_in(proc_root: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(proc_root.join("meminfo")).ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
@@ -55,6 +79,10 @@ pub struct Need {
     /// The most of this node's ranks that share one GPU (`SHARDTRAIN_GPU_MAP`; 1 otherwise):
     /// their peaks add up on it.
     pub ranks_per_gpu: usize,
+    /// CPU ranks: the device is the host, so `host_per_node` includes every rank's peak.
+    pub cpu: bool,
+    /// Ranks on one node.
+    pub local: usize,
 }
 
 impl Need {
@@ -64,7 +92,9 @@ impl Need {
     }
 }
 
-/// Predict every distinct rank position (first, last) of `world` ranks, `local` per node.
+/// Predict every distinct rank position (first, last) of `world` ranks, `local` per node;
+/// `gpu`: GPU ranks (the measured runtime is added to the device), else CPU ranks (the
+/// device is the host).
 pub fn need(cfg: &Config, world: usize, local: usize, model: DeviceModel, gpu: bool) -> Result<Need, String> {
     let mut worst: Option<(usize, MemoryReport)> = None;
     for rank in [0, world - 1] {
@@ -75,20 +105,38 @@ pub fn need(cfg: &Config, world: usize, local: usize, model: DeviceModel, gpu: b
     }
     let (rank, report) = worst.expect("at least one rank");
     let runtime = if gpu { crate::memory::gpu_runtime_bytes(world) } else { 0 };
+    let device_peak = report.peak_total + runtime;
+    let per_rank = if gpu { report.host.total() } else { device_peak + report.host.total() + CPU_RANK_OVERHEAD };
     Ok(Need {
         rank,
-        device_peak: report.peak_total + runtime,
-        host_per_node: report.host.total() * local as u64,
+        device_peak,
+        // Saturating: a plan of many ranks of an absurd model must still compare as too big.
+        host_per_node: per_rank.saturating_mul(local as u64),
         report,
         ranks_per_gpu: 1,
+        cpu: !gpu,
+        local,
     })
+}
+
+/// The capacities a plan needs that are not known (so its fit cannot be told), each with
+/// how to give it.
+pub fn unknown(need: &Need, cap: Capacity) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    if !need.cpu && cap.gpu.is_none() {
+        missing.push("the GPU's memory (no GPU here: give it with --gpu-mem GIB)");
+    }
+    if cap.host.is_none() && (need.cpu || need.host_per_node > 0) {
+        missing.push("the host's memory (no MemAvailable in /proc/meminfo: give it with --host-mem GIB)");
+    }
+    missing
 }
 
 /// `Err` naming what does not fit and what to change, if the need exceeds the capacity.
 pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
-    if let Some(gpu) = cap.gpu {
+    if let (false, Some(gpu)) = (need.cpu, cap.gpu) {
         let shared = need.ranks_per_gpu.max(1) as u64;
-        if need.device_peak * shared > gpu {
+        if need.device_peak.saturating_mul(shared) > gpu {
             let (name, bytes) = biggest(&need.report.peak);
             let on_one = if shared > 1 {
                 format!(
@@ -115,20 +163,42 @@ pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
         }
     }
     if let Some(host) = cap.host {
+        if need.cpu && need.host_per_node > host {
+            let (name, bytes) = biggest(&need.report.peak);
+            return Err(format!(
+                "the plan does not fit the host: {} CPU rank(s) need {:.2} GiB together (rank {} {:.2} GiB at the \
+                 peak of a step, largest part: {name} {:.2} GiB, plus {} MiB for its process) but {:.2} GiB are \
+                 available ({}), {:.2} GiB short. Use fewer ranks (--cpus), raise zero.stage (stage 3 shards the \
+                 parameters too), lower train.micro_batch or set checkpointing.activations = \"every_layer\"; \
+                 `launcher memory CONFIG --ranks N --max-batch` shows what fits. Where the host's memory grows as it \
+                 is used (a VM whose memory is plugged in on demand), state what it holds with --host-mem GIB",
+                need.local,
+                need.host_per_node as f64 / GIB,
+                need.rank,
+                need.device_peak as f64 / GIB,
+                bytes as f64 / GIB,
+                CPU_RANK_OVERHEAD >> 20,
+                host as f64 / GIB,
+                cap.host_source,
+                (need.host_per_node - host) as f64 / GIB
+            ));
+        }
         if need.host_per_node > host {
             let h = need.report.host;
             return Err(format!(
                 "the plan does not fit the host: its ranks need {:.2} GiB of host memory (per rank: optimizer \
-                 {:.2}, parameters {:.2}, page-locked staging {:.2} GiB) but {:.2} GiB are available. Use more \
-                 ranks (the optimizer state is sharded over them), fewer ranks per node, or keep the optimizer on \
-                 the GPU (offload.optimizer = false). Where the host's memory grows as it is used (a VM whose \
-                 memory is plugged in on demand starts with a small MemAvailable), state what it holds with \
-                 --host-mem GIB",
+                 {:.2}, parameters {:.2}, page-locked staging {:.2} GiB) but {:.2} GiB are available ({}), {:.2} \
+                 GiB short. Use more ranks (the optimizer state is sharded over them), fewer ranks per node, or \
+                 keep the optimizer on the GPU (offload.optimizer = false). Where the host's memory grows as it is \
+                 used (a VM whose memory is plugged in on demand starts with a small MemAvailable), state what it \
+                 holds with --host-mem GIB",
                 need.host_per_node as f64 / GIB,
                 h.optimizer as f64 / GIB,
                 h.params as f64 / GIB,
                 h.staging as f64 / GIB,
-                host as f64 / GIB
+                host as f64 / GIB,
+                cap.host_source,
+                (need.host_per_node - host) as f64 / GIB
             ));
         }
     }
@@ -184,21 +254,46 @@ mod tests {
     #[test]
     fn a_plan_over_capacity_is_refused_naming_the_numbers() {
         let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
-        let n = need(&cfg, 1, 1, DeviceModel::cuda(), false).expect("need");
-        check(&n, Capacity { gpu: Some(n.device_peak), host: None }, &cfg).expect("exactly fits");
-        let e = check(&n, Capacity { gpu: Some(n.device_peak - 1), host: None }, &cfg).unwrap_err();
+        let n = need(&cfg, 1, 1, DeviceModel::cuda(), true).expect("need");
+        check(&n, Capacity { gpu: Some(n.device_peak), host: None, host_source: "" }, &cfg).expect("exactly fits");
+        let e = check(&n, Capacity { gpu: Some(n.device_peak - 1), host: None, host_source: "" }, &cfg).unwrap_err();
         assert!(e.contains("does not fit the GPU") && e.contains("micro_batch"), "{e}");
         // Two ranks mapped onto one GPU (SHARDTRAIN_GPU_MAP=0,0) add up there.
         let two = n.clone().sharing(2);
-        check(&two, Capacity { gpu: Some(2 * n.device_peak), host: None }, &cfg).expect("two fit twice the GPU");
-        let e = check(&two, Capacity { gpu: Some(2 * n.device_peak - 1), host: None }, &cfg).unwrap_err();
+        check(&two, Capacity { gpu: Some(2 * n.device_peak), host: None, host_source: "" }, &cfg)
+            .expect("two fit twice the GPU");
+        let e =
+            check(&two, Capacity { gpu: Some(2 * n.device_peak - 1), host: None, host_source: "" }, &cfg).unwrap_err();
         assert!(e.contains("2 ranks share one GPU") && e.contains("SHARDTRAIN_GPU_MAP"), "{e}");
         let mut off = cfg.clone();
         off.offload.optimizer = true;
-        let n = need(&off, 1, 4, DeviceModel::cuda(), false).expect("need");
+        let n = need(&off, 1, 4, DeviceModel::cuda(), true).expect("need");
         assert!(n.host_per_node >= 4 * n.report.host.optimizer && n.report.host.optimizer > 0);
-        let e = check(&n, Capacity { gpu: None, host: Some(n.host_per_node - 1) }, &off).unwrap_err();
+        let e = check(&n, Capacity { gpu: None, host: Some(n.host_per_node - 1), host_source: "--host-mem" }, &off)
+            .unwrap_err();
         assert!(e.contains("does not fit the host") && e.contains("optimizer") && e.contains("--host-mem"), "{e}");
+    }
+
+    #[test]
+    fn cpu_plans_are_checked_against_the_host() {
+        let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
+        let n = need(&cfg, 4, 4, DeviceModel::cpu(), false).expect("need");
+        assert!(n.cpu && n.host_per_node == 4 * (n.device_peak + CPU_RANK_OVERHEAD), "{n:?}");
+        let cap = |host: u64| Capacity { gpu: None, host: Some(host), host_source: "MemAvailable" };
+        check(&n, cap(n.host_per_node), &cfg).expect("exactly fits");
+        let e = check(&n, cap(n.host_per_node / 2), &cfg).unwrap_err();
+        let short = format!("{:.2} GiB short", (n.host_per_node - n.host_per_node / 2) as f64 / GIB);
+        for needle in ["does not fit the host", "4 CPU rank(s)", "MemAvailable", &short, "--cpus", "zero.stage"] {
+            assert!(e.contains(needle), "`{needle}` missing: {e}");
+        }
+        // No capacity known: not "fits" but unknown, naming the flag that gives it.
+        let none = Capacity::default();
+        assert!(check(&n, none, &cfg).is_ok());
+        assert_eq!(unknown(&n, none).len(), 1);
+        assert!(unknown(&n, none)[0].contains("--host-mem"));
+        assert!(unknown(&n, cap(1)).is_empty());
+        let g = need(&cfg, 4, 4, DeviceModel::cuda(), true).expect("need");
+        assert!(unknown(&g, cap(1 << 40))[0].contains("--gpu-mem"), "a GPU plan without a GPU size is unknown");
     }
 
     #[test]
@@ -206,7 +301,9 @@ mod tests {
         let stated = Capacity::of_this_machine(false, None, Some(480.0));
         assert_eq!(stated.host, Some(480 << 30));
         assert_eq!(stated.gpu, None);
-        assert_eq!(Capacity::of_this_machine(false, None, None).host.is_some(), host_available().is_some());
+        let here = Capacity::of_this_machine(false, None, None);
+        assert!(here.host <= host_available(), "the cgroup's limit can only lower it");
+        assert_eq!(here.host.is_some(), host_available().is_some() || here.host_source == CGROUP_SOURCE);
         let gpu = Capacity::of_this_machine(true, Some(139.5), Some(1.0));
         assert_eq!((gpu.gpu, gpu.host), (Some(149_786_984_448), Some(1 << 30)));
         assert_eq!(Capacity::of_this_machine(false, Some(139.5), None).gpu, None, "no GPU check for CPU plans");
@@ -218,11 +315,11 @@ mod tests {
         let at = |b: usize| {
             let mut c = cfg.clone();
             c.train.micro_batch = b;
-            need(&c, 2, 2, DeviceModel::cuda(), false).expect("need").device_peak
+            need(&c, 2, 2, DeviceModel::cuda(), true).expect("need").device_peak
         };
-        let cap = Capacity { gpu: Some(at(37)), host: None };
-        assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), false, cap, 1024).expect("search"), Some(37));
-        let none = Capacity { gpu: Some(at(1) - 1), host: None };
-        assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), false, none, 1024).expect("search"), None);
+        let cap = Capacity { gpu: Some(at(37)), host: None, host_source: "" };
+        assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), true, cap, 1024).expect("search"), Some(37));
+        let none = Capacity { gpu: Some(at(1) - 1), host: None, host_source: "" };
+        assert_eq!(max_batch(&cfg, 2, 2, DeviceModel::cuda(), true, none, 1024).expect("search"), None);
     }
 }

@@ -8,16 +8,21 @@
 //! `prepare-data`, `export`, `memory` and `plan` (memory and step time on a cluster) are
 //! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`).
 //!
-//! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
-//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned), or a
-//! rank found a data, checkpoint or config problem, or node 0 refused a node that runs
-//! another config; 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`);
-//! 130 interrupted. The tools exit 0, or 1 on failure (2 for bad arguments or config).
+//! Exit codes (the README's table): 0 finished; 1 the job failed while it ran (a rank
+//! crashed, was killed or erred, or the launcher could not run it); 2 it never started (bad
+//! arguments, config, data, checkpoint or `init.from`, a plan that does not fit memory, too
+//! many `--cpus`, node 0 unreachable or refusing this node: nothing trained), or a rank found
+//! a data, checkpoint or config problem (a checkpoint it cannot write, e.g. a full disk,
+//! included); 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`); 130
+//! interrupted. The tools (`prepare-data`, `export`, `memory`, `plan`) start no job: they
+//! exit 0, or 2 when they cannot do what was asked. `sweep` exits 2 for bad arguments and 1
+//! when none of its runs finished.
 //!
 //! Also: `token` (the job's rendezvous secret), `fingerprint` (what must match across
 //! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
 //! stops a job when stdout is closed).
 
+mod cgroup;
 mod cli;
 mod device;
 mod export;
@@ -27,6 +32,7 @@ mod fit;
 mod gpu;
 mod memory;
 mod metrics;
+mod oom;
 mod out;
 mod plan;
 mod plot;
@@ -37,6 +43,7 @@ mod ranks;
 mod rendezvous;
 mod resume;
 mod setup;
+mod signals;
 mod supervise;
 mod sweep;
 mod token;
@@ -51,11 +58,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Worker(args)) => worker::run(args),
-        Some(Command::PrepareData(args)) => report(prepare::run(&args)),
-        Some(Command::Export(args)) => report(export::run(&args)),
-        Some(Command::Memory(args)) => report(memory::run(&args)),
+        Some(Command::PrepareData(args)) => report_tool(prepare::run(&args)),
+        Some(Command::Export(args)) => report_tool(export::run(&args)),
+        Some(Command::Memory(args)) => report_tool(memory::run(&args)),
         Some(Command::Sweep(args)) => report(sweep::run(&args)),
-        Some(Command::Plan(args)) => report(plan::run(&args)),
+        Some(Command::Plan(args)) => report_tool(plan::run(&args)),
         None => report(launch(&cli.launch)),
     }
 }
@@ -70,12 +77,41 @@ fn launch(args: &cli::LaunchArgs) -> anyhow::Result<()> {
     runtime.block_on(supervise::run(&plan))
 }
 
+/// A tool's result: it started no job, so a failure is exit code 2 (see the module's table).
+fn report_tool(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            out::warn(&format!("error: {}", error_text(&e)));
+            ExitCode::from(supervise::SETUP_EXIT)
+        }
+    }
+}
+
+/// The error and its causes, each said once: a cause whose text the message before it
+/// already quotes (`checkpoint I/O on /x: No space left on device (os error 28)` over that
+/// io::Error) is left out, so no OS error is printed twice.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if said.is_empty() || text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text += ": ";
+        }
+        text += &said;
+    }
+    text
+}
+
 /// Print an error once, with its causes, and map it to the exit code.
 fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            out::warn(&format!("error: {e:#}"));
+            out::warn(&format!("error: {}", error_text(&e)));
             if let Some(job) = e.downcast_ref::<supervise::JobError>() {
                 ExitCode::from(job.code)
             } else if e.downcast_ref::<setup::SetupError>().is_some() {
@@ -86,5 +122,21 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_os_error_quoted_by_its_context_is_said_once() {
+        let io = std::io::Error::from_raw_os_error(28);
+        let quoted = format!("writing /ck/rank00000.safetensors: {io}");
+        let e = anyhow::Error::new(io).context(quoted.clone()).context("saving step 4");
+        assert_eq!(error_text(&e), format!("saving step 4: {quoted}"));
+        assert_eq!(error_text(&e).matches("os error 28").count(), 1);
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&plain), "outer: inner");
     }
 }

@@ -74,6 +74,8 @@ struct StagePrediction {
 struct Prediction {
     config: String,
     ranks: usize,
+    /// The ranks predicted (each stage's `ranks[i]` is rank `predicted_ranks[i]`).
+    predicted_ranks: Vec<usize>,
     device: &'static str,
     accounting: &'static str,
     /// The config's `zero.stage`.
@@ -82,10 +84,23 @@ struct Prediction {
     stages: Vec<StagePrediction>,
 }
 
+/// The ranks whose memory is predicted: the first and the last. Every rank holds an equally
+/// padded shard of every unit, so the last (whose shards may be all padding) is the only
+/// one that can differ from the first (tests/memory.rs checks every rank of several worlds);
+/// predicting each of 4096 ranks of a deep model would take minutes.
+pub fn predicted_ranks(world: usize) -> Vec<usize> {
+    if world <= 1 {
+        vec![0]
+    } else {
+        vec![0, world - 1]
+    }
+}
+
 pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let cfg = Config::load(&args.config, &args.overrides).map_err(|e| crate::setup::SetupError(e.to_string()))?;
     let world = args.ranks as usize;
     let device = args.device;
+    let which = predicted_ranks(world);
     let stages = (0..=3u8)
         // Stages the config cannot run on (offload.params needs stage 3) are left out.
         .filter(|&stage| {
@@ -96,8 +111,9 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         .map(|stage| {
             let mut c = cfg.clone();
             c.zero.stage = stage;
-            let ranks = (0..world)
-                .map(|rank| predict(&c, world, rank, device.model()))
+            let ranks = which
+                .iter()
+                .map(|&rank| predict(&c, world, rank, device.model()))
                 .collect::<Result<Vec<_>, _>>()
                 .with_context(|| format!("predicting ZeRO stage {stage} on {world} ranks"))?;
             Ok(StagePrediction { stage, ranks })
@@ -106,6 +122,7 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let p = Prediction {
         config: args.config.display().to_string(),
         ranks: world,
+        predicted_ranks: which,
         device: device.name(),
         accounting: device.accounting(),
         config_stage: cfg.zero.stage,
@@ -136,8 +153,12 @@ struct FitSummary {
     host_per_rank: trainer::zero::HostMemory,
     gpu_capacity: Option<u64>,
     host_capacity: Option<u64>,
-    /// Why it does not fit (`None`: it fits, or nothing is known to check against).
+    /// `fits`, `does not fit`, or `unknown` (a capacity it needs is not known: `unknown_capacity`).
+    verdict: &'static str,
+    /// Why it does not fit.
     problem: Option<String>,
+    /// The capacities not known, each with the flag that gives it.
+    unknown_capacity: Vec<&'static str>,
     /// `--max-batch`: the largest micro-batch that fits (`Some(None)`: not even 1).
     max_batch: Option<Option<usize>>,
     gpu: bool,
@@ -153,14 +174,23 @@ fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
     let model = args.device.model();
     let need = crate::fit::need(cfg, world, local, model, gpu).map_err(anyhow::Error::msg)?;
     let max_batch = if args.max_batch {
-        if cap.gpu.is_none() && cap.host.is_none() {
+        let unknown = crate::fit::unknown(&need, cap);
+        if !unknown.is_empty() {
             anyhow::bail!(
-                "--max-batch needs a capacity: pass --gpu-mem GIB (and --host-mem GIB) or run it on the machine"
+                "--max-batch compares with the machine's memory, and this is not known: {}",
+                unknown.join("; ")
             );
         }
         Some(crate::fit::max_batch(cfg, world, local, model, gpu, cap, 4096).map_err(anyhow::Error::msg)?)
     } else {
         None
+    };
+    let problem = crate::fit::check(&need, cap, cfg).err();
+    let unknown_capacity = crate::fit::unknown(&need, cap);
+    let verdict = match (&problem, unknown_capacity.is_empty()) {
+        (Some(_), _) => "does not fit",
+        (None, true) => "fits",
+        (None, false) => "unknown",
     };
     Ok(FitSummary {
         ranks: world,
@@ -170,7 +200,9 @@ fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
         host_per_rank: need.report.host,
         gpu_capacity: cap.gpu,
         host_capacity: cap.host,
-        problem: crate::fit::check(&need, cap, cfg).err(),
+        verdict,
+        problem,
+        unknown_capacity,
         max_batch,
         gpu,
     })
@@ -179,10 +211,17 @@ fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
 fn fit_text(f: &FitSummary, cfg: &Config) -> String {
     let g = |b: u64| b as f64 / (1u64 << 30) as f64;
     let h = f.host_per_rank;
-    let said = |c: Option<u64>| c.map_or("unknown (no check)".to_string(), |b| format!("{:.2} GiB", g(b)));
+    let said = |c: Option<u64>| c.map_or("unknown".to_string(), |b| format!("{:.2} GiB", g(b)));
+    let gpu_capacity = if f.gpu { said(f.gpu_capacity) } else { "none used (CPU ranks compute in host memory)".into() };
+    let host_holds = if f.gpu {
+        String::new()
+    } else {
+        format!(", each rank's device peak and {} MiB for its process included", crate::fit::CPU_RANK_OVERHEAD >> 20)
+    };
     let mut s = format!(
         "\nfit at zero.stage = {} ({} rank(s), {} per node): device peak {:.2} GiB per rank{}; host {:.2} GiB \
-         per node (per rank: optimizer {:.2}, parameters {:.2}, page-locked staging {:.2}; page-locked in all {:.2})\n\
+         per node{host_holds} (per rank: optimizer {:.2}, parameters {:.2}, page-locked staging {:.2}; page-locked in \
+         all {:.2})\n\
          \x20 capacity: GPU {}, host {}\n",
         cfg.zero.stage,
         f.ranks,
@@ -194,12 +233,13 @@ fn fit_text(f: &FitSummary, cfg: &Config) -> String {
         g(h.params),
         g(h.staging),
         g(h.pinned()),
-        said(f.gpu_capacity),
+        gpu_capacity,
         said(f.host_capacity)
     );
-    s += &match &f.problem {
-        None => "  fits\n".to_string(),
-        Some(e) => format!("  DOES NOT FIT: {e}\n"),
+    s += &match (&f.problem, f.unknown_capacity.as_slice()) {
+        (Some(e), _) => format!("  DOES NOT FIT: {e}\n"),
+        (None, []) => "  fits\n".to_string(),
+        (None, unknown) => format!("  cannot tell whether it fits: not known: {}\n", unknown.join("; ")),
     };
     match f.max_batch {
         Some(Some(b)) => s += &format!("  largest train.micro_batch that fits: {b}\n"),
@@ -243,8 +283,8 @@ fn table(p: &Prediction, cfg: &Config) -> String {
         p.accounting
     );
     let same = p.stages.iter().all(|st| st.ranks.windows(2).all(|w| w[0] == w[1]));
-    let ranks: Vec<usize> = if same { vec![0] } else { (0..p.ranks).collect() };
-    for r in ranks {
+    let shown: Vec<usize> = if same { vec![0] } else { (0..p.predicted_ranks.len()).collect() };
+    for r in shown {
         s += "\n";
         if same {
             s += &format!(
@@ -252,8 +292,10 @@ fn table(p: &Prediction, cfg: &Config) -> String {
                 if p.ranks == 1 { "the only one" } else { "all" },
                 p.ranks
             );
+        } else if r == 0 {
+            s += &format!("rank 0 (and every other rank but the last, {}):\n", p.ranks - 1);
         } else {
-            s += &format!("rank {r}:\n");
+            s += &format!("rank {} (the last: its shards hold the padding):\n", p.predicted_ranks[r]);
         }
         let header: String = p
             .stages

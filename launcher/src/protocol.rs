@@ -18,7 +18,13 @@
 //! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer, setup }` and exit
 //!    code 1 (2 when `setup`: a data, checkpoint or config problem);
 //! 5. launcher → rank `Stop { reason, kind }` at any time: the rank aborts its communicator
-//!    and exits (code 3 for the watchdog, 2 when its config was refused).
+//!    and exits (code 3 for the watchdog, 2 when its config was refused). A hello that node 0
+//!    refuses (the wrong job token, a rank outside the job) is answered with `Stop { Refused }`
+//!    saying why, before the connection closes.
+//!
+//! Before a node other than 0 starts its ranks, its launcher checks that node 0's rendezvous
+//! answers: `Probe { magic, version, node, token }` as its connection's first frame, answered
+//! by `Welcome`, or by `Stop { Refused }` with the reason (the wrong job token).
 //!
 //! The launcher keeps each connection open until the rank exits; a rank that sees its
 //! connection close exits at once (so ranks never outlive their launcher).
@@ -31,7 +37,7 @@ use trainer::StepMetrics;
 /// First bytes of every `Hello`: tells a shardtrain rank from a stray connection.
 pub const MAGIC: [u8; 8] = *b"SHRDTRN\0";
 /// Bumped whenever [`Msg`] changes; launcher and ranks must agree.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The first frame of a connection (its hello) may be at most this long.
 pub const MAX_HELLO_FRAME: usize = 64 << 10;
 /// Any later frame may be at most this long (a corrupt length, or not our protocol).
@@ -67,6 +73,10 @@ pub enum Msg {
     Failed { rank: u32, message: String, peer: Option<u32>, setup: bool },
     /// The launcher stops the rank: abort the communicator and exit.
     Stop { reason: String, kind: StopKind },
+    /// The launcher of node `node` asks whether node 0's rendezvous takes this job token.
+    Probe { magic: [u8; 8], version: u32, node: u32, token: String },
+    /// Node 0's answer to a `Probe` with the job's token (a wrong one gets `Stop { Refused }`).
+    Welcome,
 }
 
 /// Why the launcher stops a rank, and so the rank's exit code.
@@ -248,6 +258,8 @@ mod tests {
             Msg::Start { world: 2, peers: vec!["a:1".into(), "b:2".into()], nccl_id: Some(vec![7; 128]) },
             Msg::Done { rank: 1 },
             Msg::Failed { rank: 0, message: "boom".into(), peer: Some(1), setup: false },
+            Msg::Probe { magic: MAGIC, version: PROTOCOL_VERSION, node: 1, token: "t0k3n".into() },
+            Msg::Welcome,
         ];
         let mut wire = Vec::new();
         for m in &msgs {

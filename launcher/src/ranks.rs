@@ -118,7 +118,7 @@ fn open_log(path: &Path, plan: &RunPlan) -> anyhow::Result<std::fs::File> {
     Ok(log)
 }
 
-/// "exited with code 3", "killed by signal 6 (SIGABRT)", ...
+/// "exited with code 3", "was killed by SIGABRT (signal 6: ...)": signals by name ([`crate::signals`]).
 pub fn describe_status(status: &std::io::Result<ExitStatus>) -> String {
     let status = match status {
         Ok(s) => s,
@@ -131,21 +131,25 @@ pub fn describe_status(status: &std::io::Result<ExitStatus>) -> String {
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(sig) = status.signal() {
-            let name = match sig {
-                2 => " (SIGINT)",
-                4 => " (SIGILL)",
-                6 => " (SIGABRT)",
-                7 => " (SIGBUS)",
-                9 => " (SIGKILL)",
-                11 => " (SIGSEGV, a crash)",
-                15 => " (SIGTERM)",
-                _ => "",
-            };
             let core = if status.core_dumped() { ", core dumped" } else { "" };
-            return format!("was killed by signal {sig}{name}{core}");
+            return format!("was killed by {}{core}", crate::signals::describe(sig));
         }
     }
     format!("ended with {status}")
+}
+
+/// The signal that ended a process, if one did.
+pub fn killed_by(status: &std::io::Result<ExitStatus>) -> Option<i32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.as_ref().ok()?.signal()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        None
+    }
 }
 
 /// What a launcher that has no control connection to `rank` (nodes other than 0) reads from
@@ -222,5 +226,9 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(describe_status(&Ok(ExitStatus::from_raw(3 << 8))), "exited with code 3");
         assert!(describe_status(&Ok(ExitStatus::from_raw(6))).contains("SIGABRT"));
+        let xfsz = describe_status(&Ok(ExitStatus::from_raw(25)));
+        assert!(xfsz.starts_with("was killed by SIGXFSZ (signal 25: ") && xfsz.contains("ulimit -f"), "{xfsz}");
+        assert_eq!(killed_by(&Ok(ExitStatus::from_raw(9))), Some(9));
+        assert_eq!(killed_by(&Ok(ExitStatus::from_raw(3 << 8))), None);
     }
 }

@@ -76,14 +76,24 @@ impl RunPlan {
     }
 }
 
-/// Check the arguments and config, prepare the data and the run directory.
-/// Set to launch a GPU job whose predicted memory exceeds the GPU or the host.
+/// Set to launch a job whose predicted memory exceeds the GPU or the host.
 pub const SKIP_FIT_ENV: &str = "SHARDTRAIN_SKIP_FIT_CHECK";
+/// Set to start more than [`RANKS_PER_CORE`] CPU ranks per core.
+pub const OVERSUBSCRIBE_ENV: &str = "SHARDTRAIN_OVERSUBSCRIBE";
+/// CPU ranks per available core beyond which a launch is refused: every rank is a process
+/// computing on its own, and each collective waits for the slowest, so ranks beyond the
+/// cores only take turns (a few per core is useful for tests of sharding on a small machine).
+pub const RANKS_PER_CORE: usize = 8;
 
+/// Check the arguments and config, prepare the data and the run directory.
 pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let (device, local_ranks) = args.device();
     if let Some(reason) = device.unavailable_reason() {
         return Err(SetupError(reason));
+    }
+    if device == Device::Cpu && std::env::var_os(OVERSUBSCRIBE_ENV).is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        check_cpu_ranks(local_ranks, cores)?;
     }
     let (nnodes, node_rank) = (args.nnodes as usize, args.node_rank as usize);
     if node_rank >= nnodes {
@@ -134,12 +144,13 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     cfg.checkpoint.dir = cfg.checkpoint.dir.as_deref().map(absolute);
     let world = nnodes * local_ranks;
     // A plan that cannot fit the GPU or the host stops here, before any rank allocates.
-    if device == Device::Gpu && std::env::var_os(SKIP_FIT_ENV).is_none() {
+    if std::env::var_os(SKIP_FIT_ENV).is_none() {
+        let gpu = device == Device::Gpu;
+        let model =
+            if gpu { trainer::zero::plan::DeviceModel::cuda() } else { trainer::zero::plan::DeviceModel::cpu() };
         let busiest = gpu_map.iter().map(|g| gpu_map.iter().filter(|h| *h == g).count()).max().unwrap_or(1);
-        let need = crate::fit::need(&cfg, world, local_ranks, trainer::zero::plan::DeviceModel::cuda(), true)
-            .map_err(SetupError)?
-            .sharing(busiest);
-        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(true, None, args.host_mem), &cfg)
+        let need = crate::fit::need(&cfg, world, local_ranks, model, gpu).map_err(SetupError)?.sharing(busiest);
+        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(gpu, None, args.host_mem), &cfg)
             .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
     }
     // Before anything is written: a checkpoint that cannot be resumed leaves the run directory as it was.
@@ -202,6 +213,21 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     })
 }
 
+/// At most [`RANKS_PER_CORE`] CPU ranks per core of this machine.
+fn check_cpu_ranks(ranks: usize, cores: usize) -> Result<(), SetupError> {
+    let most = RANKS_PER_CORE * cores.max(1);
+    if ranks <= most {
+        return Ok(());
+    }
+    Err(SetupError(format!(
+        "--cpus {ranks} would start {ranks} rank processes on this machine's {cores} core(s), more than \
+         {RANKS_PER_CORE} per core ({most}): each rank is a process computing on its own and every collective \
+         waits for the slowest, so they would only take turns. Use --cpus {cores} (one rank per core) up to \
+         --cpus {most}, or spread the ranks over several nodes (--nnodes); set {OVERSUBSCRIBE_ENV}=1 to start \
+         them anyway"
+    )))
+}
+
 /// `data.path` as given, or the built-in corpus generated under the run directory.
 fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, SetupError> {
     match path {
@@ -256,16 +282,20 @@ fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupErr
     Ok(tokens)
 }
 
-/// `init.from` must be a readable file (its tensors are checked by the ranks that load them).
+/// `init.from` must be Hugging Face weights (a model folder or a safetensors file) holding
+/// every tensor of the model in a dtype import reads; shapes are checked by the ranks that
+/// load them (they too stop the job with exit code 2).
 fn check_init(cfg: &Config) -> Result<(), SetupError> {
     let Some(path) = &cfg.init.from else { return Ok(()) };
-    std::fs::File::open(path).map(|_| ()).map_err(|e| {
-        SetupError(format!(
-            "init.from = {}: cannot open it ({e}); give a Hugging Face GPT-2 model.safetensors (e.g. from \
+    if !path.exists() {
+        return Err(SetupError(format!(
+            "init.from = {} does not exist: give a Hugging Face model folder or its .safetensors file (e.g. from \
              `launcher export`), or remove init.from to start from random weights",
             path.display()
-        ))
-    })
+        )));
+    }
+    let weights = trainer::checkpoint::hf::HfWeights::open(path).map_err(|e| SetupError(e.to_string()))?;
+    weights.check(&trainer::model::ModelLayout::new(&cfg.model)).map_err(|e| SetupError(e.to_string()))
 }
 
 /// When checkpoints will be written: the directory must exist or be creatable, and be

@@ -20,6 +20,7 @@
 //! one that crashed or erred on its own, not its peers that lost it.
 
 use crate::metrics::MetricsLog;
+use crate::oom::OomWatch;
 use crate::out;
 use crate::progress::Progress;
 use crate::protocol::{self, Bootstrap, Msg, StopKind};
@@ -37,8 +38,11 @@ use tokio::signal::unix::{Signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-/// Every rank must say hello within this long of being started.
+/// Every rank must say hello within this long of being started (and a node other than 0
+/// waits this long for node 0's rendezvous to answer).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+/// While a node waits for node 0, how often it says so.
+const MASTER_WAIT_NOTE: Duration = Duration::from_secs(5);
 /// After the first sign of failure, how long to collect evidence before killing.
 pub const SETTLE: Duration = Duration::from_millis(1000);
 /// After every rank reported `Done`, how long their processes may take to exit.
@@ -133,7 +137,13 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         let token = plan.token.clone();
         (addr, Some(tokio::spawn(rendezvous::accept_loop(listener, plan.world, token, conn_tx.clone()))))
     } else {
-        (plan.master_addr.context("--master-addr is required on nodes other than 0")?, None)
+        let addr = plan.master_addr.context("--master-addr is required on nodes other than 0")?;
+        // No rank starts before node 0 answers and takes this job's token: until then this
+        // node says what it waits for, and where.
+        rendezvous::reach_master(addr, plan.node_rank, &plan.token, HELLO_TIMEOUT, MASTER_WAIT_NOTE, out::warn)
+            .await
+            .map_err(|e| JobError { code: SETUP_EXIT, message: format!("node {}: {e}", plan.node_rank) })?;
+        (addr, None)
     };
     drop(conn_tx);
 
@@ -149,6 +159,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         fingerprint: plan.fingerprint.clone(),
         heartbeat_ms: heartbeat.as_millis() as u64,
     };
+    // OOM kills are counted from here: a rank that dies of SIGKILL is compared with this.
+    let oom = OomWatch::start();
     let pids = ranks::spawn_all(plan, rendezvous_addr, &boot, &exit_tx, &kill_rx)?;
     drop(exit_tx);
     drop(kill_rx);
@@ -158,12 +170,12 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let resumed_at = plan.resume.as_ref().map_or(0, |r| r.step);
     let mut progress = Progress::new(total_steps, resumed_at, plan.is_master());
     progress.println(&format!(
-        "launched {} {} rank(s) on node {} (world {}, pids {:?}); rendezvous {}; logs in {}",
+        "launched {} {} rank(s) on node {} (world {}, pids {}); rendezvous {}; logs in {}",
         plan.local_ranks,
         plan.device.name().to_uppercase(),
         plan.node_rank,
         plan.world,
-        pids,
+        some(&pids),
         rendezvous_addr,
         plan.logs_dir.display()
     ));
@@ -315,6 +327,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                         fail(&mut stop, Stop::Failure);
                     }
                 }
+                ConnEvent::NodeUp { node, peer } => {
+                    progress.println(&format!("launcher: node {node} ({}) reached the rendezvous; its ranks follow", peer.ip()));
+                }
                 ConnEvent::Rejected { peer, reason, fatal } => {
                     if fatal {
                         fail(&mut stop, Stop::Fatal(reason));
@@ -381,7 +396,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let leftover: Vec<usize> = (0..plan.world).filter(|&r| ranks[r].local && ranks[r].exit.is_none()).collect();
     if !leftover.is_empty() {
         out::warn(&format!(
-            "launcher: warning: ranks {leftover:?} could not be reaped (pids {pids:?}); check for leftover processes"
+            "launcher: warning: ranks {} could not be reaped (pids {}); check for leftover processes",
+            join(&leftover),
+            some(&pids)
         ));
     }
     if !plan.is_master() {
@@ -421,7 +438,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             anyhow::bail!(hello_timeout_report(plan, &ranks, &missing, &rejected))
         }
         Some((Stop::Failure, _)) => {
-            let (code, message) = failure_report(plan, &ranks);
+            let (code, message) = failure_report(plan, &ranks, &oom);
             Err(JobError { code, message }.into())
         }
     }
@@ -480,8 +497,9 @@ async fn send_start(ranks: &mut [RankState], progress: &Progress, nccl_id: &Opti
 
 /// Pick the rank that failed first and describe it, the others, and its log tail; with the
 /// exit code: 2 when it failed on data, a checkpoint or the config (or node 0 refused this
-/// node), 3 when node 0's watchdog stopped the job, else 1.
-fn failure_report(plan: &RunPlan, ranks: &[RankState]) -> (u8, String) {
+/// node), 3 when node 0's watchdog stopped the job, else 1. A rank killed by SIGKILL that
+/// the launcher did not kill gets the OOM check's verdict (`oom.rs`).
+fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, String) {
     let culprit = culprit(ranks);
     let r = &ranks[culprit];
     let exit_code = |rs: &RankState| match &rs.exit {
@@ -499,29 +517,49 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState]) -> (u8, String) {
     } else {
         1
     };
+    // A node other than 0 knows nothing of the ranks elsewhere: their own launchers report them.
+    let known = |o: usize| plan.is_master() || ranks[o].local;
     let mut what = Vec::new();
     if let Some((message, _)) = &r.failed {
         what.push(format!("reported: {message}"));
     }
-    what.push(fate(r));
-    let after = match (r.last_step, &plan.resume) {
+    let mut last_step = r.last_step;
+    if known(culprit) {
+        what.push(fate(r));
+    } else {
+        // Blamed by this node's ranks (they lost it); they were in step with it.
+        what.push(format!(
+            "this node's ranks lost it; node {}'s launcher reports why",
+            culprit / plan.local_ranks.max(1)
+        ));
+        last_step = ranks.iter().filter(|x| x.local).map(|x| x.last_step).max().unwrap_or(0);
+    }
+    if !r.killed && r.exit.as_ref().and_then(ranks::killed_by) == Some(9) {
+        what.push(oom.explain_sigkill());
+    }
+    let after = match (last_step, &plan.resume) {
         (0, None) => "before its first step".to_string(),
         (0, Some(resume)) => format!("before its first step after resuming at step {}", resume.step),
         (step, _) => format!("after step {step} of {}", plan.cfg.train.steps),
     };
-    let mut s = format!("rank {culprit} failed {after}: {}", what.join("; "));
+    let mut s = format!("{} failed {after}: {}", rank_name(plan, culprit), what.join("; "));
     let others: Vec<String> = (0..ranks.len())
-        .filter(|&o| o != culprit)
+        .filter(|&o| o != culprit && known(o))
         .map(|o| match &ranks[o].failed {
-            Some((_, Some(peer))) => format!("rank {o} {} after losing rank {peer}", fate(&ranks[o])),
-            _ => format!("rank {o} {}", fate(&ranks[o])),
+            Some((_, Some(peer))) => {
+                format!("{} {} after losing {}", rank_name(plan, o), fate(&ranks[o]), rank_name(plan, *peer as usize))
+            }
+            _ => format!("{} {}", rank_name(plan, o), fate(&ranks[o])),
         })
         .collect();
     if !others.is_empty() {
+        s += &format!("\nthe other ranks were stopped: {}", others.join("; "));
+    }
+    let elsewhere: Vec<usize> = (0..ranks.len()).filter(|&o| o != culprit && !known(o)).collect();
+    if !elsewhere.is_empty() {
         s += &format!(
-            "
-the other ranks were stopped: {}",
-            others.join("; ")
+            "\nranks {} run on other nodes: node 0's launcher reports how the job ended for them",
+            join(&elsewhere)
         );
     }
     if code == HUNG_EXIT {
@@ -529,6 +567,15 @@ the other ranks were stopped: {}",
     }
     s += &log_section(plan, culprit);
     (code, s)
+}
+
+/// "rank 2", or in a job of several nodes "rank 2 (node 1)".
+fn rank_name(plan: &RunPlan, rank: usize) -> String {
+    if plan.multi_node() {
+        format!("rank {rank} (node {})", rank / plan.local_ranks.max(1))
+    } else {
+        format!("rank {rank}")
+    }
 }
 
 /// How a rank's process (or, on another node, its connection) ended.
@@ -600,11 +647,51 @@ fn log_section(plan: &RunPlan, rank: usize) -> String {
     format!("\nlast {TAIL_LINES} lines of {}:\n{}", path.display(), log_tail(&path, TAIL_LINES))
 }
 
+/// Ranks as short as a list of 1000 can be: runs of consecutive ones as `first-last`.
 fn join(ranks: &[usize]) -> String {
-    ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => ranks[i].to_string(),
+            1 => format!("{}, {}", ranks[i], ranks[j]),
+            _ => format!("{}-{}", ranks[i], ranks[j]),
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// The first few of many numbers (pids): a report line stays a line.
+fn some(xs: &[u32]) -> String {
+    const SHOWN: usize = 8;
+    let head: Vec<String> = xs.iter().take(SHOWN).map(|x| x.to_string()).collect();
+    if xs.len() > SHOWN {
+        format!("{}, ... ({} in all)", head.join(", "), xs.len())
+    } else {
+        head.join(", ")
+    }
 }
 
 fn signal(kind: SignalKind) -> anyhow::Result<Signal> {
     tokio::signal::unix::signal(kind)
-        .with_context(|| format!("cannot install a handler for signal {}", kind.as_raw_value()))
+        .with_context(|| format!("cannot install a handler for {}", crate::signals::name(kind.as_raw_value())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_lists_stay_short() {
+        assert_eq!(join(&[0, 1, 2, 3, 5, 7, 8, 10]), "0-3, 5, 7, 8, 10");
+        assert_eq!(join(&(0..1000).collect::<Vec<_>>()), "0-999");
+        assert_eq!(join(&[]), "");
+        assert_eq!(some(&[1, 2, 3]), "1, 2, 3");
+        assert!(some(&(0..1000).collect::<Vec<u32>>()).ends_with("7, ... (1000 in all)"));
+    }
 }

@@ -244,10 +244,11 @@ fn run_one(
             let first_error = text.lines().find(|l| l.starts_with("error")).unwrap_or("").to_string();
             let oom = text.to_lowercase().contains("out of memory");
             row.status = if oom { "oom" } else { "failed" };
+            let how = crate::ranks::describe_status(&Ok(s));
             row.error = Some(if first_error.is_empty() {
-                format!("the run exited with {s}; see {}", log.display())
+                format!("the run {how}; see {}", log.display())
             } else {
-                format!("{first_error} (exit code {}; see {})", s.code().unwrap_or(-1), log.display())
+                format!("{first_error} (the run {how}; see {})", log.display())
             });
             return row;
         }

@@ -483,6 +483,7 @@ impl Config {
         if t.grad_accum == 0 {
             return Err(bad("train.grad_accum", t.grad_accum, "must be at least 1"));
         }
+        self.check_scale()?;
         if !(t.lr.is_finite() && t.lr >= 0.0) {
             return Err(bad("train.lr", t.lr, "must be a finite number >= 0"));
         }
@@ -580,7 +581,78 @@ impl Config {
         }
         Ok(())
     }
+
+    /// Shapes beyond any machine are refused before anything multiplies them: every size
+    /// then stays far from overflowing 64 bits, and planning, which walks every block, stays
+    /// quick (`launcher memory` on a 100000-layer model took 20 s and 430 MB to answer).
+    fn check_scale(&self) -> Result<(), ConfigError> {
+        let (m, t) = (&self.model, &self.train);
+        let huge = |key: &'static str, value: String, message: String| ConfigError::Invalid { key, value, message };
+        if m.n_layer > MAX_LAYERS {
+            return Err(huge(
+                "model.n_layer",
+                m.n_layer.to_string(),
+                format!(
+                    "is beyond {MAX_LAYERS} blocks (the deepest models trained have a few hundred; planning and \
+                     training walk every block): use fewer, wider blocks"
+                ),
+            ));
+        }
+        // In f64: the estimates themselves must not overflow, whatever the config says.
+        let [l, c, v, s, h, b] =
+            [m.n_layer, m.n_embd, m.vocab_size, m.seq_len, m.n_head, t.micro_batch].map(|x| x as f64);
+        // A decoder block holds about 12·C² parameters (attention 4·C², MLP 8·C²).
+        let params = l * (12.0 * c * c + 13.0 * c) + (v + s) * c;
+        if params > MAX_PARAMS {
+            return Err(huge(
+                "model.n_embd",
+                m.n_embd.to_string(),
+                format!(
+                    "with model.n_layer = {} and model.vocab_size = {} the model has about {params:.3e} parameters, \
+                     beyond {MAX_PARAMS:.0e} (1.6 PB of weights, gradients and optimizer state at 16 bytes per \
+                     parameter: more than 4096 of the largest GPUs hold); make the model smaller",
+                    m.n_layer, m.vocab_size
+                ),
+            ));
+        }
+        if b * s > MAX_TOKENS {
+            return Err(huge(
+                "train.micro_batch",
+                t.micro_batch.to_string(),
+                format!(
+                    "times model.seq_len = {} is {:.3e} tokens per rank and micro-step, beyond {MAX_TOKENS:.3e}: \
+                     lower train.micro_batch and raise train.grad_accum for the same global batch",
+                    m.seq_len,
+                    b * s
+                ),
+            ));
+        }
+        // Saved activations per micro-step, as the CPU backend keeps them (its attention keeps
+        // B·heads·T·T): about 16·C + 2·heads·T values per token and block, and the logits.
+        let activations = b * s * (l * (16.0 * c + 2.0 * h * s) + 2.0 * v);
+        if activations > MAX_ACTIVATIONS {
+            return Err(huge(
+                "model.seq_len",
+                m.seq_len.to_string(),
+                format!(
+                    "with train.micro_batch = {} and this model, one micro-step would keep about {activations:.3e} \
+                     activation values, beyond {MAX_ACTIVATIONS:.3e}: lower train.micro_batch or model.seq_len",
+                    t.micro_batch
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
+
+/// The most transformer blocks a model may have.
+pub const MAX_LAYERS: usize = 10_000;
+/// The most parameters a model may have (about: see `check_scale`).
+const MAX_PARAMS: f64 = 1e14;
+/// The most tokens one rank's micro-step may hold (2^30).
+const MAX_TOKENS: f64 = 1_073_741_824.0;
+/// The most activation values one micro-step may keep (2^52: 16 PiB in f32).
+const MAX_ACTIVATIONS: f64 = 4_503_599_627_370_496.0;
 
 /// Apply one `section.key=value` override to the raw TOML table. The value is parsed
 /// as TOML (so `3`, `1e-4`, `true`, `"text"` work); bare words fall back to strings.
@@ -753,6 +825,25 @@ mod tests {
         assert!(e.contains("/definitely/not/here.toml"), "{e}");
         let e = load_str("[model\n", &[]).unwrap_err().to_string();
         assert!(e.contains("c.toml"), "{e}");
+    }
+
+    #[test]
+    fn shapes_beyond_any_machine_are_refused_naming_the_key() {
+        let cases: [(&[&str], &str); 4] = [
+            (&["model.n_layer=100000"], "model.n_layer"),
+            (&["model.n_embd=230000", "model.n_head=1000", "model.n_layer=2000"], "1.270e15 parameters"),
+            (&["model.n_embd=18446744073709551615", "model.n_head=1"], "model.n_embd"),
+            (&["train.micro_batch=4000000000"], "train.micro_batch"),
+        ];
+        for (set, needle) in cases {
+            let e = load_str(BASE, set).unwrap_err().to_string();
+            assert!(e.contains(needle), "{set:?}: {e}");
+        }
+        let e = load_str(BASE, &["model.seq_len=100000000", "train.micro_batch=1"]).unwrap_err().to_string();
+        assert!(e.contains("model.seq_len") && e.contains("activation values"), "{e}");
+        // The largest shipped config is far inside every bound.
+        load_str(BASE, &["model.n_layer=59", "model.n_head=72", "model.n_embd=9216", "model.vocab_size=50304"])
+            .expect("60B");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use thiserror::Error;
 /// Checkpoint problems, always naming the file and what is wrong.
 #[derive(Debug, Error)]
 pub enum CheckpointError {
-    #[error("checkpoint I/O on {path}: {source}")]
+    #[error("checkpoint I/O on {}: {source}{}", path.display(), io_hint(source))]
     Io {
         path: PathBuf,
         #[source]
@@ -39,6 +39,26 @@ pub enum CheckpointError {
     Invalid { dir: PathBuf, problem: String },
     #[error("no checkpoint to resume in {dir}: {detail}")]
     NoneFound { dir: PathBuf, detail: String },
+    /// `init.from` (Hugging Face weights) cannot be used.
+    #[error("init.from = {}: {problem}", path.display())]
+    Init { path: PathBuf, problem: String },
+}
+
+/// What to do about an I/O error that has a usual cause.
+fn io_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+            " (the disk is full: free space on it or write elsewhere; for checkpoints, point checkpoint.dir at a \
+             larger disk or keep fewer with checkpoint.keep)"
+        }
+        std::io::ErrorKind::FileTooLarge => {
+            " (the file-size limit, `ulimit -f`, is lower than the file: raise it in the shell that starts the launcher)"
+        }
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+            " (not writable: choose a directory this user may write)"
+        }
+        _ => "",
+    }
 }
 
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> CheckpointError {

@@ -183,8 +183,12 @@ impl<'de> Deserialize<'de> for ModelFamily {
 }
 
 /// How a family's tensors map to Hugging Face transformers' names and layouts (export to
-/// and import from `model.safetensors`).
+/// and import from a model folder: `checkpoint/hf/`).
 pub trait HfFormat: Sync {
+    /// The folder's `config.json` for a model of shape `cfg`: what transformers'
+    /// `from_pretrained` needs to build the model these weights fit (`architectures`,
+    /// `model_type`, the shape, `torch_dtype`: float32, as export writes it).
+    fn hf_config(&self, cfg: &ModelConfig) -> serde_json::Value;
     /// The Hugging Face name of one of our tensors.
     fn hf_name(&self, t: &TensorSpec) -> String;
     /// The names an import accepts for it, in order of preference.

@@ -4,8 +4,11 @@
 //! ours is `nn.Linear`'s `[out, in]`, so the four projection weights are transposed both
 //! ways. The LM head is tied to `wte` and is not written (transformers re-ties it).
 //! Imported `wte` with fewer rows than `vocab_size` is padded with zero rows (50257 →
-//! 50304); `wpe` with more positions than `seq_len` is cut.
+//! 50304); `wpe` with more positions than `seq_len` is cut. `config.json` is a
+//! `GPT2LMHeadModel`'s: the shape, GELU's tanh approximation (`gelu_new`), LayerNorm's
+//! epsilon, the tied head, and no dropout (shardtrain trains without it).
 
+use crate::config::ModelConfig;
 use crate::model::{HfFormat, TensorSpec};
 
 /// Prefix of `GPT2LMHeadModel`'s transformer weights.
@@ -31,6 +34,38 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 impl HfFormat for Gpt2Hf {
+    fn hf_config(&self, cfg: &ModelConfig) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": cfg.vocab_size,
+            "n_positions": cfg.seq_len,
+            "n_ctx": cfg.seq_len,
+            "n_embd": cfg.n_embd,
+            "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head,
+            "n_inner": null,
+            "activation_function": "gelu_new",
+            // backend::cpu::layernorm::LN_EPS, as every backend normalises.
+            "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "initializer_range": 0.02,
+            "scale_attn_weights": true,
+            "tie_word_embeddings": true,
+            "use_cache": true,
+            "torch_dtype": "float32",
+        });
+        // The GPT-2 BPE's <|endoftext|> starts and ends documents, where the vocabulary has it.
+        let eot = data::EOT_TOKEN as usize;
+        if cfg.vocab_size > eot {
+            c["bos_token_id"] = eot.into();
+            c["eos_token_id"] = eot.into();
+        }
+        c
+    }
+
     fn hf_name(&self, t: &TensorSpec) -> String {
         format!("{PREFIX}{}", t.name)
     }
@@ -84,5 +119,38 @@ impl HfFormat for Gpt2Hf {
             ));
         }
         Ok(if is_conv1d(&t.name) { transpose(vals, t.shape[1], t.shape[0]) } else { vals.to_vec() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_json_is_a_gpt2_lm_head_models() {
+        let cfg = ModelConfig {
+            family: crate::model::ModelFamily::Gpt2,
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            vocab_size: 50304,
+            seq_len: 1024,
+        };
+        let c = Gpt2Hf.hf_config(&cfg);
+        assert_eq!(c["architectures"][0], "GPT2LMHeadModel");
+        assert_eq!(c["model_type"], "gpt2");
+        for (key, want) in
+            [("n_embd", 768), ("n_layer", 12), ("n_head", 12), ("n_positions", 1024), ("vocab_size", 50304)]
+        {
+            assert_eq!(c[key], want, "{key}");
+        }
+        assert_eq!(c["layer_norm_epsilon"].as_f64().map(|e| e as f32), Some(crate::backend::cpu::LN_EPS));
+        assert_eq!(
+            (c["activation_function"].as_str(), c["tie_word_embeddings"].as_bool()),
+            (Some("gelu_new"), Some(true))
+        );
+        assert_eq!(c["eos_token_id"], 50256);
+        let small = Gpt2Hf.hf_config(&ModelConfig { vocab_size: 97, ..cfg });
+        assert!(small.get("eos_token_id").is_none(), "no <|endoftext|> in a vocabulary of 97");
     }
 }
