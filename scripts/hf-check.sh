@@ -5,7 +5,7 @@
 # 2. export step 20 as a folder, and sharded (--max-shard-size 2MB): from_pretrained loads
 #    both as they are (no missing or unexpected keys) and its loss on the same validation
 #    windows equals shardtrain's;
-# 3. save_pretrained in bfloat16 (sharded) and float16: each starts a run as init.from.
+# 3. save_pretrained in bfloat16 (sharded) and float16: each starts a run as train.init_from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L=${L:-target/release/launcher}
@@ -40,8 +40,8 @@ AutoModelForCausalLM.from_pretrained(f"{out}/hf").to(torch.float16).save_pretrai
 sys.exit(0 if ok else 1)
 PY
 for d in bf16 f16; do
-    "$L" --cpus 1 configs/tiny.toml --set train.steps=2 --set "init.from=\"$OUT/$d\"" \
+    "$L" --cpus 1 configs/tiny.toml --set train.steps=2 --set "train.init_from=\"$OUT/$d\"" \
         --set "data.path=\"$OUT/run/builtin-data\"" --set "output.dir=\"$OUT/from-$d\"" > "$OUT/from-$d.log"
-    echo "init.from = $d (save_pretrained): step 1 loss $(head -1 "$OUT/from-$d/metrics.jsonl" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["loss"], 4))') (random init: ~10.8)"
+    echo "train.init_from = $d (save_pretrained): step 1 loss $(head -1 "$OUT/from-$d/metrics.jsonl" | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["loss"], 4))') (random init: ~10.8)"
 done
 echo "HF CHECK PASSED"

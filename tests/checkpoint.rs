@@ -198,7 +198,7 @@ fn hugging_face_export_import_export_is_bit_identical() {
     // Import the folder as the initial weights on another layout, save, export again.
     let ck2 = dir.path().join("ck2");
     let mut cfg = cfg_for(3, 3, &ck2);
-    cfg.init.from = Some(a.clone());
+    cfg.train.init_from = Some(a.clone());
     common::run_ranks(3, move |rank, mut comm| {
         let be = CpuBackend;
         let mut tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
@@ -311,7 +311,7 @@ fn half_precision_weights_import_and_other_dtypes_are_named() {
         }
         // And as a run's initial weights.
         let mut c = cfg.clone();
-        c.init.from = Some(path);
+        c.train.init_from = Some(path);
         Trainer::<CpuBackend>::new(&c, &CpuBackend, 0, 1, &data).expect("a run starts from half-precision weights");
     }
     let odd = dir.path().join("f64.safetensors");
@@ -319,7 +319,7 @@ fn half_precision_weights_import_and_other_dtypes_are_named() {
     let e = HfWeights::open(&odd).expect("open").check(&layout).unwrap_err().to_string();
     assert!(e.contains("transformer.wte.weight is F64") && e.contains("float32, bfloat16 and float16"), "{e}");
     let mut c = cfg.clone();
-    c.init.from = Some(odd);
+    c.train.init_from = Some(odd);
     let e = Trainer::<CpuBackend>::new(&c, &CpuBackend, 0, 1, &data).err().expect("must fail");
     assert!(matches!(e, trainer::TrainError::Checkpoint(_)), "a checkpoint problem (exit code 2): {e}");
 }
@@ -332,12 +332,12 @@ fn import_errors_name_the_tensor() {
     let a = dir.path().join("a");
     export(&ck.join("step_00000002"), &a, DEFAULT_MAX_SHARD_BYTES).expect("export");
     let mut cfg = cfg_for(1, 0, &ck);
-    cfg.init.from = Some(a);
+    cfg.train.init_from = Some(a);
     cfg.model.n_layer = 3;
     let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
     assert!(e.contains("h.2.ln_1.weight") && e.contains("missing"), "{e}");
     cfg.model.n_layer = 2;
-    cfg.init.from = Some(dir.path().join("nope.safetensors"));
+    cfg.train.init_from = Some(dir.path().join("nope.safetensors"));
     let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
     assert!(e.contains("nope.safetensors"), "{e}");
     // A folder without weights, and a file that is not safetensors: named, never a panic.
@@ -345,7 +345,7 @@ fn import_errors_name_the_tensor() {
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "not weights").expect("write");
     for (path, needle) in [(dir.path().join("empty"), "holds neither"), (text, "is not a safetensors file")] {
-        cfg.init.from = Some(path);
+        cfg.train.init_from = Some(path);
         let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail");
         assert!(matches!(e, trainer::TrainError::Checkpoint(_)) && e.to_string().contains(needle), "{e}");
     }

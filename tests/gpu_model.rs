@@ -175,8 +175,8 @@ fn one_llama_training_step_matches_the_cpu() {
                 );
                 let l2 = layout.clone();
                 let mut init = move |u, r| Ok(ModelFamily::Llama.init_range(&l2, u, seed, Default::default(), r));
-                let mut geng = Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init))
-                    .map_err(dev)?;
+                let mut geng =
+                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init)).map_err(dev)?;
                 let opts = ModelOptions { checkpointing: ckpt.clone(), loss_chunk_rows: 300, ..ModelOptions::batch(b) };
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;

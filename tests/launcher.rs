@@ -920,8 +920,15 @@ fn a_checkpoint_problem_found_inside_a_rank_exits_with_code_2() {
     let (job, ck) = job_with_checkpoints();
     let hf = job.dir.path().join("model");
     launcher(&["export", &ck.join("step_00000004").display().to_string(), &hf.display().to_string()]).assert_success();
-    // The weights are of n_embd 36; the ranks find out when they load them.
-    let init = format!("init.from='{}'", hf.display());
+    // The weights are of n_embd 36. The folder's config.json says so, and the config
+    // disagrees: refused before anything starts, naming the key.
+    let init = format!("train.init_from='{}'", hf.display());
+    let run = job.run(2, &["--set", &init, "--set", "model.n_embd=48"], &[]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("model.n_embd") && stderr.contains("holds a model with n_embd = 36"), "{stderr}");
+    // A lone safetensors file says nothing of its model: the ranks find out when they load it.
+    let init = format!("train.init_from='{}'", hf.join("model.safetensors").display());
     let run = job.run(2, &["--set", &init, "--set", "model.n_embd=48"], &[]);
     let stderr = run.stderr();
     assert_eq!(run.code(), Some(2), "{stderr}");
@@ -1541,10 +1548,10 @@ fn exit_codes_are_those_of_the_readme_table() {
     assert_eq!(prep.code(), Some(2), "{}", prep.stderr());
     assert_eq!(prep.stderr().matches("No such file or directory").count(), 1, "the OS error once: {}", prep.stderr());
     assert_eq!(code(&["export", &dir.display().to_string(), &dir.join("m").display().to_string()]), Some(2));
-    // 2: an init.from that is not safetensors, found before any rank starts.
+    // 2: a train.init_from that is not safetensors, found before any rank starts.
     let notes = dir.join("notes.txt");
     std::fs::write(&notes, "not weights").expect("write");
-    let init = format!("init.from='{}'", notes.display());
+    let init = format!("train.init_from='{}'", notes.display());
     let run = job.run(1, &["--set", &init], &[]);
     assert_eq!(run.code(), Some(2), "{}", run.stderr());
     assert!(

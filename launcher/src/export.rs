@@ -52,7 +52,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         if summary.files.len() > 1 { format!(", {}", trainer::checkpoint::hf::INDEX_FILE) } else { String::new() }
     );
     println!(
-        "load it with transformers: AutoModelForCausalLM.from_pretrained({:?}); as init.from it starts a run",
+        "load it with transformers: AutoModelForCausalLM.from_pretrained({:?}); as train.init_from it starts a run",
         summary.dir.display().to_string()
     );
     Ok(())

@@ -10,7 +10,7 @@
 //!
 //! Exit codes (the README's table): 0 finished; 1 the job failed while it ran (a rank
 //! crashed, was killed or erred, or the launcher could not run it); 2 it never started (bad
-//! arguments, config, data, checkpoint or `init.from`, a plan that does not fit memory, too
+//! arguments, config, data, checkpoint or `train.init_from`, a plan that does not fit memory, too
 //! many `--cpus`, node 0 unreachable or refusing this node: nothing trained), or a rank found
 //! a data, checkpoint or config problem (a checkpoint it cannot write, e.g. a full disk,
 //! included); 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`); 130

@@ -1,7 +1,7 @@
 //! Everything checked and prepared before any rank is spawned: the device and the GPU of
 //! each rank, the node layout, the job token, the config (loaded and validated once, here),
 //! the checkpoint to resume from (`resume`), the data (both splits against the vocabulary),
-//! `init.from`, the checkpoint directory (writable; half-written `.step_*.partial`
+//! `train.init_from`, the checkpoint directory (writable; half-written `.step_*.partial`
 //! directories of a crashed save removed), the run directory, the node's fingerprint and the
 //! resolved config file the ranks read. A problem found here is a [`SetupError`]: printed
 //! once, exit code 2, nothing started.
@@ -282,20 +282,22 @@ fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupErr
     Ok(tokens)
 }
 
-/// `init.from` must be Hugging Face weights (a model folder or a safetensors file) holding
-/// every tensor of the model in a dtype import reads; shapes are checked by the ranks that
-/// load them (they too stop the job with exit code 2).
+/// `train.init_from` must be Hugging Face weights (a model folder or a safetensors file)
+/// holding every tensor of the model in a dtype import reads, or a verified shardtrain
+/// checkpoint of the same tensors; Hugging Face shapes are checked by the ranks that load
+/// them (they too stop the job with exit code 2).
 fn check_init(cfg: &Config) -> Result<(), SetupError> {
-    let Some(path) = &cfg.init.from else { return Ok(()) };
+    let Some(path) = &cfg.train.init_from else { return Ok(()) };
     if !path.exists() {
         return Err(SetupError(format!(
-            "init.from = {} does not exist: give a Hugging Face model folder or its .safetensors file (e.g. from \
-             `launcher export`), or remove init.from to start from random weights",
+            "train.init_from = {} does not exist: give a Hugging Face model folder or its .safetensors file (e.g. \
+             from `launcher export`), or a checkpoint directory, or remove train.init_from to start from random \
+             weights",
             path.display()
         )));
     }
-    let weights = trainer::checkpoint::hf::HfWeights::open(path).map_err(|e| SetupError(e.to_string()))?;
-    weights.check(&trainer::model::ModelLayout::new(&cfg.model)).map_err(|e| SetupError(e.to_string()))
+    let source = trainer::checkpoint::init::InitSource::open(path).map_err(|e| SetupError(e.to_string()))?;
+    source.check(&trainer::model::ModelLayout::new(&cfg.model), path).map_err(|e| SetupError(e.to_string()))
 }
 
 /// When checkpoints will be written: the directory must exist or be creatable, and be

@@ -168,6 +168,12 @@ pub struct TrainConfig {
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
     /// fewest equal chunks of at most 1 GiB of logits.
     pub loss_chunk_rows: usize,
+    /// Start from these weights instead of random ones (fine-tuning, with a fresh optimizer
+    /// and schedule): a Hugging Face model folder (config.json + safetensors, one file or
+    /// sharded with its index; float32, bfloat16 or float16), one safetensors file, or a
+    /// shardtrain checkpoint directory. A folder or checkpoint also gives the model's shape,
+    /// so `[model]` may be left out (keys given anyway must agree).
+    pub init_from: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -190,6 +196,7 @@ impl Default for TrainConfig {
             cuda_graphs: true,
             gemm_tuning: GemmTuning::Heuristic,
             loss_chunk_rows: 0,
+            init_from: None,
         }
     }
 }
@@ -324,12 +331,13 @@ impl Config {
     }
 }
 
-/// Where the initial weights come from.
+/// How random initial weights are drawn (`train.init_from` starts from given ones instead).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct InitConfig {
-    /// A Hugging Face GPT-2 `model.safetensors` to start from (fine-tuning); unset = random init.
-    pub from: Option<PathBuf>,
+    /// Moved to `train.init_from`; kept as a field only so that setting it is a clear error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<toml::Value>,
     /// The random initialisation's scales.
     pub scheme: InitScheme,
 }
@@ -432,6 +440,7 @@ impl Config {
         for o in overrides {
             apply_override(&mut value, o)?;
         }
+        model_from_init(&mut value)?;
         let origin = if overrides.is_empty() {
             path.display().to_string()
         } else {
@@ -510,6 +519,14 @@ impl Config {
                 "zero.stage",
                 self.zero.stage,
                 "ZeRO stages are 0 (data parallel), 1 (optimizer), 2 (+gradients) and 3 (+parameters)",
+            ));
+        }
+        if let Some(v) = &self.init.from {
+            return Err(bad(
+                "init.from",
+                v,
+                "moved to train.init_from (which also takes a Hugging Face model folder or a shardtrain checkpoint): \
+                 write it under [train]",
             ));
         }
         if let Some(v) = &self.zero.bucket_mb {
@@ -653,6 +670,86 @@ const MAX_PARAMS: f64 = 1e14;
 const MAX_TOKENS: f64 = 1_073_741_824.0;
 /// The most activation values one micro-step may keep (2^52: 16 PiB in f32).
 const MAX_ACTIVATIONS: f64 = 4_503_599_627_370_496.0;
+
+/// Where `train.init_from` names a source that says what model it holds (a Hugging Face
+/// folder's config.json, a checkpoint's manifest), fill the raw `[model]` section from it:
+/// keys the config leaves out come from the source; keys it gives must agree (but
+/// `seq_len`, the context to train, is the config's, and `vocab_size` may be larger: an
+/// embedding padded for speed), or the run is refused naming the key.
+fn model_from_init(table: &mut toml::Table) -> Result<(), ConfigError> {
+    let Some(path) = table.get("train").and_then(|t| t.get("init_from")).and_then(|v| v.as_str()) else {
+        return Ok(());
+    };
+    let path = PathBuf::from(path);
+    let given = match table.get("model") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(t)) => t.clone(),
+        Some(_) => return Err(ConfigError::Parse { origin: "[model]".into(), message: "must be a table".into() }),
+    };
+    let seq_len = given.get("seq_len").and_then(|v| v.as_integer()).map(|v| v.max(0) as usize);
+    let source = crate::checkpoint::init::source_model(&path, seq_len).map_err(|message| ConfigError::Invalid {
+        key: "train.init_from",
+        value: path.display().to_string(),
+        message,
+    })?;
+    let Some(source) = source else { return Ok(()) };
+    let theirs = match toml::Value::try_from(&source) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => return Err(ConfigError::Parse { origin: path.display().to_string(), message: "model section".into() }),
+    };
+    let mut merged = theirs.clone();
+    for (k, v) in &given {
+        merged.insert(k.clone(), v.clone());
+    }
+    // Compare as the typed config reads them (500000 and 500000.0 are one value), key by key.
+    let typed = |t: &toml::Table| -> Option<toml::Table> {
+        let m: ModelConfig = toml::Value::Table(t.clone()).try_into().ok()?;
+        match toml::Value::try_from(&m) {
+            Ok(toml::Value::Table(t)) => Some(t),
+            _ => None,
+        }
+    };
+    if let (Some(ours), Some(src)) = (typed(&merged), typed(&theirs)) {
+        for (k, v) in &ours {
+            let agree = match k.as_str() {
+                "seq_len" => true,
+                "vocab_size" => v.as_integer() >= src.get(k).and_then(|s| s.as_integer()),
+                _ => src.get(k) == Some(v),
+            };
+            if !agree && given.contains_key(k) {
+                let key: &'static str = MODEL_KEYS.iter().find(|n| n[6..] == **k).copied().unwrap_or("model");
+                return Err(ConfigError::Invalid {
+                    key,
+                    value: v.to_string(),
+                    message: format!(
+                        "train.init_from = {} holds a model with {k} = {}: delete the key (the model comes from \
+                         there) or point train.init_from at weights of this shape",
+                        path.display(),
+                        src.get(k).map_or("unset".to_string(), |s| s.to_string())
+                    ),
+                });
+            }
+        }
+    }
+    table.insert("model".into(), toml::Value::Table(merged));
+    Ok(())
+}
+
+/// Every `[model]` key by its full name (errors name keys as `&'static str`).
+const MODEL_KEYS: [&str; 12] = [
+    "model.family",
+    "model.n_layer",
+    "model.n_head",
+    "model.n_embd",
+    "model.vocab_size",
+    "model.seq_len",
+    "model.n_kv_head",
+    "model.intermediate_size",
+    "model.rope_theta",
+    "model.rope_scaling",
+    "model.rms_norm_eps",
+    "model.tie_embeddings",
+];
 
 /// Apply one `section.key=value` override to the raw TOML table. The value is parsed
 /// as TOML (so `3`, `1e-4`, `true`, `"text"` work); bare words fall back to strings.

@@ -2,7 +2,7 @@
 //! every micro-step through the ZeRO engine, step the optimizer, report metrics.
 
 use crate::backend::{Backend, TunedGemm};
-use crate::checkpoint::hf::HfWeights;
+use crate::checkpoint::init::InitSource;
 use crate::checkpoint::CheckpointReader;
 use crate::config::Config;
 use crate::metrics::StepMetrics;
@@ -87,15 +87,17 @@ impl<B: Backend> Trainer<B> {
         };
         let layout = ModelLayout::new(&cfg.model);
         let (family, opts, l2) = (cfg.model.family, EngineOptions::from_config(cfg), layout.clone());
-        let mut engine = match &cfg.init.from {
+        let mut engine = match &cfg.train.init_from {
             None => {
                 let (seed, scheme) = (cfg.train.seed, cfg.init.scheme);
                 let mut init = |u, r| Ok(family.init_range(&l2, u, seed, scheme, r));
                 Engine::new(be, layout, opts, rank, world, Some(&mut init))?
             }
             Some(path) => {
-                let hf = HfWeights::open(path)?;
-                Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| Ok(hf.unit_values(&l2, u)?[r].to_vec())))?
+                // Each rank reads only the elements the engine asks it for.
+                let src = InitSource::open(path)?;
+                src.check(&l2, path)?;
+                Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| src.values(&l2, u, r)))?
             }
         };
         let model = family

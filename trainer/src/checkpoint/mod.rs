@@ -14,6 +14,7 @@
 //! initialisation is counter-based, so there is no other RNG state to save.
 
 pub mod hf;
+pub mod init;
 pub mod load;
 pub mod manifest;
 pub mod save;
@@ -39,8 +40,8 @@ pub enum CheckpointError {
     Invalid { dir: PathBuf, problem: String },
     #[error("no checkpoint to resume in {dir}: {detail}")]
     NoneFound { dir: PathBuf, detail: String },
-    /// `init.from` (Hugging Face weights) cannot be used.
-    #[error("init.from = {}: {problem}", path.display())]
+    /// `train.init_from` (Hugging Face weights or a checkpoint) cannot be used.
+    #[error("train.init_from = {}: {problem}", path.display())]
     Init { path: PathBuf, problem: String },
 }
 

@@ -134,6 +134,15 @@ impl ModelFamily {
         }
     }
 
+    /// The family whose transformers `model_type` (in `config.json`) is `t`.
+    pub fn from_hf_model_type(t: &str) -> Option<ModelFamily> {
+        match t {
+            "gpt2" => Some(ModelFamily::Gpt2),
+            "llama" => Some(ModelFamily::Llama),
+            _ => None,
+        }
+    }
+
     /// The family's Hugging Face names and layouts.
     pub fn hf(self) -> &'static dyn HfFormat {
         match self {
@@ -189,6 +198,13 @@ pub trait HfFormat: Sync {
     /// `from_pretrained` needs to build the model these weights fit (`architectures`,
     /// `model_type`, the shape, `torch_dtype`: float32, as export writes it).
     fn hf_config(&self, cfg: &ModelConfig) -> serde_json::Value;
+    /// The `[model]` section a folder's `config.json` describes, at sequence length
+    /// `seq_len` (transformers' configs hold the longest context, not the trained one;
+    /// unset: the family's default), or what this family cannot run of it, naming the key.
+    fn model_config(&self, json: &serde_json::Value, seq_len: Option<usize>) -> Result<ModelConfig, String>;
+    /// Whether our tensor `t` is Hugging Face's element for element when the shapes agree
+    /// (no transpose or permutation), so an import may read just a range of it.
+    fn same_layout(&self, t: &TensorSpec) -> bool;
     /// The Hugging Face name of one of our tensors.
     fn hf_name(&self, t: &TensorSpec) -> String;
     /// The names an import accepts for it, in order of preference.

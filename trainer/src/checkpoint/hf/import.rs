@@ -1,9 +1,13 @@
-//! Import (`init.from`): Hugging Face weights as a rank's initial values. `init.from` is a
-//! model folder (`model.safetensors`, or `model.safetensors.index.json` and its shards, as
-//! `save_pretrained` and `launcher export` write them) or one safetensors file. Tensors may
-//! be float32, bfloat16 or float16 (widened to f32 here); another dtype is refused, naming
-//! the tensor. Every problem is a [`CheckpointError::Init`], so a rank that finds one
-//! stops the job with exit code 2, as the launcher does when it finds it before start.
+//! Import (`train.init_from`): Hugging Face weights as a rank's initial values. The source
+//! is a model folder (`model.safetensors`, or `model.safetensors.index.json` and its shards,
+//! as `save_pretrained` and `launcher export` write them) or one safetensors file. Tensors
+//! may be float32, bfloat16 or float16 (widened to f32 here); another dtype is refused,
+//! naming the tensor. A rank reads only the elements it holds ([`HfWeights::unit_range`]):
+//! where the family's layout is Hugging Face's element for element (Llama), only that
+//! range's bytes of each tensor are read, so a ZeRO-3 rank of a model that fits no single
+//! GPU — or host — never reads the rest. Every problem is a [`CheckpointError::Init`], so a
+//! rank that finds one stops the job with exit code 2, as the launcher does when it finds
+//! it before start.
 
 use super::{INDEX_FILE, SINGLE_FILE};
 use crate::checkpoint::CheckpointError;
@@ -18,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 /// Hugging Face weights opened for import: every file mapped, every tensor's file known.
 pub struct HfWeights {
-    /// `init.from` as given.
+    /// The path as given.
     origin: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     /// Tensor name → its file in `files`.
@@ -26,7 +30,7 @@ pub struct HfWeights {
 }
 
 impl HfWeights {
-    /// Open `init.from`: a folder or a file; each file's header is read and checked.
+    /// Open a folder or a file; each file's header is read and checked.
     pub fn open(path: &Path) -> Result<HfWeights, TrainError> {
         let err = |problem: String| TrainError::from(CheckpointError::Init { path: path.to_path_buf(), problem });
         let paths = if path.is_dir() { folder_files(path).map_err(err)? } else { vec![path.to_path_buf()] };
@@ -89,14 +93,38 @@ impl HfWeights {
     /// Unit `u`'s values in our layout (the family's [`HfFormat`](crate::model::HfFormat)
     /// maps names and layouts).
     pub fn unit_values(&self, layout: &ModelLayout, u: usize) -> Result<Vec<f32>, TrainError> {
+        self.unit_range(layout, u, 0..layout.units[u].numel)
+    }
+
+    /// Elements `range` of unit `u` in our layout. A tensor whose Hugging Face shape is
+    /// ours and whose values need no mapping ([`HfFormat::same_layout`]) is read only over
+    /// the part inside `range`; any other (a transposed GPT-2 `Conv1D`, an embedding padded
+    /// to a larger vocabulary) is read whole and mapped, then cut.
+    ///
+    /// [`HfFormat::same_layout`]: crate::model::HfFormat::same_layout
+    pub fn unit_range(
+        &self,
+        layout: &ModelLayout,
+        u: usize,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>, TrainError> {
         let hf = layout.cfg.family.hf();
-        let unit = &layout.units[u];
-        let mut out = vec![0.0f32; unit.numel];
-        for t in &unit.tensors {
+        let mut out = vec![0.0f32; range.len()];
+        for t in &layout.units[u].tensors {
+            let (lo, hi) = (t.loc.off.max(range.start), t.loc.end().min(range.end));
+            if lo >= hi {
+                continue;
+            }
             let (name, view) = self.find(layout, t)?;
-            let vals = widen(&name, &view).map_err(|m| self.err(m))?;
-            let ours = hf.import_hf(t, &vals, view.shape()).map_err(|m| self.err(m))?;
-            out[t.loc.off..t.loc.end()].copy_from_slice(&ours);
+            let dst = &mut out[lo - range.start..hi - range.start];
+            let (a, b) = (lo - t.loc.off, hi - t.loc.off);
+            if hf.same_layout(t) && view.shape() == t.shape.as_slice() {
+                widen_into(&name, &view, a, dst).map_err(|m| self.err(m))?;
+            } else {
+                let vals = widen(&name, &view).map_err(|m| self.err(m))?;
+                let ours = hf.import_hf(t, &vals, view.shape()).map_err(|m| self.err(m))?;
+                dst.copy_from_slice(&ours[a..b]);
+            }
         }
         Ok(out)
     }
@@ -143,20 +171,45 @@ fn readable(name: &str, dtype: Dtype) -> Result<(), String> {
         Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok(()),
         other => Err(format!(
             "{name} is {other:?}: import reads float32, bfloat16 and float16 tensors; convert the weights \
-             (e.g. model.to(torch.float32).save_pretrained(DIR)) and point init.from at them"
+             (e.g. model.to(torch.float32).save_pretrained(DIR)) and point train.init_from at them"
         )),
     }
 }
 
 /// A tensor's values as f32 (safetensors stores little-endian).
 fn widen(name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, String> {
+    let mut out = vec![0.0f32; view.shape().iter().product()];
+    widen_into(name, view, 0, &mut out)?;
+    Ok(out)
+}
+
+/// Elements `first .. first + dst.len()` of a tensor, as f32, into `dst`: only those bytes
+/// of the (memory-mapped) file are touched.
+fn widen_into(name: &str, view: &TensorView<'_>, first: usize, dst: &mut [f32]) -> Result<(), String> {
     readable(name, view.dtype())?;
-    let d = view.data();
-    Ok(match view.dtype() {
-        Dtype::F32 => d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::BF16 => d.chunks_exact(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
-        _ => d.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
-    })
+    let size = view.dtype().bitsize() / 8;
+    let d = view
+        .data()
+        .get(first * size..(first + dst.len()) * size)
+        .ok_or_else(|| format!("{name} holds fewer elements than its shape says"))?;
+    match view.dtype() {
+        Dtype::F32 => {
+            for (o, b) in dst.iter_mut().zip(d.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        Dtype::BF16 => {
+            for (o, b) in dst.iter_mut().zip(d.chunks_exact(2)) {
+                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        _ => {
+            for (o, b) in dst.iter_mut().zip(d.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Hugging Face interop: a sharded checkpoint exported as a folder that transformers'
 //! `from_pretrained` loads as it is, and such a folder (or one safetensors file) imported as
-//! initial weights (`init.from`). The names, layouts and `config.json` per model family are
+//! initial weights (`train.init_from`). The names, layouts and `config.json` per model family are
 //! its [`HfFormat`](crate::model::HfFormat) (GPT-2: `model/gpt2/hf.rs`); this module knows
 //! the folder:
 //! - `config.json` — the family's transformers config;

@@ -66,6 +66,37 @@ impl HfFormat for Gpt2Hf {
         c
     }
 
+    /// Unset `seq_len`: every learned position (`n_positions`).
+    fn model_config(&self, json: &serde_json::Value, seq_len: Option<usize>) -> Result<ModelConfig, String> {
+        let int = |k: &str| -> Result<usize, String> {
+            json.get(k)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| format!("config.json has no integer `{k}`"))
+        };
+        let positions = int("n_positions")?;
+        let seq_len = seq_len.unwrap_or(positions);
+        if seq_len > positions {
+            return Err(format!(
+                "model.seq_len = {seq_len} is longer than the {positions} learned positions (n_positions) of this GPT-2: \
+                 set model.seq_len to at most {positions}"
+            ));
+        }
+        if let Some(act) = json.get("activation_function").and_then(|v| v.as_str()) {
+            if act != "gelu_new" && act != "gelu_pytorch_tanh" {
+                return Err(format!(
+                    "config.json's activation_function = \"{act}\": GPT-2 here is the tanh GELU (gelu_new)"
+                ));
+            }
+        }
+        Ok(ModelConfig::gpt2(int("n_layer")?, int("n_head")?, int("n_embd")?, int("vocab_size")?, seq_len))
+    }
+
+    fn same_layout(&self, t: &TensorSpec) -> bool {
+        // wpe is cut to model.seq_len and wte padded to model.vocab_size: read whole.
+        !is_conv1d(&t.name) && t.name != "wpe.weight" && t.name != "wte.weight"
+    }
+
     fn hf_name(&self, t: &TensorSpec) -> String {
         format!("{PREFIX}{}", t.name)
     }
@@ -128,15 +159,10 @@ mod tests {
 
     #[test]
     fn config_json_is_a_gpt2_lm_head_models() {
-        let cfg = ModelConfig {
-            family: crate::model::ModelFamily::Gpt2,
-            n_layer: 12,
-            n_head: 12,
-            n_embd: 768,
-            vocab_size: 50304,
-            seq_len: 1024,
-        };
+        let cfg = ModelConfig::gpt2(12, 12, 768, 50304, 1024);
         let c = Gpt2Hf.hf_config(&cfg);
+        assert_eq!(Gpt2Hf.model_config(&c, None), Ok(cfg.clone()));
+        assert!(Gpt2Hf.model_config(&c, Some(2048)).unwrap_err().contains("n_positions"));
         assert_eq!(c["architectures"][0], "GPT2LMHeadModel");
         assert_eq!(c["model_type"], "gpt2");
         for (key, want) in

@@ -20,6 +20,18 @@ fn is_vocab_rows(name: &str) -> bool {
 }
 
 impl HfFormat for LlamaHf {
+    fn hf_config(&self, cfg: &ModelConfig) -> serde_json::Value {
+        config_json(cfg)
+    }
+
+    fn model_config(&self, json: &serde_json::Value, seq_len: Option<usize>) -> Result<ModelConfig, String> {
+        model_config(json, seq_len)
+    }
+
+    fn same_layout(&self, _t: &TensorSpec) -> bool {
+        true
+    }
+
     fn hf_name(&self, t: &TensorSpec) -> String {
         t.name.clone()
     }
@@ -60,15 +72,22 @@ impl HfFormat for LlamaHf {
     }
 }
 
+/// Context length when `[model]` does not give one: a config.json holds the longest the
+/// model supports (131072 for Llama 3.1), not a length to train at.
+pub const DEFAULT_SEQ_LEN: usize = 2048;
+
 /// The `[model]` section a transformers `LlamaConfig` (`config.json`) describes, at
-/// sequence length `seq_len`. Reads both config layouts: transformers 4's top-level
+/// sequence length `seq_len` (unset: [`DEFAULT_SEQ_LEN`], or `max_position_embeddings`
+/// if that is shorter). Reads both config layouts: transformers 4's top-level
 /// `rope_theta` / `rope_scaling` (Meta's published folders) and transformers 5's
 /// `rope_parameters`. Refuses what this family cannot run, naming the key.
-pub fn model_config(json: &serde_json::Value, seq_len: usize) -> Result<ModelConfig, String> {
+pub fn model_config(json: &serde_json::Value, seq_len: Option<usize>) -> Result<ModelConfig, String> {
     let get = |k: &str| json.get(k).filter(|v| !v.is_null());
     let int = |k: &str| -> Result<usize, String> {
         get(k).and_then(|v| v.as_u64()).map(|v| v as usize).ok_or_else(|| format!("config.json has no integer `{k}`"))
     };
+    let max_pos = get("max_position_embeddings").and_then(|v| v.as_u64()).map(|v| v as usize);
+    let seq_len = seq_len.unwrap_or(max_pos.map_or(DEFAULT_SEQ_LEN, |m| m.min(DEFAULT_SEQ_LEN)));
     let (c, nh) = (int("hidden_size")?, int("num_attention_heads")?);
     if let Some(hd) = get("head_dim").and_then(|v| v.as_u64()) {
         if nh == 0 || hd as usize * nh != c {
@@ -110,9 +129,11 @@ pub fn model_config(json: &serde_json::Value, seq_len: usize) -> Result<ModelCon
                 original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
             })
         }
-        Some(other) => return Err(format!(
+        Some(other) => {
+            return Err(format!(
             "config.json's RoPE type \"{other}\" is not supported (the Llama family runs \"default\" and \"llama3\")"
-        )),
+        ))
+        }
     };
     Ok(ModelConfig {
         family: ModelFamily::Llama,
@@ -181,7 +202,7 @@ mod tests {
     #[test]
     fn published_and_transformers_5_configs_read_the_same() {
         let v4: serde_json::Value = serde_json::from_str(LLAMA_32_1B).expect("json");
-        let m = model_config(&v4, 2048).expect("llama");
+        let m = model_config(&v4, Some(2048)).expect("llama");
         assert_eq!((m.n_layer, m.n_head, m.kv_heads(), m.n_embd), (16, 32, 8, 2048));
         assert_eq!((m.intermediate_size, m.vocab_size, m.seq_len), (Some(8192), 128256, 2048));
         assert_eq!((m.rope_theta, m.rms_norm_eps, m.tied()), (Some(500000.0), Some(1e-5), true));
@@ -193,24 +214,24 @@ mod tests {
         let mut rp = o.remove("rope_scaling").expect("rope_scaling");
         rp["rope_theta"] = o.remove("rope_theta").expect("rope_theta");
         o.insert("rope_parameters".into(), rp);
-        assert_eq!(model_config(&v5, 2048).expect("llama"), m);
+        assert_eq!(model_config(&v5, Some(2048)).expect("llama"), m);
         // What we write reads back as the same model.
-        assert_eq!(model_config(&config_json(&m), 2048).expect("llama"), m);
+        assert_eq!(model_config(&config_json(&m), Some(2048)).expect("llama"), m);
     }
 
     #[test]
     fn what_the_family_cannot_run_is_named() {
         let mut v: serde_json::Value = serde_json::from_str(LLAMA_32_1B).expect("json");
         v["attention_bias"] = true.into();
-        assert!(model_config(&v, 64).unwrap_err().contains("attention_bias"));
+        assert!(model_config(&v, Some(64)).unwrap_err().contains("attention_bias"));
         let mut v: serde_json::Value = serde_json::from_str(LLAMA_32_1B).expect("json");
         v["rope_scaling"]["rope_type"] = "yarn".into();
-        assert!(model_config(&v, 64).unwrap_err().contains("yarn"));
+        assert!(model_config(&v, Some(64)).unwrap_err().contains("yarn"));
         let mut v: serde_json::Value = serde_json::from_str(LLAMA_32_1B).expect("json");
         v["head_dim"] = 128.into();
-        assert!(model_config(&v, 64).unwrap_err().contains("head_dim"));
+        assert!(model_config(&v, Some(64)).unwrap_err().contains("head_dim"));
         let mut v: serde_json::Value = serde_json::from_str(LLAMA_32_1B).expect("json");
         v.as_object_mut().expect("object").remove("intermediate_size");
-        assert!(model_config(&v, 64).unwrap_err().contains("intermediate_size"));
+        assert!(model_config(&v, Some(64)).unwrap_err().contains("intermediate_size"));
     }
 }
