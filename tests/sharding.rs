@@ -110,7 +110,7 @@ fn engine_and_model(
     let opts = EngineOptions::from_config(cfg);
     let mut eng = Engine::new(&CpuBackend, layout, opts, rank, world, Some(&mut init)).expect("engine");
     let model =
-        family.build(&CpuBackend, &eng.layout, &ModelOptions::from_config(&cfg), &mut eng.ledger).expect("model");
+        family.build(&CpuBackend, &eng.layout, &ModelOptions::from_config(cfg), &mut eng.ledger).expect("model");
     (eng, model)
 }
 
