@@ -229,13 +229,22 @@ impl CudaBackend {
         if let Some(forced) = self.attention_dkv_split.get() {
             return Ok(forced.clamp(1, g));
         }
-        let (threads, smem) = Self::attn_launch(v, Pass::Dkv);
-        // Blocks of the kernel per SM (1 if the driver cannot say: fewer splits, never wrong).
-        let per_sm = self
-            .f(kernel_name(Pass::Dkv, v))?
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-            .unwrap_or(1)
-            .max(1) as usize;
+        let name = kernel_name(Pass::Dkv, v);
+        let known = self.attention_dkv_per_sm.borrow().iter().find(|&&(n, _)| n == name).map(|&(_, k)| k);
+        let per_sm = match known {
+            Some(k) => k,
+            None => {
+                let (threads, smem) = Self::attn_launch(v, Pass::Dkv);
+                // Blocks of the kernel per SM (1 if the driver cannot say: fewer splits, never wrong).
+                let k = self
+                    .f(name)?
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+                    .unwrap_or(1)
+                    .max(1) as usize;
+                self.attention_dkv_per_sm.borrow_mut().push((name, k));
+                k
+            }
+        };
         Ok(dkv_splits(g, s.t.div_ceil(TILE), s.nkv * s.b, self.sm_count * per_sm))
     }
 

@@ -84,6 +84,9 @@ pub struct CudaBackend {
     attention_fallback_noted: Cell<bool>,
     /// Splits of the grouped-query dK/dV pass: `None` picks per shape (attention.rs).
     attention_dkv_split: Cell<Option<usize>>,
+    /// Blocks per SM of each dK/dV kernel, asked of the driver once (before any graph
+    /// capture, in the eager steps that precede it).
+    attention_dkv_per_sm: RefCell<Vec<(&'static str, usize)>>,
     /// Driver-used bytes outside the allocator pool once the backend was ready (context,
     /// kernels, cuBLASLt handle), and what a communication library added to that since.
     context_bytes: u64,
@@ -200,6 +203,7 @@ impl CudaBackend {
             attention: Cell::new(attention_from_env()?),
             attention_fallback_noted: Cell::new(false),
             attention_dkv_split: Cell::new(None),
+            attention_dkv_per_sm: RefCell::new(Vec::new()),
             context_bytes,
             comm_library_bytes: Cell::new(0),
         })
