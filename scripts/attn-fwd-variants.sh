@@ -10,7 +10,8 @@
 #
 # ROWS: query rows per block (the grid's x is ceil(T / ROWS)); SMEM_BYTES: the dynamic
 # shared memory the variant needs. ARCH (default -arch=sm_90) is passed to nvcc; wgmma
-# variants need ARCH=-gencode=arch=compute_90a,code=sm_90a. Shapes: B NH T = 16 12 1024 (GPT-2 124M), 4 16 1024,
+# variants need ARCH=-gencode=arch=compute_90a,code=sm_90a (copies from before grouped-query
+# attention, whose kernels take no key/value head count, also -DPRE_GQA). Shapes: B NH T = 16 12 1024 (GPT-2 124M), 4 16 1024,
 # 4 16 2048, 8 25 1024 (1.5B). Used for BENCHMARKS.md run 9's forward experiments.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,12 @@
 // Standalone timing of one attention forward kernel variant, built with nvcc on the GPU machine
 // by scripts/attn-fwd-variants.sh (which passes SRC, KERNEL, HSZ, GRID_ROWS, SMEM, VARIANT).
+// Multi-head shapes: the kernel's key/value head count (an argument since grouped-query
+// attention) is NH; -DPRE_GQA times a copy of attention.cu from before it (no such argument).
+#ifdef PRE_GQA
+#define KV_ARGS(NH) NH
+#else
+#define KV_ARGS(NH) NH, NH
+#endif
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -25,10 +32,10 @@ int main(int argc, char** argv) {
     dim3 grid((T + GRID_ROWS - 1) / GRID_ROWS, NH, B);
     float scale = 1.f / sqrtf((float)HS);
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int i = 0; i < 5; ++i) KERNEL<<<grid, 128, SMEM>>>(out, lse, qkv, T, NH, scale);
+    for (int i = 0; i < 5; ++i) KERNEL<<<grid, 128, SMEM>>>(out, lse, qkv, T, KV_ARGS(NH), scale);
     std::vector<float> ts;
     for (int i = 0; i < 30; ++i) {
-        cudaEventRecord(a); KERNEL<<<grid, 128, SMEM>>>(out, lse, qkv, T, NH, scale); cudaEventRecord(b);
+        cudaEventRecord(a); KERNEL<<<grid, 128, SMEM>>>(out, lse, qkv, T, KV_ARGS(NH), scale); cudaEventRecord(b);
         cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms);
     }
     std::sort(ts.begin(), ts.end());

@@ -403,71 +403,129 @@ fn matmul_gelu() {
     });
 }
 
-/// The attention kernels (every variant the shape allows) against the CPU reference.
+/// One attention shape of the `attention` test: its inputs and the CPU reference's results.
+struct AttnCase {
+    s: AttnShape,
+    qkv: Vec<f32>,
+    dout: Vec<f32>,
+    out: Vec<f32>,
+    dqkv: Vec<f32>,
+    /// The saved log-sum-exp (base 2) the GPU must produce.
+    lse: Vec<f32>,
+}
+
+impl AttnCase {
+    fn new(rng: &mut gpu::Rng, b: usize, t: usize, nh: usize, nkv: usize, hs: usize) -> AttnCase {
+        let s = AttnShape { b, t, c: nh * hs, nh, nkv };
+        let n = b * t;
+        let qkv = rng.vec(n * s.qkv_width(), 1.0);
+        let dout = rng.vec(n * s.c, 1.0);
+        AttnCase { s, qkv, dout, out: Vec::new(), dqkv: Vec::new(), lse: Vec::new() }
+    }
+
+    /// The CPU reference (O(T²) time and memory per head: the test runs the cases' references
+    /// on threads of their own).
+    fn reference(&mut self) -> BResult<()> {
+        let (cpu, s) = (CpuBackend, self.s);
+        let (n, hs, w, g) = (s.b * s.t, s.hs(), s.qkv_width(), s.group());
+        self.out = vec![0.0; n * s.c];
+        let mut att = vec![0.0; cpu.attention_saved_len(s)];
+        cpu.attention_fwd(&mut self.out, &mut att, &self.qkv, s)?;
+        self.dqkv = vec![0.0; n * w];
+        cpu.attention_bwd(&mut self.dqkv, &self.dout, &self.qkv, &self.out, &att, s)?;
+        // The saved log-sum-exp (base 2) from the CPU's probabilities: at the diagonal
+        // p = exp2(s2 - lse), so lse = s2 - log2(p) with s2 = q.k*scale*log2 e, k from the
+        // query head's key/value head.
+        let scale = 1.0 / (hs as f32).sqrt();
+        self.lse = vec![0.0f32; s.b * s.nh * s.t];
+        for bi in 0..s.b {
+            for h in 0..s.nh {
+                for ti in 0..s.t {
+                    let row = &self.qkv[(bi * s.t + ti) * w..][..w];
+                    let q = &row[h * hs..][..hs];
+                    let k = &row[s.k_off() + (h / g) * hs..][..hs];
+                    let s2 = q.iter().zip(k).map(|(x, y)| x * y).sum::<f32>() * scale * std::f32::consts::LOG2_E;
+                    let p = att[((bi * s.nh + h) * s.t + ti) * s.t + ti];
+                    self.lse[(bi * s.nh + h) * s.t + ti] = s2 - p.log2();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The attention kernels (every variant the shape allows) against the CPU reference, multi-head
+/// and grouped-query (NH query heads sharing NKV key/value heads; the grouped dK/dV pass also
+/// with every split forced: none, and one per query head of the group).
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn attention() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
-        // Every tensor-core head size at T = 1024 and 2048 (causal), ragged lengths, and
-        // the SIMT-only head size 32.
-        let mut shapes = vec![(1usize, 1024usize, 12usize, 64usize), (2, 77, 3, 64), (2, 77, 3, 32), (2, 64, 2, 64)];
+        // (B, T, NH, NKV, HS). Multi-head: every tensor-core head size at T = 1024 and 2048
+        // (causal), ragged lengths, and the SIMT-only head size 32.
+        let mut shapes = vec![(1usize, 1024usize, 12usize, 12usize, 64usize), (2, 77, 3, 3, 64), (2, 77, 3, 3, 32)];
+        shapes.push((2, 64, 2, 2, 64));
         for hs in [64, 80, 96, 128] {
-            shapes.extend([(1, 1024, 2, hs), (1, 2048, 1, hs), (2, 77, 2, hs), (1, 130, 2, hs)]);
+            shapes.extend([(1, 1024, 2, 2, hs), (1, 2048, 1, 1, hs), (2, 77, 2, 2, hs), (1, 130, 2, 2, hs)]);
         }
-        for (b, t, nh, hs) in shapes {
-            if small() && t > 512 {
-                continue;
+        // Grouped-query: groups of 8, 4 and 1 at T = 2048 and 4096 for the wgmma / mma.sync /
+        // SIMT head sizes 64 and 128 (heads kept few at 4096: the CPU reference is O(T²)), and
+        // ragged lengths at every head size (groups of 2 and 3 included).
+        for hs in [64, 128] {
+            shapes.extend([(1, 2048, 8, 1, hs), (2, 2048, 8, 2, hs), (1, 2048, 4, 4, hs), (2, 130, 8, 2, hs)]);
+        }
+        shapes.extend([(1, 4096, 8, 1, 64), (1, 4096, 4, 1, 128), (1, 130, 4, 1, 128), (2, 77, 4, 2, 32)]);
+        shapes.extend([(1, 130, 6, 2, 80), (2, 77, 6, 3, 96), (1, 200, 4, 2, 96)]);
+        shapes.retain(|&(_, t, ..)| !small() || t <= 512);
+        let mut cases: Vec<AttnCase> =
+            shapes.iter().map(|&(b, t, nh, nkv, hs)| AttnCase::new(rng, b, t, nh, nkv, hs)).collect();
+        std::thread::scope(|sc| {
+            let runs: Vec<_> = cases.iter_mut().map(|c| sc.spawn(move || c.reference())).collect();
+            runs.into_iter().try_for_each(|r| r.join().expect("CPU reference thread"))
+        })?;
+        for c in &cases {
+            let s = c.s;
+            let (n, w, hs) = (s.b * s.t, s.qkv_width(), s.hs());
+            let tag = format!("attention B{} T{} NH{} NKV{} HS{hs}", s.b, s.t, s.nh, s.nkv);
+            let (gq, gdo) = (up_buf(be, &c.qkv)?, up_buf(be, &c.dout)?);
+            // dQ, dK, dV: the query heads' columns, then the key heads', then the value heads'.
+            let parts = [("dq", 0, s.c), ("dk", s.k_off(), s.v_off()), ("dv", s.v_off(), w)];
+            let pick = |v: &[f32], lo: usize, hi: usize| -> Vec<f32> {
+                v.chunks(w).flat_map(|r| r[lo..hi].to_vec()).collect()
+            };
+            // The grouped dK/dV pass as it picks its split, then every split forced.
+            let mut splits = vec![None];
+            if s.nkv != s.nh {
+                splits.extend([Some(1), Some(s.group())]);
             }
-            let tag = format!("attention B{b} T{t} NH{nh} HS{hs}");
-            let c = nh * hs;
-            let s = AttnShape::mha(b, t, c, nh);
-            let n = b * t;
-            let qkv = rng.vec(n * 3 * c, 1.0);
-            let mut outc = vec![0.0; n * c];
-            let mut att = vec![0.0; cpu.attention_saved_len(s)];
-            cpu.attention_fwd(&mut outc, &mut att, &qkv, s)?;
-            let dout = rng.vec(n * c, 1.0);
-            let mut dqc = vec![0.0; n * 3 * c];
-            cpu.attention_bwd(&mut dqc, &dout, &qkv, &outc, &att, s)?;
-            // The saved log-sum-exp (base 2) from the CPU's probabilities: at the
-            // diagonal p = exp2(s2 - lse), so lse = s2 - log2(p) with s2 = q.k*scale*log2 e.
-            let scale = 1.0 / (hs as f32).sqrt();
-            let mut want = vec![0.0f32; b * nh * t];
-            for bi in 0..b {
-                for h in 0..nh {
-                    for ti in 0..t {
-                        let q = &qkv[(bi * t + ti) * 3 * c + h * hs..][..hs];
-                        let k = &qkv[(bi * t + ti) * 3 * c + c + h * hs..][..hs];
-                        let s2 = q.iter().zip(k).map(|(x, y)| x * y).sum::<f32>() * scale * std::f32::consts::LOG2_E;
-                        let p = att[((bi * nh + h) * t + ti) * t + ti];
-                        want[(bi * nh + h) * t + ti] = s2 - p.log2();
-                    }
-                }
-            }
-            let (gq, gdo) = (up_buf(be, &qkv)?, up_buf(be, &dout)?);
-            // The default (wgmma forward at head size 64 on Hopper), the mma.sync kernels, SIMT.
+            // The default (wgmma at head sizes 64 and 128 on Hopper), the mma.sync kernels, SIMT.
             for imp in [AttentionImpl::TensorCore, AttentionImpl::MmaSync, AttentionImpl::Simt] {
                 be.set_attention_impl(imp);
                 let tag = format!("{tag} {imp:?}");
-                let mut outg = poisoned_buf(be, n * c)?;
+                let mut outg = poisoned_buf(be, n * s.c)?;
                 let mut saved = poisoned_f32(be, be.attention_saved_len(s))?;
                 be.attention_fwd(&mut outg, &mut saved, &gq, s)?;
-                rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * c))?, &outc, TOL_BF16);
-                rep.cmp(&format!("{tag} fwd"), "lse", &be.download_f32(&saved, Loc::all(b * nh * t))?, &want, 1e-3);
-                let run = || -> BResult<Vec<f32>> {
-                    let mut dq = poisoned_buf(be, n * 3 * c)?;
-                    be.attention_bwd(&mut dq, &gdo, &gq, &outg, &saved, s)?;
-                    be.download_buf(&dq, Loc::all(n * 3 * c))
-                };
-                let d1 = run()?;
-                let pick = |v: &[f32], part: usize| -> Vec<f32> {
-                    v.chunks(3 * c).flat_map(|r| r[part * c..(part + 1) * c].to_vec()).collect()
-                };
-                for (part, name) in ["dq", "dk", "dv"].iter().enumerate() {
-                    rep.cmp(&format!("{tag} bwd"), name, &pick(&d1, part), &pick(&dqc, part), TOL_BF16);
+                rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * s.c))?, &c.out, TOL_BF16);
+                let lse = be.download_f32(&saved, Loc::all(s.b * s.nh * s.t))?;
+                rep.cmp(&format!("{tag} fwd"), "lse", &lse, &c.lse, 1e-3);
+                for &split in &splits {
+                    be.set_attention_dkv_split(split);
+                    let tag = match split {
+                        None => format!("{tag} bwd"),
+                        Some(k) => format!("{tag} bwd split {k}"),
+                    };
+                    let run = || -> BResult<Vec<f32>> {
+                        let mut dq = poisoned_buf(be, n * w)?;
+                        be.attention_bwd(&mut dq, &gdo, &gq, &outg, &saved, s)?;
+                        be.download_buf(&dq, Loc::all(n * w))
+                    };
+                    let d1 = run()?;
+                    for (name, lo, hi) in parts {
+                        rep.cmp(&tag, name, &pick(&d1, lo, hi), &pick(&c.dqkv, lo, hi), TOL_BF16);
+                    }
+                    rep.same_bits(&tag, "repeat", &run()?, &d1);
                 }
-                rep.same_bits(&format!("{tag} bwd"), "repeat", &run()?, &d1);
+                be.set_attention_dkv_split(None);
             }
             be.set_attention_impl(AttentionImpl::TensorCore);
         }

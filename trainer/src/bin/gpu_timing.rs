@@ -3,10 +3,12 @@
 //! `GPU_CHECK_SHAPE="B,T,C,NH,V"` and `GPU_CHECK_LAYERS=L` time another model (e.g. 1.5B:
 //! `8,1024,1600,25,50304` with 48 layers).
 //!
-//! `gpu-timing attention [T [B NH]]`: causal attention forward and backward at every
-//! tensor-core head size (64, 80, 96, 128), B×NH heads (default 4×16) of length T (default
-//! 1024), in TFLOP/s, the default kernels beside the mma.sync ones — the same shapes
-//! `scripts/sdpa_timing.py T B NH` times with PyTorch's SDPA.
+//! `gpu-timing attention [T [B NH [NKV]]]`: causal attention forward and backward at every
+//! tensor-core head size (64, 80, 96, 128), B×NH query heads (default 4×16) of length T
+//! (default 1024) sharing NKV key/value heads (grouped-query; default NKV = NH), in TFLOP/s,
+//! the default kernels beside the mma.sync ones — the same shapes
+//! `scripts/sdpa_timing.py T B NH [NKV]` times with PyTorch's SDPA. Llama 3.2 1B:
+//! `attention 2048 8 32 8` (its head size is 64), Llama 3.1 8B: `attention 4096 1 32 8` (128).
 //!
 //! `gpu-timing gemm-algos [COUNT]`: the table, then every GEMM it ran timed again with each
 //! of cuBLASLt's first COUNT (default 8) heuristic algorithms: is the heuristic's first
@@ -401,21 +403,26 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
 }
 
 /// Attention alone at every tensor-core head size: fwd and bwd TFLOP/s (causal: half of
-/// the T x T products; forward 2 GEMMs, backward 5 of which 2 recompute), the default
-/// kernels beside the mma.sync ones. B x NH = 4 x 16 unless given (a model's shape, e.g.
-/// GPT-2 124M: `attention 1024 16 12`; `scripts/sdpa_timing.py` takes the same arguments).
-fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize) -> BResult<()> {
-    println!("\nCausal attention, B x NH = {b} x {nh} heads, T = {t} (median of event-timed repeats)");
+/// the T x T products per query head; forward 2 GEMMs, backward 5 of which 2 recompute), the
+/// default kernels beside the mma.sync ones. B x NH = 4 x 16 unless given (a model's shape,
+/// e.g. GPT-2 124M: `attention 1024 16 12`; `scripts/sdpa_timing.py` takes the same
+/// arguments). With NKV < NH (grouped-query) the backward is timed twice: with the dK/dV
+/// split it picks per shape, and with the other choice (unsplit, or split once per query
+/// head of a group: `CudaBackend::set_attention_dkv_split`).
+fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize) -> BResult<()> {
+    let heads = if nkv == nh { format!("{nh} heads") } else { format!("{nh} query heads, {nkv} key/value heads") };
+    println!("\nCausal attention, B x NH = {b} x {heads}, T = {t} (median of event-timed repeats)");
     for hs in [64usize, 80, 96, 128] {
         let (c, n) = (nh * hs, b * t);
-        let s = AttnShape::mha(b, t, c, nh);
+        let s = AttnShape { b, t, c, nh, nkv };
         let chunk = randn(4, 1 << 22, 1.0);
         let fill = |len: usize| -> BResult<CudaSlice<bf16>> {
             let mut x = be.alloc_buf(len, "timing")?;
             fill_buf(be, &mut x, &chunk)?;
             Ok(x)
         };
-        let (qkv, mut out, dout, mut dqkv) = (fill(n * 3 * c)?, fill(n * c)?, fill(n * c)?, fill(n * 3 * c)?);
+        let w = s.qkv_width();
+        let (qkv, mut out, dout, mut dqkv) = (fill(n * w)?, fill(n * c)?, fill(n * c)?, fill(n * w)?);
         let mut saved = be.alloc_f32(be.attention_saved_len(s), "timing")?;
         let flop = 2.0 * 2.0 * (b * nh * t * t * hs) as f64 / 2.0;
         let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
@@ -424,9 +431,21 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize) -> BResult<
             tm.time(&format!("attention_fwd HS{hs}{label}"), 3, 20, tflops(flop), || {
                 be.attention_fwd(&mut out, &mut saved, &qkv, s)
             });
-            tm.time(&format!("attention_bwd HS{hs}{label}"), 3, 20, tflops(2.5 * flop), || {
+            let split = be.attention_dkv_splits(s)?;
+            let note = if split > 1 { format!(", dK/dV split {split}") } else { String::new() };
+            tm.time(&format!("attention_bwd HS{hs}{label}{note}"), 3, 20, tflops(2.5 * flop), || {
                 be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
             });
+            if nkv != nh {
+                // The other choice: unsplit where it splits, else split once per query head.
+                let other = if split > 1 { 1 } else { s.group() };
+                let what = if other == 1 { "unsplit".to_string() } else { format!("split {other}") };
+                be.set_attention_dkv_split(Some(other));
+                tm.time(&format!("attention_bwd HS{hs}{label}, dK/dV {what}"), 3, 20, tflops(2.5 * flop), || {
+                    be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+                });
+                be.set_attention_dkv_split(None);
+            }
         }
         be.set_attention_impl(AttentionImpl::TensorCore);
     }
@@ -547,7 +566,8 @@ fn main() -> ExitCode {
     let run = match args.get(1).map(String::as_str) {
         Some("attention") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
-            attention_timing(&be, arg(2, 1024), arg(3, 4), arg(4, 16))
+            let nh = arg(4, 16);
+            attention_timing(&be, arg(2, 1024), arg(3, 4), nh, arg(5, nh))
         }
         Some("layernorm") => layernorm_timing(&be),
         Some("llama") => {

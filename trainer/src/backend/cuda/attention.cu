@@ -1,12 +1,23 @@
-// Causal multi-head self-attention, flash style (twin of cpu/attention.rs, which
-// computes the same function but keeps the whole [T, T] probability matrix).
+// Causal self-attention, multi-head or grouped-query, flash style (twin of
+// cpu/attention.rs, which computes the same function but keeps the whole [T, T]
+// probability matrix).
 //
 // Nothing of size T x T is ever stored. Forward: one block per (query tile of 64,
-// head, batch) streams key/value tiles of 64 through shared memory with an online
+// query head, batch) streams key/value tiles of 64 through shared memory with an online
 // softmax, and saves only the per-row log-sum-exp (base 2) for backward. Backward
 // recomputes the probabilities from q, k and that log-sum-exp, in two kernels so that
-// nothing is accumulated with atomics (deterministic): one block per key tile for
-// dK and dV, one block per query tile for dQ. D = rowsum(dO * O) comes first.
+// nothing is accumulated with atomics (deterministic): one block per (key tile, key/value
+// head) for dK and dV, one block per (query tile, query head) for dQ. D = rowsum(dO * O)
+// comes first.
+//
+// Grouped-query attention (GQA): a row of qkv holds the NH query heads, then NKV key heads,
+// then NKV value heads (row stride W = (NH + 2 NKV) HS; NKV divides NH, G = NH / NKV query
+// heads per group); query head h reads key/value head h / G. Nothing is repeated in memory:
+// the forward and dQ blocks read their query head's K/V head in place; a dK/dV block loops
+// over its group's G query heads (every query tile of each, one head after the other) and
+// accumulates the whole group's dK, dV in registers before one store, so a key/value head's
+// gradient is a fixed-order sum, as without GQA. NKV = NH (G = 1) is multi-head attention
+// with the same operations in the same order as before GQA (W = 3C).
 //
 // All arithmetic is fp32 (SIMT); q, k, v, dO are read as bf16 and widened in shared
 // memory. Block = 256 threads as 16 x 16 (ty, tx): for a 64 x 64 score tile a thread
@@ -125,10 +136,88 @@ __device__ __forceinline__ float sum16(float v) {
     return v;
 }
 
+// Row stride of qkv (and dqkv): NH query heads, NKV key heads, NKV value heads.
+template <int HS>
+__device__ __forceinline__ long long qkv_stride(int NH, int NKV) {
+    return (long long)(NH + 2 * NKV) * HS;
+}
+// blockIdx.y, blockIdx.z read where used (volatile: not hoisted out of a loop, so what is
+// derived from them need not hold registers through it).
+__device__ __forceinline__ int ctaid_y() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ int ctaid_z() {
+    int r;
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r));
+    return r;
+}
+// Batch b's first row of query head h's key head (its value head is NKV * HS after it).
+template <int HS>
+__device__ __forceinline__ const bf16_t* kv_head(const bf16_t* qkv, int b, int T, int NH, int NKV, int h) {
+    return qkv + (long long)b * T * qkv_stride<HS>(NH, NKV) + (NH + h / (NH / NKV)) * HS;
+}
+
+// The dK/dV block's (key tile, key/value head, batch, split). Multi-head (NKV = NH): grid
+// (nt, NH, B), as the other passes, one split. Grouped: grid (S NKV B, nt), the key tile
+// slowest. A grouped block does G times a multi-head block's work (key tile kt: G (nt - kt)
+// query tiles) and there are G times fewer of them, so a long block that starts late is the
+// kernel's tail: blocks start in linear order, and this order starts every head's and batch's
+// longest blocks (small kt) first, then the shorter ones fill in behind them (longest
+// processing time first, within a few per cent of the ideal makespan when there are more
+// than about twice as many blocks as fit the GPU at once). S > 1 splits each block's
+// G (nt - kt) tiles into S runs of consecutive ones (split s: [s n / S, (s + 1) n / S)),
+// for grids too small to fill the GPU that way; see attention.rs.
+struct DkvBlock {
+    int kt, hk, b, s;
+};
+__device__ __forceinline__ DkvBlock dkv_block(int NH, int NKV, int S) {
+    if (NH == NKV) return DkvBlock{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, 0};
+    const int x = blockIdx.x, r = x / S;
+    return DkvBlock{(int)blockIdx.y, r % NKV, r / NKV, x % S};
+}
+
+// A split dK/dV block's fp32 partial sums (grid x = (b NKV + hk) S + s) for key k: HS of dK
+// (before the softmax scale), then HS of dV. part holds [B NKV][S][T][2 HS] floats.
+template <int HS>
+__device__ __forceinline__ float* dkv_part_row(float* part, int T, int k) {
+    return part + ((long long)blockIdx.x * T + k) * (2 * HS);
+}
+
+// dK and dV of dqkv from a split dK/dV launch's partial sums, added in split order (the same
+// bits on every run). Thread per 4 consecutive floats of a [B NKV][T][2 HS] row.
+extern "C" __global__ void attn_dkv_reduce(bf16_t* dqkv, const float* part, int B, int T, int NH, int NKV,
+                                           int HS, int S, float scale) {
+    const long long n4 = (long long)B * NKV * T * (HS / 2);  // float4s: 2 HS / 4 per row
+    const long long W = (long long)(NH + 2 * NKV) * HS;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n4;
+         e += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(e % (HS / 2)) * 4;  // column in [dK | dV]
+        const long long rk = e / (HS / 2);
+        const int k = (int)(rk % T);
+        const long long r = rk / T;  // b NKV + hk
+        const int hk = (int)(r % NKV), b = (int)(r / NKV);
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < S; ++s) {
+            const float4 v = *(const float4*)(part + ((r * S + s) * T + k) * (2LL * HS) + c);
+            acc.x += v.x;
+            acc.y += v.y;
+            acc.z += v.z;
+            acc.w += v.w;
+        }
+        const bool dv = c >= HS;
+        const float m = dv ? 1.f : scale;
+        bf16_t* dst = dqkv + ((long long)b * T + k) * W + (NH + hk + (dv ? NKV : 0)) * HS + (dv ? c - HS : c);
+        *(uint2*)dst = make_uint2((unsigned)f2bf(acc.x * m) | ((unsigned)f2bf(acc.y * m) << 16),
+                                  (unsigned)f2bf(acc.z * m) | ((unsigned)f2bf(acc.w * m) << 16));
+    }
+}
+
 // grid = (ceil(T/64), NH, B); dynamic smem = (3*64*LD + 64*LDP) floats.
 // lse[b, h, t] = log2(sum_k exp2(s2)), s2 = q.k * scale * log2(e).
 template <int HS>
-__device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
+__device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV,
                                               float scale) {
     extern __shared__ float4 smem4[];
     constexpr int LD = Geo<HS>::LD, DPT = Geo<HS>::DPT;
@@ -140,11 +229,13 @@ __device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf1
     const int qt = nqt - 1 - blockIdx.x;  // longest rows first: better tail balance
     const int h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const int q0 = qt * TILE;
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-    load_tile<HS>(Qs, base + (long long)q0 * C3, C3, min(TILE, T - q0), scale * LOG2E_F);
+    load_tile<HS>(Qs, base + (long long)q0 * W, W, min(TILE, T - q0), scale * LOG2E_F);
     float m[4], l[4], acc[4][DPT];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -156,8 +247,8 @@ __device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf1
     for (int kt = 0; kt <= qt; ++kt) {
         const int k0 = kt * TILE;
         __syncthreads();  // the previous tile's readers of Ks, Vs, Ps are done
-        load_tile<HS>(Ks, base + C + (long long)k0 * C3, C3, min(TILE, T - k0), 1.f);
-        load_tile<HS>(Vs, base + 2 * C + (long long)k0 * C3, C3, min(TILE, T - k0), 1.f);
+        load_tile<HS>(Ks, kbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
+        load_tile<HS>(Vs, vbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
         __syncthreads();
         float s[4][4];
 #pragma unroll
@@ -265,11 +356,13 @@ __device__ __forceinline__ void probs_and_dscores(float* Ps, float* dSs, const f
     }
 }
 
-// grid = (ceil(T/64), NH, B), block per key tile; writes dK and dV of dqkv.
+// Block per (key tile, key/value head) (grid: dkv_block); writes dK and dV of dqkv, or with
+// S > 1 splits its fp32 partial sums (attn_dkv_reduce adds them up).
 // dynamic smem = (4*64*LD + 2*64*LDP + 2*64) floats.
 template <int HS>
 __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                  const float* lse, const float* D, int T, int NH, float scale) {
+                                                  const float* lse, const float* D, int T, int NH, int NKV,
+                                                  float scale, float* part, int S) {
     extern __shared__ float4 smem4[];
     constexpr int LD = Geo<HS>::LD, DPT = Geo<HS>::DPT;
     float* Ks = (float*)smem4;
@@ -280,19 +373,18 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
     float* dSs = Ps + TILE * LDP;
     float* lse_s = dSs + TILE * LDP;
     float* d_s = lse_s + TILE;
-    const int nt = gridDim.x;
-    const int kt = blockIdx.x;  // small kt has the most query tiles: launched first
-    const int h = blockIdx.y, b = blockIdx.z;
+    const DkvBlock blk = dkv_block(NH, NKV, S);
+    const int kt = blk.kt, hk = blk.hk, b = blk.b;  // small kt has the most query tiles: launched first
+    const int nt = (T + TILE - 1) / TILE, G = NH / NKV;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const long long bh = (long long)b * NH + h;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
-    const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* kbase = qkv + (long long)b * T * W + (NH + hk) * HS;
+    const bf16_t* vbase = kbase + NKV * HS;
     const int k0 = kt * TILE;
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     const float sl2 = scale * LOG2E_F;
-    load_tile<HS>(Ks, base + C + (long long)k0 * C3, C3, min(TILE, T - k0), 1.f);
-    load_tile<HS>(Vs, base + 2 * C + (long long)k0 * C3, C3, min(TILE, T - k0), 1.f);
+    load_tile<HS>(Ks, kbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
+    load_tile<HS>(Vs, vbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
     float dk[4][DPT], dv[4][DPT];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -301,10 +393,16 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
             dk[i][k] = 0.f;
             dv[i][k] = 0.f;
         }
-    for (int qt = kt; qt < nt; ++qt) {
-        const int q0 = qt * TILE;
+    // This block's run of the group's (query head, query tile) pairs, i = g (nt - kt) + qt - kt:
+    // query head hk G + g, query tiles kt.. of each head in turn.
+    const int nq = nt - kt, n = G * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
+    for (int i = i0; i < i1; ++i) {
+        const int h = hk * G + i / nq, qt = kt + i % nq, q0 = qt * TILE;
+        const long long bh = (long long)b * NH + h;
+        const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+        const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
         __syncthreads();
-        load_tile<HS>(Qs, base + (long long)q0 * C3, C3, min(TILE, T - q0), 1.f);
+        load_tile<HS>(Qs, base + (long long)q0 * W, W, min(TILE, T - q0), 1.f);
         load_tile<HS>(dOs, dobase + (long long)q0 * C, C, min(TILE, T - q0), 1.f);
         load_row_stats(lse_s, d_s, lse, D, bh, q0, T);
         __syncthreads();
@@ -317,20 +415,30 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
     for (int i = 0; i < 4; ++i) {
         const int k = k0 + ty + 16 * i;
         if (k >= T) continue;
-        bf16_t* row = dqkv + ((long long)b * T + k) * C3 + h * HS + tx * DPT;
+        if (S == 1) {
+            bf16_t* row = dqkv + ((long long)b * T + k) * W + (NH + hk) * HS + tx * DPT;
 #pragma unroll
-        for (int d = 0; d < DPT; ++d) {
-            row[C + d] = f2bf(dk[i][d] * scale);
-            row[2 * C + d] = f2bf(dv[i][d]);
+            for (int d = 0; d < DPT; ++d) {
+                row[d] = f2bf(dk[i][d] * scale);
+                row[NKV * HS + d] = f2bf(dv[i][d]);
+            }
+        } else {
+            float* row = dkv_part_row<HS>(part, T, k) + tx * DPT;
+#pragma unroll
+            for (int d = 0; d < DPT; ++d) {
+                row[d] = dk[i][d];
+                row[HS + d] = dv[i][d];
+            }
         }
     }
 }
 
-// grid = (ceil(T/64), NH, B), block per query tile; writes dQ of dqkv.
+// grid = (ceil(T/64), NH, B), block per (query tile, query head); writes dQ of dqkv.
 // dynamic smem = (4*64*LD + 64*LDP + 2*64) floats.
 template <int HS>
 __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                 const float* lse, const float* D, int T, int NH, float scale) {
+                                                 const float* lse, const float* D, int T, int NH, int NKV,
+                                                 float scale) {
     extern __shared__ float4 smem4[];
     constexpr int LD = Geo<HS>::LD, DPT = Geo<HS>::DPT;
     float* Qs = (float*)smem4;
@@ -344,14 +452,16 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
     const int qt = nt - 1 - blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
+    const long long W = qkv_stride<HS>(NH, NKV);
     const long long bh = (long long)b * NH + h;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
     const int q0 = qt * TILE;
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     const float sl2 = scale * LOG2E_F;
-    load_tile<HS>(Qs, base + (long long)q0 * C3, C3, min(TILE, T - q0), 1.f);
+    load_tile<HS>(Qs, base + (long long)q0 * W, W, min(TILE, T - q0), 1.f);
     load_tile<HS>(dOs, dobase + (long long)q0 * C, C, min(TILE, T - q0), 1.f);
     load_row_stats(lse_s, d_s, lse, D, bh, q0, T);
     float dq[4][DPT];
@@ -362,8 +472,8 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
     for (int kt = 0; kt <= qt; ++kt) {
         const int k0 = kt * TILE;
         __syncthreads();
-        load_tile<HS>(Ks, base + C + (long long)k0 * C3, C3, min(TILE, T - k0), 1.f);
-        load_tile<HS>(Vs, base + 2 * C + (long long)k0 * C3, C3, min(TILE, T - k0), 1.f);
+        load_tile<HS>(Ks, kbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
+        load_tile<HS>(Vs, vbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
         __syncthreads();
         probs_and_dscores<HS>(nullptr, dSs, Qs, Ks, dOs, Vs, lse_s, d_s, q0, k0, T, sl2, ty, tx);
         __syncthreads();
@@ -373,27 +483,26 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
     for (int i = 0; i < 4; ++i) {
         const int q = q0 + ty + 16 * i;
         if (q >= T) continue;
-        bf16_t* row = dqkv + ((long long)b * T + q) * C3 + h * HS + tx * DPT;
+        bf16_t* row = dqkv + ((long long)b * T + q) * W + h * HS + tx * DPT;
 #pragma unroll
         for (int d = 0; d < DPT; ++d) row[d] = f2bf(dq[i][d] * scale);
     }
 }
 
 #define ATTN_INSTANCES(HS)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(NTHREADS) attn_fwd_##HS(bf16_t* out, float* lse,            \
-                                                                        const bf16_t* qkv, int T, int NH,   \
-                                                                        float scale) {                      \
-        attn_fwd_impl<HS>(out, lse, qkv, T, NH, scale);                                                      \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                                   \
+        attn_fwd_##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale) {     \
+        attn_fwd_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                                 \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                                   \
         attn_bwd_dkv_##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,             \
-                          const float* D, int T, int NH, float scale) {                                      \
-        attn_bwd_dkv_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, scale);                                        \
+                          const float* D, int T, int NH, int NKV, float scale, float* part, int S) {         \
+        attn_bwd_dkv_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S);                          \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                                   \
         attn_bwd_dq_##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,              \
-                         const float* D, int T, int NH, float scale) {                                       \
-        attn_bwd_dq_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, scale);                                         \
+                         const float* D, int T, int NH, int NKV, float scale) {                              \
+        attn_bwd_dq_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale);                                    \
     }
 
 // (The SIMT kernels need HS / 16 to be a multiple of 2 for their vector accesses: no 80, 96.)
@@ -620,13 +729,15 @@ __device__ __forceinline__ void zero_acc(float x[N][4]) {
 // One step of the key/value stream of the forward and dQ kernels: once every thread is
 // done with the other buffer (it held tile kt - 1), start copying key tile `k1` (if
 // k1 >= 0) into it, then wait until tile kt (copied one step earlier) has landed.
+// kbase: the key head's first row (row stride W), its value head voff after it.
 template <int HS>
-__device__ __forceinline__ void next_kv_tile(bf16_t* Kn, bf16_t* Vn, const bf16_t* base, int C, int k1, int T) {
-    const long long C3 = 3LL * C;
+__device__ __forceinline__ void next_kv_tile(bf16_t* Kn, bf16_t* Vn, const bf16_t* kbase, int voff, long long W,
+                                             int k1, int T) {
     __syncthreads();
     if (k1 >= 0) {
-        load_tile16_async<HS>(Kn, base + C + (long long)k1 * C3, C3, min(64, T - k1));
-        load_tile16_async<HS>(Vn, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+        const bf16_t* k = kbase + (long long)k1 * W;
+        load_tile16_async<HS>(Kn, k, W, min(64, T - k1));
+        load_tile16_async<HS>(Vn, k + voff, W, min(64, T - k1));
     }
     cp_commit();
     cp_wait<1>();
@@ -834,7 +945,7 @@ __device__ __forceinline__ void dq_dscores(float s[8][4], const float dp[8][4], 
 // it).
 template <int HS>
 __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
-                                                  float scale) {
+                                                    int NKV, float scale) {
     using G = Mg<HS>;
     extern __shared__ __align__(16) bf16_t smem_mma[];
     require_smem(4 * G::TE * 2);
@@ -844,14 +955,16 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
     bf16_t* const Vs = smem_mma + 2 * G::TE;
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
     // Q borrows buffer 1 (first used by key tile 1, loaded after the fragments are read).
-    load_tile16_async<HS>(Ks + G::TE, base + (long long)q0 * C3, C3, min(64, T - q0));
-    load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
-    load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
+    load_tile16_async<HS>(Ks + G::TE, base + (long long)q0 * W, W, min(64, T - q0));
+    load_tile16_async<HS>(Ks, kbase, W, min(64, T));
+    load_tile16_async<HS>(Vs, vbase, W, min(64, T));
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -864,7 +977,7 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
     for (int kt = 0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
         // (the Q copy in buffer 1 counts as tile -1)
-        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, base, C, kt < qt ? k0 + 64 : -1, T);
+        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, kbase, NKV * HS, W, kt < qt ? k0 + 64 : -1, T);
         float s[8][4];
         zero_acc<8>(s);
         mma_abt<HS>(s, qa, nullptr, 0, Ks + cur * G::TE);
@@ -894,7 +1007,7 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
 // thread until the end (the rescaling is the same for the four threads of a row).
 template <int HS>
 __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
-                                                  float scale) {
+                                                  int NKV, float scale) {
     using G = Mg<HS>;
     constexpr int MT = G::FWD_MT, ROWS = 64 * MT, WR = 16 * MT;
     constexpr bool QREGS = G::FWD_Q_IN_REGS;
@@ -905,18 +1018,19 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     bf16_t* const Qlo = QREGS ? Ks + G::TE : smem_mma + 4 * G::TE;  // query rows 0-63
     bf16_t* const Qhi = QREGS ? Vs + G::TE : smem_mma + 5 * G::TE;  // query rows 64-127 (MT = 2)
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const int q0 = qt * ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile16_async<HS>(Qlo, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_tile16_async<HS>(Qlo, base + (long long)q0 * W, W, min(64, T - q0));
     if constexpr (MT == 2) {
         // (rows past T are zero-filled without being read; the address stays inside the batch)
-        load_tile16_async<HS>(Qhi, base + (long long)min(q0 + 64, T - 1) * C3, C3, min(64, T - q0 - 64));
+        load_tile16_async<HS>(Qhi, base + (long long)min(q0 + 64, T - 1) * W, W, min(64, T - q0 - 64));
     }
-    load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
-    load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
+    load_tile16_async<HS>(Ks, kbase, W, min(64, T));
+    load_tile16_async<HS>(Vs, vbase, W, min(64, T));
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -941,8 +1055,12 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     const int nkt = min((T + 63) / 64, (q0 + ROWS - 1) / 64 + 1);
     for (int kt = 0; kt < nkt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        // (with Q in registers, its copy in the second buffers counts as tile -1)
-        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, base, C, kt + 1 < nkt ? k0 + 64 : -1, T);
+        // (with Q in registers, its copy in the second buffers counts as tile -1). The key
+        // head's address is recomputed from the block index each tile rather than kept: at head
+        // sizes 96 and 128 this kernel is at 255 registers, and a pointer kept through the loop
+        // spilled more (kernel_resources.py).
+        const bf16_t* kb = kv_head<HS>(qkv, ctaid_z(), T, NH, NKV, ctaid_y());
+        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, kb, NKV * HS, W, kt + 1 < nkt ? k0 + 64 : -1, T);
         if (k0 > qw0 + WR - 1) continue;  // warp-uniform: every key is after every row of this warp
         float s[MT][8][4];
 #pragma unroll
@@ -1002,21 +1120,25 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
             const float lt = quad_sum(l[mi][r]);
             if (q >= T) continue;
             const float inv = 1.f / lt;
-            bf16_t* dst = out + ((long long)b * T + q) * C + h * HS + 2 * t;
+            // (b and h read again: see the key head above)
+            bf16_t* dst = out + ((long long)ctaid_z() * T + q) * (NH * HS) + ctaid_y() * HS + 2 * t;
 #pragma unroll
             for (int j = 0; j < G::NT; ++j)
                 *(unsigned*)(dst + j * 8) = pack2(o[mi][j][2 * r] * inv, o[mi][j][2 * r + 1] * inv);
-            if (t == 0) lse[((long long)b * NH + h) * T + q] = m[mi][r] + log2f(lt);
+            if (t == 0) lse[((long long)ctaid_z() * NH + ctaid_y()) * T + q] = m[mi][r] + log2f(lt);
         }
 }
 
-// dK, dV of dqkv. grid = (ceil(T/64), NH, B), 128 threads, block per key tile; shared
-// memory: query and dO tiles double-buffered, plus K and V of their own where their
-// fragments do not live in registers.
+// dK, dV of dqkv: block per (key tile, key/value head) (grid: dkv_block), 128 threads. The
+// group's query tiles (each query head's tiles kt.. in turn, or split s's run of them) stream
+// through shared memory, double-buffered with their dO, lse and D: the pipeline runs on from
+// one query head into the next. K and V stay for the whole run, in registers where their
+// fragments fit, otherwise in tiles of their own. With S > 1, fp32 partial sums
+// (attn_dkv_reduce adds them up).
 template <int HS>
 __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                      const float* lse, const float* D, int T, int NH,
-                                                      float scale) {
+                                                      const float* lse, const float* D, int T, int NH, int NKV,
+                                                      float scale, float* part, int S) {
     using G = Mg<HS>;
     constexpr bool REGS = G::OWN_IN_REGS;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1028,20 +1150,29 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
     // K and V: borrow buffer 1 and go to registers, or stay in shared memory.
     bf16_t* const Kt = REGS ? Qs + G::TE : smem_mma + 4 * G::TE;
     bf16_t* const Vt = REGS ? dOs + G::TE : smem_mma + 5 * G::TE;
-    const int nt = gridDim.x, kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const DkvBlock blk = dkv_block(NH, NKV, S);
+    const int kt = blk.kt, hk = blk.hk, b = blk.b, nt = (T + 63) / 64, grp = NH / NKV;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const long long bh = (long long)b * NH + h;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
-    const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* kbase = qkv + (long long)b * T * W + (NH + hk) * HS;
     const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile16_async<HS>(Kt, base + C + (long long)k0 * C3, C3, min(64, T - k0));
-    load_tile16_async<HS>(Vt, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
-    load_tile16_async<HS>(Qs, base + (long long)k0 * C3, C3, min(64, T - k0));
-    load_tile16_async<HS>(dOs, dobase + (long long)k0 * C, C, min(64, T - k0));
-    load_row64_async(lse_s[0], lse + bh * T, k0, T, 0);
-    load_row64_async(d_s[0], D + bh * T, k0, T, 64);
+    // The block's run of (query head, query tile) pairs, i in [i0, i1), i = j nq + qt - kt for
+    // query head hk grp + j: (h, qt) is the pair to load next.
+    const int nq = nt - kt, n = grp * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
+    int qt = kt + i0 % nq, h = hk * grp + i0 / nq;
+    // Query tile qt of head h into buffer c.
+    auto load_q = [&](int c) {
+        const int q1 = qt * 64;
+        const long long row = (long long)b * T + q1, bh = (long long)b * NH + h;
+        load_tile16_async<HS>(Qs + c * G::TE, qkv + row * W + h * HS, W, min(64, T - q1));
+        load_tile16_async<HS>(dOs + c * G::TE, dout + row * C + h * HS, C, min(64, T - q1));
+        load_row64_async(lse_s[c], lse + bh * T, q1, T, 0);
+        load_row64_async(d_s[c], D + bh * T, q1, T, 64);
+    };
+    load_tile16_async<HS>(Kt, kbase + (long long)k0 * W, W, min(64, T - k0));
+    load_tile16_async<HS>(Vt, kbase + NKV * HS + (long long)k0 * W, W, min(64, T - k0));
+    load_q(0);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -1054,16 +1185,16 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
     zero_acc<G::NT>(dk);
     zero_acc<G::NT>(dv);
     const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
-    for (int qt = kt; qt < nt; ++qt) {
-        const int q0 = qt * 64, cur = (qt - kt) & 1;
-        __syncthreads();  // buffer cur ^ 1 (K/V copy or query tile qt - 1) is no longer read
-        if (qt + 1 < nt) {
-            const int q1 = q0 + 64;
-            load_tile16_async<HS>(Qs + (cur ^ 1) * G::TE, base + (long long)q1 * C3, C3, min(64, T - q1));
-            load_tile16_async<HS>(dOs + (cur ^ 1) * G::TE, dobase + (long long)q1 * C, C, min(64, T - q1));
-            load_row64_async(lse_s[cur ^ 1], lse + bh * T, q1, T, 0);
-            load_row64_async(d_s[cur ^ 1], D + bh * T, q1, T, 64);
+    for (int it = 0; it < i1 - i0; ++it) {
+        const int q0 = qt * 64, cur = it & 1;
+        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
+        // the next pair: this head's next query tile, or the next head's first
+        if (++qt == nt) {
+            qt = kt;
+            ++h;
         }
+        __syncthreads();  // buffer cur ^ 1 (K/V copy or the previous query tile) is no longer read
+        if (it + 1 < i1 - i0) load_q(cur ^ 1);
         cp_commit();
         cp_wait<1>();
         __syncthreads();  // query tile qt is in buffer cur
@@ -1074,7 +1205,6 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
         const bf16_t* dOc = dOs + cur * G::TE;
         mma_abt<HS>(st, REGS ? ka : nullptr, Kt, warp * 16, Qc);
         mma_abt<HS>(dpt, REGS ? va : nullptr, Vt, warp * 16, dOc);
-        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
         const float* ls = lse_s[cur];
         const float* ds = d_s[cur];
         dkv_dscores(st, dpt, krow, q0, t, T, edge, ls, ds, sl2);
@@ -1085,21 +1215,31 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
     for (int r = 0; r < 2; ++r) {
         const int k = krow + 8 * r;
         if (k >= T) continue;
-        bf16_t* row = dqkv + ((long long)b * T + k) * C3 + h * HS + 2 * t;
+        if (S == 1) {
+            bf16_t* row = dqkv + ((long long)b * T + k) * W + (NH + hk) * HS + 2 * t;
 #pragma unroll
-        for (int j = 0; j < G::NT; ++j) {
-            *(unsigned*)(row + C + j * 8) = pack2(dk[j][2 * r] * scale, dk[j][2 * r + 1] * scale);
-            *(unsigned*)(row + 2 * C + j * 8) = pack2(dv[j][2 * r], dv[j][2 * r + 1]);
+            for (int j = 0; j < G::NT; ++j) {
+                *(unsigned*)(row + j * 8) = pack2(dk[j][2 * r] * scale, dk[j][2 * r + 1] * scale);
+                *(unsigned*)(row + NKV * HS + j * 8) = pack2(dv[j][2 * r], dv[j][2 * r + 1]);
+            }
+        } else {
+            float* row = dkv_part_row<HS>(part, T, k) + 2 * t;
+#pragma unroll
+            for (int j = 0; j < G::NT; ++j) {
+                *(float2*)(row + j * 8) = make_float2(dk[j][2 * r], dk[j][2 * r + 1]);
+                *(float2*)(row + HS + j * 8) = make_float2(dv[j][2 * r], dv[j][2 * r + 1]);
+            }
         }
     }
 }
 
-// dQ of dqkv. grid = (ceil(T/64), NH, B), 128 threads, block per query tile; shared
-// memory: key and value tiles double-buffered, plus Q and dO of their own where their
+// dQ of dqkv. grid = (ceil(T/64), NH, B), 128 threads, block per (query tile, query head);
+// shared memory: key and value tiles double-buffered, plus Q and dO of their own where their
 // fragments do not live in registers.
 template <int HS>
 __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                     const float* lse, const float* D, int T, int NH, float scale) {
+                                                     const float* lse, const float* D, int T, int NH, int NKV,
+                                                     float scale) {
     using G = Mg<HS>;
     constexpr bool REGS = G::OWN_IN_REGS;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1110,16 +1250,18 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     bf16_t* const dOt = REGS ? Vs + G::TE : smem_mma + 5 * G::TE;
     const int nt = gridDim.x, qt = nt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
+    const long long W = qkv_stride<HS>(NH, NKV);
     const long long bh = (long long)b * NH + h;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_tile16_async<HS>(Qt, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_tile16_async<HS>(Qt, base + (long long)q0 * W, W, min(64, T - q0));
     load_tile16_async<HS>(dOt, dobase + (long long)q0 * C, C, min(64, T - q0));
-    load_tile16_async<HS>(Ks, base + C, C3, min(64, T));
-    load_tile16_async<HS>(Vs, base + 2 * C, C3, min(64, T));
+    load_tile16_async<HS>(Ks, kbase, W, min(64, T));
+    load_tile16_async<HS>(Vs, vbase, W, min(64, T));
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -1141,7 +1283,7 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     for (int kt = 0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
         // (with fragments in registers, the Q/dO copy in buffer 1 counts as tile -1)
-        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, base, C, kt < qt ? k0 + 64 : -1, T);
+        next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, kbase, NKV * HS, W, kt < qt ? k0 + 64 : -1, T);
         const bf16_t* Kc = Ks + cur * G::TE;
         float s[8][4], dp[8][4];
         zero_acc<8>(s);
@@ -1156,7 +1298,7 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     for (int r = 0; r < 2; ++r) {
         const int q = qrow + 8 * r;
         if (q >= T) continue;
-        bf16_t* row = dqkv + ((long long)b * T + q) * C3 + h * HS + 2 * t;
+        bf16_t* row = dqkv + ((long long)b * T + q) * W + h * HS + 2 * t;
 #pragma unroll
         for (int j = 0; j < G::NT; ++j)
             *(unsigned*)(row + j * 8) = pack2(dq[j][2 * r] * scale, dq[j][2 * r + 1] * scale);
@@ -1171,21 +1313,21 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
 // request makes the dK/dV kernel 5% slower).
 #define ATTN_MMA_INSTANCES(HS, FWD_MINB, DQ_MINB)                                                             \
     extern "C" __global__ void __launch_bounds__(128, FWD_MINB)                                               \
-        attn_fwd_mma##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {           \
+        attn_fwd_mma##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale) {  \
         if constexpr (Mg<HS>::FWD_MT == 1)                                                                    \
-            attn_fwd_mma16_impl<HS>(out, lse, qkv, T, NH, scale);                                             \
+            attn_fwd_mma16_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                        \
         else                                                                                                  \
-            attn_fwd_mma_impl<HS>(out, lse, qkv, T, NH, scale);                                               \
+            attn_fwd_mma_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                          \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                      \
         attn_bwd_dkv_mma##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,           \
-                             const float* D, int T, int NH, float scale) {                                    \
-        attn_bwd_dkv_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, scale);                                     \
+                             const float* D, int T, int NH, int NKV, float scale, float* part, int S) {       \
+        attn_bwd_dkv_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S);                       \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128, DQ_MINB)                                                \
         attn_bwd_dq_mma##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,            \
-                            const float* D, int T, int NH, float scale) {                                     \
-        attn_bwd_dq_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, scale);                                      \
+                            const float* D, int T, int NH, int NKV, float scale) {                            \
+        attn_bwd_dq_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale);                                 \
     }
 
 ATTN_MMA_INSTANCES(64, 3, 3)
@@ -1318,8 +1460,8 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 // grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = Q, K x 2, V x 3 + 1 KiB for the
 // 1024-byte alignment.
 template <int HS>
-__device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
-                                                  float scale) {
+__device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV,
+                                                 float scale) {
     static_assert(HS == 64 || HS == 128, "the wgmma forward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1328,15 +1470,17 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
     const unsigned Qs = sbase, Ks = sbase + TB, Vs = sbase + 3 * TB;  // K: two buffers, V: three
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
     // Key tile j's K in buffer j % 2, its V in buffer j % 3; tile j + 1 is copied during tile j.
     auto load_kv = [&](int j) {
         const int k = j * 64;
-        load_rows_sw128_async<HS>(Ks + (j & 1) * TB, base + C + (long long)k * C3, C3, min(64, T - k));
-        load_rows_sw128_async<HS>(Vs + (j % 3) * TB, base + 2 * C + (long long)k * C3, C3, min(64, T - k));
+        load_rows_sw128_async<HS>(Ks + (j & 1) * TB, kbase + (long long)k * W, W, min(64, T - k));
+        load_rows_sw128_async<HS>(Vs + (j % 3) * TB, vbase + (long long)k * W, W, min(64, T - k));
     };
     float o[8 * NA][4];  // the output's n-tiles; half a (HS 128) is o[8a .. 8a + 7]
     unsigned pa[4][4];   // the previous tile's probabilities as A fragments (k-steps of 16 keys)
@@ -1346,7 +1490,7 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
 #pragma unroll
             for (int a = 0; a < NA; ++a) wg_rs(o + 8 * a, pa[kk], wg_desc(Vs + (j % 3) * TB + a * 8192) + (2048 >> 4) * kk);
     };
-    load_rows_sw128_async<HS>(Qs, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_rows_sw128_async<HS>(Qs, base + (long long)q0 * W, W, min(64, T - q0));
     load_kv(0);
     cp_commit();
     if (qt > 0) load_kv(1);
@@ -1426,10 +1570,12 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
 // the block's own two tiles, the streamed two double-buffered (6 tiles of HS/64 x 8 KiB) +
 // 1 KiB for alignment.
 
-// Block per key tile: dK, dV of dqkv.
+// Block per (key tile, key/value head) (grid: dkv_block): dK, dV of dqkv, or with S > 1
+// fp32 partial sums. The group's query tiles stream as in the mma.sync kernel.
 template <int HS>
 __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                     const float* lse, const float* D, int T, int NH, float scale) {
+                                                     const float* lse, const float* D, int T, int NH, int NKV,
+                                                     float scale, float* part, int S) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1437,20 +1583,29 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
     __shared__ __align__(16) float lse_s[2][64], d_s[2][64];
     const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
     const unsigned Kt = sbase, Vt = sbase + TB, Qs = sbase + 2 * TB, dOs = sbase + 4 * TB;  // Q, dO: x 2
-    const int nt = gridDim.x, kt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const DkvBlock blk = dkv_block(NH, NKV, S);
+    const int kt = blk.kt, hk = blk.hk, b = blk.b, nt = (T + 63) / 64, grp = NH / NKV;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
-    const long long bh = (long long)b * NH + h;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
-    const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
+    const long long W = qkv_stride<HS>(NH, NKV);
+    const bf16_t* kbase = qkv + (long long)b * T * W + (NH + hk) * HS;
     const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_rows_sw128_async<HS>(Kt, base + C + (long long)k0 * C3, C3, min(64, T - k0));
-    load_rows_sw128_async<HS>(Vt, base + 2 * C + (long long)k0 * C3, C3, min(64, T - k0));
-    load_rows_sw128_async<HS>(Qs, base + (long long)k0 * C3, C3, min(64, T - k0));
-    load_rows_sw128_async<HS>(dOs, dobase + (long long)k0 * C, C, min(64, T - k0));
-    load_row64_async(lse_s[0], lse + bh * T, k0, T, 0);
-    load_row64_async(d_s[0], D + bh * T, k0, T, 64);
+    // The run of (query head, query tile) pairs and the next pair's head pointers, as in
+    // attn_bwd_dkv_mma_impl.
+    const int nq = nt - kt, n = grp * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
+    int qt = kt + i0 % nq;
+    const long long h0 = (long long)hk * grp + i0 / nq;
+    const bf16_t* qh = qkv + (long long)b * T * W + h0 * HS;
+    const bf16_t* doh = dout + (long long)b * T * C + h0 * HS;
+    const float* lh = lse + ((long long)b * NH + h0) * T;
+    const float* dh = D + ((long long)b * NH + h0) * T;
+    const int qf = qt * 64;
+    load_rows_sw128_async<HS>(Kt, kbase + (long long)k0 * W, W, min(64, T - k0));
+    load_rows_sw128_async<HS>(Vt, kbase + NKV * HS + (long long)k0 * W, W, min(64, T - k0));
+    load_rows_sw128_async<HS>(Qs, qh + (long long)qf * W, W, min(64, T - qf));
+    load_rows_sw128_async<HS>(dOs, doh + (long long)qf * C, C, min(64, T - qf));
+    load_row64_async(lse_s[0], lh, qf, T, 0);
+    load_row64_async(d_s[0], dh, qf, T, 64);
     cp_commit();
     float dk[NA][8][4], dv[NA][8][4];
 #pragma unroll
@@ -1459,15 +1614,23 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
         zero_acc<8>(dv[a]);
     }
     const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
-    for (int qt = kt; qt < nt; ++qt) {
-        const int q0 = qt * 64, cur = (qt - kt) & 1;
-        __syncthreads();  // buffer cur ^ 1 (query tile qt - 1) is no longer read
-        if (qt + 1 < nt) {
-            const int q1 = q0 + 64;
-            load_rows_sw128_async<HS>(Qs + (cur ^ 1) * TB, base + (long long)q1 * C3, C3, min(64, T - q1));
-            load_rows_sw128_async<HS>(dOs + (cur ^ 1) * TB, dobase + (long long)q1 * C, C, min(64, T - q1));
-            load_row64_async(lse_s[cur ^ 1], lse + bh * T, q1, T, 0);
-            load_row64_async(d_s[cur ^ 1], D + bh * T, q1, T, 64);
+    for (int i = i0; i < i1; ++i) {
+        const int q0 = qt * 64, cur = (i - i0) & 1;
+        int qn = qt + 1;  // the next pair: this head's next query tile, or the next head's first
+        if (qn == nt) {
+            qn = kt;
+            qh += HS;
+            doh += HS;
+            lh += T;
+            dh += T;
+        }
+        __syncthreads();  // buffer cur ^ 1 (the previous query tile) is no longer read
+        if (i + 1 < i1) {
+            const int q1 = qn * 64;
+            load_rows_sw128_async<HS>(Qs + (cur ^ 1) * TB, qh + (long long)q1 * W, W, min(64, T - q1));
+            load_rows_sw128_async<HS>(dOs + (cur ^ 1) * TB, doh + (long long)q1 * C, C, min(64, T - q1));
+            load_row64_async(lse_s[cur ^ 1], lh, q1, T, 0);
+            load_row64_async(d_s[cur ^ 1], dh, q1, T, 64);
         }
         cp_commit();
         cp_wait<1>();
@@ -1498,26 +1661,40 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
         }
         wg_commit();
         wg_wait0();
+        qt = qn;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int k = krow + 8 * r;
         if (k >= T) continue;
-        bf16_t* row = dqkv + ((long long)b * T + k) * C3 + h * HS + 2 * t;
+        if (S == 1) {
+            bf16_t* row = dqkv + ((long long)b * T + k) * W + (NH + hk) * HS + 2 * t;
 #pragma unroll
-        for (int a = 0; a < NA; ++a)
+            for (int a = 0; a < NA; ++a)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                *(unsigned*)(row + C + a * 64 + j * 8) = pack2(dk[a][j][2 * r] * scale, dk[a][j][2 * r + 1] * scale);
-                *(unsigned*)(row + 2 * C + a * 64 + j * 8) = pack2(dv[a][j][2 * r], dv[a][j][2 * r + 1]);
-            }
+                for (int j = 0; j < 8; ++j) {
+                    *(unsigned*)(row + a * 64 + j * 8) =
+                        pack2(dk[a][j][2 * r] * scale, dk[a][j][2 * r + 1] * scale);
+                    *(unsigned*)(row + NKV * HS + a * 64 + j * 8) = pack2(dv[a][j][2 * r], dv[a][j][2 * r + 1]);
+                }
+        } else {
+            float* row = dkv_part_row<HS>(part, T, k) + 2 * t;
+#pragma unroll
+            for (int a = 0; a < NA; ++a)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    *(float2*)(row + a * 64 + j * 8) = make_float2(dk[a][j][2 * r], dk[a][j][2 * r + 1]);
+                    *(float2*)(row + HS + a * 64 + j * 8) = make_float2(dv[a][j][2 * r], dv[a][j][2 * r + 1]);
+                }
+        }
     }
 }
 
-// Block per query tile: dQ of dqkv.
+// Block per (query tile, query head): dQ of dqkv.
 template <int HS>
 __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                    const float* lse, const float* D, int T, int NH, float scale) {
+                                                    const float* lse, const float* D, int T, int NH, int NKV,
+                                                    float scale) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1526,16 +1703,18 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     const unsigned Qt = sbase, dOt = sbase + TB, Ks = sbase + 2 * TB, Vs = sbase + 4 * TB;  // K, V: x 2
     const int nt = gridDim.x, qt = nt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
-    const long long C3 = 3LL * C;
+    const long long W = qkv_stride<HS>(NH, NKV);
     const long long bh = (long long)b * NH + h;
-    const bf16_t* base = qkv + (long long)b * T * C3 + h * HS;
+    const bf16_t* base = qkv + (long long)b * T * W + h * HS;
+    const bf16_t* kbase = kv_head<HS>(qkv, b, T, NH, NKV, h);
+    const bf16_t* vbase = kbase + NKV * HS;
     const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    load_rows_sw128_async<HS>(Qt, base + (long long)q0 * C3, C3, min(64, T - q0));
+    load_rows_sw128_async<HS>(Qt, base + (long long)q0 * W, W, min(64, T - q0));
     load_rows_sw128_async<HS>(dOt, dobase + (long long)q0 * C, C, min(64, T - q0));
-    load_rows_sw128_async<HS>(Ks, base + C, C3, min(64, T));
-    load_rows_sw128_async<HS>(Vs, base + 2 * C, C3, min(64, T));
+    load_rows_sw128_async<HS>(Ks, kbase, W, min(64, T));
+    load_rows_sw128_async<HS>(Vs, vbase, W, min(64, T));
     cp_commit();
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     float lr[2], dr[2];
@@ -1553,8 +1732,8 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
         __syncthreads();  // buffer cur ^ 1 (key tile kt - 1) is no longer read
         if (kt < qt) {
             const int k1 = k0 + 64;
-            load_rows_sw128_async<HS>(Ks + (cur ^ 1) * TB, base + C + (long long)k1 * C3, C3, min(64, T - k1));
-            load_rows_sw128_async<HS>(Vs + (cur ^ 1) * TB, base + 2 * C + (long long)k1 * C3, C3, min(64, T - k1));
+            load_rows_sw128_async<HS>(Ks + (cur ^ 1) * TB, kbase + (long long)k1 * W, W, min(64, T - k1));
+            load_rows_sw128_async<HS>(Vs + (cur ^ 1) * TB, vbase + (long long)k1 * W, W, min(64, T - k1));
         }
         cp_commit();
         cp_wait<1>();
@@ -1584,7 +1763,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     for (int r = 0; r < 2; ++r) {
         const int q = qrow + 8 * r;
         if (q >= T) continue;
-        bf16_t* row = dqkv + ((long long)b * T + q) * C3 + h * HS + 2 * t;
+        bf16_t* row = dqkv + ((long long)b * T + q) * W + h * HS + 2 * t;
 #pragma unroll
         for (int a = 0; a < NA; ++a)
 #pragma unroll
@@ -1593,51 +1772,35 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    attn_fwd_wg64(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {
-    attn_fwd_wg_impl<64>(out, lse, qkv, T, NH, scale);
-}
-extern "C" __global__ void __launch_bounds__(128)
-    attn_fwd_wg128(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, float scale) {
-    attn_fwd_wg_impl<128>(out, lse, qkv, T, NH, scale);
-}
-extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_wg64(bf16_t* dqkv, const bf16_t* dout,
-                                                                   const bf16_t* qkv, const float* lse,
-                                                                   const float* D, int T, int NH, float scale) {
-    attn_bwd_dkv_wg_impl<64>(dqkv, dout, qkv, lse, D, T, NH, scale);
-}
-extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkv_wg128(bf16_t* dqkv, const bf16_t* dout,
-                                                                    const bf16_t* qkv, const float* lse,
-                                                                    const float* D, int T, int NH, float scale) {
-    attn_bwd_dkv_wg_impl<128>(dqkv, dout, qkv, lse, D, T, NH, scale);
-}
-extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_wg128(bf16_t* dqkv, const bf16_t* dout,
-                                                                   const bf16_t* qkv, const float* lse,
-                                                                   const float* D, int T, int NH, float scale) {
-    attn_bwd_dq_wg_impl<128>(dqkv, dout, qkv, lse, D, T, NH, scale);
-}
-extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_wg64(bf16_t* dqkv, const bf16_t* dout,
-                                                                  const bf16_t* qkv, const float* lse,
-                                                                  const float* D, int T, int NH, float scale) {
-    attn_bwd_dq_wg_impl<64>(dqkv, dout, qkv, lse, D, T, NH, scale);
-}
+#define ATTN_WG_INSTANCES(HS)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        attn_fwd_wg##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale) {    \
+        attn_fwd_wg_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                               \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        attn_bwd_dkv_wg##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,            \
+                            const float* D, int T, int NH, int NKV, float scale, float* part, int S) {        \
+        attn_bwd_dkv_wg_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S);                        \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        attn_bwd_dq_wg##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,             \
+                           const float* D, int T, int NH, int NKV, float scale) {                             \
+        attn_bwd_dq_wg_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale);                                  \
+    }
 #else
-extern "C" __global__ void attn_fwd_wg64(bf16_t*, float*, const bf16_t*, int, int, float) { __trap(); }
-extern "C" __global__ void attn_fwd_wg128(bf16_t*, float*, const bf16_t*, int, int, float) { __trap(); }
-extern "C" __global__ void attn_bwd_dkv_wg64(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
-                                             int, float) {
-    __trap();
-}
-extern "C" __global__ void attn_bwd_dq_wg64(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
-                                            int, float) {
-    __trap();
-}
-extern "C" __global__ void attn_bwd_dkv_wg128(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
-                                              int, float) {
-    __trap();
-}
-extern "C" __global__ void attn_bwd_dq_wg128(bf16_t*, const bf16_t*, const bf16_t*, const float*, const float*, int,
-                                             int, float) {
-    __trap();
-}
+// (not sm_90a: entry points with the same parameters that trap; attention.rs never launches them)
+#define ATTN_WG_INSTANCES(HS)                                                                                 \
+    extern "C" __global__ void attn_fwd_wg##HS(bf16_t*, float*, const bf16_t*, int, int, int, float) {       \
+        __trap();                                                                                             \
+    }                                                                                                         \
+    extern "C" __global__ void attn_bwd_dkv_wg##HS(bf16_t*, const bf16_t*, const bf16_t*, const float*,      \
+                                                   const float*, int, int, int, float, float*, int) {         \
+        __trap();                                                                                             \
+    }                                                                                                         \
+    extern "C" __global__ void attn_bwd_dq_wg##HS(bf16_t*, const bf16_t*, const bf16_t*, const float*,       \
+                                                  const float*, int, int, int, float) {                       \
+        __trap();                                                                                             \
+    }
 #endif
+ATTN_WG_INSTANCES(64)
+ATTN_WG_INSTANCES(128)

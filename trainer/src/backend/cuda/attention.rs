@@ -3,13 +3,15 @@
 //! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
 //! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) wgmma kernels for 64 and 128;
 //! and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head size 32, and the
-//! cross-check). RoPE, the group's rotation of the query and key heads, is in rope.rs
-//! (kernels in rope.cu); the `AttentionOps` impl here forwards to it.
+//! cross-check). Every family does grouped-query attention in place (key/value heads read
+//! where they are, never repeated; see attention.cu). RoPE, the group's rotation of the
+//! query and key heads, is in rope.rs (kernels in rope.cu); the `AttentionOps` impl here
+//! forwards to it.
 
 use cudarc::driver::PushKernelArg;
 
 use super::kernels::KernelFile;
-use super::launch::{bad, cfg, check, to_i32};
+use super::launch::{bad, cfg, check, to_i32, BLOCK};
 use super::CudaBackend;
 use crate::backend::{AttentionOps, AttnShape, BResult};
 
@@ -92,17 +94,20 @@ const TABLE: [(Pass, Variant, &str); 27] = [
 
 /// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
 const BWD_D: &str = "attn_bwd_d";
+/// The sum of a split grouped dK/dV pass's partial sums (shared by every variant).
+const DKV_REDUCE: &str = "attn_dkv_reduce";
 
-const fn function_names() -> [&'static str; TABLE.len() + 1] {
-    let mut out = [BWD_D; TABLE.len() + 1];
+const fn function_names() -> [&'static str; TABLE.len() + 2] {
+    let mut out = [BWD_D; TABLE.len() + 2];
+    out[1] = DKV_REDUCE;
     let mut i = 0;
     while i < TABLE.len() {
-        out[i + 1] = TABLE[i].2;
+        out[i + 2] = TABLE[i].2;
         i += 1;
     }
     out
 }
-const FUNCTIONS: [&str; TABLE.len() + 1] = function_names();
+const FUNCTIONS: [&str; TABLE.len() + 2] = function_names();
 
 /// Every tiled kernel carves its tiles out of dynamic shared memory, more than 48 KiB at
 /// the larger head sizes.
@@ -159,14 +164,38 @@ fn simt_smem(hs: usize, pass: Pass) -> usize {
     floats * 4
 }
 
+/// How many blocks share each (key tile, key/value head, batch) of the grouped dK/dV pass:
+/// the smallest count that keeps the kernel's longest block within a quarter of the
+/// ideal time per block slot, at most the group size `g`.
+///
+/// A grouped block does `g` times the work of a multi-head one (key tile `kt` of `nt` meets
+/// `g (nt - kt)` query tiles) and there are `g` times fewer blocks: `pairs` (key/value
+/// heads × batch) per key tile. Launched longest first (attention.cu: `dkv_block`) onto
+/// `slots` blocks at once (SMs × blocks per SM), the kernel takes about the longer of its
+/// longest block, `g nt / s` query tiles, and the ideal `g pairs nt (nt + 1) / 2 / slots`.
+/// Llama 3.2 1B shapes on an H100/H200 (T = 2048, B = 8, 8 key/value heads of 64, g = 4,
+/// 396 slots of 3 wgmma blocks: 2,048 blocks): longest 128, ideal 341, no split. 8B shapes
+/// (T = 4096, B = 1, 8 heads of 128, g = 4, 264 slots: 512 blocks): 256 against 252, no
+/// split. With B = 1 at T = 2048 the longest block would be twice (8B) or three times (1B)
+/// the ideal: split 2 or 3 ways. A split writes fp32 partial sums, `s` per key (2 HS floats
+/// each), which `attn_dkv_reduce` adds in split order: no atomics, the same bits every run.
+fn dkv_splits(g: usize, nt: usize, pairs: usize, slots: usize) -> usize {
+    let ideal = (g * pairs * nt * (nt + 1)) as f64 / 2.0 / slots.max(1) as f64;
+    (1..=g).find(|&s| (g * nt) as f64 / s as f64 <= 1.25 * ideal).unwrap_or(g)
+}
+
 impl CudaBackend {
     /// The kernel family for a shape, and the softmax scale.
     fn attn_variant(&self, s: AttnShape) -> BResult<(Variant, f32)> {
         if s.nh == 0 || !s.c.is_multiple_of(s.nh) {
             return Err(bad(format!("attention: C = {} is not a multiple of the {} heads", s.c, s.nh)));
         }
-        if s.nkv != s.nh {
-            return Err(bad("attention: grouped-query attention (PENDING: GQA kernels)".into()));
+        if s.nkv == 0 || !s.nh.is_multiple_of(s.nkv) {
+            return Err(bad(format!(
+                "attention: {} query heads do not form groups over {} key/value heads \
+                 (the key/value head count must divide the query head count)",
+                s.nh, s.nkv
+            )));
         }
         let hs = s.c / s.nh;
         let which = self.attention.get();
@@ -191,6 +220,41 @@ impl CudaBackend {
             )));
         };
         Ok((v, 1.0 / (hs as f32).sqrt()))
+    }
+
+    /// Splits of the dK/dV pass for a shape on kernel family `v` (1: none).
+    fn dkv_split_for(&self, s: AttnShape, v: Variant) -> BResult<usize> {
+        if s.nkv == s.nh {
+            return Ok(1);
+        }
+        let g = s.group();
+        if let Some(forced) = self.attention_dkv_split.get() {
+            return Ok(forced.clamp(1, g));
+        }
+        let name = kernel_name(Pass::Dkv, v);
+        let known = self.attention_dkv_per_sm.borrow().iter().find(|&&(n, _)| n == name).map(|&(_, k)| k);
+        let per_sm = match known {
+            Some(k) => k,
+            None => {
+                let (threads, smem) = Self::attn_launch(v, Pass::Dkv);
+                // Blocks of the kernel per SM (1 if the driver cannot say: fewer splits, never wrong).
+                let k = self
+                    .f(name)?
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+                    .unwrap_or(1)
+                    .max(1) as usize;
+                self.attention_dkv_per_sm.borrow_mut().push((name, k));
+                k
+            }
+        };
+        Ok(dkv_splits(g, s.t.div_ceil(TILE), s.nkv * s.b, self.sm_count * per_sm))
+    }
+
+    /// How many ways `attention_bwd` splits the dK/dV pass of a shape with the kernels in use
+    /// (1 for multi-head attention; see [`CudaBackend::set_attention_dkv_split`]).
+    pub fn attention_dkv_splits(&self, s: AttnShape) -> BResult<usize> {
+        let (v, _) = self.attn_variant(s)?;
+        self.dkv_split_for(s, v)
     }
 
     /// Block size and dynamic shared memory of a pass.
@@ -219,7 +283,7 @@ impl AttentionOps for CudaBackend {
         let (v, scale) = self.attn_variant(s)?;
         let n = s.b * s.t;
         check("attention_fwd out", out.len(), 0, n * s.c)?;
-        check("attention_fwd qkv", qkv.len(), 0, n * 3 * s.c)?;
+        check("attention_fwd qkv", qkv.len(), 0, n * s.qkv_width())?;
         check("attention_fwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
         if n == 0 {
             return Ok(());
@@ -227,9 +291,9 @@ impl AttentionOps for CudaBackend {
         let name = kernel_name(Pass::Fwd, v);
         let f = self.f(name)?;
         let (o, l, q) = (self.ptr_mut(out, 0), self.ptr_mut(saved, 0), self.ptr(qkv, 0));
-        let (ti, nhi) = (to_i32("T", s.t)?, to_i32("NH", s.nh)?);
+        let (ti, nhi, nkvi) = (to_i32("T", s.t)?, to_i32("NH", s.nh)?, to_i32("NKV", s.nkv)?);
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&scale);
+        lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
         let rows = match v {
             Variant::Mma(hs) => TILE * fwd_m_tiles(hs),
             Variant::Wg(_) | Variant::Simt(_) => TILE,
@@ -252,36 +316,74 @@ impl AttentionOps for CudaBackend {
     ) -> BResult<()> {
         let (v, scale) = self.attn_variant(s)?;
         let hs = s.c / s.nh;
-        let n = s.b * s.t;
-        check("attention_bwd dqkv", dqkv.len(), 0, n * 3 * s.c)?;
+        let (n, w) = (s.b * s.t, s.qkv_width());
+        check("attention_bwd dqkv", dqkv.len(), 0, n * w)?;
         check("attention_bwd dout", dout.len(), 0, n * s.c)?;
-        check("attention_bwd qkv", qkv.len(), 0, n * 3 * s.c)?;
+        check("attention_bwd qkv", qkv.len(), 0, n * w)?;
         check("attention_bwd out", out.len(), 0, n * s.c)?;
         check("attention_bwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
         if n == 0 {
             return Ok(());
         }
+        let (bi, ti, nhi, nkvi, hsi) =
+            (to_i32("B", s.b)?, to_i32("T", s.t)?, to_i32("NH", s.nh)?, to_i32("NKV", s.nkv)?, hs as i32);
+        // The dK/dV grid (attention.cu: dkv_block): multi-head as the other passes; grouped
+        // with the key tile slowest (longest blocks first), split `splits` ways per shape.
+        let nt = s.t.div_ceil(TILE);
+        let (dkv_threads, dkv_smem) = Self::attn_launch(v, Pass::Dkv);
+        let dkv_name = kernel_name(Pass::Dkv, v);
+        let splits = self.dkv_split_for(s, v)?;
+        let dkv_grid = if s.nkv == s.nh {
+            (nt as u32, s.nh as u32, s.b as u32)
+        } else {
+            if nt > 65535 {
+                return Err(bad(format!(
+                    "attention: T = {} is too long for the grouped dK/dV grid (at most 65535 tiles of {TILE})",
+                    s.t
+                )));
+            }
+            ((s.nkv * s.b * splits) as u32, nt as u32, 1)
+        };
+        // Scratch: D (B NH T floats), then a split pass's partial sums (B NKV splits T 2HS).
         let rows = s.b * s.nh * s.t;
-        let d = self.scratch_f32(rows)?;
+        let part_off = rows.next_multiple_of(64);
+        let part_len = if splits > 1 { s.b * s.nkv * splits * s.t * 2 * hs } else { 0 };
+        let d = self.scratch_f32(part_off + part_len)?;
+        let part = d + (part_off * 4) as u64;
+        let si = splits as i32;
         let (dq, dy, q, o, l) =
             (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
-        let (bi, ti, nhi, hsi) = (to_i32("B", s.b)?, to_i32("T", s.t)?, to_i32("NH", s.nh)?, hs as i32);
         let f = self.f(BWD_D)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
         // SAFETY: one warp per (b, t, h) row, rows < B*T*NH; D holds that many floats.
         unsafe { lb.launch(cfg((rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
             .map_err(|e| self.launch_err(BWD_D, e))?;
-        let grid = (s.t.div_ceil(TILE) as u32, s.nh as u32, s.b as u32);
-        for pass in [Pass::Dkv, Pass::Dq] {
-            let name = kernel_name(pass, v);
-            let f = self.f(name)?;
+        {
+            let f = self.f(dkv_name)?;
             let mut lb = self.stream.launch_builder(f);
-            lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&scale);
-            let (threads, smem) = Self::attn_launch(v, pass);
-            // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
-            unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
+            lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale).arg(&part).arg(&si);
+            // SAFETY: ranges checked above; the partial sums (splits > 1) fit the scratch.
+            unsafe { lb.launch(cfg(dkv_grid, (dkv_threads, 1, 1), dkv_smem)) }
+                .map_err(|e| self.launch_err(dkv_name, e))?;
         }
+        if splits > 1 {
+            let f = self.f(DKV_REDUCE)?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&dq).arg(&part).arg(&bi).arg(&ti).arg(&nhi).arg(&nkvi).arg(&hsi).arg(&si).arg(&scale);
+            let grid = self.grid_for(s.b * s.nkv * s.t * hs / 2);
+            // SAFETY: reads the B NKV splits T 2HS partial floats written above, writes the
+            // dK/dV columns of dqkv (checked above).
+            unsafe { lb.launch(cfg((grid, 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err(DKV_REDUCE, e))?;
+        }
+        let name = kernel_name(Pass::Dq, v);
+        let f = self.f(name)?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
+        let (threads, smem) = Self::attn_launch(v, Pass::Dq);
+        let grid = (nt as u32, s.nh as u32, s.b as u32);
+        // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
+        unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
         Ok(())
     }
 
@@ -291,5 +393,23 @@ impl AttentionOps for CudaBackend {
     }
     fn rope_bwd(&self, dqkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()> {
         self.rope("rope_bwd", dqkv, table, s, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dkv_splits;
+
+    #[test]
+    fn grouped_dkv_splits_per_shape() {
+        // Llama 3.2 1B (T 2048, B 8, 8 kv heads, g 4) and 8B (T 4096, B 1) on 132 SMs: no split.
+        assert_eq!(dkv_splits(4, 32, 64, 396), 1);
+        assert_eq!(dkv_splits(4, 64, 8, 264), 1);
+        // B = 1 at T = 2048: the longest block would be 2x (8B) or 3x (1B) the ideal.
+        assert_eq!(dkv_splits(4, 32, 8, 264), 2);
+        assert_eq!(dkv_splits(4, 32, 8, 396), 3);
+        // Never more than the group; a tiny grid takes every split.
+        assert_eq!(dkv_splits(8, 2, 1, 264), 8);
+        assert_eq!(dkv_splits(1, 2, 1, 264), 1);
     }
 }

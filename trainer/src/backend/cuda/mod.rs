@@ -84,6 +84,11 @@ pub struct CudaBackend {
     attention: Cell<AttentionImpl>,
     /// The SIMT fallback for a head size without tensor-core kernels was noted on stderr.
     attention_fallback_noted: Cell<bool>,
+    /// Splits of the grouped-query dK/dV pass: `None` picks per shape (attention.rs).
+    attention_dkv_split: Cell<Option<usize>>,
+    /// Blocks per SM of each dK/dV kernel, asked of the driver once (before any graph
+    /// capture, in the eager steps that precede it).
+    attention_dkv_per_sm: RefCell<Vec<(&'static str, usize)>>,
     /// Driver-used bytes outside the allocator pool once the backend was ready (context,
     /// kernels, cuBLASLt handle), and what a communication library added to that since.
     context_bytes: u64,
@@ -199,6 +204,8 @@ impl CudaBackend {
             scratch_bias: RefCell::new(None),
             attention: Cell::new(attention_from_env()?),
             attention_fallback_noted: Cell::new(false),
+            attention_dkv_split: Cell::new(None),
+            attention_dkv_per_sm: RefCell::new(Vec::new()),
             context_bytes,
             comm_library_bytes: Cell::new(0),
         })
@@ -224,6 +231,15 @@ impl CudaBackend {
     /// and save the same state, so forward and backward may even use different ones.
     pub fn set_attention_impl(&self, which: AttentionImpl) {
         self.attention.set(which);
+    }
+
+    /// How many blocks share each (key tile, key/value head) of the grouped-query dK/dV pass
+    /// (partial sums, then a fixed-order reduction): `None` (the default) picks per shape,
+    /// `Some(s)` forces `s` (at most the group size; 1: never split), for tests and timing.
+    /// Multi-head attention is never split. Each choice is deterministic; different choices
+    /// add the same terms in a different order.
+    pub fn set_attention_dkv_split(&self, splits: Option<usize>) {
+        self.attention_dkv_split.set(splits);
     }
 
     /// Every GEMM this backend has run, timed again with each of cuBLASLt's first `count`
