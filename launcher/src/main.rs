@@ -16,7 +16,8 @@
 //!
 //! Also: `token` (the job's rendezvous secret), `fingerprint` (what must match across
 //! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
-//! stops a job when stdout is closed).
+//! stops a job when stdout is closed), `rundir` (a run directory belongs to one run) and
+//! `runlock` (one launcher at a time per run directory).
 
 mod cli;
 mod device;
@@ -36,6 +37,8 @@ mod protocol;
 mod ranks;
 mod rendezvous;
 mod resume;
+mod rundir;
+mod runlock;
 mod setup;
 mod supervise;
 mod sweep;
@@ -67,7 +70,10 @@ fn launch(args: &cli::LaunchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the launcher's async runtime: {e}"))?;
-    runtime.block_on(supervise::run(&plan))
+    let result = runtime.block_on(supervise::run(&plan));
+    // The run directories stay locked until every rank is reaped and the summary written.
+    drop(plan.locks);
+    result
 }
 
 /// Print an error once, with its causes, and map it to the exit code.

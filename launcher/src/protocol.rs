@@ -14,7 +14,8 @@
 //!    (`peers[r]` is rank r's data-plane address; `nccl_id` is for GPU ranks);
 //! 3. rank → launcher `Heartbeat { rank, progress }` about every second (where the rank
 //!    is: step, micro-step, collectives, phase; the hang watchdog reads them) and
-//!    `Step { rank, metrics }` after every optimizer step;
+//!    `Step { rank, metrics }` after every optimizer step; `LogLost { rank, lines, error }`
+//!    when lines of its log could not be written (a full disk), with the count so far;
 //! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer, setup }` and exit
 //!    code 1 (2 when `setup`: a data, checkpoint or config problem);
 //! 5. launcher → rank `Stop { reason, kind }` at any time: the rank aborts its communicator
@@ -31,7 +32,7 @@ use trainer::StepMetrics;
 /// First bytes of every `Hello`: tells a shardtrain rank from a stray connection.
 pub const MAGIC: [u8; 8] = *b"SHRDTRN\0";
 /// Bumped whenever [`Msg`] changes; launcher and ranks must agree.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The first frame of a connection (its hello) may be at most this long.
 pub const MAX_HELLO_FRAME: usize = 64 << 10;
 /// Any later frame may be at most this long (a corrupt length, or not our protocol).
@@ -67,6 +68,9 @@ pub enum Msg {
     Failed { rank: u32, message: String, peer: Option<u32>, setup: bool },
     /// The launcher stops the rank: abort the communicator and exit.
     Stop { reason: String, kind: StopKind },
+    /// `rank` could not write `lines` lines of its log so far (its log is on a full disk, or
+    /// unwritable); `error` is the first failure. Training goes on; the summary reports them.
+    LogLost { rank: u32, lines: u64, error: String },
 }
 
 /// Why the launcher stops a rank, and so the rank's exit code.
