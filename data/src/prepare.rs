@@ -188,9 +188,10 @@ pub fn prepare_text(
     let mut record = crate::sources::Sources::read(out_dir)?;
     let bytes = fs::read(input_txt).map_err(io_err("read the input text", input_txt))?;
     let hash = crate::sources::fnv1a64(&bytes);
-    let same = record.sources.iter().find(|s| {
-        s.input_fnv1a64.as_deref() == Some(hash.as_str()) && s.input_bytes == Some(bytes.len() as u64)
-    });
+    let same = record
+        .sources
+        .iter()
+        .find(|s| s.input_fnv1a64.as_deref() == Some(hash.as_str()) && s.input_bytes == Some(bytes.len() as u64));
     if let Some(s) = same {
         return Err(DataError::AlreadyPrepared {
             dir: out_dir.to_owned(),
@@ -385,7 +386,10 @@ mod tests {
         let e = prepare_text(&b, &out, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Refuse).unwrap_err();
         let msg = e.to_string();
         assert!(matches!(e, DataError::ShardsExist { .. }), "{msg}");
-        assert!(msg.contains(&out.display().to_string()) && msg.contains("a_* (2)") && msg.contains("--append"), "{msg}");
+        assert!(
+            msg.contains(&out.display().to_string()) && msg.contains("a_* (2)") && msg.contains("--append"),
+            "{msg}"
+        );
         assert_eq!(listing(&out), before);
         // The same text again under its own name is refused too (it would replace its shards).
         let e = prepare_text(&a, &out, "a", 1_000, ValSplit::Fraction(0.1), Existing::Append).unwrap_err();

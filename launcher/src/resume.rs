@@ -156,7 +156,8 @@ fn root_hint(dir: &Path) -> Option<String> {
     let Some((count, intact)) = checkpoint_root(dir) else {
         let inner = dir.join("checkpoints");
         let (_, intact) = checkpoint_root(&inner)?;
-        let pick = intact.map_or(String::new(), |d| format!(" or one of its checkpoints, e.g. --resume {}", d.display()));
+        let pick =
+            intact.map_or(String::new(), |d| format!(" or one of its checkpoints, e.g. --resume {}", d.display()));
         return Some(format!(
             "{} is a run directory, not a checkpoint: continue its run with `--resume {LATEST}` and \
              output.dir = {}{pick}",

@@ -81,14 +81,16 @@ pub struct Survey {
     owner: Option<RunIdentity>,
     /// Lines of `metrics.jsonl` (steps recorded).
     steps: usize,
-    /// Non-empty rank logs.
+    /// Non-empty logs of node 0's ranks (other nodes' ranks may be writing theirs already
+    /// when nodes share the directory).
     logs: usize,
     /// Complete checkpoints (with a manifest) in `checkpoint.dir`: directory name and run id.
     checkpoints: Vec<(String, Option<String>)>,
 }
 
 impl Survey {
-    pub fn of(cfg: &Config) -> Result<Survey, SetupError> {
+    /// Look at the directories of `cfg` (paths absolute), of a node 0 that runs `local_ranks` ranks.
+    pub fn of(cfg: &Config, local_ranks: usize) -> Result<Survey, SetupError> {
         let out_dir = cfg.output.dir.clone();
         let ckpt_dir = cfg.checkpoint_dir();
         let run_file = out_dir.join(RUN_FILE);
@@ -103,14 +105,12 @@ impl Survey {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(SetupError(format!("cannot read {} ({e})", run_file.display()))),
         };
-        let logs = std::fs::read_dir(out_dir.join("logs"))
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("rank"))
-                    .filter(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.is_file() && m.len() > 0))
-                    .count()
+        let logs = (0..local_ranks)
+            .filter(|r| {
+                std::fs::metadata(out_dir.join("logs").join(format!("rank{r}.log")))
+                    .is_ok_and(|m| m.is_file() && m.len() > 0)
             })
-            .unwrap_or(0);
+            .count();
         let checkpoints = list_checkpoints(&ckpt_dir)
             .unwrap_or_default()
             .into_iter()
@@ -404,11 +404,8 @@ fn check_movable(dir: &Path, role: &str, cfg: &Config, config_path: &Path) -> Re
 
 /// Rename `dir` to a sibling (`<dir>.prev-<run id>`); returns the line saying where it went.
 fn move_aside(dir: &Path, role: &str, s: &Survey, cfg: &Config, locks: &mut Locks) -> Result<String, SetupError> {
-    let id = if role == "output.dir" {
-        s.owner_id()
-    } else {
-        s.checkpoints.iter().rev().find_map(|(_, id)| id.as_deref())
-    };
+    let id =
+        if role == "output.dir" { s.owner_id() } else { s.checkpoints.iter().rev().find_map(|(_, id)| id.as_deref()) };
     let aside = aside_name(dir, id);
     std::fs::rename(dir, &aside).map_err(|e| {
         SetupError(format!(
@@ -439,7 +436,11 @@ fn move_aside(dir: &Path, role: &str, s: &Survey, cfg: &Config, locks: &mut Lock
 }
 
 fn moved(role: &str, dir: &Path, aside: &Path) -> String {
-    format!("launcher: --overwrite: moved {role} = {} aside to {} (nothing was deleted)", dir.display(), aside.display())
+    format!(
+        "launcher: --overwrite: moved {role} = {} aside to {} (nothing was deleted)",
+        dir.display(),
+        aside.display()
+    )
 }
 
 /// `<dir>.prev-<run id>` (or `-<now>` for a run without an id), made unique.
@@ -474,10 +475,12 @@ fn names(cks: &[(String, Option<String>)]) -> String {
 
 /// "step_00000050, step_00000100 of run X" (grouped by run).
 fn describe_checkpoints(cks: &[(String, Option<String>)]) -> String {
-    let mut runs: Vec<Option<&str>> = cks.iter().map(|c| c.1.as_deref()).collect();
-    runs.dedup();
-    runs.sort();
-    runs.dedup();
+    let mut runs: Vec<Option<&str>> = Vec::new();
+    for c in cks {
+        if !runs.contains(&c.1.as_deref()) {
+            runs.push(c.1.as_deref());
+        }
+    }
     runs.iter()
         .map(|run| {
             let of: Vec<(String, Option<String>)> = cks.iter().filter(|c| c.1.as_deref() == *run).cloned().collect();

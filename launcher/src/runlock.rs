@@ -66,7 +66,8 @@ impl RunLock {
     pub fn acquire(dir: &Path, role: &str) -> Result<(RunLock, Option<String>), SetupError> {
         std::fs::create_dir_all(dir).map_err(|e| {
             SetupError(format!(
-                "cannot create {role} = {} ({e}): choose a writable directory, e.g. --set {role}='\"runs/mine\"'",
+                "{role} = {} is not writable (cannot create it: {e}): choose a writable directory, e.g. \
+                 --set {role}='\"runs/mine\"'",
                 dir.display()
             ))
         })?;

@@ -156,7 +156,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         for note in notes {
             crate::out::say(&note);
         }
-        (Some(locks), Some(crate::rundir::Survey::of(&cfg)?))
+        (Some(locks), Some(crate::rundir::Survey::of(&cfg, local_ranks)?))
     } else {
         (None, None)
     };

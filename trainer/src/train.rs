@@ -362,7 +362,11 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
         for t in tuned {
             crate::log_line!(
                 "  {}: candidate {} of {}, {:.4} -> {:.4} ms",
-                t.gemm, t.chosen, t.candidates, t.heuristic_ms, t.chosen_ms
+                t.gemm,
+                t.chosen,
+                t.candidates,
+                t.heuristic_ms,
+                t.chosen_ms
             );
         }
     }

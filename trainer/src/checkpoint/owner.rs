@@ -39,7 +39,8 @@ pub fn run_id_of_dir(out_dir: &Path) -> Result<Option<String>, CheckpointError> 
 /// checkpoint (`Err` with the reason when the manifest cannot be read).
 pub fn run_id_of_checkpoint(dir: &Path) -> Result<Option<String>, String> {
     let text = std::fs::read(dir.join("manifest.json")).map_err(|e| format!("manifest.json: {e}"))?;
-    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("manifest.json does not parse: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| format!("manifest.json does not parse: {e}"))?;
     Ok(v.get("run_id").and_then(|i| i.as_str()).map(str::to_string))
 }
 
