@@ -77,7 +77,7 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "TOKEN")]
     pub job_token: Option<String>,
     /// Continue from a checkpoint: its directory (`<checkpoint.dir>/step_00000100`) or `latest`, the
-    /// newest intact one in checkpoint.dir. Verified (every file's size and CRC-32, the model shape)
+    /// newest intact one in checkpoint.dir of the run that owns output.dir. Verified (every file's size and CRC-32, the model shape)
     /// before any rank starts; --cpus and zero.stage may differ from the run that saved it.
     /// metrics.jsonl and the rank logs of the run directory are continued, not replaced.
     #[arg(long, value_name = "DIR|latest")]

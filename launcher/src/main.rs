@@ -9,10 +9,12 @@
 //! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`).
 //!
 //! Exit codes: 0 finished; 1 the job failed (a rank failed, or the launcher could not run it);
-//! 2 it never started (bad arguments, config, data or checkpoint: nothing was spawned), or a
+//! 2 it never started (bad arguments, config, data or checkpoint, or a run directory that
+//! holds another run or is in use: nothing was spawned), or a
 //! rank found a data, checkpoint or config problem, or node 0 refused a node that runs
 //! another config; 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`);
-//! 130 interrupted. The tools exit 0, or 1 on failure (2 for bad arguments or config).
+//! 130 interrupted. The tools exit 0, or 1 on failure (2 for bad arguments or config, and
+//! `prepare-data` into a directory that holds shards).
 //!
 //! Also: `token` (the job's rendezvous secret), `fingerprint` (what must match across
 //! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
