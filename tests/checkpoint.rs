@@ -1,12 +1,12 @@
 //! Sharded checkpoints: exact resume, resharding across world sizes and ZeRO stages,
-//! corruption detection, `latest` selection, retention.
+//! corruption detection, `latest` selection, retention, the run each checkpoint belongs to.
 
 mod common;
 
 use collectives::tcp::TcpComm;
 use std::path::{Path, PathBuf};
 use trainer::backend::cpu::{CpuBackend, HostComm};
-use trainer::checkpoint::{find_latest, CheckpointReader};
+use trainer::checkpoint::{find_latest, find_latest_of, CheckpointReader};
 use trainer::train::Trainer;
 use trainer::Config;
 
@@ -163,6 +163,48 @@ fn retention_keeps_the_newest_and_ignores_partial_saves() {
     names.sort();
     assert_eq!(names, vec!["step_00000003", "step_00000004"]);
     assert_eq!(find_latest(&ck).expect("latest"), ck.join("step_00000004"));
+}
+
+#[test]
+fn checkpoints_belong_to_their_run_and_are_never_replaced_or_pruned_by_another() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let ck = dir.path().join("ck");
+    // Two runs (their run directories say who they are) sharing one checkpoint.dir, keep = 1.
+    let run_cfg = |name: &str| {
+        let mut cfg = cfg_for(2, 1, &ck);
+        cfg.checkpoint.keep = 1;
+        cfg.output.dir = dir.path().join(name);
+        std::fs::create_dir_all(&cfg.output.dir).expect("mkdir");
+        std::fs::write(cfg.output.dir.join("run.json"), format!("{{\"run_id\": \"{name}\"}}")).expect("run.json");
+        cfg
+    };
+    let (a, b) = (run_cfg("run-a"), run_cfg("run-b"));
+    run(&a, 2, &data, None, 1, true);
+    let a1 = ck.join("step_00000001");
+    let manifest = |d: &Path| CheckpointReader::open(d, true).expect("intact").manifest;
+    assert_eq!(manifest(&a1).run_id.as_deref(), Some("run-a"));
+    run(&b, 2, &data, None, 2, true);
+    // run-b's save pruned to its own newest 1: run-a's checkpoint is not its to prune.
+    assert_eq!(manifest(&a1).run_id.as_deref(), Some("run-a"));
+    assert_eq!(find_latest_of(&ck, Some("run-a")).expect("a's latest"), a1);
+    assert_eq!(find_latest_of(&ck, Some("run-b")).expect("b's latest"), ck.join("step_00000002"));
+    let e = find_latest_of(&ck, Some("run-c")).expect_err("none of run-c").to_string();
+    assert!(e.contains("other runs only") && e.contains("run-a") && e.contains("run-b"), "{e}");
+
+    // run-b reaching step 1 does not replace run-a's step_00000001: it fails, loudly, and keeps it.
+    let before = std::fs::read(a1.join("rank00000.safetensors")).expect("shard");
+    let (b2, d2) = (b.clone(), data.clone());
+    let errors = common::run_ranks(2, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&b2, &be, rank, 2, &d2).expect("trainer");
+        tr.train_step(&be, &mut comm).expect("step");
+        tr.save_checkpoint(&be, &mut comm).err().map(|e| e.to_string())
+    });
+    let e = errors[0].as_deref().expect("rank 0 refuses to replace it");
+    assert!(e.contains("belongs to run run-a") && e.contains("it is kept"), "{e}");
+    assert_eq!(manifest(&a1).run_id.as_deref(), Some("run-a"));
+    assert_eq!(std::fs::read(a1.join("rank00000.safetensors")).expect("shard"), before);
 }
 
 #[test]

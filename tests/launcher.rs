@@ -185,7 +185,8 @@ fn stage3_on_three_ranks_matches_one_rank_with_accumulation() {
     let job = Job::new();
     job.run(3, &["--set", "zero.stage=3"], &[]).assert_success();
     let sharded = job.losses();
-    job.run(1, &["--set", "zero.stage=0", "--set", "train.grad_accum=3"], &[]).assert_success();
+    // A second run in the same output.dir: the first is moved aside (issue 28), not overwritten.
+    job.run(1, &["--overwrite", "--set", "zero.stage=0", "--set", "train.grad_accum=3"], &[]).assert_success();
     let single = job.losses();
     assert_eq!(sharded.len(), job.cfg().train.steps);
     assert_eq!(single.len(), sharded.len());
@@ -213,6 +214,7 @@ fn assert_fault_stops_job(fault: &str, rank: usize, status_words: &str) {
     assert!(job.metrics().len() <= 2, "no step after the fault may complete");
     let left = wait_gone(&job);
     assert!(left.is_empty(), "rank processes left behind: {left:?}");
+    assert!(!job.out().join("launcher.lock").exists(), "the run directory's lock is released");
 }
 
 #[test]
@@ -265,6 +267,7 @@ fn interrupt_kills_every_rank() {
     assert_eq!(status.code(), Some(130));
     let left = wait_gone(&job);
     assert!(left.is_empty(), "rank processes left behind: {left:?}");
+    assert!(!job.out().join("launcher.lock").exists(), "the run directory's lock is released");
 }
 
 #[test]
@@ -360,8 +363,24 @@ fn job_with_checkpoints() -> (Job, PathBuf) {
         for file in ["manifest.json", "rank00000.safetensors", "rank00001.safetensors"] {
             assert!(ck.join(step).join(file).is_file(), "{step}/{file} missing");
         }
+        // Each manifest names the run that saved it: the run directory's owner.
+        assert_eq!(manifest_run_id(&ck.join(step)), Some(run_id(&job.out())), "{step}");
     }
     (job, ck)
+}
+
+/// The run id of a run directory's run.json.
+fn run_id(out: &Path) -> String {
+    let text = std::fs::read_to_string(out.join("run.json")).expect("run.json");
+    let v: Value = serde_json::from_str(&text).expect("run.json is JSON");
+    v["run_id"].as_str().expect("a run id").to_string()
+}
+
+/// The run id recorded in a checkpoint's manifest.
+fn manifest_run_id(ck: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(ck.join("manifest.json")).expect("manifest");
+    let v: Value = serde_json::from_str(&text).expect("manifest JSON");
+    v["run_id"].as_str().map(str::to_string)
 }
 
 #[test]
@@ -667,7 +686,7 @@ fn two_nodes_on_loopback_form_one_job() {
     assert_eq!(metrics.len(), job.cfg().train.steps);
     assert_eq!(metrics[0]["memory"].as_array().map(|m| m.len()), Some(4));
     let four_ranks = job.losses();
-    job.run(1, &["--set", "zero.stage=0", "--set", "train.grad_accum=4"], &[]).assert_success();
+    job.run(1, &["--overwrite", "--set", "zero.stage=0", "--set", "train.grad_accum=4"], &[]).assert_success();
     for (step, (a, b)) in four_ranks.iter().zip(&job.losses()).enumerate() {
         assert!(((a - b) / b).abs() <= 1e-5, "step {}: 2 nodes x 2 ranks {a} vs 1 rank {b}", step + 1);
     }
@@ -923,13 +942,13 @@ fn a_checkpoint_problem_found_inside_a_rank_exits_with_code_2() {
     // The weights are of n_embd 36. The folder's config.json says so, and the config
     // disagrees: refused before anything starts, naming the key.
     let init = format!("train.init_from='{}'", hf.display());
-    let run = job.run(2, &["--set", &init, "--set", "model.n_embd=48"], &[]);
+    let run = job.run(2, &["--overwrite", "--set", &init, "--set", "model.n_embd=48"], &[]);
     let stderr = run.stderr();
     assert_eq!(run.code(), Some(2), "{stderr}");
     assert!(stderr.contains("model.n_embd") && stderr.contains("holds a model with n_embd = 36"), "{stderr}");
     // A lone safetensors file says nothing of its model: the ranks find out when they load it.
     let init = format!("train.init_from='{}'", hf.join("model.safetensors").display());
-    let run = job.run(2, &["--set", &init, "--set", "model.n_embd=48"], &[]);
+    let run = job.run(2, &["--overwrite", "--set", &init, "--set", "model.n_embd=48"], &[]);
     let stderr = run.stderr();
     assert_eq!(run.code(), Some(2), "{stderr}");
     assert!(stderr.contains("failed before its first step") && stderr.contains("model.n_embd"), "{stderr}");
@@ -1141,6 +1160,14 @@ fn a_sweep_over_ranks_and_stages_writes_its_table_and_plots() {
         assert!(svg.contains("<svg") && svg.contains("stage 1") && svg.contains("stage 2"), "{plot}");
     }
     assert!(run.stdout().contains("4 of 6 runs finished"), "{}", run.stdout());
+
+    // A second sweep into the same --out: the earlier run's directory is moved aside, not deleted.
+    let first = run_id(&out.join("runs/cpu1-stage1"));
+    let config = job.config.display().to_string();
+    let again = launcher(&["sweep", "--cpus", "1", "--stages", "1", &config, "--out", &out.display().to_string()]);
+    again.assert_success();
+    assert!(out.join(format!("runs/cpu1-stage1.prev-{first}/metrics.jsonl")).is_file());
+    assert_ne!(run_id(&out.join("runs/cpu1-stage1")), first);
 }
 
 #[test]
@@ -1562,4 +1589,291 @@ fn exit_codes_are_those_of_the_readme_table() {
     assert!(!job.out().join("logs/rank0.log").exists());
     // 1: a rank that failed while the job ran.
     assert_eq!(job.run(2, &["--set", "train.steps=3"], &[("SHARDTRAIN_FAULT", "1:1:exit")]).code(), Some(1));
+}
+
+// ---- Nothing lost, ever (issue 28): a run directory belongs to one run, one launcher at a
+// ---- time, prepared data is never mixed by accident, full disks, not-a-checkpoint.
+
+/// Every file under `dir` (relative path → bytes): "nothing was touched" is equality.
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).expect("inside").to_path_buf();
+                out.insert(rel, std::fs::read(&p).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir").flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+    }
+}
+
+#[test]
+fn a_new_run_where_a_run_is_refused_and_resume_latest_takes_only_its_own_checkpoints() {
+    let (job, ck) = job_with_checkpoints();
+    let id = run_id(&job.out());
+    let before = snapshot(&job.out());
+    // The README's "your own text" example used to do this: a new, shorter run into the same output.dir.
+    let run = job.run(2, &["--set", "train.steps=2", "--set", "checkpoint.every=1"], &[]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    let out = job.out().display().to_string();
+    for needle in [
+        &format!("output.dir = {out} holds run {id}"),
+        "4 steps in metrics.jsonl",
+        "step_00000002, step_00000004",
+        "--resume latest",
+        "--set output.dir=",
+        &format!("--overwrite (renames it to {out}.prev-{id}"),
+    ] {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert_eq!(snapshot(&job.out()), before, "the run directory is untouched");
+
+    // A newer checkpoint of another run lands in this checkpoint.dir (copied, or a shared directory).
+    let other = Job::new();
+    other.run(2, &["--set", "train.steps=8", "--set", "checkpoint.every=8"], &[]).assert_success();
+    let foreign = ck.join("step_00000008");
+    copy_dir(&other.out().join("checkpoints/step_00000008"), &foreign);
+    let foreign_before = snapshot(&foreign);
+    assert_ne!(manifest_run_id(&foreign), Some(id.clone()));
+
+    // `latest` is this directory's run's newest checkpoint, never the other run's newer one.
+    let run = job.run(2, &["--set", "train.steps=7", "--set", "checkpoint.every=2", "--resume", "latest"], &[]);
+    run.assert_success();
+    let from = ck.join("step_00000004");
+    assert!(run.stdout().contains(&format!("resuming from {} at step 4 of 7", from.display())), "{}", run.stdout());
+    assert_eq!(steps_of(&job.metrics()), (1..=7).collect::<Vec<u64>>());
+    assert_eq!(manifest_run_id(&ck.join("step_00000007")), Some(id.clone()), "saved as this run's");
+    // Pruning to checkpoint.keep = 3 counts this run's checkpoints only: the other run's is kept as it was.
+    assert!(!ck.join("step_00000002").exists() && ck.join("step_00000004").exists());
+    assert_eq!(snapshot(&foreign), foreign_before, "the other run's checkpoint is untouched");
+}
+
+#[test]
+fn overwrite_moves_the_old_run_aside_and_deletes_nothing() {
+    let (job, _) = job_with_checkpoints();
+    let id = run_id(&job.out());
+    let before = snapshot(&job.out());
+    let run = job.run(1, &["--overwrite", "--set", "train.steps=2"], &[]);
+    run.assert_success();
+    let aside = job.dir.path().join(format!("out.prev-{id}"));
+    let said = format!("moved output.dir = {} aside to {}", job.out().display(), aside.display());
+    assert!(run.stdout().contains(&said), "{}", run.stdout());
+    assert_eq!(snapshot(&aside), before, "the old run, every file of it, as it was");
+    assert_ne!(run_id(&job.out()), id, "the directory belongs to the new run");
+    assert_eq!(steps_of(&job.metrics()), vec![1, 2]);
+    assert!(!job.out().join("launcher.lock").exists() && !aside.join("launcher.lock").exists());
+
+    // The old run still continues where it now is.
+    let set_out = format!("output.dir='{}'", aside.display());
+    let run = job.run(2, &["--set", &set_out, "--set", "train.steps=6", "--resume", "latest"], &[]);
+    run.assert_success();
+    assert!(run.stdout().contains("at step 4 of 6"), "{}", run.stdout());
+    assert_eq!(run_id(&aside), id);
+}
+
+#[test]
+fn an_outside_checkpoint_dir_belongs_to_its_run_too() {
+    let job = Job::new();
+    let ckdir = job.dir.path().join("ck");
+    let set_ck = format!("checkpoint.dir='{}'", ckdir.display());
+    job.run(2, &["--set", "checkpoint.every=2", "--set", &set_ck], &[]).assert_success();
+    let id = run_id(&job.out());
+    assert_eq!(manifest_run_id(&ckdir.join("step_00000004")), Some(id.clone()));
+    let before = snapshot(&ckdir);
+
+    // Another run (its own output.dir) saving into the same checkpoint.dir: refused, naming it.
+    let out2 = job.dir.path().join("out2");
+    let set_out2 = format!("output.dir='{}'", out2.display());
+    let args = ["--set", "checkpoint.every=2", "--set", &set_ck, "--set", &set_out2];
+    let run = job.run(2, &args, &[]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    let ck = ckdir.display().to_string();
+    for needle in [&format!("checkpoint.dir = {ck} holds checkpoints"), &id, "--overwrite", &format!("{ck}.prev-{id}")]
+    {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert_eq!(snapshot(&ckdir), before);
+    assert!(!out2.join("run.json").exists() && !out2.join("metrics.jsonl").exists(), "nothing started");
+
+    // --overwrite moves those checkpoints aside; the new run saves into a fresh directory.
+    let run = job.run(2, &[&args[..], &["--overwrite"]].concat(), &[]);
+    run.assert_success();
+    let aside = job.dir.path().join(format!("ck.prev-{id}"));
+    assert!(run.stdout().contains(&format!("moved checkpoint.dir = {ck} aside to {}", aside.display())));
+    assert_eq!(snapshot(&aside), before, "moved, not deleted");
+    assert_eq!(manifest_run_id(&ckdir.join("step_00000004")), Some(run_id(&out2)));
+}
+
+#[test]
+fn a_run_that_never_completed_a_step_is_taken_over_and_its_log_kept() {
+    let job = Job::new();
+    // Weights of another width in a lone safetensors file: the ranks find out as they load them.
+    let (other, ck) = job_with_checkpoints();
+    let hf = other.dir.path().join("model");
+    launcher(&["export", &ck.join("step_00000004").display().to_string(), &hf.display().to_string()]).assert_success();
+    let init = format!("train.init_from='{}'", hf.join("model.safetensors").display());
+    let failed = job.run(2, &["--set", &init, "--set", "model.n_embd=48"], &[]);
+    assert_ne!(failed.code(), Some(0), "{}", failed.stderr());
+    assert!(job.metrics().is_empty());
+    let old = run_id(&job.out());
+    let old_log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("log");
+
+    // Fixed and run again, as typed: no flag needed for a run that has nothing to lose.
+    let run = job.run(2, &[], &[]);
+    run.assert_success();
+    assert!(run.stdout().contains(&format!("held run {old}")) && run.stdout().contains("never completed a step"));
+    let new = run_id(&job.out());
+    assert_ne!(new, old);
+    let log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("log");
+    let (above, below) =
+        log.split_once(&format!("--- launcher: run {new} starts here")).unwrap_or_else(|| panic!("no marker:\n{log}"));
+    assert_eq!(above, old_log, "the failed attempt's log is kept above the marker");
+    assert!(below.contains("rank 0 step 4/4"), "{log}");
+}
+
+#[test]
+fn two_runs_at_once_in_one_directory_are_refused() {
+    let job = Job::new();
+    let args = launch_args(2, &job, &["--set", "train.steps=1000000"]);
+    let mut first = Background::start(&args, &[], job.dir.path(), "first");
+    wait_for_steps(&job, 2);
+    let pid = first.child.0.id();
+    for extra in [&[][..], &["--overwrite"][..]] {
+        let run = job.run(1, &[&["--set", "train.steps=3"], extra].concat(), &[]);
+        let stderr = run.stderr();
+        assert_eq!(run.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains("is in use by another run") && stderr.contains(&format!("launcher pid {pid} on host")));
+    }
+    assert!(job.out().is_dir(), "--overwrite never moves a directory in use");
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Killed outright (no chance to release): its lock is stale, and a new launcher takes it over.
+    signal("-KILL", pid);
+    let _ = first.child.0.wait();
+    assert!(job.out().join("launcher.lock").exists(), "left behind by SIGKILL");
+    let steps = steps_of(&job.metrics());
+    assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<u64>>(), "one run's steps, in order");
+    let run = job.run(2, &["--overwrite", "--set", "train.steps=3"], &[]);
+    run.assert_success();
+    assert!(run.stdout().contains(&format!("left by launcher pid {pid}")), "{}", run.stdout());
+    assert!(run.stdout().contains("no longer running"), "{}", run.stdout());
+    assert_eq!(steps_of(&job.metrics()), vec![1, 2, 3]);
+    assert!(!job.out().join("launcher.lock").exists(), "released at the end");
+}
+
+#[test]
+fn a_lock_held_on_another_host_is_refused_naming_it() {
+    let job = Job::new();
+    std::fs::create_dir_all(job.out()).expect("mkdir");
+    let lock = job.out().join("launcher.lock");
+    let holder = r#"{"host":"gpu-node-17.example","pid":4242,"start_ticks":123,"since_unix":1795602645}"#;
+    std::fs::write(&lock, holder).expect("lock");
+    let run = job.run(2, &[], &[]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    for needle in
+        ["launcher pid 4242 on host gpu-node-17.example", "If it is dead, remove", &lock.display().to_string()]
+    {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&lock).expect("lock"), holder, "left alone");
+    assert!(!job.out().join("logs").exists(), "nothing started");
+}
+
+#[test]
+fn prepare_data_into_a_directory_with_shards_is_refused_unless_appended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("fables.txt"), dir.path().join("ledgers.txt"));
+    let text =
+        |w: &str| (0..300).map(|i| format!("On day {i} the {w} counted {} apples.\n", i % 7)).collect::<String>();
+    std::fs::write(&a, text("fox")).expect("a");
+    std::fs::write(&b, text("owl")).expect("b");
+    let shards = dir.path().join("shards");
+    let prep = |input: &Path, extra: &[&str]| {
+        let mut args = vec!["prepare-data".to_string(), input.display().to_string(), shards.display().to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        run_launcher(&args, &[])
+    };
+    prep(&a, &[]).assert_success();
+    let before = snapshot(&shards);
+
+    let refused = prep(&b, &[]);
+    let stderr = refused.stderr();
+    assert_eq!(refused.code(), Some(2), "{stderr}");
+    for needle in [&shards.display().to_string(), "fables_* (2)", "mix both datasets", "--append"] {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert_eq!(snapshot(&shards), before, "nothing written");
+
+    let appended = prep(&b, &["--append"]);
+    appended.assert_success();
+    assert!(appended.stdout().contains("now holds 2 sources"), "{}", appended.stdout());
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(shards.join("dataset.json")).expect("dataset.json"))
+            .expect("json");
+    let sources = record["sources"].as_array().expect("sources");
+    let names: Vec<&str> = sources.iter().map(|s| s["name"].as_str().expect("name")).collect();
+    assert_eq!(names, ["fables", "ledgers"]);
+    assert_eq!(sources[1]["input"], b.display().to_string());
+    let train = data::Dataset::open(&shards, data::Split::Train).expect("train split");
+    let recorded: u64 = sources.iter().map(|s| s["train_tokens"].as_u64().expect("tokens")).sum();
+    assert_eq!(train.total_tokens() as u64, recorded, "training reads exactly the recorded sources");
+}
+
+#[test]
+fn a_full_disk_under_the_rank_logs_does_not_stop_the_job() {
+    let job = Job::new();
+    std::fs::create_dir_all(job.out().join("logs")).expect("mkdir");
+    // Rank 0's log and metrics.jsonl on a "full disk": every write fails with ENOSPC.
+    std::os::unix::fs::symlink("/dev/full", job.out().join("logs/rank0.log")).expect("symlink");
+    std::os::unix::fs::symlink("/dev/full", job.out().join("metrics.jsonl")).expect("symlink");
+    let run = job.run(2, &["--set", "train.steps=6", "--set", "checkpoint.every=3"], &[]);
+    run.assert_success();
+    let (stdout, stderr) = (run.stdout(), run.stderr());
+    assert!(stdout.contains("steps: 6\n"), "the summary counts every step:\n{stdout}");
+    assert!(stdout.contains("6 of the 6 step records are missing"), "{stdout}");
+    let lost = stdout.lines().find(|l| l.contains("lines of the rank logs could not be written")).expect(&stdout);
+    assert!(lost.contains("(rank 0: ") && !lost.contains("rank 1:") && lost.contains("No space left on device"));
+    assert!(stderr.contains("rank 0 cannot write its log"), "warned while it ran:\n{stderr}");
+    let log1 = std::fs::read_to_string(job.out().join("logs/rank1.log")).expect("rank 1 log");
+    assert!(log1.contains("rank 1 step 6/6"), "{log1}");
+    // Checkpoints are not progress output: they were written.
+    assert!(job.out().join("checkpoints/step_00000006/manifest.json").is_file());
+}
+
+#[test]
+fn resume_of_a_directory_that_is_not_a_checkpoint_says_so() {
+    let (job, ck) = job_with_checkpoints();
+    let resume = |what: &Path| {
+        let run = job.run(2, &["--set", "train.steps=6", "--resume", &what.display().to_string()], &[]);
+        assert_eq!(run.code(), Some(2), "{}", run.stderr());
+        run.stderr()
+    };
+    let empty = job.dir.path().join("empty");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let e = resume(&empty);
+    assert!(e.contains("it is not a checkpoint") && !e.contains("did not complete"), "{e}");
+    // A save that crashed: its shard, no manifest.
+    let half = ck.join("step_00000006");
+    std::fs::create_dir_all(&half).expect("mkdir");
+    std::fs::write(half.join("rank00000.safetensors"), b"half").expect("shard");
+    let e = resume(&half);
+    assert!(e.contains("the save did not complete"), "{e}");
+    // The run directory itself.
+    let e = resume(&job.out());
+    assert!(e.contains("is a run directory, not a checkpoint") && e.contains("--resume latest"), "{e}");
 }

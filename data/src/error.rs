@@ -129,6 +129,33 @@ pub enum DataError {
     #[error("GPT-2 tokenizer error: {0}")]
     Tokenizer(String),
 
+    /// Preparing into a directory that already holds shards (without appending).
+    #[error(
+        "{} already holds token shards ({found}): preparing another text into it would mix both datasets in \
+         training (every shard of a directory is trained on). Choose one: prepare into a new directory; \
+         append this text as another source with --append (every source is recorded in dataset.json); or \
+         remove those shards first",
+        dir.display()
+    )]
+    ShardsExist { dir: PathBuf, found: String },
+
+    /// Appending under a shard name the directory already uses.
+    #[error(
+        "{} already holds shards named {name}_*: appending under that name would replace them; give this text \
+         another name with --name",
+        dir.display()
+    )]
+    NameTaken { dir: PathBuf, name: String },
+
+    /// Appending a text the directory already holds.
+    #[error(
+        "{} is already in {} (source {name} of dataset.json: same size and content): appending it again would \
+         train on it twice",
+        input.display(),
+        dir.display()
+    )]
+    AlreadyPrepared { dir: PathBuf, input: PathBuf, name: String },
+
     /// `ensure_builtin_dataset` was pointed at a directory holding something else.
     #[error(
         "{} exists but does not hold the built-in dataset (found {found}); refusing to replace it: pass an \

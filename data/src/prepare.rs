@@ -5,6 +5,8 @@
 //! `<|endoftext|>`, which becomes token 50256 ([`crate::EOT_TOKEN`]) between documents.
 //! The first tokens go to the validation split (`<name>_val_000000.bin`, ...), the rest to
 //! `<name>_train_000000.bin`, ... in shards of `shard_tokens` tokens (the last one shorter).
+//! A directory that already holds shards is refused unless the text is appended as another
+//! source ([`Existing`]); every source is recorded in its `dataset.json` (`sources.rs`).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -31,6 +33,16 @@ pub enum ValSplit {
     Fraction(f64),
 }
 
+/// What [`prepare_text`] does when the output directory already holds token shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Refuse ([`DataError::ShardsExist`]): both datasets would be trained on, mixed.
+    Refuse,
+    /// Add this text as another source (under a shard name of its own), recorded with the
+    /// others in `dataset.json`.
+    Append,
+}
+
 /// What [`prepare_text`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrepareSummary {
@@ -46,6 +58,8 @@ pub struct PrepareSummary {
     pub train_tokens: usize,
     /// Shard files written: validation first, then training, in order.
     pub files: Vec<PathBuf>,
+    /// Sources the directory holds now (recorded in `dataset.json`; 1 unless appended to).
+    pub sources: usize,
 }
 
 impl fmt::Display for PrepareSummary {
@@ -59,7 +73,11 @@ impl fmt::Display for PrepareSummary {
             self.documents,
             self.files.len(),
             self.out_dir.display()
-        )
+        )?;
+        if self.sources > 1 {
+            write!(f, ", which now holds {} sources (listed in its {})", self.sources, crate::sources::SOURCES_FILE)?;
+        }
+        Ok(())
     }
 }
 
@@ -142,25 +160,68 @@ pub fn detokenize(tokens: &[u16]) -> Result<String> {
 
 /// Tokenise the UTF-8 text file `input_txt` with GPT-2 BPE and write llm.c shards named
 /// `<name>_val_%06d.bin` (the first tokens, per `val`) and `<name>_train_%06d.bin` (the
-/// rest, `shard_tokens` per shard) into `out_dir`, which is created if needed. Shards of
-/// an earlier run with the same `name` that this run does not overwrite are removed.
+/// rest, `shard_tokens` per shard) into `out_dir`, which is created if needed, and record
+/// the source in its `dataset.json`. If `out_dir` already holds shards, `existing` decides:
+/// refuse, or append this text as another source (a `name` of its own, a text not already
+/// there; shards without a record are recorded first as sources of unknown origin).
 ///
 /// Errors: missing or unreadable input (named), empty input, non-UTF-8 input (with the
-/// byte offset), a bad `name`/`shard_tokens`/`val`, too few tokens for the split.
+/// byte offset), a bad `name`/`shard_tokens`/`val`, too few tokens for the split, an
+/// `out_dir` that holds shards (and, appending, a name it uses or this same text).
 pub fn prepare_text(
     input_txt: &Path,
     out_dir: &Path,
     name: &str,
     shard_tokens: usize,
     val: ValSplit,
+    existing: Existing,
 ) -> Result<PrepareSummary> {
+    // Checked before the (long) tokenisation: nothing is written when refused.
+    let found = crate::sources::shards_in(out_dir)?;
+    if !found.is_empty() && existing == Existing::Refuse {
+        return Err(DataError::ShardsExist { dir: out_dir.to_owned(), found: crate::sources::describe(&found) });
+    }
+    check_name(name)?;
+    if found.iter().any(|f| crate::sources::shard_prefix(f) == name) {
+        return Err(DataError::NameTaken { dir: out_dir.to_owned(), name: name.to_string() });
+    }
+    let mut record = crate::sources::Sources::read(out_dir)?;
     let bytes = fs::read(input_txt).map_err(io_err("read the input text", input_txt))?;
+    let hash = crate::sources::fnv1a64(&bytes);
+    let same = record
+        .sources
+        .iter()
+        .find(|s| s.input_fnv1a64.as_deref() == Some(hash.as_str()) && s.input_bytes == Some(bytes.len() as u64));
+    if let Some(s) = same {
+        return Err(DataError::AlreadyPrepared {
+            dir: out_dir.to_owned(),
+            input: input_txt.to_owned(),
+            name: s.name.clone(),
+        });
+    }
     let text = std::str::from_utf8(&bytes)
         .map_err(|e| DataError::NotUtf8 { path: input_txt.to_owned(), offset: e.valid_up_to() })?;
-    prepare_str(text, input_txt, out_dir, name, shard_tokens, val)
+    record.add_unrecorded(out_dir, &found)?;
+    let mut summary = prepare_str(text, input_txt, out_dir, name, shard_tokens, val)?;
+    let file_name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    record.sources.push(crate::sources::Source {
+        name: name.to_string(),
+        input: Some(std::path::absolute(input_txt).unwrap_or_else(|_| input_txt.to_owned())),
+        input_bytes: Some(bytes.len() as u64),
+        input_fnv1a64: Some(hash),
+        documents: Some(summary.documents),
+        train_tokens: summary.train_tokens,
+        val_tokens: summary.val_tokens,
+        files: summary.files.iter().map(file_name).collect(),
+        prepared_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs()),
+    });
+    record.write(out_dir)?;
+    summary.sources = record.sources.len();
+    Ok(summary)
 }
 
-/// [`prepare_text`] for text already in memory; `source` names it in errors.
+/// [`prepare_text`] for text already in memory; `source` names it in errors. It writes its
+/// shards into `out_dir` as they are: no check of what the directory holds, no record.
 pub fn prepare_str(
     text: &str,
     source: &Path,
@@ -205,7 +266,6 @@ pub fn prepare_str(
             files.push(path);
         }
     }
-    remove_stale_shards(out_dir, name, &files)?;
     Ok(PrepareSummary {
         out_dir: out_dir.to_owned(),
         documents,
@@ -213,6 +273,7 @@ pub fn prepare_str(
         val_tokens,
         train_tokens: total - val_tokens,
         files,
+        sources: 1,
     })
 }
 
@@ -236,26 +297,6 @@ fn check_name(name: &str) -> Result<()> {
             "dataset name {name:?} contains the word \"train\" or \"val\", which would put its shards in both \
              splits: choose another name"
         )));
-    }
-    Ok(())
-}
-
-/// Remove `<name>_{train,val}_NNNNNN.bin` files of `dir` not in `keep`.
-fn remove_stale_shards(dir: &Path, name: &str, keep: &[PathBuf]) -> Result<()> {
-    for entry in fs::read_dir(dir).map_err(io_err("list the directory", dir))? {
-        let entry = entry.map_err(io_err("list the directory", dir))?;
-        let fname = entry.file_name();
-        let Some(fname) = fname.to_str() else { continue };
-        let is_ours = [Split::Train, Split::Val].iter().any(|s| {
-            fname
-                .strip_prefix(&format!("{name}_{}_", s.word()))
-                .and_then(|rest| rest.strip_suffix(".bin"))
-                .is_some_and(|idx| idx.len() == 6 && idx.bytes().all(|b| b.is_ascii_digit()))
-        });
-        let path = entry.path();
-        if is_ours && !keep.contains(&path) {
-            fs::remove_file(&path).map_err(io_err("remove the stale shard", &path))?;
-        }
     }
     Ok(())
 }
@@ -302,7 +343,7 @@ mod tests {
         let text = TEXT.repeat(20);
         fs::write(&input, &text).unwrap();
         let out = dir.path().join("out");
-        let sum = prepare_text(&input, &out, "tiny", 100, ValSplit::Tokens(30)).unwrap();
+        let sum = prepare_text(&input, &out, "tiny", 100, ValSplit::Tokens(30), Existing::Refuse).unwrap();
         assert_eq!(sum.val_tokens, 30);
         assert_eq!(sum.total_tokens, sum.val_tokens + sum.train_tokens);
         assert!(sum.files[0].ends_with("tiny_val_000000.bin"));
@@ -319,11 +360,64 @@ mod tests {
         assert_eq!(Dataset::open(&out, Split::Val).unwrap().total_tokens(), 30);
         assert!(sum.to_string().contains(&format!("wrote {} tokens", sum.total_tokens)));
 
-        // Re-preparing with bigger shards removes the now-stale extra shards.
-        let sum2 = prepare_text(&input, &out, "tiny", 1_000_000, ValSplit::Fraction(0.1)).unwrap();
-        assert_eq!(sum2.files.len(), 2);
-        assert_eq!(fs::read_dir(&out).unwrap().count(), 2);
-        assert_eq!(sum2.val_tokens, (sum2.total_tokens as f64 * 0.1).round() as usize);
+        let record = crate::sources::Sources::read(&out).unwrap();
+        assert_eq!(record.sources.len(), 1);
+        assert_eq!(record.sources[0].input.as_deref(), Some(input.as_path()));
+        assert_eq!(record.sources[0].files.len(), sum.files.len());
+        assert_eq!(sum.sources, 1);
+    }
+
+    #[test]
+    fn a_directory_with_shards_is_refused_unless_appended_to_and_every_source_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
+        fs::write(&a, TEXT.repeat(20)).unwrap();
+        fs::write(&b, "Another text entirely, about owls. ".repeat(100)).unwrap();
+        let out = dir.path().join("out");
+        let first = prepare_text(&a, &out, "a", 1_000_000, ValSplit::Fraction(0.1), Existing::Refuse).unwrap();
+        let listing = |d: &Path| {
+            let mut v: Vec<_> = fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+            v.sort();
+            v
+        };
+        let before = listing(&out);
+
+        // A second text: refused, naming the directory, what it holds and the choices; nothing written.
+        let e = prepare_text(&b, &out, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Refuse).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, DataError::ShardsExist { .. }), "{msg}");
+        assert!(
+            msg.contains(&out.display().to_string()) && msg.contains("a_* (2)") && msg.contains("--append"),
+            "{msg}"
+        );
+        assert_eq!(listing(&out), before);
+        // The same text again under its own name is refused too (it would replace its shards).
+        let e = prepare_text(&a, &out, "a", 1_000, ValSplit::Fraction(0.1), Existing::Append).unwrap_err();
+        assert!(matches!(e, DataError::NameTaken { .. }), "{e}");
+        let e = prepare_text(&a, &out, "a2", 1_000, ValSplit::Fraction(0.1), Existing::Append).unwrap_err();
+        assert!(matches!(e, DataError::AlreadyPrepared { .. }) && e.to_string().contains("twice"), "{e}");
+
+        // Appended: both in training, both recorded.
+        let second = prepare_text(&b, &out, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Append).unwrap();
+        assert_eq!(second.sources, 2);
+        assert!(second.to_string().contains("2 sources"), "{second}");
+        let train = Dataset::open(&out, Split::Train).unwrap();
+        assert_eq!(train.total_tokens(), first.train_tokens + second.train_tokens);
+        let record = crate::sources::Sources::read(&out).unwrap();
+        let names: Vec<&str> = record.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(record.sources[1].input.as_deref(), Some(b.as_path()));
+        assert_eq!(record.sources[1].train_tokens, second.train_tokens);
+
+        // Shards without a record (llm.c's, or from before dataset.json) are recorded at the first append.
+        let legacy = dir.path().join("legacy");
+        fs::create_dir_all(&legacy).unwrap();
+        crate::shard::write_shard(legacy.join("fineweb_train_000000.bin"), &[1, 2, 3, 4]).unwrap();
+        prepare_text(&b, &legacy, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Append).unwrap();
+        let record = crate::sources::Sources::read(&legacy).unwrap();
+        assert_eq!(record.sources.len(), 2);
+        assert_eq!((record.sources[0].name.as_str(), record.sources[0].input.as_ref()), ("fineweb", None));
+        assert_eq!(record.sources[0].train_tokens, 4);
     }
 
     #[test]
@@ -331,23 +425,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
         let missing = dir.path().join("missing.txt");
-        let e = prepare_text(&missing, &out, "x", 100, ValSplit::Tokens(1)).unwrap_err();
+        let e = prepare_text(&missing, &out, "x", 100, ValSplit::Tokens(1), Existing::Refuse).unwrap_err();
         assert!(matches!(e, DataError::Io { .. }) && e.to_string().contains("missing.txt"), "{e}");
 
         let empty = dir.path().join("empty.txt");
         fs::write(&empty, " \n\n").unwrap();
-        let e = prepare_text(&empty, &out, "x", 100, ValSplit::Tokens(1)).unwrap_err();
+        let e = prepare_text(&empty, &out, "x", 100, ValSplit::Tokens(1), Existing::Refuse).unwrap_err();
         assert!(matches!(e, DataError::EmptyInput { .. }), "{e}");
 
         let latin1 = dir.path().join("latin1.txt");
         fs::write(&latin1, b"caf\xe9 au lait").unwrap();
-        let e = prepare_text(&latin1, &out, "x", 100, ValSplit::Tokens(1)).unwrap_err();
+        let e = prepare_text(&latin1, &out, "x", 100, ValSplit::Tokens(1), Existing::Refuse).unwrap_err();
         assert!(matches!(e, DataError::NotUtf8 { offset: 3, .. }), "{e}");
         assert!(e.to_string().contains("byte offset 3") && e.to_string().contains("latin1.txt"), "{e}");
 
         let small = dir.path().join("small.txt");
         fs::write(&small, "hi there").unwrap();
-        let e = prepare_text(&small, &out, "x", 100, ValSplit::Tokens(2)).unwrap_err();
+        let e = prepare_text(&small, &out, "x", 100, ValSplit::Tokens(2), Existing::Refuse).unwrap_err();
         assert!(matches!(e, DataError::TooFewTokens { total: 2, .. }), "{e}");
         for (name, shard, val) in [
             ("", 100, ValSplit::Tokens(0)),
@@ -356,7 +450,7 @@ mod tests {
             ("x", 0, ValSplit::Tokens(0)),
             ("x", 100, ValSplit::Fraction(1.0)),
         ] {
-            let e = prepare_text(&small, &out, name, shard, val).unwrap_err();
+            let e = prepare_text(&small, &out, name, shard, val, Existing::Refuse).unwrap_err();
             assert!(matches!(e, DataError::InvalidArgument(_)), "{name:?}: {e}");
         }
         assert!(!out.exists(), "no output on error");

@@ -78,11 +78,16 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "TOKEN")]
     pub job_token: Option<String>,
     /// Continue from a checkpoint: its directory (`<checkpoint.dir>/step_00000100`) or `latest`, the
-    /// newest intact one in checkpoint.dir. Verified (every file's size and CRC-32, the model shape)
+    /// newest intact one in checkpoint.dir of the run that owns output.dir. Verified (every file's size and CRC-32, the model shape)
     /// before any rank starts; --cpus and zero.stage may differ from the run that saved it.
     /// metrics.jsonl and the rank logs of the run directory are continued, not replaced.
     #[arg(long, value_name = "DIR|latest")]
     pub resume: Option<PathBuf>,
+    /// Start a new run in an output.dir that holds another run: that run (and a
+    /// checkpoint.dir outside output.dir that holds checkpoints) is first renamed to
+    /// `<dir>.prev-<run id>`, never deleted. Without it such a launch is refused.
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
     /// Host memory this node's ranks may use, in GiB, for the launch's fit check (default:
     /// MemAvailable). State it where memory grows as it is used (a VM whose memory is plugged
     /// in on demand shows a small MemAvailable at start).
@@ -126,6 +131,10 @@ pub struct PrepareDataArgs {
     /// Tokens per shard file.
     #[arg(long, value_name = "N", default_value_t = 100_000_000)]
     pub shard_tokens: usize,
+    /// Add this text to an OUT_DIR that already holds shards (training then samples both);
+    /// every source is recorded in OUT_DIR/dataset.json. Without it such an OUT_DIR is refused.
+    #[arg(long)]
+    pub append: bool,
 }
 
 #[derive(Debug, Args)]

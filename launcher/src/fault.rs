@@ -54,11 +54,11 @@ impl Fault {
         }
         match self.kind {
             FaultKind::Exit => {
-                eprintln!("rank {rank}: {FAULT_ENV}: exiting with code 7 after step {step} (injected fault)");
+                trainer::log_line!("rank {rank}: {FAULT_ENV}: exiting with code 7 after step {step} (injected fault)");
                 std::process::exit(7);
             }
             FaultKind::Abort => {
-                eprintln!("rank {rank}: {FAULT_ENV}: aborting after step {step} (injected crash)");
+                trainer::log_line!("rank {rank}: {FAULT_ENV}: aborting after step {step} (injected crash)");
                 std::process::abort();
             }
         }

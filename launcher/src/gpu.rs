@@ -83,7 +83,7 @@ mod imp {
         on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
     ) -> Result<TrainSummary, TrainError> {
         let be = CudaBackend::new(gpu)?;
-        println!("rank {rank}: {be:?} on GPU {gpu}");
+        trainer::log_line!("rank {rank}: {be:?} on GPU {gpu}");
         if world == 1 {
             // One GPU: nothing to communicate, so no NCCL communicator (and its ~1 GiB).
             let mut comm = Tracked::new(LocalGpuComm::new(be.stream().clone()), progress.clone());
@@ -93,7 +93,7 @@ mod imp {
         let on_stop = abort.clone();
         crate::worker::on_stop(move || {
             if let Err(e) = on_stop.abort() {
-                eprintln!("rank {rank}: aborting the NCCL communicator failed: {e}");
+                trainer::log_line!("rank {rank}: aborting the NCCL communicator failed: {e}");
             }
         });
         // What NCCL allocates for itself (channels, buffers; connected at creation: the

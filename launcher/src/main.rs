@@ -10,7 +10,8 @@
 //!
 //! Exit codes (the README's table): 0 finished; 1 the job failed while it ran (a rank
 //! crashed, was killed or erred, or the launcher could not run it); 2 it never started (bad
-//! arguments, config, data, checkpoint or `train.init_from`, a plan that does not fit memory, too
+//! arguments, config, data, checkpoint or `train.init_from`, a run directory that holds
+//! another run or is in use, a plan that does not fit memory, too
 //! many `--cpus`, node 0 unreachable or refusing this node: nothing trained), or a rank found
 //! a data, checkpoint or config problem (a checkpoint it cannot write, e.g. a full disk,
 //! included); 3 the hang watchdog stopped it (no progress for `watchdog.timeout_s`); 130
@@ -20,7 +21,8 @@
 //!
 //! Also: `token` (the job's rendezvous secret), `fingerprint` (what must match across
 //! nodes), `watchdog` (when a job is hung, and who is behind), `out` (output that never
-//! stops a job when stdout is closed).
+//! stops a job when stdout is closed), `rundir` (a run directory belongs to one run) and
+//! `runlock` (one launcher at a time per run directory).
 
 mod cgroup;
 mod cli;
@@ -42,6 +44,8 @@ mod protocol;
 mod ranks;
 mod rendezvous;
 mod resume;
+mod rundir;
+mod runlock;
 mod setup;
 mod signals;
 mod supervise;
@@ -74,7 +78,10 @@ fn launch(args: &cli::LaunchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the launcher's async runtime: {e}"))?;
-    runtime.block_on(supervise::run(&plan))
+    let result = runtime.block_on(supervise::run(&plan));
+    // The run directories stay locked until every rank is reaped and the summary written.
+    drop(plan.locks);
+    result
 }
 
 /// A tool's result: it started no job, so a failure is exit code 2 (see the module's table).

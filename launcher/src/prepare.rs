@@ -1,22 +1,37 @@
-//! `launcher prepare-data INPUT.txt OUT_DIR`: tokenize a text file with the GPT-2 BPE into
-//! llm.c token shards (validation split first, then training) that `data.path` can point at.
+//! `launcher prepare-data INPUT.txt OUT_DIR [--append]`: tokenize a text file with the GPT-2
+//! BPE into llm.c token shards (validation split first, then training) that `data.path` can
+//! point at. An OUT_DIR that already holds shards is refused (exit code 2: training would mix
+//! both texts) unless `--append` adds this text as another source; every source is recorded
+//! in `OUT_DIR/dataset.json` (`data::sources`).
 
 use crate::cli::PrepareDataArgs;
-use anyhow::Context;
+use crate::setup::SetupError;
+use data::{DataError, Existing};
 
 pub fn run(args: &PrepareDataArgs) -> anyhow::Result<()> {
     let name = match &args.name {
         Some(n) => n.clone(),
         None => default_name(&args.input),
     };
+    let existing = if args.append { Existing::Append } else { Existing::Refuse };
     let summary = data::prepare_text(
         &args.input,
         &args.out_dir,
         &name,
         args.shard_tokens,
         data::ValSplit::Fraction(args.val_fraction),
+        existing,
     )
-    .with_context(|| format!("prepare-data {} {}", args.input.display(), args.out_dir.display()))?;
+    .map_err(|e| {
+        let message = format!("prepare-data {} {}: {e}", args.input.display(), args.out_dir.display());
+        match e {
+            // What OUT_DIR holds, not a failure: refused before anything was written.
+            DataError::ShardsExist { .. } | DataError::NameTaken { .. } | DataError::AlreadyPrepared { .. } => {
+                anyhow::Error::from(SetupError(message))
+            }
+            _ => anyhow::anyhow!(message),
+        }
+    })?;
     println!("{summary}");
     println!(
         "train on it with: launcher --cpus N CONFIG --set data.path={} --set model.vocab_size={}",

@@ -14,7 +14,8 @@
 //!    (`peers[r]` is rank r's data-plane address; `nccl_id` is for GPU ranks);
 //! 3. rank → launcher `Heartbeat { rank, progress }` about every second (where the rank
 //!    is: step, micro-step, collectives, phase; the hang watchdog reads them) and
-//!    `Step { rank, metrics }` after every optimizer step;
+//!    `Step { rank, metrics }` after every optimizer step; `LogLost { rank, lines, error }`
+//!    when lines of its log could not be written (a full disk), with the count so far;
 //! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer, setup }` and exit
 //!    code 1 (2 when `setup`: a data, checkpoint or config problem);
 //! 5. launcher → rank `Stop { reason, kind }` at any time: the rank aborts its communicator
@@ -77,6 +78,9 @@ pub enum Msg {
     Probe { magic: [u8; 8], version: u32, node: u32, token: String },
     /// Node 0's answer to a `Probe` with the job's token (a wrong one gets `Stop { Refused }`).
     Welcome,
+    /// `rank` could not write `lines` lines of its log so far (its log is on a full disk, or
+    /// unwritable); `error` is the first failure. Training goes on; the summary reports them.
+    LogLost { rank: u32, lines: u64, error: String },
 }
 
 /// Why the launcher stops a rank, and so the rank's exit code.

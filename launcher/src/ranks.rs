@@ -1,6 +1,7 @@
 //! Rank processes on this node: spawning them (this same binary with the hidden `worker`
 //! subcommand, the rank environment, output into `logs/rank<r>.log`: a new file for a new
-//! run, appended to (after a marker line) when resuming), handing each its start-up line
+//! run, appended to after a marker line when resuming or taking over a run directory whose
+//! run never completed a step), handing each its start-up line
 //! (job token, fingerprint, heartbeat period) on a stdin pipe that then stays open while
 //! the rank lives (its end tells the rank that this launcher is gone), watching them exit,
 //! killing them, and reading a log's tail (and last step) for error reports.
@@ -102,10 +103,11 @@ pub fn spawn_all(
     Ok(pids)
 }
 
-/// A rank's log: created empty, or when resuming appended to after a marker line, so the
-/// interrupted run's log (and its last error) stays above the continuation.
+/// A rank's log: created empty, or appended to after the plan's marker line, so the earlier
+/// run's log (and its last error) stays above the continuation. A marker that cannot be
+/// written (a full disk) is a warning: log output never stops a job.
 fn open_log(path: &Path, plan: &RunPlan) -> anyhow::Result<std::fs::File> {
-    let Some(resume) = &plan.resume else {
+    let Some(marker) = &plan.log_marker else {
         return std::fs::File::create(path).with_context(|| format!("cannot create the log file {}", path.display()));
     };
     let mut log = std::fs::OpenOptions::new()
@@ -113,8 +115,12 @@ fn open_log(path: &Path, plan: &RunPlan) -> anyhow::Result<std::fs::File> {
         .create(true)
         .open(path)
         .with_context(|| format!("cannot open the log file {}", path.display()))?;
-    writeln!(log, "--- launcher: resuming from {} at step {} ---", resume.dir.display(), resume.step)
-        .with_context(|| format!("cannot write the log file {}", path.display()))?;
+    if let Err(e) = writeln!(log, "{marker}") {
+        crate::out::warn(&format!(
+            "launcher: warning: cannot write to {} ({e}): the rank's log goes on without its marker line",
+            path.display()
+        ));
+    }
     Ok(log)
 }
 

@@ -1,8 +1,9 @@
 //! `--resume DIR|latest`: choosing the checkpoint and checking it once, before any rank starts.
 //!
-//! `latest` is the newest checkpoint under `checkpoint.dir` that validates completely
-//! ([`trainer::checkpoint::find_latest`]: when newer ones are broken its message says what
-//! is wrong with the newest and names the newest intact one). A directory given by name is
+//! `latest` is the newest checkpoint under `checkpoint.dir` of the run that owns the run
+//! directory that validates completely ([`trainer::checkpoint::find_latest_of`]: checkpoints
+//! of other runs are skipped; when newer ones are broken its message says what is wrong with
+//! the newest and names the newest intact one). A directory given by name is
 //! opened with every file's size and CRC-32 verified. Either way the model shape must match
 //! the config, the manifest must be consistent (ZeRO stage 0-3, one shard file per rank of
 //! its world, a step that matches the directory name, segments inside their units: see
@@ -16,7 +17,7 @@
 use crate::setup::SetupError;
 use std::path::{Path, PathBuf};
 use trainer::checkpoint::load::list_checkpoints;
-use trainer::checkpoint::{find_latest, CheckpointReader};
+use trainer::checkpoint::{find_latest_of, CheckpointReader};
 use trainer::Config;
 
 /// The value of `--resume` that picks the newest intact checkpoint.
@@ -32,17 +33,27 @@ pub struct Resume {
     /// World size and ZeRO stage of the run that saved it.
     pub saved_world: usize,
     pub saved_stage: u8,
+    /// The run that saved it (`None`: saved before run ids).
+    pub run_id: Option<String>,
     /// Differences from the saved run worth knowing (the learning-rate schedule, the batch).
     pub notes: Vec<String>,
 }
 
+impl Resume {
+    /// The line after which rank logs continue: the interrupted run's log (and its last
+    /// error) stays above it.
+    pub fn log_marker(&self) -> String {
+        format!("--- launcher: resuming from {} at step {} ---", self.dir.display(), self.step)
+    }
+}
+
 /// Resolve `--resume` (`latest` or a directory) for a job of `world` ranks running `cfg`
-/// (whose paths are absolute already).
-pub fn resolve(arg: &Path, cfg: &Config, world: usize) -> Result<Resume, SetupError> {
+/// (whose paths are absolute already), in a run directory owned by run `owner`.
+pub fn resolve(arg: &Path, cfg: &Config, world: usize, owner: Option<&str>) -> Result<Resume, SetupError> {
     let root = cfg.checkpoint_dir();
     let reader = if arg == Path::new(LATEST) {
         // find_latest verified every file's checksum of the one it returns: sizes suffice now.
-        let dir = find_latest(&root).map_err(|e| SetupError(format!("--resume {LATEST}: {e}")))?;
+        let dir = find_latest_of(&root, owner).map_err(|e| SetupError(format!("--resume {LATEST}: {e}")))?;
         CheckpointReader::open(&dir, false)
     } else {
         let dir = std::path::absolute(arg).unwrap_or_else(|_| arg.to_path_buf());
@@ -88,6 +99,7 @@ pub fn resolve(arg: &Path, cfg: &Config, world: usize) -> Result<Resume, SetupEr
         step: m.step,
         saved_world: m.world,
         saved_stage: m.stage,
+        run_id: m.run_id.clone(),
         notes: differences(&m.config_toml, m.world, cfg, world),
     })
 }
@@ -139,9 +151,20 @@ pub fn check_manifest(dir: &Path, m: &trainer::checkpoint::Manifest) -> Result<(
     Ok(())
 }
 
-/// When `dir` is not one checkpoint but a directory of them, say which to pick.
+/// When `dir` is not one checkpoint but a directory of them (or a run directory), say which to pick.
 fn root_hint(dir: &Path) -> Option<String> {
-    let (count, intact) = checkpoint_root(dir)?;
+    let Some((count, intact)) = checkpoint_root(dir) else {
+        let inner = dir.join("checkpoints");
+        let (_, intact) = checkpoint_root(&inner)?;
+        let pick =
+            intact.map_or(String::new(), |d| format!(" or one of its checkpoints, e.g. --resume {}", d.display()));
+        return Some(format!(
+            "{} is a run directory, not a checkpoint: continue its run with `--resume {LATEST}` and \
+             output.dir = {}{pick}",
+            dir.display(),
+            dir.display()
+        ));
+    };
     let pick = match intact {
         Some(d) => format!("pass one of them, e.g. --resume {}", d.display()),
         None => "and none of them is intact".to_string(),

@@ -1,6 +1,7 @@
 //! Everything checked and prepared before any rank is spawned: the device and the GPU of
 //! each rank, the node layout, the job token, the config (loaded and validated once, here),
-//! the checkpoint to resume from (`resume`), the data (both splits against the vocabulary),
+//! (node 0) the run directory's lock and owner (`runlock`, `rundir`: a directory holds one
+//! run), the checkpoint to resume from (`resume`), the data (both splits against the vocabulary),
 //! `train.init_from`, the checkpoint directory (writable; half-written `.step_*.partial`
 //! directories of a crashed save removed), the run directory, the node's fingerprint and the
 //! resolved config file the ranks read. A problem found here is a [`SetupError`]: printed
@@ -56,6 +57,13 @@ pub struct RunPlan {
     pub fingerprint: Fingerprint,
     /// GPU jobs: the GPU of each local rank (`SHARDTRAIN_GPU_MAP`, default the identity).
     pub gpu_map: Vec<usize>,
+    /// The run that owns the run directory (node 0; `run.json`).
+    pub run_id: Option<String>,
+    /// The line after which rank logs continue the ones there (a resume, or a run taking
+    /// over one that never completed a step); `None`: each log starts empty.
+    pub log_marker: Option<String>,
+    /// Node 0's locks on the run's directories, held until the plan is dropped.
+    pub locks: Option<std::sync::Arc<crate::rundir::Locks>>,
 }
 
 impl RunPlan {
@@ -153,8 +161,28 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         crate::fit::check(&need, crate::fit::Capacity::of_this_machine(gpu, None, args.host_mem), &cfg)
             .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
     }
+    // Node 0 owns the run directory: lock it, and see which run it holds.
+    let (mut locks, survey) = if node_rank == 0 {
+        let (locks, notes) = crate::rundir::lock(&cfg)?;
+        for note in notes {
+            crate::out::say(&note);
+        }
+        (Some(locks), Some(crate::rundir::Survey::of(&cfg, local_ranks)?))
+    } else {
+        (None, None)
+    };
+    let owner = survey.as_ref().and_then(|s| s.owner_id());
     // Before anything is written: a checkpoint that cannot be resumed leaves the run directory as it was.
-    let resume = args.resume.as_deref().map(|arg| crate::resume::resolve(arg, &cfg, world)).transpose()?;
+    let resume = args.resume.as_deref().map(|arg| crate::resume::resolve(arg, &cfg, world, owner)).transpose()?;
+    let claim = match (&survey, locks.as_mut()) {
+        (Some(survey), Some(locks)) => {
+            Some(crate::rundir::claim(&cfg, survey, resume.as_ref(), args.overwrite, locks, config_path)?)
+        }
+        _ => None,
+    };
+    for note in claim.iter().flat_map(|c| &c.notes) {
+        crate::out::say(note);
+    }
 
     let logs_dir = out_dir.join("logs");
     std::fs::create_dir_all(&logs_dir).map_err(|e| {
@@ -190,10 +218,17 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         .map_err(|e| SetupError(format!("cannot serialize the resolved config: {e} (a bug: please report it)")))?;
     write(&resolved_config, text.as_bytes())?;
     let metrics_path = out_dir.join("metrics.jsonl");
+    if let Some(claim) = &claim {
+        claim.commit(&out_dir)?;
+    }
     if node_rank == 0 {
         crate::metrics::start_file(&metrics_path, resume.as_ref().map(|r| r.step))
             .map_err(|e| SetupError(format!("{e:#}")))?;
     }
+    let log_marker = match &claim {
+        Some(c) => c.log_marker.clone(),
+        None => resume.as_ref().map(crate::resume::Resume::log_marker),
+    };
     Ok(RunPlan {
         cfg,
         device,
@@ -210,6 +245,9 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         token,
         fingerprint,
         gpu_map,
+        run_id: claim.map(|c| c.identity.run_id),
+        log_marker,
+        locks: locks.map(std::sync::Arc::new),
     })
 }
 

@@ -91,6 +91,9 @@ struct RankState {
     trouble_seq: Option<u64>,
     /// The process was still running at teardown and was killed by the launcher.
     killed: bool,
+    /// Lines of its log it could not write (reported by the rank), and the first error.
+    log_lost: u64,
+    log_error: Option<String>,
 }
 
 impl RankState {
@@ -170,12 +173,13 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let resumed_at = plan.resume.as_ref().map_or(0, |r| r.step);
     let mut progress = Progress::new(total_steps, resumed_at, plan.is_master());
     progress.println(&format!(
-        "launched {} {} rank(s) on node {} (world {}, pids {}); rendezvous {}; logs in {}",
+        "launched {} {} rank(s) on node {} (world {}, pids {}){}; rendezvous {}; logs in {}",
         plan.local_ranks,
         plan.device.name().to_uppercase(),
         plan.node_rank,
         plan.world,
         some(&pids),
+        plan.run_id.as_ref().map_or(String::new(), |id| format!("; run {id}")),
         rendezvous_addr,
         plan.logs_dir.display()
     ));
@@ -217,6 +221,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let mut rejected: Vec<String> = Vec::new();
     let mut refused_nodes: Vec<usize> = Vec::new();
     let mut metrics_warned = false;
+    let mut log_warned = false;
     let (mut sigint, mut sigterm) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
 
     loop {
@@ -303,6 +308,23 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                                     "launcher: warning: {e}; training goes on, and the run summary counts every step"
                                 ));
                             }
+                        }
+                    }
+                    Msg::LogLost { lines, error, .. } => {
+                        let r = &mut ranks[rank];
+                        r.log_lost = r.log_lost.max(lines);
+                        r.log_error.get_or_insert(error.clone());
+                        if !log_warned {
+                            log_warned = true;
+                            out::warn(&format!(
+                                "launcher: warning: rank {rank} cannot write its log {} ({error}); training goes \
+                                 on, and the run summary counts the lost lines",
+                                if plan.local_rank_ids().contains(&rank) {
+                                    plan.log_path(rank).display().to_string()
+                                } else {
+                                    format!("logs/rank{rank}.log on its node")
+                                }
+                            ));
                         }
                     }
                     Msg::Done { .. } => {
@@ -414,6 +436,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         }
     }
 
+    let lost = lost_log_lines(plan, &ranks);
     match stop {
         None => {
             match &metrics {
@@ -423,6 +446,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                     plan.node_rank,
                     join(&plan.local_rank_ids().collect::<Vec<_>>())
                 )),
+            }
+            if let Some(lost) = lost {
+                out::say(&lost);
             }
             Ok(())
         }
@@ -438,10 +464,35 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             anyhow::bail!(hello_timeout_report(plan, &ranks, &missing, &rejected))
         }
         Some((Stop::Failure, _)) => {
-            let (code, message) = failure_report(plan, &ranks, &oom);
+            let (code, mut message) = failure_report(plan, &ranks, &oom);
+            if let Some(lost) = lost {
+                message = format!("{message}\n{lost}");
+            }
             Err(JobError { code, message }.into())
         }
     }
+}
+
+/// The summary's line on rank log lines that could not be written (node 0 hears from every
+/// rank), or `None` when none was lost.
+fn lost_log_lines(plan: &RunPlan, ranks: &[RankState]) -> Option<String> {
+    let total: u64 = ranks.iter().map(|r| r.log_lost).sum();
+    if total == 0 {
+        return None;
+    }
+    let per_rank: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.log_lost > 0)
+        .map(|(i, r)| format!("rank {i}: {}", r.log_lost))
+        .collect();
+    let first = ranks.iter().find_map(|r| r.log_error.as_deref()).unwrap_or("unknown error");
+    Some(format!(
+        "warning: {total} lines of the rank logs could not be written ({}; first error: {first}): the logs in {} \
+         are incomplete; training did not stop for it",
+        per_rank.join(", "),
+        plan.logs_dir.display()
+    ))
 }
 
 /// Tell every connected rank to stop (they abort their communicators and exit).

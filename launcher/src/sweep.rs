@@ -1,8 +1,9 @@
 //! `launcher sweep CONFIG --cpus 1,2,3 | --gpus 1,2,4,8 [--stages 1,2,3] [--set ...]`: a
 //! scaling experiment. Each (ranks, ZeRO stage) combination is one ordinary training run of
 //! this same launcher (its own run directory under `<out>/runs/`, its output in
-//! `<out>/runs/<name>.log`); a run that fails (out of memory, not enough GPUs, anything) is
-//! recorded with its error and the sweep goes on.
+//! `<out>/runs/<name>.log`; an earlier sweep's run there is moved aside with `--overwrite`);
+//! a run that fails (out of memory, not enough GPUs, anything) is recorded with its error
+//! and the sweep goes on.
 //!
 //! For every combination the table has: tokens/s per rank (mean over the steps after the
 //! first), weak-scaling efficiency (tokens/s per rank relative to the fewest ranks of the same
@@ -217,8 +218,6 @@ fn run_one(
     if device == Device::Gpu {
         row.predicted_device_peak_bytes = predicted.map(|p| p + crate::memory::gpu_runtime_bytes(n));
     }
-    // A fresh run directory: metrics.jsonl and logs of an earlier sweep must not be read.
-    let _ = std::fs::remove_dir_all(run_dir);
     let log_file = match std::fs::File::create(log).and_then(|f| Ok((f.try_clone()?, f))) {
         Ok(f) => f,
         Err(e) => {
@@ -233,6 +232,9 @@ fn run_one(
         .args(args.overrides.iter().flat_map(|o| ["--set".to_string(), o.clone()]))
         .args(["--set".to_string(), format!("zero.stage={stage}")])
         .args(["--set".to_string(), format!("output.dir={}", toml_string(run_dir))])
+        // A fresh run directory (an earlier sweep's metrics must not be read): its run is
+        // moved aside to `<name>.prev-<run id>`, never deleted.
+        .arg("--overwrite")
         .stdin(Stdio::null())
         .stdout(Stdio::from(log_file.0))
         .stderr(Stdio::from(log_file.1))

@@ -11,7 +11,9 @@
 //! Exit codes: 0 after `Done`; 1 after `Failed`; 2 for a data, checkpoint or config problem
 //! or a refused config; 3 when stopped by the hang watchdog.
 //!
-//! Everything this process prints goes to its `logs/rank<r>.log` (the launcher redirects it).
+//! Everything this process prints goes to its `logs/rank<r>.log` (the launcher redirects it),
+//! through `trainer::log_line!`: a line that cannot be written (a full disk) is counted and
+//! reported to the launcher (`LogLost`), never a panic.
 
 use crate::cli::WorkerArgs;
 use crate::device::Device;
@@ -23,7 +25,7 @@ use collectives::CommError;
 use std::io::BufRead;
 use std::net::{SocketAddr, TcpStream};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trainer::backend::cpu::{CpuBackend, HostComm};
@@ -97,7 +99,7 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 fn stop_now(code: u8) -> ! {
     let _ = std::thread::Builder::new().name("stop-grace".into()).spawn(move || {
         std::thread::sleep(STOP_GRACE);
-        eprintln!("stopping took longer than {STOP_GRACE:?} (a communicator abort hung): exiting anyway");
+        trainer::log_line!("stopping took longer than {STOP_GRACE:?} (a communicator abort hung): exiting anyway");
         std::process::exit(i32::from(code))
     });
     let hooks: Vec<StopHook> = std::mem::take(&mut *STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()));
@@ -150,55 +152,69 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     let boot = match read_bootstrap() {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("rank {rank}: {e}");
+            trainer::log_line!("rank {rank}: {e}");
             return ExitCode::from(1);
         }
     };
     let finished = Arc::new(AtomicBool::new(false));
     if let Err(e) = watch_own_launcher(rank as usize, finished.clone()) {
-        eprintln!("rank {rank}: {e}");
+        trainer::log_line!("rank {rank}: {e}");
         return ExitCode::from(1);
     }
     let control = match connect_control(args.rendezvous) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("rank {rank}: {e}");
+            trainer::log_line!("rank {rank}: {e}");
             return ExitCode::from(1);
         }
     };
     let tx = match control.try_clone() {
         Ok(w) => ControlTx(Arc::new(Mutex::new(w))),
         Err(e) => {
-            eprintln!("rank {rank}: cannot clone the control socket: {e}");
+            trainer::log_line!("rank {rank}: cannot clone the control socket: {e}");
             return ExitCode::from(1);
         }
     };
     match run_connected(&args, &boot, &control, &tx, &finished) {
-        Ok(()) => match tx.send(&Msg::Done { rank }) {
-            Ok(()) => {
-                if let Some(bytes) = peak_host_bytes() {
-                    // Read back by `launcher sweep`.
-                    println!("rank {rank}: peak host memory {bytes} bytes (VmHWM)");
+        Ok(()) => {
+            if let Some(bytes) = peak_host_bytes() {
+                // Read back by `launcher sweep`.
+                trainer::log_line!("rank {rank}: peak host memory {bytes} bytes (VmHWM)");
+            }
+            trainer::log_line!("rank {rank}: done");
+            report_lost_lines(&tx, rank);
+            match tx.send(&Msg::Done { rank }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    trainer::log_line!("rank {rank}: finished but cannot tell the launcher: {e}");
+                    ExitCode::from(1)
                 }
-                println!("rank {rank}: done");
-                ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("rank {rank}: finished but cannot tell the launcher: {e}");
-                ExitCode::from(1)
-            }
-        },
+        }
         Err(f) => {
             finished.store(true, Ordering::SeqCst);
-            eprintln!("rank {rank}: error: {}", f.message);
+            trainer::log_line!("rank {rank}: error: {}", f.message);
             if let Some(p) = f.peer {
                 // Read back by a node without the control connection (it sees only exits).
-                eprintln!("{}", lost_peer_line(rank as usize, p));
+                trainer::log_line!("{}", lost_peer_line(rank as usize, p));
             }
             let code = f.exit_code();
+            report_lost_lines(&tx, rank);
             let _ = tx.send(&Msg::Failed { rank, message: f.message, peer: f.peer, setup: f.setup });
             ExitCode::from(code)
         }
+    }
+}
+
+/// Log lines already reported lost to the launcher.
+static LOST_TOLD: AtomicU64 = AtomicU64::new(0);
+
+/// Tell the launcher how many lines of this rank's log could not be written (a full disk),
+/// when more were lost since it was last told: the log cannot say so itself.
+fn report_lost_lines(tx: &ControlTx, rank: u32) {
+    let (lines, error) = trainer::log::lost();
+    if lines > LOST_TOLD.swap(lines, Ordering::Relaxed) {
+        let _ = tx.send(&Msg::LogLost { rank, lines, error: error.unwrap_or_default() });
     }
 }
 
@@ -234,7 +250,7 @@ fn watch_own_launcher(rank: usize, finished: Arc<AtomicBool>) -> Result<(), Stri
             // Returns at end of file: the launcher closed the pipe or died.
             let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
             if !finished.load(Ordering::SeqCst) {
-                eprintln!("rank {rank}: this node's launcher is gone (its pipe closed): stopping");
+                trainer::log_line!("rank {rank}: this node's launcher is gone (its pipe closed): stopping");
                 stop_now(1);
             }
         })
@@ -283,7 +299,7 @@ fn run_connected(
         let ip = control.local_addr().map_err(|e| format!("cannot read the control socket's address: {e}"))?.ip();
         data_addr.set_ip(ip);
     }
-    println!("rank {rank}/{world}: data plane listening on {data_addr}");
+    trainer::log_line!("rank {rank}/{world}: data plane listening on {data_addr}");
     tx.send(&Msg::hello(boot.token.clone(), args.rank, data_addr.to_string(), boot.fingerprint.clone()))
         .map_err(|e| format!("cannot send hello to the launcher: {e}"))?;
 
@@ -299,7 +315,7 @@ fn run_connected(
                 .into())
             }
             Msg::Stop { reason, kind } => {
-                eprintln!("rank {rank}: the launcher stopped this rank: {reason}");
+                trainer::log_line!("rank {rank}: the launcher stopped this rank: {reason}");
                 stop_now(kind.exit_code());
             }
             other => return Err(format!("expected Start from the launcher, got {other:?}").into()),
@@ -322,13 +338,13 @@ fn run_connected(
         message: format!("cannot connect the data-plane group: {e}"),
         setup: false,
     })?;
-    println!("rank {rank}/{world}: group connected");
+    trainer::log_line!("rank {rank}/{world}: group connected");
 
     let total = cfg.train.steps;
     let on_step_progress = progress.clone();
     let mut on_step = |m: &trainer::StepMetrics| -> Result<(), TrainError> {
         on_step_progress.step_done(m.step);
-        println!("{}", step_line(rank, m, total));
+        trainer::log_line!("{}", step_line(rank, m, total));
         tx.send(&Msg::Step { rank: args.rank, metrics: Box::new(m.clone()) })
             .map_err(|e| TrainError::Stopped(format!("lost the launcher connection: {e}")))?;
         if let Some(f) = &fault {
@@ -364,6 +380,7 @@ fn start_heartbeat(tx: ControlTx, rank: u32, p: Arc<Progress>, every: Duration) 
             if tx.send(&Msg::Heartbeat { rank, progress: p.snapshot().into() }).is_err() {
                 return;
             }
+            report_lost_lines(&tx, rank);
         })
         .map(|_| ())
         .map_err(|e| format!("cannot start the heartbeat thread: {e}"))
@@ -378,13 +395,13 @@ fn watch_launcher(mut reader: TcpStream, rank: usize, finished: Arc<AtomicBool>)
         .spawn(move || loop {
             match protocol::recv(&mut reader) {
                 Ok(Msg::Stop { reason, kind }) => {
-                    eprintln!("rank {rank}: stopped by the launcher: {reason}");
+                    trainer::log_line!("rank {rank}: stopped by the launcher: {reason}");
                     stop_now(kind.exit_code());
                 }
-                Ok(other) => eprintln!("rank {rank}: ignoring an unexpected control message: {other:?}"),
+                Ok(other) => trainer::log_line!("rank {rank}: ignoring an unexpected control message: {other:?}"),
                 Err(e) => {
                     if !finished.load(Ordering::SeqCst) {
-                        eprintln!("rank {rank}: the launcher closed the control connection ({e}): stopping");
+                        trainer::log_line!("rank {rank}: the launcher closed the control connection ({e}): stopping");
                         stop_now(1);
                     }
                     return;

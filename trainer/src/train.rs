@@ -109,7 +109,7 @@ impl<B: Backend> Trainer<B> {
         // The host optimizer's copies and waits between units cannot be recorded.
         let graphs = cfg.train.cuda_graphs && be.graphs_supported() && !cfg.offload.optimizer;
         if cfg.train.cuda_graphs && be.graphs_supported() && !graphs && rank == 0 {
-            eprintln!(
+            crate::log_line!(
                 "rank 0: train.cuda_graphs records runs with the optimizer on the GPU; \
                  this run (offload.optimizer = true) runs eagerly"
             );
@@ -245,7 +245,7 @@ impl<B: Backend> Trainer<B> {
                 .windows(2)
                 .map(|w| format!("{} {:.2} ms", w[1].0, (w[1].1 - w[0].1).as_secs_f64() * 1e3))
                 .collect();
-            eprintln!("profile: rank {rank} step {}: {}", self.step + 1, parts.join(", "));
+            crate::log_line!("profile: rank {rank} step {}: {}", self.step + 1, parts.join(", "));
         }
         let step_time_s = t0.elapsed().as_secs_f64();
         if self.steps_here == 0 && rank == 0 {
@@ -354,16 +354,20 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
     }
     let changed = tuned.iter().filter(|t| t.chosen != 0).count();
     let (h, c) = tuned.iter().fold((0.0, 0.0), |(h, c), t| (h + t.heuristic_ms, c + t.chosen_ms));
-    eprintln!(
+    crate::log_line!(
         "rank 0: train.gemm_tuning = timed: {} GEMM shapes timed, {changed} run another cuBLASLt algorithm than \
          the heuristic's first ({h:.3} -> {c:.3} ms for one call of each)",
         tuned.len()
     );
     if per_shape {
         for t in tuned {
-            eprintln!(
+            crate::log_line!(
                 "  {}: candidate {} of {}, {:.4} -> {:.4} ms",
-                t.gemm, t.chosen, t.candidates, t.heuristic_ms, t.chosen_ms
+                t.gemm,
+                t.chosen,
+                t.candidates,
+                t.heuristic_ms,
+                t.chosen_ms
             );
         }
     }
@@ -438,7 +442,7 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
     let host = trainer.engine.host_memory();
     let host_gb = (host.optimizer + host.params + host.staging) as f64 / 1e9;
     let offload = if host_gb > 0.0 { format!(" (host memory for offload: {host_gb:.1} GB)") } else { String::new() };
-    eprintln!("rank {rank}: ready to train after {:.1} s{offload}", t0.elapsed().as_secs_f64());
+    crate::log_line!("rank {rank}: ready to train after {:.1} s{offload}", t0.elapsed().as_secs_f64());
     let mut losses = Vec::with_capacity(cfg.train.steps);
     let every = cfg.checkpoint.every;
     collectives::progress::note_phase(collectives::progress::Phase::Training);

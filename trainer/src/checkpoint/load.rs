@@ -24,9 +24,13 @@ impl CheckpointReader {
         let bad = |problem: String| CheckpointError::Invalid { dir: dir.to_path_buf(), problem };
         let mpath = dir.join("manifest.json");
         if !mpath.exists() {
-            return Err(bad(
-                "manifest.json is missing: the save did not complete (a crash mid-save leaves no manifest)".into(),
-            ));
+            return Err(bad(if looks_like_a_save(dir) {
+                "manifest.json is missing: the save did not complete (a crash mid-save leaves no manifest)".into()
+            } else {
+                "it is not a checkpoint: it has no manifest.json and no shard files (a checkpoint is a step_* \
+                 directory under checkpoint.dir, e.g. runs/NAME/checkpoints/step_00000100)"
+                    .into()
+            }));
         }
         let text = fs::read(&mpath).map_err(io_err(&mpath))?;
         let manifest: Manifest =
@@ -133,6 +137,21 @@ impl CheckpointReader {
     }
 }
 
+/// Whether `dir` (which has no manifest) is what a save leaves: a `step_*` or
+/// `.step_*.partial` directory, or one holding shard files.
+fn looks_like_a_save(dir: &Path) -> bool {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if name.starts_with("step_") || (name.starts_with(".step_") && name.ends_with(".partial")) {
+        return true;
+    }
+    fs::read_dir(dir).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("rank") && (n.ends_with(".safetensors") || n.ends_with(".sum.json"))
+        })
+    })
+}
+
 /// Complete checkpoints (those with a manifest) under `root`, as (step, dir).
 pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
     let mut out = vec![];
@@ -156,12 +175,32 @@ pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointEr
 /// checksums). If newer ones are broken, the error says what is wrong with the newest
 /// and names the newest intact one to resume from instead.
 pub fn find_latest(root: &Path) -> Result<PathBuf, CheckpointError> {
-    let all = list_checkpoints(root)?;
+    find_latest_of(root, None)
+}
+
+/// [`find_latest`] among the checkpoints of run `owner` only (see `owner.rs`: checkpoints
+/// without a run id count as the owner's; `None` takes every run's).
+pub fn find_latest_of(root: &Path, owner: Option<&str>) -> Result<PathBuf, CheckpointError> {
+    let mut all = list_checkpoints(root)?;
+    let mut others: Vec<String> = Vec::new();
+    // A manifest that cannot be read is kept: it is reported as broken below, not skipped.
+    all.retain(|(_, d)| match super::owner::run_id_of_checkpoint(d) {
+        Ok(saved) if !super::owner::belongs_to(saved.as_deref(), owner) => {
+            others.push(format!("{} (run {})", d.display(), saved.unwrap_or_default()));
+            false
+        }
+        _ => true,
+    });
     if all.is_empty() {
-        return Err(CheckpointError::NoneFound {
-            dir: root.to_path_buf(),
-            detail: "it holds no step_* checkpoint directories (set checkpoint.every to save some)".into(),
-        });
+        let detail = match (owner, others.is_empty()) {
+            (Some(run), false) => format!(
+                "it holds checkpoints of other runs only ({}), none of run {run}, which owns this run directory: \
+                 resume one of them by name with --resume DIR into an output.dir of its own",
+                others.join(", ")
+            ),
+            _ => "it holds no step_* checkpoint directories (set checkpoint.every to save some)".into(),
+        };
+        return Err(CheckpointError::NoneFound { dir: root.to_path_buf(), detail });
     }
     let mut newest_problem: Option<CheckpointError> = None;
     for (_, dir) in all.iter().rev() {

@@ -45,4 +45,8 @@ pub struct Manifest {
     pub config_toml: String,
     pub units: Vec<UnitEntry>,
     pub files: Vec<FileEntry>,
+    /// The run that saved it (`run_id` of its run directory's `run.json`, see `owner.rs`);
+    /// absent in checkpoints saved before run ids, which are taken as their directory owner's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }

@@ -6,7 +6,7 @@
 //!
 //! Layout of one checkpoint, `<checkpoint.dir>/step_000100/`:
 //! - `manifest.json` — config, step, world size, stage, per-unit sizes, per-file size,
-//!   CRC-32 and the unit ranges it holds;
+//!   CRC-32 and the unit ranges it holds, and the run that saved it (`owner.rs`);
 //! - `rank00000.safetensors`, … — for each unit, this rank's range of the fp32 master
 //!   weights, AdamW m and v (`h.3.master`, `h.3.m`, `h.3.v`).
 //!
@@ -17,10 +17,11 @@ pub mod hf;
 pub mod init;
 pub mod load;
 pub mod manifest;
+pub mod owner;
 pub mod save;
 mod stream;
 
-pub use load::{find_latest, CheckpointReader};
+pub use load::{find_latest, find_latest_of, CheckpointReader};
 pub use manifest::{FileEntry, Manifest, Segment, UnitEntry};
 pub use save::save;
 

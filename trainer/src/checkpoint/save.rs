@@ -1,6 +1,7 @@
 //! Writing a sharded checkpoint: all ranks in parallel, manifest last, atomic rename.
 
 use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
+use super::owner::{belongs_to, run_id_of_checkpoint, run_id_of_dir};
 use super::stream::{write_streamed, ReadFn};
 use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
 use crate::backend::Backend;
@@ -62,6 +63,7 @@ pub fn save<B: Backend, C: EngineComm<B>>(
 
     // 2. Rank 0: collect the entries, write the manifest last, publish atomically, prune.
     if rank == 0 {
+        let run_id = run_id_of_dir(&cfg.output.dir)?;
         let mut files = Vec::with_capacity(eng.world);
         for r in 0..eng.world {
             let p = tmp_dir.join(format!("{}.sum.json", shard_file_name(r)));
@@ -83,24 +85,44 @@ pub fn save<B: Backend, C: EngineComm<B>>(
             config_toml: toml::to_string(cfg).map_err(|e| TrainError::Invalid(e.to_string()))?,
             units: eng.layout.units.iter().map(|u| UnitEntry { name: u.name.clone(), numel: u.numel }).collect(),
             files,
+            run_id: run_id.clone(),
         };
         let text = serde_json::to_vec_pretty(&manifest).map_err(|e| TrainError::Invalid(e.to_string()))?;
         write_atomic(&tmp_dir.join("manifest.json"), &text)?;
         fsync_dir(&tmp_dir)?;
         if final_dir.exists() {
-            fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?;
+            // Only this run's own checkpoint of this step is replaced (the launcher keeps other
+            // runs' checkpoints out of checkpoint.dir; this is the last line of defence).
+            match run_id_of_checkpoint(&final_dir) {
+                Ok(saved) if !belongs_to(saved.as_deref(), run_id.as_deref()) => {
+                    return Err(CheckpointError::Invalid {
+                        dir: final_dir.clone(),
+                        problem: format!(
+                            "it belongs to run {}, not to this run ({}): it is kept; give this run a \
+                             checkpoint.dir of its own",
+                            saved.unwrap_or_default(),
+                            run_id.unwrap_or_default()
+                        ),
+                    }
+                    .into());
+                }
+                _ => fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?,
+            }
         }
         fs::rename(&tmp_dir, &final_dir).map_err(io_err(&final_dir))?;
         fsync_dir(root)?;
-        prune(root, cfg.checkpoint.keep)?;
+        prune(root, cfg.checkpoint.keep, run_id.as_deref())?;
     }
     Group::barrier(comm)?;
     Ok(final_dir)
 }
 
-/// Remove complete checkpoints beyond the newest `keep` (only ever after a new one is complete).
-fn prune(root: &Path, keep: usize) -> Result<(), TrainError> {
+/// Remove this run's complete checkpoints beyond its newest `keep` (only ever after a new
+/// one is complete). Checkpoints of other runs, and those without a run id when this run
+/// has one (saved before run ids), are never pruned.
+fn prune(root: &Path, keep: usize, run_id: Option<&str>) -> Result<(), TrainError> {
     let mut steps = super::load::list_checkpoints(root)?;
+    steps.retain(|(_, d)| run_id_of_checkpoint(d).is_ok_and(|saved| saved.as_deref() == run_id));
     steps.sort();
     if steps.len() > keep {
         for (_, dir) in &steps[..steps.len() - keep] {

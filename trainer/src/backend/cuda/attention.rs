@@ -206,7 +206,7 @@ impl CudaBackend {
             Variant::Mma(hs)
         } else if SIMT_HEAD_SIZES.contains(&hs) {
             if tc && !self.attention_fallback_noted.replace(true) {
-                eprintln!(
+                crate::log_line!(
                     "note: head size {hs} has no tensor-core attention kernels (they cover {MMA_HEAD_SIZES:?}); \
                      using the fp32 SIMT kernels"
                 );
