@@ -7,7 +7,8 @@
 #
 # 1b: the Llama-3.2-1B shape at 8×2048 (ZeRO-1; one GPU has nothing to shard), beside HF
 #     eager and HF + torch.compile. 8b: the Llama-3-8B shape at 1×4096 with activation
-#     checkpointing (ZeRO-3), beside FSDP2 (one rank) with checkpointing.
+#     checkpointing (ZeRO-3), beside FSDP2 (one rank) with checkpointing; then the largest
+#     micro-batch that fits, on the GPU and with the optimizer offloaded.
 # ONLY=REGEX runs the matching rows. EXTRA="--set k=v ..." is added to every shardtrain row.
 # Prints a Markdown table (tokens/s per GPU, MFU vs 989 TFLOP/s counted as llama_ref.py
 # counts it, step time, peak memory) and writes raw logs to $OUT.
@@ -53,6 +54,12 @@ if [[ $WHAT == 8b || $WHAT == all ]]; then
     ours 8b-z3-ckpt configs/llama-3-8b.toml --set train.grad_accum=1
     ours 8b-z3-ckpt-timed configs/llama-3-8b.toml --set train.grad_accum=1 --set train.gemm_tuning='"timed"'
     ours 8b-z3-ckpt-keepattn configs/llama-3-8b.toml --set train.grad_accum=1 --set checkpointing.keep_attention=true
+    # The largest micro-batch that fits an H200 (`launcher memory --max-batch`: 7), and the
+    # same with the optimizer offloaded (in order: the delayed update's 134.6 GiB of host
+    # memory does not fit this 128 GiB host).
+    ours 8b-z3-ckpt-mb7 configs/llama-3-8b.toml --set train.grad_accum=1 --set train.micro_batch=7
+    ours 8b-z3-ckpt-mb7-offload configs/llama-3-8b.toml --set train.grad_accum=1 --set train.micro_batch=7 \
+        --set offload.optimizer=true
     reffsdp 8b-fsdp-ckpt --size 8b --ckpt --batch 1 --seq 4096
 fi
 

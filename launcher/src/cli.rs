@@ -33,6 +33,9 @@ pub enum Command {
     /// Write a checkpoint as a Hugging Face model folder (config.json and model.safetensors, float32) that
     /// transformers' `from_pretrained` loads.
     Export(ExportArgs),
+    /// The mean loss (and perplexity) of train.init_from's weights, or a checkpoint's, on the first N windows of
+    /// the config's validation split, in order.
+    Eval(EvalArgs),
     /// Predict per-rank memory (by category, after one step and at the peak) for ZeRO stages 0-3 side by side.
     Memory(MemoryArgs),
     /// Train the config on several rank counts and ZeRO stages; write a table (CSV, JSON) and plots (SVG).
@@ -135,6 +138,32 @@ pub struct PrepareDataArgs {
     /// every source is recorded in OUT_DIR/dataset.json. Without it such an OUT_DIR is refused.
     #[arg(long)]
     pub append: bool,
+}
+
+/// `launcher eval`: the loss of some weights on the validation split's first windows.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The TOML config file (its data.path's validation split, model.seq_len, train.init_from).
+    #[arg(value_name = "CONFIG")]
+    pub config: PathBuf,
+    /// Evaluate this checkpoint directory (`.../step_00000100`) instead of train.init_from.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// How many windows of model.seq_len tokens, from the start of the validation split.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub windows: u64,
+    /// Compute on the CPU (the f32 reference) or on one GPU.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// With --device gpu: which GPU.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub gpu: u32,
+    /// Override one config value, as for training. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

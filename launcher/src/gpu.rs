@@ -12,6 +12,7 @@ mod imp {
     use std::path::Path;
     use std::sync::Arc;
     use trainer::backend::cuda::CudaBackend;
+    use trainer::eval::EvalResult;
     use trainer::{Config, StepMetrics, TrainError, TrainSummary};
 
     /// Before spawning: every library loads and this node has at least `gpus_needed` GPUs
@@ -109,6 +110,19 @@ mod imp {
         let mut comm = Tracked::new(comm, progress.clone());
         trainer::train::train_from(cfg, &be, &mut comm, data_path, resume, on_step)
     }
+
+    /// `launcher eval` on one GPU (no communicator: a world of one).
+    pub fn eval_rank(
+        cfg: &Config,
+        data_path: &Path,
+        windows: usize,
+        checkpoint: Option<&Path>,
+        gpu: usize,
+    ) -> Result<EvalResult, TrainError> {
+        let be = CudaBackend::new(gpu)?;
+        let mut comm = LocalGpuComm::new(be.stream().clone());
+        trainer::eval::evaluate(cfg, &be, &mut comm, data_path, windows, checkpoint)
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -144,6 +158,15 @@ mod imp {
     ) -> Result<TrainSummary, TrainError> {
         Err(TrainError::Invalid(NOT_BUILT.into()))
     }
+    pub fn eval_rank(
+        _: &Config,
+        _: &Path,
+        _: usize,
+        _: Option<&Path>,
+        _: usize,
+    ) -> Result<trainer::eval::EvalResult, TrainError> {
+        Err(TrainError::Invalid(NOT_BUILT.into()))
+    }
 }
 
-pub use imp::{nccl_id, preflight, total_memory, train_rank};
+pub use imp::{eval_rank, nccl_id, preflight, total_memory, train_rank};

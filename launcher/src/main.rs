@@ -5,7 +5,7 @@
 //! rendezvous that connects them (`rendezvous`, `protocol`), shows progress and writes
 //! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
 //! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
-//! `prepare-data`, `export`, `memory` and `plan` (memory and step time on a cluster) are
+//! `prepare-data`, `export`, `eval` (the loss of some weights), `memory` and `plan` (memory and step time on a cluster) are
 //! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`).
 //!
 //! Exit codes (the README's table): 0 finished; 1 the job failed while it ran (a rank
@@ -27,6 +27,7 @@
 mod cgroup;
 mod cli;
 mod device;
+mod eval;
 mod export;
 mod fault;
 mod fingerprint;
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
         Some(Command::Worker(args)) => worker::run(args),
         Some(Command::PrepareData(args)) => report_tool(prepare::run(&args)),
         Some(Command::Export(args)) => report_tool(export::run(&args)),
+        Some(Command::Eval(args)) => report_tool(eval::run(&args)),
         Some(Command::Memory(args)) => report_tool(memory::run(&args)),
         Some(Command::Sweep(args)) => report(sweep::run(&args)),
         Some(Command::Plan(args)) => report_tool(plan::run(&args)),

@@ -267,7 +267,7 @@ fn check_cpu_ranks(ranks: usize, cores: usize) -> Result<(), SetupError> {
 }
 
 /// `data.path` as given, or the built-in corpus generated under the run directory.
-fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, SetupError> {
+pub fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, SetupError> {
     match path {
         None => {
             let dir = out_dir.join("builtin-data");

@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod eval;
 pub mod log;
 pub mod metrics;
 pub mod model;

@@ -160,7 +160,10 @@ pub fn config_json(cfg: &ModelConfig) -> serde_json::Value {
         "num_key_value_heads": cfg.kv_heads(),
         "head_dim": cfg.head_size(),
         "vocab_size": cfg.vocab_size,
-        "max_position_embeddings": cfg.seq_len.max(cfg.rope_scaling.map_or(0, |s| s.original_max_position_embeddings)),
+        // The longest context the RoPE settings are for: the scaled one, or what was trained.
+        "max_position_embeddings": cfg.seq_len.max(
+            cfg.rope_scaling.map_or(0, |s| (s.original_max_position_embeddings as f64 * s.factor) as usize)
+        ),
         "rms_norm_eps": cfg.rms_norm_eps(),
         "rope_theta": cfg.rope_theta(),
         "tie_word_embeddings": cfg.tied(),
