@@ -460,3 +460,90 @@ fn delayed_update_resumes_exactly() {
     let rest = run(&cfg, 2, &data, Some(ck.join("step_00000003")), 6, false);
     assert_eq!(rest, full[3..].to_vec(), "CPU backend: the same bits after the resume");
 }
+
+/// A Llama in and out of Hugging Face folders: an untied tiny Llama's checkpoint exported
+/// as a sharded folder, imported with `[model]` left out (the shape from its config.json)
+/// on one rank at stage 0 and on three at stage 3 (each rank reading its own range of each
+/// tensor), saved and exported again: the same bytes. A checkpoint directory as
+/// `train.init_from` gives the same weights; a config that disagrees with the folder is
+/// refused naming the key, and weights of another shape naming the tensor.
+#[test]
+fn llama_folders_import_on_any_layout_and_export_the_same_bytes() {
+    use trainer::checkpoint::hf::{export, INDEX_FILE};
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let ck = dir.path().join("ck");
+    let mut cfg = Config::from_toml_str(&common::tiny_llama_toml(1, 2, "\"none\"", false), "t").expect("cfg");
+    cfg.checkpoint.dir = Some(ck.clone());
+    run(&cfg, 2, &data, None, 2, true);
+    let a = dir.path().join("a");
+    // 30 kB files: several shards and an index, as save_pretrained writes above its size.
+    let summary = export(&ck.join("step_00000002"), &a, 30_000).expect("export");
+    assert!(summary.files.len() > 2 && a.join(INDEX_FILE).is_file(), "{:?}", summary.files);
+
+    // The config names no model: the folder's config.json does.
+    let toml = |from: &Path, ck: &Path, stage: u8, extra: &str| {
+        format!(
+            "[model]\nseq_len = 16\n{extra}\n[train]\ninit_from = '{}'\nmicro_batch = 2\n\n[zero]\nstage = {stage}\n\n\
+             [checkpoint]\ndir = '{}'\n",
+            from.display(),
+            ck.display()
+        )
+    };
+    let load = |text: String| {
+        let p = dir.path().join(format!("c{}.toml", text.len()));
+        std::fs::write(&p, text).expect("write");
+        Config::load(&p, &[])
+    };
+    for (world, stage) in [(1usize, 0u8), (3, 3)] {
+        let out = dir.path().join(format!("ck-{world}-{stage}"));
+        let cfg = load(toml(&a, &out, stage, "")).expect("model from config.json");
+        assert_eq!(cfg.model.family, trainer::model::ModelFamily::Llama);
+        assert_eq!((cfg.model.kv_heads(), cfg.model.intermediate_size, cfg.model.tied()), (2, Some(40), false));
+        let data = data.clone();
+        common::run_ranks(world, move |rank, mut comm| {
+            let mut tr = Trainer::new(&cfg, &CpuBackend, rank, world, &data).expect("trainer");
+            tr.save_checkpoint(&CpuBackend, &mut comm).expect("save");
+        });
+        let b = dir.path().join(format!("b-{world}-{stage}"));
+        export(&out.join("step_00000000"), &b, 30_000).expect("export again");
+        for file in std::iter::once(INDEX_FILE.to_string()).chain(summary.files.iter().cloned()) {
+            let same = std::fs::read(a.join(&file)).expect("a") == std::fs::read(b.join(&file)).expect("b");
+            assert!(same, "{world} ranks, stage {stage}: {file} differs");
+        }
+    }
+    // A checkpoint as train.init_from: its master weights, the same bytes once exported.
+    let out = dir.path().join("ck-from-ck");
+    let cfg = load(toml(&ck.join("step_00000002"), &out, 2, "")).expect("model from the manifest");
+    let d2 = data.clone();
+    common::run_ranks(2, move |rank, mut comm| {
+        let mut tr = Trainer::new(&cfg, &CpuBackend, rank, 2, &d2).expect("trainer");
+        tr.save_checkpoint(&CpuBackend, &mut comm).expect("save");
+    });
+    let c = dir.path().join("c");
+    export(&out.join("step_00000000"), &c, 30_000).expect("export");
+    assert_eq!(
+        std::fs::read(a.join(&summary.files[0])).expect("a"),
+        std::fs::read(c.join(&summary.files[0])).expect("c")
+    );
+
+    // Keys that disagree with the folder are named; seq_len is the config's to choose.
+    let e = load(toml(&a, &out, 0, "n_kv_head = 4\n")).unwrap_err().to_string();
+    assert!(e.contains("model.n_kv_head") && e.contains("holds a model with n_kv_head = 2"), "{e}");
+    load(toml(&a, &out, 0, "family = \"llama\"\nn_layer = 2\nvocab_size = 128\n"))
+        .expect("agreeing keys, a larger vocabulary");
+    // Weights without a config.json, for another MLP width: the tensor is named.
+    let bare = dir.path().join("bare");
+    std::fs::create_dir(&bare).expect("mkdir");
+    for f in std::iter::once(INDEX_FILE.to_string()).chain(summary.files.iter().cloned()) {
+        std::fs::copy(a.join(&f), bare.join(&f)).expect("copy");
+    }
+    let mut cfg = Config::from_toml_str(&common::tiny_llama_toml(0, 2, "\"none\"", false), "t").expect("cfg");
+    cfg.model.intermediate_size = Some(48);
+    cfg.train.init_from = Some(bare);
+    let e = match Trainer::new(&cfg, &CpuBackend, 0, 1, &data) {
+        Ok(_) => panic!("weights of another shape were accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("mlp.gate_proj.weight has shape [40, 32]") && e.contains("[48, 32]"), "{e}");
+}

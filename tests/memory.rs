@@ -35,6 +35,28 @@ fn prediction_equals_measured_ledger_on_every_stage() {
     }
 }
 
+/// The same for the Llama family (tied and untied head, a chunked LM head): every byte the
+/// ledger records in a real run was predicted, on every stage.
+#[test]
+fn llama_prediction_equals_measured_ledger_on_every_stage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for tied in [false, true] {
+        for stage in 0..=3u8 {
+            for act in ["\"none\"", KEEP_ATTENTION, KEEP_GELU] {
+                let toml =
+                    common::tiny_llama_toml(stage, 2, act, tied).replace("[train]\n", "[train]\nloss_chunk_rows = 7\n");
+                let cfg = Config::from_toml_str(&toml, "test").expect("cfg");
+                let got = measured(&cfg, 2, &data);
+                for (rank, m) in got.iter().enumerate() {
+                    let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+                    assert_eq!(&p, m, "llama tied {tied} stage {stage} {act} rank {rank}: predicted vs measured");
+                }
+            }
+        }
+    }
+}
+
 /// The planner runs at most three micro-steps (first, middle, last): a real run of five
 /// records the same ledger, on every stage.
 #[test]

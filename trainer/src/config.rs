@@ -166,7 +166,7 @@ pub struct TrainConfig {
     pub gemm_tuning: GemmTuning,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
-    /// fewest equal chunks of at most 1 GiB of logits.
+    /// fewest equal chunks of at most 4 GiB of logits.
     pub loss_chunk_rows: usize,
     /// Start from these weights instead of random ones (fine-tuning, with a fresh optimizer
     /// and schedule): a Hugging Face model folder (config.json + safetensors, one file or

@@ -13,8 +13,12 @@
 use crate::backend::{BResult, Backend, F64Pair, LinearLocs, Loc, LossRows, MatShape, TokenRole, WeightGrads, Weights};
 use crate::zero::{Category, MemoryLedger};
 
-/// Logits bytes a chunk may take when `train.loss_chunk_rows` is 0 (automatic).
-pub const AUTO_CHUNK_BYTES: usize = 1 << 30;
+/// Logits bytes a chunk may take when `train.loss_chunk_rows` is 0 (automatic). Fewer,
+/// larger chunks are faster (each chunk reads and writes the head's whole weight gradient):
+/// on an H200 at the Llama-3.2-1B shape, 8 × 2048 rows, one chunk of 4 GiB ran 72.2k
+/// tokens/s, two 71.0k, four 70.5k (BENCHMARKS.md run 15); 4 GiB is 3% of an H200, and the
+/// planner counts it like every other buffer.
+pub const AUTO_CHUNK_BYTES: usize = 4 << 30;
 
 /// Rows per chunk for `n` rows over a vocabulary of `v` at `elem` bytes per logit:
 /// `requested` if not 0, else the fewest equal chunks whose logits fit in
@@ -185,8 +189,11 @@ mod tests {
     fn chunks_split_rows_evenly_under_the_byte_budget() {
         // One chunk while the logits fit.
         assert_eq!(chunk_rows(1024, 50304, 2, 0), 1024);
-        // Llama 3 vocabulary, 8 x 2048 rows, bf16: 4 GiB of logits -> 4 chunks of 4096 rows.
-        assert_eq!(chunk_rows(16384, 128256, 2, 0), 4096);
+        // Llama 3 vocabulary, 8 x 2048 rows, bf16: 3.9 GiB of logits, one chunk; twice the
+        // rows, two chunks; f32 (the CPU), two chunks too.
+        assert_eq!(chunk_rows(16384, 128256, 2, 0), 16384);
+        assert_eq!(chunk_rows(32768, 128256, 2, 0), 16384);
+        assert_eq!(chunk_rows(16384, 128256, 4, 0), 8192);
         // A requested size is kept, but never beyond the rows there are.
         assert_eq!(chunk_rows(100, 7, 4, 30), 30);
         assert_eq!(chunk_rows(100, 7, 4, 1000), 100);
