@@ -5,7 +5,7 @@
 //!   micro-step schedule that drives them through the engine (gather, prefetch, release,
 //!   reduce);
 //! - `head.rs`: the LM head and the loss, in chunks of rows (every family's);
-//! - `slots.rs`: which saved-activation set each block uses under checkpointing;
+//! - `checkpointing.rs`: activation checkpointing's saved sets, passes and kept attention;
 //! - `init.rs`: random initialisation, per tensor as the family's rule says;
 //! - `gpt2/`: the GPT-2 family (layout, blocks, Hugging Face names);
 //! - `llama/`: the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention).
@@ -13,12 +13,12 @@
 //! [`ModelFamily`] is `model.family` in the config; adding a family means a folder beside
 //! `gpt2/`, a variant here, and its arms in `ModelFamily`'s methods.
 
+pub mod checkpointing;
 pub mod gpt2;
 pub mod head;
 pub mod init;
 pub mod llama;
 pub mod schedule;
-pub mod slots;
 pub mod units;
 
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};

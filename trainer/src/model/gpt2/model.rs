@@ -15,9 +15,9 @@ use crate::backend::{
     UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
+use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::slots::ActSlots;
 use crate::model::{ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
@@ -51,36 +51,6 @@ struct BlockActs<B: Device> {
     fch: B::Buf,
     /// GELU(fch) as the forward made it (`checkpointing.keep_gelu`, blocks not checkpointed).
     gelu: Option<B::Buf>,
-}
-
-/// A checkpointed block's attention output and softmax state, kept from its forward
-/// (`checkpointing.keep_attention`): swapped into the shared activation set for the
-/// block's forward and again for its recompute and backward, so the recompute skips the
-/// attention forward.
-struct KeptAttention<B: Device> {
-    atty: B::Buf,
-    saved: B::F32,
-}
-
-impl<B: Device> KeptAttention<B> {
-    /// Exchange with the shared set's attention buffers (twice restores both).
-    fn swap(kept: Option<&mut Self>, a: &mut BlockActs<B>) {
-        if let Some(k) = kept {
-            std::mem::swap(&mut k.atty, &mut a.atty);
-            std::mem::swap(&mut k.saved, &mut a.att_saved);
-        }
-    }
-}
-
-/// What a block's forward computes.
-enum Pass<'o, B: Device> {
-    /// The whole block, into the next block's input.
-    Full(&'o mut B::Buf),
-    /// The recompute before a checkpointed block's backward: everything backward reads and
-    /// nothing more (the fc2 GEMM and the last residual add only make the block's output,
-    /// which the next block's checkpoint holds); the attention forward too unless the
-    /// block kept its output.
-    Recompute { attention: bool },
 }
 
 /// Backward scratch shared by all blocks.
@@ -187,18 +157,7 @@ impl<B: Backend> Gpt2<B> {
                 gelu,
             });
         }
-        let mut kept = Vec::with_capacity(l);
-        for layer in 0..l {
-            kept.push(if ckpt_cfg.keep_attention && ckpt.is_checkpointed(layer) {
-                ledger.alloc(Category::Activations, n * c * sz.buf + saved_len * sz.f32);
-                Some(KeptAttention {
-                    atty: be.alloc_buf(n * c, "kept attention output")?,
-                    saved: be.alloc_f32(saved_len, "kept attention softmax state")?,
-                })
-            } else {
-                None
-            });
-        }
+        let kept = KeptAttention::for_blocks(be, ckpt_cfg, l, n * c, saved_len, ledger)?;
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         ledger.alloc(Category::Workspace, n * 4);
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
@@ -240,9 +199,9 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
         let blk = Block { be, p, k: &self.block, s: self.shape };
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         r
     }
 
@@ -267,7 +226,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let slot = self.act_slot[layer];
         let blk = Block { be, p, k: &self.block, s: self.shape };
         let acts = &mut self.acts[slot];
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
         if self.ckpt.is_checkpointed(layer) {
             let pass = Pass::Recompute { attention: self.kept[layer].is_none() };
@@ -276,7 +235,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         if r.is_ok() {
             r = blk.backward(gr, &self.resid[layer], acts, &mut self.g);
         }
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         r
     }
 
@@ -319,7 +278,7 @@ impl<B: Backend> Block<'_, B> {
         let r = Rows { n, c };
         be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
-        if !matches!(pass, Pass::Recompute { attention: false }) {
+        if pass.runs_attention() {
             be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;

@@ -17,9 +17,9 @@ use crate::backend::{
     Weights,
 };
 use crate::config::ActivationCheckpointing;
+use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::slots::ActSlots;
 use crate::model::{ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
@@ -39,33 +39,6 @@ struct BlockActs<B: Device> {
     /// SwiGLU(gate_up) as the forward made it (`checkpointing.keep_gelu`, blocks not
     /// checkpointed).
     act: Option<B::Buf>,
-}
-
-/// A checkpointed block's attention output and softmax state, kept from its forward
-/// (`checkpointing.keep_attention`); see GPT-2's `KeptAttention`, which this mirrors.
-struct KeptAttention<B: Device> {
-    atty: B::Buf,
-    saved: B::F32,
-}
-
-impl<B: Device> KeptAttention<B> {
-    /// Exchange with the shared set's attention buffers (twice restores both).
-    fn swap(kept: Option<&mut Self>, a: &mut BlockActs<B>) {
-        if let Some(k) = kept {
-            std::mem::swap(&mut k.atty, &mut a.atty);
-            std::mem::swap(&mut k.saved, &mut a.att_saved);
-        }
-    }
-}
-
-/// What a block's forward computes.
-enum Pass<'o, B: Device> {
-    /// The whole block, into the next block's input.
-    Full(&'o mut B::Buf),
-    /// The recompute before a checkpointed block's backward: up to the gate/up projection
-    /// (the down projection and the last residual add only make the block's output); the
-    /// attention forward too unless the block kept its output.
-    Recompute { attention: bool },
 }
 
 /// Scratch shared by all blocks: the forward's and, in the backward, the recomputed
@@ -178,18 +151,7 @@ impl<B: Backend> Llama<B> {
                 act,
             });
         }
-        let mut kept = Vec::with_capacity(l);
-        for layer in 0..l {
-            kept.push(if ckpt_cfg.keep_attention && ckpt.is_checkpointed(layer) {
-                ledger.alloc(Category::Activations, n * c * sz.buf + saved_len * sz.f32);
-                Some(KeptAttention {
-                    atty: be.alloc_buf(n * c, "kept attention output")?,
-                    saved: be.alloc_f32(saved_len, "kept attention softmax state")?,
-                })
-            } else {
-                None
-            });
-        }
+        let kept = KeptAttention::for_blocks(be, ckpt_cfg, l, n * c, saved_len, ledger)?;
         let table = rope_table(t, attn.hs(), cfg.rope_theta(), cfg.rope_scaling);
         ledger.alloc(Category::Workspace, table.len() * sz.f32);
         let mut rope = be.alloc_f32(table.len(), "rope table")?;
@@ -247,9 +209,9 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
         let blk = Block { be, p, k: &self.block, s: self.s, rope: &self.rope };
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         r
     }
 
@@ -273,7 +235,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let slot = self.act_slot[layer];
         let blk = Block { be, p, k: &self.block, s: self.s, rope: &self.rope };
         let acts = &mut self.acts[slot];
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
         if self.ckpt.is_checkpointed(layer) {
             let pass = Pass::Recompute { attention: self.kept[layer].is_none() };
@@ -282,7 +244,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         if r.is_ok() {
             r = blk.backward(gr, &self.resid[layer], acts, &mut self.scratch, &mut self.g);
         }
-        KeptAttention::swap(self.kept[layer].as_mut(), acts);
+        KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         r
     }
 
@@ -326,7 +288,7 @@ impl<B: Backend> Block<'_, B> {
         be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: at.qkv_width() })?;
         be.rope_fwd(&mut a.qkv, self.rope, at)?;
-        if !matches!(pass, Pass::Recompute { attention: false }) {
+        if pass.runs_attention() {
             be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, at)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o), MatShape { n, c, oc: c }, &mut sc.tmp)?;
