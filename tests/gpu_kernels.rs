@@ -1,6 +1,7 @@
 //! Every op of the CUDA backend against the CPU reference, a test per op group (and per
 //! Llama op: `rmsnorm`, `swiglu`, `rope`, `encoder_without_positions`,
-//! `cross_entropy_chunk`), on fresh random inputs (outputs poisoned with NaN first, so an
+//! `cross_entropy_chunk`; document-aware attention: `attention_documents`, and `rope`
+//! within documents), on fresh random inputs (outputs poisoned with NaN first, so an
 //! element the GPU never writes fails; parameter gradients both added to and written over
 //! NaN), forward and backward, at GPT-2 and Llama shapes and at odd ones; bit-for-bit
 //! repeat checks of the backward ops. (One training step of a small GPT through the real

@@ -1116,10 +1116,12 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
 // shared-memory reads per product, but fewer blocks fit an SM; `FWD_MT` picks per head
 // size, as measured), key/value tiles of 64 double-buffered. Shared memory: 4 tiles (K, V
 // x 2), and Q's MT tiles of its own where its fragments do not fit in registers
-// (`FWD_Q_IN_REGS`); otherwise Q borrows the second K (and V) buffers, which key tile 1
-// first refills after every warp has read Q. A warp skips the key tiles wholly after its
-// last row; only tiles that cross its diagonal (or T) pay for the mask. Row sums stay per
-// thread until the end (the rescaling is the same for the four threads of a row).
+// (`FWD_Q_IN_REGS`); otherwise Q borrows the K (and V) buffers the first key tile does not
+// use, which the next key tile first refills after every warp has read Q. A warp skips the
+// key tiles wholly after its last row (and, within documents, wholly before its first row's
+// document); only tiles that cross its diagonal (or T, or a document start) pay for the
+// mask. Row sums stay per thread until the end (the rescaling is the same for the four
+// threads of a row).
 template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
                                                   int NKV, float scale, const unsigned* docs) {
@@ -1178,7 +1180,7 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     const int nkt = min((T + 63) / 64, (q0 + ROWS - 1) / 64 + 1);
     for (int kt = kt0; kt < nkt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        // (with Q in registers, its copy in the second buffers counts as tile -1). The key
+        // (with Q in registers, its copy in the other buffers counts as tile kt0 - 1). The key
         // head's address is recomputed from the block index each tile rather than kept: at head
         // sizes 96 and 128 this kernel is at 255 registers, and a pointer kept through the loop
         // spilled more (kernel_resources.py).
