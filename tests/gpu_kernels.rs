@@ -1,6 +1,7 @@
 //! Every op of the CUDA backend against the CPU reference, a test per op group (and per
 //! Llama op: `rmsnorm`, `swiglu`, `rope`, `encoder_without_positions`,
-//! `cross_entropy_chunk`), on fresh random inputs (outputs poisoned with NaN first, so an
+//! `cross_entropy_chunk`; document-aware attention: `attention_documents`, and `rope`
+//! within documents), on fresh random inputs (outputs poisoned with NaN first, so an
 //! element the GPU never writes fails; parameter gradients both added to and written over
 //! NaN), forward and backward, at GPT-2 and Llama shapes and at odd ones; bit-for-bit
 //! repeat checks of the backward ops. (One training step of a small GPT through the real
@@ -15,7 +16,7 @@ mod gpu;
 use gpu::{backend, poisoned_buf, poisoned_f32, small, up_buf, up_f32, up_grad, up_tok, NEEDS_GPU, TOL_BF16, TOL_F32};
 use half::bf16;
 use trainer::backend::cpu::CpuBackend;
-use trainer::backend::cuda::{AttentionImpl, CudaBackend};
+use trainer::backend::cuda::{AttentionImpl, CudaBackend, DeviceTokens};
 use trainer::backend::*;
 
 #[test]
@@ -403,11 +404,14 @@ fn matmul_gelu() {
     });
 }
 
-/// One attention shape of the `attention` test: its inputs and the CPU reference's results.
+/// One attention shape of the `attention` tests: its inputs (with document starts or not)
+/// and the CPU reference's results.
 struct AttnCase {
     s: AttnShape,
     qkv: Vec<f32>,
     dout: Vec<f32>,
+    /// `AttnInputs::docs` (document-aware attention), if any.
+    docs: Option<Vec<u32>>,
     out: Vec<f32>,
     dqkv: Vec<f32>,
     /// The saved log-sum-exp (base 2) the GPU must produce.
@@ -420,7 +424,22 @@ impl AttnCase {
         let n = b * t;
         let qkv = rng.vec(n * s.qkv_width(), 1.0);
         let dout = rng.vec(n * s.c, 1.0);
-        AttnCase { s, qkv, dout, out: Vec::new(), dqkv: Vec::new(), lse: Vec::new() }
+        AttnCase { s, qkv, dout, docs: None, out: Vec::new(), dqkv: Vec::new(), lse: Vec::new() }
+    }
+
+    /// The same inputs within documents of these lengths (`doc_starts`: laid out over the
+    /// B·T rows, restarting at each sequence).
+    fn with_documents(mut self, lengths: &[usize]) -> AttnCase {
+        let s = self.s;
+        self.docs = Some(doc_starts(lengths, s.t, s.b * s.t));
+        self
+    }
+
+    /// A short description of the documents for test names.
+    fn docs_tag(&self) -> String {
+        let Some(d) = &self.docs else { return String::new() };
+        let starts = d.iter().enumerate().filter(|&(row, &v)| v as usize == row % self.s.t).count();
+        format!(" in {starts} documents")
     }
 
     /// The CPU reference (O(T²) time and memory per head: the test runs the cases' references
@@ -430,12 +449,13 @@ impl AttnCase {
         let (n, hs, w, g) = (s.b * s.t, s.hs(), s.qkv_width(), s.group());
         self.out = vec![0.0; n * s.c];
         let mut att = vec![0.0; cpu.attention_saved_len(s)];
-        cpu.attention_fwd(&mut self.out, &mut att, &self.qkv, s)?;
+        let x = AttnInputs { qkv: &self.qkv, docs: self.docs.as_ref() };
+        cpu.attention_fwd(&mut self.out, &mut att, x, s)?;
         self.dqkv = vec![0.0; n * w];
-        cpu.attention_bwd(&mut self.dqkv, &self.dout, &self.qkv, &self.out, &att, s)?;
+        cpu.attention_bwd(&mut self.dqkv, &self.dout, x, &self.out, &att, s)?;
         // The saved log-sum-exp (base 2) from the CPU's probabilities: at the diagonal
-        // p = exp2(s2 - lse), so lse = s2 - log2(p) with s2 = q.k*scale*log2 e, k from the
-        // query head's key/value head.
+        // (attended within documents too) p = exp2(s2 - lse), so lse = s2 - log2(p) with
+        // s2 = q.k*scale*log2 e, k from the query head's key/value head.
         let scale = 1.0 / (hs as f32).sqrt();
         self.lse = vec![0.0f32; s.b * s.nh * s.t];
         for bi in 0..s.b {
@@ -477,8 +497,86 @@ fn attention() {
         shapes.extend([(1, 4096, 8, 1, 64), (1, 4096, 4, 1, 128), (1, 130, 4, 1, 128), (2, 77, 4, 2, 32)]);
         shapes.extend([(1, 130, 6, 2, 80), (2, 77, 6, 3, 96), (1, 200, 4, 2, 96)]);
         shapes.retain(|&(_, t, ..)| !small() || t <= 512);
-        let mut cases: Vec<AttnCase> =
+        let cases: Vec<AttnCase> =
             shapes.iter().map(|&(b, t, nh, nkv, hs)| AttnCase::new(rng, b, t, nh, nkv, hs)).collect();
+        attention_cases(be, rep, cases)
+    });
+}
+
+/// Document lengths of the `attention_documents` cases at T = 2048, B = 2: sequence 0 has
+/// documents shorter than a tile (37, 1, 5, 3), boundaries exactly at tile edges (64, 128,
+/// 768, 832), a document of exactly one aligned tile (64 at 768) and ones spanning many
+/// tiles (640, 1213); sequence 1 boundaries inside tiles (100, 1000, 1001, 1002, 1065).
+const DOCS_2048: [usize; 15] = [37, 27, 1, 5, 58, 640, 64, 3, 1213, 100, 900, 1, 1, 63, 983];
+
+/// Ragged document lengths (1 to 300 tokens) covering `rows` rows.
+fn random_documents(rng: &mut gpu::Rng, rows: usize) -> Vec<usize> {
+    rng.below(rows, 300).into_iter().map(|l| l as usize + 1).collect()
+}
+
+/// Document-aware attention (`AttnInputs::docs`, packed sequences) against the CPU reference,
+/// every kernel family (wgmma, mma.sync, SIMT), forward and backward (the grouped dK/dV pass
+/// with every split forced too), and with documents of one sequence each (starts all 0) the
+/// same bits as plain causal attention.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn attention_documents() {
+    gpu::check(|be, rng, rep| {
+        // (B, T, NH, NKV, HS): groups of 1 and 4 at head sizes 64 and 128 over the DOCS_2048
+        // documents; the other tensor-core head sizes (80, 96) and the SIMT-only 32; ragged
+        // T (not a multiple of 64) with random ragged documents.
+        let mut cases = Vec::new();
+        for hs in [64, 128] {
+            for (nh, nkv) in [(4, 4), (8, 2)] {
+                cases.push(AttnCase::new(rng, 2, 2048, nh, nkv, hs).with_documents(&DOCS_2048));
+            }
+        }
+        for (nh, nkv, hs) in [(2, 2, 80), (4, 2, 96), (2, 2, 32)] {
+            cases.push(AttnCase::new(rng, 2, 2048, nh, nkv, hs).with_documents(&DOCS_2048));
+        }
+        for (b, t, nh, nkv, hs) in [(2, 1000, 4, 1, 64), (2, 1000, 4, 1, 128), (2, 333, 6, 2, 80), (1, 333, 6, 3, 96)] {
+            let lengths = random_documents(rng, b * t);
+            cases.push(AttnCase::new(rng, b, t, nh, nkv, hs).with_documents(&lengths));
+        }
+        cases.retain(|c| !small() || c.s.t <= 512);
+        attention_cases(be, rep, cases)?;
+
+        // Starts all 0 (one document per sequence) take the *_docs kernels: the plain bits.
+        for (b, t, nh, nkv, hs) in
+            [(1, 1000, 4, 2, 64), (1, 1024, 4, 1, 128), (1, 300, 2, 2, 80), (2, 300, 3, 3, 96), (1, 200, 2, 2, 32)]
+        {
+            let s = AttnShape { b, t, c: nh * hs, nh, nkv };
+            let (n, w) = (b * t, s.qkv_width());
+            let tag = format!("attention B{b} T{t} NH{nh} NKV{nkv} HS{hs}, starts all 0 vs no documents");
+            let (gq, gdo) = (up_buf(be, &rng.vec(n * w, 1.0))?, up_buf(be, &rng.vec(n * s.c, 1.0))?);
+            let mut zeros = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&vec![0; n], &mut zeros)?;
+            for imp in [AttentionImpl::TensorCore, AttentionImpl::MmaSync, AttentionImpl::Simt] {
+                be.set_attention_impl(imp);
+                let run = |docs: Option<&DeviceTokens>| -> BResult<Vec<f32>> {
+                    let x = AttnInputs { qkv: &gq, docs };
+                    let (mut out, mut saved) =
+                        (poisoned_buf(be, n * s.c)?, poisoned_f32(be, be.attention_saved_len(s))?);
+                    be.attention_fwd(&mut out, &mut saved, x, s)?;
+                    let mut dq = poisoned_buf(be, n * w)?;
+                    be.attention_bwd(&mut dq, &gdo, x, &out, &saved, s)?;
+                    let lse = be.download_f32(&saved, Loc::all(s.b * s.nh * t))?;
+                    Ok([be.download_buf(&out, Loc::all(n * s.c))?, lse, be.download_buf(&dq, Loc::all(n * w))?]
+                        .concat())
+                };
+                rep.same_bits(&format!("{tag} {imp:?}"), "out, lse, dqkv", &run(Some(&zeros))?, &run(None)?);
+            }
+            be.set_attention_impl(AttentionImpl::TensorCore);
+        }
+        Ok(())
+    });
+}
+
+/// Every case on every kernel family the shape allows against its CPU reference: forward
+/// output and log-sum-exp, and the backward (the grouped dK/dV pass as it picks its split,
+/// then every split forced) twice, for the same bits.
+fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnCase>) -> BResult<()> {
+    {
         std::thread::scope(|sc| {
             let runs: Vec<_> = cases.iter_mut().map(|c| sc.spawn(move || c.reference())).collect();
             runs.into_iter().try_for_each(|r| r.join().expect("CPU reference thread"))
@@ -486,8 +584,17 @@ fn attention() {
         for c in &cases {
             let s = c.s;
             let (n, w, hs) = (s.b * s.t, s.qkv_width(), s.hs());
-            let tag = format!("attention B{} T{} NH{} NKV{} HS{hs}", s.b, s.t, s.nh, s.nkv);
+            let tag = format!("attention B{} T{} NH{} NKV{} HS{hs}{}", s.b, s.t, s.nh, s.nkv, c.docs_tag());
             let (gq, gdo) = (up_buf(be, &c.qkv)?, up_buf(be, &c.dout)?);
+            let gdocs = match &c.docs {
+                Some(d) => {
+                    let mut g = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: s.t })?;
+                    be.upload_tokens(d, &mut g)?;
+                    Some(g)
+                }
+                None => None,
+            };
+            let x = AttnInputs { qkv: &gq, docs: gdocs.as_ref() };
             // dQ, dK, dV: the query heads' columns, then the key heads', then the value heads'.
             let parts = [("dq", 0, s.c), ("dk", s.k_off(), s.v_off()), ("dv", s.v_off(), w)];
             let pick = |v: &[f32], lo: usize, hi: usize| -> Vec<f32> {
@@ -504,7 +611,7 @@ fn attention() {
                 let tag = format!("{tag} {imp:?}");
                 let mut outg = poisoned_buf(be, n * s.c)?;
                 let mut saved = poisoned_f32(be, be.attention_saved_len(s))?;
-                be.attention_fwd(&mut outg, &mut saved, &gq, s)?;
+                be.attention_fwd(&mut outg, &mut saved, x, s)?;
                 rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * s.c))?, &c.out, TOL_BF16);
                 let lse = be.download_f32(&saved, Loc::all(s.b * s.nh * s.t))?;
                 rep.cmp(&format!("{tag} fwd"), "lse", &lse, &c.lse, 1e-3);
@@ -516,7 +623,7 @@ fn attention() {
                     };
                     let run = || -> BResult<Vec<f32>> {
                         let mut dq = poisoned_buf(be, n * w)?;
-                        be.attention_bwd(&mut dq, &gdo, &gq, &outg, &saved, s)?;
+                        be.attention_bwd(&mut dq, &gdo, x, &outg, &saved, s)?;
                         be.download_buf(&dq, Loc::all(n * w))
                     };
                     let d1 = run()?;
@@ -530,7 +637,7 @@ fn attention() {
             be.set_attention_impl(AttentionImpl::TensorCore);
         }
         Ok(())
-    });
+    }
 }
 
 #[test]
@@ -597,7 +704,9 @@ fn swiglu() {
 
 /// RoPE in place on the query and key heads against the CPU, and its backward: bwd(fwd(x))
 /// gives x back (bf16 tolerance: two roundings), the backward of a random gradient matches
-/// the CPU's, and the value heads are not touched (same bits). Llama's shapes (T 2048 and
+/// the CPU's, and the value heads are not touched (same bits); each plain, within random
+/// ragged documents (`docs`: positions restart per document), and with starts all 0 (the
+/// plain bits); and bad document starts refused. Llama's shapes (T 2048 and
 /// 4096, head sizes 64 and 128, 1, 4 and 8 query heads per key/value head, B = 2 so
 /// positions restart at row T; the Llama 3.1 scaled table at T = 4096), then the general
 /// kernel (head sizes 80, 96, 10) and the other vectorised ones (32, 256) at odd lengths.
@@ -635,26 +744,58 @@ fn rope() {
             let cols = |v: &[f32], from: usize, to: usize| -> Vec<f32> {
                 v.chunks(w).flat_map(|row| row[from..to].to_vec()).collect()
             };
-            let x = rng.vec(n * w, 1.0);
-            let mut xc = x.clone();
-            cpu.rope_fwd(&mut xc, &table, s)?;
-            let mut gx = up_buf(be, &x)?;
-            be.rope_fwd(&mut gx, &gt, s)?;
-            let fwd = be.download_buf(&gx, Loc::all(n * w))?;
-            rep.cmp(&format!("{tag} fwd"), "q, k", &cols(&fwd, 0, qk), &cols(&xc, 0, qk), TOL_BF16);
-            rep.same_bits(&format!("{tag} fwd"), "v", &cols(&fwd, qk, w), &cols(&x, qk, w));
-            be.rope_bwd(&mut gx, &gt, s)?;
-            rep.cmp(&format!("{tag} bwd(fwd)"), "x", &be.download_buf(&gx, Loc::all(n * w))?, &x, TOL_BF16);
-            drop(gx);
-            let d = rng.vec(n * w, 1.0);
-            let mut dc = d.clone();
-            cpu.rope_bwd(&mut dc, &table, s)?;
-            let mut gd = up_buf(be, &d)?;
-            be.rope_bwd(&mut gd, &gt, s)?;
-            let bwd = be.download_buf(&gd, Loc::all(n * w))?;
-            rep.cmp(&format!("{tag} bwd"), "dq, dk", &cols(&bwd, 0, qk), &cols(&dc, 0, qk), TOL_BF16);
-            rep.same_bits(&format!("{tag} bwd"), "dv", &cols(&bwd, qk, w), &cols(&d, qk, w));
+            // Plain, then within random ragged documents (positions restart at each one; the
+            // value heads still untouched), then with starts all 0: the plain bits.
+            let lengths = random_documents(rng, n);
+            let starts = doc_starts(&lengths, t, n);
+            let mut gdocs = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&starts, &mut gdocs)?;
+            let mut gzeros = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&vec![0; n], &mut gzeros)?;
+            for (docs, gdocs, what) in [
+                (None, None, ""),
+                (Some(&starts), Some(&gdocs), " in documents"),
+                (None, Some(&gzeros), " starts all 0"),
+            ] {
+                let tag = format!("{tag}{what}");
+                let x = rng.vec(n * w, 1.0);
+                let mut xc = x.clone();
+                cpu.rope_fwd(&mut xc, &table, docs, s)?;
+                let mut gx = up_buf(be, &x)?;
+                be.rope_fwd(&mut gx, &gt, gdocs, s)?;
+                let fwd = be.download_buf(&gx, Loc::all(n * w))?;
+                rep.cmp(&format!("{tag} fwd"), "q, k", &cols(&fwd, 0, qk), &cols(&xc, 0, qk), TOL_BF16);
+                rep.same_bits(&format!("{tag} fwd"), "v", &cols(&fwd, qk, w), &cols(&x, qk, w));
+                be.rope_bwd(&mut gx, &gt, gdocs, s)?;
+                rep.cmp(&format!("{tag} bwd(fwd)"), "x", &be.download_buf(&gx, Loc::all(n * w))?, &x, TOL_BF16);
+                drop(gx);
+                let d = rng.vec(n * w, 1.0);
+                let mut dc = d.clone();
+                cpu.rope_bwd(&mut dc, &table, docs, s)?;
+                let mut gd = up_buf(be, &d)?;
+                be.rope_bwd(&mut gd, &gt, gdocs, s)?;
+                let bwd = be.download_buf(&gd, Loc::all(n * w))?;
+                rep.cmp(&format!("{tag} bwd"), "dq, dk", &cols(&bwd, 0, qk), &cols(&dc, 0, qk), TOL_BF16);
+                rep.same_bits(&format!("{tag} bwd"), "dv", &cols(&bwd, qk, w), &cols(&d, qk, w));
+                // Starts all 0 on the plain case's inputs: the plain bits.
+                if what.is_empty() {
+                    let mut again = up_buf(be, &x)?;
+                    be.rope_fwd(&mut again, &gt, Some(&gzeros), s)?;
+                    let zeros = be.download_buf(&again, Loc::all(n * w))?;
+                    rep.same_bits(&format!("{tag} fwd, starts all 0"), "qkv", &zeros, &fwd);
+                }
+            }
         }
+        // Document starts are checked at upload, and only buffers allocated for them are taken.
+        let (t, s) = (8usize, AttnShape { b: 1, t: 8, c: 32, nh: 2, nkv: 2 });
+        let mut gd = be.alloc_tokens(t, TokenRole::DocStarts { seq_len: t })?;
+        let bad = be.upload_tokens(&[0, 0, 0, 1, 1, 5, 5, 5], &mut gd);
+        rep.check("upload_tokens (document starts)", "refuses starts that go back", bad.is_err(), &format!("{bad:?}"));
+        let targets = up_tok(be, &[0; 8])?;
+        let mut gx = up_buf(be, &rng.vec(t * s.qkv_width(), 1.0))?;
+        let table = up_f32(be, &rope_table(t, s.hs(), 10_000.0, None))?;
+        let wrong = be.rope_fwd(&mut gx, &table, Some(&targets), s);
+        rep.check("rope_fwd", "refuses token ids that are not document starts", wrong.is_err(), &format!("{wrong:?}"));
         Ok(())
     });
 }

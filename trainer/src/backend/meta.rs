@@ -6,9 +6,10 @@
 //! op group is implemented here as a no-op (the fused-op hooks keep their defaults).
 
 use super::{
-    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
-    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, LossRows, MatShape,
-    MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
+    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnInputs, AttnShape, BResult,
+    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc,
+    LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps,
+    WeightGrads, Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
@@ -190,24 +191,24 @@ impl AttentionOps for MetaBackend {
     fn attention_saved_len(&self, s: AttnShape) -> usize {
         (self.attention_saved)(s)
     }
-    fn attention_fwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+    fn attention_fwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: AttnInputs<'_, Self>, _: AttnShape) -> BResult<()> {
         Ok(())
     }
     fn attention_bwd(
         &self,
         _: &mut MetaBuf,
         _: &MetaBuf,
-        _: &MetaBuf,
+        _: AttnInputs<'_, Self>,
         _: &MetaBuf,
         _: &MetaBuf,
         _: AttnShape,
     ) -> BResult<()> {
         Ok(())
     }
-    fn rope_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+    fn rope_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Option<&MetaBuf>, _: AttnShape) -> BResult<()> {
         Ok(())
     }
-    fn rope_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+    fn rope_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Option<&MetaBuf>, _: AttnShape) -> BResult<()> {
         Ok(())
     }
 }

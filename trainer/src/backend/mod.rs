@@ -56,7 +56,9 @@ pub mod transfer;
 
 pub use activation::ActivationOps;
 pub use adamw::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors};
-pub use attention::{rope_inv_freq, rope_table, AttentionOps, AttnShape, RopeScaling};
+pub use attention::{
+    check_doc_starts, doc_starts, rope_inv_freq, rope_table, AttentionOps, AttnInputs, AttnShape, RopeScaling,
+};
 pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
 pub use graph::GraphOps;

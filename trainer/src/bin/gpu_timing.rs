@@ -3,12 +3,14 @@
 //! `GPU_CHECK_SHAPE="B,T,C,NH,V"` and `GPU_CHECK_LAYERS=L` time another model (e.g. 1.5B:
 //! `8,1024,1600,25,50304` with 48 layers).
 //!
-//! `gpu-timing attention [T [B NH [NKV]]]`: causal attention forward and backward at every
-//! tensor-core head size (64, 80, 96, 128), B×NH query heads (default 4×16) of length T
+//! `gpu-timing attention [T [B NH [NKV [DOC]]]]`: causal attention forward and backward at
+//! every tensor-core head size (64, 80, 96, 128), B×NH query heads (default 4×16) of length T
 //! (default 1024) sharing NKV key/value heads (grouped-query; default NKV = NH), in TFLOP/s,
 //! the default kernels beside the mma.sync ones — the same shapes
 //! `scripts/sdpa_timing.py T B NH [NKV]` times with PyTorch's SDPA. Llama 3.2 1B:
 //! `attention 2048 8 32 8` (its head size is 64), Llama 3.1 8B: `attention 4096 1 32 8` (128).
+//! DOC: each call also within documents of DOC tokens (`data.document_mask`), with its
+//! speed-up over the plain call (e.g. `attention 2048 8 32 8 512`).
 //!
 //! `gpu-timing gemm-algos [COUNT]`: the table, then every GEMM it ran timed again with each
 //! of cuBLASLt's first COUNT (default 8) heuristic algorithms: is the heuristic's first
@@ -287,20 +289,19 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
     // Causal: half of the T x T products. fwd: QK^T and PV; bwd: 5 products (+2 recomputed).
     let att_flop = 2.0 * 2.0 * (b * nh * t * t * (c / nh)) as f64 / 2.0;
+    let ai = AttnInputs { qkv: &qkv, docs: None };
     be.set_attention_impl(AttentionImpl::Simt);
-    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
+    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
     tm.time("attention_bwd (SIMT fp32)", 2, 10, tflops(2.5 * att_flop), || {
-        be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
+        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
     });
     be.set_attention_impl(AttentionImpl::MmaSync);
-    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
+    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
     be.set_attention_impl(AttentionImpl::TensorCore);
-    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || {
-        be.attention_fwd(&mut att, &mut saved, &qkv, s)
-    });
+    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
     let t_att_f = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("attention_bwd (tensor cores)", 3, 20, tflops(2.5 * att_flop), || {
-        be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
+        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
     });
     let t_att_b = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c));
@@ -408,10 +409,14 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
 /// e.g. GPT-2 124M: `attention 1024 16 12`; `scripts/sdpa_timing.py` takes the same
 /// arguments). With NKV < NH (grouped-query) the backward is timed twice: with the dK/dV
 /// split it picks per shape, and with the other choice (unsplit, or split once per query
-/// head of a group: `CudaBackend::set_attention_dkv_split`).
-fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize) -> BResult<()> {
+/// head of a group: `CudaBackend::set_attention_dkv_split`). With DOC (document-aware
+/// attention, `data.document_mask`), each row is followed by the same call within documents
+/// of DOC tokens packed into every sequence (TFLOP/s of the documents' own causal products,
+/// and the time against the plain row's: the speed-up of the skipped tiles).
+fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize, doc: Option<usize>) -> BResult<()> {
     let heads = if nkv == nh { format!("{nh} heads") } else { format!("{nh} query heads, {nkv} key/value heads") };
-    println!("\nCausal attention, B x NH = {b} x {heads}, T = {t} (median of event-timed repeats)");
+    let within = doc.map_or(String::new(), |l| format!("; each also within documents of {l} tokens"));
+    println!("\nCausal attention, B x NH = {b} x {heads}, T = {t}{within} (median of event-timed repeats)");
     for hs in [64usize, 80, 96, 128] {
         let (c, n) = (nh * hs, b * t);
         let s = AttnShape { b, t, c, nh, nkv };
@@ -425,24 +430,51 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize)
         let (qkv, mut out, dout, mut dqkv) = (fill(n * w)?, fill(n * c)?, fill(n * c)?, fill(n * w)?);
         let mut saved = be.alloc_f32(be.attention_saved_len(s), "timing")?;
         let flop = 2.0 * 2.0 * (b * nh * t * t * hs) as f64 / 2.0;
+        // Within documents: the starts, and the documents' own causal products.
+        let docs = match doc {
+            Some(len) => {
+                let len = len.clamp(1, t);
+                let mut d = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+                be.upload_tokens(&doc_starts(&vec![len; n.div_ceil(len)], t, n), &mut d)?;
+                let (full, rest) = (t / len, t % len);
+                let pairs = (full * len * len + rest * rest) as f64 / (t * t) as f64;
+                Some((d, len, pairs * flop))
+            }
+            None => None,
+        };
         let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+        let plain = AttnInputs { qkv: &qkv, docs: None };
+        // Time `call` plain, then (with DOC) within documents, and print the speed-up.
+        let both =
+            |tm: &mut Timer, name: &str, mul: f64, call: &mut dyn FnMut(AttnInputs<'_, CudaBackend>) -> BResult<()>| {
+                tm.time(name, 3, 20, tflops(mul * flop), || call(plain));
+                let base = tm.rows.last().map_or(0.0, |r| r.1);
+                if let Some((d, len, dflop)) = &docs {
+                    let masked = AttnInputs { qkv: &qkv, docs: Some(d) };
+                    tm.time(&format!("{name}, documents of {len}"), 3, 20, tflops(mul * dflop), || call(masked));
+                    let ms = tm.rows.last().map_or(0.0, |r| r.1);
+                    if ms > 0.0 {
+                        println!("    (documents of {len}: {:.2}x the plain call's speed)", base / ms);
+                    }
+                }
+            };
         for (imp, label) in [(AttentionImpl::TensorCore, ""), (AttentionImpl::MmaSync, " (mma.sync)")] {
             be.set_attention_impl(imp);
-            tm.time(&format!("attention_fwd HS{hs}{label}"), 3, 20, tflops(flop), || {
-                be.attention_fwd(&mut out, &mut saved, &qkv, s)
+            both(&mut tm, &format!("attention_fwd HS{hs}{label}"), 1.0, &mut |x| {
+                be.attention_fwd(&mut out, &mut saved, x, s)
             });
-            let split = be.attention_dkv_splits(s)?;
+            let split = be.attention_dkv_splits(s, false)?;
             let note = if split > 1 { format!(", dK/dV split {split}") } else { String::new() };
-            tm.time(&format!("attention_bwd HS{hs}{label}{note}"), 3, 20, tflops(2.5 * flop), || {
-                be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+            both(&mut tm, &format!("attention_bwd HS{hs}{label}{note}"), 2.5, &mut |x| {
+                be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s)
             });
             if nkv != nh {
                 // The other choice: unsplit where it splits, else split once per query head.
                 let other = if split > 1 { 1 } else { s.group() };
                 let what = if other == 1 { "unsplit".to_string() } else { format!("split {other}") };
                 be.set_attention_dkv_split(Some(other));
-                tm.time(&format!("attention_bwd HS{hs}{label}, dK/dV {what}"), 3, 20, tflops(2.5 * flop), || {
-                    be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+                both(&mut tm, &format!("attention_bwd HS{hs}{label}, dK/dV {what}"), 2.5, &mut |x| {
+                    be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s)
                 });
                 be.set_attention_dkv_split(None);
             }
@@ -540,8 +572,14 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             be.upload_f32(&table, &mut gt, 0)?;
             // Read and written: the query and key heads.
             let moved = gbps(bytes(2 * n * (nh + nkv) * hs));
-            tm.time("rope_fwd", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, s));
-            tm.time("rope_bwd", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, s));
+            tm.time("rope_fwd", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, None, s));
+            tm.time("rope_bwd", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, None, s));
+            // Within documents of 512 tokens (`data.document_mask`): positions from the starts.
+            let starts = doc_starts(&vec![512; n.div_ceil(512)], t, n);
+            let mut docs = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&starts, &mut docs)?;
+            tm.time("rope_fwd (documents of 512)", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, Some(&docs), s));
+            tm.time("rope_bwd (documents of 512)", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, Some(&docs), s));
         }
     }
     Ok(())
@@ -567,7 +605,8 @@ fn main() -> ExitCode {
         Some("attention") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
             let nh = arg(4, 16);
-            attention_timing(&be, arg(2, 1024), arg(3, 4), nh, arg(5, nh))
+            let doc = args.get(6).and_then(|v| v.parse().ok());
+            attention_timing(&be, arg(2, 1024), arg(3, 4), nh, arg(5, nh), doc)
         }
         Some("layernorm") => layernorm_timing(&be),
         Some("llama") => {

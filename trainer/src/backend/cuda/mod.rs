@@ -462,6 +462,9 @@ pub struct DeviceTokens {
     pinned: staging::Staging,
     /// The embedding backward's grouping of these ids (`TokenRole::Inputs` only).
     plan: Option<EmbeddingPlan>,
+    /// `TokenRole::DocStarts { seq_len }`: document starts for sequences of this length,
+    /// checked at each upload (`check_doc_starts`), which attention and RoPE require.
+    doc_seq_len: Option<usize>,
 }
 
 /// The embedding backward's grouping of a token buffer's ids, on the device, and its

@@ -11,8 +11,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape, TokenRole,
-    UnitGrads, Weights,
+    AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
+    TokenRole, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -279,7 +279,7 @@ impl<B: Backend> Block<'_, B> {
         be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: None }, s)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
@@ -326,7 +326,8 @@ impl<B: Backend> Block<'_, B> {
         // attention
         let proj = MatShape { n, c, oc: c };
         be.matmul_bwd(&mut g.dln, gr.first(k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
-        be.attention_bwd(&mut g.dqkv, &g.dln, &a.qkv, &a.atty, &a.att_saved, s)?;
+        let att_in = AttnInputs { qkv: &a.qkv, docs: None };
+        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s)?;
         let qkv = MatShape { n, c, oc: 3 * c };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = a.ln1_stats.saved(x);
