@@ -293,7 +293,7 @@ fn matmul() {
             }
             let tag = format!("matmul N{n} C{c} OC{oc} off{off}");
             let s = MatShape { n, c, oc };
-            let at = LinearLocs { w: Loc::new(off, oc * c), b: bias.then(|| Loc::new(off + oc * c, oc)) };
+            let at = LinearLocs::new(Loc::new(off, oc * c), bias.then(|| Loc::new(off + oc * c, oc)));
             let plen = off + oc * c + if bias { oc } else { 0 };
             let params = rng.vec(plen, 0.05);
             let inp = rng.vec(n * c, 1.0);
@@ -353,7 +353,7 @@ fn matmul_gelu() {
         // (n, c, oc): fc-like forward n x c -> oc and fc2-like backward with input width c.
         for &(n, c, oc) in &[(256usize, 768usize, 3072usize), (256, 3072, 768), (37, 72, 56), (37, 75, 51)] {
             let tag = format!("matmul+gelu N{n} C{c} OC{oc}");
-            let at = LinearLocs { w: Loc::new(0, oc * c), b: Some(Loc::new(oc * c, oc)) };
+            let at = LinearLocs::new(Loc::new(0, oc * c), Some(Loc::new(oc * c, oc)));
             let plen = oc * c + oc;
             let params = rng.vec(plen, 0.05);
             let inp = rng.vec(n * c, 1.0);

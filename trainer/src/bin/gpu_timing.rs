@@ -232,7 +232,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut total_fwd = 0.0;
     let mut total_bwd = 0.0;
     for (name, cin, cout) in [("qkv", c, 3 * c), ("attn proj", c, c), ("fc", c, 4 * c), ("fc2", 4 * c, c)] {
-        let lin = LinearLocs { w: Loc::new(2 * c, cout * cin), b: Some(Loc::new(2 * c + cout * cin, cout)) };
+        let lin = LinearLocs::new(Loc::new(2 * c, cout * cin), Some(Loc::new(2 * c + cout * cin, cout)));
         let ms = MatShape { n, c: cin, oc: cout };
         let flop = 2.0 * (n * cin * cout) as f64;
         let (inp, out): (&CudaSlice<bf16>, &mut CudaSlice<bf16>) = match name {
@@ -260,14 +260,14 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     }
     // The MLP with GELU fused into the GEMMs (compare with matmul fc + gelu_fwd, fc2 + gelu_bwd).
     {
-        let fc = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, 4 * c)) };
+        let fc = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, 4 * c)));
         let flop = 2.0 * (n * c * 4 * c) as f64;
         let mut pre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_gelu_fwd fc (fused epilogue)", 3, 20, tflops(flop), || {
             be.matmul_gelu_fwd(&mut pre, &mut y4, &x, Weights::new(&bparams, fc), MatShape { n, c, oc: 4 * c })
         });
         tm.sweep();
-        let fc2 = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, c)) };
+        let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
             let gelu = GeluInput { act: &mut y4, pre: &pre };
@@ -315,7 +315,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     drop((x4b, y4, att));
     // LM head (tied wte) and the loss.
     let mut logits = newbuf(n * v, &chunk)?;
-    let head = LinearLocs { w: Loc::new(0, v * c), b: None };
+    let head = LinearLocs::new(Loc::new(0, v * c), None);
     let head_flop = 2.0 * (n * c * v) as f64;
     tm.time(&format!("matmul_fwd lm head ({c}->{v})"), 2, 10, tflops(head_flop), || {
         be.matmul_fwd(&mut logits, &x, Weights::new(&eparams, head), MatShape { n, c, oc: v })
@@ -348,7 +348,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut logits_p = newbuf(n * vp, &chunk)?;
     let eparams_p = newbuf(vp * c, &small)?;
     tm.time(&format!("matmul_fwd lm head padded ({c}->{vp})"), 2, 10, tflops(2.0 * (n * c * vp) as f64), || {
-        let headp = LinearLocs { w: Loc::new(0, vp * c), b: None };
+        let headp = LinearLocs::new(Loc::new(0, vp * c), None);
         be.matmul_fwd(&mut logits_p, &x, Weights::new(&eparams_p, headp), MatShape { n, c, oc: vp })
     });
     tm.sweep();

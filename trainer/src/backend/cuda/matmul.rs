@@ -367,7 +367,7 @@ impl MatmulOps for CudaBackend {
         s: MatShape,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        let (params, LinearLocs { w, b: bias }) = (p.buf, p.at);
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
         check("matmul_fwd out", out.len(), 0, n * oc)?;
         check("matmul_fwd inp", inp.len(), 0, n * c)?;
         check_linear("matmul_fwd", params.len(), p.at, s)?;
@@ -460,7 +460,7 @@ impl MatmulOps for CudaBackend {
         s: MatShape,
     ) -> BResult<bool> {
         let MatShape { n, c, oc } = s;
-        let (params, LinearLocs { w, b: bias }) = (p.buf, p.at);
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
         check("matmul_residual_fwd out", out.len(), 0, n * oc)?;
         check("matmul_residual_fwd res", res.len(), 0, n * oc)?;
         check("matmul_residual_fwd inp", inp.len(), 0, n * c)?;
