@@ -312,7 +312,10 @@ mod tests {
         use Fp8Format::*;
         assert_eq!((E4M3.decode(0x7e), E4M3.decode(0x01), E4M3.decode(0x08)), (448.0, 2f32.powi(-9), 2f32.powi(-6)));
         assert!(E4M3.decode(0x7f).is_nan() && E4M3.decode(0xff).is_nan());
-        assert_eq!((E5M2.decode(0x7b), E5M2.decode(0x01), E5M2.decode(0x04)), (57344.0, 2f32.powi(-16), 2f32.powi(-14)));
+        assert_eq!(
+            (E5M2.decode(0x7b), E5M2.decode(0x01), E5M2.decode(0x04)),
+            (57344.0, 2f32.powi(-16), 2f32.powi(-14))
+        );
         assert_eq!(E5M2.decode(0x7c), f32::INFINITY);
         assert_eq!(E4M3.decode(0x38), 1.0);
         assert_eq!(E5M2.decode(0x3c), 1.0);
@@ -348,8 +351,7 @@ mod tests {
     #[test]
     fn rounding_is_the_nearest_code() {
         for f in FORMATS {
-            let mut vals: Vec<f32> =
-                (0..=255u8).map(|c| f.decode(c)).filter(|v| v.is_finite() && *v >= 0.0).collect();
+            let mut vals: Vec<f32> = (0..=255u8).map(|c| f.decode(c)).filter(|v| v.is_finite() && *v >= 0.0).collect();
             vals.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
             let mut x = 1e-7f32;
             while x < f.max() * 1.1 {

@@ -121,6 +121,12 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         Ok(0)
     }
 
+    /// Why this device cannot run FP8 GEMMs (naming it), or `Ok` where it can. Asked before
+    /// training starts, so `train.precision = "fp8"` on an older GPU is a config error.
+    fn fp8_support(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias)`.
     fn matmul_fwd(
         &self,

@@ -7,8 +7,9 @@
 
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
-    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearExtent, LinearLocs, LnSaved, LnStats, Loc, LossRows, MatShape,
-    MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
+    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearExtent, LinearLocs, LnSaved, LnStats, Loc, LossRows,
+    MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps, WeightGrads,
+    Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};

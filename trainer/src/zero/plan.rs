@@ -3,8 +3,8 @@
 //! at peak) is exactly what the ledger will record in the real run.
 
 use super::{Engine, EngineOptions, MemoryReport};
-use crate::backend::meta::{MetaBackend, MetaComm};
 use crate::backend::fp8::CudaFp8Workspace;
+use crate::backend::meta::{MetaBackend, MetaComm};
 use crate::backend::{AttnShape, ElemBytes, LinearExtent};
 use crate::config::Config;
 use crate::model::{step_micro, ModelLayout, ModelOptions};

@@ -94,8 +94,7 @@ pub fn layout(cfg: &ModelConfig) -> (ModelLayout, Gpt2Locs) {
         let mut u = UnitLayout::new(format!("h.{l}"));
         let mut push = |s: &str, shape: &[usize]| u.push(format!("h.{l}.{s}"), shape);
         let ln1 = NormLocs { w: push("ln_1.weight", &[c]), b: push("ln_1.bias", &[c]) };
-        let qkv =
-            LinearLocs::new(push("attn.c_attn.weight", &[3 * c, c]), Some(push("attn.c_attn.bias", &[3 * c])));
+        let qkv = LinearLocs::new(push("attn.c_attn.weight", &[3 * c, c]), Some(push("attn.c_attn.bias", &[3 * c])));
         let proj = LinearLocs::new(push("attn.c_proj.weight", &[c, c]), Some(push("attn.c_proj.bias", &[c])));
         let ln2 = NormLocs { w: push("ln_2.weight", &[c]), b: push("ln_2.bias", &[c]) };
         let fc = LinearLocs::new(push("mlp.c_fc.weight", &[4 * c, c]), Some(push("mlp.c_fc.bias", &[4 * c])));

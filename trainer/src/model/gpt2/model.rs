@@ -10,6 +10,7 @@
 //! kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::LinearExtent;
 use crate::backend::{
     AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape, TokenRole,
     UnitGrads, Weights,
@@ -18,7 +19,6 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::backend::LinearExtent;
 use crate::model::{prepare_precision, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 

@@ -12,6 +12,7 @@
 //! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::LinearExtent;
 use crate::backend::{
     rope_table, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole, UnitGrads,
     Weights,
@@ -20,7 +21,6 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::backend::LinearExtent;
 use crate::model::{prepare_precision, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
