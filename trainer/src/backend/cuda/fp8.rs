@@ -343,3 +343,62 @@ impl CudaBackend {
         Ok(true)
     }
 }
+
+/// One tensor quantized by the kernels the FP8 GEMMs use, read back (`CudaBackend::fp8_cast_check`).
+#[derive(Debug, Clone)]
+pub struct Fp8Cast {
+    /// The tensor's amax, as the amax kernel found it.
+    pub amax: f32,
+    /// The inverse scale the cast wrote for the GEMM (`1 / Fp8Format::scale(amax)`).
+    pub inv_scale: f32,
+    /// The codes, row-major as the input (`fp8_cast_bf16`).
+    pub codes: Vec<u8>,
+    /// The codes of the transposed tensor, `[cols, rows]` (`fp8_cast_transpose_bf16`).
+    pub codes_t: Vec<u8>,
+    /// The row-major codes the transposing cast wrote beside the transposed ones.
+    pub codes_beside_t: Vec<u8>,
+}
+
+impl CudaBackend {
+    /// `rows × cols` bf16 of `x` from element `off`, quantized to `fmt` by the FP8 GEMMs'
+    /// kernels (amax, then each cast), and read back: what `tests/gpu_kernels.rs` checks
+    /// against `backend/fp8.rs`. `rows` and `cols` multiples of 16 (the transposing cast's
+    /// requirement). Allocates its own buffers: for checks, not for the training path.
+    pub fn fp8_cast_check(
+        &self,
+        x: &CudaSlice<half::bf16>,
+        off: usize,
+        rows: usize,
+        cols: usize,
+        fmt: Fp8Format,
+    ) -> BResult<Fp8Cast> {
+        let n = rows * cols;
+        super::launch::check("fp8_cast_check x", x.len(), off, n)?;
+        if !(rows.is_multiple_of(16) && cols.is_multiple_of(16)) {
+            return Err(bad(format!("fp8_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
+        }
+        let mut slot = self.alloc::<u32>(2, "FP8 check slot")?;
+        let (mut q, mut qt, mut q2) =
+            (self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?);
+        let xp = self.ptr(x, off);
+        let (sp, qp, qtp, q2p) =
+            (self.ptr_mut(&mut slot, 0), self.ptr_mut(&mut q, 0), self.ptr_mut(&mut qt, 0), self.ptr_mut(&mut q2, 0));
+        // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
+        // aligned allocations); the slot two zeroed words.
+        unsafe {
+            self.fp8_quantize(xp, rows, cols, fmt, sp, Some(qp), None)?;
+            let r = cudarc::driver::result::memset_d8_async(sp, 0, 4, self.stream.cu_stream());
+            r.map_err(|e| self.err("zeroing the check slot", e))?;
+            self.fp8_quantize(xp, rows, cols, fmt, sp, Some(q2p), Some(qtp))?;
+        }
+        let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
+        let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;
+        Ok(Fp8Cast {
+            amax: f32::from_bits(words[0]),
+            inv_scale: f32::from_bits(words[1]),
+            codes: down(&q)?,
+            codes_t: down(&qt)?,
+            codes_beside_t: down(&q2)?,
+        })
+    }
+}
