@@ -354,7 +354,7 @@ impl Lt {
         if (g.act == Act::None) != g.aux.is_none() {
             return Err(other(BackendError::Device("GEMM: a GELU epilogue needs an aux matrix, and only it".into())));
         }
-        if g.fp8.is_some() && !(g.transa && !g.transb) {
+        if g.fp8.is_some() && (!g.transa || g.transb) {
             return Err(other(BackendError::Device("GEMM: FP8 operands take the TN layout only (a bug)".into())));
         }
         let key = Self::key(g);
