@@ -625,6 +625,16 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                 });
                 sums[i] += tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
             }
+            // The FP8 rows' casts alone: per element read twice (amax, cast) and written once
+            // (dY twice: both layouts); the rest of an FP8 row is its GEMMs.
+            let fwd_bytes = ((n * c + oc * c) * 5) as f64;
+            tm.time(&format!("{layer} fp8  fwd casts"), 3, 20, gbps(fwd_bytes), || {
+                be.fp8_casts_only(&inp, &dout, &params, 0, s, false)
+            });
+            let bwd_bytes = (n * oc * 6 + (oc * c + n * c) * 5) as f64;
+            tm.time(&format!("{layer} fp8  bwd casts"), 3, 20, gbps(bwd_bytes), || {
+                be.fp8_casts_only(&inp, &dout, &params, 0, s, true)
+            });
         }
         println!(
             "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 {:.3} ms: {:.2}x",

@@ -39,6 +39,17 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 /// Rows and columns of the transposing cast's tile (`FP8_TILE` in fp8.cu).
 const TILE: usize = 64;
 
+/// `SHARDTRAIN_FP8_FAST_ACCUM`: `1` (or unset) lets the FP8 forward GEMMs use cuBLASLt's fast
+/// accumulation (as Transformer Engine and torchao do), `0` promotes their partial sums like
+/// the backward's (for loss-parity experiments); any other value is an error.
+pub(super) fn fast_accum_from_env() -> BResult<bool> {
+    match std::env::var("SHARDTRAIN_FP8_FAST_ACCUM").as_deref() {
+        Err(_) | Ok("") | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(v) => Err(bad(format!("SHARDTRAIN_FP8_FAST_ACCUM = {v:?}: expected 1 or 0 (or leave it unset)"))),
+    }
+}
+
 /// The FP8 operand workspace: its device bytes, what it was sized for and its layout.
 pub(super) struct Fp8Ws {
     buf: CudaSlice<u8>,
@@ -235,7 +246,7 @@ impl CudaBackend {
                 b: Fp8Format::E4M3,
                 a_scale: ws.inv(ScaleSlot::Weight),
                 b_scale: ws.inv(ScaleSlot::Input),
-                fast_accum: true,
+                fast_accum: self.fp8_fast_accum,
             }),
         };
         let fused = epi.gelu_pre.is_some() || epi.residual.is_some();
@@ -341,6 +352,47 @@ impl CudaBackend {
             self.bias_grad(db, ptr.dout, n, oc, ptr.fresh)?;
         }
         Ok(true)
+    }
+}
+
+impl CudaBackend {
+    /// The casts one linear layer's FP8 GEMMs need, alone, on the workspace
+    /// (`prepare_fp8` first): the forward's (input and weight, row-major) or the backward's
+    /// (the output gradient both ways, the weight and the input transposed), for
+    /// `gpu-timing fp8`'s split of the FP8 time into casts and GEMMs. `inp` holds n·c,
+    /// `dout` n·oc and `params` from `w` oc·c bf16.
+    pub fn fp8_casts_only(
+        &self,
+        inp: &CudaSlice<half::bf16>,
+        dout: &CudaSlice<half::bf16>,
+        params: &CudaSlice<half::bf16>,
+        w: usize,
+        s: MatShape,
+        backward: bool,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        let check = super::launch::check;
+        check("fp8_casts_only inp", inp.len(), 0, n * c)?;
+        check("fp8_casts_only dout", dout.len(), 0, n * oc)?;
+        check("fp8_casts_only weight", params.len(), w, oc * c)?;
+        if !crate::backend::fp8::eligible(s) {
+            return Err(bad(format!("fp8_casts_only: N{n} C{c} OC{oc} is not FP8-eligible")));
+        }
+        let ws = self.fp8_ws(s)?;
+        let (x, g, wp) = (self.ptr(inp, 0), self.ptr(dout, 0), self.ptr(params, w));
+        let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
+        self.fp8_clear_amax(&ws)?;
+        // SAFETY: the lengths are checked above, the workspace holds this shape (fp8_ws).
+        unsafe {
+            if backward {
+                self.fp8_quantize(g, n, oc, e5, ws.slot(ScaleSlot::Grad), Some(ws.a()), Some(ws.gt()))?;
+                self.fp8_quantize(wp, oc, c, e4, ws.slot(ScaleSlot::Weight), None, Some(ws.w()))?;
+                self.fp8_quantize(x, n, c, e4, ws.slot(ScaleSlot::Input), None, Some(ws.a()))
+            } else {
+                self.fp8_quantize(x, n, c, e4, ws.slot(ScaleSlot::Input), Some(ws.a()), None)?;
+                self.fp8_quantize(wp, oc, c, e4, ws.slot(ScaleSlot::Weight), Some(ws.w()), None)
+            }
+        }
     }
 }
 

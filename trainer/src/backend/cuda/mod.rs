@@ -78,6 +78,9 @@ pub struct CudaBackend {
     /// The FP8 GEMMs' operands (`MatmulOps::prepare_fp8`; counted in the ledger, not in
     /// the scratch).
     fp8_ws: RefCell<Option<fp8::Fp8Ws>>,
+    /// FP8 forward GEMMs with cuBLASLt's fast accumulation (`SHARDTRAIN_FP8_FAST_ACCUM`,
+    /// default on; the backward's never use it).
+    fp8_fast_accum: bool,
     /// Reused scratch (partial sums, the attention's D, the embedding plan). One op at a
     /// time uses each, in stream order, so sharing them is safe.
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
@@ -208,6 +211,7 @@ impl CudaBackend {
             sm_count,
             compute_capability,
             fp8_ws: RefCell::new(None),
+            fp8_fast_accum: fp8::fast_accum_from_env()?,
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
             plan_bytes: Cell::new(0),
