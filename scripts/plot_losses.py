@@ -65,9 +65,10 @@ def main():
     for i, (label, pts) in enumerate(smoothed):
         c = COLORS[i % len(COLORS)]
         path = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in pts)
-        svg.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{path}"/>')
+        dash = ' stroke-dasharray="6 4"' if i % 2 else ""  # overlapping curves stay visible
+        svg.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5"{dash} points="{path}"/>')
         svg.append(f'<line x1="{W - R - 140}" y1="{T + 20 + 20 * i}" x2="{W - R - 110}" y2="{T + 20 + 20 * i}" '
-                   f'stroke="{c}" stroke-width="2"/>')
+                   f'stroke="{c}" stroke-width="2"{dash}/>')
         svg.append(f'<text x="{W - R - 100}" y="{T + 24 + 20 * i}" font-size="14">{label}</text>')
     svg.append("</svg>")
     open(a.svg, "w").write("\n".join(svg))
