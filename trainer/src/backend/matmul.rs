@@ -2,6 +2,11 @@
 //! variants. The fusions are hooks whose default is the composition of plain ops (the CPU
 //! reference runs that); a backend overrides a hook where it has a fused kernel for the
 //! shapes (CUDA: GELU in the cuBLASLt epilogue) and answers `Ok(false)` otherwise.
+//!
+//! Each layer says the precision of its GEMMs ([`LinearLocs::precision`]): bf16, or FP8
+//! (`train.precision = "fp8"`, numerics in `fp8.rs`), for which a backend first reserves its
+//! operands ([`MatmulOps::prepare_fp8`]) and which a device without FP8 GEMMs refuses
+//! ([`MatmulOps::fp8_support`]).
 
 use super::fp8::LinearExtent;
 use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
