@@ -294,7 +294,7 @@ fn matmul() {
             }
             let tag = format!("matmul N{n} C{c} OC{oc} off{off}");
             let s = MatShape { n, c, oc };
-            let at = LinearLocs { w: Loc::new(off, oc * c), b: bias.then(|| Loc::new(off + oc * c, oc)) };
+            let at = LinearLocs::new(Loc::new(off, oc * c), bias.then(|| Loc::new(off + oc * c, oc)));
             let plen = off + oc * c + if bias { oc } else { 0 };
             let params = rng.vec(plen, 0.05);
             let inp = rng.vec(n * c, 1.0);
@@ -354,7 +354,7 @@ fn matmul_gelu() {
         // (n, c, oc): fc-like forward n x c -> oc and fc2-like backward with input width c.
         for &(n, c, oc) in &[(256usize, 768usize, 3072usize), (256, 3072, 768), (37, 72, 56), (37, 75, 51)] {
             let tag = format!("matmul+gelu N{n} C{c} OC{oc}");
-            let at = LinearLocs { w: Loc::new(0, oc * c), b: Some(Loc::new(oc * c, oc)) };
+            let at = LinearLocs::new(Loc::new(0, oc * c), Some(Loc::new(oc * c, oc)));
             let plen = oc * c + oc;
             let params = rng.vec(plen, 0.05);
             let inp = rng.vec(n * c, 1.0);
@@ -953,6 +953,274 @@ fn memory_and_reduce() {
         let got = F64Pair::join(&be.download_f32(&slots, Loc::new(0, 2))?);
         let want: f64 = 2.0 * x[3..].iter().map(|&v| v as f64).sum::<f64>();
         rep.cmp("sum_into", "sum", &[got as f32], &[want as f32], 1e-6);
+        Ok(())
+    });
+}
+
+/// The FP8 casts against `backend/fp8.rs`, code for code: the amax, the power-of-two scale
+/// the cast writes for the GEMM, and every code of the row-major and transposed casts, for
+/// e4m3 and e5m2, on a normal tensor, one whose values reach the formats' subnormals, one at
+/// an odd (unaligned) offset, zeros, and one holding a NaN (its scale is NaN, so it reaches
+/// the loss).
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn fp8_casts() {
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("fp8 casts", "skipped", true, &why);
+            return Ok(());
+        }
+        for fmt in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for &(rows, cols, off, scale, what) in &[
+                (256usize, 768usize, 0usize, 1.0f32, "normal"),
+                (64, 48, 3, 1.0, "offset 3"),
+                (80, 2048, 0, 1e-3, "small"),
+                (48, 32, 0, 0.0, "zeros"),
+                (32, 64, 0, f32::NAN, "NaN"),
+            ] {
+                let tag = format!("fp8 cast {fmt:?} {rows}x{cols} {what}");
+                let n = rows * cols;
+                let mut x = match what {
+                    "zeros" => vec![0.0; off + n],
+                    "NaN" => rng.vec(off + n, 1.0),
+                    _ => rng.vec(off + n, scale),
+                };
+                if what == "NaN" {
+                    x[off + 77] = f32::NAN;
+                }
+                // A spread of magnitudes: some values land in the format's subnormals.
+                if what == "small" {
+                    for (i, v) in x.iter_mut().enumerate() {
+                        *v = half::bf16::from_f32(*v * 2f32.powi(-((i % 24) as i32))).to_f32();
+                    }
+                }
+                let xs = &x[off..];
+                let amax = trainer::backend::fp8::amax(xs);
+                let s = fmt.scale(amax);
+                let got = be.fp8_cast_check(&up_buf(be, &x)?, off, rows, cols, fmt)?;
+                let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                rep.check(&tag, "amax", same(got.amax, amax), &format!("{} vs {amax}", got.amax));
+                rep.check(
+                    &tag,
+                    "inverse scale",
+                    same(got.inv_scale, 1.0 / s),
+                    &format!("{} vs {}", got.inv_scale, 1.0 / s),
+                );
+                if s.is_nan() {
+                    let all_nan = got.codes.iter().all(|&c| fmt.decode(c).is_nan());
+                    rep.check(&tag, "codes", all_nan, "every code NaN");
+                    continue;
+                }
+                let want: Vec<u8> = xs.iter().map(|&v| fmt.encode(v * s)).collect();
+                let bad = got.codes.iter().zip(&want).filter(|(a, b)| a != b).count();
+                rep.check(&tag, "codes", bad == 0, &format!("{bad} of {n} differ"));
+                let bad_beside = got.codes_beside_t.iter().zip(&want).filter(|(a, b)| a != b).count();
+                rep.check(&tag, "codes (transposing cast)", bad_beside == 0, &format!("{bad_beside} of {n} differ"));
+                let bad_t = (0..rows * cols)
+                    .filter(|&k| {
+                        let (c, r) = (k / rows, k % rows);
+                        got.codes_t[k] != want[r * cols + c]
+                    })
+                    .count();
+                rep.check(&tag, "transposed codes", bad_t == 0, &format!("{bad_t} of {n} differ"));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The FP8 GEMMs of a linear layer (`Precision::Fp8`) against the CPU's simulation of the
+/// same rounding (`cpu/matmul.rs`): forward with and without bias, with the residual and
+/// with GELU in the epilogue (or composed where cuBLASLt has no FP8 epilogue), both backward
+/// GEMMs added to random gradients and written over NaN (fresh), through GELU' too, and
+/// repeated for the same bits. Both backends quantize the same bf16 values with the same
+/// power-of-two scales, so the FP8 operands are identical: the differences are the
+/// accumulation (fast accumulation in the forward) and the bf16 outputs, within the bf16
+/// tolerances; dW (fp32) within 1e-3. Each output is also checked to differ from the
+/// bf16 GEMM's by more than that (the layer really ran in FP8).
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn matmul_fp8() {
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("matmul fp8", "skipped", true, &why);
+            return Ok(());
+        }
+        let cpu = CpuBackend;
+        let shapes = [
+            (256usize, 768usize, 2304usize, true),
+            (256, 3072, 768, true),
+            (512, 2048, 3072, false),
+            (128, 4096, 14336 / 4, false),
+            (48, 64, 96, true),
+        ];
+        let ext = LinearExtent::of(512, &shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect::<Vec<_>>());
+        be.prepare_fp8(ext)?;
+        for &(n, c, oc, bias) in &shapes {
+            let tag = format!("matmul fp8 N{n} C{c} OC{oc}{}", if bias { " bias" } else { "" });
+            let s = MatShape { n, c, oc };
+            let at = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc)));
+            let at8 = at.with_precision(Precision::Fp8);
+            let plen = oc * c + if bias { oc } else { 0 };
+            let params = rng.vec(plen, 0.05);
+            let inp = rng.vec(n * c, 1.0);
+            let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
+            let (mut outc, mut out16) = (vec![0.0; n * oc], vec![0.0; n * oc]);
+            cpu.matmul_fwd(&mut outc, &inp, Weights::new(&params, at8), s)?;
+            cpu.matmul_fwd(&mut out16, &inp, Weights::new(&params, at), s)?;
+            let mut outg = poisoned_buf(be, n * oc)?;
+            be.matmul_fwd(&mut outg, &gi, Weights::new(&gp, at8), s)?;
+            let got = be.download_buf(&outg, Loc::all(n * oc))?;
+            rep.cmp(&format!("{tag} fwd"), "out", &got, &outc, TOL_BF16);
+            let off16 = rel(&got, &out16);
+            rep.check(
+                &format!("{tag} fwd"),
+                "is fp8",
+                off16 > rel(&got, &outc),
+                &format!("rel to bf16 GEMM {off16:.2e}"),
+            );
+            // Residual in the epilogue (C), and GELU (aux = pre-activation).
+            let res = rng.vec(n * oc, 1.0);
+            let (mut outrc, mut tmpc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
+            cpu.matmul_residual_fwd(&mut outrc, &res, &inp, Weights::new(&params, at8), s, &mut tmpc)?;
+            let (gres, mut tmpg, mut outrg) = (up_buf(be, &res)?, poisoned_buf(be, n * oc)?, poisoned_buf(be, n * oc)?);
+            be.matmul_residual_fwd(&mut outrg, &gres, &gi, Weights::new(&gp, at8), s, &mut tmpg)?;
+            rep.cmp(
+                &format!("{tag} fwd + residual"),
+                "out",
+                &be.download_buf(&outrg, Loc::all(n * oc))?,
+                &outrc,
+                TOL_BF16,
+            );
+            if bias {
+                let (mut prec, mut actc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
+                cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, Weights::new(&params, at8), s)?;
+                let (mut preg, mut actg) = (poisoned_buf(be, n * oc)?, poisoned_buf(be, n * oc)?);
+                be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, Weights::new(&gp, at8), s)?;
+                rep.cmp(
+                    &format!("{tag} fwd + gelu"),
+                    "pre",
+                    &be.download_buf(&preg, Loc::all(n * oc))?,
+                    &prec,
+                    TOL_BF16,
+                );
+                rep.cmp(
+                    &format!("{tag} fwd + gelu"),
+                    "gelu",
+                    &be.download_buf(&actg, Loc::all(n * oc))?,
+                    &actc,
+                    TOL_BF16,
+                );
+            }
+            let dout = rng.vec(n * oc, 1e-3);
+            let gdo = up_buf(be, &dout)?;
+            for fresh in [false, true] {
+                let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
+                let g0 = rng.vec(plen, 0.01);
+                let (mut dic, mut gc) = (vec![0.0; n * c], g0.clone());
+                cpu.matmul_bwd(
+                    &mut dic,
+                    WeightGrads { buf: &mut gc, at: at8, fresh },
+                    &dout,
+                    &inp,
+                    Weights::new(&params, at8),
+                    s,
+                )?;
+                let (mut di16, mut g16) = (vec![0.0; n * c], g0.clone());
+                cpu.matmul_bwd(
+                    &mut di16,
+                    WeightGrads { buf: &mut g16, at, fresh },
+                    &dout,
+                    &inp,
+                    Weights::new(&params, at),
+                    s,
+                )?;
+                let gpu0 = if fresh { vec![f32::NAN; plen] } else { g0.clone() };
+                let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
+                    let (mut dig, mut gg) = (poisoned_buf(be, n * c)?, up_grad(be, &gpu0)?);
+                    let wg = WeightGrads { buf: &mut gg, at: at8, fresh };
+                    be.matmul_bwd(&mut dig, wg, &gdo, &gi, Weights::new(&gp, at8), s)?;
+                    Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
+                };
+                let (di1, g1) = run()?;
+                rep.cmp(&tag, "dinp", &di1, &dic, TOL_BF16);
+                // The weight gradient alone (what this step added), so a large g0 cannot hide it.
+                let added = |g: &[f32]| -> Vec<f32> {
+                    g[..oc * c].iter().zip(&g0).map(|(a, b)| if fresh { *a } else { a - b }).collect()
+                };
+                rep.cmp(&tag, "dW", &added(&g1), &added(&gc), 1e-3);
+                let off16 = rel(&added(&g1), &added(&g16));
+                rep.check(&tag, "dW is fp8", off16 > 1e-3, &format!("rel to bf16 GEMM {off16:.2e}"));
+                if bias {
+                    rep.cmp(&tag, "dbias", &g1[oc * c..], &gc[oc * c..], TOL_F32);
+                }
+                let (di2, g2) = run()?;
+                rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
+            }
+            // Through GELU': the layer's input is GELU(pre) (fused DGELU where cuBLASLt has
+            // an FP8 algorithm for it, composed otherwise).
+            if bias {
+                let tag = format!("{tag} bwd dgelu");
+                let pre = rng.vec(n * c, 1.0);
+                let mut act = vec![0.0; n * c];
+                cpu.gelu_fwd(&mut act, &pre, n * c)?;
+                act.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
+                let g0 = rng.vec(plen, 0.01);
+                let (mut dpc, mut gc, mut actc) = (vec![0.0; n * c], g0.clone(), act.clone());
+                let x = GeluInput { act: &mut actc, pre: &pre };
+                cpu.matmul_bwd_dgelu(
+                    &mut dpc,
+                    WeightGrads { buf: &mut gc, at: at8, fresh: false },
+                    &dout,
+                    x,
+                    Weights::new(&params, at8),
+                    s,
+                )?;
+                let (mut dpg, mut gact, gpre, mut gg) =
+                    (poisoned_buf(be, n * c)?, up_buf(be, &act)?, up_buf(be, &pre)?, up_grad(be, &g0)?);
+                let x = GeluInput { act: &mut gact, pre: &gpre };
+                let wg = WeightGrads { buf: &mut gg, at: at8, fresh: false };
+                be.matmul_bwd_dgelu(&mut dpg, wg, &gdo, x, Weights::new(&gp, at8), s)?;
+                rep.cmp(&tag, "dpre", &be.download_buf(&dpg, Loc::all(n * c))?, &dpc, TOL_BF16);
+                let g1 = be.download_grad(&gg, Loc::all(plen))?;
+                let added = |g: &[f32]| -> Vec<f32> { g[..oc * c].iter().zip(&g0).map(|(a, b)| a - b).collect() };
+                rep.cmp(&tag, "dW", &added(&g1), &added(&gc), 1e-3);
+            }
+        }
+        Ok(())
+    });
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// `train.precision = "fp8"` is refused, naming the GPU and its compute capability, on a GPU
+/// before Hopper; on Hopper and later it is accepted and `prepare_fp8` reserves the workspace
+/// the planner predicts.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn fp8_is_refused_before_hopper_and_sized_as_planned() {
+    gpu::check(|be, _rng, rep| {
+        let e = LinearExtent::of(1024, &[(768, 2304), (3072, 768)]);
+        match be.fp8_support() {
+            Ok(()) => {
+                let bytes = be.prepare_fp8(e)?;
+                let want = trainer::backend::fp8::CudaFp8Workspace::new(e).bytes;
+                rep.check("fp8 support", "workspace bytes", bytes == want, &format!("{bytes} vs planned {want}"));
+            }
+            Err(why) => {
+                let named = why.contains(&be.name()) && why.contains("compute capability");
+                rep.check("fp8 support", "refused", named, &why);
+                rep.check("fp8 support", "prepare refuses too", be.prepare_fp8(e).is_err(), "");
+            }
+        }
         Ok(())
     });
 }

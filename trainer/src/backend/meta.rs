@@ -7,9 +7,9 @@
 
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnInputs, AttnShape, BResult,
-    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc,
-    LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps,
-    WeightGrads, Weights,
+    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearExtent, LinearLocs, LnSaved,
+    LnStats, Loc, LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole,
+    TransferOps, WeightGrads, Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
@@ -37,13 +37,19 @@ pub struct MetaBackend {
     pub sizes: ElemBytes,
     /// fp32 elements of attention state per (b, t, nh) of the modelled backend.
     pub attention_saved: fn(AttnShape) -> usize,
+    /// Bytes of the modelled backend's FP8 operand workspace (`MatmulOps::prepare_fp8`).
+    pub fp8_workspace: fn(LinearExtent) -> usize,
     /// How many buffers were allocated so far (proves the steady state allocates nothing).
     pub allocations: std::cell::Cell<usize>,
 }
 
 impl MetaBackend {
-    pub fn new(sizes: ElemBytes, attention_saved: fn(AttnShape) -> usize) -> MetaBackend {
-        MetaBackend { sizes, attention_saved, allocations: std::cell::Cell::new(0) }
+    pub fn new(
+        sizes: ElemBytes,
+        attention_saved: fn(AttnShape) -> usize,
+        fp8_workspace: fn(LinearExtent) -> usize,
+    ) -> MetaBackend {
+        MetaBackend { sizes, attention_saved, fp8_workspace, allocations: std::cell::Cell::new(0) }
     }
     fn counted(&self, n: usize) -> BResult<MetaBuf> {
         self.allocations.set(self.allocations.get() + 1);
@@ -171,6 +177,10 @@ impl LayerNormOps for MetaBackend {
 }
 
 impl MatmulOps for MetaBackend {
+    fn prepare_fp8(&self, largest: LinearExtent) -> BResult<usize> {
+        self.allocations.set(self.allocations.get() + 1);
+        Ok((self.fp8_workspace)(largest))
+    }
     fn matmul_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, LinearLocs>, _: MatShape) -> BResult<()> {
         Ok(())
     }

@@ -21,6 +21,11 @@
 //!
 //! `gpu-timing llama [B [T]]`: the Llama ops — RMSNorm, SwiGLU, RoPE, forward and backward —
 //! at Llama-3.2-1B's and Llama-3-8B's shapes, B×T rows (default 8×2048), in GB/s.
+//!
+//! `gpu-timing fp8 [B [T]]`: every linear layer of GPT-2 1.5B and Llama-3-8B, forward and
+//! backward (both GEMMs, dW accumulated), in bf16 beside FP8 (`train.precision = "fp8"`:
+//! the amax passes and casts included), B×T rows (default 8×1024), and the layers' sums:
+//! how much faster the blocks' GEMMs get.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -234,7 +239,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut total_fwd = 0.0;
     let mut total_bwd = 0.0;
     for (name, cin, cout) in [("qkv", c, 3 * c), ("attn proj", c, c), ("fc", c, 4 * c), ("fc2", 4 * c, c)] {
-        let lin = LinearLocs { w: Loc::new(2 * c, cout * cin), b: Some(Loc::new(2 * c + cout * cin, cout)) };
+        let lin = LinearLocs::new(Loc::new(2 * c, cout * cin), Some(Loc::new(2 * c + cout * cin, cout)));
         let ms = MatShape { n, c: cin, oc: cout };
         let flop = 2.0 * (n * cin * cout) as f64;
         let (inp, out): (&CudaSlice<bf16>, &mut CudaSlice<bf16>) = match name {
@@ -262,14 +267,14 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     }
     // The MLP with GELU fused into the GEMMs (compare with matmul fc + gelu_fwd, fc2 + gelu_bwd).
     {
-        let fc = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, 4 * c)) };
+        let fc = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, 4 * c)));
         let flop = 2.0 * (n * c * 4 * c) as f64;
         let mut pre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_gelu_fwd fc (fused epilogue)", 3, 20, tflops(flop), || {
             be.matmul_gelu_fwd(&mut pre, &mut y4, &x, Weights::new(&bparams, fc), MatShape { n, c, oc: 4 * c })
         });
         tm.sweep();
-        let fc2 = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, c)) };
+        let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
             let gelu = GeluInput { act: &mut y4, pre: &pre };
@@ -316,7 +321,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     drop((x4b, y4, att));
     // LM head (tied wte) and the loss.
     let mut logits = newbuf(n * v, &chunk)?;
-    let head = LinearLocs { w: Loc::new(0, v * c), b: None };
+    let head = LinearLocs::new(Loc::new(0, v * c), None);
     let head_flop = 2.0 * (n * c * v) as f64;
     tm.time(&format!("matmul_fwd lm head ({c}->{v})"), 2, 10, tflops(head_flop), || {
         be.matmul_fwd(&mut logits, &x, Weights::new(&eparams, head), MatShape { n, c, oc: v })
@@ -349,7 +354,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut logits_p = newbuf(n * vp, &chunk)?;
     let eparams_p = newbuf(vp * c, &small)?;
     tm.time(&format!("matmul_fwd lm head padded ({c}->{vp})"), 2, 10, tflops(2.0 * (n * c * vp) as f64), || {
-        let headp = LinearLocs { w: Loc::new(0, vp * c), b: None };
+        let headp = LinearLocs::new(Loc::new(0, vp * c), None);
         be.matmul_fwd(&mut logits_p, &x, Weights::new(&eparams_p, headp), MatShape { n, c, oc: vp })
     });
     tm.sweep();
@@ -585,6 +590,101 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
     Ok(())
 }
 
+/// One model's linear layers for `fp8`: (name, inputs, outputs, bias).
+struct LinearShapes {
+    name: &'static str,
+    layers: [(&'static str, usize, usize, bool); 4],
+}
+
+const FP8_SHAPES: [LinearShapes; 2] = [
+    LinearShapes {
+        name: "GPT-2 1.5B",
+        layers: [
+            ("qkv", 1600, 4800, true),
+            ("proj", 1600, 1600, true),
+            ("fc", 1600, 6400, true),
+            ("fc2", 6400, 1600, true),
+        ],
+    },
+    LinearShapes {
+        name: "Llama-3-8B",
+        layers: [
+            ("qkv", 4096, 6144, false),
+            ("o", 4096, 4096, false),
+            ("gate_up", 4096, 28672, false),
+            ("down", 14336, 4096, false),
+        ],
+    },
+];
+
+/// `gpu-timing fp8 [B [T]]` (see the top of the file).
+fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
+    if let Err(why) = be.fp8_support() {
+        println!("FP8 GEMMs unavailable: {why}");
+        return Ok(());
+    }
+    let chunk = randn(1, 1 << 22, 1.0);
+    let small = randn(2, 1 << 22, 0.02);
+    let n = b * t;
+    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    for shapes in &FP8_SHAPES {
+        println!(
+            "\n{} linear layers at B={b} T={t} (N={n}), bf16 beside FP8 (median of event-timed repeats)",
+            shapes.name
+        );
+        let ext = LinearExtent::of(n, &shapes.layers.map(|(_, c, oc, _)| (c, oc)));
+        let ws = be.prepare_fp8(ext)?;
+        println!("  FP8 operand workspace: {:.1} MiB", ws as f64 / (1u64 << 20) as f64);
+        let mut sums = [0.0f64; 2];
+        for &(layer, c, oc, bias) in &shapes.layers {
+            let s = MatShape { n, c, oc };
+            let plen = oc * c + if bias { oc } else { 0 };
+            let params = new_buf(be, plen, &small)?;
+            let mut grads = be.alloc_grad(plen, "timing")?;
+            let (inp, dout) = (new_buf(be, n * c, &chunk)?, new_buf(be, n * oc, &small)?);
+            let (mut out, mut dinp) = (be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * c, "timing")?);
+            let flop = 2.0 * (n * c * oc) as f64;
+            for (i, p) in [Precision::Bf16, Precision::Fp8].into_iter().enumerate() {
+                let at = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc))).with_precision(p);
+                let tag = if p == Precision::Fp8 { "fp8 " } else { "bf16" };
+                let before = tm.rows.len();
+                tm.time(&format!("{layer} {tag} fwd  {c}->{oc}"), 3, 20, tflops(flop), || {
+                    be.matmul_fwd(&mut out, &inp, Weights::new(&params, at), s)
+                });
+                tm.time(&format!("{layer} {tag} bwd  {c}->{oc}"), 3, 20, tflops(2.0 * flop), || {
+                    be.matmul_bwd(
+                        &mut dinp,
+                        WeightGrads::new(&mut grads, at),
+                        &dout,
+                        &inp,
+                        Weights::new(&params, at),
+                        s,
+                    )
+                });
+                sums[i] += tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
+            }
+            // The FP8 rows' casts alone: per element read twice (amax, cast) and written once
+            // (dY twice: both layouts); the rest of an FP8 row is its GEMMs.
+            let fwd_bytes = ((n * c + oc * c) * 5) as f64;
+            tm.time(&format!("{layer} fp8  fwd casts"), 3, 20, gbps(fwd_bytes), || {
+                be.fp8_casts_only(&inp, &dout, &params, 0, s, false)
+            });
+            let bwd_bytes = (n * oc * 6 + (oc * c + n * c) * 5) as f64;
+            tm.time(&format!("{layer} fp8  bwd casts"), 3, 20, gbps(bwd_bytes), || {
+                be.fp8_casts_only(&inp, &dout, &params, 0, s, true)
+            });
+        }
+        println!(
+            "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 {:.3} ms: {:.2}x",
+            shapes.name,
+            sums[0],
+            sums[1],
+            sums[0] / sums[1]
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let t0 = Instant::now();
     let be = match CudaBackend::new(0) {
@@ -612,6 +712,10 @@ fn main() -> ExitCode {
         Some("llama") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
             llama_timing(&be, arg(2, 8), arg(3, 2048))
+        }
+        Some("fp8") => {
+            let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+            fp8_timing(&be, arg(2, 8), arg(3, 1024))
         }
         Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
         _ => timing(&be, None),

@@ -10,6 +10,7 @@
 //! kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::LinearExtent;
 use crate::backend::{
     AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
     TokenRole, UnitGrads, Weights,
@@ -18,7 +19,7 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{ModelLayout, ModelOptions};
+use crate::model::{prepare_precision, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// The per-row statistics of one LayerNorm, kept from its forward for its backward.
@@ -161,9 +162,12 @@ impl<B: Backend> Gpt2<B> {
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         ledger.alloc(Category::Workspace, n * 4);
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
+        let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
+        prepare_precision(be, opts.precision, LinearExtent::of(n, &linears), ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
-            block: locs.block,
+            block: locs.block.with_precision(opts.precision),
             shape,
             ckpt,
             resid,

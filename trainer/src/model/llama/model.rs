@@ -12,6 +12,7 @@
 //! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::LinearExtent;
 use crate::backend::{
     rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole,
     UnitGrads, Weights,
@@ -20,7 +21,7 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{ModelLayout, ModelOptions};
+use crate::model::{prepare_precision, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// Activations one block saves for its backward.
@@ -159,9 +160,13 @@ impl<B: Backend> Llama<B> {
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         ledger.alloc(Category::Workspace, n * 4);
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        // qkv, o (input: the query heads' width), gate/up, down (the head stays bf16: LossHead).
+        let q = attn.nh * attn.hs();
+        let linears = [(c, w), (q, c), (c, 2 * f), (f, c)];
+        prepare_precision(be, opts.precision, LinearExtent::of(n, &linears), ledger)?;
         Ok(Llama {
             embed: locs.embed,
-            block: locs.block,
+            block: locs.block.with_precision(opts.precision),
             s: Shapes { attn, f, eps: cfg.rms_norm_eps() as f32 },
             tied: cfg.tied(),
             ckpt,
