@@ -242,7 +242,8 @@ pub enum ScaleSlot {
 /// The CUDA backend's FP8 operand workspace, in bytes from its start (each region 256-byte
 /// aligned). One linear op runs at a time, in stream order, so the regions serve every layer:
 ///
-/// - `scales`: the [`ScaleSlot`]s, 8 bytes each;
+/// - `scales`: the [`ScaleSlot`]s, 16 bytes each: the inverse scale the GEMM reads (f32,
+///   16-byte aligned, as cuBLASLt's scale pointers are kept), then the amax (u32 bits);
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
 ///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
 /// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
@@ -268,21 +269,21 @@ fn up(x: usize) -> usize {
 impl CudaFp8Workspace {
     pub fn new(e: LinearExtent) -> CudaFp8Workspace {
         let scales = 0;
-        let a = up(3 * 8);
+        let a = up(3 * 16);
         let gt = a + up(e.rows * e.inputs.max(e.outputs));
         let w = gt + up(e.rows * e.outputs);
         let bytes = w + up(e.weight);
         CudaFp8Workspace { scales, a, gt, w, bytes }
     }
 
-    /// Byte offset of a slot's amax (its inverse scale follows it).
-    pub fn amax(&self, slot: ScaleSlot) -> usize {
-        self.scales + 8 * slot as usize
+    /// Byte offset of a slot, which starts with its inverse scale.
+    pub fn inv_scale(&self, slot: ScaleSlot) -> usize {
+        self.scales + 16 * slot as usize
     }
 
-    /// Byte offset of a slot's inverse scale.
-    pub fn inv_scale(&self, slot: ScaleSlot) -> usize {
-        self.amax(slot) + 4
+    /// Byte offset of a slot's amax (after its inverse scale).
+    pub fn amax(&self, slot: ScaleSlot) -> usize {
+        self.inv_scale(slot) + 4
     }
 }
 
@@ -423,6 +424,6 @@ mod tests {
             assert_eq!(off % 256, 0);
         }
         assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
-        assert_eq!(w.inv_scale(ScaleSlot::Grad), 20);
+        assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
     }
 }

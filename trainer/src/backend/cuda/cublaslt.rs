@@ -288,7 +288,7 @@ impl Lt {
         if plans.contains_key(&key) {
             return true;
         }
-        match self.plan(&key) {
+        match self.plan(&key, g) {
             Ok(p) => {
                 plans.insert(key, p);
                 true
@@ -361,7 +361,7 @@ impl Lt {
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key).map_err(other)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key, g).map_err(other)?),
         };
         if !plan.settled {
             if self.tuning.get() == GemmTuning::Timed {
@@ -583,7 +583,10 @@ impl Lt {
         r
     }
 
-    fn plan(&self, key: &Key) -> BResult<Plan> {
+    /// The descriptors and the heuristic's algorithm for `key` (`g` is a GEMM of that key:
+    /// an FP8 GEMM's scale pointers are set before the heuristic is asked, since whether
+    /// the operands are scaled decides which kernels qualify; each call sets its own).
+    fn plan(&self, key: &Key, g: &Gemm) -> BResult<Plan> {
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         let dtype = match key.out {
             OutType::Bf16 => bf16,
@@ -676,6 +679,16 @@ impl Lt {
                     &f as *const i8 as *const c_void,
                     size_of::<i8>(),
                 );
+            }
+            if let (true, Some(f)) = (r.is_ok(), g.fp8) {
+                for (attr, p) in [
+                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, f.a_scale),
+                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, f.b_scale),
+                ] {
+                    if r.is_ok() {
+                        r = set_desc(attr, &p as *const u64 as *const c_void, size_of::<u64>());
+                    }
+                }
             }
             if r.is_ok() && key.bias {
                 let bt = bf16;

@@ -3,8 +3,9 @@
 // power-of-two scale, and the casts cuBLASLt's FP8 GEMMs read, row-major and transposed
 // (Hopper's FP8 GEMMs want both operands with the inner dimension contiguous).
 //
-// A scale slot is two words: the amax as the bits of |x| (zeroed by the launch code before
-// fp8_amax_bf16 adds to it) and the inverse scale the GEMM applies, which the cast writes.
+// A scale slot is two words: the inverse scale the GEMM applies, which the cast writes (the
+// first: 16-byte aligned, as cuBLASLt's scale pointers are kept), and the amax as the bits
+// of |x| (zeroed by the launch code before fp8_amax_bf16 adds to it).
 
 // |x| of a bf16 as the bits of its f32 value: non-negative floats order as their bits, and
 // a NaN's bits lie above infinity's, so an integer max propagates NaN (fmaxf would drop it).
@@ -96,8 +97,8 @@ __device__ __forceinline__ uint4 load8(const bf16_t* p, bool aligned) {
 
 // The slot's inverse scale, written once per cast by the first thread (1/2^e is exact).
 __device__ __forceinline__ float slot_scale(unsigned* slot, int e5m2) {
-    const float s = fp8_scale(slot[0], e5m2);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ((float*)slot)[1] = 1.f / s;
+    const float s = fp8_scale(slot[1], e5m2);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ((float*)slot)[0] = 1.f / s;
     return s;
 }
 

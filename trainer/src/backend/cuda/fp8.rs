@@ -74,8 +74,9 @@ impl WsPtrs {
     fn w(&self) -> u64 {
         self.base + self.layout.w as u64
     }
+    /// A slot's start: its inverse scale, then its amax (what the casts take).
     fn slot(&self, s: ScaleSlot) -> u64 {
-        self.base + self.layout.amax(s) as u64
+        self.base + self.layout.inv_scale(s) as u64
     }
     fn inv(&self, s: ScaleSlot) -> u64 {
         self.base + self.layout.inv_scale(s) as u64
@@ -155,9 +156,10 @@ impl CudaBackend {
 
     /// Zero the workspace's amax words (every slot) before the casts of one linear op.
     fn fp8_clear_amax(&self, ws: &WsPtrs) -> BResult<()> {
-        // SAFETY: the scale slots' 24 bytes lie at the start of the workspace.
+        // SAFETY: the three scale slots' 48 bytes lie at the start of the workspace (the
+        // inverse scales are cleared too: each cast writes its own before its GEMM runs).
         let r = unsafe {
-            cudarc::driver::result::memset_d8_async(ws.slot(ScaleSlot::Input), 0, 24, self.stream.cu_stream())
+            cudarc::driver::result::memset_d8_async(ws.slot(ScaleSlot::Input), 0, 48, self.stream.cu_stream())
         };
         r.map_err(|e| self.err("zeroing the FP8 amax slots", e))
     }
@@ -184,8 +186,10 @@ impl CudaBackend {
         let fmt_i = i32::from(fmt.is_e5m2());
         let f = self.f("fp8_amax_bf16")?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&slot).arg(&x).arg(&ni);
-        // SAFETY: x holds n bf16 (the caller's promise); the slot is one u32.
+        // The slot's second word is its amax (the first, the inverse scale, 16-byte aligned).
+        let amax = slot + 4;
+        lb.arg(&amax).arg(&x).arg(&ni);
+        // SAFETY: x holds n bf16 (the caller's promise); the amax is the slot's second word.
         unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
             .map_err(|e| self.launch_err("fp8_amax_bf16", e))?;
         match dst_t {
@@ -439,15 +443,15 @@ impl CudaBackend {
         // aligned allocations); the slot two zeroed words.
         unsafe {
             self.fp8_quantize(xp, rows, cols, fmt, sp, Some(qp), None)?;
-            let r = cudarc::driver::result::memset_d8_async(sp, 0, 4, self.stream.cu_stream());
+            let r = cudarc::driver::result::memset_d8_async(sp + 4, 0, 4, self.stream.cu_stream());
             r.map_err(|e| self.err("zeroing the check slot", e))?;
             self.fp8_quantize(xp, rows, cols, fmt, sp, Some(q2p), Some(qtp))?;
         }
         let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
         let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;
         Ok(Fp8Cast {
-            amax: f32::from_bits(words[0]),
-            inv_scale: f32::from_bits(words[1]),
+            amax: f32::from_bits(words[1]),
+            inv_scale: f32::from_bits(words[0]),
             codes: down(&q)?,
             codes_t: down(&qt)?,
             codes_beside_t: down(&q2)?,
