@@ -5,7 +5,7 @@
 //! Hopper's FP8 GEMMs take A transposed and B not ("TN": both with the inner dimension
 //! contiguous). With row-major `X[n, c]`, `W[oc, c]`, `dY[n, oc]` (see `matmul.rs`):
 //! - forward `Yᵀ(oc×n) = W·Xᵀ`: A = W `[oc, c]`, B = X `[n, c]`, both as they are (e4m3 ×
-//!   e4m3, fast accumulation), bias, GELU (aux bf16) or residual (C) in the epilogue;
+//!   e4m3; sums promoted to fp32 unless `SHARDTRAIN_FP8_FAST_ACCUM=1`), bias, GELU (aux bf16) or residual (C) in the epilogue;
 //! - `dXᵀ(c×n) = Wᵀ·dYᵀ`: A = Wᵀ `[c, oc]` (a transposed cast of the weight), B = dY
 //!   `[n, oc]` (e4m3 × e5m2), GELU' in the epilogue where cuBLASLt has it;
 //! - `dWᵀ(c×oc) = Xᵀ·dY`: A = Xᵀ `[c, n]`, B = dYᵀ `[oc, n]` (both transposed casts,
@@ -39,14 +39,16 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 /// Rows and columns of the transposing cast's tile (`FP8_TILE` in fp8.cu).
 const TILE: usize = 64;
 
-/// `SHARDTRAIN_FP8_FAST_ACCUM`: `1` (or unset) lets the FP8 forward GEMMs use cuBLASLt's fast
-/// accumulation (as Transformer Engine and torchao do), `0` promotes their partial sums like
-/// the backward's (for loss-parity experiments); any other value is an error.
+/// `SHARDTRAIN_FP8_FAST_ACCUM`: `0` (or unset) has the FP8 forward GEMMs promote their partial
+/// sums to fp32 like the backward's; `1` lets them use cuBLASLt's fast accumulation (as
+/// Transformer Engine's and torchao's defaults do): about 1% faster at GPT-2 1.5B, but there
+/// it lost the loss (+2.1% after 500 steps against bf16, where promoted sums gave -0.04%:
+/// BENCHMARKS.md run 17); any other value is an error.
 pub(super) fn fast_accum_from_env() -> BResult<bool> {
     match std::env::var("SHARDTRAIN_FP8_FAST_ACCUM").as_deref() {
-        Err(_) | Ok("") | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(v) => Err(bad(format!("SHARDTRAIN_FP8_FAST_ACCUM = {v:?}: expected 1 or 0 (or leave it unset)"))),
+        Err(_) | Ok("") | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(bad(format!("SHARDTRAIN_FP8_FAST_ACCUM = {v:?}: expected 0 or 1 (or leave it unset)"))),
     }
 }
 
