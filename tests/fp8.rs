@@ -47,7 +47,7 @@ fn run(world: usize, toml: String, steps: usize, data: &std::path::Path) -> Run 
     cfg.validate().expect("valid");
     let data = data.to_path_buf();
     let mut results = common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         let losses = (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").loss).collect();
         Run { losses, params: tr.full_params(&be, &mut comm).expect("params") }
@@ -68,7 +68,7 @@ fn max_abs(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn fp8_matmul_is_the_gemm_of_the_rounded_operands() {
-    let cpu = CpuBackend;
+    let cpu = CpuBackend::new();
     let (n, c, oc) = (32usize, 48usize, 64usize);
     let vec = |stream: u64, len: usize, scale: f64| -> Vec<f32> {
         (0..len).map(|i| (trainer::rng::normal(7, stream, i as u64) * scale) as f32).collect()
@@ -110,7 +110,7 @@ fn fp8_matmul_is_the_gemm_of_the_rounded_operands() {
 
 #[test]
 fn shapes_that_are_not_multiples_of_16_stay_in_full_precision() {
-    let cpu = CpuBackend;
+    let cpu = CpuBackend::new();
     let (n, c, oc) = (32usize, 36usize, 64usize);
     let w: Vec<f32> = (0..oc * c).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.003).collect();
     let x: Vec<f32> = (0..n * c).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.01).collect();

@@ -44,7 +44,7 @@ fn encoder_without_positions() {
 /// The embedding against the CPU, with the position table (GPT-2) or without; forward
 /// (written over NaN), backward added to random gradients or written over NaN (fresh).
 fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, positions: bool) -> BResult<()> {
-    let cpu = CpuBackend;
+    let cpu = CpuBackend::new();
     // GPT-2-like, odd (C % 8 != 0: the one-element path), and a Llama width.
     for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7), (2, 33, 2048, 500)] {
         let tag = format!("encoder{} B{b} T{t} C{c} V{v}", if positions { "" } else { " (no wpe)" });
@@ -88,7 +88,7 @@ fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, po
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn layernorm() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // Every backward path at two parameter offsets: 5 (unaligned weights: the general
         // kernel) and 8 (16-byte aligned: the fast kernel, every instance — J = 1 with 1..4
         // warps up to C = 1024, J = 2 with 4, 8, 12, 16 warps up to 8192 — with ragged last
@@ -180,7 +180,7 @@ fn layernorm() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn rmsnorm() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         let eps = 1e-5f32;
         let shapes = [
             (256usize, 2048usize),
@@ -278,7 +278,7 @@ fn rmsnorm() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn matmul() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (n, c, oc, parameter offset, bias)
         for &(n, c, oc, off, bias) in &[
             (256usize, 768usize, 2304usize, 0usize, true),
@@ -350,7 +350,7 @@ fn matmul() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn matmul_gelu() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (n, c, oc): fc-like forward n x c -> oc and fc2-like backward with input width c.
         for &(n, c, oc) in &[(256usize, 768usize, 3072usize), (256, 3072, 768), (37, 72, 56), (37, 75, 51)] {
             let tag = format!("matmul+gelu N{n} C{c} OC{oc}");
@@ -445,7 +445,7 @@ impl AttnCase {
     /// The CPU reference (O(T²) time and memory per head: the test runs the cases' references
     /// on threads of their own).
     fn reference(&mut self) -> BResult<()> {
-        let (cpu, s) = (CpuBackend, self.s);
+        let (cpu, s) = (CpuBackend::new(), self.s);
         let (n, hs, w, g) = (s.b * s.t, s.hs(), s.qkv_width(), s.group());
         self.out = vec![0.0; n * s.c];
         let mut att = vec![0.0; cpu.attention_saved_len(s)];
@@ -644,7 +644,7 @@ fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnC
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn activation() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         for &n in &[1usize << 20, 1001] {
             let x = rng.vec(n, 2.0);
             let y = rng.vec(n, 2.0);
@@ -674,7 +674,7 @@ fn activation() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn swiglu() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         for &(n, f) in &[(64usize, 8192usize), (33, 14336), (37, 1001), (300, 64), (5, 8), (7, 3)] {
             let tag = format!("swiglu N{n} F{f}");
             let r = Rows { n, c: f };
@@ -714,7 +714,7 @@ fn swiglu() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn rope() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (b, t, nh, nkv, hs)
         let mut shapes = Vec::new();
         for t in [2048usize, 4096] {
@@ -804,7 +804,7 @@ fn rope() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn cross_entropy() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // Odd (unaligned rows), padded, tiny and large vocabularies.
         for &(n, v) in &[(64usize, 50257usize), (16, 50304), (33, 8), (16, 1024), (6, 70001)] {
             let tag = format!("cross_entropy N{n} V{v}");
@@ -830,7 +830,7 @@ fn cross_entropy() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn cross_entropy_chunk() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (rows in the batch, first, rows in the chunk, vocabulary)
         for &(total, first, n, v) in &[(48usize, 16usize, 16usize, 50304usize), (37, 11, 13, 1001), (9, 8, 1, 128256)] {
             let tag = format!("cross_entropy rows {first}..{} of {total} V{v}", first + n);
@@ -861,7 +861,7 @@ fn cross_entropy_chunk() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn adamw() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // Odd offsets and lengths (the one-element kernel), then offsets and lengths in
         // multiples of 4 (the four-element kernel).
         for (poff, moff, goff, step, tag) in [(5usize, 3usize, 7usize, 997usize, "odd"), (4, 8, 12, 996, "by 4")] {
@@ -1046,7 +1046,7 @@ fn matmul_fp8() {
             rep.check("matmul fp8", "skipped", true, &why);
             return Ok(());
         }
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         let shapes = [
             (256usize, 768usize, 2304usize, true),
             (256, 3072, 768, true),

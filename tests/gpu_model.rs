@@ -314,7 +314,7 @@ fn cpu_step_with(
     inputs: &[u32],
     targets: &[u32],
 ) -> Result<CpuStep, trainer::backend::BackendError> {
-    let (cpu, layout) = (CpuBackend, ModelLayout::new(cfg));
+    let (cpu, layout) = (CpuBackend::new(), ModelLayout::new(cfg));
     let scale = Some(1.0 / inputs.len() as f32);
     let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
     let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;

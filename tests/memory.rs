@@ -13,7 +13,7 @@ use trainer::Config;
 fn measured(cfg: &Config, world: usize, data: &std::path::Path) -> Vec<trainer::zero::MemoryReport> {
     let (cfg, data) = (cfg.clone(), data.to_path_buf());
     common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         tr.train_step(&be, &mut comm).expect("step").memory
     })
