@@ -354,7 +354,8 @@ fn half_precision_weights_import_and_other_dtypes_are_named() {
         // And as a run's initial weights.
         let mut c = cfg.clone();
         c.train.init_from = Some(path);
-        Trainer::<CpuBackend>::new(&c, &CpuBackend::new(), 0, 1, &data).expect("a run starts from half-precision weights");
+        Trainer::<CpuBackend>::new(&c, &CpuBackend::new(), 0, 1, &data)
+            .expect("a run starts from half-precision weights");
     }
     let odd = dir.path().join("f64.safetensors");
     rewrite(&f32_file, &odd, safetensors::Dtype::BF16, Some(("transformer.wte.weight", safetensors::Dtype::F64)));

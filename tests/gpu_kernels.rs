@@ -1054,9 +1054,10 @@ fn matmul_fp8() {
             (128, 4096, 14336 / 4, false),
             (48, 64, 96, true),
         ];
-        let ext = LinearExtent::of(512, &shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect::<Vec<_>>());
-        be.prepare_fp8(ext)?;
-        for &(n, c, oc, bias) in &shapes {
+        let weights: Vec<(usize, usize)> = shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect();
+        let layers = Fp8Layers { largest: LinearExtent::of(512, &weights), weights, cache_weights: true };
+        be.prepare_fp8(&layers)?;
+        for (k, &(n, c, oc, bias)) in shapes.iter().enumerate() {
             let tag = format!("matmul fp8 N{n} C{c} OC{oc}{}", if bias { " bias" } else { "" });
             let s = MatShape { n, c, oc };
             let at = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc)));
@@ -1157,6 +1158,46 @@ fn matmul_fp8() {
                 let (di2, g2) = run()?;
                 rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
             }
+            // The same layer with its FP8 state (layer k): the weight cached in both layouts,
+            // the input's scale kept from the forward for the backward. Bit for bit the
+            // per-use path's, and the cache follows a parameter change.
+            {
+                let tag = format!("{tag} cached");
+                let at8c = at8.with_fp8_index(k);
+                let g0 = rng.vec(plen, 0.01);
+                let mut gp = up_buf(be, &params)?;
+                let pass = |at: LinearLocs,
+                            gp: &<CudaBackend as Device>::Buf,
+                            x: &<CudaBackend as Device>::Buf|
+                 -> BResult<Vec<f32>> {
+                    let mut out = poisoned_buf(be, n * oc)?;
+                    be.matmul_fwd(&mut out, x, Weights::new(gp, at), s)?;
+                    let (mut di, mut gg) = (poisoned_buf(be, n * c)?, up_grad(be, &g0)?);
+                    be.matmul_bwd(&mut di, WeightGrads::new(&mut gg, at), &gdo, x, Weights::new(gp, at), s)?;
+                    let out = be.download_buf(&out, Loc::all(n * oc))?;
+                    Ok([out, be.download_buf(&di, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?].concat())
+                };
+                let want = pass(at8, &gp, &gi)?;
+                rep.same_bits(&tag, "fwd + bwd vs per use", &pass(at8c, &gp, &gi)?, &want);
+                rep.same_bits(&tag, "again, from the cache", &pass(at8c, &gp, &gi)?, &want);
+                // New weights in the same buffer: stale codes until the version changes.
+                let params2: Vec<f32> = params.iter().map(|x| -1.5 * x).collect();
+                be.upload_buf(&params2, &mut gp, 0)?;
+                be.fp8_weights_changed();
+                let want2 = pass(at8, &gp, &gi)?;
+                rep.same_bits(&tag, "after a parameter change", &pass(at8c, &gp, &gi)?, &want2);
+                // A backward whose input is not the forward's takes its own scale.
+                let inp2: Vec<f32> = inp.iter().map(|x| 3.0 * x).collect();
+                let gi2 = up_buf(be, &inp2)?;
+                let mut out = poisoned_buf(be, n * oc)?;
+                be.matmul_fwd(&mut out, &gi, Weights::new(&gp, at8c), s)?;
+                let bwd = |at: LinearLocs| -> BResult<Vec<f32>> {
+                    let (mut di, mut gg) = (poisoned_buf(be, n * c)?, up_grad(be, &g0)?);
+                    be.matmul_bwd(&mut di, WeightGrads::new(&mut gg, at), &gdo, &gi2, Weights::new(&gp, at), s)?;
+                    Ok([be.download_buf(&di, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?].concat())
+                };
+                rep.same_bits(&tag, "bwd of another input", &bwd(at8c.input_recomputed())?, &bwd(at8)?);
+            }
             // Through GELU': the layer's input is GELU(pre) (fused DGELU where cuBLASLt has
             // an FP8 algorithm for it, composed otherwise).
             if bias {
@@ -1211,14 +1252,23 @@ fn fp8_is_refused_before_hopper_and_sized_as_planned() {
         let e = LinearExtent::of(1024, &[(768, 2304), (3072, 768)]);
         match be.fp8_support() {
             Ok(()) => {
-                let bytes = be.prepare_fp8(e)?;
-                let want = trainer::backend::fp8::CudaFp8Workspace::new(e).bytes;
-                rep.check("fp8 support", "workspace bytes", bytes == want, &format!("{bytes} vs planned {want}"));
+                for cache_weights in [false, true] {
+                    let layers = Fp8Layers::blocks(1024, &[(768, 2304), (3072, 768)], 3, cache_weights);
+                    let bytes = be.prepare_fp8(&layers)?;
+                    let want = trainer::backend::fp8::CudaFp8WeightCache::reserved(&layers);
+                    rep.check(
+                        "fp8 support",
+                        "bytes reserved",
+                        bytes == want,
+                        &format!("{bytes:?} vs planned {want:?}"),
+                    );
+                }
             }
             Err(why) => {
                 let named = why.contains(&be.name()) && why.contains("compute capability");
                 rep.check("fp8 support", "refused", named, &why);
-                rep.check("fp8 support", "prepare refuses too", be.prepare_fp8(e).is_err(), "");
+                let layers = Fp8Layers { largest: e, ..Fp8Layers::default() };
+                rep.check("fp8 support", "prepare refuses too", be.prepare_fp8(&layers).is_err(), "");
             }
         }
         Ok(())

@@ -656,11 +656,8 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             let (mut out, mut dinp) = (be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * c, "timing")?);
             let flop = 2.0 * (n * c * oc) as f64;
             let plain = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc)));
-            let ats = [
-                plain,
-                plain.with_precision(Precision::Fp8),
-                plain.with_precision(Precision::Fp8).with_fp8_index(k),
-            ];
+            let ats =
+                [plain, plain.with_precision(Precision::Fp8), plain.with_precision(Precision::Fp8).with_fp8_index(k)];
             for (i, at) in ats.into_iter().enumerate() {
                 let tag = kinds[i];
                 let before = tm.rows.len();

@@ -32,14 +32,17 @@ fn quantized_with(xs: &[f32], fmt: Fp8Format, scale: f32) -> Vec<f32> {
     xs.iter().map(|&x| fmt.fake_quant(x, scale, inv)).collect()
 }
 
+/// A layer's cached weight: its dequantized values, and the parameter version and buffer
+/// address they were made from (`None`: not made since the last change).
+type CachedWeight = (Vec<f32>, Option<(u64, usize)>);
+
 /// The CPU's FP8 layers (`MatmulOps::prepare_fp8`): per layer its input's scale and its
 /// cached weight.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Fp8State {
     input_scale: Vec<f32>,
-    /// Per layer (weights cached): the dequantized weight, and the parameter version and
-    /// buffer it was made from (`None`: not made since the last change).
-    weights: Vec<(Vec<f32>, Option<(u64, usize)>)>,
+    /// Per layer, where weights are cached.
+    weights: Vec<CachedWeight>,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
 }
@@ -193,7 +196,10 @@ impl MatmulOps for CpuBackend {
                 st.layer(l)?;
                 st.input_scale[l.index] = sx;
             }
-            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off));
+            let (xq, wq) = (
+                quantized_with(inp, Fp8Format::E4M3, sx),
+                st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
+            );
             matmul_forward(&mut out[..n * oc], &xq, &wq, bias, n, c, oc);
             return Ok(());
         }
@@ -234,7 +240,10 @@ impl MatmulOps for CpuBackend {
                 }
                 _ => Fp8Format::E4M3.scale(amax(inp)),
             };
-            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off));
+            let (xq, wq) = (
+                quantized_with(inp, Fp8Format::E4M3, sx),
+                st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
+            );
             matmul_backward(&mut dinp[..n * c], dw, None, &gq, &xq, &wq, s);
             if let Some(db) = db {
                 for row in dout.chunks_exact(oc) {

@@ -100,10 +100,9 @@ impl WsPtrs {
         match layer {
             None => Ok(self.slot(ScaleSlot::Input)),
             Some(l) if l.index < self.layout.layers => Ok(self.base + self.layout.layer_input(l.index) as u64),
-            Some(l) => Err(bad(format!(
-                "FP8 layer {} used, but prepare_fp8 reserved {} (a bug)",
-                l.index, self.layout.layers
-            ))),
+            Some(l) => {
+                Err(bad(format!("FP8 layer {} used, but prepare_fp8 reserved {} (a bug)", l.index, self.layout.layers)))
+            }
         }
     }
     /// Whether a layer of shape `s` fits the regions.
@@ -261,8 +260,15 @@ impl CudaBackend {
         let codes = WeightCodes { w: base + rw as u64, wt: base + rwt as u64, slot };
         if cache.made[l.index] != Some((version, w)) {
             self.fp8_clear(slot, 1)?;
-            let cast =
-                Cast { x: w, rows: s.oc, cols: s.c, fmt: Fp8Format::E4M3, slot, dst: Some(codes.w), dst_t: Some(codes.wt) };
+            let cast = Cast {
+                x: w,
+                rows: s.oc,
+                cols: s.c,
+                fmt: Fp8Format::E4M3,
+                slot,
+                dst: Some(codes.w),
+                dst_t: Some(codes.wt),
+            };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
             // layer's, just cleared.
@@ -561,10 +567,20 @@ impl CudaBackend {
         let slot = |k| ws.slot(k);
         let xs = Cast { x, rows: n, cols: c, fmt: e4, slot: slot(ScaleSlot::Input), dst: Some(ws.a()), dst_t: None };
         let ws_ = Cast { x: wp, rows: oc, cols: c, slot: slot(ScaleSlot::Weight), dst: Some(ws.w()), ..xs };
-        let gs = Cast { x: g, rows: n, cols: oc, fmt: e5, slot: slot(ScaleSlot::Grad), dst: Some(ws.a()), dst_t: Some(ws.gt()) };
+        let gs = Cast {
+            x: g,
+            rows: n,
+            cols: oc,
+            fmt: e5,
+            slot: slot(ScaleSlot::Grad),
+            dst: Some(ws.a()),
+            dst_t: Some(ws.gt()),
+        };
         let xt = Cast { dst: None, dst_t: Some(ws.a()), ..xs };
         let wt = Cast { dst: None, dst_t: Some(ws.w()), ..ws_ };
-        if which == Fp8Casts::WeightCache && !(oc * c <= ws.layout.gt - ws.layout.a && oc * c <= ws.layout.w - ws.layout.gt) {
+        if which == Fp8Casts::WeightCache
+            && !(oc * c <= ws.layout.gt - ws.layout.a && oc * c <= ws.layout.w - ws.layout.gt)
+        {
             return Err(bad(format!("fp8_casts_only: a C{c} × OC{oc} weight's two layouts do not fit the workspace")));
         }
         let both = Cast { dst: Some(ws.a()), dst_t: Some(ws.gt()), ..ws_ };
