@@ -556,7 +556,7 @@ mod tests {
         assert_eq!(c.regions[1], (2 * 1600 * 4800, 2 * 1600 * 4800 + 1600 * 1600));
         assert!(c.regions.iter().all(|&(w, wt)| w % 256 == 0 && wt % 256 == 0));
         // Odd sizes are padded per region.
-        assert_eq!(CudaFp8WeightCache::new(&[(16, 17)]).bytes, 512);
+        assert_eq!(CudaFp8WeightCache::new(&[(16, 17)]).bytes, 2 * 512);
         let off = Fp8Layers { cache_weights: false, ..layers.clone() };
         assert_eq!(CudaFp8WeightCache::reserved(&off).weight_cache, 0);
         assert_eq!(cpu_reserved(&layers), Fp8Bytes { workspace: 16, weight_cache: 4 * layers.weight_elements() });

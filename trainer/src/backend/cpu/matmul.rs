@@ -8,9 +8,11 @@
 //! unquantized output gradient, as the GPU's does.
 //!
 //! A layer with an [`Fp8Layer`] keeps what the CUDA backend keeps, in [`Fp8State`]: its
-//! forward's input scale, which its backward reuses, and (weights cached) its dequantized
-//! weight, made at the first use after [`MatmulOps::fp8_weights_changed`]. The values are
-//! those of quantizing at every use; the structure is the GPU's, so the CPU runs test it.
+//! forward's input amax, which its backward's scale comes from, and (weights cached) its
+//! dequantized weight, made at the first use after [`MatmulOps::fp8_weights_changed`]. The
+//! values are those of quantizing at every use; the structure is the GPU's, so the CPU runs
+//! test it: a backward that reuses the forward's scale checks that its input has the
+//! forward's amax, and errors (naming the model bug) where it has not.
 
 use std::borrow::Cow;
 
@@ -40,7 +42,8 @@ type CachedWeight = (Vec<f32>, Option<(u64, usize)>);
 /// cached weight.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Fp8State {
-    input_scale: Vec<f32>,
+    /// Per layer, the amax of the input its last forward quantized.
+    input_amax: Vec<f32>,
     /// Per layer, where weights are cached.
     weights: Vec<CachedWeight>,
     /// Bumped by `fp8_weights_changed`.
@@ -49,13 +52,13 @@ pub(super) struct Fp8State {
 
 impl Fp8State {
     fn layer(&self, l: Fp8Layer) -> BResult<()> {
-        if l.index < self.input_scale.len() {
+        if l.index < self.input_amax.len() {
             return Ok(());
         }
         Err(BackendError::Device(format!(
             "FP8 layer {} used, but prepare_fp8 reserved {} (a bug)",
             l.index,
-            self.input_scale.len()
+            self.input_amax.len()
         )))
     }
 
@@ -168,7 +171,7 @@ pub fn matmul_backward(
 impl MatmulOps for CpuBackend {
     fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
         let mut st = self.fp8.borrow_mut();
-        st.input_scale = vec![1.0; layers.weights.len()];
+        st.input_amax = vec![0.0; layers.weights.len()];
         st.weights = match layers.cache_weights {
             true => layers.weights.iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect(),
             false => Vec::new(),
@@ -191,10 +194,11 @@ impl MatmulOps for CpuBackend {
         let (inp, w, bias) = (&inp[..n * c], at(p.buf, p.at.w), p.at.b.map(|b| at(p.buf, b)));
         if p.at.fp8(s) {
             let mut st = self.fp8.borrow_mut();
-            let sx = Fp8Format::E4M3.scale(amax(inp));
+            let ax = amax(inp);
+            let sx = Fp8Format::E4M3.scale(ax);
             if let Some(l) = p.at.fp8 {
                 st.layer(l)?;
-                st.input_scale[l.index] = sx;
+                st.input_amax[l.index] = ax;
             }
             let (xq, wq) = (
                 quantized_with(inp, Fp8Format::E4M3, sx),
@@ -232,14 +236,21 @@ impl MatmulOps for CpuBackend {
         if p.at.fp8(s) {
             let mut st = self.fp8.borrow_mut();
             let gq = quantized(dout, Fp8Format::E5M2);
-            // The forward's scale where the input is the forward's tensor (the same amax).
-            let sx = match p.at.fp8 {
-                Some(l) if l.input_from_forward => {
-                    st.layer(l)?;
-                    st.input_scale[l.index]
+            // The forward's scale where the input is the forward's tensor. The reference
+            // checks that promise (an amax is cheap beside the GEMMs): a model whose backward
+            // input differs from its forward's would make the GPU's dW wrong unseen.
+            let ax = amax(inp);
+            if let Some(l) = p.at.fp8.filter(|l| l.input_from_forward) {
+                st.layer(l)?;
+                if st.input_amax[l.index].to_bits() != ax.to_bits() {
+                    return Err(BackendError::Device(format!(
+                        "FP8 layer {}: the backward's input (amax {ax:e}) is not the tensor its forward \
+                         quantized (amax {:e}): a model bug (LinearLocs::input_recomputed)",
+                        l.index, st.input_amax[l.index]
+                    )));
                 }
-                _ => Fp8Format::E4M3.scale(amax(inp)),
-            };
+            }
+            let sx = Fp8Format::E4M3.scale(ax);
             let (xq, wq) = (
                 quantized_with(inp, Fp8Format::E4M3, sx),
                 st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
