@@ -1,6 +1,7 @@
 //! FP8 linear layers on the GPU (`train.precision = "fp8"`; twin of the FP8 path of
-//! `cpu/matmul.rs`, numerics in `backend/fp8.rs`): the operand workspace, the casts of
-//! `fp8.cu`, and the three GEMMs of a linear layer through cuBLASLt (`cublaslt.rs`).
+//! `cpu/matmul.rs`, numerics in `backend/fp8.rs`): the operand workspace, the layers' kept
+//! scales and cached weights, the casts of `fp8.cu`, and the three GEMMs of a linear layer
+//! through cuBLASLt (`cublaslt.rs`).
 //!
 //! Hopper's FP8 GEMMs take A transposed and B not ("TN": both with the inner dimension
 //! contiguous). With row-major `X[n, c]`, `W[oc, c]`, `dY[n, oc]` (see `matmul.rs`):
@@ -14,9 +15,19 @@
 //! Never e5m2 × e5m2 (cuBLASLt has no such GEMM). Each tensor is quantized per tensor with
 //! its own current amax: an amax pass (`fp8_amax_bf16`), then a cast that writes the codes
 //! and the inverse scale the GEMM reads (`fp8_cast_bf16`, or `fp8_cast_transpose_bf16`
-//! for the transposed copies; dY's cast writes both of its layouts in one pass). The
-//! input's amax is taken again in the backward (the same tensor, so the same scale): no
-//! state is kept between forward and backward. The bias gradient sums the bf16 dY.
+//! for the transposed copies; dY's cast writes both of its layouts in one pass). The bias
+//! gradient sums the bf16 dY.
+//!
+//! A layer with an `Fp8Layer` (the models' blocks) keeps state between ops, in slots and
+//! buffers `prepare_fp8` reserved once (stable addresses, so CUDA graphs replay them):
+//! - its input's slot: the forward (or a checkpointed block's recompute, which makes the
+//!   same tensor) leaves the amax there, and the backward only casts `Xᵀ` with it, where the
+//!   model says its input is the forward's (`Fp8Layer::input_from_forward`);
+//! - with `Fp8Layers::cache_weights` (ZeRO 0-2), its weight's codes in both layouts and their
+//!   slot, made by one amax pass and one cast at the weight's first use after the parameters
+//!   change (`fp8_weights_changed`: a new version; the schedule calls it before the first
+//!   forward after a step), then read by every forward, recompute and backward until the
+//!   next change. The same codes as casting at each use: the same weight, the same amax.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
