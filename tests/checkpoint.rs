@@ -26,7 +26,7 @@ fn cfg_for(world: usize, stage: u8, ckpt_dir: &Path) -> Config {
 fn run(cfg: &Config, world: usize, data: &Path, resume: Option<PathBuf>, until: usize, save: bool) -> Vec<f64> {
     let (cfg, data) = (cfg.clone(), data.to_path_buf());
     let mut all = common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         if let Some(dir) = &resume {
             tr.resume(&be, &mut comm, dir).expect("resume");
@@ -135,7 +135,7 @@ fn another_model_shape_is_refused_before_training() {
     let (ck, data) = saved_checkpoint(dir.path());
     let mut cfg = cfg_for(1, 0, &ck);
     cfg.model.n_embd = 48;
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let mut comm = HostComm(TcpComm::local_group(1).expect("g").remove(0));
     let mut tr = Trainer::new(&cfg, &be, 0, 1, &data).expect("trainer");
     let e = tr.resume(&be, &mut comm, &ck.join("step_00000002")).expect_err("must fail").to_string();
@@ -196,7 +196,7 @@ fn checkpoints_belong_to_their_run_and_are_never_replaced_or_pruned_by_another()
     let before = std::fs::read(a1.join("rank00000.safetensors")).expect("shard");
     let (b2, d2) = (b.clone(), data.clone());
     let errors = common::run_ranks(2, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&b2, &be, rank, 2, &d2).expect("trainer");
         tr.train_step(&be, &mut comm).expect("step");
         tr.save_checkpoint(&be, &mut comm).err().map(|e| e.to_string())
@@ -242,7 +242,7 @@ fn hugging_face_export_import_export_is_bit_identical() {
     let mut cfg = cfg_for(3, 3, &ck2);
     cfg.train.init_from = Some(a.clone());
     common::run_ranks(3, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, 3, &data).expect("trainer");
         tr.save_checkpoint(&be, &mut comm).expect("save");
     });
@@ -354,7 +354,8 @@ fn half_precision_weights_import_and_other_dtypes_are_named() {
         // And as a run's initial weights.
         let mut c = cfg.clone();
         c.train.init_from = Some(path);
-        Trainer::<CpuBackend>::new(&c, &CpuBackend, 0, 1, &data).expect("a run starts from half-precision weights");
+        Trainer::<CpuBackend>::new(&c, &CpuBackend::new(), 0, 1, &data)
+            .expect("a run starts from half-precision weights");
     }
     let odd = dir.path().join("f64.safetensors");
     rewrite(&f32_file, &odd, safetensors::Dtype::BF16, Some(("transformer.wte.weight", safetensors::Dtype::F64)));
@@ -362,7 +363,7 @@ fn half_precision_weights_import_and_other_dtypes_are_named() {
     assert!(e.contains("transformer.wte.weight is F64") && e.contains("float32, bfloat16 and float16"), "{e}");
     let mut c = cfg.clone();
     c.train.init_from = Some(odd);
-    let e = Trainer::<CpuBackend>::new(&c, &CpuBackend, 0, 1, &data).err().expect("must fail");
+    let e = Trainer::<CpuBackend>::new(&c, &CpuBackend::new(), 0, 1, &data).err().expect("must fail");
     assert!(matches!(e, trainer::TrainError::Checkpoint(_)), "a checkpoint problem (exit code 2): {e}");
 }
 
@@ -376,11 +377,11 @@ fn import_errors_name_the_tensor() {
     let mut cfg = cfg_for(1, 0, &ck);
     cfg.train.init_from = Some(a);
     cfg.model.n_layer = 3;
-    let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
+    let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend::new(), 0, 1, &data).err().expect("must fail").to_string();
     assert!(e.contains("h.2.ln_1.weight") && e.contains("missing"), "{e}");
     cfg.model.n_layer = 2;
     cfg.train.init_from = Some(dir.path().join("nope.safetensors"));
-    let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail").to_string();
+    let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend::new(), 0, 1, &data).err().expect("must fail").to_string();
     assert!(e.contains("nope.safetensors"), "{e}");
     // A folder without weights, and a file that is not safetensors: named, never a panic.
     std::fs::create_dir(dir.path().join("empty")).expect("mkdir");
@@ -388,7 +389,7 @@ fn import_errors_name_the_tensor() {
     std::fs::write(&text, "not weights").expect("write");
     for (path, needle) in [(dir.path().join("empty"), "holds neither"), (text, "is not a safetensors file")] {
         cfg.train.init_from = Some(path);
-        let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend, 0, 1, &data).err().expect("must fail");
+        let e = Trainer::<CpuBackend>::new(&cfg, &CpuBackend::new(), 0, 1, &data).err().expect("must fail");
         assert!(matches!(e, trainer::TrainError::Checkpoint(_)) && e.to_string().contains(needle), "{e}");
     }
 }
@@ -445,7 +446,7 @@ fn delayed_update_resumes_exactly() {
     cfg.validate().expect("valid");
     let (c, d) = (cfg.clone(), data.clone());
     let mut saved_and_went_on = common::run_ranks(2, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&c, &be, rank, 2, &d).expect("trainer");
         let mut losses = vec![];
         while tr.step < 6 {
@@ -502,8 +503,8 @@ fn llama_folders_import_on_any_layout_and_export_the_same_bytes() {
         assert_eq!((cfg.model.kv_heads(), cfg.model.intermediate_size, cfg.model.tied()), (2, Some(40), false));
         let data = data.clone();
         common::run_ranks(world, move |rank, mut comm| {
-            let mut tr = Trainer::new(&cfg, &CpuBackend, rank, world, &data).expect("trainer");
-            tr.save_checkpoint(&CpuBackend, &mut comm).expect("save");
+            let mut tr = Trainer::new(&cfg, &CpuBackend::new(), rank, world, &data).expect("trainer");
+            tr.save_checkpoint(&CpuBackend::new(), &mut comm).expect("save");
         });
         let b = dir.path().join(format!("b-{world}-{stage}"));
         export(&out.join("step_00000000"), &b, 30_000).expect("export again");
@@ -517,8 +518,8 @@ fn llama_folders_import_on_any_layout_and_export_the_same_bytes() {
     let cfg = load(toml(&ck.join("step_00000002"), &out, 2, "")).expect("model from the manifest");
     let d2 = data.clone();
     common::run_ranks(2, move |rank, mut comm| {
-        let mut tr = Trainer::new(&cfg, &CpuBackend, rank, 2, &d2).expect("trainer");
-        tr.save_checkpoint(&CpuBackend, &mut comm).expect("save");
+        let mut tr = Trainer::new(&cfg, &CpuBackend::new(), rank, 2, &d2).expect("trainer");
+        tr.save_checkpoint(&CpuBackend::new(), &mut comm).expect("save");
     });
     let c = dir.path().join("c");
     export(&out.join("step_00000000"), &c, 30_000).expect("export");
@@ -541,7 +542,7 @@ fn llama_folders_import_on_any_layout_and_export_the_same_bytes() {
     let mut cfg = Config::from_toml_str(&common::tiny_llama_toml(0, 2, "\"none\"", false), "t").expect("cfg");
     cfg.model.intermediate_size = Some(48);
     cfg.train.init_from = Some(bare);
-    let e = match Trainer::new(&cfg, &CpuBackend, 0, 1, &data) {
+    let e = match Trainer::new(&cfg, &CpuBackend::new(), 0, 1, &data) {
         Ok(_) => panic!("weights of another shape were accepted"),
         Err(e) => e.to_string(),
     };

@@ -47,7 +47,7 @@ fn run(world: usize, toml: String, steps: usize, data: &std::path::Path) -> Run 
     cfg.validate().expect("valid");
     let data = data.to_path_buf();
     let mut results = common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         let losses = (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").loss).collect();
         Run { losses, params: tr.full_params(&be, &mut comm).expect("params") }
@@ -68,7 +68,7 @@ fn max_abs(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn fp8_matmul_is_the_gemm_of_the_rounded_operands() {
-    let cpu = CpuBackend;
+    let cpu = CpuBackend::new();
     let (n, c, oc) = (32usize, 48usize, 64usize);
     let vec = |stream: u64, len: usize, scale: f64| -> Vec<f32> {
         (0..len).map(|i| (trainer::rng::normal(7, stream, i as u64) * scale) as f32).collect()
@@ -110,7 +110,7 @@ fn fp8_matmul_is_the_gemm_of_the_rounded_operands() {
 
 #[test]
 fn shapes_that_are_not_multiples_of_16_stay_in_full_precision() {
-    let cpu = CpuBackend;
+    let cpu = CpuBackend::new();
     let (n, c, oc) = (32usize, 36usize, 64usize);
     let w: Vec<f32> = (0..oc * c).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.003).collect();
     let x: Vec<f32> = (0..n * c).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.01).collect();
@@ -179,4 +179,30 @@ fn fp8_matches_single_rank_on_every_stage() {
         }
     }
     eprintln!("fp8 sharded vs single rank: worst loss rel {:e}, params abs {:e}", worst.0, worst.1);
+}
+
+/// `train.fp8_weight_cache`: a weight cast once per parameter version gives the bits of a
+/// weight cast at every use, over several optimizer steps (each changes the parameters),
+/// with gradient accumulation (every micro-step's forward, recompute and backward read the
+/// cache the step's first forward made), activation checkpointing (recomputes), kept
+/// attention, one and two ranks, ZeRO stages 0-2, GPT-2 and Llama. The CPU reference also
+/// checks, at every backward, that the input whose forward scale it reuses is the forward's.
+#[test]
+fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let cache = |t: String, on: bool| t.replace("[train]\n", &format!("[train]\nfp8_weight_cache = {on}\n"));
+    for (world, stage) in [(1usize, 0u8), (2, 1), (2, 2)] {
+        for act in ["\"none\"", "\"every_layer\"", common::KEEP_ATTENTION] {
+            let toml = tiny_fp8_toml(stage, 2, act, "fp8");
+            let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
+            let name = format!("gpt2 world {world} stage {stage} {act}");
+            assert_eq!(on.losses, off.losses, "{name}: losses");
+            assert_eq!(on.params, off.params, "{name}: parameters");
+        }
+        let toml = tiny_llama_fp8_toml(stage, 2, "1", "fp8", false);
+        let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
+        assert_eq!(on.losses, off.losses, "llama world {world} stage {stage}: losses");
+        assert_eq!(on.params, off.params, "llama world {world} stage {stage}: parameters");
+    }
 }

@@ -44,7 +44,7 @@ fn encoder_without_positions() {
 /// The embedding against the CPU, with the position table (GPT-2) or without; forward
 /// (written over NaN), backward added to random gradients or written over NaN (fresh).
 fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, positions: bool) -> BResult<()> {
-    let cpu = CpuBackend;
+    let cpu = CpuBackend::new();
     // GPT-2-like, odd (C % 8 != 0: the one-element path), and a Llama width.
     for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7), (2, 33, 2048, 500)] {
         let tag = format!("encoder{} B{b} T{t} C{c} V{v}", if positions { "" } else { " (no wpe)" });
@@ -88,7 +88,7 @@ fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, po
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn layernorm() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // Every backward path at two parameter offsets: 5 (unaligned weights: the general
         // kernel) and 8 (16-byte aligned: the fast kernel, every instance — J = 1 with 1..4
         // warps up to C = 1024, J = 2 with 4, 8, 12, 16 warps up to 8192 — with ragged last
@@ -180,7 +180,7 @@ fn layernorm() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn rmsnorm() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         let eps = 1e-5f32;
         let shapes = [
             (256usize, 2048usize),
@@ -278,7 +278,7 @@ fn rmsnorm() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn matmul() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (n, c, oc, parameter offset, bias)
         for &(n, c, oc, off, bias) in &[
             (256usize, 768usize, 2304usize, 0usize, true),
@@ -350,7 +350,7 @@ fn matmul() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn matmul_gelu() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (n, c, oc): fc-like forward n x c -> oc and fc2-like backward with input width c.
         for &(n, c, oc) in &[(256usize, 768usize, 3072usize), (256, 3072, 768), (37, 72, 56), (37, 75, 51)] {
             let tag = format!("matmul+gelu N{n} C{c} OC{oc}");
@@ -445,7 +445,7 @@ impl AttnCase {
     /// The CPU reference (O(T²) time and memory per head: the test runs the cases' references
     /// on threads of their own).
     fn reference(&mut self) -> BResult<()> {
-        let (cpu, s) = (CpuBackend, self.s);
+        let (cpu, s) = (CpuBackend::new(), self.s);
         let (n, hs, w, g) = (s.b * s.t, s.hs(), s.qkv_width(), s.group());
         self.out = vec![0.0; n * s.c];
         let mut att = vec![0.0; cpu.attention_saved_len(s)];
@@ -644,7 +644,7 @@ fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnC
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn activation() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         for &n in &[1usize << 20, 1001] {
             let x = rng.vec(n, 2.0);
             let y = rng.vec(n, 2.0);
@@ -674,7 +674,7 @@ fn activation() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn swiglu() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         for &(n, f) in &[(64usize, 8192usize), (33, 14336), (37, 1001), (300, 64), (5, 8), (7, 3)] {
             let tag = format!("swiglu N{n} F{f}");
             let r = Rows { n, c: f };
@@ -714,7 +714,7 @@ fn swiglu() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn rope() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (b, t, nh, nkv, hs)
         let mut shapes = Vec::new();
         for t in [2048usize, 4096] {
@@ -804,7 +804,7 @@ fn rope() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn cross_entropy() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // Odd (unaligned rows), padded, tiny and large vocabularies.
         for &(n, v) in &[(64usize, 50257usize), (16, 50304), (33, 8), (16, 1024), (6, 70001)] {
             let tag = format!("cross_entropy N{n} V{v}");
@@ -830,7 +830,7 @@ fn cross_entropy() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn cross_entropy_chunk() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // (rows in the batch, first, rows in the chunk, vocabulary)
         for &(total, first, n, v) in &[(48usize, 16usize, 16usize, 50304usize), (37, 11, 13, 1001), (9, 8, 1, 128256)] {
             let tag = format!("cross_entropy rows {first}..{} of {total} V{v}", first + n);
@@ -861,7 +861,7 @@ fn cross_entropy_chunk() {
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn adamw() {
     gpu::check(|be, rng, rep| {
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         // Odd offsets and lengths (the one-element kernel), then offsets and lengths in
         // multiples of 4 (the four-element kernel).
         for (poff, moff, goff, step, tag) in [(5usize, 3usize, 7usize, 997usize, "odd"), (4, 8, 12, 996, "by 4")] {
@@ -1046,7 +1046,7 @@ fn matmul_fp8() {
             rep.check("matmul fp8", "skipped", true, &why);
             return Ok(());
         }
-        let cpu = CpuBackend;
+        let cpu = CpuBackend::new();
         let shapes = [
             (256usize, 768usize, 2304usize, true),
             (256, 3072, 768, true),
@@ -1054,9 +1054,10 @@ fn matmul_fp8() {
             (128, 4096, 14336 / 4, false),
             (48, 64, 96, true),
         ];
-        let ext = LinearExtent::of(512, &shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect::<Vec<_>>());
-        be.prepare_fp8(ext)?;
-        for &(n, c, oc, bias) in &shapes {
+        let weights: Vec<(usize, usize)> = shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect();
+        let layers = Fp8Layers { largest: LinearExtent::of(512, &weights), weights, cache_weights: true };
+        be.prepare_fp8(&layers)?;
+        for (k, &(n, c, oc, bias)) in shapes.iter().enumerate() {
             let tag = format!("matmul fp8 N{n} C{c} OC{oc}{}", if bias { " bias" } else { "" });
             let s = MatShape { n, c, oc };
             let at = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc)));
@@ -1157,6 +1158,46 @@ fn matmul_fp8() {
                 let (di2, g2) = run()?;
                 rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
             }
+            // The same layer with its FP8 state (layer k): the weight cached in both layouts,
+            // the input's scale kept from the forward for the backward. Bit for bit the
+            // per-use path's, and the cache follows a parameter change.
+            {
+                let tag = format!("{tag} cached");
+                let at8c = at8.with_fp8_index(k);
+                let g0 = rng.vec(plen, 0.01);
+                let mut gp = up_buf(be, &params)?;
+                let pass = |at: LinearLocs,
+                            gp: &<CudaBackend as Device>::Buf,
+                            x: &<CudaBackend as Device>::Buf|
+                 -> BResult<Vec<f32>> {
+                    let mut out = poisoned_buf(be, n * oc)?;
+                    be.matmul_fwd(&mut out, x, Weights::new(gp, at), s)?;
+                    let (mut di, mut gg) = (poisoned_buf(be, n * c)?, up_grad(be, &g0)?);
+                    be.matmul_bwd(&mut di, WeightGrads::new(&mut gg, at), &gdo, x, Weights::new(gp, at), s)?;
+                    let out = be.download_buf(&out, Loc::all(n * oc))?;
+                    Ok([out, be.download_buf(&di, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?].concat())
+                };
+                let want = pass(at8, &gp, &gi)?;
+                rep.same_bits(&tag, "fwd + bwd vs per use", &pass(at8c, &gp, &gi)?, &want);
+                rep.same_bits(&tag, "again, from the cache", &pass(at8c, &gp, &gi)?, &want);
+                // New weights in the same buffer: stale codes until the version changes.
+                let params2: Vec<f32> = params.iter().map(|x| -1.5 * x).collect();
+                be.upload_buf(&params2, &mut gp, 0)?;
+                be.fp8_weights_changed();
+                let want2 = pass(at8, &gp, &gi)?;
+                rep.same_bits(&tag, "after a parameter change", &pass(at8c, &gp, &gi)?, &want2);
+                // A backward whose input is not the forward's takes its own scale.
+                let inp2: Vec<f32> = inp.iter().map(|x| 3.0 * x).collect();
+                let gi2 = up_buf(be, &inp2)?;
+                let mut out = poisoned_buf(be, n * oc)?;
+                be.matmul_fwd(&mut out, &gi, Weights::new(&gp, at8c), s)?;
+                let bwd = |at: LinearLocs| -> BResult<Vec<f32>> {
+                    let (mut di, mut gg) = (poisoned_buf(be, n * c)?, up_grad(be, &g0)?);
+                    be.matmul_bwd(&mut di, WeightGrads::new(&mut gg, at), &gdo, &gi2, Weights::new(&gp, at), s)?;
+                    Ok([be.download_buf(&di, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?].concat())
+                };
+                rep.same_bits(&tag, "bwd of another input", &bwd(at8c.input_recomputed())?, &bwd(at8)?);
+            }
             // Through GELU': the layer's input is GELU(pre) (fused DGELU where cuBLASLt has
             // an FP8 algorithm for it, composed otherwise).
             if bias {
@@ -1211,14 +1252,23 @@ fn fp8_is_refused_before_hopper_and_sized_as_planned() {
         let e = LinearExtent::of(1024, &[(768, 2304), (3072, 768)]);
         match be.fp8_support() {
             Ok(()) => {
-                let bytes = be.prepare_fp8(e)?;
-                let want = trainer::backend::fp8::CudaFp8Workspace::new(e).bytes;
-                rep.check("fp8 support", "workspace bytes", bytes == want, &format!("{bytes} vs planned {want}"));
+                for cache_weights in [false, true] {
+                    let layers = Fp8Layers::blocks(1024, &[(768, 2304), (3072, 768)], 3, cache_weights);
+                    let bytes = be.prepare_fp8(&layers)?;
+                    let want = trainer::backend::fp8::CudaFp8WeightCache::reserved(&layers);
+                    rep.check(
+                        "fp8 support",
+                        "bytes reserved",
+                        bytes == want,
+                        &format!("{bytes:?} vs planned {want:?}"),
+                    );
+                }
             }
             Err(why) => {
                 let named = why.contains(&be.name()) && why.contains("compute capability");
                 rep.check("fp8 support", "refused", named, &why);
-                rep.check("fp8 support", "prepare refuses too", be.prepare_fp8(e).is_err(), "");
+                let layers = Fp8Layers { largest: e, ..Fp8Layers::default() };
+                rep.check("fp8 support", "prepare refuses too", be.prepare_fp8(&layers).is_err(), "");
             }
         }
         Ok(())

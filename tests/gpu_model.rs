@@ -314,7 +314,7 @@ fn cpu_step_with(
     inputs: &[u32],
     targets: &[u32],
 ) -> Result<CpuStep, trainer::backend::BackendError> {
-    let (cpu, layout) = (CpuBackend, ModelLayout::new(cfg));
+    let (cpu, layout) = (CpuBackend::new(), ModelLayout::new(cfg));
     let scale = Some(1.0 / inputs.len() as f32);
     let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
     let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;
@@ -463,6 +463,100 @@ fn graph_replay_matches_eager_micro_steps() {
             rep.same_bits(&tag, "mean loss of 4 micro-steps", &[out[1].0 as f32], &[out[0].0 as f32]);
             for u in 0..out[0].1.len() {
                 rep.same_bits(&tag, &format!("params unit {u} after the step"), &out[1].1[u], &out[0].1[u]);
+            }
+        }
+        Ok(())
+    });
+}
+
+/// `train.fp8_weight_cache` on the GPU: three optimizer steps of two micro-steps each, the
+/// first eager and the next two through CUDA graphs as the trainer runs them (the step's
+/// first micro-step recorded once with its weight casts, then replayed after each update),
+/// with and without activation checkpointing, give the same loss and parameter bits with the
+/// weights cached (cast once per step, the input's scale kept from forward to backward) as
+/// with every operand cast at each use — and as running every micro-step eagerly.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
+    use trainer::backend::{GraphOps, MatmulOps, Precision};
+    use trainer::model::{run_micro, step_micro};
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("fp8 weight cache", "skipped", true, &why);
+            return Ok(());
+        }
+        let cfg = small_gpt(1024);
+        let (b, seed, steps, accum) = (4usize, 11u64, 3usize, 2usize);
+        let n = b * cfg.seq_len;
+        let layout = ModelLayout::new(&cfg);
+        let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..steps * accum)
+            .map(|_| (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32)))
+            .collect();
+        let scale = Some(1.0 / (accum * n) as f32);
+        let id = nccl_unique_id().map_err(dev)?;
+        let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+        let every = CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, ..Default::default() };
+        for ckpt in [CheckpointingConfig::default(), every] {
+            let mut runs: Vec<(String, Vec<f32>, Vec<Vec<f32>>)> = Vec::new();
+            for (cache, graphs) in [(false, false), (true, false), (true, true), (false, true)] {
+                let name = format!("cache {cache}, graphs {graphs}, {:?}", ckpt.activations);
+                let mut eng =
+                    Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
+                        .map_err(dev)?;
+                let opts = ModelOptions {
+                    precision: Precision::Fp8,
+                    fp8_weight_cache: cache,
+                    checkpointing: ckpt.clone(),
+                    ..ModelOptions::batch(b)
+                };
+                let mut m = cfg.family.build(be, &layout, &opts, &mut eng.ledger)?;
+                // (first micro-step?, state before, state after, graph), as train.rs keeps them.
+                let mut recorded = Vec::new();
+                let mut losses = Vec::new();
+                for step in 0..steps {
+                    eng.begin_step(be)?;
+                    for micro in 0..accum {
+                        let (inp, tgt) = &batches[step * accum + micro];
+                        eng.set_final_micro(false);
+                        if !graphs || step == 0 {
+                            step_micro(m.as_mut(), be, &mut eng, &mut comm, inp, tgt, scale).map_err(dev)?;
+                            continue;
+                        }
+                        m.load_batch(be, inp, tgt)?;
+                        eng.await_pending(be, &mut comm).map_err(dev)?;
+                        let before = eng.micro_state();
+                        let first = micro == 0;
+                        if let Some((_, b0, after, g)) = recorded.iter().find(|r: &&(bool, _, _, _)| r.0 == first) {
+                            rep.check(&name, "state before a replay", *b0 == before, &format!("micro {micro}"));
+                            be.replay(g)?;
+                            eng.restore_micro_state(after);
+                            m.replayed_micro();
+                            continue;
+                        }
+                        be.begin_capture()?;
+                        let r = run_micro(m.as_mut(), be, &mut eng, &mut comm, scale);
+                        let g = be.end_capture();
+                        r.map_err(dev)?;
+                        let g = g?;
+                        be.replay(&g)?;
+                        recorded.push((first, before, eng.micro_state(), g));
+                    }
+                    losses.push(m.take_mean_loss(be)? as f32);
+                    eng.step(be, &mut comm, HYPER, step as u64 + 1).map_err(dev)?;
+                }
+                let params: Vec<Vec<f32>> = (0..eng.num_units())
+                    .map(|u| eng.full_params_host(be, &mut comm, u))
+                    .collect::<Result<_, _>>()
+                    .map_err(dev)?;
+                runs.push((name, losses, params));
+            }
+            let (_, want_loss, want_params) = &runs[0];
+            for (name, losses, params) in &runs[1..] {
+                let tag = format!("fp8 weight cache ({name}) vs per use, eager");
+                rep.same_bits(&tag, "loss of each step", losses, want_loss);
+                for (u, (p, w)) in params.iter().zip(want_params).enumerate() {
+                    rep.same_bits(&tag, &format!("params unit {u} after 3 steps"), p, w);
+                }
             }
         }
         Ok(())

@@ -43,7 +43,7 @@ fn every_llama_parameter_tensor_matches_finite_differences() {
 }
 
 fn check(cfg: ModelConfig, loss_chunk_rows: usize) {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let mut comm = HostComm(TcpComm::local_group(1).expect("group").remove(0));
     let layout = ModelLayout::new(&cfg);
     let l2 = layout.clone();

@@ -13,7 +13,7 @@ use trainer::Config;
 fn measured(cfg: &Config, world: usize, data: &std::path::Path) -> Vec<trainer::zero::MemoryReport> {
     let (cfg, data) = (cfg.clone(), data.to_path_buf());
     common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         tr.train_step(&be, &mut comm).expect("step").memory
     })
@@ -245,38 +245,54 @@ fn keeping_the_gelu_output_costs_it_per_block_not_checkpointed() {
 }
 
 /// `train.precision = "fp8"`: the planner predicts the ledger of a real CPU run on every
-/// stage (CPU ranks quantize into per-call scratch: no workspace), and for the CUDA backend
-/// it adds exactly the FP8 operand workspace (`CudaFp8Workspace`) for the model's largest
-/// linear layer, in the workspace category.
+/// stage, with the weight cache (`train.fp8_weight_cache`) and without (CPU ranks keep an
+/// input scale per layer and, cached, each layer's dequantized weight: `fp8::cpu_reserved`);
+/// for the CUDA backend it adds exactly the FP8 operand workspace with its per-layer scale
+/// slots (`CudaFp8Workspace`, workspace) and, at stages 0-2 with the cache on, both layouts of
+/// every linear layer's weight in FP8 (`CudaFp8WeightCache`, 2 bytes per parameter, params).
 #[test]
-fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace() {
-    use trainer::backend::fp8::CudaFp8Workspace;
-    use trainer::backend::LinearExtent;
+fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weight_cache() {
+    use trainer::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace};
+    use trainer::backend::{Fp8Layers, LinearExtent};
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
-    let toml = |stage: u8, precision: &str| {
+    let toml = |stage: u8, precision: &str, cache: bool| {
         common::tiny_toml(stage, 2, "\"none\"")
             .replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n")
-            .replace("[train]\n", &format!("[train]\nprecision = \"{precision}\"\n"))
+            .replace("[train]\n", &format!("[train]\nprecision = \"{precision}\"\nfp8_weight_cache = {cache}\n"))
     };
+    // tiny_toml: 2 blocks of C = 32, 2 × 16 rows.
+    let c = 32;
+    let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
+    let e = LinearExtent::of(2 * 16, &linears);
+    let layers = Fp8Layers::blocks(2 * 16, &linears, 2, true);
+    let workspace = CudaFp8Workspace::new(e, 8).bytes as u64;
+    let cache = CudaFp8WeightCache::new(&layers.weights).bytes as u64;
+    assert_eq!(cache, 2 * 2 * 12 * 32 * 32, "both layouts of 12·C² weights per block, 256-byte aligned");
     for stage in 0..=3u8 {
-        let cfg = Config::from_toml_str(&toml(stage, "fp8"), "test").expect("cfg");
-        for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
-            let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
-            assert_eq!(&p, m, "fp8 stage {stage} rank {rank}: predicted vs measured");
+        for on in [true, false] {
+            let cfg = Config::from_toml_str(&toml(stage, "fp8", on), "test").expect("cfg");
+            for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
+                let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+                assert_eq!(&p, m, "fp8 stage {stage} cache {on} rank {rank}: predicted vs measured");
+            }
+            let bf16 = Config::from_toml_str(&toml(stage, "bf16", on), "test").expect("cfg");
+            let (f, b) = (
+                predict(&cfg, 2, 0, DeviceModel::cuda()).expect("fp8"),
+                predict(&bf16, 2, 0, DeviceModel::cuda()).expect("bf16"),
+            );
+            let cached = if on && stage < 3 { cache } else { 0 };
+            let tag = format!("stage {stage}, fp8_weight_cache = {on}");
+            assert_eq!(f.current.workspace - b.current.workspace, workspace, "{tag}");
+            assert_eq!(f.current.params - b.current.params, cached, "{tag}");
+            assert_eq!(f.current.total() - b.current.total(), workspace + cached, "{tag}");
         }
-        let bf16 = Config::from_toml_str(&toml(stage, "bf16"), "test").expect("cfg");
-        let (f, b) = (
-            predict(&cfg, 2, 0, DeviceModel::cuda()).expect("fp8"),
-            predict(&bf16, 2, 0, DeviceModel::cuda()).expect("bf16"),
-        );
-        let c = 32;
-        let e = LinearExtent::of(2 * 16, &[(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)]);
-        assert_eq!(f.current.workspace - b.current.workspace, CudaFp8Workspace::new(e).bytes as u64, "stage {stage}");
-        assert_eq!(f.current.total() - b.current.total(), CudaFp8Workspace::new(e).bytes as u64, "stage {stage}");
     }
-    // At GPT-2 1.5B, 8 × 1024 tokens: 256 B of scales, 2·8192·6400 B of activations and
-    // gradients, 6400·1600 B of weight: 115 MiB.
+    // At GPT-2 1.5B, 8 × 1024 tokens: 256 B of per-op scales, 2·8192·6400 B of activations and
+    // gradients, 6400·1600 B of weight: 115 MiB; 48 layers' slots add 1.5 KiB.
     let e = LinearExtent::of(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)]);
-    assert_eq!(CudaFp8Workspace::new(e).bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
+    assert_eq!(CudaFp8Workspace::new(e, 0).bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
+    // The weight cache at 1.5B: 2 bytes per parameter of 48 blocks' 12·C² (2.8 GiB).
+    let l = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)], 48, true);
+    assert_eq!(CudaFp8WeightCache::new(&l.weights).bytes, 2 * 48 * 12 * 1600 * 1600);
 }

@@ -34,7 +34,7 @@ fn run_toml(world: usize, toml: String, data: &std::path::Path) -> RunResult {
     cfg.validate().expect("valid");
     let data = data.to_path_buf();
     let mut results = common::run_ranks(world, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         let mut losses = vec![];
         let mut norms = vec![];
@@ -137,9 +137,9 @@ fn engine_and_model(
     let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
     let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
     let opts = EngineOptions::from_config(cfg);
-    let mut eng = Engine::new(&CpuBackend, layout, opts, rank, world, Some(&mut init)).expect("engine");
+    let mut eng = Engine::new(&CpuBackend::new(), layout, opts, rank, world, Some(&mut init)).expect("engine");
     let model =
-        family.build(&CpuBackend, &eng.layout, &ModelOptions::from_config(cfg), &mut eng.ledger).expect("model");
+        family.build(&CpuBackend::new(), &eng.layout, &ModelOptions::from_config(cfg), &mut eng.ledger).expect("model");
     (eng, model)
 }
 
@@ -155,7 +155,7 @@ fn all_params<C: trainer::zero::EngineComm<CpuBackend>>(
     eng: &mut trainer::zero::Engine<CpuBackend>,
     comm: &mut C,
 ) -> Vec<Vec<f32>> {
-    (0..eng.num_units()).map(|i| eng.full_params_host(&CpuBackend, comm, i).expect("params")).collect()
+    (0..eng.num_units()).map(|i| eng.full_params_host(&CpuBackend::new(), comm, i).expect("params")).collect()
 }
 
 /// The step's first backward writes each unit's gradient instead of adding onto a cleared
@@ -176,7 +176,7 @@ fn written_gradients_match_cleared_ones() {
                 .map(|clear| {
                     let cfg = cfg.clone();
                     common::run_ranks(world, move |rank, mut comm| {
-                        let be = CpuBackend;
+                        let be = CpuBackend::new();
                         let (mut eng, mut model) = engine_and_model(&cfg, rank, world);
                         eng.set_clear_grads(clear);
                         let n = cfg.train.micro_batch * cfg.model.seq_len;
@@ -253,7 +253,7 @@ fn validation_loss_is_agreed_by_all_ranks_and_finite() {
     cfg.train.eval_batches = 2;
     let dir_path = dir.path().to_path_buf();
     let vals: Vec<Vec<Option<f64>>> = common::run_ranks(2, move |rank, mut comm| {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, 2, &dir_path).expect("trainer");
         (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").val_loss).collect::<Vec<_>>()
     });
@@ -277,7 +277,7 @@ fn stage3_prefetch_depth_does_not_change_results() {
         cfg.zero.prefetch_blocks = prefetch;
         let data = data.clone();
         let mut all = common::run_ranks(2, move |rank, mut comm| {
-            let be = CpuBackend;
+            let be = CpuBackend::new();
             let mut tr = Trainer::new(&cfg, &be, rank, 2, &data).expect("trainer");
             let losses: Vec<f64> =
                 (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").loss).collect();
@@ -377,7 +377,7 @@ fn recorded_micro_steps_compute_what_eager_ones_do() {
             .map(|recorded| {
                 let cfg = cfg.clone();
                 common::run_ranks(world, move |rank, mut comm| {
-                    let be = CpuBackend;
+                    let be = CpuBackend::new();
                     let (mut eng, mut model) = engine_and_model(&cfg, rank, world);
                     let n = cfg.train.micro_batch * cfg.model.seq_len;
                     let dloss = 1.0 / (n * accum * world) as f32;

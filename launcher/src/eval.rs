@@ -20,7 +20,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let result = match args.device {
         Device::Cpu => {
             let comm = TcpComm::local_group(1).context("a one-rank group")?.remove(0);
-            trainer::eval::evaluate(&cfg, &CpuBackend, &mut HostComm(comm), &data, windows, ckpt)?
+            trainer::eval::evaluate(&cfg, &CpuBackend::new(), &mut HostComm(comm), &data, windows, ckpt)?
         }
         Device::Gpu => crate::gpu::eval_rank(&cfg, &data, windows, ckpt, args.gpu as usize)?,
     };

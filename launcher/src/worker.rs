@@ -356,7 +356,7 @@ fn run_connected(
     let result = match args.device {
         Device::Cpu => {
             let mut comm = Tracked::new(HostComm(comm), progress.clone());
-            trainer::train::train_from(&cfg, &CpuBackend, &mut comm, &data_path, resume, &mut on_step)
+            trainer::train::train_from(&cfg, &CpuBackend::new(), &mut comm, &data_path, resume, &mut on_step)
         }
         Device::Gpu => {
             // Collectives go through NCCL; the TCP group stays open (unused) until the end. A

@@ -170,6 +170,13 @@ pub struct TrainConfig {
     /// ranks simulate it). The embedding, norms, attention, the LM head and the loss, and
     /// the master weights, moments and gradients keep their precision.
     pub precision: Precision,
+    /// With `precision = "fp8"` at ZeRO stages 0-2: keep each linear layer's weight cast to
+    /// FP8 (both layouts the GEMMs read) from one optimizer step to the next, instead of
+    /// casting it at each forward, recompute and backward (the same values either way). It
+    /// costs 2 bytes per parameter of the blocks' linear layers on the GPU, predicted by
+    /// `launcher memory`; set it to false for a run at the memory limit. Stage 3 gathers the
+    /// weights per use and casts them there.
+    pub fp8_weight_cache: bool,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
     /// fewest equal chunks of at most 4 GiB of logits.
@@ -202,6 +209,7 @@ impl Default for TrainConfig {
             cuda_graphs: true,
             gemm_tuning: GemmTuning::Heuristic,
             precision: Precision::Bf16,
+            fp8_weight_cache: true,
             loss_chunk_rows: 0,
             init_from: None,
         }

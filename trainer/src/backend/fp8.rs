@@ -227,8 +227,60 @@ impl LinearExtent {
     }
 }
 
-/// Per-tensor scale slots of the workspace: one per operand role, each an amax (u32 bits)
-/// and the inverse scale the GEMM applies (f32).
+/// One linear layer's persistent FP8 state, by its index into what
+/// [`MatmulOps::prepare_fp8`](super::MatmulOps::prepare_fp8) reserved ([`Fp8Layers`]): the
+/// scale its forward found for its input, kept for its backward, and (where weights are
+/// cached) its weight's FP8 codes. A layer without one quantizes every operand at every use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Layer {
+    pub index: usize,
+    /// The backward's input is, bit for bit, the tensor this layer's last forward (or
+    /// recompute) quantized, so its scale is reused and the backward only casts. False
+    /// where the model makes the backward's input again some other way (GPT-2's GELU output
+    /// recomputed by the element-wise kernel, where the forward's came from the GEMM's
+    /// epilogue): the backward then takes its own amax, as it does without a layer.
+    pub input_from_forward: bool,
+}
+
+/// What a model asks of a backend's FP8 GEMMs (`MatmulOps::prepare_fp8`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fp8Layers {
+    /// The largest linear layer: the operand workspace is sized for it.
+    pub largest: LinearExtent,
+    /// Each layer's weight as `(inputs, outputs)`, by [`Fp8Layer::index`].
+    pub weights: Vec<(usize, usize)>,
+    /// Keep each layer's weight in FP8 from one parameter version to the next
+    /// (`train.fp8_weight_cache`, ZeRO stages 0-2): cast once after the parameters change
+    /// ([`MatmulOps::fp8_weights_changed`](super::MatmulOps::fp8_weights_changed)), then
+    /// read by every forward, recompute and backward until they change again.
+    pub cache_weights: bool,
+}
+
+impl Fp8Layers {
+    /// `n_layer` blocks of the linear layers `(inputs, outputs)` over `rows` rows: layer
+    /// `k` of block `l` is index `l · linears.len() + k`.
+    pub fn blocks(rows: usize, linears: &[(usize, usize)], n_layer: usize, cache_weights: bool) -> Fp8Layers {
+        let weights = (0..n_layer).flat_map(|_| linears.iter().copied()).collect();
+        Fp8Layers { largest: LinearExtent::of(rows, linears), weights, cache_weights }
+    }
+
+    /// Elements of all the layers' weights.
+    pub fn weight_elements(&self) -> usize {
+        self.weights.iter().map(|&(c, oc)| c * oc).sum()
+    }
+}
+
+/// Device bytes a backend reserved for FP8 GEMMs, by ledger category: the operand workspace
+/// and scales (`Workspace`), and the cached weights (`Params`: a copy of parameters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fp8Bytes {
+    pub workspace: usize,
+    pub weight_cache: usize,
+}
+
+/// Per-tensor scale slots of one linear op: one per operand role, each an amax (u32 bits)
+/// and the inverse scale the GEMM applies (f32). Layers with an [`Fp8Layer`] keep their
+/// input's and weight's slots in the per-layer part of the workspace instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScaleSlot {
     /// The layer's input (e4m3).
@@ -239,15 +291,23 @@ pub enum ScaleSlot {
     Grad = 2,
 }
 
+/// Bytes of a scale slot: the inverse scale (16-byte aligned, as cuBLASLt's scale
+/// pointers are kept), then the amax.
+const SLOT: usize = 16;
+
 /// The CUDA backend's FP8 operand workspace, in bytes from its start (each region 256-byte
-/// aligned). One linear op runs at a time, in stream order, so the regions serve every layer:
+/// aligned). One linear op runs at a time, in stream order, so the operand regions serve
+/// every layer:
 ///
-/// - `scales`: the [`ScaleSlot`]s, 16 bytes each: the inverse scale the GEMM reads (f32,
-///   16-byte aligned, as cuBLASLt's scale pointers are kept), then the amax (u32 bits);
+/// - `scales`: the per-op [`ScaleSlot`]s, then two per [`Fp8Layer`] (its input's, kept from
+///   forward to backward, and its cached weight's), 16 bytes each: the inverse scale the
+///   GEMM reads (f32, 16-byte aligned, as cuBLASLt's scale pointers are kept), then the
+///   amax (u32 bits);
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
 ///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
 /// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
-/// - `w`: the weight (forward `[oc, c]`), or its transpose (backward `[c, oc]`).
+/// - `w`: the weight (forward `[oc, c]`), or its transpose (backward `[c, oc]`), of a layer
+///   whose weight is not cached.
 ///
 /// Hopper's FP8 GEMMs take both operands with the inner dimension contiguous ("TN"), hence
 /// the transposed copies for the backward's two GEMMs.
@@ -258,6 +318,8 @@ pub struct CudaFp8Workspace {
     pub gt: usize,
     pub w: usize,
     pub bytes: usize,
+    /// Layers with persistent slots.
+    pub layers: usize,
 }
 
 const ALIGN: usize = 256;
@@ -267,24 +329,77 @@ fn up(x: usize) -> usize {
 }
 
 impl CudaFp8Workspace {
-    pub fn new(e: LinearExtent) -> CudaFp8Workspace {
+    /// The workspace for layers up to `e`, with slots for `layers` layers.
+    pub fn new(e: LinearExtent, layers: usize) -> CudaFp8Workspace {
         let scales = 0;
-        let a = up(3 * 16);
+        let a = up((3 + 2 * layers) * SLOT);
         let gt = a + up(e.rows * e.inputs.max(e.outputs));
         let w = gt + up(e.rows * e.outputs);
         let bytes = w + up(e.weight);
-        CudaFp8Workspace { scales, a, gt, w, bytes }
+        CudaFp8Workspace { scales, a, gt, w, bytes, layers }
     }
 
-    /// Byte offset of a slot, which starts with its inverse scale.
+    /// Byte offset of a per-op slot, which starts with its inverse scale.
     pub fn inv_scale(&self, slot: ScaleSlot) -> usize {
-        self.scales + 16 * slot as usize
+        self.scales + SLOT * slot as usize
     }
 
-    /// Byte offset of a slot's amax (after its inverse scale).
+    /// Byte offset of a per-op slot's amax (after its inverse scale).
     pub fn amax(&self, slot: ScaleSlot) -> usize {
         self.inv_scale(slot) + 4
     }
+
+    /// Byte offset of layer `i`'s input slot (kept from its forward for its backward).
+    pub fn layer_input(&self, i: usize) -> usize {
+        self.scales + SLOT * (3 + 2 * i)
+    }
+
+    /// Byte offset of layer `i`'s cached weight's slot.
+    pub fn layer_weight(&self, i: usize) -> usize {
+        self.layer_input(i) + SLOT
+    }
+}
+
+/// The CUDA backend's cached FP8 weights ([`Fp8Layers::cache_weights`]): per layer its
+/// e4m3 codes as they are (`[oc, c]`, the forward's operand) and transposed (`[c, oc]`, the
+/// backward's), each region 256-byte aligned: 2 bytes per parameter of the linear layers.
+/// Their scale slots are the workspace's per-layer ones ([`CudaFp8Workspace::layer_weight`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaFp8WeightCache {
+    /// Per layer, the byte offsets of `W` and of `Wᵀ`.
+    pub regions: Vec<(usize, usize)>,
+    pub bytes: usize,
+}
+
+impl CudaFp8WeightCache {
+    pub fn new(weights: &[(usize, usize)]) -> CudaFp8WeightCache {
+        let mut at = 0;
+        let regions = weights
+            .iter()
+            .map(|&(c, oc)| {
+                let w = at;
+                at += 2 * up(c * oc);
+                (w, w + up(c * oc))
+            })
+            .collect();
+        CudaFp8WeightCache { regions, bytes: at }
+    }
+
+    /// What the CUDA backend reserves for `l`: the workspace, and the weight cache where
+    /// `l.cache_weights` (what `MatmulOps::prepare_fp8` returns and the planner predicts).
+    pub fn reserved(l: &Fp8Layers) -> Fp8Bytes {
+        let workspace = CudaFp8Workspace::new(l.largest, l.weights.len()).bytes;
+        let weight_cache = if l.cache_weights { CudaFp8WeightCache::new(&l.weights).bytes } else { 0 };
+        Fp8Bytes { workspace, weight_cache }
+    }
+}
+
+/// What the CPU reference reserves for `l`: an f32 input scale per layer, and where weights
+/// are cached each layer's dequantized weight (f32, 4 bytes per parameter: the CPU
+/// multiplies values, not codes). Its operands' quantized copies are per-call scratch.
+pub fn cpu_reserved(l: &Fp8Layers) -> Fp8Bytes {
+    let weight_cache = if l.cache_weights { 4 * l.weight_elements() } else { 0 };
+    Fp8Bytes { workspace: 4 * l.weights.len(), weight_cache }
 }
 
 #[cfg(test)]
@@ -419,11 +534,31 @@ mod tests {
     fn workspace_regions_are_aligned_and_sized() {
         let e = LinearExtent::of(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)]);
         assert_eq!(e, LinearExtent { rows: 8192, inputs: 6400, outputs: 6400, weight: 6400 * 1600 });
-        let w = CudaFp8Workspace::new(e);
+        let w = CudaFp8Workspace::new(e, 0);
         for off in [w.a, w.gt, w.w, w.bytes] {
             assert_eq!(off % 256, 0);
         }
         assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
         assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
+        // 48 layers: 3 + 96 slots of 16 bytes, rounded up to 256.
+        let w48 = CudaFp8Workspace::new(e, 48);
+        assert_eq!(w48.bytes - w.bytes, 1792 - 256);
+        assert_eq!((w48.layer_input(0), w48.layer_weight(0), w48.layer_input(47)), (48, 64, 48 + 16 * 94));
+        assert!(w48.layer_weight(47) + 16 <= w48.a);
+    }
+
+    #[test]
+    fn weight_cache_holds_both_layouts_of_every_layer() {
+        let layers = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600)], 2, true);
+        assert_eq!(layers.weights.len(), 4);
+        let c = CudaFp8WeightCache::new(&layers.weights);
+        assert_eq!(c.bytes, 2 * 2 * (1600 * 4800 + 1600 * 1600));
+        assert_eq!(c.regions[1], (2 * 1600 * 4800, 2 * 1600 * 4800 + 1600 * 1600));
+        assert!(c.regions.iter().all(|&(w, wt)| w % 256 == 0 && wt % 256 == 0));
+        // Odd sizes are padded per region.
+        assert_eq!(CudaFp8WeightCache::new(&[(16, 17)]).bytes, 2 * 512);
+        let off = Fp8Layers { cache_weights: false, ..layers.clone() };
+        assert_eq!(CudaFp8WeightCache::reserved(&off).weight_cache, 0);
+        assert_eq!(cpu_reserved(&layers), Fp8Bytes { workspace: 16, weight_cache: 4 * layers.weight_elements() });
     }
 }

@@ -6,9 +6,11 @@
 //! Each layer says the precision of its GEMMs ([`LinearLocs::precision`]): bf16, or FP8
 //! (`train.precision = "fp8"`, numerics in `fp8.rs`), for which a backend first reserves its
 //! operands ([`MatmulOps::prepare_fp8`]) and which a device without FP8 GEMMs refuses
-//! ([`MatmulOps::fp8_support`]).
+//! ([`MatmulOps::fp8_support`]). A model's FP8 layers also carry an [`Fp8Layer`]: their
+//! state between ops (the input's scale from forward to backward, the weight cast once per
+//! parameter version, which [`MatmulOps::fp8_weights_changed`] ends).
 
-use super::fp8::LinearExtent;
+use super::fp8::{Fp8Bytes, Fp8Layer, Fp8Layers};
 use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
 
 /// How a backend with a choice of GEMM algorithms picks one for each GEMM shape
@@ -43,25 +45,45 @@ pub enum Precision {
 }
 
 /// A linear layer as its ops see it: its weight `[oc, c]` and optional bias `[oc]` in a
-/// flat buffer, and the precision its GEMMs run in. Layouts make every layer
-/// [`Precision::Bf16`] ([`LinearLocs::new`]); a model turns its blocks' layers to
-/// `train.precision` and leaves the LM head in bf16.
+/// flat buffer, the precision its GEMMs run in, and in FP8 its persistent state. Layouts
+/// make every layer [`Precision::Bf16`] ([`LinearLocs::new`]); a model turns its blocks'
+/// layers to `train.precision`, gives each its [`Fp8Layer`], and leaves the LM head in bf16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinearLocs {
     pub w: Loc,
     pub b: Option<Loc>,
     pub precision: Precision,
+    /// Where an FP8 layer keeps its input scale and cached weight (`None`: every operand
+    /// quantized at every use).
+    pub fp8: Option<Fp8Layer>,
 }
 
 impl LinearLocs {
     /// A layer at `w` (and `b`), in bf16.
     pub const fn new(w: Loc, b: Option<Loc>) -> LinearLocs {
-        LinearLocs { w, b, precision: Precision::Bf16 }
+        LinearLocs { w, b, precision: Precision::Bf16, fp8: None }
     }
 
     /// The same layer in precision `p`.
     pub const fn with_precision(self, p: Precision) -> LinearLocs {
         LinearLocs { precision: p, ..self }
+    }
+
+    /// The same layer with FP8 state `index` (of those `prepare_fp8` reserved), where it is
+    /// in FP8.
+    pub const fn with_fp8_index(self, index: usize) -> LinearLocs {
+        let fp8 = match self.precision {
+            Precision::Fp8 => Some(Fp8Layer { index, input_from_forward: true }),
+            Precision::Bf16 => None,
+        };
+        LinearLocs { fp8, ..self }
+    }
+
+    /// The same layer for a backward whose input the model made again otherwise than the
+    /// forward did (see [`Fp8Layer::input_from_forward`]).
+    pub fn input_recomputed(self) -> LinearLocs {
+        let fp8 = self.fp8.map(|f| Fp8Layer { input_from_forward: false, ..f });
+        LinearLocs { fp8, ..self }
     }
 
     /// Whether a GEMM of shape `s` of this layer runs in FP8.
@@ -116,15 +138,23 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         Vec::new()
     }
 
-    /// Get ready for FP8 GEMMs (layers in [`Precision::Fp8`]) up to `largest`: refuse where
+    /// Get ready for FP8 GEMMs (layers in [`Precision::Fp8`]) of `layers`: refuse where
     /// the device has none (CUDA below compute capability 9.0, with its name and capability),
-    /// and reserve the operand workspace (`fp8::CudaFp8Workspace`). Returns the workspace's
-    /// bytes, which the caller counts in its ledger; a second call grows it where needed and
-    /// returns the new total. The default (the CPU, which quantizes into per-call scratch):
-    /// nothing to reserve.
-    fn prepare_fp8(&self, _largest: LinearExtent) -> BResult<usize> {
-        Ok(0)
+    /// and reserve the operand workspace sized for the largest layer, each [`Fp8Layer`]'s
+    /// scales and, with `layers.cache_weights`, its cached weight (`fp8::CudaFp8Workspace`,
+    /// `fp8::CudaFp8WeightCache`; the CPU: `fp8::cpu_reserved`). Returns the bytes reserved
+    /// in all, which the caller counts in its ledger. A later call replaces the layers'
+    /// state (every cached weight is cast again at its next use) and grows the operand
+    /// workspace where needed. The default: nothing to reserve.
+    fn prepare_fp8(&self, _layers: &Fp8Layers) -> BResult<Fp8Bytes> {
+        Ok(Fp8Bytes::default())
     }
+
+    /// The compute parameters may have changed (an optimizer step, a load): every cached
+    /// FP8 weight is cast again at its next use. The schedule calls it before the first
+    /// forward after a change (`model::run_micro`); a CUDA graph recorded there records the
+    /// casts with it. The default (no cache): nothing to do.
+    fn fp8_weights_changed(&self) {}
 
     /// Why this device cannot run FP8 GEMMs (naming it), or `Ok` where it can. Asked before
     /// training starts, so `train.precision = "fp8"` on an older GPU is a config error.

@@ -7,7 +7,7 @@
 
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnInputs, AttnShape, BResult,
-    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearExtent, LinearLocs, LnSaved,
+    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, Fp8Bytes, Fp8Layers, LayerNormOps, LinearLocs, LnSaved,
     LnStats, Loc, LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole,
     TransferOps, WeightGrads, Weights,
 };
@@ -37,8 +37,8 @@ pub struct MetaBackend {
     pub sizes: ElemBytes,
     /// fp32 elements of attention state per (b, t, nh) of the modelled backend.
     pub attention_saved: fn(AttnShape) -> usize,
-    /// Bytes of the modelled backend's FP8 operand workspace (`MatmulOps::prepare_fp8`).
-    pub fp8_workspace: fn(LinearExtent) -> usize,
+    /// Bytes the modelled backend reserves for FP8 layers (`MatmulOps::prepare_fp8`).
+    pub fp8: fn(&Fp8Layers) -> Fp8Bytes,
     /// How many buffers were allocated so far (proves the steady state allocates nothing).
     pub allocations: std::cell::Cell<usize>,
 }
@@ -47,9 +47,9 @@ impl MetaBackend {
     pub fn new(
         sizes: ElemBytes,
         attention_saved: fn(AttnShape) -> usize,
-        fp8_workspace: fn(LinearExtent) -> usize,
+        fp8: fn(&Fp8Layers) -> Fp8Bytes,
     ) -> MetaBackend {
-        MetaBackend { sizes, attention_saved, fp8_workspace, allocations: std::cell::Cell::new(0) }
+        MetaBackend { sizes, attention_saved, fp8, allocations: std::cell::Cell::new(0) }
     }
     fn counted(&self, n: usize) -> BResult<MetaBuf> {
         self.allocations.set(self.allocations.get() + 1);
@@ -177,9 +177,9 @@ impl LayerNormOps for MetaBackend {
 }
 
 impl MatmulOps for MetaBackend {
-    fn prepare_fp8(&self, largest: LinearExtent) -> BResult<usize> {
+    fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
         self.allocations.set(self.allocations.get() + 1);
-        Ok((self.fp8_workspace)(largest))
+        Ok((self.fp8)(layers))
     }
     fn matmul_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, LinearLocs>, _: MatShape) -> BResult<()> {
         Ok(())

@@ -62,7 +62,7 @@ pub use attention::{
 };
 pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
-pub use fp8::{Fp8Format, LinearExtent};
+pub use fp8::{Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
 pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, Precision, TunedGemm};

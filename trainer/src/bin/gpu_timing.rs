@@ -24,15 +24,18 @@
 //!
 //! `gpu-timing fp8 [B [T]]`: every linear layer of GPT-2 1.5B and Llama-3-8B, forward and
 //! backward (both GEMMs, dW accumulated), in bf16 beside FP8 (`train.precision = "fp8"`:
-//! the amax passes and casts included), B×T rows (default 8×1024), and the layers' sums:
-//! how much faster the blocks' GEMMs get.
+//! the amax passes and casts included) twice: every operand cast at each use (ZeRO-3, or
+//! `train.fp8_weight_cache = false`), and the training path of stages 0-2 (the weight cached,
+//! the input's scale kept from forward to backward); then each one's casts alone and the
+//! weight cache's fill; B×T rows (default 8×1024), and the layers' sums: how much faster
+//! the blocks' GEMMs get.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use cudarc::driver::{sys as dsys, CudaSlice};
 use half::bf16;
-use trainer::backend::cuda::{AttentionImpl, CudaBackend};
+use trainer::backend::cuda::{AttentionImpl, CudaBackend, Fp8Casts};
 use trainer::backend::*;
 
 /// Random inputs for timing (their values do not matter, only that they are not zero).
@@ -632,11 +635,19 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             "\n{} linear layers at B={b} T={t} (N={n}), bf16 beside FP8 (median of event-timed repeats)",
             shapes.name
         );
-        let ext = LinearExtent::of(n, &shapes.layers.map(|(_, c, oc, _)| (c, oc)));
-        let ws = be.prepare_fp8(ext)?;
-        println!("  FP8 operand workspace: {:.1} MiB", ws as f64 / (1u64 << 20) as f64);
-        let mut sums = [0.0f64; 2];
-        for &(layer, c, oc, bias) in &shapes.layers {
+        let linears = shapes.layers.map(|(_, c, oc, _)| (c, oc));
+        let reserved = be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, true))?;
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        println!(
+            "  FP8 operand workspace: {:.1} MiB; the four layers' cached weights: {:.1} MiB",
+            mib(reserved.workspace),
+            mib(reserved.weight_cache)
+        );
+        // bf16, FP8 with every operand cast at each use, FP8 with the weight cached and the
+        // input's scale kept from forward to backward (the training path at ZeRO 0-2).
+        let kinds = ["bf16      ", "fp8 per use", "fp8 cached"];
+        let (mut sums, mut fill) = ([0.0f64; 3], 0.0f64);
+        for (k, &(layer, c, oc, bias)) in shapes.layers.iter().enumerate() {
             let s = MatShape { n, c, oc };
             let plen = oc * c + if bias { oc } else { 0 };
             let params = new_buf(be, plen, &small)?;
@@ -644,10 +655,14 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             let (inp, dout) = (new_buf(be, n * c, &chunk)?, new_buf(be, n * oc, &small)?);
             let (mut out, mut dinp) = (be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * c, "timing")?);
             let flop = 2.0 * (n * c * oc) as f64;
-            for (i, p) in [Precision::Bf16, Precision::Fp8].into_iter().enumerate() {
-                let at = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc))).with_precision(p);
-                let tag = if p == Precision::Fp8 { "fp8 " } else { "bf16" };
+            let plain = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc)));
+            let ats =
+                [plain, plain.with_precision(Precision::Fp8), plain.with_precision(Precision::Fp8).with_fp8_index(k)];
+            for (i, at) in ats.into_iter().enumerate() {
+                let tag = kinds[i];
                 let before = tm.rows.len();
+                // The cached forward casts the weight at its first (warm-up) call only; its
+                // backward reads the input scale the forward left.
                 tm.time(&format!("{layer} {tag} fwd  {c}->{oc}"), 3, 20, tflops(flop), || {
                     be.matmul_fwd(&mut out, &inp, Weights::new(&params, at), s)
                 });
@@ -663,23 +678,33 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                 });
                 sums[i] += tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
             }
-            // The FP8 rows' casts alone: per element read twice (amax, cast) and written once
-            // (dY twice: both layouts); the rest of an FP8 row is its GEMMs.
-            let fwd_bytes = ((n * c + oc * c) * 5) as f64;
-            tm.time(&format!("{layer} fp8  fwd casts"), 3, 20, gbps(fwd_bytes), || {
-                be.fp8_casts_only(&inp, &dout, &params, 0, s, false)
-            });
-            let bwd_bytes = (n * oc * 6 + (oc * c + n * c) * 5) as f64;
-            tm.time(&format!("{layer} fp8  bwd casts"), 3, 20, gbps(bwd_bytes), || {
-                be.fp8_casts_only(&inp, &dout, &params, 0, s, true)
-            });
+            // The FP8 rows' casts alone (the rest of an FP8 row is its GEMMs), in bytes moved:
+            // an amax pass reads 2 per element, a cast reads 2 and writes 1 per layout.
+            let (x, w, g) = ((n * c) as f64, (oc * c) as f64, (n * oc) as f64);
+            let rows = [
+                ("fwd casts, per use", Fp8Casts::Forward, (x + w) * 5.0),
+                ("bwd casts, per use", Fp8Casts::Backward, g * 6.0 + (w + x) * 5.0),
+                ("fwd casts, cached", Fp8Casts::ForwardCached, x * 5.0),
+                ("bwd casts, cached", Fp8Casts::BackwardCached, g * 6.0 + x * 3.0),
+                ("weight cache fill (once a step)", Fp8Casts::WeightCache, w * 6.0),
+            ];
+            for (what, which, bytes) in rows {
+                tm.time(&format!("{layer} fp8  {what}"), 3, 20, gbps(bytes), || {
+                    be.fp8_casts_only(&inp, &dout, (&params, 0), s, which)
+                });
+            }
+            fill += tm.rows.last().map_or(0.0, |r| r.1);
         }
         println!(
-            "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 {:.3} ms: {:.2}x",
+            "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 per use {:.3} ms ({:.2}x), \
+             fp8 cached {:.3} ms ({:.2}x; + {:.3} ms once a step to fill the weight cache)",
             shapes.name,
             sums[0],
             sums[1],
-            sums[0] / sums[1]
+            sums[0] / sums[1],
+            sums[2],
+            sums[0] / sums[2],
+            fill
         );
     }
     Ok(())

@@ -24,7 +24,7 @@ pub mod units;
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{BResult, Backend, LinearExtent, Precision};
+use crate::backend::{BResult, Backend, Fp8Layers, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
@@ -164,6 +164,11 @@ pub struct ModelOptions {
     /// The blocks' linear layers' GEMM precision (`train.precision`); the LM head stays in
     /// bf16 whatever this says.
     pub precision: Precision,
+    /// FP8: keep each linear layer's weight cast to FP8 from one parameter version to the
+    /// next (`train.fp8_weight_cache`). Only where the compute weights stay resident in
+    /// their own buffers (ZeRO stages 0-2): stage 3's gathered weights come and go through
+    /// pooled buffers, so they are cast at each use.
+    pub fp8_weight_cache: bool,
 }
 
 impl ModelOptions {
@@ -173,32 +178,41 @@ impl ModelOptions {
             checkpointing: cfg.checkpointing.clone(),
             loss_chunk_rows: cfg.train.loss_chunk_rows,
             precision: cfg.train.precision,
+            fp8_weight_cache: cfg.train.fp8_weight_cache && cfg.zero.stage < 3,
         }
     }
 
-    /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16).
+    /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
+    /// FP8 weights cast at each use: right on every stage).
     pub fn batch(b: usize) -> ModelOptions {
         ModelOptions {
             micro_batch: b,
             checkpointing: CheckpointingConfig::default(),
             loss_chunk_rows: 0,
             precision: Precision::Bf16,
+            fp8_weight_cache: false,
         }
     }
 }
 
-/// Get `be` ready for the blocks' GEMMs in precision `p`, up to the model's `largest`
-/// linear layer: for FP8, the backend refuses a device without FP8 GEMMs (before any step)
-/// and reserves its operand workspace, counted in `ledger`. Every family calls it once from
-/// its constructor.
+/// Get `be` ready for the blocks' GEMMs in `opts.precision`: for FP8, the backend refuses a
+/// device without FP8 GEMMs (before any step) and reserves its operand workspace for the
+/// largest of `linears` (`(inputs, outputs)` of one block's layers, over `rows` rows), the
+/// `n_layer` blocks' per-layer scales and, with `opts.fp8_weight_cache`, their cached
+/// weights: counted in `ledger` (the cache as parameters). Layer `k` of block `l` is FP8
+/// layer `l · linears.len() + k`. Every family calls it once from its constructor.
 pub(crate) fn prepare_precision<B: Backend>(
     be: &B,
-    p: Precision,
-    largest: LinearExtent,
+    opts: &ModelOptions,
+    rows: usize,
+    linears: &[(usize, usize)],
+    n_layer: usize,
     ledger: &mut MemoryLedger,
 ) -> BResult<()> {
-    if p == Precision::Fp8 {
-        ledger.alloc(Category::Workspace, be.prepare_fp8(largest)?);
+    if opts.precision == Precision::Fp8 {
+        let got = be.prepare_fp8(&Fp8Layers::blocks(rows, linears, n_layer, opts.fp8_weight_cache))?;
+        ledger.alloc(Category::Workspace, got.workspace);
+        ledger.alloc(Category::Params, got.weight_cache);
     }
     Ok(())
 }

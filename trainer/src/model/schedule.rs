@@ -68,6 +68,15 @@ pub fn run_micro<B: Backend, C: EngineComm<B>>(
     let (embed, head) = (ModelLayout::EMBED_UNIT, eng.layout.head_unit);
     let order = gather_order(l, head, dloss_scale.is_some());
     let mut pos = 0usize;
+    // Cached FP8 weights are cast again at their first use after the parameters changed:
+    // every step's first micro-step (recorded with its casts), and any evaluation before
+    // it (which leaves the flag for the training micro-step, whose recording must match).
+    if eng.params_changed() {
+        be.fp8_weights_changed();
+        if dloss_scale.is_some() {
+            eng.params_used();
+        }
+    }
 
     // ---- forward ----
     gather_at(be, eng, comm, &order, &mut pos)?;

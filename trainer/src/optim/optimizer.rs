@@ -659,7 +659,7 @@ mod tests {
     /// update of the same gradients; `settle` lands the update in flight.
     #[test]
     fn delayed_update_lands_one_step_later_with_the_in_order_bits() {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let n = 70_001; // more than one chunk of the host AdamW
         let ts = [
             TensorSpec { name: "w".into(), shape: vec![n - 1], loc: Loc::new(0, n - 1), decay: true },

@@ -99,6 +99,7 @@ pub struct MicroState {
     shard_empty: Vec<bool>,
     reduced: Vec<bool>,
     grads_fresh: Vec<bool>,
+    params_changed: bool,
 }
 
 /// One unit's buffers and where they stand in the step (fields read by the sibling files).
@@ -167,6 +168,9 @@ pub struct Engine<B: Backend> {
     /// Clear every gradient buffer before use and have backward add onto zeros, instead of
     /// the first backward writing it ([`Engine::set_clear_grads`]).
     pub(super) clear_grads: bool,
+    /// The compute parameters changed (built, stepped, loaded) since a training micro-step
+    /// last used them ([`Engine::params_changed`]).
+    pub(super) params_changed: bool,
     /// Per-unit sums of squared gradients as [`F64Pair`](crate::backend::F64Pair)s, filled
     /// on the device and read with one download per step.
     pub(super) norm_slots: B::F32,
@@ -349,6 +353,7 @@ impl<B: Backend> Engine<B> {
             host: host_mem,
             final_micro: false,
             clear_grads: false,
+            params_changed: true,
             norm_slots,
             ledger,
             sizes,
@@ -415,6 +420,7 @@ impl<B: Backend> Engine<B> {
             shard_empty: self.units.iter().map(|u| u.shard_empty).collect(),
             reduced: self.units.iter().map(|u| u.reduced).collect(),
             grads_fresh: self.units.iter().map(|u| u.grads_fresh).collect(),
+            params_changed: self.params_changed,
         }
     }
 
@@ -425,6 +431,21 @@ impl<B: Backend> Engine<B> {
             u.reduced = s.reduced[k];
             u.grads_fresh = s.grads_fresh[k];
         }
+        self.params_changed = s.params_changed;
+    }
+
+    /// Whether the compute parameters changed (the engine was built, a step updated them, a
+    /// checkpoint was loaded into them) since a training micro-step last ran: state derived
+    /// from them (the FP8 weight cache, `MatmulOps::fp8_weights_changed`) must be made
+    /// again. Part of [`MicroState`], so a CUDA-graph recording that made it again is only
+    /// replayed where it must be made again (every step's first micro-step).
+    pub fn params_changed(&self) -> bool {
+        self.params_changed
+    }
+
+    /// A training micro-step is using the parameters as they are now (`model::run_micro`).
+    pub fn params_used(&mut self) {
+        self.params_changed = false;
     }
 
     /// End a micro-step that is being recorded: order the compute stream after every

@@ -122,6 +122,7 @@ impl<B: Backend> Engine<B> {
         drop(updates);
         self.await_uploads(uploads);
         self.publish(be, comm)?;
+        self.params_changed = true;
         Ok(StepStats { grad_norm, clip_scale })
     }
 
@@ -155,6 +156,7 @@ impl<B: Backend> Engine<B> {
         let uploads = self.opt.settle(be, &mut dests)?;
         drop(dests);
         self.await_uploads(uploads);
+        self.params_changed = true;
         self.publish(be, comm)
     }
 }

@@ -206,7 +206,7 @@ mod tests {
     /// Forward and backward through RoPE (optional) then attention on the CPU backend:
     /// (out, dqkv before RoPE's backward is applied: the gradient of qkv as given).
     fn run(qkv: &[f32], dout: &[f32], docs: Option<&Vec<u32>>, s: AttnShape, rope: bool) -> (Vec<f32>, Vec<f32>) {
-        let be = CpuBackend;
+        let be = CpuBackend::new();
         let (n, w) = (s.b * s.t, s.qkv_width());
         let table = rope_table(s.t, s.hs(), 10_000.0, None);
         let mut x = qkv.to_vec();
@@ -290,17 +290,17 @@ mod tests {
         let docs = doc_starts(&[3, 7], t, t);
         let x = randn(5, t * w);
         let mut packed = x.clone();
-        CpuBackend.rope_fwd(&mut packed, &table, Some(&docs), s).unwrap();
+        CpuBackend::new().rope_fwd(&mut packed, &table, Some(&docs), s).unwrap();
         let mut alone = x[3 * w..].to_vec();
         let s7 = AttnShape { t: 7, ..s };
-        CpuBackend.rope_fwd(&mut alone, &rope_table(7, s.hs(), 10_000.0, None), None, s7).unwrap();
+        CpuBackend::new().rope_fwd(&mut alone, &rope_table(7, s.hs(), 10_000.0, None), None, s7).unwrap();
         assert_eq!(&packed[3 * w..], &alone[..]);
         // Position 0 of the second document is not turned at all; position 3 of the sequence is.
         assert_eq!(&packed[3 * w..4 * w], &x[3 * w..4 * w]);
         let mut plain = x.clone();
-        CpuBackend.rope_fwd(&mut plain, &table, None, s).unwrap();
+        CpuBackend::new().rope_fwd(&mut plain, &table, None, s).unwrap();
         assert_ne!(&plain[3 * w..4 * w], &x[3 * w..4 * w]);
-        CpuBackend.rope_bwd(&mut packed, &table, Some(&docs), s).unwrap();
+        CpuBackend::new().rope_bwd(&mut packed, &table, Some(&docs), s).unwrap();
         for (a, b) in packed.iter().zip(&x) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
@@ -352,7 +352,7 @@ mod tests {
         let s = AttnShape { b: 1, t: 4, c: 4, nh: 1, nkv: 1 };
         let mut x = vec![0.0; 4 * s.qkv_width()];
         let table = rope_table(4, 4, 10_000.0, None);
-        let e = CpuBackend.rope_fwd(&mut x, &table, Some(&bad), s).unwrap_err().to_string();
+        let e = CpuBackend::new().rope_fwd(&mut x, &table, Some(&bad), s).unwrap_err().to_string();
         assert!(e.contains("rope_fwd") && e.contains("row 2"), "{e}");
     }
 }

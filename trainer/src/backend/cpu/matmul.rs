@@ -6,16 +6,77 @@
 //! `backend/fp8.rs` says (e4m3 input and weight, e5m2 output gradient) and dequantized, in
 //! per-call scratch, and the GEMM multiplies those values in f32. The bias gradient sums the
 //! unquantized output gradient, as the GPU's does.
+//!
+//! A layer with an [`Fp8Layer`] keeps what the CUDA backend keeps, in [`Fp8State`]: its
+//! forward's input amax, which its backward's scale comes from, and (weights cached) its
+//! dequantized weight, made at the first use after [`MatmulOps::fp8_weights_changed`]. The
+//! values are those of quantizing at every use; the structure is the GPU's, so the CPU runs
+//! test it: a backward that reuses the forward's scale checks that its input has the
+//! forward's amax, and errors (naming the model bug) where it has not.
+
+use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
-use crate::backend::fp8::{fake_quant_into, Fp8Format};
-use crate::backend::{BResult, LinearLocs, MatShape, MatmulOps, WeightGrads, Weights};
+use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
+use crate::backend::{BResult, BackendError, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps};
+use crate::backend::{WeightGrads, Weights};
 
 /// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
 fn quantized(xs: &[f32], fmt: Fp8Format) -> Vec<f32> {
     let mut q = vec![0.0; xs.len()];
     fake_quant_into(&mut q, xs, fmt);
     q
+}
+
+/// `xs` quantized to `fmt` with a given scale and dequantized.
+fn quantized_with(xs: &[f32], fmt: Fp8Format, scale: f32) -> Vec<f32> {
+    let inv = 1.0 / scale;
+    xs.iter().map(|&x| fmt.fake_quant(x, scale, inv)).collect()
+}
+
+/// A layer's cached weight: its dequantized values, and the parameter version and buffer
+/// address they were made from (`None`: not made since the last change).
+type CachedWeight = (Vec<f32>, Option<(u64, usize)>);
+
+/// The CPU's FP8 layers (`MatmulOps::prepare_fp8`): per layer its input's scale and its
+/// cached weight.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Fp8State {
+    /// Per layer, the amax of the input its last forward quantized.
+    input_amax: Vec<f32>,
+    /// Per layer, where weights are cached.
+    weights: Vec<CachedWeight>,
+    /// Bumped by `fp8_weights_changed`.
+    version: u64,
+}
+
+impl Fp8State {
+    fn layer(&self, l: Fp8Layer) -> BResult<()> {
+        if l.index < self.input_amax.len() {
+            return Ok(());
+        }
+        Err(BackendError::Device(format!(
+            "FP8 layer {} used, but prepare_fp8 reserved {} (a bug)",
+            l.index,
+            self.input_amax.len()
+        )))
+    }
+
+    /// Layer `l`'s weight `w` (from buffer `src`) quantized: the cached copy where weights
+    /// are cached (made now if the parameters changed since), else made for this call.
+    fn weight(&mut self, l: Option<Fp8Layer>, w: &[f32], src: usize) -> Cow<'_, [f32]> {
+        let version = self.version;
+        match l.and_then(|l| self.weights.get_mut(l.index)) {
+            Some((cached, made)) => {
+                if *made != Some((version, src)) {
+                    fake_quant_into(cached, w, Fp8Format::E4M3);
+                    *made = Some((version, src));
+                }
+                Cow::Borrowed(cached)
+            }
+            None => Cow::Owned(quantized(w, Fp8Format::E4M3)),
+        }
+    }
 }
 
 /// `out[n,oc] = inp[n,c] · w[oc,c]ᵀ + bias[oc]`.
@@ -108,6 +169,20 @@ pub fn matmul_backward(
 }
 
 impl MatmulOps for CpuBackend {
+    fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
+        let mut st = self.fp8.borrow_mut();
+        st.input_amax = vec![0.0; layers.weights.len()];
+        st.weights = match layers.cache_weights {
+            true => layers.weights.iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect(),
+            false => Vec::new(),
+        };
+        Ok(cpu_reserved(layers))
+    }
+
+    fn fp8_weights_changed(&self) {
+        self.fp8.borrow_mut().version += 1;
+    }
+
     fn matmul_fwd(
         &self,
         out: &mut Vec<f32>,
@@ -118,7 +193,17 @@ impl MatmulOps for CpuBackend {
         let MatShape { n, c, oc } = s;
         let (inp, w, bias) = (&inp[..n * c], at(p.buf, p.at.w), p.at.b.map(|b| at(p.buf, b)));
         if p.at.fp8(s) {
-            let (xq, wq) = (quantized(inp, Fp8Format::E4M3), quantized(w, Fp8Format::E4M3));
+            let mut st = self.fp8.borrow_mut();
+            let ax = amax(inp);
+            let sx = Fp8Format::E4M3.scale(ax);
+            if let Some(l) = p.at.fp8 {
+                st.layer(l)?;
+                st.input_amax[l.index] = ax;
+            }
+            let (xq, wq) = (
+                quantized_with(inp, Fp8Format::E4M3, sx),
+                st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
+            );
             matmul_forward(&mut out[..n * oc], &xq, &wq, bias, n, c, oc);
             return Ok(());
         }
@@ -149,8 +234,27 @@ impl MatmulOps for CpuBackend {
         }
         let (dout, inp, w) = (&dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w));
         if p.at.fp8(s) {
+            let mut st = self.fp8.borrow_mut();
             let gq = quantized(dout, Fp8Format::E5M2);
-            let (xq, wq) = (quantized(inp, Fp8Format::E4M3), quantized(w, Fp8Format::E4M3));
+            // The forward's scale where the input is the forward's tensor. The reference
+            // checks that promise (an amax is cheap beside the GEMMs): a model whose backward
+            // input differs from its forward's would make the GPU's dW wrong unseen.
+            let ax = amax(inp);
+            if let Some(l) = p.at.fp8.filter(|l| l.input_from_forward) {
+                st.layer(l)?;
+                if st.input_amax[l.index].to_bits() != ax.to_bits() {
+                    return Err(BackendError::Device(format!(
+                        "FP8 layer {}: the backward's input (amax {ax:e}) is not the tensor its forward \
+                         quantized (amax {:e}): a model bug (LinearLocs::input_recomputed)",
+                        l.index, st.input_amax[l.index]
+                    )));
+                }
+            }
+            let sx = Fp8Format::E4M3.scale(ax);
+            let (xq, wq) = (
+                quantized_with(inp, Fp8Format::E4M3, sx),
+                st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
+            );
             matmul_backward(&mut dinp[..n * c], dw, None, &gq, &xq, &wq, s);
             if let Some(db) = db {
                 for row in dout.chunks_exact(oc) {

@@ -30,10 +30,19 @@ pub use matmul::{matmul_backward, matmul_forward};
 
 use super::{BResult, BackendError, Device, ElemBytes, Loc};
 
-/// The f32 CPU backend. Stateless: matrixmultiply reads its thread count from
-/// `MATMUL_NUM_THREADS` (the launcher divides the cores between ranks).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuBackend;
+/// The f32 CPU backend. Its only state is the FP8 layers' (`train.precision = "fp8"`: each
+/// layer's input scale and cached weight, `matmul.rs`); matrixmultiply reads its thread
+/// count from `MATMUL_NUM_THREADS` (the launcher divides the cores between ranks).
+#[derive(Debug, Default, Clone)]
+pub struct CpuBackend {
+    fp8: std::cell::RefCell<matmul::Fp8State>,
+}
+
+impl CpuBackend {
+    pub fn new() -> CpuBackend {
+        CpuBackend::default()
+    }
+}
 
 impl Device for CpuBackend {
     type Buf = Vec<f32>;

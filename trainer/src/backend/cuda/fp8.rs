@@ -1,6 +1,7 @@
 //! FP8 linear layers on the GPU (`train.precision = "fp8"`; twin of the FP8 path of
-//! `cpu/matmul.rs`, numerics in `backend/fp8.rs`): the operand workspace, the casts of
-//! `fp8.cu`, and the three GEMMs of a linear layer through cuBLASLt (`cublaslt.rs`).
+//! `cpu/matmul.rs`, numerics in `backend/fp8.rs`): the operand workspace, the layers' kept
+//! scales and cached weights, the casts of `fp8.cu`, and the three GEMMs of a linear layer
+//! through cuBLASLt (`cublaslt.rs`).
 //!
 //! Hopper's FP8 GEMMs take A transposed and B not ("TN": both with the inner dimension
 //! contiguous). With row-major `X[n, c]`, `W[oc, c]`, `dY[n, oc]` (see `matmul.rs`):
@@ -14,9 +15,19 @@
 //! Never e5m2 × e5m2 (cuBLASLt has no such GEMM). Each tensor is quantized per tensor with
 //! its own current amax: an amax pass (`fp8_amax_bf16`), then a cast that writes the codes
 //! and the inverse scale the GEMM reads (`fp8_cast_bf16`, or `fp8_cast_transpose_bf16`
-//! for the transposed copies; dY's cast writes both of its layouts in one pass). The
-//! input's amax is taken again in the backward (the same tensor, so the same scale): no
-//! state is kept between forward and backward. The bias gradient sums the bf16 dY.
+//! for the transposed copies; dY's cast writes both of its layouts in one pass). The bias
+//! gradient sums the bf16 dY.
+//!
+//! A layer with an `Fp8Layer` (the models' blocks) keeps state between ops, in slots and
+//! buffers `prepare_fp8` reserved once (stable addresses, so CUDA graphs replay them):
+//! - its input's slot: the forward (or a checkpointed block's recompute, which makes the
+//!   same tensor) leaves the amax there, and the backward only casts `Xᵀ` with it, where the
+//!   model says its input is the forward's (`Fp8Layer::input_from_forward`);
+//! - with `Fp8Layers::cache_weights` (ZeRO 0-2), its weight's codes in both layouts and their
+//!   slot, made by one amax pass and one cast at the weight's first use after the parameters
+//!   change (`fp8_weights_changed`: a new version; the schedule calls it before the first
+//!   forward after a step), then read by every forward, recompute and backward until the
+//!   next change. The same codes as casting at each use: the same weight, the same amax.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -25,8 +36,8 @@ use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, to_i32, BLOCK};
 use super::matmul::BwdPtrs;
 use super::CudaBackend;
-use crate::backend::fp8::{CudaFp8Workspace, ScaleSlot};
-use crate::backend::{BResult, BackendError, Fp8Format, LinearExtent, MatShape};
+use crate::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
+use crate::backend::{BResult, BackendError, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "fp8",
@@ -52,11 +63,26 @@ pub(super) fn fast_accum_from_env() -> BResult<bool> {
     }
 }
 
-/// The FP8 operand workspace: its device bytes, what it was sized for and its layout.
+/// The FP8 layers' device state: the operand workspace (with the per-op and per-layer scale
+/// slots), what it was sized for, and the cached weights.
 pub(super) struct Fp8Ws {
     buf: CudaSlice<u8>,
     extent: LinearExtent,
     layout: CudaFp8Workspace,
+    cache: Option<WeightCache>,
+    /// The parameter version: bumped by `fp8_weights_changed`.
+    version: u64,
+}
+
+/// The cached FP8 weights (`Fp8Layers::cache_weights`).
+struct WeightCache {
+    buf: CudaSlice<u8>,
+    layout: CudaFp8WeightCache,
+    /// Each layer's weight `(inputs, outputs)`.
+    weights: Vec<(usize, usize)>,
+    /// Per layer: the parameter version and the weight's address its codes were made from
+    /// (`None`: never made).
+    made: Vec<Option<(u64, u64)>>,
 }
 
 /// Device pointers into the workspace.
@@ -76,17 +102,66 @@ impl WsPtrs {
     fn w(&self) -> u64 {
         self.base + self.layout.w as u64
     }
-    /// A slot's start: its inverse scale, then its amax (what the casts take).
+    /// A per-op slot's start: its inverse scale (what the GEMM reads), then its amax (what
+    /// the casts take).
     fn slot(&self, s: ScaleSlot) -> u64 {
         self.base + self.layout.inv_scale(s) as u64
     }
-    fn inv(&self, s: ScaleSlot) -> u64 {
-        self.base + self.layout.inv_scale(s) as u64
+    /// Where a layer's input scale lives: its own slot, kept from its forward for its
+    /// backward, or (no layer) the per-op one.
+    fn input_slot(&self, layer: Option<Fp8Layer>) -> BResult<u64> {
+        match layer {
+            None => Ok(self.slot(ScaleSlot::Input)),
+            Some(l) if l.index < self.layout.layers => Ok(self.base + self.layout.layer_input(l.index) as u64),
+            Some(l) => {
+                Err(bad(format!("FP8 layer {} used, but prepare_fp8 reserved {} (a bug)", l.index, self.layout.layers)))
+            }
+        }
     }
     /// Whether a layer of shape `s` fits the regions.
     fn fits(&self, s: MatShape, ext: LinearExtent) -> bool {
         s.n <= ext.rows && s.c <= ext.inputs && s.oc <= ext.outputs && s.c * s.oc <= ext.weight
     }
+}
+
+/// One cast: `rows × cols` bf16 at `x` to `fmt`, with the scale of the amax in `slot`, into
+/// `dst` as laid out and/or `dst_t` transposed (`cols × rows`).
+#[derive(Debug, Clone, Copy)]
+struct Cast {
+    x: u64,
+    rows: usize,
+    cols: usize,
+    fmt: Fp8Format,
+    slot: u64,
+    dst: Option<u64>,
+    dst_t: Option<u64>,
+}
+
+/// A layer's weight as its GEMM reads it: the codes (`[oc, c]` for the forward, `[c, oc]`
+/// for the backward) and the slot whose inverse scale applies.
+#[derive(Debug, Clone, Copy)]
+struct WeightCodes {
+    w: u64,
+    wt: u64,
+    slot: u64,
+}
+
+/// Which casts `CudaBackend::fp8_casts_only` runs (`gpu-timing fp8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Casts {
+    /// The forward's, weights cast at each use: amax and cast of the input and the weight.
+    Forward,
+    /// The backward's, per use: the output gradient (amax, both layouts in one pass), the
+    /// weight (amax, transposed) and the input (amax, transposed).
+    Backward,
+    /// The forward's with the weight cached: the input's amax and cast.
+    ForwardCached,
+    /// The backward's with the weight cached and the input's scale kept from the forward:
+    /// the output gradient's amax and cast, the input's transposed cast.
+    BackwardCached,
+    /// Filling one layer's weight cache (once per parameter version): the weight's amax and
+    /// one pass writing both layouts.
+    WeightCache,
 }
 
 /// Where a linear forward's epilogue takes its extra operands.
@@ -114,11 +189,13 @@ impl CudaBackend {
         ))
     }
 
-    /// `MatmulOps::prepare_fp8`: refuse an older GPU, and hold a workspace for `largest`
-    /// (and for every extent asked before: the regions grow per dimension).
-    pub(super) fn fp8_prepare(&self, largest: LinearExtent) -> BResult<usize> {
+    /// `MatmulOps::prepare_fp8`: refuse an older GPU, hold a workspace for the largest layer
+    /// (and for every extent asked before: the operand regions grow per dimension) with
+    /// `layers`' slots, and their weight cache where asked (replacing the last call's).
+    pub(super) fn fp8_prepare(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
         self.fp8_supported().map_err(|reason| BackendError::Unavailable { backend: "cuda", reason })?;
         let mut cell = self.fp8_ws.borrow_mut();
+        let largest = layers.largest;
         let ext = match cell.as_ref() {
             Some(ws) => LinearExtent {
                 rows: ws.extent.rows.max(largest.rows),
@@ -128,13 +205,29 @@ impl CudaBackend {
             },
             None => largest,
         };
-        if cell.as_ref().is_none_or(|ws| ws.extent != ext) {
-            let layout = CudaFp8Workspace::new(ext);
-            *cell = None; // freed in stream order
-            let buf = self.alloc::<u8>(layout.bytes, "FP8 GEMM operands")?;
-            *cell = Some(Fp8Ws { buf, extent: ext, layout });
+        let version = cell.as_ref().map_or(0, |ws| ws.version);
+        *cell = None; // freed in stream order
+        let layout = CudaFp8Workspace::new(ext, layers.weights.len());
+        let buf = self.alloc::<u8>(layout.bytes, "FP8 GEMM operands")?;
+        let cache = match layers.cache_weights {
+            true => {
+                let layout = CudaFp8WeightCache::new(&layers.weights);
+                let buf = self.alloc::<u8>(layout.bytes, "cached FP8 weights")?;
+                let made = vec![None; layers.weights.len()];
+                Some(WeightCache { buf, layout, weights: layers.weights.clone(), made })
+            }
+            false => None,
+        };
+        let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);
+        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, version });
+        Ok(Fp8Bytes { workspace: layout.bytes, weight_cache })
+    }
+
+    /// `MatmulOps::fp8_weights_changed`: a new parameter version.
+    pub(super) fn fp8_new_version(&self) {
+        if let Some(ws) = self.fp8_ws.borrow_mut().as_mut() {
+            ws.version += 1;
         }
-        Ok(cell.as_ref().map_or(0, |ws| ws.layout.bytes))
     }
 
     /// The workspace's pointers, checked to hold a layer of shape `s`.
@@ -156,36 +249,62 @@ impl CudaBackend {
         Ok(p)
     }
 
-    /// Zero the workspace's amax words (every slot) before the casts of one linear op.
-    fn fp8_clear_amax(&self, ws: &WsPtrs) -> BResult<()> {
-        // SAFETY: the three scale slots' 48 bytes lie at the start of the workspace (the
-        // inverse scales are cleared too: each cast writes its own before its GEMM runs).
-        let r = unsafe {
-            cudarc::driver::result::memset_d8_async(ws.slot(ScaleSlot::Input), 0, 48, self.stream.cu_stream())
-        };
-        r.map_err(|e| self.err("zeroing the FP8 amax slots", e))
+    /// Layer `layer`'s cached weight (`w`: the bf16 weight, `[oc, c]` of `s`), cast now if
+    /// the parameters changed since it was made or it was made from another buffer; `None`
+    /// where weights are not cached (or there is no layer): the caller casts at this use.
+    fn fp8_cached_weight(&self, layer: Option<Fp8Layer>, w: u64, s: MatShape) -> BResult<Option<WeightCodes>> {
+        let Some(l) = layer else { return Ok(None) };
+        let mut cell = self.fp8_ws.borrow_mut();
+        let Some(ws) = cell.as_mut() else { return Ok(None) };
+        let (version, layers) = (ws.version, ws.layout.layers);
+        let slot = self.ptr(&ws.buf, 0) + ws.layout.layer_weight(l.index) as u64;
+        let Some(cache) = ws.cache.as_mut() else { return Ok(None) };
+        if l.index >= layers || cache.weights[l.index] != (s.c, s.oc) {
+            return Err(bad(format!(
+                "FP8 layer {} used with a C{} × OC{} weight, but prepare_fp8 reserved {:?} (a bug)",
+                l.index,
+                s.c,
+                s.oc,
+                cache.weights.get(l.index)
+            )));
+        }
+        let base = self.ptr(&cache.buf, 0);
+        let (rw, rwt) = cache.layout.regions[l.index];
+        let codes = WeightCodes { w: base + rw as u64, wt: base + rwt as u64, slot };
+        if cache.made[l.index] != Some((version, w)) {
+            self.fp8_clear(slot, 1)?;
+            let cast = Cast {
+                x: w,
+                rows: s.oc,
+                cols: s.c,
+                fmt: Fp8Format::E4M3,
+                slot,
+                dst: Some(codes.w),
+                dst_t: Some(codes.wt),
+            };
+            // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
+            // hold oc·c bytes each for this layer (its shape checked above); the slot is the
+            // layer's, just cleared.
+            unsafe { self.fp8_quantize(cast)? };
+            cache.made[l.index] = Some((version, w));
+        }
+        Ok(Some(codes))
     }
 
-    /// Quantize `x` (`rows × cols` bf16, row-major) to `fmt` with its current amax in `slot`:
-    /// into `dst` as it is laid out and/or into `dst_t` transposed (`cols × rows`).
+    /// Zero `count` adjacent scale slots from `slot` (their amax before an amax pass adds to
+    /// it; the inverse scale too: each cast writes its own before its GEMM runs).
+    fn fp8_clear(&self, slot: u64, count: usize) -> BResult<()> {
+        // SAFETY: slots lie in the workspace's scale region, `count` of them from `slot`.
+        let r = unsafe { cudarc::driver::result::memset_d8_async(slot, 0, 16 * count, self.stream.cu_stream()) };
+        r.map_err(|e| self.err("zeroing FP8 scale slots", e))
+    }
+
+    /// The amax of `n` bf16 at `x` into `slot` (max-ed into its second word).
     ///
     /// # Safety
-    /// `x` holds `rows·cols` bf16; `dst` and `dst_t` (16-byte aligned) as many bytes;
-    /// `slot` is a workspace slot whose amax is zero.
-    #[allow(clippy::too_many_arguments)] // one tensor's pointers, shape, format and slot
-    unsafe fn fp8_quantize(
-        &self,
-        x: u64,
-        rows: usize,
-        cols: usize,
-        fmt: Fp8Format,
-        slot: u64,
-        dst: Option<u64>,
-        dst_t: Option<u64>,
-    ) -> BResult<()> {
-        let n = rows * cols;
+    /// `x` holds `n` bf16; `slot` is a scale slot.
+    unsafe fn fp8_amax(&self, x: u64, n: usize, slot: u64) -> BResult<()> {
         let ni = n as i64;
-        let fmt_i = i32::from(fmt.is_e5m2());
         let f = self.f("fp8_amax_bf16")?;
         let mut lb = self.stream.launch_builder(f);
         // The slot's second word is its amax (the first, the inverse scale, 16-byte aligned).
@@ -194,9 +313,22 @@ impl CudaBackend {
         // SAFETY: x holds n bf16 (the caller's promise); the amax is the slot's second word.
         unsafe { lb.launch(cfg((self.grid_for(n / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
             .map_err(|e| self.launch_err("fp8_amax_bf16", e))?;
+        Ok(())
+    }
+
+    /// Cast `c.x` with the scale of the amax already in `c.slot` (see [`Cast`]).
+    ///
+    /// # Safety
+    /// `x` holds `rows·cols` bf16; `dst` and `dst_t` (16-byte aligned) as many bytes; the
+    /// slot holds the tensor's amax.
+    unsafe fn fp8_cast(&self, c: Cast) -> BResult<()> {
+        let Cast { x, rows, cols, fmt, slot, dst, dst_t } = c;
+        let n = rows * cols;
+        let ni = n as i64;
+        let fmt_i = i32::from(fmt.is_e5m2());
         match dst_t {
             None => {
-                let q = dst.expect("a destination");
+                let q = dst.ok_or_else(|| bad("an FP8 cast without a destination (a bug)".into()))?;
                 let f = self.f("fp8_cast_bf16")?;
                 let mut lb = self.stream.launch_builder(f);
                 lb.arg(&q).arg(&x).arg(&ni).arg(&slot).arg(&fmt_i);
@@ -222,20 +354,46 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Quantize with the tensor's current amax: the amax pass into `c.slot`, then the cast.
+    ///
+    /// # Safety
+    /// As [`CudaBackend::fp8_cast`], with the slot's amax zero.
+    unsafe fn fp8_quantize(&self, c: Cast) -> BResult<()> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            self.fp8_amax(c.x, c.rows * c.cols, c.slot)?;
+            self.fp8_cast(c)
+        }
+    }
+
     /// The forward `out = inp · Wᵀ` (+ the epilogue's bias, GELU or residual) in FP8, for an
-    /// eligible shape (`fp8::eligible`). `Ok(false)`, with nothing run, where cuBLASLt has no
-    /// FP8 algorithm for this epilogue (callers of a fused variant then compose it).
-    pub(super) fn fp8_fwd(&self, out: u64, inp: u64, w: u64, s: MatShape, epi: FwdEpilogue) -> BResult<bool> {
+    /// eligible shape (`fp8::eligible`), with `layer`'s state where it has one (its input's
+    /// scale kept for its backward, its cached weight). `Ok(false)`, with nothing run but a
+    /// stale cached weight's cast, where cuBLASLt has no FP8 algorithm for this epilogue
+    /// (callers of a fused variant then compose it).
+    pub(super) fn fp8_fwd(
+        &self,
+        (out, inp, w): (u64, u64, u64),
+        s: MatShape,
+        epi: FwdEpilogue,
+        layer: Option<Fp8Layer>,
+    ) -> BResult<bool> {
         let MatShape { n, c, oc } = s;
         let ws = self.fp8_ws(s)?;
+        let in_slot = ws.input_slot(layer)?;
         self.bind()?;
+        let cached = self.fp8_cached_weight(layer, w, s)?;
+        let (wq, w_slot) = match cached {
+            Some(k) => (k.w, k.slot),
+            None => (ws.w(), ws.slot(ScaleSlot::Weight)),
+        };
         let g = Gemm {
             transa: true,
             transb: false,
             m: oc,
             n,
             k: c,
-            a: ws.w(),
+            a: wq,
             lda: c,
             b: ws.a(),
             ldb: c,
@@ -250,8 +408,8 @@ impl CudaBackend {
             fp8: Some(Fp8Gemm {
                 a: Fp8Format::E4M3,
                 b: Fp8Format::E4M3,
-                a_scale: ws.inv(ScaleSlot::Weight),
-                b_scale: ws.inv(ScaleSlot::Input),
+                a_scale: w_slot,
+                b_scale: in_slot,
                 fast_accum: self.fp8_fast_accum,
             }),
         };
@@ -259,12 +417,17 @@ impl CudaBackend {
         if fused && !self.lt.supports(&g) {
             return Ok(false);
         }
-        self.fp8_clear_amax(&ws)?;
+        self.fp8_clear(in_slot, 1)?;
+        let x = Cast { x: inp, rows: n, cols: c, fmt: Fp8Format::E4M3, slot: in_slot, dst: Some(ws.a()), dst_t: None };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
-        // workspace's regions hold a layer of this shape (fp8_ws checked).
+        // workspace's regions hold a layer of this shape (fp8_ws checked); the slots were
+        // just cleared.
         unsafe {
-            self.fp8_quantize(inp, n, c, Fp8Format::E4M3, ws.slot(ScaleSlot::Input), Some(ws.a()), None)?;
-            self.fp8_quantize(w, oc, c, Fp8Format::E4M3, ws.slot(ScaleSlot::Weight), Some(ws.w()), None)?;
+            self.fp8_quantize(x)?;
+            if cached.is_none() {
+                self.fp8_clear(w_slot, 1)?;
+                self.fp8_quantize(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
+            }
         }
         if fused {
             return self.lt.try_gemm(&g, self.lt_stream());
@@ -274,12 +437,27 @@ impl CudaBackend {
     }
 
     /// The backward of a linear layer in FP8 for an eligible shape: `dinp = dout · W`
-    /// (optionally `⊙ GELU'(pre)` in the epilogue), `dW (+)= doutᵀ · inp`, `dbias (+)= Σ dout`.
-    /// `Ok(false)`, with nothing written, where the GELU' epilogue has no FP8 algorithm.
-    pub(super) fn fp8_bwd(&self, ptr: BwdPtrs, s: MatShape, dgelu_pre: Option<u64>) -> BResult<bool> {
+    /// (optionally `⊙ GELU'(pre)` in the epilogue), `dW (+)= doutᵀ · inp`, `dbias (+)= Σ dout`,
+    /// with `layer`'s cached weight and, where its input is the forward's, the forward's
+    /// input scale. `Ok(false)`, with nothing written, where the GELU' epilogue has no FP8
+    /// algorithm.
+    pub(super) fn fp8_bwd(
+        &self,
+        ptr: BwdPtrs,
+        s: MatShape,
+        dgelu_pre: Option<u64>,
+        layer: Option<Fp8Layer>,
+    ) -> BResult<bool> {
         let MatShape { n, c, oc } = s;
         let ws = self.fp8_ws(s)?;
+        let in_slot = ws.input_slot(layer)?;
+        let reuse_input = layer.is_some_and(|l| l.input_from_forward);
         self.bind()?;
+        let cached = self.fp8_cached_weight(layer, ptr.w, s)?;
+        let (wtq, w_slot) = match cached {
+            Some(k) => (k.wt, k.slot),
+            None => (ws.w(), ws.slot(ScaleSlot::Weight)),
+        };
         let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
         let dx = Gemm {
             transa: true,
@@ -287,7 +465,7 @@ impl CudaBackend {
             m: c,
             n,
             k: oc,
-            a: ws.w(),
+            a: wtq,
             lda: oc,
             b: ws.a(),
             ldb: oc,
@@ -299,13 +477,7 @@ impl CudaBackend {
             bias: None,
             act: if dgelu_pre.is_some() { Act::DGelu } else { Act::None },
             aux: dgelu_pre,
-            fp8: Some(Fp8Gemm {
-                a: e4,
-                b: e5,
-                a_scale: ws.inv(ScaleSlot::Weight),
-                b_scale: ws.inv(ScaleSlot::Grad),
-                fast_accum: false,
-            }),
+            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: w_slot, b_scale: ws.slot(ScaleSlot::Grad), fast_accum: false }),
         };
         let dw = Gemm {
             transa: true,
@@ -325,25 +497,40 @@ impl CudaBackend {
             bias: None,
             act: Act::None,
             aux: None,
-            fp8: Some(Fp8Gemm {
-                a: e4,
-                b: e5,
-                a_scale: ws.inv(ScaleSlot::Input),
-                b_scale: ws.inv(ScaleSlot::Grad),
-                fast_accum: false,
-            }),
+            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: in_slot, b_scale: ws.slot(ScaleSlot::Grad), fast_accum: false }),
         };
         if dgelu_pre.is_some() && !self.lt.supports(&dx) {
             return Ok(false);
         }
         let stream = self.lt_stream();
-        self.fp8_clear_amax(&ws)?;
+        // The per-op weight and gradient slots are adjacent: one clear for both.
+        match cached {
+            Some(_) => self.fp8_clear(ws.slot(ScaleSlot::Grad), 1)?,
+            None => self.fp8_clear(ws.slot(ScaleSlot::Weight), 2)?,
+        }
+        if !reuse_input {
+            self.fp8_clear(in_slot, 1)?;
+        }
+        let g = Cast {
+            x: ptr.dout,
+            rows: n,
+            cols: oc,
+            fmt: e5,
+            slot: ws.slot(ScaleSlot::Grad),
+            dst: Some(ws.a()),
+            dst_t: Some(ws.gt()),
+        };
+        let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
-        // overwrites region a (dY) only after the dX GEMM that reads it, in stream order.
+        // overwrites region a (dY) only after the dX GEMM that reads it, in stream order. A
+        // reused input slot holds the amax of this input (the forward's, the same tensor).
         unsafe {
-            self.fp8_quantize(ptr.dout, n, oc, e5, ws.slot(ScaleSlot::Grad), Some(ws.a()), Some(ws.gt()))?;
-            self.fp8_quantize(ptr.w, oc, c, e4, ws.slot(ScaleSlot::Weight), None, Some(ws.w()))?;
+            self.fp8_quantize(g)?;
+            if cached.is_none() {
+                let wc = Cast { x: ptr.w, rows: oc, cols: c, fmt: e4, slot: w_slot, dst: None, dst_t: Some(ws.w()) };
+                self.fp8_quantize(wc)?;
+            }
             if dgelu_pre.is_some() {
                 if !self.lt.try_gemm(&dx, stream)? {
                     return Ok(false);
@@ -351,7 +538,11 @@ impl CudaBackend {
             } else {
                 self.lt.gemm(&dx, stream)?;
             }
-            self.fp8_quantize(ptr.inp, n, c, e4, ws.slot(ScaleSlot::Input), None, Some(ws.a()))?;
+            if reuse_input {
+                self.fp8_cast(x)?;
+            } else {
+                self.fp8_quantize(x)?;
+            }
         }
         self.lt.gemm(&dw, stream)?;
         if let Some(db) = ptr.dbias {
@@ -363,18 +554,17 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// The casts one linear layer's FP8 GEMMs need, alone, on the workspace
-    /// (`prepare_fp8` first): the forward's (input and weight, row-major) or the backward's
-    /// (the output gradient both ways, the weight and the input transposed), for
-    /// `gpu-timing fp8`'s split of the FP8 time into casts and GEMMs. `inp` holds n·c,
-    /// `dout` n·oc and `params` from `w` oc·c bf16.
+    /// (`prepare_fp8` first), as `which` says, for `gpu-timing fp8`'s split of the FP8 time
+    /// into casts and GEMMs. `inp` holds n·c, `dout` n·oc and `params` from `w` oc·c bf16.
+    /// The values written are not used (a kept input scale is whatever the slot holds: a
+    /// cast's cost does not depend on its scale).
     pub fn fp8_casts_only(
         &self,
         inp: &CudaSlice<half::bf16>,
         dout: &CudaSlice<half::bf16>,
-        params: &CudaSlice<half::bf16>,
-        w: usize,
+        (params, w): (&CudaSlice<half::bf16>, usize),
         s: MatShape,
-        backward: bool,
+        which: Fp8Casts,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
         let check = super::launch::check;
@@ -387,16 +577,54 @@ impl CudaBackend {
         let ws = self.fp8_ws(s)?;
         let (x, g, wp) = (self.ptr(inp, 0), self.ptr(dout, 0), self.ptr(params, w));
         let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
-        self.fp8_clear_amax(&ws)?;
-        // SAFETY: the lengths are checked above, the workspace holds this shape (fp8_ws).
+        let slot = |k| ws.slot(k);
+        let xs = Cast { x, rows: n, cols: c, fmt: e4, slot: slot(ScaleSlot::Input), dst: Some(ws.a()), dst_t: None };
+        let ws_ = Cast { x: wp, rows: oc, cols: c, slot: slot(ScaleSlot::Weight), dst: Some(ws.w()), ..xs };
+        let gs = Cast {
+            x: g,
+            rows: n,
+            cols: oc,
+            fmt: e5,
+            slot: slot(ScaleSlot::Grad),
+            dst: Some(ws.a()),
+            dst_t: Some(ws.gt()),
+        };
+        let xt = Cast { dst: None, dst_t: Some(ws.a()), ..xs };
+        let wt = Cast { dst: None, dst_t: Some(ws.w()), ..ws_ };
+        if which == Fp8Casts::WeightCache
+            && !(oc * c <= ws.layout.gt - ws.layout.a && oc * c <= ws.layout.w - ws.layout.gt)
+        {
+            return Err(bad(format!("fp8_casts_only: a C{c} × OC{oc} weight's two layouts do not fit the workspace")));
+        }
+        let both = Cast { dst: Some(ws.a()), dst_t: Some(ws.gt()), ..ws_ };
+        // SAFETY: the lengths are checked above, the workspace holds this shape (fp8_ws)
+        // and, for the weight cache's two layouts, a weight in regions a and gt (checked).
         unsafe {
-            if backward {
-                self.fp8_quantize(g, n, oc, e5, ws.slot(ScaleSlot::Grad), Some(ws.a()), Some(ws.gt()))?;
-                self.fp8_quantize(wp, oc, c, e4, ws.slot(ScaleSlot::Weight), None, Some(ws.w()))?;
-                self.fp8_quantize(x, n, c, e4, ws.slot(ScaleSlot::Input), None, Some(ws.a()))
-            } else {
-                self.fp8_quantize(x, n, c, e4, ws.slot(ScaleSlot::Input), Some(ws.a()), None)?;
-                self.fp8_quantize(wp, oc, c, e4, ws.slot(ScaleSlot::Weight), Some(ws.w()), None)
+            match which {
+                Fp8Casts::Forward => {
+                    self.fp8_clear(slot(ScaleSlot::Input), 2)?;
+                    self.fp8_quantize(xs)?;
+                    self.fp8_quantize(ws_)
+                }
+                Fp8Casts::Backward => {
+                    self.fp8_clear(slot(ScaleSlot::Input), 3)?;
+                    self.fp8_quantize(gs)?;
+                    self.fp8_quantize(wt)?;
+                    self.fp8_quantize(xt)
+                }
+                Fp8Casts::ForwardCached => {
+                    self.fp8_clear(slot(ScaleSlot::Input), 1)?;
+                    self.fp8_quantize(xs)
+                }
+                Fp8Casts::BackwardCached => {
+                    self.fp8_clear(slot(ScaleSlot::Grad), 1)?;
+                    self.fp8_quantize(gs)?;
+                    self.fp8_cast(xt)
+                }
+                Fp8Casts::WeightCache => {
+                    self.fp8_clear(slot(ScaleSlot::Weight), 1)?;
+                    self.fp8_quantize(both)
+                }
             }
         }
     }
@@ -444,10 +672,11 @@ impl CudaBackend {
         // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
         // aligned allocations); the slot two zeroed words.
         unsafe {
-            self.fp8_quantize(xp, rows, cols, fmt, sp, Some(qp), None)?;
+            let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None };
+            self.fp8_quantize(c)?;
             let r = cudarc::driver::result::memset_d8_async(sp + 4, 0, 4, self.stream.cu_stream());
             r.map_err(|e| self.err("zeroing the check slot", e))?;
-            self.fp8_quantize(xp, rows, cols, fmt, sp, Some(q2p), Some(qtp))?;
+            self.fp8_quantize(Cast { dst: Some(q2p), dst_t: Some(qtp), ..c })?;
         }
         let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
         let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;

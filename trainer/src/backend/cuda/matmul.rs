@@ -23,7 +23,7 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    BResult, GemmTuning, LinearExtent, LinearLocs, Loc, MatShape, MatmulOps, TunedGemm, WeightGrads, Weights,
+    BResult, Fp8Bytes, Fp8Layers, GemmTuning, LinearLocs, Loc, MatShape, MatmulOps, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -373,8 +373,12 @@ impl MatmulOps for CudaBackend {
         self.lt.tuned()
     }
 
-    fn prepare_fp8(&self, largest: LinearExtent) -> BResult<usize> {
-        self.fp8_prepare(largest)
+    fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
+        self.fp8_prepare(layers)
+    }
+
+    fn fp8_weights_changed(&self) {
+        self.fp8_new_version();
     }
 
     fn fp8_support(&self) -> Result<(), String> {
@@ -403,7 +407,7 @@ impl MatmulOps for CudaBackend {
             let bias = bias.map(|bl| self.aligned_bias(params, bl)).transpose()?;
             let epi = FwdEpilogue { bias, ..FwdEpilogue::default() };
             let (op, ip, wp) = (self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off));
-            if !self.fp8_fwd(op, ip, wp, s, epi)? {
+            if !self.fp8_fwd((op, ip, wp), s, epi, p.at.fp8)? {
                 return Err(bad(format!("matmul_fwd N{n} C{c} OC{oc}: cuBLASLt has no FP8 GEMM for it")));
             }
             return Ok(());
@@ -439,10 +443,10 @@ impl MatmulOps for CudaBackend {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
-        let fp8 = p.at.fp8(s);
+        let (fp8, layer) = (p.at.fp8(s), p.at.fp8);
         let ptr = self.bwd_ptrs(dinp, g, dout, inp, p, s)?;
         if fp8 {
-            self.fp8_bwd(ptr, s, None)?;
+            self.fp8_bwd(ptr, s, None, layer)?;
             return Ok(());
         }
         self.linear_bwd(ptr, s, None)
@@ -478,7 +482,7 @@ impl MatmulOps for CudaBackend {
         let (b, aux) = (Some(self.aligned_bias(params, bias)?), Some(self.ptr_mut(pre, 0)));
         if p.at.fp8(s) {
             let epi = FwdEpilogue { bias: b, gelu_pre: aux, residual: None };
-            return self.fp8_fwd(self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off), s, epi);
+            return self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off)), s, epi, p.at.fp8);
         }
         let g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, aux);
         if !self.lt.supports(&g) {
@@ -515,7 +519,7 @@ impl MatmulOps for CudaBackend {
         };
         if p.at.fp8(s) {
             let epi = FwdEpilogue { bias: b, gelu_pre: None, residual: Some(self.ptr(res, 0)) };
-            return self.fp8_fwd(self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off), s, epi);
+            return self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off)), s, epi, p.at.fp8);
         }
         let mut g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, None);
         g.beta = 1.0;
@@ -549,8 +553,9 @@ impl MatmulOps for CudaBackend {
         self.bind()?;
         let pre_ptr = self.ptr(pre, 0);
         if p.at.fp8(s) {
+            let layer = p.at.fp8;
             let ptr = self.bwd_ptrs(dpre, g, dout, act, p, s)?;
-            return self.fp8_bwd(ptr, s, Some(pre_ptr));
+            return self.fp8_bwd(ptr, s, Some(pre_ptr), layer);
         }
         let probe =
             dinp_gemm(self.ptr_mut(dpre, 0), self.ptr(dout, 0), self.ptr(p.buf, p.at.w.off), s, oc, Some(pre_ptr));

@@ -42,7 +42,7 @@ mod transfer;
 
 pub use attention::AttentionImpl;
 pub use cublaslt::GemmSweep;
-pub use fp8::Fp8Cast;
+pub use fp8::{Fp8Cast, Fp8Casts};
 pub use kernels::compile_all;
 
 use std::cell::{Cell, RefCell};

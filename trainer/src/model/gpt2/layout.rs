@@ -34,6 +34,19 @@ impl BlockLocs {
         let (qkv, proj) = (self.qkv.with_precision(p), self.proj.with_precision(p));
         BlockLocs { qkv, proj, fc: self.fc.with_precision(p), fc2: self.fc2.with_precision(p), ..self }
     }
+
+    /// Block `layer`'s locations with its FP8 layers' state (`model::prepare_precision`
+    /// numbers them: qkv, proj, fc, fc2).
+    pub fn for_layer(self, layer: usize) -> BlockLocs {
+        let i = 4 * layer;
+        BlockLocs {
+            qkv: self.qkv.with_fp8_index(i),
+            proj: self.proj.with_fp8_index(i + 1),
+            fc: self.fc.with_fp8_index(i + 2),
+            fc2: self.fc2.with_fp8_index(i + 3),
+            ..self
+        }
+    }
 }
 
 /// Where every GPT-2 tensor lives.

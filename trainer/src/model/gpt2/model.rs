@@ -10,7 +10,6 @@
 //! kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
-use crate::backend::LinearExtent;
 use crate::backend::{
     AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
     TokenRole, UnitGrads, Weights,
@@ -164,7 +163,7 @@ impl<B: Backend> Gpt2<B> {
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
         // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
         let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
-        prepare_precision(be, opts.precision, LinearExtent::of(n, &linears), ledger)?;
+        prepare_precision(be, opts, n, &linears, l, ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
             block: locs.block.with_precision(opts.precision),
@@ -202,7 +201,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k: &self.block, s: self.shape };
+        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -228,7 +227,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let blk = Block { be, p, k: &self.block, s: self.shape };
+        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -312,16 +311,18 @@ impl<B: Backend> Block<'_, B> {
         // MLP: GELU(fch), kept, or else recomputed into dbig2 (always with the element-wise
         // kernel, never from a recompute's GEMM epilogue, so that checkpointing does not
         // change the bits); then backprop through fc2 and GELU (which may overwrite it).
-        let act = match a.gelu.as_mut() {
-            Some(kept) => kept,
+        // A recomputed GELU output may differ in its last bits from the forward's (the GEMM
+        // epilogue's), so an FP8 fc2 takes its own scale of it.
+        let (act, fc2_at) = match a.gelu.as_mut() {
+            Some(kept) => (kept, k.fc2),
             None => {
                 be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
-                &mut g.dbig2
+                (&mut g.dbig2, k.fc2.input_recomputed())
             }
         };
         let gelu = GeluInput { act, pre: &a.fch };
         let fc2 = MatShape { n, c: 4 * c, oc: c };
-        be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(k.fc2), &g.dres, gelu, self.w(k.fc2), fc2)?;
+        be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
         let fc = MatShape { n, c, oc: 4 * c };
         be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(k.fc), fc)?;
         // dres += through ln2 (the residual branch already carries dres itself)

@@ -42,6 +42,19 @@ impl BlockLocs {
         let (qkv, o) = (self.qkv.with_precision(p), self.o.with_precision(p));
         BlockLocs { qkv, o, gate_up: self.gate_up.with_precision(p), down: self.down.with_precision(p), ..self }
     }
+
+    /// Block `layer`'s locations with its FP8 layers' state (`model::prepare_precision`
+    /// numbers them: qkv, o, gate_up, down).
+    pub fn for_layer(self, layer: usize) -> BlockLocs {
+        let i = 4 * layer;
+        BlockLocs {
+            qkv: self.qkv.with_fp8_index(i),
+            o: self.o.with_fp8_index(i + 1),
+            gate_up: self.gate_up.with_fp8_index(i + 2),
+            down: self.down.with_fp8_index(i + 3),
+            ..self
+        }
+    }
 }
 
 /// Where every Llama tensor lives.

@@ -12,7 +12,6 @@
 //! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
-use crate::backend::LinearExtent;
 use crate::backend::{
     rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole,
     UnitGrads, Weights,
@@ -163,7 +162,7 @@ impl<B: Backend> Llama<B> {
         // qkv, o (input: the query heads' width), gate/up, down (the head stays bf16: LossHead).
         let q = attn.nh * attn.hs();
         let linears = [(c, w), (q, c), (c, 2 * f), (f, c)];
-        prepare_precision(be, opts.precision, LinearExtent::of(n, &linears), ledger)?;
+        prepare_precision(be, opts, n, &linears, l, ledger)?;
         Ok(Llama {
             embed: locs.embed,
             block: locs.block.with_precision(opts.precision),
@@ -213,7 +212,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k: &self.block, s: self.s, rope: &self.rope };
+        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.s, rope: &self.rope };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -238,7 +237,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let blk = Block { be, p, k: &self.block, s: self.s, rope: &self.rope };
+        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.s, rope: &self.rope };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
