@@ -39,7 +39,7 @@ pub fn windows(val: &Dataset, windows: usize, seq_len: usize) -> Result<(Vec<u32
     let mut stream: Vec<u32> = Vec::with_capacity(need);
     for shard in val.shards() {
         let take = (need - stream.len()).min(shard.len());
-        stream.extend(shard.tokens()[..take].iter().map(|&t| t as u32));
+        shard.ids().slice(0..take).extend_u32(&mut stream);
         if stream.len() == need {
             break;
         }
