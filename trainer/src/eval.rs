@@ -79,6 +79,9 @@ pub fn evaluate<B: Backend, C: EngineComm<B>>(
     })?;
     let val = Dataset::open(data_path, Split::Val)?;
     crate::train::check_data_fits(cfg, &val, data_path)?;
+    if checkpoint.is_none() {
+        crate::train::check_tokenizer(cfg, &val, data_path)?;
+    }
     let t = cfg.model.seq_len;
     let (inputs, targets) = windows(&val, n_windows, t)?;
     let layout = ModelLayout::new(&cfg.model);

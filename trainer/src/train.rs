@@ -376,12 +376,52 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
 pub fn check_data_fits(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
     let max_tok = dataset.max_token() as usize;
     if max_tok >= cfg.model.vocab_size {
+        // Shards from `prepare-data` name their tokenizer: say which, and its vocabulary.
+        let (made_by, need) = match dataset.tokenizer()? {
+            Some(t) => (
+                format!(" (tokenised with {}, a vocabulary of {} ids)", t.tokenizer, t.vocab_size),
+                (t.vocab_size as usize).max(max_tok + 1),
+            ),
+            None => (String::new(), max_tok + 1),
+        };
         return Err(TrainError::Invalid(format!(
-            "data {} holds token id {max_tok} but model.vocab_size = {}: set model.vocab_size to at least {} \
-             (GPT-2 BPE data needs 50257, or 50304 for speed)",
+            "data {} holds token id {max_tok}{made_by} but model.vocab_size = {}: set model.vocab_size to at least \
+             {need} (GPT-2 BPE data needs 50257, or 50304 for speed; Llama 3's 128256)",
             data_path.display(),
             cfg.model.vocab_size,
-            max_tok + 1
+        )));
+    }
+    Ok(())
+}
+
+/// The tokenizer of `train.init_from` (the `tokenizer.json` of its Hugging Face folder, or
+/// of the folder of its `.safetensors` file) must be the one the shards were made with:
+/// the weights would otherwise read every id as other text. Compared by fingerprint
+/// (`data::tokenizer`), so a copy of the same tokenizer, or GPT-2's `tokenizer.json`
+/// against the built-in GPT-2, agree. Nothing to compare (no `init_from`, no
+/// `tokenizer.json` beside it, shards without a tokenizer record) passes.
+pub fn check_tokenizer(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
+    let Some(init) = &cfg.train.init_from else { return Ok(()) };
+    let folder = if init.is_dir() { init.as_path() } else { init.parent().unwrap_or(Path::new(".")) };
+    let file = folder.join("tokenizer.json");
+    let Some(shards) = dataset.tokenizer()? else { return Ok(()) };
+    if !file.is_file() {
+        return Ok(());
+    }
+    let (theirs, name) = data::tokenizer::fingerprint_file(&file)
+        .map_err(|e| TrainError::Invalid(format!("train.init_from's tokenizer {}: {e}", file.display())))?;
+    if theirs != shards.fingerprint {
+        return Err(TrainError::Invalid(format!(
+            "data {} was tokenised with {} (fingerprint {:016x}), but train.init_from {} comes with another \
+             tokenizer, {} (fingerprint {theirs:016x}): the model would read every id as other text. Prepare the \
+             data with its tokenizer (`launcher prepare-data INPUT... OUT_DIR --tokenizer {}`), or start from \
+             weights trained with the data's",
+            data_path.display(),
+            shards.tokenizer,
+            shards.fingerprint,
+            init.display(),
+            name,
+            file.display()
         )));
     }
     Ok(())
