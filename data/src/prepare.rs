@@ -109,8 +109,9 @@ impl PrepareOptions {
 pub struct PrepareProgress {
     /// Bytes of all inputs on disk (set once the inputs are found).
     pub total_disk_bytes: AtomicU64,
-    /// Bytes read from disk so far (compressed bytes for compressed inputs).
-    pub disk_bytes: Arc<AtomicU64>,
+    /// Bytes of the inputs on disk whose documents are tokenised and written (compressed
+    /// bytes for compressed inputs); the reader runs at most a few batches ahead of it.
+    pub disk_bytes: AtomicU64,
     /// Bytes of document text tokenised so far.
     pub text_bytes: AtomicU64,
     pub documents: AtomicU64,
@@ -328,6 +329,7 @@ pub fn prepare(
     }
     record.add_unrecorded(out_dir, &found)?;
 
+    let created = !out_dir.exists();
     fs::create_dir_all(out_dir).map_err(io_err("create the output directory", out_dir))?;
     remove_stale_staging(out_dir);
     let staging = out_dir.join(format!(".prepare-{}", crate::shard::unique_suffix()));
@@ -341,6 +343,10 @@ pub fn prepare(
         Ok((stats, files))
     });
     let _ = fs::remove_dir_all(&staging);
+    if outcome.is_err() && created {
+        // Left as it was: absent (`remove_dir` removes only an empty directory).
+        let _ = fs::remove_dir(out_dir);
+    }
     let (stats, files) = outcome?;
 
     let file_name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -452,8 +458,8 @@ struct Stats {
     bad: BadReport,
 }
 
-/// A batch of records, or the reader's error.
-type Batch = Result<Vec<Record>>;
+/// A batch of records and how far into the inputs' disk bytes it ends, or the reader's error.
+type Batch = Result<(Vec<Record>, u64)>;
 
 fn run_pipeline(
     files: &[InputFile],
@@ -471,7 +477,7 @@ fn run_pipeline(
     let mut text_bytes = 0u64;
     std::thread::scope(|s| -> Result<()> {
         let (tx, rx) = sync_channel::<Batch>(2);
-        let disk = progress.disk_bytes.clone();
+        let disk = Arc::new(AtomicU64::new(0));
         let reader = s.spawn(move || {
             let mut batch = Vec::new();
             let mut bytes = 0usize;
@@ -483,7 +489,8 @@ fn run_pipeline(
                     batch.push(r);
                     if bytes >= BATCH_BYTES || batch.len() >= BATCH_RECORDS {
                         bytes = 0;
-                        tx.send(Ok(std::mem::take(&mut batch))).map_err(|_| DataError::Stopped)?;
+                        let at = disk.load(Ordering::Relaxed);
+                        tx.send(Ok((std::mem::take(&mut batch), at))).map_err(|_| DataError::Stopped)?;
                     }
                     Ok(())
                 };
@@ -495,9 +502,7 @@ fn run_pipeline(
                     return;
                 }
             }
-            if !batch.is_empty() {
-                let _ = tx.send(Ok(batch));
-            }
+            let _ = tx.send(Ok((batch, disk.load(Ordering::Relaxed))));
         });
         let result = consume(rx, opts, tokenizer, progress, &mut val, &mut train, &mut bad, &mut text_bytes);
         // Dropping the receiver (inside `consume`) makes a blocked reader stop.
@@ -537,7 +542,7 @@ fn consume(
     let eot = [tokenizer.stamp().eot_id];
     let mut index = 0u64;
     for batch in rx {
-        let records = batch?;
+        let (records, disk_at) = batch?;
         let encoded: Vec<Option<Result<Vec<u32>>>> = records
             .par_iter()
             .map(|r| match r {
@@ -572,6 +577,7 @@ fn consume(
             progress.documents.fetch_add(1, Ordering::Relaxed);
             progress.tokens.fetch_add(ids.len() as u64 + 1, Ordering::Relaxed);
         }
+        progress.disk_bytes.store(disk_at, Ordering::Relaxed);
     }
     Ok(())
 }
