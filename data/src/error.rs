@@ -118,14 +118,6 @@ pub enum DataError {
     #[error("input {} is empty (or only whitespace): there is nothing to tokenise", path.display())]
     EmptyInput { path: PathBuf },
 
-    /// The text to prepare is not UTF-8.
-    #[error(
-        "input {} is not valid UTF-8: bad byte sequence at byte offset {offset}; convert it to UTF-8 first \
-         (e.g. `iconv -t UTF-8`)",
-        path.display()
-    )]
-    NotUtf8 { path: PathBuf, offset: usize },
-
     /// The text tokenises to too few tokens for the requested validation split.
     #[error(
         "input {} tokenises to {total} tokens, too few for a validation split of {val} tokens plus any training \

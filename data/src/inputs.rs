@@ -111,11 +111,9 @@ pub fn expand(args: &[PathBuf]) -> Result<Expanded> {
                 }
             }
         } else {
-            return Err(DataError::Io {
-                action: "read the input",
-                path: arg.clone(),
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            });
+            // The OS's own words for why it is not there (missing, or a directory we may not enter).
+            let e = std::fs::metadata(arg).err().unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound));
+            return Err(io_err("read the input", arg)(e));
         }
         for f in found {
             let canonical = f.path.canonicalize().map_err(io_err("resolve the input", &f.path))?;
