@@ -8,7 +8,8 @@
 //! Preparation, by file: `inputs.rs` (what INPUT arguments name), `documents.rs` and
 //! `parquet_text.rs` (files into documents, bad records named), `tokenizer.rs`,
 //! `prepare.rs` (the streaming, parallel pipeline and its split), `writer.rs` (shards of
-//! a split), `docindex.rs` (the `.idx` sidecar), `sources.rs` (`dataset.json`), `text.rs`
+//! a split), `docindex.rs` (the `.idx` sidecar), `doc_starts.rs` (where documents start
+//! inside a training window, for `data.document_mask`), `sources.rs` (`dataset.json`), `text.rs`
 //! (one string of GPT-2 text: the built-in corpus).
 //!
 //! Determinism is a project rule: all randomness comes from the hand-written SplitMix64
@@ -18,6 +19,7 @@
 pub mod builtin;
 pub mod dataset;
 pub mod docindex;
+pub mod doc_starts;
 pub mod documents;
 pub mod error;
 pub mod ids;
@@ -34,6 +36,7 @@ pub mod writer;
 
 pub use builtin::{ensure_builtin_dataset, generate_corpus};
 pub use dataset::{Dataset, Split, ValBatch, ValBatches};
+pub use doc_starts::doc_starts_from_eot;
 pub use documents::{BadKind, TxtDocs};
 pub use error::DataError;
 pub use ids::{Ids, Width};

@@ -293,13 +293,15 @@ pub fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, Setu
 /// [`trainer::train::check_data_fits`]: the largest id, from the shards' headers when they
 /// record it) in the training split and, when evaluation is on, the validation split,
 /// shards of another tokenizer than `train.init_from`'s `tokenizer.json`
-/// ([`trainer::train::check_tokenizer`]), shards shorter than a window, a validation split
-/// too small to give each of the `world` ranks a batch. Returns the training split's token
-/// count.
+/// ([`trainer::train::check_tokenizer`]), `data.document_mask` on shards whose end-of-text
+/// token is unknown ([`trainer::documents::end_of_text`]), shards shorter than a window, a
+/// validation split too small to give each of the `world` ranks a batch. Returns the
+/// training split's token count.
 fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupError> {
     let dataset = data::Dataset::open(path, Split::Train).map_err(|e| SetupError(format!("data.path: {e}")))?;
     trainer::train::check_data_fits(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
     trainer::train::check_tokenizer(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
+    trainer::documents::end_of_text(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
     let tokens = dataset.total_tokens();
     data::BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)
         .map_err(|e| SetupError(format!("data.path: {e}")))?;
@@ -312,6 +314,8 @@ fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupErr
             ))
         })?;
         trainer::train::check_data_fits(cfg, &val, path)
+            .map_err(|e| SetupError(format!("the validation split: {e}")))?;
+        trainer::documents::end_of_text(cfg, &val, path)
             .map_err(|e| SetupError(format!("the validation split: {e}")))?;
         let have = val
             .val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)

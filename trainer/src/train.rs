@@ -5,6 +5,7 @@ use crate::backend::{Backend, Precision, TunedGemm};
 use crate::checkpoint::init::InitSource;
 use crate::checkpoint::CheckpointReader;
 use crate::config::{Config, ConfigError};
+use crate::documents::{end_of_text, DocumentMask};
 use crate::metrics::StepMetrics;
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
@@ -43,6 +44,9 @@ pub struct Trainer<B: Backend> {
     val: Option<Dataset>,
     inputs: Vec<u32>,
     targets: Vec<u32>,
+    /// The training and validation micro-batches' document starts (`data.document_mask`).
+    docs: DocumentMask,
+    val_docs: DocumentMask,
     /// Optimizer steps taken so far.
     pub step: usize,
     /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
@@ -63,7 +67,9 @@ impl<B: Backend> Trainer<B> {
     pub fn new(cfg: &Config, be: &B, rank: usize, world: usize, data_path: &Path) -> Result<Trainer<B>, TrainError> {
         let dataset = Dataset::open(data_path, Split::Train)?;
         check_data_fits(cfg, &dataset, data_path)?;
+        let docs = DocumentMask::new(end_of_text(cfg, &dataset, data_path)?, cfg.model.seq_len);
         let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
+        let mut val_docs = DocumentMask::new(None, cfg.model.seq_len);
         let val = if cfg.train.eval_every > 0 {
             let v = Dataset::open(data_path, Split::Val).map_err(|e| {
                 TrainError::Invalid(format!(
@@ -72,6 +78,8 @@ impl<B: Backend> Trainer<B> {
                 ))
             })?;
             check_data_fits(cfg, &v, data_path)?;
+            // Validation loss masks documents as training does.
+            val_docs = DocumentMask::new(end_of_text(cfg, &v, data_path)?, cfg.model.seq_len);
             // Fail now, not at the first evaluation, if it cannot give every rank a batch.
             let have = v.val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)?.len();
             if have < world {
@@ -130,6 +138,8 @@ impl<B: Backend> Trainer<B> {
             val,
             inputs: vec![0; n],
             targets: vec![0; n],
+            docs,
+            val_docs,
             step: 0,
             profile,
             graphs,
@@ -160,7 +170,7 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<(), TrainError> {
         let key = self.engine.micro_key(first, last);
         self.engine.set_final_micro(key.last);
-        self.model.load_batch(be, &self.inputs, &self.targets)?;
+        self.model.load_batch(be, &self.docs.batch(&self.inputs, &self.targets))?;
         self.engine.await_pending(be, comm)?;
         let before = self.engine.micro_state();
         if let Some(r) = self.graphs_recorded.iter().find(|r| r.key == key) {
@@ -229,8 +239,8 @@ impl<B: Backend> Trainer<B> {
             if self.graphs && self.steps_here >= 1 {
                 self.micro_from_graph(be, comm, dloss_scale, (micro == 0, micro + 1 == tc.grad_accum))?;
             } else {
-                let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
-                step_micro(self.model.as_mut(), be, eng, comm, inputs, targets, Some(dloss_scale))?;
+                let batch = self.docs.batch(&self.inputs, &self.targets);
+                step_micro(self.model.as_mut(), be, &mut self.engine, comm, &batch, Some(dloss_scale))?;
             }
         }
         mark(be, "forward+backward")?;
@@ -333,8 +343,8 @@ impl<B: Backend> Trainer<B> {
         let (mut sum, mut i, mut done) = (0.0f64, 0usize, 0usize);
         while done < per_rank && batches.next_into(&mut self.inputs, &mut self.targets)? {
             if i % world == rank {
-                let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
-                sum += step_micro_loss(self.model.as_mut(), be, eng, comm, inputs, targets, None)?;
+                let batch = self.val_docs.batch(&self.inputs, &self.targets);
+                sum += step_micro_loss(self.model.as_mut(), be, &mut self.engine, comm, &batch, None)?;
                 done += 1;
             }
             i += 1;
