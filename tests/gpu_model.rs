@@ -11,7 +11,7 @@ use collectives::nccl::{nccl_unique_id, NcclComm};
 use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
-use trainer::model::{step_micro_loss, ModelFamily, ModelLayout, ModelOptions};
+use trainer::model::{step_micro_loss, MicroBatch, ModelFamily, ModelLayout, ModelOptions};
 use trainer::optim::Hyper;
 use trainer::zero::{Engine, EngineOptions};
 use trainer::TrainError;
@@ -92,7 +92,7 @@ fn one_training_step_matches_the_cpu() {
             )?;
             geng.begin_step(be)?;
             let gloss =
-                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
             rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
             if stage == 0 {
                 for (u, cg) in cgrads.iter().enumerate() {
@@ -181,7 +181,7 @@ fn one_llama_training_step_matches_the_cpu() {
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
                 let gloss =
-                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
                 rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
                 if stage == 0 {
                     for (u, cg) in cgrads.iter().enumerate() {
@@ -263,7 +263,7 @@ fn one_fp8_training_step_matches_the_cpu() {
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
                 let gloss =
-                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
                 if precision == Precision::Bf16 {
                     let d = ((gloss - fp8_loss) / gloss).abs();
                     rep.check(
@@ -314,13 +314,23 @@ fn cpu_step_with(
     inputs: &[u32],
     targets: &[u32],
 ) -> Result<CpuStep, trainer::backend::BackendError> {
+    cpu_step_batch(cfg, opts, init, &MicroBatch::plain(inputs, targets))
+}
+
+/// [`cpu_step_with`] on a whole micro-batch (e.g. with document starts).
+fn cpu_step_batch(
+    cfg: &ModelConfig,
+    opts: &ModelOptions,
+    init: &mut UnitInit<'_>,
+    batch: &MicroBatch<'_>,
+) -> Result<CpuStep, trainer::backend::BackendError> {
     let (cpu, layout) = (CpuBackend, ModelLayout::new(cfg));
-    let scale = Some(1.0 / inputs.len() as f32);
+    let scale = Some(1.0 / batch.inputs.len() as f32);
     let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
     let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;
     let mut m = cfg.family.build(&cpu, &layout, opts, &mut eng.ledger)?;
     eng.begin_step(&cpu)?;
-    let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, inputs, targets, scale).map_err(dev)?;
+    let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, batch, scale).map_err(dev)?;
     let grads: Vec<Vec<f32>> =
         (0..eng.num_units()).map(|u| eng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(dev)?;
     eng.step(&cpu, &mut comm, HYPER, 1).map_err(dev)?;
@@ -364,7 +374,7 @@ fn timed_gemm_tuning_matches_the_cpu() {
         let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
         eng.begin_step(be)?;
         let scale = Some(1.0 / n as f32);
-        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &inputs, &targets, scale).map_err(dev)?;
+        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
         rep.cmp(tag, "loss", &[loss as f32], &[closs as f32], 5e-3);
         for (u, cg) in cgrads.iter().enumerate() {
             let gg = eng.local_grads_host(be, u).map_err(dev)?;
@@ -432,10 +442,10 @@ fn graph_replay_matches_eager_micro_steps() {
                 let mut graph = None;
                 for (k, (inp, tgt)) in batches.iter().enumerate() {
                     if !graphs || k == 0 {
-                        step_micro(m.as_mut(), be, &mut eng, &mut comm, inp, tgt, scale).map_err(dev)?;
+                        step_micro(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(inp, tgt), scale).map_err(dev)?;
                         continue;
                     }
-                    m.load_batch(be, inp, tgt)?;
+                    m.load_batch(be, &MicroBatch::plain(inp, tgt))?;
                     match &graph {
                         Some(g) => {
                             be.replay(g)?;

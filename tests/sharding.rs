@@ -164,7 +164,7 @@ fn all_params<C: trainer::zero::EngineComm<CpuBackend>>(
 /// model failed to write would carry the last step's gradient into this one's update).
 #[test]
 fn written_gradients_match_cleared_ones() {
-    use trainer::model::step_micro;
+    use trainer::model::{step_micro, MicroBatch};
     use trainer::optim::Hyper;
     for (world, accum) in [(1usize, 1usize), (1, 2), (2, 1), (2, 3)] {
         for stage in 0..4u8 {
@@ -187,7 +187,7 @@ fn written_gradients_match_cleared_ones() {
                             for micro in 0..accum {
                                 let (inputs, targets) = hand_batch(n, step, micro, rank);
                                 eng.set_final_micro(micro + 1 == accum);
-                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
+                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), Some(dloss))
                                     .expect("micro");
                             }
                             let h = Hyper {
@@ -365,7 +365,7 @@ fn delayed_update_is_the_same_schedule_on_every_stage_and_world() {
 #[test]
 fn recorded_micro_steps_compute_what_eager_ones_do() {
     use std::collections::HashMap;
-    use trainer::model::{run_micro, step_micro};
+    use trainer::model::{run_micro, step_micro, MicroBatch};
     use trainer::optim::Hyper;
     let (world, accum, steps) = (2usize, 3usize, 3usize);
     for stage in 0..4u8 {
@@ -390,13 +390,13 @@ fn recorded_micro_steps_compute_what_eager_ones_do() {
                             let (first, last) = (micro == 0, micro + 1 == accum);
                             if !recorded {
                                 eng.set_final_micro(last);
-                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
+                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), Some(dloss))
                                     .expect("micro");
                                 continue;
                             }
                             let key = eng.micro_key(first, last);
                             eng.set_final_micro(key.last);
-                            model.load_batch(&be, &inputs, &targets).expect("batch");
+                            model.load_batch(&be, &MicroBatch::plain(&inputs, &targets)).expect("batch");
                             eng.await_pending(&be, &mut comm).expect("await");
                             let before = eng.micro_state();
                             run_micro(model.as_mut(), &be, &mut eng, &mut comm, Some(dloss)).expect("micro");

@@ -38,6 +38,9 @@ pub trait DecoderModel<B: Backend> {
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64>;
     /// A recording of [`run_micro`] was replayed: count its loss as `head_fwd` would have.
     fn replayed_micro(&mut self);
+    /// The last micro-step's loss of every token, in row order (one device read: tests
+    /// compare them token by token, e.g. a packed document against the document alone).
+    fn token_losses(&self, be: &B) -> BResult<Vec<f32>>;
 }
 
 /// One micro-step: forward to the loss, and with `dloss_scale = Some(s)` the backward,

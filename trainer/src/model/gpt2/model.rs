@@ -259,6 +259,10 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn replayed_micro(&mut self) {
         self.head.replayed_micro();
     }
+
+    fn token_losses(&self, be: &B) -> BResult<Vec<f32>> {
+        self.head.token_losses(be)
+    }
 }
 
 /// One block's computations: the backend, the block's gathered parameters and where
