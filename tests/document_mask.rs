@@ -265,7 +265,7 @@ fn the_end_of_text_id_comes_from_the_shards_or_is_refused() {
     common::write_synthetic_shard(&legacy, 97, 2_000);
     let recorded = dir.path().join("recorded");
     std::fs::create_dir(&recorded).expect("dir");
-    common::write_synthetic_documents(&recorded, 97, 2_000);
+    common::write_synthetic_documents(&recorded, 97, 2_000, "train");
     let cfg = |vocab: usize, mask: bool| {
         let mut c = Config::from_toml_str(&common::tiny_toml(0, 1, "\"none\""), "t").expect("cfg");
         c.model.vocab_size = vocab;

@@ -117,7 +117,12 @@ fn encoder_cases(
                 let mut zeros = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
                 be.upload_tokens(&vec![0; n], &mut zeros)?;
                 let plain = run(EmbedInputs { tokens: &gt, docs: None })?;
-                rep.same_bits(&tag, "starts all 0 vs no documents", &run(EmbedInputs { tokens: &gt, docs: Some(&zeros) })?, &plain);
+                rep.same_bits(
+                    &tag,
+                    "starts all 0 vs no documents",
+                    &run(EmbedInputs { tokens: &gt, docs: Some(&zeros) })?,
+                    &plain,
+                );
             }
         }
         if documents {

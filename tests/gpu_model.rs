@@ -92,7 +92,8 @@ fn one_training_step_matches_the_cpu() {
             )?;
             geng.begin_step(be)?;
             let gloss =
-                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
+                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale)
+                    .map_err(dev)?;
             rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
             if stage == 0 {
                 for (u, cg) in cgrads.iter().enumerate() {
@@ -180,8 +181,15 @@ fn one_llama_training_step_matches_the_cpu() {
                 let opts = ModelOptions { checkpointing: ckpt.clone(), loss_chunk_rows: 300, ..ModelOptions::batch(b) };
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
-                let gloss =
-                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
+                let gloss = step_micro_loss(
+                    gm.as_mut(),
+                    be,
+                    &mut geng,
+                    &mut gcomm,
+                    &MicroBatch::plain(&inputs, &targets),
+                    scale,
+                )
+                .map_err(dev)?;
                 rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
                 if stage == 0 {
                     for (u, cg) in cgrads.iter().enumerate() {
@@ -262,8 +270,15 @@ fn one_fp8_training_step_matches_the_cpu() {
                 let opts = ModelOptions { precision, checkpointing: ckpt, ..fp8.clone() };
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
-                let gloss =
-                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
+                let gloss = step_micro_loss(
+                    gm.as_mut(),
+                    be,
+                    &mut geng,
+                    &mut gcomm,
+                    &MicroBatch::plain(&inputs, &targets),
+                    scale,
+                )
+                .map_err(dev)?;
                 if precision == Precision::Bf16 {
                     let d = ((gloss - fp8_loss) / gloss).abs();
                     rep.check(
@@ -374,7 +389,8 @@ fn timed_gemm_tuning_matches_the_cpu() {
         let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
         eng.begin_step(be)?;
         let scale = Some(1.0 / n as f32);
-        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale).map_err(dev)?;
+        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale)
+            .map_err(dev)?;
         rep.cmp(tag, "loss", &[loss as f32], &[closs as f32], 5e-3);
         for (u, cg) in cgrads.iter().enumerate() {
             let gg = eng.local_grads_host(be, u).map_err(dev)?;
@@ -442,7 +458,8 @@ fn graph_replay_matches_eager_micro_steps() {
                 let mut graph = None;
                 for (k, (inp, tgt)) in batches.iter().enumerate() {
                     if !graphs || k == 0 {
-                        step_micro(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(inp, tgt), scale).map_err(dev)?;
+                        step_micro(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(inp, tgt), scale)
+                            .map_err(dev)?;
                         continue;
                     }
                     m.load_batch(be, &MicroBatch::plain(inp, tgt))?;

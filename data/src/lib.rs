@@ -18,8 +18,8 @@
 
 pub mod builtin;
 pub mod dataset;
-pub mod docindex;
 pub mod doc_starts;
+pub mod docindex;
 pub mod documents;
 pub mod error;
 pub mod ids;

@@ -78,8 +78,8 @@ pub fn write_synthetic_shard(dir: &Path, vocab: u32, n_tokens: usize) -> PathBuf
 /// [`write_synthetic_shard`]'s progressions as documents: each run of 24 tokens begins
 /// with the end-of-text id `eot` (outside `0..vocab - 1`'s progressions: `vocab - 1`), in
 /// a shard whose header records the tokenizer (`vocab`, `eot`), as `prepare-data` writes
-/// them, so `data.document_mask` knows where documents start.
-pub fn write_synthetic_documents(dir: &Path, vocab: u32, n_tokens: usize) -> PathBuf {
+/// them, so `data.document_mask` knows where documents start. `split`: `train` or `val`.
+pub fn write_synthetic_documents(dir: &Path, vocab: u32, n_tokens: usize, split: &str) -> PathBuf {
     let eot = vocab - 1;
     let mut toks = Vec::with_capacity(n_tokens);
     let mut state = 12345u64;
@@ -102,7 +102,7 @@ pub fn write_synthetic_documents(dir: &Path, vocab: u32, n_tokens: usize) -> Pat
         fingerprint: 0x5eed,
         tokenizer: "synthetic".into(),
     };
-    let path = dir.join("synthetic_train_000000.bin");
+    let path = dir.join(format!("synthetic_{split}_000000.bin"));
     data::write_shard_ids(&path, data::Ids::U16(&toks), Some(&info), None).expect("write shard");
     path
 }

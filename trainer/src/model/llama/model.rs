@@ -14,8 +14,8 @@
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::LinearExtent;
 use crate::backend::{
-    rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape,
-    UnitGrads, Weights,
+    rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, UnitGrads,
+    Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
