@@ -63,7 +63,8 @@ fn llama_prediction_equals_measured_ledger_on_every_stage() {
 fn document_mask_prediction_equals_measured_ledger() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_documents(dir.path(), 97, 20_000, "train");
-    let families: [(&str, fn(u8, &str) -> String); 2] = [
+    type Toml = fn(u8, &str) -> String;
+    let families: [(&str, Toml); 2] = [
         ("gpt2", |stage, act| common::tiny_toml(stage, 2, act)),
         ("llama", |stage, act| common::tiny_llama_toml(stage, 2, act, true)),
     ];

@@ -259,7 +259,8 @@ fn masked(toml: String) -> String {
 fn document_mask_every_stage_matches_single_rank() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_documents(dir.path(), 97, 20_000, "train");
-    let families: [(&str, fn(u8, usize, &str) -> String); 2] =
+    type Toml = fn(u8, usize, &str) -> String;
+    let families: [(&str, Toml); 2] =
         [("gpt2", common::tiny_toml), ("llama", |stage, accum, act| common::tiny_llama_toml(stage, accum, act, false))];
     for (family, toml) in families {
         for world in [2usize, 3] {
