@@ -8,6 +8,9 @@
 //! MLP's GELU (see `Pass`). The GELU output, the second MLP GEMM's input, is recomputed
 //! by the backward from the pre-activation unless (`checkpointing.keep_gelu`) the block
 //! kept the forward's.
+//!
+//! With `data.document_mask` every micro-batch brings its document starts (`BatchTokens`):
+//! attention stays within documents and the learned positions restart at each.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::LinearExtent;

@@ -10,6 +10,9 @@
 //! gate/up projection before its backward. The SwiGLU output, the down projection's
 //! input, is recomputed by the backward from the gate/up values unless
 //! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
+//!
+//! With `data.document_mask` every micro-batch brings its document starts (`BatchTokens`):
+//! attention stays within documents and RoPE turns each token by its position in its document.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::LinearExtent;
