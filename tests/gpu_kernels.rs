@@ -1,7 +1,7 @@
 //! Every op of the CUDA backend against the CPU reference, a test per op group (and per
 //! Llama op: `rmsnorm`, `swiglu`, `rope`, `encoder_without_positions`,
-//! `cross_entropy_chunk`; document-aware attention: `attention_documents`, and `rope`
-//! within documents), on fresh random inputs (outputs poisoned with NaN first, so an
+//! `cross_entropy_chunk`; document-aware attention: `attention_documents`, `rope` and
+//! `encoder_documents` within documents), on fresh random inputs (outputs poisoned with NaN first, so an
 //! element the GPU never writes fails; parameter gradients both added to and written over
 //! NaN), forward and backward, at GPT-2 and Llama shapes and at odd ones; bit-for-bit
 //! repeat checks of the backward ops. (One training step of a small GPT through the real
@@ -30,7 +30,7 @@ fn kernels_build() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn encoder() {
-    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, true));
+    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, true, false));
 }
 
 /// The embedding with no position table (`EmbedLocs { wpe: None }`: Llama's, RoPE rotates
@@ -38,26 +38,58 @@ fn encoder() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn encoder_without_positions() {
-    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, false));
+    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, false, false));
 }
 
-/// The embedding against the CPU, with the position table (GPT-2) or without; forward
-/// (written over NaN), backward added to random gradients or written over NaN (fresh).
-fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, positions: bool) -> BResult<()> {
+/// GPT-2's learned positions within documents (`EmbedInputs::docs`, `data.document_mask`):
+/// random packed documents against the CPU, forward and backward (the position table's
+/// gradient grouped by position at upload); and starts all 0 give the plain op's bits.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn encoder_documents() {
+    gpu::check(|be, rng, rep| encoder_cases(be, rng, rep, true, true));
+}
+
+/// The embedding against the CPU, with the position table (GPT-2) or without, positions
+/// within random documents or not; forward (written over NaN), backward added to random
+/// gradients or written over NaN (fresh).
+fn encoder_cases(
+    be: &CudaBackend,
+    rng: &mut gpu::Rng,
+    rep: &mut gpu::Report,
+    positions: bool,
+    documents: bool,
+) -> BResult<()> {
     let cpu = CpuBackend::new();
     // GPT-2-like, odd (C % 8 != 0: the one-element path), and a Llama width.
     for &(b, t, c, v) in &[(4usize, 64usize, 768usize, 300usize), (3, 17, 36, 7), (2, 33, 2048, 500)] {
-        let tag = format!("encoder{} B{b} T{t} C{c} V{v}", if positions { "" } else { " (no wpe)" });
+        let tag = format!(
+            "encoder{}{} B{b} T{t} C{c} V{v}",
+            if positions { "" } else { " (no wpe)" },
+            if documents { " within documents" } else { "" }
+        );
         let (n, s) = (b * t, SeqShape { b, t, c });
         let wpe_len = if positions { t * c } else { 0 };
         let at = EmbedLocs { wte: Loc::new(0, v * c), wpe: positions.then(|| Loc::new(v * c, t * c)) };
         let params = rng.vec(v * c + wpe_len, 0.5);
         let toks = rng.below(n, v as u32);
+        // Documents of 1 to T/2 tokens, some crossing into the next sequence.
+        let lengths: Vec<usize> = rng.below(n, (t / 2) as u32).into_iter().map(|l| l as usize + 1).collect();
+        let docs = documents.then(|| doc_starts(&lengths, t, n));
+        let gdocs = match &docs {
+            Some(d) => {
+                let mut g = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+                be.upload_tokens(d, &mut g)?;
+                Some(g)
+            }
+            None => None,
+        };
         let mut out_c = cpu.alloc_buf(n * c, "")?;
-        cpu.encoder_fwd(&mut out_c, &toks, Weights::new(&params, at), s)?;
+        cpu.encoder_fwd(&mut out_c, EmbedInputs { tokens: &toks, docs: docs.as_ref() }, Weights::new(&params, at), s)?;
         let (gp, gt) = (up_buf(be, &params)?, up_tok(be, &toks)?);
+        let gx = EmbedInputs { tokens: &gt, docs: gdocs.as_ref() };
         let mut out_g = poisoned_buf(be, n * c)?;
-        be.encoder_fwd(&mut out_g, &gt, Weights::new(&gp, at), s)?;
+        be.encoder_fwd(&mut out_g, gx, Weights::new(&gp, at), s)?;
         rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&out_g, Loc::all(n * c))?, &out_c, TOL_BF16);
         // backward: += into random gradients, or written over NaN (fresh)
         let dout = rng.vec(n * c, 1.0);
@@ -66,19 +98,42 @@ fn encoder_cases(be: &CudaBackend, rng: &mut gpu::Rng, rep: &mut gpu::Report, po
             let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
             let g0 = rng.vec(v * c + wpe_len, 0.1);
             let mut gc = g0.clone();
-            cpu.encoder_bwd(WeightGrads { buf: &mut gc, at, fresh }, &dout, &toks, s)?;
+            let cx = EmbedInputs { tokens: &toks, docs: docs.as_ref() };
+            cpu.encoder_bwd(WeightGrads { buf: &mut gc, at, fresh }, &dout, cx, s)?;
             let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
-            let run = || -> BResult<Vec<f32>> {
+            let run = |x: EmbedInputs<'_, CudaBackend>| -> BResult<Vec<f32>> {
                 let mut gg = up_grad(be, &gpu0)?;
-                be.encoder_bwd(WeightGrads { buf: &mut gg, at, fresh }, &dg, &gt, s)?;
+                be.encoder_bwd(WeightGrads { buf: &mut gg, at, fresh }, &dg, x, s)?;
                 be.download_grad(&gg, Loc::all(gpu0.len()))
             };
-            let got = run()?;
+            let got = run(gx)?;
             rep.cmp(&tag, "dwte", &got[..v * c], &gc[..v * c], TOL_F32);
             if positions {
                 rep.cmp(&tag, "dwpe", &got[v * c..], &gc[v * c..], TOL_F32);
             }
-            rep.same_bits(&tag, "repeat", &run()?, &got);
+            rep.same_bits(&tag, "repeat", &run(gx)?, &got);
+            if documents {
+                // Starts all 0 (one document per sequence) take the grouped path: the plain bits.
+                let mut zeros = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+                be.upload_tokens(&vec![0; n], &mut zeros)?;
+                let plain = run(EmbedInputs { tokens: &gt, docs: None })?;
+                rep.same_bits(
+                    &tag,
+                    "starts all 0 vs no documents",
+                    &run(EmbedInputs { tokens: &gt, docs: Some(&zeros) })?,
+                    &plain,
+                );
+            }
+        }
+        if documents {
+            let mut zeros = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&vec![0; n], &mut zeros)?;
+            let fwd = |docs: Option<&DeviceTokens>| -> BResult<Vec<f32>> {
+                let mut out = poisoned_buf(be, n * c)?;
+                be.encoder_fwd(&mut out, EmbedInputs { tokens: &gt, docs }, Weights::new(&gp, at), s)?;
+                be.download_buf(&out, Loc::all(n * c))
+            };
+            rep.same_bits(&format!("{tag} fwd"), "starts all 0 vs no documents", &fwd(Some(&zeros))?, &fwd(None)?);
         }
     }
     Ok(())

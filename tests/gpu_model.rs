@@ -2,7 +2,8 @@
 //! the CPU backend: a small GPT-2 (head size 64: the tensor-core attention; an odd
 //! vocabulary: the staged head) and a small Llama (grouped-query attention, RoPE, RMSNorm,
 //! SwiGLU, the LM head in chunks) with a one-rank NCCL communicator, ZeRO stages 0 and 3 —
-//! the loss, every unit's gradient, and the parameters after one AdamW step.
+//! the loss, every unit's gradient, and the parameters after one AdamW step; both also on
+//! packed documents (`data.document_mask`).
 //! Ignored without `--include-ignored` (no GPU in CI).
 
 mod gpu;
@@ -11,7 +12,8 @@ use collectives::nccl::{nccl_unique_id, NcclComm};
 use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
-use trainer::model::{step_micro_loss, ModelFamily, ModelLayout, ModelOptions};
+use trainer::documents::DocumentMask;
+use trainer::model::{step_micro_loss, MicroBatch, ModelFamily, ModelLayout, ModelOptions};
 use trainer::optim::Hyper;
 use trainer::zero::{Engine, EngineOptions};
 use trainer::TrainError;
@@ -92,7 +94,8 @@ fn one_training_step_matches_the_cpu() {
             )?;
             geng.begin_step(be)?;
             let gloss =
-                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &MicroBatch::plain(&inputs, &targets), scale)
+                    .map_err(dev)?;
             rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
             if stage == 0 {
                 for (u, cg) in cgrads.iter().enumerate() {
@@ -180,8 +183,15 @@ fn one_llama_training_step_matches_the_cpu() {
                 let opts = ModelOptions { checkpointing: ckpt.clone(), loss_chunk_rows: 300, ..ModelOptions::batch(b) };
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
-                let gloss =
-                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                let gloss = step_micro_loss(
+                    gm.as_mut(),
+                    be,
+                    &mut geng,
+                    &mut gcomm,
+                    &MicroBatch::plain(&inputs, &targets),
+                    scale,
+                )
+                .map_err(dev)?;
                 rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
                 if stage == 0 {
                     for (u, cg) in cgrads.iter().enumerate() {
@@ -262,8 +272,15 @@ fn one_fp8_training_step_matches_the_cpu() {
                 let opts = ModelOptions { precision, checkpointing: ckpt, ..fp8.clone() };
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
-                let gloss =
-                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                let gloss = step_micro_loss(
+                    gm.as_mut(),
+                    be,
+                    &mut geng,
+                    &mut gcomm,
+                    &MicroBatch::plain(&inputs, &targets),
+                    scale,
+                )
+                .map_err(dev)?;
                 if precision == Precision::Bf16 {
                     let d = ((gloss - fp8_loss) / gloss).abs();
                     rep.check(
@@ -293,6 +310,118 @@ fn one_fp8_training_step_matches_the_cpu() {
     });
 }
 
+/// `n` ids below `eot` packed as documents of 1 to `max_len` tokens, each beginning with
+/// the end-of-text id `eot` (some crossing into the next sequence), as `prepare-data`'s
+/// shards hold them.
+fn packed_documents(rng: &mut gpu::Rng, n: usize, eot: u32, max_len: u32) -> Vec<u32> {
+    let mut ids = rng.below(n, eot);
+    let mut at = 0usize;
+    for l in rng.below(n, max_len) {
+        if at >= n {
+            break;
+        }
+        ids[at] = eot;
+        at += l as usize + 1;
+    }
+    ids
+}
+
+/// `data.document_mask`: one training step of the small GPT-2 (learned positions within
+/// documents) and the small untied Llama (RoPE and grouped-query attention within
+/// documents, the head in chunks) on packed documents against the CPU, ZeRO stages 0 and 3,
+/// then every block checkpointed (attention recomputed, then kept) bit for bit against the
+/// GPU's own stage-0 gradients; and with starts all 0 the bits of the unmasked model.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn document_mask_training_step_matches_the_cpu() {
+    gpu::check(|be, rng, rep| {
+        let models = [
+            ("GPT L2 C128 V1001 T256 B4", small_gpt(1001), 23u64),
+            ("Llama L2 C256 F384 untied", small_llama(false), 29),
+        ];
+        for (name, cfg, seed) in models {
+            let b = 4usize;
+            let (n, eot) = (b * cfg.seq_len, cfg.vocab_size as u32 - 1);
+            let layout = ModelLayout::new(&cfg);
+            let family = cfg.family;
+            let init = |l: &ModelLayout| {
+                let l2 = l.clone();
+                move |u, r: std::ops::Range<usize>| Ok(family.init_range(&l2, u, seed, Default::default(), r))
+            };
+            let (inputs, targets) = (packed_documents(rng, n, eot, 120), rng.below(n, cfg.vocab_size as u32));
+            let mut mask = DocumentMask::new(Some(eot), cfg.seq_len);
+            let batch = mask.batch(&inputs, &targets);
+            let docs = batch.docs.expect("masking on");
+            let documents = docs.iter().enumerate().filter(|&(r, &d)| d as usize == r % cfg.seq_len).count();
+            let scale = Some(1.0 / n as f32);
+            let masked = ModelOptions { document_mask: true, loss_chunk_rows: 300, ..ModelOptions::batch(b) };
+            let CpuStep { loss: closs, grads: cgrads, params: cparams } =
+                cpu_step_batch(&cfg, &masked, &mut init(&layout), &batch)?;
+            let id = nccl_unique_id().map_err(dev)?;
+            let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+            let plain = CheckpointingConfig::default();
+            let every = |keep_attention| CheckpointingConfig {
+                activations: ActivationCheckpointing::EveryLayer,
+                keep_attention,
+                keep_gelu: false,
+            };
+            let mut ggrads: Vec<Vec<f32>> = Vec::new();
+            for (stage, ckpt) in [(0u8, plain.clone()), (3, plain.clone()), (0, every(false)), (0, every(true))] {
+                let recompute = ckpt.activations == ActivationCheckpointing::EveryLayer;
+                let tag = format!(
+                    "document_mask step ({name}, {documents} documents) stage {stage}{}{}",
+                    if recompute { ", checkpointed" } else { "" },
+                    if ckpt.keep_attention { ", attention kept" } else { "" },
+                );
+                let mut geng =
+                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init(&layout)))
+                        .map_err(dev)?;
+                let opts = ModelOptions { checkpointing: ckpt.clone(), ..masked.clone() };
+                let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
+                geng.begin_step(be)?;
+                let gloss = step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &batch, scale).map_err(dev)?;
+                rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 5e-3);
+                if stage == 0 {
+                    for (u, cg) in cgrads.iter().enumerate() {
+                        let gg = geng.local_grads_host(be, u).map_err(dev)?;
+                        rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
+                        if recompute {
+                            rep.same_bits(&tag, &format!("grad unit {u} vs no checkpointing"), &gg, &ggrads[u]);
+                        } else {
+                            ggrads.push(gg);
+                        }
+                    }
+                }
+                geng.step(be, &mut gcomm, HYPER, 1).map_err(dev)?;
+                for (u, cp) in cparams.iter().enumerate() {
+                    let gp = geng.full_params_host(be, &mut gcomm, u).map_err(dev)?;
+                    rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+                }
+            }
+            // Starts all 0 (one document per sequence): the unmasked model's loss and gradients.
+            let zeros = vec![0u32; n];
+            let tag = format!("document_mask step ({name}), starts all 0 vs document_mask = false");
+            let unmasked = ModelOptions { document_mask: false, ..masked.clone() };
+            let mut got: Vec<Vec<f32>> = Vec::new();
+            for (opts, docs) in [(&masked, Some(&zeros[..])), (&unmasked, None)] {
+                let mut geng = Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init(&layout)))
+                    .map_err(dev)?;
+                let mut gm = cfg.family.build(be, &layout, opts, &mut geng.ledger)?;
+                geng.begin_step(be)?;
+                let one = MicroBatch { inputs: &inputs, targets: &targets, docs };
+                let loss = step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &one, scale).map_err(dev)?;
+                let mut all = vec![loss as f32];
+                for u in 0..geng.num_units() {
+                    all.extend(geng.local_grads_host(be, u).map_err(dev)?);
+                }
+                got.push(all);
+            }
+            rep.same_bits(&tag, "loss and every gradient", &got[0], &got[1]);
+        }
+        Ok(())
+    });
+}
+
 /// The CPU reference of one micro-step and one AdamW step (`HYPER`) at ZeRO stage 0: the
 /// loss, each unit's gradient, each unit's parameters after the step.
 type UnitInit<'a> = dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> + 'a;
@@ -314,13 +443,23 @@ fn cpu_step_with(
     inputs: &[u32],
     targets: &[u32],
 ) -> Result<CpuStep, trainer::backend::BackendError> {
+    cpu_step_batch(cfg, opts, init, &MicroBatch::plain(inputs, targets))
+}
+
+/// [`cpu_step_with`] on a whole micro-batch (e.g. with document starts).
+fn cpu_step_batch(
+    cfg: &ModelConfig,
+    opts: &ModelOptions,
+    init: &mut UnitInit<'_>,
+    batch: &MicroBatch<'_>,
+) -> Result<CpuStep, trainer::backend::BackendError> {
     let (cpu, layout) = (CpuBackend::new(), ModelLayout::new(cfg));
-    let scale = Some(1.0 / inputs.len() as f32);
+    let scale = Some(1.0 / batch.inputs.len() as f32);
     let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
     let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;
     let mut m = cfg.family.build(&cpu, &layout, opts, &mut eng.ledger)?;
     eng.begin_step(&cpu)?;
-    let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, inputs, targets, scale).map_err(dev)?;
+    let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, batch, scale).map_err(dev)?;
     let grads: Vec<Vec<f32>> =
         (0..eng.num_units()).map(|u| eng.local_grads_host(&cpu, u)).collect::<Result<_, _>>().map_err(dev)?;
     eng.step(&cpu, &mut comm, HYPER, 1).map_err(dev)?;
@@ -364,7 +503,8 @@ fn timed_gemm_tuning_matches_the_cpu() {
         let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
         eng.begin_step(be)?;
         let scale = Some(1.0 / n as f32);
-        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &inputs, &targets, scale).map_err(dev)?;
+        let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale)
+            .map_err(dev)?;
         rep.cmp(tag, "loss", &[loss as f32], &[closs as f32], 5e-3);
         for (u, cg) in cgrads.iter().enumerate() {
             let gg = eng.local_grads_host(be, u).map_err(dev)?;
@@ -393,7 +533,8 @@ fn timed_gemm_tuning_matches_the_cpu() {
 
 /// A CUDA graph of one micro-step (recorded after an eager warm-up, then replayed) gives
 /// the same loss and gradient bits as running the same micro-steps eagerly, on ZeRO stages
-/// 0 and 3, in bf16 and (on Hopper) FP8 — what `train.cuda_graphs` relies on.
+/// 0 and 3, in bf16 and (on Hopper) FP8, and in bf16 with `data.document_mask` (each batch
+/// its own documents) — what `train.cuda_graphs` relies on.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn graph_replay_matches_eager_micro_steps() {
@@ -404,16 +545,24 @@ fn graph_replay_matches_eager_micro_steps() {
         let (b, seed) = (4usize, 5u64);
         let n = b * cfg.seq_len;
         let layout = ModelLayout::new(&cfg);
+        // Each batch with its own documents (`data.document_mask` runs): the recording must
+        // read the starts uploaded before each replay, not the first batch's.
         let batches: Vec<(Vec<u32>, Vec<u32>)> =
-            (0..4).map(|_| (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32))).collect();
+            (0..4).map(|_| (packed_documents(rng, n, 1023, 300), rng.below(n, cfg.vocab_size as u32))).collect();
+        let mut masks: Vec<DocumentMask> = (0..4).map(|_| DocumentMask::new(Some(1023), cfg.seq_len)).collect();
         let scale = Some(1.0 / (4 * n) as f32);
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
         use trainer::backend::{MatmulOps, Precision};
         let precisions: &[Precision] =
             if be.fp8_support().is_ok() { &[Precision::Bf16, Precision::Fp8] } else { &[Precision::Bf16] };
-        for (&precision, stage) in precisions.iter().flat_map(|p| [(p, 0u8), (p, 3)]) {
-            let tag = format!("graph replay (GPT L2 C128 T256 B4) stage {stage} {precision:?}");
+        let runs = precisions.iter().flat_map(|&p| [(p, 0u8, false), (p, 3, false)]);
+        let masked = [(Precision::Bf16, 0u8, true), (Precision::Bf16, 3, true)];
+        for (precision, stage, document_mask) in runs.chain(masked) {
+            let tag = format!(
+                "graph replay (GPT L2 C128 T256 B4) stage {stage} {precision:?}{}",
+                if document_mask { ", document_mask" } else { "" }
+            );
             let mut out: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
             for graphs in [false, true] {
                 let mut eng = Engine::new(
@@ -425,17 +574,18 @@ fn graph_replay_matches_eager_micro_steps() {
                     Some(&mut gpt2_init(&layout, seed)),
                 )
                 .map_err(dev)?;
-                let opts = ModelOptions { precision, ..ModelOptions::batch(b) };
+                let opts = ModelOptions { precision, document_mask, ..ModelOptions::batch(b) };
                 let mut m = cfg.family.build(be, &layout, &opts, &mut eng.ledger)?;
                 eng.begin_step(be)?;
                 eng.set_final_micro(false);
                 let mut graph = None;
-                for (k, (inp, tgt)) in batches.iter().enumerate() {
+                for (k, ((inp, tgt), mask)) in batches.iter().zip(masks.iter_mut()).enumerate() {
+                    let batch = if document_mask { mask.batch(inp, tgt) } else { MicroBatch::plain(inp, tgt) };
                     if !graphs || k == 0 {
-                        step_micro(m.as_mut(), be, &mut eng, &mut comm, inp, tgt, scale).map_err(dev)?;
+                        step_micro(m.as_mut(), be, &mut eng, &mut comm, &batch, scale).map_err(dev)?;
                         continue;
                     }
-                    m.load_batch(be, inp, tgt)?;
+                    m.load_batch(be, &batch)?;
                     match &graph {
                         Some(g) => {
                             be.replay(g)?;
@@ -519,10 +669,11 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
                         let (inp, tgt) = &batches[step * accum + micro];
                         eng.set_final_micro(false);
                         if !graphs || step == 0 {
-                            step_micro(m.as_mut(), be, &mut eng, &mut comm, inp, tgt, scale).map_err(dev)?;
+                            step_micro(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(inp, tgt), scale)
+                                .map_err(dev)?;
                             continue;
                         }
-                        m.load_batch(be, inp, tgt)?;
+                        m.load_batch(be, &MicroBatch::plain(inp, tgt))?;
                         eng.await_pending(be, &mut comm).map_err(dev)?;
                         let before = eng.micro_state();
                         let first = micro == 0;

@@ -7,7 +7,7 @@ use collectives::tcp::TcpComm;
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::backend::RopeScaling;
 use trainer::config::ModelConfig;
-use trainer::model::{step_micro_loss, ModelFamily, ModelLayout, ModelOptions};
+use trainer::model::{step_micro_loss, MicroBatch, ModelFamily, ModelLayout, ModelOptions};
 use trainer::zero::{Engine, EngineOptions};
 
 #[test]
@@ -55,10 +55,10 @@ fn check(cfg: ModelConfig, loss_chunk_rows: usize) {
     let n = b * cfg.seq_len;
     let inputs: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % 11).collect();
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % 11).collect();
+    let batch = MicroBatch::plain(&inputs, &targets);
 
     eng.begin_step(&be).expect("begin");
-    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(1.0 / n as f32))
-        .expect("fwd/bwd");
+    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &batch, Some(1.0 / n as f32)).expect("fwd/bwd");
     let grads: Vec<Vec<f32>> = (0..eng.num_units()).map(|u| eng.local_grads_host(&be, u).expect("grads")).collect();
     let params: Vec<Vec<f32>> =
         (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
@@ -77,11 +77,9 @@ fn check(cfg: ModelConfig, loss_chunk_rows: usize) {
                 let at = t.loc.off + i;
                 let orig = params[u][at];
                 eng.set_param(&be, u, at, orig + h).expect("set");
-                let lp =
-                    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
+                let lp = step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &batch, None).expect("fwd");
                 eng.set_param(&be, u, at, orig - h).expect("set");
-                let lm =
-                    step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, None).expect("fwd");
+                let lm = step_micro_loss(model.as_mut(), &be, &mut eng, &mut comm, &batch, None).expect("fwd");
                 eng.set_param(&be, u, at, orig).expect("set");
                 let numeric = ((lp - lm) / (2.0 * h as f64)) as f32;
                 let analytic = grads[u][at];

@@ -327,6 +327,12 @@ fn prepared_text_trains_with_the_gpt2_vocabulary() {
     prep.assert_success();
     assert!(prep.stdout().contains("wrote"), "{}", prep.stdout());
     assert!(shards.join("story_train_000000.bin").is_file());
+    // A .txt file is one document: too few for a validation split by documents, and it says so.
+    assert!(
+        prep.stdout().contains("warning: no validation split") && prep.stdout().contains("--txt-docs"),
+        "{}",
+        prep.stdout()
+    );
 
     let job = Job::new();
     let args = [
@@ -1851,6 +1857,8 @@ fn prepare_data_into_a_directory_with_shards_is_refused_unless_appended() {
     let shards = dir.path().join("shards");
     let prep = |input: &Path, extra: &[&str]| {
         let mut args = vec!["prepare-data".to_string(), input.display().to_string(), shards.display().to_string()];
+        // A document per line: enough documents for a validation split.
+        args.extend(["--txt-docs".to_string(), "line".to_string()]);
         args.extend(extra.iter().map(|s| s.to_string()));
         run_launcher(&args, &[])
     };
@@ -1922,4 +1930,136 @@ fn resume_of_a_directory_that_is_not_a_checkpoint_says_so() {
     // The run directory itself.
     let e = resume(&job.out());
     assert!(e.contains("is a run directory, not a checkpoint") && e.contains("--resume latest"), "{e}");
+}
+
+/// A WordLevel tokenizer.json of `n` words `w0`, `w1`, ... with `<|endoftext|>` as word 1.
+fn wordlevel_tokenizer(n: usize) -> String {
+    let mut vocab = serde_json::Map::new();
+    for i in 0..n {
+        let w = if i == 1 { "<|endoftext|>".to_string() } else { format!("w{i}") };
+        vocab.insert(w, serde_json::json!(i));
+    }
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 1, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    })
+    .to_string()
+}
+
+/// `prepare-data INPUT OUT_DIR extra...`, asserted to succeed.
+fn prepare(input: &Path, out: &Path, extra: &[&str]) -> Run {
+    let mut args = vec!["prepare-data".to_string(), input.display().to_string(), out.display().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let run = run_launcher(&args, &[]);
+    run.assert_success();
+    run
+}
+
+#[test]
+fn a_vocabulary_too_small_for_the_shards_is_refused_naming_both() {
+    let job = Job::new();
+    let dir = job.dir.path();
+    let tok = dir.join("big");
+    std::fs::create_dir_all(&tok).expect("mkdir");
+    std::fs::write(tok.join("tokenizer.json"), wordlevel_tokenizer(70_000)).expect("tokenizer");
+    let text: String = (0..300).map(|i| format!("w{} w{} w3\n", 2 + i * 211 % 69_000, i % 90 + 2)).collect();
+    std::fs::write(dir.join("ids.txt"), text).expect("text");
+    let shards = dir.join("shards");
+    let tokenizer = tok.display().to_string();
+    let prep = prepare(&dir.join("ids.txt"), &shards, &["--tokenizer", &tokenizer, "--txt-docs", "line"]);
+    assert!(
+        prep.stdout().contains("ids stored as u32") && prep.stdout().contains("model.vocab_size=70000"),
+        "{}",
+        prep.stdout()
+    );
+
+    let data = format!("data.path='{}'", shards.display());
+    let run = job.run(1, &["--set", &data], &[]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    let stderr = run.stderr();
+    for needle in ["model.vocab_size = 97", "big/tokenizer.json", "70000", &shards.display().to_string()] {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert!(!job.out().join("logs/rank0.log").exists(), "refused before any rank started");
+}
+
+#[test]
+fn shards_of_another_tokenizer_than_init_from_are_refused_naming_both() {
+    let job = Job::new();
+    let dir = job.dir.path();
+    let text: String = (0..200).map(|i| format!("w{} w{} w4\n", i % 9 + 2, i % 7 + 2)).collect();
+    std::fs::write(dir.join("t.txt"), text).expect("text");
+    let hf = dir.join("hf-model");
+    std::fs::create_dir_all(&hf).expect("mkdir");
+    std::fs::write(hf.join("tokenizer.json"), wordlevel_tokenizer(50)).expect("tokenizer");
+    let gpt2 = dir.join("gpt2-shards");
+    prepare(&dir.join("t.txt"), &gpt2, &["--txt-docs", "line"]);
+
+    let launch = |shards: &Path| {
+        let data = format!("data.path='{}'", shards.display());
+        let init = format!("train.init_from='{}'", hf.display());
+        job.run(1, &["--set", &data, "--set", &init, "--set", "model.vocab_size=50304"], &[])
+    };
+    let run = launch(&gpt2);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    let stderr = run.stderr();
+    for needle in ["tokenised with gpt2", "hf-model/tokenizer.json", "another tokenizer", "--tokenizer"] {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    assert!(!job.out().join("logs/rank0.log").exists(), "refused before any rank started");
+
+    // Shards of the folder's own tokenizer pass that check (the folder has no weights: refused for that).
+    let own = dir.join("own-shards");
+    prepare(&dir.join("t.txt"), &own, &["--txt-docs", "line", "--tokenizer", &hf.display().to_string()]);
+    let run = launch(&own);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(!run.stderr().contains("another tokenizer"), "{}", run.stderr());
+}
+
+#[test]
+fn prepare_data_refuses_a_bad_record_when_asked_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("web.jsonl");
+    std::fs::write(&input, "{\"text\": \"fine\"}\n{\"text\": 3}\n").expect("write");
+    let out = dir.path().join("out");
+    let args = ["prepare-data", &input.display().to_string(), &out.display().to_string(), "--on-bad", "refuse"];
+    let run = launcher(&args);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("web.jsonl: line 2: field \"text\" is a number"), "{}", run.stderr());
+    assert!(!out.exists());
+    // Skipped by default, and said.
+    let run = prepare(&input, &out, &[]);
+    assert!(run.stdout().contains("skipped 1 malformed record (--on-bad skip):\n  "), "{}", run.stdout());
+}
+
+#[test]
+fn prepare_data_output_is_plain_off_a_terminal_and_survives_a_closed_stdout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let docs: String = (0..3000)
+        .map(|i| serde_json::json!({"text": format!("Document {i} about owls and foxes.")}).to_string() + "\n")
+        .collect();
+    std::fs::write(d.join("a.jsonl"), &docs).expect("write");
+    std::fs::write(d.join("b.txt"), "One more document.").expect("write");
+    let pattern = d.join("*.jsonl").display().to_string();
+    let run = launcher(&[
+        "prepare-data",
+        &pattern,
+        &d.join("b.txt").display().to_string(),
+        &d.join("out").display().to_string(),
+    ]);
+    run.assert_success();
+    let stdout = run.stdout();
+    assert!(stdout.contains("from 3001 document(s) of 2 input file(s)"), "{stdout}");
+    assert!(!stdout.contains('\u{1b}') && !stdout.contains('\r'), "no terminal control codes in a pipe: {stdout:?}");
+    // `| head -1`: stdout closes after the first line; the run still finishes and writes everything.
+    let exe = env!("CARGO_BIN_EXE_launcher");
+    let out2 = d.join("out2");
+    let script = format!("'{exe}' prepare-data '{pattern}' '{}' | head -1; exit ${{PIPESTATUS[0]}}", out2.display());
+    let status = Command::new("bash").arg("-c").arg(&script).stdin(Stdio::null()).output().expect("bash");
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    assert!(out2.join("dataset.json").is_file() && out2.join("data_train_000000.bin").is_file());
 }

@@ -57,6 +57,37 @@ fn llama_prediction_equals_measured_ledger_on_every_stage() {
     }
 }
 
+/// `data.document_mask`: the document starts' buffer (4 bytes a token) is predicted exactly,
+/// GPT-2 and Llama, every stage, checkpointing or not, and it is all the mask adds.
+#[test]
+fn document_mask_prediction_equals_measured_ledger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_documents(dir.path(), 97, 20_000, "train");
+    type Toml = fn(u8, &str) -> String;
+    let families: [(&str, Toml); 2] = [
+        ("gpt2", |stage, act| common::tiny_toml(stage, 2, act)),
+        ("llama", |stage, act| common::tiny_llama_toml(stage, 2, act, true)),
+    ];
+    for (family, toml) in families {
+        for stage in 0..=3u8 {
+            for act in ["\"none\"", KEEP_ATTENTION] {
+                let text = toml(stage, act).replace("[zero]", "[data]\ndocument_mask = true\n\n[zero]");
+                let cfg = Config::from_toml_str(&text, "test").expect("cfg");
+                let got = measured(&cfg, 2, &data);
+                let plain = Config::from_toml_str(&toml(stage, act), "test").expect("cfg");
+                for (rank, m) in got.iter().enumerate() {
+                    let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+                    assert_eq!(&p, m, "{family} document_mask stage {stage} {act} rank {rank}: predicted vs measured");
+                    let without = predict(&plain, 2, rank, DeviceModel::cpu()).expect("predict");
+                    let starts = (cfg.train.micro_batch * cfg.model.seq_len * 4) as u64;
+                    assert_eq!(m.current.workspace, without.current.workspace + starts, "{family} stage {stage}");
+                    assert_eq!(m.current.total(), without.current.total() + starts, "{family} stage {stage}");
+                }
+            }
+        }
+    }
+}
+
 /// The planner runs at most three micro-steps (first, middle, last): a real run of five
 /// records the same ledger, on every stage.
 #[test]

@@ -164,7 +164,7 @@ fn all_params<C: trainer::zero::EngineComm<CpuBackend>>(
 /// model failed to write would carry the last step's gradient into this one's update).
 #[test]
 fn written_gradients_match_cleared_ones() {
-    use trainer::model::step_micro;
+    use trainer::model::{step_micro, MicroBatch};
     use trainer::optim::Hyper;
     for (world, accum) in [(1usize, 1usize), (1, 2), (2, 1), (2, 3)] {
         for stage in 0..4u8 {
@@ -187,8 +187,15 @@ fn written_gradients_match_cleared_ones() {
                             for micro in 0..accum {
                                 let (inputs, targets) = hand_batch(n, step, micro, rank);
                                 eng.set_final_micro(micro + 1 == accum);
-                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
-                                    .expect("micro");
+                                step_micro(
+                                    model.as_mut(),
+                                    &be,
+                                    &mut eng,
+                                    &mut comm,
+                                    &MicroBatch::plain(&inputs, &targets),
+                                    Some(dloss),
+                                )
+                                .expect("micro");
                             }
                             let h = Hyper {
                                 lr: 1e-3,
@@ -237,6 +244,74 @@ fn checkpointing_every_k_matches_none() {
         assert_eq!(a.losses, b.losses, "{act}");
         assert_eq!(a.params, b.params, "{act}");
     }
+}
+
+/// [`tiny_toml`](common::tiny_toml) or its Llama with `data.document_mask = true`.
+fn masked(toml: String) -> String {
+    toml.replace("[zero]", "[data]\ndocument_mask = true\n\n[zero]")
+}
+
+/// `data.document_mask` (documents begin with the shards' end-of-text id every 24 tokens, so
+/// windows of 16 hold one or two boundaries): every stage on 2 and 3 ranks reproduces the
+/// single-rank stage-0 run at the same global batch, GPT-2 and Llama, with checkpointing
+/// (the recompute within documents too); and the mask changes the losses.
+#[test]
+fn document_mask_every_stage_matches_single_rank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_documents(dir.path(), 97, 20_000, "train");
+    type Toml = fn(u8, usize, &str) -> String;
+    let families: [(&str, Toml); 2] =
+        [("gpt2", common::tiny_toml), ("llama", |stage, accum, act| common::tiny_llama_toml(stage, accum, act, false))];
+    for (family, toml) in families {
+        for world in [2usize, 3] {
+            let accum = 2;
+            let reference = run_toml(1, masked(toml(0, accum * world, "\"none\"")), &data);
+            let unmasked = run_toml(1, toml(0, accum * world, "\"none\""), &data);
+            assert_ne!(reference.losses, unmasked.losses, "{family}: the mask must change the losses");
+            let runs = [
+                (0u8, "\"none\""),
+                (1, "\"none\""),
+                (2, "\"none\""),
+                (3, "\"none\""),
+                (3, KEEP_ATTENTION),
+                (2, "\"every_layer\""),
+            ];
+            for (stage, act) in runs {
+                let got = run_toml(world, masked(toml(stage, accum, act)), &data);
+                let name = format!("{family} document_mask world {world} stage {stage} checkpointing {act}");
+                assert_matches(&name, &got, &reference);
+            }
+        }
+    }
+}
+
+/// Validation loss within documents too: agreed by every rank and by one rank alone, and
+/// not the unmasked one.
+#[test]
+fn validation_loss_with_document_mask_matches_across_world_sizes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::write_synthetic_documents(dir.path(), 97, 20_000, "train");
+    common::write_synthetic_documents(dir.path(), 97, 4_000, "val");
+    let val_losses = |world: usize, stage: u8, mask: bool| -> Vec<f64> {
+        let toml = common::tiny_toml(stage, 2 / world, "\"none\"");
+        let mut cfg = Config::from_toml_str(&if mask { masked(toml) } else { toml }, "t").expect("cfg");
+        cfg.train.eval_every = 2;
+        cfg.train.eval_batches = 2 / world;
+        let dir_path = dir.path().to_path_buf();
+        let vals: Vec<Vec<f64>> = common::run_ranks(world, move |rank, mut comm| {
+            let be = CpuBackend::new();
+            let mut tr = Trainer::new(&cfg, &be, rank, world, &dir_path).expect("trainer");
+            (0..cfg.train.steps).filter_map(|_| tr.train_step(&be, &mut comm).expect("step").val_loss).collect()
+        });
+        assert!(vals.iter().all(|v| v == &vals[0] && v.len() == 2), "ranks agree: {vals:?}");
+        vals[0].clone()
+    };
+    let one = val_losses(1, 0, true);
+    let two = val_losses(2, 3, true);
+    for (a, b) in one.iter().zip(&two) {
+        assert!(a.is_finite() && ((a - b) / a).abs() <= LOSS_RTOL, "validation loss {a} on one rank vs {b} on two");
+    }
+    assert_ne!(one, val_losses(1, 0, false), "the mask must change the validation loss");
 }
 
 #[test]
@@ -365,7 +440,7 @@ fn delayed_update_is_the_same_schedule_on_every_stage_and_world() {
 #[test]
 fn recorded_micro_steps_compute_what_eager_ones_do() {
     use std::collections::HashMap;
-    use trainer::model::{run_micro, step_micro};
+    use trainer::model::{run_micro, step_micro, MicroBatch};
     use trainer::optim::Hyper;
     let (world, accum, steps) = (2usize, 3usize, 3usize);
     for stage in 0..4u8 {
@@ -390,13 +465,20 @@ fn recorded_micro_steps_compute_what_eager_ones_do() {
                             let (first, last) = (micro == 0, micro + 1 == accum);
                             if !recorded {
                                 eng.set_final_micro(last);
-                                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &inputs, &targets, Some(dloss))
-                                    .expect("micro");
+                                step_micro(
+                                    model.as_mut(),
+                                    &be,
+                                    &mut eng,
+                                    &mut comm,
+                                    &MicroBatch::plain(&inputs, &targets),
+                                    Some(dloss),
+                                )
+                                .expect("micro");
                                 continue;
                             }
                             let key = eng.micro_key(first, last);
                             eng.set_final_micro(key.last);
-                            model.load_batch(&be, &inputs, &targets).expect("batch");
+                            model.load_batch(&be, &MicroBatch::plain(&inputs, &targets)).expect("batch");
                             eng.await_pending(&be, &mut comm).expect("await");
                             let before = eng.micro_state();
                             run_micro(model.as_mut(), &be, &mut eng, &mut comm, Some(dloss)).expect("micro");

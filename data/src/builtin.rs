@@ -14,14 +14,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::dataset::Split;
+use crate::documents::ENDOFTEXT;
 use crate::error::{io_err, DataError, Result};
-use crate::prepare::{prepare_str, ValSplit, ENDOFTEXT};
 use crate::rng::SplitMix64;
 use crate::shard::{unique_suffix, TokenShard};
+use crate::text::{prepare_str, ValSplit};
 
-/// Bump whenever the generator, the tokenisation or the split changes: directories
-/// prepared by an older version are then regenerated.
-pub const BUILTIN_VERSION: u32 = 1;
+/// Bump whenever the generator, the tokenisation, the split or the shard files change:
+/// directories prepared by an older version are then regenerated (2: shards carry the
+/// tokenizer record and a document index).
+pub const BUILTIN_VERSION: u32 = 2;
 /// The seed [`ensure_builtin_dataset`] generates with.
 pub const BUILTIN_SEED: u64 = 20240520;
 /// The dataset name: shards are `builtin_val_000000.bin` and `builtin_train_000000.bin`.
@@ -418,7 +420,7 @@ fn is_current(dir: &Path) -> bool {
 /// Files a built-in dataset directory may hold (so it may be replaced when stale).
 fn is_builtin_file(name: &str) -> bool {
     name == MANIFEST
-        || (name.starts_with(&format!("{BUILTIN_NAME}_")) && name.ends_with(".bin"))
+        || (name.starts_with(&format!("{BUILTIN_NAME}_")) && (name.ends_with(".bin") || name.ends_with(".idx")))
         || name.starts_with('.')
 }
 
@@ -564,7 +566,9 @@ mod tests {
         eprintln!("built-in: {} train tokens, {} val tokens", train.total_tokens(), val.total_tokens());
         assert!(train.total_tokens() > 50_000 && val.total_tokens() > 16_384);
         assert!((train.max_token() as usize) < GPT2_VOCAB);
-        assert!(train.shards()[0].tokens().contains(&EOT_TOKEN));
+        assert!(train.shards()[0].ids().iter().any(|t| t == u32::from(EOT_TOKEN)));
+        assert_eq!(train.shards()[0].info().map(|i| i.tokenizer.as_str()), Some("gpt2"));
+        assert!(train.shards()[0].doc_starts().is_some_and(|d| d.len() > 100));
         assert_eq!(val.val_batches(4, 1024, 4).unwrap().len(), 4);
         BatchSampler::new(train, 1024, 0).unwrap();
 

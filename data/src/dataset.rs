@@ -4,6 +4,8 @@
 //! `Dataset::open` accepts a directory (llm.c convention: shards whose file name
 //! contains `train` or `val`, e.g. `name_train_000000.bin`, `name_val_000000.bin`),
 //! a single shard file, or a pattern with `*`/`?` in its file name (`dir/name_train_*.bin`).
+//! Shards of both widths may be mixed; shards whose headers name different tokenizers may
+//! not ([`DataError::MixedTokenizers`]).
 
 use std::fmt;
 use std::fs;
@@ -11,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::{io_err, DataError, Result};
-use crate::shard::TokenShard;
+use crate::ids::Ids;
+use crate::shard::{ShardInfo, TokenShard};
 
 /// Which half of a prepared dataset to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,7 +63,7 @@ pub struct Dataset {
     source: PathBuf,
     split: Split,
     shards: Vec<TokenShard>,
-    max_token: OnceLock<u16>,
+    max_token: OnceLock<u32>,
 }
 
 impl Dataset {
@@ -110,7 +113,9 @@ impl Dataset {
             return Err(DataError::NotFound { path: path.to_owned() });
         };
         let shards = files.iter().map(TokenShard::open).collect::<Result<Vec<_>>>()?;
-        Ok(Dataset { source: path.to_owned(), split, shards, max_token: OnceLock::new() })
+        let dataset = Dataset { source: path.to_owned(), split, shards, max_token: OnceLock::new() };
+        dataset.tokenizer()?;
+        Ok(dataset)
     }
 
     /// Build a dataset from shards already opened (kept in the given order).
@@ -138,10 +143,36 @@ impl Dataset {
         self.shards.iter().map(TokenShard::len).sum()
     }
 
-    /// The largest token id present (0 for an empty dataset). Scans every token the first
-    /// time, then is cached; compare it against the model's vocabulary size.
-    pub fn max_token(&self) -> u16 {
-        *self.max_token.get_or_init(|| self.shards.iter().flat_map(|s| s.tokens().iter().copied()).max().unwrap_or(0))
+    /// The largest token id present (0 for an empty dataset): from the headers of shards
+    /// that record it, by scanning the others (once, then cached); compare it against the
+    /// model's vocabulary size.
+    pub fn max_token(&self) -> u32 {
+        *self.max_token.get_or_init(|| self.shards.iter().filter_map(TokenShard::max_id).max().unwrap_or(0))
+    }
+
+    /// The tokenizer record its shards share (`None` when no shard has one: llm.c's or
+    /// older shards); errors when two shards name different tokenizers.
+    pub fn tokenizer(&self) -> Result<Option<&ShardInfo>> {
+        let mut first: Option<&TokenShard> = None;
+        for s in &self.shards {
+            let Some(info) = s.info() else { continue };
+            match first {
+                None => first = Some(s),
+                Some(f) => {
+                    let theirs = f.info().map_or(0, |i| i.fingerprint);
+                    if theirs != info.fingerprint {
+                        return Err(DataError::MixedTokenizers {
+                            dir: self.source.clone(),
+                            first: f.path().display().to_string(),
+                            first_name: f.info().map(|i| i.tokenizer.clone()).unwrap_or_default(),
+                            second: s.path().display().to_string(),
+                            second_name: info.tokenizer.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(first.and_then(TokenShard::info))
     }
 
     /// Walk the shards in order in fixed, non-overlapping windows of `seq_len` tokens
@@ -196,7 +227,7 @@ fn list_dir(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
 }
 
 /// Shell-style match of `name` against `pattern` (`*` = any run, `?` = any one character).
-fn wildcard_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn wildcard_match(pattern: &str, name: &str) -> bool {
     let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
     let (mut pi, mut ni) = (0, 0);
     let mut backtrack: Option<(usize, usize)> = None;
@@ -258,8 +289,8 @@ impl ValBatches<'_> {
                 self.shard += 1;
                 self.offset = 0;
             }
-            let toks = &self.dataset.shards[self.shard].tokens()[self.offset..self.offset + t + 1];
-            fill_row(toks, inp, tgt);
+            let window = self.dataset.shards[self.shard].ids().slice(self.offset..self.offset + t + 1);
+            fill_row(window, inp, tgt);
             self.offset += t;
         }
         self.remaining -= 1;
@@ -288,13 +319,11 @@ impl Iterator for ValBatches<'_> {
 impl ExactSizeIterator for ValBatches<'_> {}
 
 /// `window` holds `seq_len + 1` tokens: inputs are the first `seq_len`, targets the last.
-pub(crate) fn fill_row(window: &[u16], inputs: &mut [u32], targets: &mut [u32]) {
-    for (o, &t) in inputs.iter_mut().zip(window) {
-        *o = t as u32;
-    }
-    for (o, &t) in targets.iter_mut().zip(&window[1..]) {
-        *o = t as u32;
-    }
+/// One match on the width per row; each arm is the plain copy loop.
+pub(crate) fn fill_row(window: Ids<'_>, inputs: &mut [u32], targets: &mut [u32]) {
+    let n = inputs.len();
+    window.slice(0..n).copy_to_u32(inputs);
+    window.slice(1..n + 1).copy_to_u32(targets);
 }
 
 #[cfg(test)]
@@ -347,6 +376,33 @@ mod tests {
         assert_eq!(one.total_tokens(), 20);
         let pat = Dataset::open(d.join("n_*_000000.bin"), Split::Train).unwrap();
         assert_eq!(pat.total_tokens(), 17);
+    }
+
+    #[test]
+    fn widths_mix_but_tokenizers_do_not() {
+        use crate::shard::write_shard_ids;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let info = |fp: u64, max: u32| ShardInfo {
+            vocab_size: 200_000,
+            eot_id: 1,
+            max_id: Some(max),
+            fingerprint: fp,
+            tokenizer: format!("tok{fp}"),
+        };
+        write_shard_ids(d.join("a_train_000000.bin"), Ids::U32(&[1, 150_000, 3]), Some(&info(7, 150_000)), None)
+            .unwrap();
+        write_shard(d.join("b_train_000000.bin"), &seq(10, 5)).unwrap();
+        let train = Dataset::open(d, Split::Train).unwrap();
+        assert_eq!((train.total_tokens(), train.max_token()), (8, 150_000));
+        assert_eq!(train.tokenizer().unwrap().map(|i| i.fingerprint), Some(7));
+        let (mut inp, mut tgt) = (vec![0; 2], vec![0; 2]);
+        fill_row(train.shards()[0].ids(), &mut inp, &mut tgt);
+        assert_eq!((inp, tgt), (vec![1, 150_000], vec![150_000, 3]));
+        write_shard_ids(d.join("c_train_000000.bin"), Ids::U16(&[1, 2]), Some(&info(8, 2)), None).unwrap();
+        let e = Dataset::open(d, Split::Train).unwrap_err();
+        assert!(matches!(e, DataError::MixedTokenizers { .. }), "{e}");
+        assert!(e.to_string().contains("tok7") && e.to_string().contains("tok8"), "{e}");
     }
 
     #[test]

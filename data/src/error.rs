@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::shard::{HEADER_BYTES, MAGIC, VERSION};
+use crate::shard::{HEADER_BYTES, MAGIC, MAGIC_U32};
 
 /// Everything that can go wrong reading, writing, sampling or preparing token data.
 #[derive(Debug, thiserror::Error)]
@@ -30,19 +30,28 @@ pub enum DataError {
 
     /// The header's first int is not the llm.c magic number.
     #[error(
-        "{} is not an llm.c token shard: its header magic is {found}, expected {MAGIC}; point the data path at \
-         `.bin` shards written by llm.c or by `launcher prepare-data`",
+        "{} is not an llm.c token shard: its header magic is {found}, expected {MAGIC} (u16 ids) or {MAGIC_U32} \
+         (u32 ids); point the data path at `.bin` shards written by llm.c or by `launcher prepare-data`",
         path.display()
     )]
     BadMagic { path: PathBuf, found: i32 },
 
-    /// The header's version is not the one this reader understands.
+    /// The header's version does not go with its magic.
     #[error(
-        "{} has llm.c shard version {found}, but only version {VERSION} (GPT-2 tokens as u16) is supported; \
-         re-create it with `launcher prepare-data`",
+        "{} has llm.c shard version {found} with magic {magic}, which llm.c writes with version {expected} only \
+         (20240520: version 1, u16 ids; 20240801: version 7, u32 ids); re-create it with `launcher prepare-data`",
         path.display()
     )]
-    BadVersion { path: PathBuf, found: i32 },
+    BadVersion { path: PathBuf, magic: i32, found: i32, expected: i32 },
+
+    /// A shard's `.idx` sidecar does not belong to it.
+    #[error(
+        "{} is not the document index of {}: {why}; it is stale or damaged: delete it (the shard then has no \
+         document index) or re-create both with `launcher prepare-data`",
+        idx.display(),
+        shard.display()
+    )]
+    BadDocIndex { idx: PathBuf, shard: PathBuf, why: String },
 
     /// The header's token count is negative.
     #[error("{} has a negative token count ({count}) in its header: the file is corrupt; re-create it", path.display())]
@@ -58,7 +67,7 @@ pub enum DataError {
     LengthMismatch { path: PathBuf, tokens: u64, expected: u64, found: u64 },
 
     /// The mapped token bytes could not be viewed as `u16` (should not happen: the header is 1024 bytes).
-    #[error("{}: the token data is not 2-byte aligned in memory ({reason}); this is a bug, please report it", path.display())]
+    #[error("{}: the token data is not aligned in memory ({reason}); this is a bug, please report it", path.display())]
     Misaligned { path: PathBuf, reason: String },
 
     /// Too many tokens for the format's i32 count.
@@ -109,14 +118,6 @@ pub enum DataError {
     #[error("input {} is empty (or only whitespace): there is nothing to tokenise", path.display())]
     EmptyInput { path: PathBuf },
 
-    /// The text to prepare is not UTF-8.
-    #[error(
-        "input {} is not valid UTF-8: bad byte sequence at byte offset {offset}; convert it to UTF-8 first \
-         (e.g. `iconv -t UTF-8`)",
-        path.display()
-    )]
-    NotUtf8 { path: PathBuf, offset: usize },
-
     /// The text tokenises to too few tokens for the requested validation split.
     #[error(
         "input {} tokenises to {total} tokens, too few for a validation split of {val} tokens plus any training \
@@ -125,8 +126,8 @@ pub enum DataError {
     )]
     TooFewTokens { path: PathBuf, total: usize, val: usize },
 
-    /// The GPT-2 tokenizer failed.
-    #[error("GPT-2 tokenizer error: {0}")]
+    /// A tokenizer failed to load or encode.
+    #[error("tokenizer: {0}")]
     Tokenizer(String),
 
     /// Preparing into a directory that already holds shards (without appending).
@@ -147,7 +148,7 @@ pub enum DataError {
     )]
     NameTaken { dir: PathBuf, name: String },
 
-    /// Appending a text the directory already holds.
+    /// Appending an input the directory already holds.
     #[error(
         "{} is already in {} (source {name} of dataset.json: same size and content): appending it again would \
          train on it twice",
@@ -155,6 +156,41 @@ pub enum DataError {
         dir.display()
     )]
     AlreadyPrepared { dir: PathBuf, input: PathBuf, name: String },
+
+    /// Appending inputs with another tokenizer than the directory's shards.
+    #[error(
+        "{} holds shards of the tokenizer {theirs}, and these inputs would be tokenised with {ours}: the same id \
+         would mean different text in training; prepare into a new directory, or append with the directory's \
+         tokenizer (--tokenizer)",
+        dir.display()
+    )]
+    TokenizerMismatch { dir: PathBuf, theirs: String, ours: String },
+
+    /// A record that is not a document, under `--on-bad refuse`.
+    #[error(
+        "{record} ({kind}); nothing was written. Fix the input, or let prepare-data skip such records with \
+         --on-bad skip (they are counted and the first of each kind named)"
+    )]
+    BadRecord { kind: &'static str, record: String },
+
+    /// The inputs held no document at all.
+    #[error(
+        "the {inputs} input file(s) hold no document{}; nothing was written",
+        if bad.is_empty() { String::new() } else { format!(" (skipped: {bad})") }
+    )]
+    NoDocuments { inputs: usize, bad: String },
+
+    /// The consumer of a stream stopped (internal: never shown).
+    #[error("stopped")]
+    Stopped,
+
+    /// A dataset's shards were made by different tokenizers.
+    #[error(
+        "{} mixes tokenizers: {first} was made with {first_name}, {second} with {second_name}; the same id would \
+         mean different text: keep one tokenizer's shards in a data.path",
+        dir.display()
+    )]
+    MixedTokenizers { dir: PathBuf, first: String, first_name: String, second: String, second_name: String },
 
     /// `ensure_builtin_dataset` was pointed at a directory holding something else.
     #[error(

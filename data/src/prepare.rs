@@ -1,288 +1,607 @@
-//! Turning UTF-8 text into llm.c shards with the GPT-2 BPE tokenizer.
+//! `prepare-data`: documents from text, JSON-lines and Parquet files (plain, `.gz`,
+//! `.zst`) tokenised on every core into llm.c shards of a validation and a training split.
 //!
-//! The tokenizer is `tiktoken_rs::r50k_base` (the GPT-2 vocabulary, embedded in the
-//! crate: no network). A file is one document unless it contains the literal separator
-//! `<|endoftext|>`, which becomes token 50256 ([`crate::EOT_TOKEN`]) between documents.
-//! The first tokens go to the validation split (`<name>_val_000000.bin`, ...), the rest to
-//! `<name>_train_000000.bin`, ... in shards of `shard_tokens` tokens (the last one shorter).
-//! A directory that already holds shards is refused unless the text is appended as another
-//! source ([`Existing`]); every source is recorded in its `dataset.json` (`sources.rs`).
+//! The pipeline streams: one reader thread decompresses and parses the inputs in order
+//! ([`crate::documents`]) and hands batches of about 4 MiB of text over a channel of two;
+//! the calling thread tokenises each batch's documents in parallel (rayon, every core) and
+//! writes them in input order ([`crate::writer`]). Memory is a few batches plus the shard
+//! being filled, whatever the corpus size.
+//!
+//! Every document is preceded by the tokenizer's end-of-text id (llm.c's convention: the
+//! separator opens each document, so a document's last token predicts the end of text),
+//! and its start is recorded in the shard's `.idx`. Document i (counting from 0 over all
+//! inputs in the order given, bad records not counted) goes to validation when
+//! ⌊(i+1)·f⌋ > ⌊i·f⌋ for `--val-fraction` f: exactly ⌊n·f⌋ of n documents, evenly spread
+//! (every 10th for 0.1), the first always in training, the same split on every run.
+//!
+//! Malformed records, invalid UTF-8 and empty documents are counted and reported (the
+//! first of each kind named), then skipped or, with [`OnBad::Refuse`], stop the run
+//! before anything is written. Shards are written into a hidden staging directory inside
+//! the output directory and moved into place only when all went well, so a refused or
+//! failed run leaves the directory as it was. A directory that already holds shards is
+//! refused unless the inputs are appended as another source ([`Existing`]), with the same
+//! tokenizer; every source is recorded in `dataset.json` (`sources.rs`).
 
-use std::collections::HashSet;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::time::Instant;
 
-use tiktoken_rs::CoreBPE;
+use rayon::prelude::*;
+use serde::Serialize;
 
 use crate::dataset::Split;
+use crate::documents::{read_file, Bad, BadKind, ReadOptions, Record, TxtDocs};
 use crate::error::{io_err, DataError, Result};
-use crate::shard::write_shard;
-use crate::EOT_TOKEN;
+use crate::inputs::InputFile;
+use crate::sources::{InputRecord, Source, Sources};
+use crate::tokenizer::{Tokenizer, TokenizerSpec, TokenizerStamp};
+use crate::writer::SplitWriter;
 
-/// The document separator in input text.
-pub const ENDOFTEXT: &str = "<|endoftext|>";
+/// Text per batch handed from the reader to the tokenisers.
+const BATCH_BYTES: usize = 4 << 20;
+/// Records per batch at most (many tiny documents).
+const BATCH_RECORDS: usize = 8192;
+/// Bad records of each kind named in the summary and `dataset.json`.
+pub const BAD_EXAMPLES: usize = 3;
 
-/// How much of the token stream (taken from its start) becomes the validation split.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ValSplit {
-    /// Exactly this many tokens (0: no validation shard).
-    Tokens(usize),
-    /// This fraction of all tokens, in `[0, 1)`, rounded (at least one token if positive).
-    Fraction(f64),
+/// What to do with a record that is not a document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBad {
+    /// Count it, name the first few, go on.
+    Skip,
+    /// Stop at the first one, writing nothing.
+    Refuse,
 }
 
-/// What [`prepare_text`] does when the output directory already holds token shards.
+/// What [`prepare`] does when the output directory already holds token shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Existing {
     /// Refuse ([`DataError::ShardsExist`]): both datasets would be trained on, mixed.
     Refuse,
-    /// Add this text as another source (under a shard name of its own), recorded with the
-    /// others in `dataset.json`.
+    /// Add these inputs as another source (under a shard name of its own, with the same
+    /// tokenizer), recorded with the others in `dataset.json`.
     Append,
 }
 
-/// What [`prepare_text`] wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to prepare.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// The shard name prefix: `<name>_train_000000.bin`.
+    pub name: String,
+    pub tokenizer: TokenizerSpec,
+    /// The end-of-text token of a `tokenizer.json` (default: found in it).
+    pub eot: Option<String>,
+    /// The JSON field / Parquet column holding the text.
+    pub text_field: String,
+    pub txt_docs: TxtDocs,
+    pub on_bad: OnBad,
+    /// The fraction of documents for validation, in `[0, 1)`.
+    pub val_fraction: f64,
+    /// Ids per shard file.
+    pub shard_tokens: usize,
+    pub existing: Existing,
+}
+
+impl PrepareOptions {
+    /// The defaults of `launcher prepare-data` for shards named `name`.
+    pub fn new(name: &str) -> PrepareOptions {
+        PrepareOptions {
+            name: name.into(),
+            tokenizer: TokenizerSpec::Gpt2,
+            eot: None,
+            text_field: "text".into(),
+            txt_docs: TxtDocs::File,
+            on_bad: OnBad::Skip,
+            val_fraction: 0.1,
+            shard_tokens: 100_000_000,
+            existing: Existing::Refuse,
+        }
+    }
+}
+
+/// Live counters of a run, for a progress display polling them from another thread.
+#[derive(Debug, Default)]
+pub struct PrepareProgress {
+    /// Bytes of all inputs on disk (set once the inputs are found).
+    pub total_disk_bytes: AtomicU64,
+    /// Bytes of the inputs on disk whose documents are tokenised and written (compressed
+    /// bytes for compressed inputs); the reader runs at most a few batches ahead of it.
+    pub disk_bytes: AtomicU64,
+    /// Bytes of document text tokenised so far.
+    pub text_bytes: AtomicU64,
+    pub documents: AtomicU64,
+    pub bad: AtomicU64,
+    pub tokens: AtomicU64,
+}
+
+/// Counts of records that were not documents, and the first few of each kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct BadReport {
+    pub malformed: u64,
+    pub invalid_utf8: u64,
+    pub empty: u64,
+    /// The first [`BAD_EXAMPLES`] of each kind: `"<file>: line 3: no field \"text\""`.
+    pub examples: Vec<String>,
+}
+
+impl BadReport {
+    pub fn total(&self) -> u64 {
+        self.malformed + self.invalid_utf8 + self.empty
+    }
+
+    fn count(&self, kind: BadKind) -> u64 {
+        match kind {
+            BadKind::Malformed => self.malformed,
+            BadKind::InvalidUtf8 => self.invalid_utf8,
+            BadKind::Empty => self.empty,
+        }
+    }
+
+    fn add(&mut self, bad: &Bad) {
+        let seen = self.count(bad.kind);
+        if seen < BAD_EXAMPLES as u64 {
+            self.examples.push(format!("{} ({})", bad, kind_word(bad.kind)));
+        }
+        match bad.kind {
+            BadKind::Malformed => self.malformed += 1,
+            BadKind::InvalidUtf8 => self.invalid_utf8 += 1,
+            BadKind::Empty => self.empty += 1,
+        }
+    }
+
+    /// "2 malformed records, 1 empty document" (empty when there were none).
+    pub fn counts(&self) -> String {
+        BadKind::ALL
+            .iter()
+            .filter(|&&k| self.count(k) > 0)
+            .map(|&k| {
+                let n = self.count(k);
+                let words = if n == 1 {
+                    k.words().replacen("records", "record", 1).replacen("documents", "document", 1)
+                } else {
+                    k.words().to_string()
+                };
+                format!("{n} {words}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn kind_word(kind: BadKind) -> &'static str {
+    match kind {
+        BadKind::Malformed => "malformed",
+        BadKind::InvalidUtf8 => "invalid UTF-8",
+        BadKind::Empty => "empty",
+    }
+}
+
+/// What [`prepare`] wrote.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PrepareSummary {
-    /// The directory holding the shards.
     pub out_dir: PathBuf,
-    /// Documents in the input (separators + 1).
-    pub documents: usize,
-    /// Tokens written, over both splits.
-    pub total_tokens: usize,
-    /// Tokens in the validation shards.
-    pub val_tokens: usize,
-    /// Tokens in the training shards.
-    pub train_tokens: usize,
+    pub tokenizer: TokenizerStamp,
+    pub input_files: usize,
+    /// Files inside the given directories that are of no input kind.
+    pub skipped_files: Vec<PathBuf>,
+    /// Documents written, over both splits.
+    pub documents: u64,
+    pub val_documents: u64,
+    pub total_tokens: u64,
+    pub val_tokens: u64,
+    pub train_tokens: u64,
+    /// Bytes of document text tokenised.
+    pub text_bytes: u64,
+    pub bad: BadReport,
+    pub on_bad: OnBad,
+    pub val_fraction: f64,
     /// Shard files written: validation first, then training, in order.
     pub files: Vec<PathBuf>,
     /// Sources the directory holds now (recorded in `dataset.json`; 1 unless appended to).
     pub sources: usize,
+    pub seconds: f64,
 }
 
 impl fmt::Display for PrepareSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        let width = match crate::ids::Width::for_vocab(self.tokenizer.vocab_size) {
+            crate::ids::Width::U16 => "u16",
+            crate::ids::Width::U32 => "u32",
+        };
+        writeln!(
             f,
-            "wrote {} tokens ({} val, {} train) from {} document(s) in {} shard(s) to {}",
+            "wrote {} tokens ({} val, {} train) from {} document(s) of {} input file(s) in {} shard(s) to {}",
             self.total_tokens,
             self.val_tokens,
             self.train_tokens,
             self.documents,
+            self.input_files,
             self.files.len(),
             self.out_dir.display()
         )?;
+        writeln!(
+            f,
+            "tokenizer: {} (vocabulary {}, end of text {} = {}; ids stored as {width}); {:.1} MB of text in {:.1} s \
+             ({:.2} MB/s)",
+            self.tokenizer.name,
+            self.tokenizer.vocab_size,
+            self.tokenizer.eot_token,
+            self.tokenizer.eot_id,
+            self.text_bytes as f64 / 1e6,
+            self.seconds,
+            self.text_bytes as f64 / 1e6 / self.seconds.max(1e-9)
+        )?;
+        write!(
+            f,
+            "validation: {} of {} documents (--val-fraction {})",
+            self.val_documents, self.documents, self.val_fraction
+        )?;
+        if self.val_fraction > 0.0 && self.val_documents == 0 {
+            write!(
+                f,
+                "\nwarning: no validation split: {} document(s) are too few for --val-fraction {} (a .txt file is \
+                 one document: --txt-docs line or paragraph makes more); train with train.eval_every = 0, or \
+                 prepare more documents",
+                self.documents, self.val_fraction
+            )?;
+        }
+        if self.bad.total() > 0 {
+            write!(f, "\nskipped {} (--on-bad skip):", self.bad.counts())?;
+            for e in &self.bad.examples {
+                write!(f, "\n  {e}")?;
+            }
+        }
+        if !self.skipped_files.is_empty() {
+            let shown: Vec<String> = self.skipped_files.iter().take(3).map(|p| p.display().to_string()).collect();
+            write!(
+                f,
+                "\nnot read: {} file(s) in the input directories of no input kind ({}{})",
+                self.skipped_files.len(),
+                shown.join(", "),
+                if self.skipped_files.len() > 3 { ", ..." } else { "" }
+            )?;
+        }
         if self.sources > 1 {
-            write!(f, ", which now holds {} sources (listed in its {})", self.sources, crate::sources::SOURCES_FILE)?;
+            write!(
+                f,
+                "\n{} now holds {} sources (listed in its {})",
+                self.out_dir.display(),
+                self.sources,
+                crate::sources::SOURCES_FILE
+            )?;
         }
         Ok(())
     }
 }
 
-/// The GPT-2 tokenizer, built once per process.
-fn gpt2() -> Result<&'static CoreBPE> {
-    static BPE: OnceLock<std::result::Result<CoreBPE, String>> = OnceLock::new();
-    BPE.get_or_init(|| tiktoken_rs::r50k_base().map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(|e| DataError::Tokenizer(format!("cannot build the GPT-2 (r50k_base) tokenizer: {e}")))
+/// Whether document `i` (0-based) goes to validation for fraction `f`.
+pub fn is_val_document(i: u64, f: f64) -> bool {
+    ((i + 1) as f64 * f).floor() > (i as f64 * f).floor()
 }
 
-/// Tokenise `text` with GPT-2 BPE; each `<|endoftext|>` becomes [`EOT_TOKEN`]. Returns
-/// the tokens and the number of documents. Identical to tiktoken's
-/// `encode(text, allowed_special = {"<|endoftext|>"})`, but documents are encoded on
-/// several threads.
-pub fn tokenize(text: &str) -> Result<(Vec<u16>, usize)> {
-    let bpe = gpt2()?;
-    let docs: Vec<&str> = text.split(ENDOFTEXT).collect();
-    let threads = if text.len() < (1 << 16) {
-        1
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get()).min(8).min(docs.len())
-    };
-    // Contiguous groups of documents of about equal size; each group is encoded with
-    // EOT between its documents, and groups are then joined with EOT.
-    let mut groups: Vec<&[&str]> = Vec::with_capacity(threads);
-    let (mut start, mut acc) = (0, 0usize);
-    for (i, d) in docs.iter().enumerate() {
-        acc += d.len() + ENDOFTEXT.len();
-        if i + 1 < docs.len() && groups.len() + 1 < threads && acc * threads >= text.len() * (groups.len() + 1) {
-            groups.push(&docs[start..=i]);
-            start = i + 1;
-        }
-    }
-    groups.push(&docs[start..]);
-
-    let encoded: Vec<Result<Vec<u16>>> = if groups.len() == 1 {
-        vec![encode_docs(bpe, groups[0])]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = groups.iter().map(|&g| s.spawn(move || encode_docs(bpe, g))).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(DataError::Tokenizer("a tokenizer thread panicked".into()))))
-                .collect()
-        })
-    };
-    let mut tokens = Vec::with_capacity(text.len() / 3);
-    for (i, part) in encoded.into_iter().enumerate() {
-        if i > 0 {
-            tokens.push(EOT_TOKEN);
-        }
-        tokens.extend(part?);
-    }
-    Ok((tokens, docs.len()))
-}
-
-fn encode_docs(bpe: &CoreBPE, docs: &[&str]) -> Result<Vec<u16>> {
-    let none = HashSet::new();
-    let mut out = Vec::new();
-    for (i, doc) in docs.iter().enumerate() {
-        if i > 0 {
-            out.push(EOT_TOKEN);
-        }
-        // `encode` (not `encode_ordinary`) reports regex failures instead of panicking.
-        let (ids, _) = bpe.encode(doc, &none).map_err(|e| DataError::Tokenizer(e.message))?;
-        for id in ids {
-            out.push(u16::try_from(id).map_err(|_| DataError::Tokenizer(format!("token id {id} does not fit u16")))?);
-        }
-    }
-    Ok(out)
-}
-
-/// Decode GPT-2 token ids back to text (lossy for byte sequences that are not UTF-8).
-pub fn detokenize(tokens: &[u16]) -> Result<String> {
-    let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-    let bytes = gpt2()?.decode_bytes(&ids).map_err(|e| DataError::Tokenizer(e.to_string()))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-/// Tokenise the UTF-8 text file `input_txt` with GPT-2 BPE and write llm.c shards named
-/// `<name>_val_%06d.bin` (the first tokens, per `val`) and `<name>_train_%06d.bin` (the
-/// rest, `shard_tokens` per shard) into `out_dir`, which is created if needed, and record
-/// the source in its `dataset.json`. If `out_dir` already holds shards, `existing` decides:
-/// refuse, or append this text as another source (a `name` of its own, a text not already
-/// there; shards without a record are recorded first as sources of unknown origin).
+/// Prepare `inputs` into `out_dir` (created if needed) as `opts` says; see the module docs.
 ///
-/// Errors: missing or unreadable input (named), empty input, non-UTF-8 input (with the
-/// byte offset), a bad `name`/`shard_tokens`/`val`, too few tokens for the split, an
-/// `out_dir` that holds shards (and, appending, a name it uses or this same text).
-pub fn prepare_text(
-    input_txt: &Path,
+/// Errors: no input or an unreadable one (named), an input of no known kind, a bad
+/// option, a tokenizer that does not load, a bad record under [`OnBad::Refuse`], no
+/// document at all, an `out_dir` that holds shards (and, appending, a name it uses, the
+/// same inputs again, or shards of another tokenizer).
+pub fn prepare(
+    inputs: &[PathBuf],
     out_dir: &Path,
-    name: &str,
-    shard_tokens: usize,
-    val: ValSplit,
-    existing: Existing,
+    opts: &PrepareOptions,
+    progress: &PrepareProgress,
 ) -> Result<PrepareSummary> {
+    let started = Instant::now();
     // Checked before the (long) tokenisation: nothing is written when refused.
     let found = crate::sources::shards_in(out_dir)?;
-    if !found.is_empty() && existing == Existing::Refuse {
+    if !found.is_empty() && opts.existing == Existing::Refuse {
         return Err(DataError::ShardsExist { dir: out_dir.to_owned(), found: crate::sources::describe(&found) });
     }
-    check_name(name)?;
-    if found.iter().any(|f| crate::sources::shard_prefix(f) == name) {
-        return Err(DataError::NameTaken { dir: out_dir.to_owned(), name: name.to_string() });
-    }
-    let mut record = crate::sources::Sources::read(out_dir)?;
-    let bytes = fs::read(input_txt).map_err(io_err("read the input text", input_txt))?;
-    let hash = crate::sources::fnv1a64(&bytes);
-    let same = record
-        .sources
-        .iter()
-        .find(|s| s.input_fnv1a64.as_deref() == Some(hash.as_str()) && s.input_bytes == Some(bytes.len() as u64));
-    if let Some(s) = same {
-        return Err(DataError::AlreadyPrepared {
-            dir: out_dir.to_owned(),
-            input: input_txt.to_owned(),
-            name: s.name.clone(),
-        });
-    }
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| DataError::NotUtf8 { path: input_txt.to_owned(), offset: e.valid_up_to() })?;
-    record.add_unrecorded(out_dir, &found)?;
-    let mut summary = prepare_str(text, input_txt, out_dir, name, shard_tokens, val)?;
-    let file_name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    record.sources.push(crate::sources::Source {
-        name: name.to_string(),
-        input: Some(std::path::absolute(input_txt).unwrap_or_else(|_| input_txt.to_owned())),
-        input_bytes: Some(bytes.len() as u64),
-        input_fnv1a64: Some(hash),
-        documents: Some(summary.documents),
-        train_tokens: summary.train_tokens,
-        val_tokens: summary.val_tokens,
-        files: summary.files.iter().map(file_name).collect(),
-        prepared_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs()),
-    });
-    record.write(out_dir)?;
-    summary.sources = record.sources.len();
-    Ok(summary)
-}
-
-/// [`prepare_text`] for text already in memory; `source` names it in errors. It writes its
-/// shards into `out_dir` as they are: no check of what the directory holds, no record.
-pub fn prepare_str(
-    text: &str,
-    source: &Path,
-    out_dir: &Path,
-    name: &str,
-    shard_tokens: usize,
-    val: ValSplit,
-) -> Result<PrepareSummary> {
-    check_name(name)?;
-    if shard_tokens == 0 || shard_tokens > i32::MAX as usize {
+    check_name(&opts.name)?;
+    check_shard_tokens(opts.shard_tokens)?;
+    if !(0.0..1.0).contains(&opts.val_fraction) {
         return Err(DataError::InvalidArgument(format!(
-            "shard_tokens must be between 1 and {} (got {shard_tokens})",
-            i32::MAX
+            "--val-fraction must be in [0, 1): the fraction of documents for validation (got {})",
+            opts.val_fraction
         )));
     }
-    if let ValSplit::Fraction(f) = val {
-        if !(0.0..1.0).contains(&f) {
-            return Err(DataError::InvalidArgument(format!("the validation fraction must be in [0, 1) (got {f})")));
-        }
+    if opts.text_field.is_empty() {
+        return Err(DataError::InvalidArgument("--text-field must name a field (default: text)".into()));
     }
-    if text.trim().is_empty() {
-        return Err(DataError::EmptyInput { path: source.to_owned() });
+    if found.iter().any(|f| crate::sources::shard_prefix(f) == opts.name) {
+        return Err(DataError::NameTaken { dir: out_dir.to_owned(), name: opts.name.clone() });
     }
+    let expanded = crate::inputs::expand(inputs)?;
+    progress.total_disk_bytes.store(expanded.files.iter().map(|f| f.bytes).sum(), Ordering::Relaxed);
+    let tokenizer = Tokenizer::load(&opts.tokenizer, opts.eot.as_deref())?;
+    let stamp = tokenizer.stamp().clone();
 
-    let (tokens, documents) = tokenize(text)?;
-    let total = tokens.len();
-    let val_tokens = match val {
-        ValSplit::Tokens(n) => n,
-        ValSplit::Fraction(f) if f > 0.0 => ((total as f64 * f).round() as usize).max(1),
-        ValSplit::Fraction(_) => 0,
-    };
-    if val_tokens >= total {
-        return Err(DataError::TooFewTokens { path: source.to_owned(), total, val: val_tokens });
+    let mut record = Sources::read(out_dir)?;
+    check_same_tokenizer(out_dir, &found, &record, &stamp)?;
+    let input_records: Vec<InputRecord> = expanded.files.iter().map(InputRecord::of).collect::<Result<_>>()?;
+    if let Some((name, input)) = record.holds_any(&input_records) {
+        return Err(DataError::AlreadyPrepared { dir: out_dir.to_owned(), input, name });
     }
+    record.add_unrecorded(out_dir, &found)?;
 
+    let created = !out_dir.exists();
     fs::create_dir_all(out_dir).map_err(io_err("create the output directory", out_dir))?;
-    let mut files = Vec::new();
-    for (split, part) in [(Split::Val, &tokens[..val_tokens]), (Split::Train, &tokens[val_tokens..])] {
-        for (i, chunk) in part.chunks(shard_tokens).enumerate() {
-            let path = out_dir.join(shard_name(name, split, i));
-            write_shard(&path, chunk)?;
-            files.push(path);
+    remove_stale_staging(out_dir);
+    let staging = out_dir.join(format!(".prepare-{}", crate::shard::unique_suffix()));
+    fs::create_dir(&staging).map_err(io_err("create the staging directory", &staging))?;
+    let run = run_pipeline(&expanded.files, &staging, opts, &tokenizer, progress);
+    let outcome = run.and_then(|stats| {
+        if stats.documents == 0 {
+            return Err(DataError::NoDocuments { inputs: expanded.files.len(), bad: stats.bad.counts() });
         }
+        let files = commit(&staging, out_dir, &stats.files)?;
+        Ok((stats, files))
+    });
+    let _ = fs::remove_dir_all(&staging);
+    if outcome.is_err() && created {
+        // Left as it was: absent (`remove_dir` removes only an empty directory).
+        let _ = fs::remove_dir(out_dir);
     }
+    let (stats, files) = outcome?;
+
+    let file_name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let single = (input_records.len() == 1).then(|| input_records[0].clone());
+    record.sources.push(Source {
+        name: opts.name.clone(),
+        input: single.as_ref().map(|i| i.path.clone()),
+        input_bytes: single.as_ref().map(|i| i.bytes),
+        input_fnv1a64: single.as_ref().map(|i| i.fnv1a64.clone()),
+        inputs: input_records,
+        documents: Some(stats.documents as usize),
+        val_documents: Some(stats.val_documents),
+        train_tokens: stats.train_tokens as usize,
+        val_tokens: stats.val_tokens as usize,
+        files: files.iter().map(file_name).collect(),
+        prepared_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs()),
+        tokenizer: Some(stamp.clone()),
+        bad: Some(stats.bad.clone()),
+        options: Some(crate::sources::SourceOptions {
+            text_field: opts.text_field.clone(),
+            txt_docs: opts.txt_docs,
+            on_bad: opts.on_bad,
+            val_fraction: opts.val_fraction,
+            shard_tokens: opts.shard_tokens,
+        }),
+    });
+    record.format = crate::sources::FORMAT;
+    record.write(out_dir)?;
     Ok(PrepareSummary {
         out_dir: out_dir.to_owned(),
-        documents,
-        total_tokens: total,
-        val_tokens,
-        train_tokens: total - val_tokens,
+        tokenizer: stamp,
+        input_files: expanded.files.len(),
+        skipped_files: expanded.skipped,
+        documents: stats.documents,
+        val_documents: stats.val_documents,
+        total_tokens: stats.val_tokens + stats.train_tokens,
+        val_tokens: stats.val_tokens,
+        train_tokens: stats.train_tokens,
+        text_bytes: stats.text_bytes,
+        bad: stats.bad,
+        on_bad: opts.on_bad,
+        val_fraction: opts.val_fraction,
         files,
-        sources: 1,
+        sources: record.sources.len(),
+        seconds: started.elapsed().as_secs_f64(),
     })
 }
 
-/// `<name>_<split>_<index as 6 digits>.bin`.
-pub fn shard_name(name: &str, split: Split, index: usize) -> String {
-    format!("{name}_{}_{index:06}.bin", split.word())
+/// Appending shards of another tokenizer would train on ids that mean different things.
+fn check_same_tokenizer(out_dir: &Path, found: &[String], record: &Sources, stamp: &TokenizerStamp) -> Result<()> {
+    for f in found {
+        let shard = crate::shard::TokenShard::open(out_dir.join(f))?;
+        if let Some(info) = shard.info().filter(|i| i.fingerprint != stamp.fingerprint_u64()) {
+            return Err(DataError::TokenizerMismatch {
+                dir: out_dir.to_owned(),
+                theirs: format!("{} (in {f})", info.tokenizer),
+                ours: stamp.name.clone(),
+            });
+        }
+    }
+    if let Some(s) =
+        record.sources.iter().find(|s| s.tokenizer.as_ref().is_some_and(|t| t.fingerprint != stamp.fingerprint))
+    {
+        return Err(DataError::TokenizerMismatch {
+            dir: out_dir.to_owned(),
+            theirs: format!("{} (source {})", s.tokenizer.as_ref().map_or("", |t| t.name.as_str()), s.name),
+            ours: stamp.name.clone(),
+        });
+    }
+    Ok(())
 }
 
-fn check_name(name: &str) -> Result<()> {
+/// Staging directories of runs whose process is gone (Linux: no `/proc/<pid>`).
+fn remove_stale_staging(out_dir: &Path) {
+    let Ok(entries) = fs::read_dir(out_dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(".prepare-").and_then(|r| r.split('-').next()) else { continue };
+        if Path::new("/proc/self").exists() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Move the staged shards (and their indexes) into `out_dir`; their final paths.
+fn commit(staging: &Path, out_dir: &Path, staged: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::with_capacity(staged.len());
+    for f in staged {
+        let name = f.file_name().unwrap_or_default();
+        let idx = crate::docindex::idx_path(f);
+        let final_idx = out_dir.join(idx.file_name().unwrap_or_default());
+        fs::rename(&idx, &final_idx).map_err(io_err("move into place", &final_idx))?;
+        let dest = out_dir.join(name);
+        fs::rename(f, &dest).map_err(io_err("move into place", &dest))?;
+        files.push(dest);
+    }
+    debug_assert!(staged.iter().all(|f| f.starts_with(staging)));
+    Ok(files)
+}
+
+/// What the pipeline wrote into the staging directory.
+struct Stats {
+    files: Vec<PathBuf>,
+    documents: u64,
+    val_documents: u64,
+    val_tokens: u64,
+    train_tokens: u64,
+    text_bytes: u64,
+    bad: BadReport,
+}
+
+/// A batch of records and how far into the inputs' disk bytes it ends, or the reader's error.
+type Batch = Result<(Vec<Record>, u64)>;
+
+fn run_pipeline(
+    files: &[InputFile],
+    staging: &Path,
+    opts: &PrepareOptions,
+    tokenizer: &Tokenizer,
+    progress: &PrepareProgress,
+) -> Result<Stats> {
+    let read_opts =
+        ReadOptions { txt_docs: opts.txt_docs, text_field: opts.text_field.clone(), scratch_dir: staging.to_owned() };
+    let stamp = tokenizer.stamp();
+    let mut val = SplitWriter::new(staging, &opts.name, Split::Val, opts.shard_tokens, stamp);
+    let mut train = SplitWriter::new(staging, &opts.name, Split::Train, opts.shard_tokens, stamp);
+    let mut bad = BadReport::default();
+    let mut text_bytes = 0u64;
+    std::thread::scope(|s| -> Result<()> {
+        let (tx, rx) = sync_channel::<Batch>(2);
+        let disk = Arc::new(AtomicU64::new(0));
+        let reader = s.spawn(move || {
+            let mut batch = Vec::new();
+            let mut bytes = 0usize;
+            for file in files {
+                let mut emit = |r: Record| -> Result<()> {
+                    if let Record::Doc(t) = &r {
+                        bytes += t.len();
+                    }
+                    batch.push(r);
+                    if bytes >= BATCH_BYTES || batch.len() >= BATCH_RECORDS {
+                        bytes = 0;
+                        let at = disk.load(Ordering::Relaxed);
+                        tx.send(Ok((std::mem::take(&mut batch), at))).map_err(|_| DataError::Stopped)?;
+                    }
+                    Ok(())
+                };
+                if let Err(e) = read_file(file, &read_opts, disk.clone(), &mut emit) {
+                    // The consumer stopped (a refused record): nothing more to say.
+                    if !matches!(e, DataError::Stopped) {
+                        let _ = tx.send(Err(e));
+                    }
+                    return;
+                }
+            }
+            let _ = tx.send(Ok((batch, disk.load(Ordering::Relaxed))));
+        });
+        let result = consume(rx, opts, tokenizer, progress, &mut val, &mut train, &mut bad, &mut text_bytes);
+        // Dropping the receiver (inside `consume`) makes a blocked reader stop.
+        if reader.join().is_err() {
+            return Err(DataError::Tokenizer(
+                "the input reader thread panicked; this is a bug, please report it".into(),
+            ));
+        }
+        result
+    })?;
+    val.finish()?;
+    train.finish()?;
+    let mut files = std::mem::take(&mut val.files);
+    files.append(&mut train.files);
+    Ok(Stats {
+        files,
+        documents: val.documents + train.documents,
+        val_documents: val.documents,
+        val_tokens: val.tokens,
+        train_tokens: train.tokens,
+        text_bytes,
+        bad,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn consume(
+    rx: Receiver<Batch>,
+    opts: &PrepareOptions,
+    tokenizer: &Tokenizer,
+    progress: &PrepareProgress,
+    val: &mut SplitWriter,
+    train: &mut SplitWriter,
+    bad: &mut BadReport,
+    text_bytes: &mut u64,
+) -> Result<()> {
+    let eot = [tokenizer.stamp().eot_id];
+    let mut index = 0u64;
+    for batch in rx {
+        let (records, disk_at) = batch?;
+        let encoded: Vec<Option<Result<Vec<u32>>>> = records
+            .par_iter()
+            .map(|r| match r {
+                Record::Doc(text) => Some(tokenizer.encode(text)),
+                Record::Bad(_) => None,
+            })
+            .collect();
+        for (record, ids) in records.into_iter().zip(encoded) {
+            let (text, ids) = match (record, ids) {
+                (Record::Doc(text), Some(ids)) => (text, ids?),
+                (Record::Bad(b), _) => {
+                    on_bad(b, opts.on_bad, bad, progress)?;
+                    continue;
+                }
+                (Record::Doc(_), None) => unreachable!("every document was encoded"),
+            };
+            *text_bytes += text.len() as u64;
+            progress.text_bytes.fetch_add(text.len() as u64, Ordering::Relaxed);
+            if ids.is_empty() {
+                let b = Bad {
+                    kind: BadKind::Empty,
+                    at: format!("document {}", index + 1),
+                    why: "it tokenises to no tokens".into(),
+                };
+                on_bad(b, opts.on_bad, bad, progress)?;
+                continue;
+            }
+            let w = if is_val_document(index, opts.val_fraction) { &mut *val } else { &mut *train };
+            w.push(&eot, true)?;
+            w.push(&ids, false)?;
+            index += 1;
+            progress.documents.fetch_add(1, Ordering::Relaxed);
+            progress.tokens.fetch_add(ids.len() as u64 + 1, Ordering::Relaxed);
+        }
+        progress.disk_bytes.store(disk_at, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+fn on_bad(b: Bad, policy: OnBad, report: &mut BadReport, progress: &PrepareProgress) -> Result<()> {
+    if policy == OnBad::Refuse {
+        return Err(DataError::BadRecord { kind: kind_word(b.kind), record: b.to_string() });
+    }
+    report.add(&b);
+    progress.bad.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+pub(crate) fn check_shard_tokens(shard_tokens: usize) -> Result<()> {
+    if shard_tokens == 0 || shard_tokens > i32::MAX as usize {
+        return Err(DataError::InvalidArgument(format!(
+            "shard_tokens must be between 1 and {} (the llm.c header's i32 count; got {shard_tokens})",
+            i32::MAX
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok_chars = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if !ok_chars || name.starts_with('.') {
         return Err(DataError::InvalidArgument(format!(
@@ -291,168 +610,12 @@ fn check_name(name: &str) -> Result<()> {
         )));
     }
     // The split is recognised from the file name, so the name must not look like one.
-    if Split::Val.matches(&shard_name(name, Split::Train, 0)) || Split::Train.matches(&shard_name(name, Split::Val, 0))
-    {
+    let shard = |split| crate::writer::shard_name(name, split, 0);
+    if Split::Val.matches(&shard(Split::Train)) || Split::Train.matches(&shard(Split::Val)) {
         return Err(DataError::InvalidArgument(format!(
             "dataset name {name:?} contains the word \"train\" or \"val\", which would put its shards in both \
              splits: choose another name"
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::dataset::Dataset;
-    use crate::shard::TokenShard;
-
-    const TEXT: &str = "The quick brown fox jumps over the lazy dog.\nÜnïcödé and emoji 🦀 too.<|endoftext|>Second \
-                        document: 1 + 2 = 3.\n\nA new paragraph.<|endoftext|><|endoftext|>Fourth.";
-
-    #[test]
-    fn tokenize_matches_tiktoken_with_special_tokens() {
-        let (toks, docs) = tokenize(TEXT).unwrap();
-        assert_eq!(docs, 4);
-        let reference = gpt2().unwrap().encode_with_special_tokens(TEXT);
-        assert_eq!(toks.iter().map(|&t| t as u32).collect::<Vec<_>>(), reference);
-        assert_eq!(toks.iter().filter(|&&t| t == EOT_TOKEN).count(), 3);
-        assert_eq!(detokenize(&toks).unwrap(), TEXT);
-        // Multi-threaded path (>= 64 KiB) agrees with tiktoken too.
-        let big = TEXT.repeat(600);
-        let (toks, docs) = tokenize(&big).unwrap();
-        assert_eq!(docs, 3 * 600 + 1);
-        assert_eq!(
-            toks.iter().map(|&t| t as u32).collect::<Vec<_>>(),
-            gpt2().unwrap().encode_with_special_tokens(&big)
-        );
-        // Uneven documents (small ones, then one huge one) never produce an empty group.
-        let uneven = format!("a{ENDOFTEXT}b{ENDOFTEXT}{}", "word ".repeat(20_000));
-        let (toks, docs) = tokenize(&uneven).unwrap();
-        assert_eq!(docs, 3);
-        assert_eq!(
-            toks.iter().map(|&t| t as u32).collect::<Vec<_>>(),
-            gpt2().unwrap().encode_with_special_tokens(&uneven)
-        );
-    }
-
-    #[test]
-    fn prepare_text_writes_val_then_train_shards_that_decode_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let input = dir.path().join("in.txt");
-        let text = TEXT.repeat(20);
-        fs::write(&input, &text).unwrap();
-        let out = dir.path().join("out");
-        let sum = prepare_text(&input, &out, "tiny", 100, ValSplit::Tokens(30), Existing::Refuse).unwrap();
-        assert_eq!(sum.val_tokens, 30);
-        assert_eq!(sum.total_tokens, sum.val_tokens + sum.train_tokens);
-        assert!(sum.files[0].ends_with("tiny_val_000000.bin"));
-        assert!(sum.files[1].ends_with("tiny_train_000000.bin"));
-        assert_eq!(sum.files.len(), 1 + sum.train_tokens.div_ceil(100));
-        let mut all = Vec::new();
-        for f in &sum.files {
-            all.extend_from_slice(TokenShard::open(f).unwrap().tokens());
-        }
-        assert_eq!(all.len(), sum.total_tokens);
-        assert_eq!(detokenize(&all).unwrap(), text);
-        let train = Dataset::open(&out, Split::Train).unwrap();
-        assert_eq!(train.total_tokens(), sum.train_tokens);
-        assert_eq!(Dataset::open(&out, Split::Val).unwrap().total_tokens(), 30);
-        assert!(sum.to_string().contains(&format!("wrote {} tokens", sum.total_tokens)));
-
-        let record = crate::sources::Sources::read(&out).unwrap();
-        assert_eq!(record.sources.len(), 1);
-        assert_eq!(record.sources[0].input.as_deref(), Some(input.as_path()));
-        assert_eq!(record.sources[0].files.len(), sum.files.len());
-        assert_eq!(sum.sources, 1);
-    }
-
-    #[test]
-    fn a_directory_with_shards_is_refused_unless_appended_to_and_every_source_is_recorded() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
-        fs::write(&a, TEXT.repeat(20)).unwrap();
-        fs::write(&b, "Another text entirely, about owls. ".repeat(100)).unwrap();
-        let out = dir.path().join("out");
-        let first = prepare_text(&a, &out, "a", 1_000_000, ValSplit::Fraction(0.1), Existing::Refuse).unwrap();
-        let listing = |d: &Path| {
-            let mut v: Vec<_> = fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
-            v.sort();
-            v
-        };
-        let before = listing(&out);
-
-        // A second text: refused, naming the directory, what it holds and the choices; nothing written.
-        let e = prepare_text(&b, &out, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Refuse).unwrap_err();
-        let msg = e.to_string();
-        assert!(matches!(e, DataError::ShardsExist { .. }), "{msg}");
-        assert!(
-            msg.contains(&out.display().to_string()) && msg.contains("a_* (2)") && msg.contains("--append"),
-            "{msg}"
-        );
-        assert_eq!(listing(&out), before);
-        // The same text again under its own name is refused too (it would replace its shards).
-        let e = prepare_text(&a, &out, "a", 1_000, ValSplit::Fraction(0.1), Existing::Append).unwrap_err();
-        assert!(matches!(e, DataError::NameTaken { .. }), "{e}");
-        let e = prepare_text(&a, &out, "a2", 1_000, ValSplit::Fraction(0.1), Existing::Append).unwrap_err();
-        assert!(matches!(e, DataError::AlreadyPrepared { .. }) && e.to_string().contains("twice"), "{e}");
-
-        // Appended: both in training, both recorded.
-        let second = prepare_text(&b, &out, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Append).unwrap();
-        assert_eq!(second.sources, 2);
-        assert!(second.to_string().contains("2 sources"), "{second}");
-        let train = Dataset::open(&out, Split::Train).unwrap();
-        assert_eq!(train.total_tokens(), first.train_tokens + second.train_tokens);
-        let record = crate::sources::Sources::read(&out).unwrap();
-        let names: Vec<&str> = record.sources.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["a", "b"]);
-        assert_eq!(record.sources[1].input.as_deref(), Some(b.as_path()));
-        assert_eq!(record.sources[1].train_tokens, second.train_tokens);
-
-        // Shards without a record (llm.c's, or from before dataset.json) are recorded at the first append.
-        let legacy = dir.path().join("legacy");
-        fs::create_dir_all(&legacy).unwrap();
-        crate::shard::write_shard(legacy.join("fineweb_train_000000.bin"), &[1, 2, 3, 4]).unwrap();
-        prepare_text(&b, &legacy, "b", 1_000_000, ValSplit::Fraction(0.1), Existing::Append).unwrap();
-        let record = crate::sources::Sources::read(&legacy).unwrap();
-        assert_eq!(record.sources.len(), 2);
-        assert_eq!((record.sources[0].name.as_str(), record.sources[0].input.as_ref()), ("fineweb", None));
-        assert_eq!(record.sources[0].train_tokens, 4);
-    }
-
-    #[test]
-    fn bad_inputs_are_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("out");
-        let missing = dir.path().join("missing.txt");
-        let e = prepare_text(&missing, &out, "x", 100, ValSplit::Tokens(1), Existing::Refuse).unwrap_err();
-        assert!(matches!(e, DataError::Io { .. }) && e.to_string().contains("missing.txt"), "{e}");
-
-        let empty = dir.path().join("empty.txt");
-        fs::write(&empty, " \n\n").unwrap();
-        let e = prepare_text(&empty, &out, "x", 100, ValSplit::Tokens(1), Existing::Refuse).unwrap_err();
-        assert!(matches!(e, DataError::EmptyInput { .. }), "{e}");
-
-        let latin1 = dir.path().join("latin1.txt");
-        fs::write(&latin1, b"caf\xe9 au lait").unwrap();
-        let e = prepare_text(&latin1, &out, "x", 100, ValSplit::Tokens(1), Existing::Refuse).unwrap_err();
-        assert!(matches!(e, DataError::NotUtf8 { offset: 3, .. }), "{e}");
-        assert!(e.to_string().contains("byte offset 3") && e.to_string().contains("latin1.txt"), "{e}");
-
-        let small = dir.path().join("small.txt");
-        fs::write(&small, "hi there").unwrap();
-        let e = prepare_text(&small, &out, "x", 100, ValSplit::Tokens(2), Existing::Refuse).unwrap_err();
-        assert!(matches!(e, DataError::TooFewTokens { total: 2, .. }), "{e}");
-        for (name, shard, val) in [
-            ("", 100, ValSplit::Tokens(0)),
-            ("a/b", 100, ValSplit::Tokens(0)),
-            ("my_val", 100, ValSplit::Tokens(0)),
-            ("x", 0, ValSplit::Tokens(0)),
-            ("x", 100, ValSplit::Fraction(1.0)),
-        ] {
-            let e = prepare_text(&small, &out, name, shard, val, Existing::Refuse).unwrap_err();
-            assert!(matches!(e, DataError::InvalidArgument(_)), "{name:?}: {e}");
-        }
-        assert!(!out.exists(), "no output on error");
-    }
 }

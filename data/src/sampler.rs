@@ -105,7 +105,7 @@ impl BatchSampler {
             )));
         }
         let (shard, start) = self.window(step, global_row);
-        let window = &self.dataset.shards()[shard].tokens()[start..start + t + 1];
+        let window = self.dataset.shards()[shard].ids().slice(start..start + t + 1);
         fill_row(window, out_inputs, out_targets);
         Ok(())
     }
@@ -210,11 +210,11 @@ mod tests {
         for g in 0..500 {
             s.row(3, g, &mut inp, &mut tgt).unwrap();
             let (shard, start) = s.window(3, g);
-            let toks = s.dataset().shards()[shard].tokens();
+            let toks = s.dataset().shards()[shard].ids();
             assert!(start + 9 <= toks.len());
             for j in 0..8 {
-                assert_eq!(inp[j], toks[start + j] as u32);
-                assert_eq!(tgt[j], toks[start + j + 1] as u32);
+                assert_eq!(Some(inp[j]), toks.get(start + j));
+                assert_eq!(Some(tgt[j]), toks.get(start + j + 1));
             }
             assert_eq!(&inp[1..], &tgt[..7]);
         }

@@ -1,5 +1,5 @@
 //! The command line: `launcher --cpus N CONFIG [--set section.key=value]... [--resume DIR|latest]`
-//! trains, `launcher prepare-data` tokenizes text, `launcher export` writes a checkpoint as a
+//! trains, `launcher prepare-data` tokenises text, JSON lines and Parquet, `launcher export` writes a checkpoint as a
 //! Hugging Face model folder, `launcher memory` predicts per-rank memory for every ZeRO stage,
 //! `launcher sweep` trains one config over rank counts and stages (table and plots),
 //! and the hidden `launcher worker` is one rank (the launcher starts its own binary with it;
@@ -28,7 +28,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Tokenize a UTF-8 text file with the GPT-2 BPE into token shards (train + val) for `data.path`.
+    /// Tokenise text, JSON-lines and Parquet files (plain, .gz, .zst) with GPT-2's BPE or a tokenizer.json into
+    /// token shards (train + val, split by documents) for `data.path`.
     PrepareData(PrepareDataArgs),
     /// Write a checkpoint as a Hugging Face model folder (config.json and model.safetensors, float32) that
     /// transformers' `from_pretrained` loads.
@@ -119,25 +120,61 @@ impl LaunchArgs {
 
 #[derive(Debug, Args)]
 pub struct PrepareDataArgs {
-    /// UTF-8 text file to tokenize.
-    #[arg(value_name = "INPUT.txt")]
-    pub input: PathBuf,
-    /// Directory to write the shards into (created if missing); point `data.path` at it.
-    #[arg(value_name = "OUT_DIR")]
-    pub out_dir: PathBuf,
-    /// Name prefix of the shard files (defaults to the input file's stem).
-    #[arg(long)]
-    pub name: Option<String>,
-    /// Fraction of the tokens (from the start of the text) that become the validation split.
+    /// Input files, directories (walked) and quoted patterns ('data/*.jsonl.gz') of .txt, .jsonl and .parquet
+    /// files, plain or .gz/.zst; then the directory to write the shards into (created if missing; point
+    /// `data.path` at it).
+    #[arg(value_name = "INPUT... OUT_DIR", required = true, num_args = 2..)]
+    pub paths: Vec<PathBuf>,
+    /// `gpt2` (the GPT-2 BPE, built in) or a Hugging Face tokenizer.json (or the model folder holding it,
+    /// e.g. a Llama folder). Vocabularies above 65536 ids are stored as u32 (llm.c's Llama 3 layout).
+    #[arg(long, value_name = "gpt2|PATH", default_value = "gpt2")]
+    pub tokenizer: String,
+    /// The token placed before every document (default: the eos_token of a tokenizer_config.json beside the
+    /// tokenizer.json, else <|endoftext|>, <|end_of_text|>, </s> or <eos>, whichever it has).
+    #[arg(long, value_name = "TOKEN")]
+    pub eot: Option<String>,
+    /// The field of a .jsonl line, and the column of a .parquet file, that holds the text.
+    #[arg(long, value_name = "NAME", default_value = "text")]
+    pub text_field: String,
+    /// How a .txt file is cut into documents: `file` (the whole file; a literal <|endoftext|> in it separates
+    /// documents), `line` (every non-blank line) or `paragraph` (runs of non-blank lines).
+    #[arg(long, value_enum, default_value_t = TxtDocsArg::File)]
+    pub txt_docs: TxtDocsArg,
+    /// Records that are not documents (malformed JSON lines, missing or null fields, invalid UTF-8, empty
+    /// text): `skip` counts them and names the first of each kind in the summary and dataset.json; `refuse`
+    /// stops at the first one, writing nothing.
+    #[arg(long, value_enum, default_value_t = OnBadArg::Skip)]
+    pub on_bad: OnBadArg,
+    /// Fraction of the documents that become the validation split: document i (from 0, in input order) goes
+    /// to validation when floor((i+1)·F) > floor(i·F), so exactly floor(n·F) of n, evenly spread.
     #[arg(long, value_name = "F", default_value_t = 0.1)]
     pub val_fraction: f64,
-    /// Tokens per shard file.
+    /// Token ids per shard file.
     #[arg(long, value_name = "N", default_value_t = 100_000_000)]
     pub shard_tokens: usize,
-    /// Add this text to an OUT_DIR that already holds shards (training then samples both);
-    /// every source is recorded in OUT_DIR/dataset.json. Without it such an OUT_DIR is refused.
+    /// Name prefix of the shard files (default: the first input's name without its suffixes).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Add these inputs to an OUT_DIR that already holds shards (training then samples both; the tokenizer
+    /// must be the same); every source is recorded in OUT_DIR/dataset.json. Without it such an OUT_DIR is
+    /// refused.
     #[arg(long)]
     pub append: bool,
+}
+
+/// `--txt-docs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TxtDocsArg {
+    File,
+    Line,
+    Paragraph,
+}
+
+/// `--on-bad`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnBadArg {
+    Skip,
+    Refuse,
 }
 
 /// `launcher eval`: the loss of some weights on the validation split's first windows.

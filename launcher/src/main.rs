@@ -40,6 +40,7 @@ mod out;
 mod plan;
 mod plot;
 mod prepare;
+mod prepare_progress;
 mod progress;
 mod protocol;
 mod ranks;

@@ -1,7 +1,8 @@
 //! Everything checked and prepared before any rank is spawned: the device and the GPU of
 //! each rank, the node layout, the job token, the config (loaded and validated once, here),
 //! (node 0) the run directory's lock and owner (`runlock`, `rundir`: a directory holds one
-//! run), the checkpoint to resume from (`resume`), the data (both splits against the vocabulary),
+//! run), the checkpoint to resume from (`resume`), the data (both splits against the vocabulary,
+//! the shards' tokenizer against `train.init_from`'s),
 //! `train.init_from`, the checkpoint directory (writable; half-written `.step_*.partial`
 //! directories of a crashed save removed), the run directory, the node's fingerprint and the
 //! resolved config file the ranks read. A problem found here is a [`SetupError`]: printed
@@ -279,7 +280,7 @@ pub fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, Setu
         }
         Some(p) if p.exists() || is_pattern(p) => Ok(absolute(p)),
         Some(p) => Err(SetupError(format!(
-            "data.path = {} does not exist: make token shards with `launcher prepare-data INPUT.txt {}`, \
+            "data.path = {} does not exist: make token shards with `launcher prepare-data INPUT... {}`, \
              fix the path, or remove data.path to train on the built-in corpus",
             p.display(),
             p.display()
@@ -289,12 +290,18 @@ pub fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, Setu
 
 /// Open the shards once here, so data problems stop the job before any rank starts:
 /// unreadable shards, token ids the model's vocabulary cannot hold (the trainer's own check,
-/// [`trainer::train::check_data_fits`]) in the training split and, when evaluation is on,
-/// the validation split, shards shorter than a window, a validation split too small to give
-/// each of the `world` ranks a batch. Returns the training split's token count.
+/// [`trainer::train::check_data_fits`]: the largest id, from the shards' headers when they
+/// record it) in the training split and, when evaluation is on, the validation split,
+/// shards of another tokenizer than `train.init_from`'s `tokenizer.json`
+/// ([`trainer::train::check_tokenizer`]), `data.document_mask` on shards whose end-of-text
+/// token is unknown ([`trainer::documents::end_of_text`]), shards shorter than a window, a
+/// validation split too small to give each of the `world` ranks a batch. Returns the
+/// training split's token count.
 fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupError> {
     let dataset = data::Dataset::open(path, Split::Train).map_err(|e| SetupError(format!("data.path: {e}")))?;
     trainer::train::check_data_fits(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
+    trainer::train::check_tokenizer(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
+    trainer::documents::end_of_text(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
     let tokens = dataset.total_tokens();
     data::BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)
         .map_err(|e| SetupError(format!("data.path: {e}")))?;
@@ -307,6 +314,8 @@ fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupErr
             ))
         })?;
         trainer::train::check_data_fits(cfg, &val, path)
+            .map_err(|e| SetupError(format!("the validation split: {e}")))?;
+        trainer::documents::end_of_text(cfg, &val, path)
             .map_err(|e| SetupError(format!("the validation split: {e}")))?;
         let have = val
             .val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)

@@ -75,6 +75,38 @@ pub fn write_synthetic_shard(dir: &Path, vocab: u32, n_tokens: usize) -> PathBuf
     path
 }
 
+/// [`write_synthetic_shard`]'s progressions as documents: each run of 24 tokens begins
+/// with the end-of-text id `eot` (outside `0..vocab - 1`'s progressions: `vocab - 1`), in
+/// a shard whose header records the tokenizer (`vocab`, `eot`), as `prepare-data` writes
+/// them, so `data.document_mask` knows where documents start. `split`: `train` or `val`.
+pub fn write_synthetic_documents(dir: &Path, vocab: u32, n_tokens: usize, split: &str) -> PathBuf {
+    let eot = vocab - 1;
+    let mut toks = Vec::with_capacity(n_tokens);
+    let mut state = 12345u64;
+    let (mut cur, mut stride) = (0u32, 1u32);
+    for i in 0..n_tokens {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if i % 24 == 0 {
+            stride = 1 + ((state >> 33) as u32 % 5);
+            cur = (state >> 40) as u32 % eot;
+            toks.push(eot as u16);
+            continue;
+        }
+        cur = (cur + stride) % eot;
+        toks.push(cur as u16);
+    }
+    let info = data::ShardInfo {
+        vocab_size: vocab,
+        eot_id: eot,
+        max_id: toks.iter().max().map(|&m| m as u32),
+        fingerprint: 0x5eed,
+        tokenizer: "synthetic".into(),
+    };
+    let path = dir.join(format!("synthetic_{split}_000000.bin"));
+    data::write_shard_ids(&path, data::Ids::U16(&toks), Some(&info), None).expect("write shard");
+    path
+}
+
 /// Run `world` CPU ranks as threads over a loopback TCP group; `f(rank, comm)` is one
 /// rank's work. Returns every rank's result, in rank order.
 pub fn run_ranks<T, F>(world: usize, f: F) -> Vec<T>

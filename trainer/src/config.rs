@@ -410,6 +410,12 @@ impl Default for OffloadConfig {
 pub struct DataConfig {
     /// Directory (or single file) of llm.c token shards. Unset: the built-in generated corpus.
     pub path: Option<PathBuf>,
+    /// Attention stops at document boundaries inside a packed sequence, and positions
+    /// (GPT-2's learned ones, Llama's RoPE) restart at each document. A document starts at
+    /// every input that is the data's end-of-text token (from the shards' tokenizer record;
+    /// GPT-2's 50256 for shards without one, `trainer::documents`), and at each sequence's
+    /// first token. Training and validation loss both use it.
+    pub document_mask: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -5,11 +5,13 @@
 //! inputs are tokens `i·T .. i·T + T` and its targets `i·T + 1 .. i·T + T + 1`. The loss is
 //! the mean over every target token of every window (windows are of equal length, so also
 //! the mean of their means). The weights are those `train.init_from` names (a Hugging Face
-//! folder or a checkpoint), or a checkpoint given to `eval` itself.
+//! folder or a checkpoint), or a checkpoint given to `eval` itself. With
+//! `data.document_mask` the windows are evaluated within documents, as training saw them.
 
 use crate::backend::Backend;
 use crate::checkpoint::init::InitSource;
 use crate::config::Config;
+use crate::documents::{end_of_text, DocumentMask};
 use crate::model::{step_micro_loss, ModelLayout, ModelOptions};
 use crate::zero::{Engine, EngineComm, EngineOptions};
 use crate::TrainError;
@@ -39,7 +41,7 @@ pub fn windows(val: &Dataset, windows: usize, seq_len: usize) -> Result<(Vec<u32
     let mut stream: Vec<u32> = Vec::with_capacity(need);
     for shard in val.shards() {
         let take = (need - stream.len()).min(shard.len());
-        stream.extend(shard.tokens()[..take].iter().map(|&t| t as u32));
+        shard.ids().slice(0..take).extend_u32(&mut stream);
         if stream.len() == need {
             break;
         }
@@ -79,7 +81,11 @@ pub fn evaluate<B: Backend, C: EngineComm<B>>(
     })?;
     let val = Dataset::open(data_path, Split::Val)?;
     crate::train::check_data_fits(cfg, &val, data_path)?;
+    if checkpoint.is_none() {
+        crate::train::check_tokenizer(cfg, &val, data_path)?;
+    }
     let t = cfg.model.seq_len;
+    let mut docs = DocumentMask::new(end_of_text(cfg, &val, data_path)?, t);
     let (inputs, targets) = windows(&val, n_windows, t)?;
     let layout = ModelLayout::new(&cfg.model);
     let src = InitSource::open(weights)?;
@@ -93,7 +99,7 @@ pub fn evaluate<B: Backend, C: EngineComm<B>>(
     let mut model = cfg.model.family.build(be, &engine.layout, &opts, &mut engine.ledger)?;
     let mut sum = 0.0f64;
     for (x, y) in inputs.chunks(b * t).zip(targets.chunks(b * t)) {
-        sum += step_micro_loss(model.as_mut(), be, &mut engine, comm, x, y, None)?;
+        sum += step_micro_loss(model.as_mut(), be, &mut engine, comm, &docs.batch(x, y), None)?;
     }
     let loss = sum / (n_windows / b) as f64;
     Ok(EvalResult {

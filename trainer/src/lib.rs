@@ -12,11 +12,13 @@
 //! - `optim`: the optimizer (fp32 master weights, AdamW moments, their step) and the
 //!   learning-rate schedule;
 //! - `checkpoint`: sharded save/resume with resharding, Hugging Face import/export;
-//! - `train`: the training loop one rank runs; `log`: its log lines, which never stop it.
+//! - `train`: the training loop one rank runs; `documents`: its document starts
+//!   (`data.document_mask`); `log`: its log lines, which never stop it.
 
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod documents;
 pub mod eval;
 pub mod log;
 pub mod metrics;

@@ -5,6 +5,7 @@ use crate::backend::{Backend, Precision, TunedGemm};
 use crate::checkpoint::init::InitSource;
 use crate::checkpoint::CheckpointReader;
 use crate::config::{Config, ConfigError};
+use crate::documents::{end_of_text, DocumentMask};
 use crate::metrics::StepMetrics;
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
@@ -43,6 +44,9 @@ pub struct Trainer<B: Backend> {
     val: Option<Dataset>,
     inputs: Vec<u32>,
     targets: Vec<u32>,
+    /// The training and validation micro-batches' document starts (`data.document_mask`).
+    docs: DocumentMask,
+    val_docs: DocumentMask,
     /// Optimizer steps taken so far.
     pub step: usize,
     /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
@@ -63,7 +67,9 @@ impl<B: Backend> Trainer<B> {
     pub fn new(cfg: &Config, be: &B, rank: usize, world: usize, data_path: &Path) -> Result<Trainer<B>, TrainError> {
         let dataset = Dataset::open(data_path, Split::Train)?;
         check_data_fits(cfg, &dataset, data_path)?;
+        let docs = DocumentMask::new(end_of_text(cfg, &dataset, data_path)?, cfg.model.seq_len);
         let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
+        let mut val_docs = DocumentMask::new(None, cfg.model.seq_len);
         let val = if cfg.train.eval_every > 0 {
             let v = Dataset::open(data_path, Split::Val).map_err(|e| {
                 TrainError::Invalid(format!(
@@ -72,6 +78,8 @@ impl<B: Backend> Trainer<B> {
                 ))
             })?;
             check_data_fits(cfg, &v, data_path)?;
+            // Validation loss masks documents as training does.
+            val_docs = DocumentMask::new(end_of_text(cfg, &v, data_path)?, cfg.model.seq_len);
             // Fail now, not at the first evaluation, if it cannot give every rank a batch.
             let have = v.val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)?.len();
             if have < world {
@@ -130,6 +138,8 @@ impl<B: Backend> Trainer<B> {
             val,
             inputs: vec![0; n],
             targets: vec![0; n],
+            docs,
+            val_docs,
             step: 0,
             profile,
             graphs,
@@ -160,7 +170,7 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<(), TrainError> {
         let key = self.engine.micro_key(first, last);
         self.engine.set_final_micro(key.last);
-        self.model.load_batch(be, &self.inputs, &self.targets)?;
+        self.model.load_batch(be, &self.docs.batch(&self.inputs, &self.targets))?;
         self.engine.await_pending(be, comm)?;
         let before = self.engine.micro_state();
         if let Some(r) = self.graphs_recorded.iter().find(|r| r.key == key) {
@@ -229,8 +239,8 @@ impl<B: Backend> Trainer<B> {
             if self.graphs && self.steps_here >= 1 {
                 self.micro_from_graph(be, comm, dloss_scale, (micro == 0, micro + 1 == tc.grad_accum))?;
             } else {
-                let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
-                step_micro(self.model.as_mut(), be, eng, comm, inputs, targets, Some(dloss_scale))?;
+                let batch = self.docs.batch(&self.inputs, &self.targets);
+                step_micro(self.model.as_mut(), be, &mut self.engine, comm, &batch, Some(dloss_scale))?;
             }
         }
         mark(be, "forward+backward")?;
@@ -333,8 +343,8 @@ impl<B: Backend> Trainer<B> {
         let (mut sum, mut i, mut done) = (0.0f64, 0usize, 0usize);
         while done < per_rank && batches.next_into(&mut self.inputs, &mut self.targets)? {
             if i % world == rank {
-                let (eng, inputs, targets) = (&mut self.engine, &self.inputs, &self.targets);
-                sum += step_micro_loss(self.model.as_mut(), be, eng, comm, inputs, targets, None)?;
+                let batch = self.val_docs.batch(&self.inputs, &self.targets);
+                sum += step_micro_loss(self.model.as_mut(), be, &mut self.engine, comm, &batch, None)?;
                 done += 1;
             }
             i += 1;
@@ -384,12 +394,52 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
 pub fn check_data_fits(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
     let max_tok = dataset.max_token() as usize;
     if max_tok >= cfg.model.vocab_size {
+        // Shards from `prepare-data` name their tokenizer: say which, and its vocabulary.
+        let (made_by, need) = match dataset.tokenizer()? {
+            Some(t) => (
+                format!(" (tokenised with {}, a vocabulary of {} ids)", t.tokenizer, t.vocab_size),
+                (t.vocab_size as usize).max(max_tok + 1),
+            ),
+            None => (String::new(), max_tok + 1),
+        };
         return Err(TrainError::Invalid(format!(
-            "data {} holds token id {max_tok} but model.vocab_size = {}: set model.vocab_size to at least {} \
-             (GPT-2 BPE data needs 50257, or 50304 for speed)",
+            "data {} holds token id {max_tok}{made_by} but model.vocab_size = {}: set model.vocab_size to at least \
+             {need} (GPT-2 BPE data needs 50257, or 50304 for speed; Llama 3's 128256)",
             data_path.display(),
             cfg.model.vocab_size,
-            max_tok + 1
+        )));
+    }
+    Ok(())
+}
+
+/// The tokenizer of `train.init_from` (the `tokenizer.json` of its Hugging Face folder, or
+/// of the folder of its `.safetensors` file) must be the one the shards were made with:
+/// the weights would otherwise read every id as other text. Compared by fingerprint
+/// (`data::tokenizer`), so a copy of the same tokenizer, or GPT-2's `tokenizer.json`
+/// against the built-in GPT-2, agree. Nothing to compare (no `init_from`, no
+/// `tokenizer.json` beside it, shards without a tokenizer record) passes.
+pub fn check_tokenizer(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
+    let Some(init) = &cfg.train.init_from else { return Ok(()) };
+    let folder = if init.is_dir() { init.as_path() } else { init.parent().unwrap_or(Path::new(".")) };
+    let file = folder.join("tokenizer.json");
+    let Some(shards) = dataset.tokenizer()? else { return Ok(()) };
+    if !file.is_file() {
+        return Ok(());
+    }
+    let (theirs, name) = data::tokenizer::fingerprint_file(&file)
+        .map_err(|e| TrainError::Invalid(format!("train.init_from's tokenizer {}: {e}", file.display())))?;
+    if theirs != shards.fingerprint {
+        return Err(TrainError::Invalid(format!(
+            "data {} was tokenised with {} (fingerprint {:016x}), but train.init_from {} comes with another \
+             tokenizer, {} (fingerprint {theirs:016x}): the model would read every id as other text. Prepare the \
+             data with its tokenizer (`launcher prepare-data INPUT... OUT_DIR --tokenizer {}`), or start from \
+             weights trained with the data's",
+            data_path.display(),
+            shards.tokenizer,
+            shards.fingerprint,
+            init.display(),
+            name,
+            file.display()
         )));
     }
     Ok(())

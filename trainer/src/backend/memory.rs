@@ -6,8 +6,10 @@ use super::{BResult, Device, Loc};
 /// What a token-id buffer holds: the embedding's inputs (a backend may prepare the
 /// embedding backward's grouping with them, as CUDA does at upload), the loss's targets, or
 /// where each row's document starts in sequences of `seq_len` tokens (attention's
-/// [`AttnInputs::docs`](super::AttnInputs::docs); CUDA checks them at upload with
-/// [`check_doc_starts`](super::check_doc_starts), the CPU at each op).
+/// [`AttnInputs::docs`](super::AttnInputs::docs), also read by RoPE and the embedding's
+/// learned positions; CUDA checks them at upload with
+/// [`check_doc_starts`](super::check_doc_starts) and groups the rows by position within
+/// their document for the position table's gradient, the CPU checks them at each op).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenRole {
     Inputs,

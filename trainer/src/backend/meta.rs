@@ -7,9 +7,9 @@
 
 use super::{
     ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnInputs, AttnShape, BResult,
-    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, Fp8Bytes, Fp8Layers, LayerNormOps, LinearLocs, LnSaved,
-    LnStats, Loc, LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole,
-    TransferOps, WeightGrads, Weights,
+    CrossEntropyOps, Device, ElemBytes, EmbedInputs, EmbedLocs, EncoderOps, Fp8Bytes, Fp8Layers, LayerNormOps,
+    LinearLocs, LnSaved, LnStats, Loc, LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows,
+    SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
@@ -122,10 +122,22 @@ impl MemoryOps for MetaBackend {
 }
 
 impl EncoderOps for MetaBackend {
-    fn encoder_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, EmbedLocs>, _: SeqShape) -> BResult<()> {
+    fn encoder_fwd(
+        &self,
+        _: &mut MetaBuf,
+        _: EmbedInputs<'_, Self>,
+        _: Weights<'_, Self, EmbedLocs>,
+        _: SeqShape,
+    ) -> BResult<()> {
         Ok(())
     }
-    fn encoder_bwd(&self, _: WeightGrads<'_, Self, EmbedLocs>, _: &MetaBuf, _: &MetaBuf, _: SeqShape) -> BResult<()> {
+    fn encoder_bwd(
+        &self,
+        _: WeightGrads<'_, Self, EmbedLocs>,
+        _: &MetaBuf,
+        _: EmbedInputs<'_, Self>,
+        _: SeqShape,
+    ) -> BResult<()> {
         Ok(())
     }
 }

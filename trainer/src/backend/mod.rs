@@ -4,7 +4,7 @@
 //! | group (file) | ops |
 //! |---|---|
 //! | [`MemoryOps`] (`memory.rs`) | allocation, host transfers, casts, copies, zeroing |
-//! | [`EncoderOps`] (`encoder.rs`) | token (+ position) embedding |
+//! | [`EncoderOps`] (`encoder.rs`) | token (+ position) embedding, positions optionally within documents |
 //! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm, RMSNorm |
 //! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs) in bf16 or FP8 (`fp8.rs`: its numerics), with the fused-GELU hooks |
 //! | [`AttentionOps`] (`attention.rs`) | causal self-attention (multi-head, grouped-query), RoPE |
@@ -61,7 +61,7 @@ pub use attention::{
     check_doc_starts, doc_starts, rope_inv_freq, rope_table, AttentionOps, AttnInputs, AttnShape, RopeScaling,
 };
 pub use cross_entropy::{CrossEntropyOps, LossRows};
-pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
+pub use encoder::{EmbedInputs, EmbedLocs, EncoderOps, SeqShape};
 pub use fp8::{Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};

@@ -223,10 +223,20 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let bc2 = (n * c * 2) as f64;
 
     tm.time("encoder_fwd", 3, 20, gbps(2.0 * bc2), || {
-        be.encoder_fwd(&mut y, &gtok, Weights::new(&eparams, emb), SeqShape { b, t, c })
+        be.encoder_fwd(
+            &mut y,
+            EmbedInputs { tokens: &gtok, docs: None },
+            Weights::new(&eparams, emb),
+            SeqShape { b, t, c },
+        )
     });
     tm.time("encoder_bwd (grouping planned at upload)", 2, 10, gbps(bc2 + (n * c * 8) as f64), || {
-        be.encoder_bwd(WeightGrads::new(&mut egrads, emb), &x, &gtok, SeqShape { b, t, c })
+        be.encoder_bwd(
+            WeightGrads::new(&mut egrads, emb),
+            &x,
+            EmbedInputs { tokens: &gtok, docs: None },
+            SeqShape { b, t, c },
+        )
     });
     let mut dres = newbuf(n * c, &chunk)?;
     let ln_bufs = LnBufs {

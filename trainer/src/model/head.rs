@@ -181,6 +181,11 @@ impl<B: Backend> LossHead<B> {
         Ok(mean)
     }
 
+    /// The last micro-step's loss of every token, in row order (one device read: tests).
+    pub fn token_losses(&self, be: &B) -> BResult<Vec<f32>> {
+        be.download_f32(&self.losses, Loc::all(self.n))
+    }
+
     /// A recording of the micro-step was replayed: count its loss as `run` would have.
     pub fn replayed_micro(&mut self) {
         self.loss_micro += 1;

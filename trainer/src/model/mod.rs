@@ -4,6 +4,7 @@
 //! - `schedule.rs`: [`DecoderModel`], the per-unit hooks a family implements, and the
 //!   micro-step schedule that drives them through the engine (gather, prefetch, release,
 //!   reduce);
+//! - `batch.rs`: one micro-batch (ids, targets, document starts) and its device buffers;
 //! - `head.rs`: the LM head and the loss, in chunks of rows (every family's);
 //! - `checkpointing.rs`: activation checkpointing's saved sets, passes and kept attention;
 //! - `init.rs`: random initialisation, per tensor as the family's rule says;
@@ -13,6 +14,7 @@
 //! [`ModelFamily`] is `model.family` in the config; adding a family means a folder beside
 //! `gpt2/`, a variant here, and its arms in `ModelFamily`'s methods.
 
+pub mod batch;
 pub mod checkpointing;
 pub mod gpt2;
 pub mod head;
@@ -21,6 +23,7 @@ pub mod llama;
 pub mod schedule;
 pub mod units;
 
+pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
@@ -169,6 +172,9 @@ pub struct ModelOptions {
     /// their own buffers (ZeRO stages 0-2): stage 3's gathered weights come and go through
     /// pooled buffers, so they are cast at each use.
     pub fp8_weight_cache: bool,
+    /// Attention and positions within documents (`data.document_mask`): every micro-batch
+    /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
+    pub document_mask: bool,
 }
 
 impl ModelOptions {
@@ -179,11 +185,12 @@ impl ModelOptions {
             loss_chunk_rows: cfg.train.loss_chunk_rows,
             precision: cfg.train.precision,
             fp8_weight_cache: cfg.train.fp8_weight_cache && cfg.zero.stage < 3,
+            document_mask: cfg.data.document_mask,
         }
     }
 
     /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
-    /// FP8 weights cast at each use: right on every stage).
+    /// FP8 weights cast at each use: right on every stage; no document masking).
     pub fn batch(b: usize) -> ModelOptions {
         ModelOptions {
             micro_batch: b,
@@ -191,6 +198,7 @@ impl ModelOptions {
             loss_chunk_rows: 0,
             precision: Precision::Bf16,
             fp8_weight_cache: false,
+            document_mask: false,
         }
     }
 }

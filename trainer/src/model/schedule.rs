@@ -7,15 +7,16 @@
 //! its gradient is complete.
 
 use crate::backend::{BResult, Backend, UnitGrads};
-use crate::model::ModelLayout;
+use crate::model::{MicroBatch, ModelLayout};
 use crate::zero::{Engine, EngineComm};
 use crate::TrainError;
 
 /// One model's activations and its per-unit computations for a fixed micro-batch. The
 /// schedule hands each hook the parameters (and gradient buffer) of the unit it touches.
 pub trait DecoderModel<B: Backend> {
-    /// Upload one micro-batch's input and target token ids.
-    fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()>;
+    /// Upload one micro-batch: input and target token ids, and document starts when the
+    /// model was built with `document_mask`.
+    fn load_batch(&mut self, be: &B, batch: &MicroBatch<'_>) -> BResult<()>;
     /// The embedding (unit 0's parameters) into the residual stream.
     fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()>;
     /// Block `layer` forward.
@@ -37,6 +38,9 @@ pub trait DecoderModel<B: Backend> {
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64>;
     /// A recording of [`run_micro`] was replayed: count its loss as `head_fwd` would have.
     fn replayed_micro(&mut self);
+    /// The last micro-step's loss of every token, in row order (one device read: tests
+    /// compare them token by token, e.g. a packed document against the document alone).
+    fn token_losses(&self, be: &B) -> BResult<Vec<f32>>;
 }
 
 /// One micro-step: forward to the loss, and with `dloss_scale = Some(s)` the backward,
@@ -47,11 +51,10 @@ pub fn step_micro<B: Backend, C: EngineComm<B>>(
     be: &B,
     eng: &mut Engine<B>,
     comm: &mut C,
-    inputs: &[u32],
-    targets: &[u32],
+    batch: &MicroBatch<'_>,
     dloss_scale: Option<f32>,
 ) -> Result<(), TrainError> {
-    model.load_batch(be, inputs, targets)?;
+    model.load_batch(be, batch)?;
     run_micro(model, be, eng, comm, dloss_scale)
 }
 
@@ -123,11 +126,10 @@ pub fn step_micro_loss<B: Backend, C: EngineComm<B>>(
     be: &B,
     eng: &mut Engine<B>,
     comm: &mut C,
-    inputs: &[u32],
-    targets: &[u32],
+    batch: &MicroBatch<'_>,
     dloss_scale: Option<f32>,
 ) -> Result<f64, TrainError> {
-    step_micro(model, be, eng, comm, inputs, targets, dloss_scale)?;
+    step_micro(model, be, eng, comm, batch, dloss_scale)?;
     Ok(model.take_mean_loss(be)?)
 }
 

@@ -7,7 +7,7 @@ use crate::backend::fp8::{cpu_reserved, CudaFp8WeightCache};
 use crate::backend::meta::{MetaBackend, MetaComm};
 use crate::backend::{AttnShape, ElemBytes, Fp8Bytes, Fp8Layers};
 use crate::config::Config;
-use crate::model::{step_micro, ModelLayout, ModelOptions};
+use crate::model::{step_micro, MicroBatch, ModelLayout, ModelOptions};
 use crate::optim::Hyper;
 use crate::TrainError;
 
@@ -67,6 +67,9 @@ pub fn dry_run(
     let mut model = cfg.model.family.build(&be, &eng.layout, &ModelOptions::from_config(cfg), &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];
+    // Zeros are valid document starts too (one document per sequence): the meta backend
+    // reads no values, only what is allocated and uploaded.
+    let batch = MicroBatch { inputs: &toks, targets: &toks, docs: cfg.data.document_mask.then_some(&toks[..]) };
     let h = Hyper { lr: 0.0, weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 0.0 };
     let mut allocs = Vec::with_capacity(steps);
     // The first, a middle and the last micro-step are every kind there is (the middle ones
@@ -76,7 +79,7 @@ pub fn dry_run(
     for t in 1..=steps {
         eng.begin_step(&be)?;
         for _ in 0..micro_steps {
-            step_micro(model.as_mut(), &be, &mut eng, &mut comm, &toks, &toks, Some(1.0))?;
+            step_micro(model.as_mut(), &be, &mut eng, &mut comm, &batch, Some(1.0))?;
         }
         eng.step(&be, &mut comm, h, t as u64)?;
         allocs.push(be.allocations.get());

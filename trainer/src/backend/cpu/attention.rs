@@ -131,14 +131,15 @@ pub fn rope_rotate(qkv: &mut [f32], table: &[f32], docs: Option<&[u32]>, s: Attn
     }
 }
 
-/// The rows' document starts as the reference reads them, checked ([`check_doc_starts`]).
-fn docs_of<'a>(op: &str, docs: Option<&'a Vec<u32>>, s: AttnShape) -> BResult<Option<&'a [u32]>> {
+/// The document starts of `b` sequences of `t` rows as the reference reads them, checked
+/// ([`check_doc_starts`]); `op` names the op in the error.
+pub(super) fn docs_of<'a>(op: &str, docs: Option<&'a Vec<u32>>, b: usize, t: usize) -> BResult<Option<&'a [u32]>> {
     let Some(d) = docs else { return Ok(None) };
-    let n = s.b * s.t;
+    let n = b * t;
     if d.len() < n {
         return Err(BackendError::Device(format!("{op}: {} document starts for {n} rows", d.len())));
     }
-    check_doc_starts(&d[..n], s.t).map_err(|e| BackendError::Device(format!("{op}: {e}")))?;
+    check_doc_starts(&d[..n], t).map_err(|e| BackendError::Device(format!("{op}: {e}")))?;
     Ok(Some(&d[..n]))
 }
 
@@ -154,7 +155,7 @@ impl AttentionOps for CpuBackend {
         s: AttnShape,
     ) -> BResult<()> {
         let n = s.b * s.t;
-        let docs = docs_of("attention_fwd", x.docs, s)?;
+        let docs = docs_of("attention_fwd", x.docs, s.b, s.t)?;
         let att = &mut saved[..self.attention_saved_len(s)];
         attention_forward(&mut out[..n * s.c], att, &x.qkv[..n * s.qkv_width()], docs, s);
         Ok(())
@@ -169,7 +170,7 @@ impl AttentionOps for CpuBackend {
         s: AttnShape,
     ) -> BResult<()> {
         let (n, w) = (s.b * s.t, s.qkv_width());
-        let docs = docs_of("attention_bwd", x.docs, s)?;
+        let docs = docs_of("attention_bwd", x.docs, s.b, s.t)?;
         attention_backward(
             &mut dqkv[..n * w],
             &dout[..n * s.c],
@@ -182,13 +183,13 @@ impl AttentionOps for CpuBackend {
     }
     fn rope_fwd(&self, qkv: &mut Vec<f32>, table: &Vec<f32>, docs: Option<&Vec<u32>>, s: AttnShape) -> BResult<()> {
         let n = s.b * s.t;
-        let docs = docs_of("rope_fwd", docs, s)?;
+        let docs = docs_of("rope_fwd", docs, s.b, s.t)?;
         rope_rotate(&mut qkv[..n * s.qkv_width()], &table[..s.t * s.hs()], docs, s, false);
         Ok(())
     }
     fn rope_bwd(&self, dqkv: &mut Vec<f32>, table: &Vec<f32>, docs: Option<&Vec<u32>>, s: AttnShape) -> BResult<()> {
         let n = s.b * s.t;
-        let docs = docs_of("rope_bwd", docs, s)?;
+        let docs = docs_of("rope_bwd", docs, s.b, s.t)?;
         rope_rotate(&mut dqkv[..n * s.qkv_width()], &table[..s.t * s.hs()], docs, s, true);
         Ok(())
     }

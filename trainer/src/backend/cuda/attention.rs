@@ -272,23 +272,23 @@ impl CudaBackend {
         self.dkv_split_for(s, v, docs)
     }
 
-    /// The device address of the document starts `AttnInputs::docs` hands an op (0: none),
-    /// after checking they were allocated as document starts of this shape's `T`
-    /// (`TokenRole::DocStarts`, checked at upload) and cover its `B·T` rows.
-    fn docs_ptr(&self, op: &str, docs: Option<&DeviceTokens>, s: AttnShape) -> BResult<u64> {
+    /// The device address of the document starts `AttnInputs::docs` (or `EmbedInputs::docs`)
+    /// hands an op (0: none), after checking they were allocated as document starts of
+    /// sequences of `t` (`TokenRole::DocStarts`, checked at upload) and cover `b·t` rows.
+    pub(super) fn docs_ptr(&self, op: &str, docs: Option<&DeviceTokens>, b: usize, t: usize) -> BResult<u64> {
         let Some(d) = docs else { return Ok(0) };
-        if d.doc_seq_len != Some(s.t) {
+        if d.doc_seq_len != Some(t) {
             return Err(bad(format!(
                 "{op}: the document starts must be token ids allocated as TokenRole::DocStarts {{ seq_len: {} }} \
                  (these were allocated as {})",
-                s.t,
+                t,
                 match d.doc_seq_len {
                     Some(t) => format!("document starts of T = {t}"),
                     None => "token ids or targets".to_string(),
                 }
             )));
         }
-        check(&format!("{op} document starts"), d.dev.len(), 0, s.b * s.t)?;
+        check(&format!("{op} document starts"), d.dev.len(), 0, b * t)?;
         Ok(self.ptr(&d.dev, 0))
     }
 
@@ -326,7 +326,7 @@ impl AttentionOps for CudaBackend {
         check("attention_fwd out", out.len(), 0, n * s.c)?;
         check("attention_fwd qkv", x.qkv.len(), 0, n * s.qkv_width())?;
         check("attention_fwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
-        let docs = self.docs_ptr("attention_fwd", x.docs, s)?;
+        let docs = self.docs_ptr("attention_fwd", x.docs, s.b, s.t)?;
         if n == 0 {
             return Ok(());
         }
@@ -368,7 +368,7 @@ impl AttentionOps for CudaBackend {
         check("attention_bwd qkv", x.qkv.len(), 0, n * w)?;
         check("attention_bwd out", out.len(), 0, n * s.c)?;
         check("attention_bwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
-        let docs = self.docs_ptr("attention_bwd", x.docs, s)?;
+        let docs = self.docs_ptr("attention_bwd", x.docs, s.b, s.t)?;
         let masked = x.docs.is_some();
         if n == 0 {
             return Ok(());
@@ -449,7 +449,7 @@ impl AttentionOps for CudaBackend {
         docs: Option<&DeviceTokens>,
         s: AttnShape,
     ) -> BResult<()> {
-        let docs = self.docs_ptr("rope_fwd", docs, s)?;
+        let docs = self.docs_ptr("rope_fwd", docs, s.b, s.t)?;
         self.rope("rope_fwd", qkv, table, docs, s, false)
     }
     fn rope_bwd(
@@ -459,7 +459,7 @@ impl AttentionOps for CudaBackend {
         docs: Option<&DeviceTokens>,
         s: AttnShape,
     ) -> BResult<()> {
-        let docs = self.docs_ptr("rope_bwd", docs, s)?;
+        let docs = self.docs_ptr("rope_bwd", docs, s.b, s.t)?;
         self.rope("rope_bwd", dqkv, table, docs, s, true)
     }
 }

@@ -1,13 +1,16 @@
-// Token (+ position) embedding (twin of cpu/encoder.rs).
+// Token (+ position) embedding (twin of cpu/encoder.rs), positions optionally within
+// documents.
 //
 // The backward is deterministic: no atomics. The host groups the rows by token
 // (stable, so positions stay in order) and one thread block per distinct token sums
 // its rows in that order; the position table is summed over the batch in order.
 
 // out[N,C] = wte[tok] (+ wpe[t] when wpe is not null); a token outside the table gives NaN
-// (visible in the loss).
-extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, const bf16_t* wte,
-                                       const bf16_t* wpe, int N, int T, int C, unsigned V) {
+// (visible in the loss). t is the row's position in its sequence, or with docs (not null:
+// each row's document start, checked at upload) in its document.
+extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, const unsigned* docs,
+                                       const bf16_t* wte, const bf16_t* wpe, int N, int T, int C,
+                                       unsigned V) {
     const bool pos = wpe != nullptr;
     const bool vec = (C % 8 == 0) && aligned16(out) && aligned16(wte) && (!pos || aligned16(wpe));
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -17,7 +20,7 @@ extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, cons
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
             const int row = (int)(i / cv), c8 = (int)(i % cv) * 8;
             const unsigned tok = tokens[row];
-            const int t = row % T;
+            const int t = row % T - (docs != nullptr ? (int)docs[row] : 0);
             float o[8];
             if (tok < V) {
                 float e[8], p[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -36,7 +39,7 @@ extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, cons
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
             const int row = (int)(i / C), c = (int)(i % C);
             const unsigned tok = tokens[row];
-            const int t = row % T;
+            const int t = row % T - (docs != nullptr ? (int)docs[row] : 0);
             float o = tok < V ? bf2f(wte[(long long)tok * C + c]) + (pos ? bf2f(wpe[(long long)t * C + c]) : 0.f)
                               : __int_as_float(0x7fc00000);
             out[i] = f2bf(o);
@@ -44,7 +47,8 @@ extern "C" __global__ void encoder_fwd(bf16_t* out, const unsigned* tokens, cons
     }
 }
 
-// dwpe[t,c] += sum over b (in order) of dout[b,t,c].
+// dwpe[t,c] += sum over b (in order) of dout[b,t,c]. (Positions within documents sum their
+// rows with encoder_bwd_wte over the document starts' plan, grouped by position.)
 extern "C" __global__ void encoder_bwd_wpe(float* dwpe, const bf16_t* dout, int B, int T, int C) {
     const long long total = (long long)T * C;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;

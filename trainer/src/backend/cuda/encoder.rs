@@ -1,11 +1,13 @@
-//! Token (+ position) embedding on the GPU (twin of cpu/encoder.rs; kernels in encoder.cu).
-//! The backward is deterministic: rows are grouped by token on the host when the ids are
-//! uploaded (`DeviceTokens`), and each token's rows are summed in order.
+//! Token (+ position) embedding on the GPU (twin of cpu/encoder.rs; kernels in encoder.cu),
+//! positions optionally within documents. The backward is deterministic: rows are grouped
+//! by token on the host when the ids are uploaded (`DeviceTokens`), and each token's rows
+//! are summed in order; within documents the position table's rows are grouped the same
+//! way, by position, when the document starts are uploaded.
 
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, check_loc, to_i32, BLOCK};
 use super::CudaBackend;
-use crate::backend::{BResult, EmbedLocs, EncoderOps, SeqShape, WeightGrads, Weights};
+use crate::backend::{BResult, EmbedInputs, EmbedLocs, EncoderOps, SeqShape, WeightGrads, Weights};
 use cudarc::driver::PushKernelArg;
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -20,12 +22,13 @@ impl EncoderOps for CudaBackend {
     fn encoder_fwd(
         &self,
         out: &mut Self::Buf,
-        tokens: &Self::Tokens,
+        x: EmbedInputs<'_, Self>,
         p: Weights<'_, Self, EmbedLocs>,
         s: SeqShape,
     ) -> BResult<()> {
         let SeqShape { b, t, c } = s;
-        let (tokens, params, EmbedLocs { wte, wpe }) = (&tokens.dev, p.buf, p.at);
+        let (tokens, params, EmbedLocs { wte, wpe }) = (&x.tokens.dev, p.buf, p.at);
+        let docs = self.docs_ptr("encoder_fwd", x.docs, b, t)?;
         let n = b * t;
         check("encoder_fwd out", out.len(), 0, n * c)?;
         check("encoder_fwd tokens", tokens.len(), 0, n)?;
@@ -51,8 +54,10 @@ impl EncoderOps for CudaBackend {
         let (ni, ti, ci) = (to_i32("B*T", n)?, to_i32("T", t)?, to_i32("C", c)?);
         let f = self.f("encoder_fwd")?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&tk).arg(&e).arg(&pp).arg(&ni).arg(&ti).arg(&ci).arg(&v);
-        // SAFETY: all ranges checked above; token ids are range-checked in the kernel.
+        lb.arg(&o).arg(&tk).arg(&docs).arg(&e).arg(&pp).arg(&ni).arg(&ti).arg(&ci).arg(&v);
+        // SAFETY: all ranges checked above; token ids are range-checked in the kernel; the
+        // document starts (0 or B*T of them) were checked at upload, each at most its row's
+        // position, so every position is below T.
         unsafe { lb.launch(cfg((self.grid_for(n * c / 8 + 1), 1, 1), (BLOCK, 1, 1), 0)) }
             .map_err(|e| self.launch_err("encoder_fwd", e))?;
         Ok(())
@@ -60,16 +65,18 @@ impl EncoderOps for CudaBackend {
 
     /// Deterministic embedding backward: the rows are grouped by token on the host (from
     /// the ids' host copy, so nothing waits for the device), and each token's rows are
-    /// summed in order.
+    /// summed in order. Within documents the position table's rows are summed the same way,
+    /// grouped by position by the plan made when the document starts were uploaded.
     fn encoder_bwd(
         &self,
         g: WeightGrads<'_, Self, EmbedLocs>,
         dout: &Self::Buf,
-        tokens: &Self::Tokens,
+        x: EmbedInputs<'_, Self>,
         s: SeqShape,
     ) -> BResult<()> {
         let SeqShape { b, t, c } = s;
-        let (grads, EmbedLocs { wte: dwte, wpe: dwpe }, toks) = (g.buf, g.at, &tokens.host);
+        let (grads, EmbedLocs { wte: dwte, wpe: dwpe }, toks) = (g.buf, g.at, &x.tokens.host);
+        self.docs_ptr("encoder_bwd", x.docs, b, t)?;
         let n = b * t;
         check_loc("encoder_bwd dwte", grads.len(), dwte)?;
         if let Some(dwpe) = dwpe {
@@ -105,7 +112,7 @@ impl EncoderOps for CudaBackend {
         // The grouping was planned and uploaded with the ids (`DeviceTokens`); the kernel
         // reads the number of distinct ids from it, so its grid (one block per possible id)
         // does not depend on the batch.
-        let plan = tokens.plan.as_ref().map(|p| &p.dev).ok_or_else(|| {
+        let plan = x.tokens.plan.as_ref().map(|p| &p.dev).ok_or_else(|| {
             bad("encoder_bwd: these token ids were allocated as loss targets (TokenRole::Targets), without the embedding backward's grouping".to_string())
         })?;
         check("encoder_bwd plan", plan.len(), 0, 3 * n + 2)?;
@@ -121,6 +128,23 @@ impl EncoderOps for CudaBackend {
             .map_err(|e| self.launch_err("encoder_bwd_wte", e))?;
         let Some(dwpe) = dwpe else { return Ok(()) };
         let g_wpe = self.ptr_mut(grads, dwpe.off);
+        if let Some(docs) = x.docs {
+            // Rows grouped by their position within the document (< T, at upload), each
+            // position's rows summed in order: the token kernel over the starts' plan.
+            let plan = docs.plan.as_ref().map(|p| &p.dev).ok_or_else(|| {
+                bad("encoder_bwd: the document starts have no position plan (a bug: DocStarts always get one)".into())
+            })?;
+            check("encoder_bwd position plan", plan.len(), 0, 3 * n + 2)?;
+            let plan_ptr = self.ptr(plan, 0);
+            let f = self.f("encoder_bwd_wte")?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&g_wpe).arg(&d).arg(&plan_ptr).arg(&ci);
+            // SAFETY: the plan indexes rows < n (dout holds n rows) and positions < T (dwpe
+            // holds T rows), both checked above and at upload.
+            unsafe { lb.launch(cfg((n as u32, c.div_ceil(BLOCK as usize) as u32, 1), (BLOCK, 1, 1), 0)) }
+                .map_err(|e| self.launch_err("encoder_bwd_wte (positions within documents)", e))?;
+            return Ok(());
+        }
         let f = self.f("encoder_bwd_wpe")?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&g_wpe).arg(&d).arg(&bi).arg(&ti).arg(&ci);

@@ -65,10 +65,12 @@ impl MemoryOps for CudaBackend {
     }
     fn alloc_tokens(&self, n: usize, role: TokenRole) -> BResult<Self::Tokens> {
         let pinned = super::staging::Staging::new(self, n, "token ids")?;
-        // Only the embedding's inputs get the backward's grouping (made at each upload).
+        // The embedding's inputs get the backward's grouping by token, document starts its
+        // grouping by position within the document (GPT-2's `wpe` gradient), made at each
+        // upload; targets none.
         let plan = match role {
-            TokenRole::Targets | TokenRole::DocStarts { .. } => None,
-            TokenRole::Inputs => {
+            TokenRole::Targets => None,
+            TokenRole::Inputs | TokenRole::DocStarts { .. } => {
                 let plan_len = 3 * n + 2;
                 let staged = super::staging::Staging::new(self, plan_len, "the embedding backward plan")?;
                 let dev = self.alloc(plan_len, "the embedding backward plan")?;
@@ -90,10 +92,16 @@ impl MemoryOps for CudaBackend {
         }
         dst.host[..host.len()].copy_from_slice(host);
         dst.pinned.upload(self, host, &mut dst.dev, "token ids")?;
-        match dst.plan.as_mut() {
-            Some(p) => p.staged.upload(self, &embedding_plan(host), &mut p.dev, "the embedding backward plan"),
-            None => Ok(()),
-        }
+        let Some(p) = dst.plan.as_mut() else { return Ok(()) };
+        let plan = match dst.doc_seq_len {
+            // Checked above: each start is at most its row's position.
+            Some(t) => {
+                let positions: Vec<u32> = host.iter().enumerate().map(|(r, &d)| (r % t) as u32 - d).collect();
+                embedding_plan(&positions)
+            }
+            None => embedding_plan(host),
+        };
+        p.staged.upload(self, &plan, &mut p.dev, "the embedding backward plan")
     }
     fn upload_buf(&self, host: &[f32], dst: &mut Self::Buf, off: usize) -> BResult<()> {
         check("upload_buf", dst.len(), off, host.len())?;

@@ -476,7 +476,9 @@ pub struct DeviceTokens {
     host: Vec<u32>,
     /// Page-locked staging, so the upload does not wait for the stream.
     pinned: staging::Staging,
-    /// The embedding backward's grouping of these ids (`TokenRole::Inputs` only).
+    /// The embedding backward's grouping of these rows: by id (`TokenRole::Inputs`), or by
+    /// position within the document (`TokenRole::DocStarts`: the `wpe` gradient); none
+    /// for targets.
     plan: Option<EmbeddingPlan>,
     /// `TokenRole::DocStarts { seq_len }`: document starts for sequences of this length,
     /// checked at each upload (`check_doc_starts`), which attention and RoPE require.

@@ -8,17 +8,20 @@
 //! MLP's GELU (see `Pass`). The GELU output, the second MLP GEMM's input, is recomputed
 //! by the backward from the pre-activation unless (`checkpointing.keep_gelu`) the block
 //! kept the forward's.
+//!
+//! With `data.document_mask` every micro-batch brings its document starts (`BatchTokens`):
+//! attention stays within documents and the learned positions restart at each.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
     AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
-    TokenRole, UnitGrads, Weights,
+    UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{prepare_precision, ModelLayout, ModelOptions};
+use crate::model::{prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// The per-row statistics of one LayerNorm, kept from its forward for its backward.
@@ -89,7 +92,8 @@ pub struct Gpt2<B: Backend> {
     lnf_stats: NormStats<B>,
     /// The tied LM head and the loss, in chunks of rows.
     head: LossHead<B>,
-    tokens: B::Tokens,
+    /// Input ids and, with `document_mask`, each row's document start.
+    tokens: BatchTokens<B>,
     g: GradScratch<B>,
 }
 
@@ -159,8 +163,7 @@ impl<B: Backend> Gpt2<B> {
         }
         let kept = KeptAttention::for_blocks(be, ckpt_cfg, l, n * c, saved_len, ledger)?;
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
-        ledger.alloc(Category::Workspace, n * 4);
-        let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        let tokens = BatchTokens::new(be, b, t, opts.document_mask, ledger)?;
         // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
         let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
         prepare_precision(be, opts, n, &linears, l, ledger)?;
@@ -188,20 +191,20 @@ impl<B: Backend> Gpt2<B> {
 }
 
 impl<B: Backend> DecoderModel<B> for Gpt2<B> {
-    fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()> {
-        be.upload_tokens(inputs, &mut self.tokens)?;
-        self.head.load_targets(be, targets)
+    fn load_batch(&mut self, be: &B, batch: &MicroBatch<'_>) -> BResult<()> {
+        self.tokens.upload(be, batch)?;
+        self.head.load_targets(be, batch.targets)
     }
 
     fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
         let s = SeqShape { b: self.shape.b, t: self.shape.t, c: self.shape.c };
-        be.encoder_fwd(&mut self.resid[0], &self.tokens, Weights::new(p, self.embed.tokens), s)
+        be.encoder_fwd(&mut self.resid[0], self.tokens.embed(), Weights::new(p, self.embed.tokens), s)
     }
 
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape };
+        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape, docs: self.tokens.docs.as_ref() };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -227,7 +230,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape };
+        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape, docs: self.tokens.docs.as_ref() };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -248,7 +251,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         if let (true, Some(wpe)) = (gr.fresh, self.embed.tokens.wpe) {
             be.zero_grad(&mut *gr.buf, wpe)?;
         }
-        be.encoder_bwd(gr.again(self.embed.tokens), &self.g.dres, &self.tokens, s)
+        be.encoder_bwd(gr.again(self.embed.tokens), &self.g.dres, self.tokens.embed(), s)
     }
 
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
@@ -258,15 +261,21 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn replayed_micro(&mut self) {
         self.head.replayed_micro();
     }
+
+    fn token_losses(&self, be: &B) -> BResult<Vec<f32>> {
+        self.head.token_losses(be)
+    }
 }
 
 /// One block's computations: the backend, the block's gathered parameters and where
-/// its tensors are, and the shapes.
+/// its tensors are, the shapes, and where documents start.
 struct Block<'a, B: Backend> {
     be: &'a B,
     p: &'a B::Buf,
     k: &'a BlockLocs,
     s: AttnShape,
+    /// Each row's document start (`data.document_mask`), for attention.
+    docs: Option<&'a B::Tokens>,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -282,7 +291,7 @@ impl<B: Backend> Block<'_, B> {
         be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: None }, s)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, s)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
@@ -331,7 +340,7 @@ impl<B: Backend> Block<'_, B> {
         // attention
         let proj = MatShape { n, c, oc: c };
         be.matmul_bwd(&mut g.dln, gr.first(k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
-        let att_in = AttnInputs { qkv: &a.qkv, docs: None };
+        let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s)?;
         let qkv = MatShape { n, c, oc: 3 * c };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;

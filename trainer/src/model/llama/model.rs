@@ -10,17 +10,20 @@
 //! gate/up projection before its backward. The SwiGLU output, the down projection's
 //! input, is recomputed by the backward from the gate/up values unless
 //! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
+//!
+//! With `data.document_mask` every micro-batch brings its document starts (`BatchTokens`):
+//! attention stays within documents and RoPE turns each token by its position in its document.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole,
-    UnitGrads, Weights,
+    rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, UnitGrads,
+    Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{prepare_precision, ModelLayout, ModelOptions};
+use crate::model::{prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// Activations one block saves for its backward.
@@ -85,7 +88,8 @@ pub struct Llama<B: Backend> {
     lnf: B::Buf,
     rstdf: B::F32,
     head: LossHead<B>,
-    tokens: B::Tokens,
+    /// Input ids and, with `document_mask`, each row's document start.
+    tokens: BatchTokens<B>,
     g: GradScratch<B>,
 }
 
@@ -157,8 +161,7 @@ impl<B: Backend> Llama<B> {
         let mut rope = be.alloc_f32(table.len(), "rope table")?;
         be.upload_f32(&table, &mut rope, 0)?;
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
-        ledger.alloc(Category::Workspace, n * 4);
-        let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        let tokens = BatchTokens::new(be, b, t, opts.document_mask, ledger)?;
         // qkv, o (input: the query heads' width), gate/up, down (the head stays bf16: LossHead).
         let q = attn.nh * attn.hs();
         let linears = [(c, w), (q, c), (c, 2 * f), (f, c)];
@@ -199,20 +202,27 @@ impl<B: Backend> Llama<B> {
 }
 
 impl<B: Backend> DecoderModel<B> for Llama<B> {
-    fn load_batch(&mut self, be: &B, inputs: &[u32], targets: &[u32]) -> BResult<()> {
-        be.upload_tokens(inputs, &mut self.tokens)?;
-        self.head.load_targets(be, targets)
+    fn load_batch(&mut self, be: &B, batch: &MicroBatch<'_>) -> BResult<()> {
+        self.tokens.upload(be, batch)?;
+        self.head.load_targets(be, batch.targets)
     }
 
     fn embed_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
         let s = self.seq();
-        be.encoder_fwd(&mut self.resid[0], &self.tokens, Weights::new(p, self.embed.tokens), s)
+        be.encoder_fwd(&mut self.resid[0], self.tokens.embed(), Weights::new(p, self.embed.tokens), s)
     }
 
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.s, rope: &self.rope };
+        let blk = Block {
+            be,
+            p,
+            k: &self.block.for_layer(layer),
+            s: self.s,
+            rope: &self.rope,
+            docs: self.tokens.docs.as_ref(),
+        };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -237,7 +247,14 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.s, rope: &self.rope };
+        let blk = Block {
+            be,
+            p,
+            k: &self.block.for_layer(layer),
+            s: self.s,
+            rope: &self.rope,
+            docs: self.tokens.docs.as_ref(),
+        };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -256,7 +273,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let at = self.embed.tokens;
         // A tied head wrote embed_tokens already in head_fwd_bwd; otherwise this op is first.
         let (g, s) = (if self.tied { gr.again(at) } else { gr.first(at) }, self.seq());
-        be.encoder_bwd(g, &self.g.dres, &self.tokens, s)
+        be.encoder_bwd(g, &self.g.dres, self.tokens.embed(), s)
     }
 
     fn take_mean_loss(&mut self, be: &B) -> BResult<f64> {
@@ -266,16 +283,22 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
     fn replayed_micro(&mut self) {
         self.head.replayed_micro();
     }
+
+    fn token_losses(&self, be: &B) -> BResult<Vec<f32>> {
+        self.head.token_losses(be)
+    }
 }
 
 /// One block's computations: the backend, the block's gathered parameters and where its
-/// tensors are, the shapes and the RoPE table.
+/// tensors are, the shapes, the RoPE table, and where documents start.
 struct Block<'a, B: Backend> {
     be: &'a B,
     p: &'a B::Buf,
     k: &'a BlockLocs,
     s: Shapes,
     rope: &'a B::F32,
+    /// Each row's document start (`data.document_mask`), for RoPE and attention.
+    docs: Option<&'a B::Tokens>,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -291,9 +314,9 @@ impl<B: Backend> Block<'_, B> {
         let r = Rows { n, c };
         be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: at.qkv_width() })?;
-        be.rope_fwd(&mut a.qkv, self.rope, None, at)?;
+        be.rope_fwd(&mut a.qkv, self.rope, self.docs, at)?;
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: None }, at)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, at)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps)?;
@@ -337,9 +360,9 @@ impl<B: Backend> Block<'_, B> {
         be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
         // attention
         be.matmul_bwd(&mut g.dln, gr.first(k.o), &g.dres, &a.atty, self.w(k.o), MatShape { n, c, oc: c })?;
-        let att_in = AttnInputs { qkv: &a.qkv, docs: None };
+        let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at)?;
-        be.rope_bwd(&mut g.dqkv, self.rope, None, at)?;
+        be.rope_bwd(&mut g.dqkv, self.rope, self.docs, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = RmsSaved { inp: x, rstd: &a.rstd1 };
