@@ -59,8 +59,8 @@ pub enum DataError {
 
     /// The file length disagrees with the header's token count.
     #[error(
-        "{} is {}: its header says {tokens} tokens, so {expected} bytes were expected, but the file has {found} \
-         bytes; re-create it with `launcher prepare-data`",
+        "{} is {}: its header says {tokens} tokens, so {expected} bytes were expected, but the file ends at byte \
+         offset {found}; re-create it with `launcher prepare-data`",
         path.display(),
         if found < expected { "truncated" } else { "longer than its header says" }
     )]
@@ -109,6 +109,32 @@ pub enum DataError {
         dir.display()
     )]
     SplitTooShort { dir: PathBuf, split: String, tokens: usize, needed: usize, micro_batch: usize, seq_len: usize },
+
+    /// One epoch of the training data cannot fill one global batch.
+    #[error(
+        "the training data holds {tokens} tokens, {windows} windows of seq_len + 1 = {} tokens, fewer than the \
+         {rows} rows one optimizer step takes ({shape}): every row of a step would not be a different window. \
+         Prepare more data, or lower train.micro_batch, train.grad_accum, the number of ranks or model.seq_len",
+        seq_len + 1
+    )]
+    TooLittleData { tokens: usize, windows: u64, seq_len: usize, rows: u64, shape: String },
+
+    /// A token id the model's vocabulary cannot hold, met while reading a row.
+    #[error(
+        "{} holds token id {id} at token {offset} (byte offset {byte}), but the model's vocabulary has {vocab} ids: \
+         the shard is corrupt or was made with a larger tokenizer; re-create it with `launcher prepare-data`",
+        path.display()
+    )]
+    TokenOutOfRange { path: PathBuf, offset: usize, byte: u64, id: u32, vocab: u32 },
+
+    /// A resume whose data differs from the checkpoint's.
+    #[error(
+        "the training data differs from the checkpoint's: {changes}. The checkpoint's loader position only means \
+         the same rows with the same data; restore the data and settings it was saved with, or set \
+         data.allow_changed_data = true to continue anyway (each source from its saved row count, by name; an \
+         epoch of a changed source is then no longer seen exactly once)"
+    )]
+    DataChanged { changes: String },
 
     /// A caller passed an argument outside its domain (seq_len 0, rank >= world, buffer size...).
     #[error("invalid argument: {0}")]
