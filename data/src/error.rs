@@ -93,11 +93,11 @@ pub enum DataError {
     )]
     NoShards { dir: PathBuf, split: String, expected: String },
 
-    /// A shard cannot hold one training window.
+    /// No shard of a dataset can hold one training window (`path`: its longest).
     #[error(
-        "shard {} holds {tokens} tokens, fewer than the {needed} needed for one window of seq_len {seq_len} \
-         (seq_len inputs + 1 target): lower model.seq_len, or remove the shard / re-run `launcher prepare-data` \
-         with larger shards",
+        "no shard holds one training window: the longest, {}, holds {tokens} tokens, fewer than the {needed} \
+         needed for one window of seq_len {seq_len} (seq_len inputs + 1 target): lower model.seq_len, or \
+         prepare more data / larger shards with `launcher prepare-data`",
         path.display()
     )]
     ShardTooShort { path: PathBuf, tokens: usize, needed: usize, seq_len: usize },
@@ -113,8 +113,8 @@ pub enum DataError {
     /// One epoch of the training data cannot fill one global batch.
     #[error(
         "the training data holds {tokens} tokens, {windows} windows of seq_len + 1 = {} tokens, fewer than the \
-         {rows} rows one optimizer step takes ({shape}): every row of a step would not be a different window. \
-         Prepare more data, or lower train.micro_batch, train.grad_accum, the number of ranks or model.seq_len",
+         {rows} rows one optimizer step takes ({shape}): a step would train on some window twice. Prepare \
+         more data, or lower train.micro_batch, train.grad_accum, the number of ranks or model.seq_len",
         seq_len + 1
     )]
     TooLittleData { tokens: usize, windows: u64, seq_len: usize, rows: u64, shape: String },

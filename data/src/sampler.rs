@@ -5,7 +5,7 @@
 //! `seq_len + 1` tokens at stride `seq_len` (as llm.c's loader and the val walk do: a
 //! window's last target is the next window's first input, so every token after a shard's
 //! first is a target exactly once per epoch; the `(len - 1) % seq_len` tokens at a
-//! shard's end are not trained on). A source's windows are numbered across its shards in
+//! shard's end, and shards shorter than a window, are not trained on). A source's windows are numbered across its shards in
 //! order.
 //!
 //! **Order.** Epoch `e` of source `s` visits its windows in the order of
@@ -137,9 +137,9 @@ impl BatchSampler {
     /// A loader over a weighted mixture of sources.
     ///
     /// Errors if `seq_len` is 0, a weight is not positive and finite, two sources share a
-    /// name, a source has no shards or a shard holds fewer than `seq_len + 1` tokens (a
-    /// window needs `seq_len` inputs and one more target: the error names the shard), or
-    /// two sources were made by different tokenizers.
+    /// name, a source has no shards or no shard of `seq_len + 1` tokens (a window needs
+    /// `seq_len` inputs and one more target: the error names its longest shard), or two
+    /// sources were made by different tokenizers. Shorter shards add no windows.
     pub fn mixed(sources: Vec<Source>, seq_len: usize, seed: u64) -> Result<BatchSampler> {
         if seq_len == 0 {
             return Err(DataError::InvalidArgument("seq_len must be at least 1".into()));
@@ -167,18 +167,19 @@ impl BatchSampler {
             }
             let mut ends = Vec::with_capacity(ds.shards().len());
             let mut total = 0u64;
+            // A shard shorter than a window (the last of a prepared split, often) adds none.
             for sh in ds.shards() {
-                let needed = seq_len.saturating_add(1);
-                if sh.len() < needed {
-                    return Err(DataError::ShardTooShort {
-                        path: sh.path().to_owned(),
-                        tokens: sh.len(),
-                        needed,
-                        seq_len,
-                    });
-                }
-                total += ((sh.len() - 1) / seq_len) as u64;
+                total += (sh.len().saturating_sub(1) / seq_len) as u64;
                 ends.push(total);
+            }
+            if total == 0 {
+                let longest = ds.shards().iter().max_by_key(|sh| sh.len()).expect("not empty");
+                return Err(DataError::ShardTooShort {
+                    path: longest.path().to_owned(),
+                    tokens: longest.len(),
+                    needed: seq_len.saturating_add(1),
+                    seq_len,
+                });
             }
             windows.push(Windows { name: s.name, dataset: ds, ends });
         }
@@ -734,10 +735,14 @@ mod tests {
     }
 
     #[test]
-    fn short_shard_is_an_error_naming_it() {
+    fn short_shards_add_no_windows_and_data_without_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let ds = make_dataset(dir.path(), &[100, 16]);
-        let e = BatchSampler::new(ds, 16, 0).unwrap_err();
+        let mut s = BatchSampler::new(make_dataset(dir.path(), &[100, 16]), 16, 0).unwrap();
+        assert_eq!(s.windows(), vec![6], "the 16-token shard holds no window of 17");
+        s.begin_step(6);
+        assert!(s.step_windows().iter().all(|w| w.shard == 0));
+        let dir = tempfile::tempdir().unwrap();
+        let e = BatchSampler::new(make_dataset(dir.path(), &[10, 16]), 16, 0).unwrap_err();
         assert!(matches!(e, DataError::ShardTooShort { tokens: 16, needed: 17, .. }), "{e}");
         assert!(e.to_string().contains("t_train_000001.bin"), "{e}");
     }

@@ -78,7 +78,8 @@ pub fn open_val(cfg: &Config, data_path: &Path, world: usize) -> Result<(Vec<Val
             }
             Err(e) => return Err(no_val(cfg, &format!("{}{e}", prefix(&spec, cfg)))),
         };
-        check_data_fits(cfg, &v, &spec.path).map_err(|e| named(&spec, cfg, e))?;
+        check_data_fits(cfg, &v, &spec.path)
+            .map_err(|e| named(&spec, cfg, TrainError::Invalid(format!("the validation split: {e}"))))?;
         // Fail now, not at the first evaluation, if it cannot give every rank a batch.
         let have = v
             .val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)
