@@ -2063,3 +2063,61 @@ fn prepare_data_output_is_plain_off_a_terminal_and_survives_a_closed_stdout() {
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
     assert!(out2.join("dataset.json").is_file() && out2.join("data_train_000000.bin").is_file());
 }
+
+/// `[[data.sources]]` through the launcher: two ranks train on a 3:1 mixture and
+/// metrics.jsonl gives each source's rows and epochs; a missing source, or one given with
+/// data.path, is refused before any rank starts, naming it.
+#[test]
+fn mixed_sources_train_and_bad_ones_are_refused_before_launch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, n) in [("web", 20_000), ("code", 3_000)] {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        common::write_synthetic_shard(&d, 97, n);
+    }
+    let write = |sources: &str, extra: &str| {
+        let config = dir.path().join("mix.toml");
+        let text = format!(
+            "{}\n{extra}\n[data]\n{sources}\n[output]\ndir = '{}'\n",
+            common::tiny_toml(0, 1, "\"none\""),
+            dir.path().join("out").display()
+        );
+        std::fs::write(&config, text).expect("write config");
+        config.display().to_string()
+    };
+    let entry = |path: &str, weight: u32| {
+        format!("[[data.sources]]\npath = '{}'\nweight = {weight}\n", dir.path().join(path).display())
+    };
+    let config = write(&(entry("web", 3) + &entry("code", 1)), "");
+    let run = run_launcher(&["--cpus".into(), "2".into(), config], &[]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let text = std::fs::read_to_string(dir.path().join("out/metrics.jsonl")).expect("metrics");
+    let last: Value = serde_json::from_str(text.lines().last().expect("a line")).expect("json");
+    // 4 steps of micro_batch 2 x 2 ranks = 16 rows: 12 and 4.
+    let rows: Vec<(String, u64)> = last["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap_or_default().to_string(), s["rows"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(rows, [("web".to_string(), 12), ("code".to_string(), 4)]);
+
+    for (sources, extra, needles) in [
+        (entry("web", 3) + &entry("nowhere", 1), "", vec!["data source \"nowhere\"", "does not exist"]),
+        (format!("path = 'x'\n{}", entry("web", 1)), "", vec!["data.sources", "cannot be given with data.path"]),
+        // Document masking checks every source: these shards record no end-of-text id.
+        (
+            format!("document_mask = true\n{}", entry("web", 3) + &entry("code", 1)),
+            "",
+            vec!["data source \"web\"", "data.document_mask", "no tokenizer record"],
+        ),
+    ] {
+        let config = write(&sources, extra);
+        let run = run_launcher(&["--cpus".into(), "2".into(), config, "--overwrite".into()], &[]);
+        let stderr = run.stderr();
+        assert_eq!(run.code(), Some(2), "{stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "stderr must name `{n}`:\n{stderr}");
+        }
+    }
+}

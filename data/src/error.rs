@@ -59,8 +59,8 @@ pub enum DataError {
 
     /// The file length disagrees with the header's token count.
     #[error(
-        "{} is {}: its header says {tokens} tokens, so {expected} bytes were expected, but the file has {found} \
-         bytes; re-create it with `launcher prepare-data`",
+        "{} is {}: its header says {tokens} tokens, so {expected} bytes were expected, but the file ends at byte \
+         offset {found}; re-create it with `launcher prepare-data`",
         path.display(),
         if found < expected { "truncated" } else { "longer than its header says" }
     )]
@@ -93,11 +93,11 @@ pub enum DataError {
     )]
     NoShards { dir: PathBuf, split: String, expected: String },
 
-    /// A shard cannot hold one training window.
+    /// No shard of a dataset can hold one training window (`path`: its longest).
     #[error(
-        "shard {} holds {tokens} tokens, fewer than the {needed} needed for one window of seq_len {seq_len} \
-         (seq_len inputs + 1 target): lower model.seq_len, or remove the shard / re-run `launcher prepare-data` \
-         with larger shards",
+        "no shard holds one training window: the longest, {}, holds {tokens} tokens, fewer than the {needed} \
+         needed for one window of seq_len {seq_len} (seq_len inputs + 1 target): lower model.seq_len, or \
+         prepare more data / larger shards with `launcher prepare-data`",
         path.display()
     )]
     ShardTooShort { path: PathBuf, tokens: usize, needed: usize, seq_len: usize },
@@ -109,6 +109,32 @@ pub enum DataError {
         dir.display()
     )]
     SplitTooShort { dir: PathBuf, split: String, tokens: usize, needed: usize, micro_batch: usize, seq_len: usize },
+
+    /// One epoch of the training data cannot fill one global batch.
+    #[error(
+        "the training data holds {tokens} tokens, {windows} windows of seq_len + 1 = {} tokens, fewer than the \
+         {rows} rows one optimizer step takes ({shape}): a step would train on some window twice. Prepare \
+         more data, or lower train.micro_batch, train.grad_accum, the number of ranks or model.seq_len",
+        seq_len + 1
+    )]
+    TooLittleData { tokens: usize, windows: u64, seq_len: usize, rows: u64, shape: String },
+
+    /// A token id the model's vocabulary cannot hold, met while reading a row.
+    #[error(
+        "{} holds token id {id} at token {offset} (byte offset {byte}), but the model's vocabulary has {vocab} ids: \
+         the shard is corrupt or was made with a larger tokenizer; re-create it with `launcher prepare-data`",
+        path.display()
+    )]
+    TokenOutOfRange { path: PathBuf, offset: usize, byte: u64, id: u32, vocab: u32 },
+
+    /// A resume whose data differs from the checkpoint's.
+    #[error(
+        "the training data differs from the checkpoint's: {changes}. The checkpoint's loader position only means \
+         the same rows with the same data; restore the data and settings it was saved with, or set \
+         data.allow_changed_data = true to continue anyway (each source from its saved row count, by name; an \
+         epoch of a changed source is then no longer seen exactly once)"
+    )]
+    DataChanged { changes: String },
 
     /// A caller passed an argument outside its domain (seq_len 0, rank >= world, buffer size...).
     #[error("invalid argument: {0}")]

@@ -1,7 +1,8 @@
 //! Token data for shardtrain: llm.c token shards of `u16` or `u32` ids (writer and
 //! validating mmap reader, [`Ids`] to read either width, document indexes beside them),
-//! datasets of shards split into train/val, deterministic world-size-invariant batch
-//! sampling, the preparation of text, JSON-lines and Parquet inputs with GPT-2's BPE or
+//! datasets of shards split into train/val, the training loader (epochs without
+//! replacement, weighted mixtures, a position that is a row count: `epoch.rs`,
+//! `mixture.rs`, `sampler.rs`), the preparation of text, JSON-lines and Parquet inputs with GPT-2's BPE or
 //! any Hugging Face `tokenizer.json` (with a record of every source in `dataset.json`),
 //! and a built-in synthetic corpus that needs no download.
 //!
@@ -21,9 +22,11 @@ pub mod dataset;
 pub mod doc_starts;
 pub mod docindex;
 pub mod documents;
+pub mod epoch;
 pub mod error;
 pub mod ids;
 pub mod inputs;
+pub mod mixture;
 mod parquet_text;
 pub mod prepare;
 pub mod rng;
@@ -41,7 +44,7 @@ pub use documents::{BadKind, TxtDocs};
 pub use error::DataError;
 pub use ids::{Ids, Width};
 pub use prepare::{prepare, Existing, OnBad, PrepareOptions, PrepareProgress, PrepareSummary};
-pub use sampler::BatchSampler;
+pub use sampler::{BatchSampler, LoaderState, Source, SourceState, WindowRef};
 pub use shard::{write_shard, write_shard_ids, ShardInfo, TokenShard};
 pub use text::ValSplit;
 pub use tokenizer::{Tokenizer, TokenizerSpec, TokenizerStamp};

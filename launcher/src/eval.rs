@@ -1,7 +1,8 @@
 //! `launcher eval CONFIG [--checkpoint DIR] [--windows N] [--device cpu|gpu] [--json]`: the
 //! mean loss and perplexity of `train.init_from`'s weights (a Hugging Face folder or a
 //! checkpoint), or of `--checkpoint DIR`, on the first N windows of the config's validation
-//! split, taken in order (`trainer::eval` defines the windows), on one CPU rank or one GPU.
+//! split (with `[[data.sources]]`, the first source's), taken in order (`trainer::eval`
+//! defines the windows), on one CPU rank or one GPU.
 //! It starts no job and writes nothing but the built-in corpus, when the config uses it.
 
 use crate::cli::EvalArgs;
@@ -14,7 +15,11 @@ use trainer::Config;
 
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let cfg = Config::load(&args.config, &args.overrides).map_err(|e| SetupError(e.to_string()))?;
-    let data = resolve_data(cfg.data.path.as_deref(), &cfg.output.dir)?;
+    // With [[data.sources]]: the first source's validation split (the result names it).
+    let data = match cfg.data.sources.first() {
+        Some(first) => first.path.clone(),
+        None => resolve_data(cfg.data.path.as_deref(), &cfg.output.dir)?,
+    };
     let windows = args.windows as usize;
     let ckpt = args.checkpoint.as_deref();
     let result = match args.device {

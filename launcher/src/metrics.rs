@@ -85,6 +85,9 @@ pub struct StepRecord {
     pub tokens_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
+    /// With `[[data.sources]]`: each source's rows, epochs and validation loss.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<trainer::metrics::SourceMetrics>,
     pub memory: Vec<RankMemory>,
 }
 
@@ -123,6 +126,7 @@ impl StepRecord {
             step_time_s,
             tokens_per_s: if step_time_s > 0.0 { first.tokens as f64 / step_time_s } else { 0.0 },
             val_loss: reports.iter().find_map(|m| m.val_loss),
+            sources: first.sources.clone(),
             memory,
         }
     }
@@ -366,6 +370,7 @@ mod tests {
             memory: MemoryReport { current: bytes, peak: bytes, peak_total: params, host: Default::default() },
             device: None,
             host_optimizer: None,
+            sources: Vec::new(),
         }
     }
 

@@ -13,7 +13,6 @@ use crate::device::Device;
 use crate::fingerprint::Fingerprint;
 use crate::resume::Resume;
 use crate::token::JobToken;
-use data::Split;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use trainer::Config;
@@ -196,9 +195,14 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
             logs_dir.display()
         ))
     })?;
-    let data_path = resolve_data(cfg.data.path.as_deref(), &out_dir)?;
+    let data_path = if cfg.data.sources.is_empty() {
+        let p = resolve_data(cfg.data.path.as_deref(), &out_dir)?;
+        cfg.data.path = Some(p.clone());
+        p
+    } else {
+        resolve_sources(&mut cfg)?
+    };
     let train_tokens = check_data(&cfg, &data_path, world)?;
-    cfg.data.path = Some(data_path);
     check_init(&cfg)?;
     prepare_checkpoint_dir(&cfg, node_rank == 0)?;
     let fingerprint = crate::fingerprint::of(
@@ -288,46 +292,45 @@ pub fn resolve_data(path: Option<&Path>, out_dir: &Path) -> Result<PathBuf, Setu
     }
 }
 
-/// Open the shards once here, so data problems stop the job before any rank starts:
-/// unreadable shards, token ids the model's vocabulary cannot hold (the trainer's own check,
-/// [`trainer::train::check_data_fits`]: the largest id, from the shards' headers when they
-/// record it) in the training split and, when evaluation is on, the validation split,
-/// shards of another tokenizer than `train.init_from`'s `tokenizer.json`
-/// ([`trainer::train::check_tokenizer`]), `data.document_mask` on shards whose end-of-text
-/// token is unknown ([`trainer::documents::end_of_text`]), shards shorter than a window, a
-/// validation split too small to give each of the `world` ranks a batch. Returns the
-/// training split's token count.
-fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupError> {
-    let dataset = data::Dataset::open(path, Split::Train).map_err(|e| SetupError(format!("data.path: {e}")))?;
-    trainer::train::check_data_fits(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
-    trainer::train::check_tokenizer(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
-    trainer::documents::end_of_text(cfg, &dataset, path).map_err(|e| SetupError(e.to_string()))?;
-    let tokens = dataset.total_tokens();
-    data::BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)
-        .map_err(|e| SetupError(format!("data.path: {e}")))?;
-    if cfg.train.eval_every > 0 {
-        let every = cfg.train.eval_every;
-        let val = data::Dataset::open(path, Split::Val).map_err(|e| {
-            SetupError(format!(
-                "train.eval_every = {every} needs a validation split: {e} (set train.eval_every = 0 to train \
-                 without evaluation)"
-            ))
-        })?;
-        trainer::train::check_data_fits(cfg, &val, path)
-            .map_err(|e| SetupError(format!("the validation split: {e}")))?;
-        trainer::documents::end_of_text(cfg, &val, path)
-            .map_err(|e| SetupError(format!("the validation split: {e}")))?;
-        let have = val
-            .val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)
-            .map_err(|e| SetupError(format!("the validation split of data.path: {e}")))?
-            .len();
-        if have < world {
+/// `[[data.sources]]`: every path made absolute (ranks may run elsewhere), a missing one
+/// named. Returns the directory relative source paths start from (the current one).
+fn resolve_sources(cfg: &mut Config) -> Result<PathBuf, SetupError> {
+    let base = absolute(Path::new("."));
+    for s in &mut cfg.data.sources {
+        if !(s.path.exists() || is_pattern(&s.path)) {
             return Err(SetupError(format!(
-                "the validation split of {} holds {have} batches of micro_batch × seq_len tokens but {world} ranks \
-                 need one each: add validation data or lower train.micro_batch",
-                path.display()
+                "data source {:?}: path {} does not exist: make token shards with `launcher prepare-data INPUT... \
+                 {}`, or fix the path of its [[data.sources]] entry",
+                s.display_name(),
+                s.path.display(),
+                s.path.display()
             )));
         }
+        let name = s.display_name();
+        s.path = absolute(&s.path);
+        // The default name is the path's last component: keep it what the user saw.
+        s.name.get_or_insert(name);
+    }
+    Ok(base)
+}
+
+/// Open the data once here, so data problems stop the job before any rank starts, with
+/// the trainer's own checks ([`trainer::sources::open_loader`], [`trainer::sources::open_val`]):
+/// unreadable shards, token ids the model's vocabulary cannot hold (the largest id, from
+/// the shards' headers when they record it), shards of another tokenizer than
+/// `train.init_from`'s `tokenizer.json` or than another source's, `data.document_mask` on
+/// shards whose end-of-text token is unknown or differs between sources
+/// ([`trainer::documents::end_of_text`], per source and split), shards shorter than a
+/// window, an epoch smaller than one global batch of `world` ranks, and, when evaluation
+/// is on, a validation split too small to give each rank a batch. Returns the training
+/// tokens over all sources.
+fn check_data(cfg: &Config, path: &Path, world: usize) -> Result<usize, SetupError> {
+    let what = if cfg.data.sources.is_empty() { "data.path" } else { "data.sources" };
+    let (loader, _eot) =
+        trainer::sources::open_loader(cfg, path, world).map_err(|e| SetupError(format!("{what}: {e}")))?;
+    let tokens = (0..loader.source_names().len()).map(|i| loader.source_dataset(i).total_tokens()).sum();
+    if cfg.train.eval_every > 0 {
+        trainer::sources::open_val(cfg, path, world).map_err(|e| SetupError(e.to_string()))?;
     }
     Ok(tokens)
 }

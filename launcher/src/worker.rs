@@ -287,9 +287,18 @@ fn run_connected(
     let (rank, world) = (args.rank as usize, args.world as usize);
     let fault = Fault::from_env()?;
     let cfg = Config::load(&args.config, &[]).map_err(|e| Failure::from(TrainError::from(e)))?;
-    let data_path = cfg.data.path.clone().ok_or_else(|| {
-        format!("{} has no data.path: the launcher writes it; start ranks through the launcher", args.config.display())
-    })?;
+    // With [[data.sources]] the launcher has made every source's path absolute.
+    let data_path = match (&cfg.data.path, cfg.data.sources.is_empty()) {
+        (Some(p), _) => p.clone(),
+        (None, false) => std::path::PathBuf::from("."),
+        (None, true) => {
+            return Err(format!(
+                "{} has no data.path: the launcher writes it; start ranks through the launcher",
+                args.config.display()
+            )
+            .into())
+        }
+    };
 
     let pending = TcpComm::bind(&SocketAddr::new(args.bind_host, 0).to_string())
         .map_err(|e| format!("cannot bind the data-plane listener on {}: {e}", args.bind_host))?;
@@ -445,6 +454,7 @@ mod tests {
             memory: Default::default(),
             device: None,
             host_optimizer: None,
+            sources: Vec::new(),
         };
         let line = step_line(3, &m, 50);
         assert!(line.starts_with("rank 3 step 7/50 loss"), "{line}");

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod rng;
+pub mod sources;
 pub mod train;
 pub mod zero;
 

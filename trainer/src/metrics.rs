@@ -27,6 +27,22 @@ pub struct StepMetrics {
     /// With the optimizer offloaded: the host AdamW's time and parameters this step.
     #[serde(default)]
     pub host_optimizer: Option<crate::optim::HostAdamWStats>,
+    /// With `[[data.sources]]`: each source's rows, epochs and validation loss. (Sent to
+    /// the launcher with bincode, which has no optional fields: never skip serialising.)
+    #[serde(default)]
+    pub sources: Vec<SourceMetrics>,
+}
+
+/// One data source of a mixture after a step.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SourceMetrics {
+    pub name: String,
+    /// Rows it has served since the run began.
+    pub rows: u64,
+    /// Epochs of it trained on (rows / windows per epoch): above 1, the source repeats.
+    pub epochs: f64,
+    /// Its validation loss, when evaluated at this step and it has a validation split.
+    pub val_loss: Option<f64>,
 }
 
 pub use crate::backend::{DeviceMemory, RuntimeMemory};

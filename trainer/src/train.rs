@@ -5,15 +5,16 @@ use crate::backend::{Backend, Precision, TunedGemm};
 use crate::checkpoint::init::InitSource;
 use crate::checkpoint::CheckpointReader;
 use crate::config::{Config, ConfigError};
-use crate::documents::{end_of_text, DocumentMask};
-use crate::metrics::StepMetrics;
+use crate::documents::DocumentMask;
+use crate::metrics::{SourceMetrics, StepMetrics};
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
+use crate::sources::{open_loader, open_val, ValSource};
 use crate::zero::engine::all_reduce_f64;
 use crate::zero::{Engine, EngineComm, EngineOptions, MicroKey, MicroState};
 use crate::TrainError;
 use collectives::Group;
-use data::{BatchSampler, Dataset, Split};
+use data::{BatchSampler, Dataset};
 use std::path::Path;
 use std::time::Instant;
 
@@ -40,13 +41,14 @@ pub struct Trainer<B: Backend> {
     pub engine: Engine<B>,
     model: Box<dyn DecoderModel<B>>,
     sampler: BatchSampler,
-    /// Validation split, when `train.eval_every > 0`.
-    val: Option<Dataset>,
+    /// Each source's validation split, when `train.eval_every > 0` (sources without one
+    /// are left out).
+    val: Vec<ValSource>,
     inputs: Vec<u32>,
     targets: Vec<u32>,
-    /// The training and validation micro-batches' document starts (`data.document_mask`).
+    /// The training micro-batches' document starts (`data.document_mask`; each validation
+    /// split has its own end-of-text id, [`ValSource::eot`]).
     docs: DocumentMask,
-    val_docs: DocumentMask,
     /// Optimizer steps taken so far.
     pub step: usize,
     /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
@@ -64,34 +66,24 @@ pub struct Trainer<B: Backend> {
 
 impl<B: Backend> Trainer<B> {
     /// Open the data, build the layout, initialise the engine and allocate activations.
+    /// `data_path` is `data.path`, or with `[[data.sources]]` the directory their relative
+    /// paths start from (the launcher makes them absolute).
     pub fn new(cfg: &Config, be: &B, rank: usize, world: usize, data_path: &Path) -> Result<Trainer<B>, TrainError> {
-        let dataset = Dataset::open(data_path, Split::Train)?;
-        check_data_fits(cfg, &dataset, data_path)?;
-        let docs = DocumentMask::new(end_of_text(cfg, &dataset, data_path)?, cfg.model.seq_len);
-        let sampler = BatchSampler::new(dataset, cfg.model.seq_len, cfg.train.seed)?;
-        let mut val_docs = DocumentMask::new(None, cfg.model.seq_len);
+        // The end-of-text id is every source's (one tokenizer), so one mask serves rows
+        // of any source.
+        let (sampler, eot) = open_loader(cfg, data_path, world)?;
+        let docs = DocumentMask::new(eot, cfg.model.seq_len);
         let val = if cfg.train.eval_every > 0 {
-            let v = Dataset::open(data_path, Split::Val).map_err(|e| {
-                TrainError::Invalid(format!(
-                    "train.eval_every = {} needs a validation split: {e} (set train.eval_every = 0 to train without evaluation)",
-                    cfg.train.eval_every
-                ))
-            })?;
-            check_data_fits(cfg, &v, data_path)?;
-            // Validation loss masks documents as training does.
-            val_docs = DocumentMask::new(end_of_text(cfg, &v, data_path)?, cfg.model.seq_len);
-            // Fail now, not at the first evaluation, if it cannot give every rank a batch.
-            let have = v.val_batches(cfg.train.micro_batch, cfg.model.seq_len, world)?.len();
-            if have < world {
-                return Err(TrainError::Invalid(format!(
-                    "the validation split of {} holds {have} batches of micro_batch × seq_len tokens but {world} ranks \
-                     need one each: add validation data or lower train.micro_batch",
-                    data_path.display()
-                )));
+            let (val, missing) = open_val(cfg, data_path, world)?;
+            if !missing.is_empty() && rank == 0 {
+                crate::log_line!(
+                    "rank 0: data sources without a validation split, not evaluated: {}",
+                    missing.join(", ")
+                );
             }
-            Some(v)
+            val
         } else {
-            None
+            Vec::new()
         };
         if cfg.train.precision == Precision::Fp8 {
             // Before anything is allocated: an older GPU is a config problem, said at once.
@@ -139,7 +131,6 @@ impl<B: Backend> Trainer<B> {
             inputs: vec![0; n],
             targets: vec![0; n],
             docs,
-            val_docs,
             step: 0,
             profile,
             graphs,
@@ -222,20 +213,13 @@ impl<B: Backend> Trainer<B> {
             Ok(())
         };
         mark(be, "start")?;
+        self.sampler.begin_step(tc.micro_batch * tc.grad_accum * world);
         self.engine.begin_step(be)?;
         mark(be, "zero gradients")?;
         for micro in 0..tc.grad_accum {
             collectives::progress::note_micro_step(micro);
             self.engine.set_final_micro(micro + 1 == tc.grad_accum);
-            self.sampler.micro_batch(
-                self.step as u64,
-                rank,
-                world,
-                micro,
-                tc.micro_batch,
-                &mut self.inputs,
-                &mut self.targets,
-            )?;
+            self.sampler.micro_batch(rank, world, micro, tc.micro_batch, &mut self.inputs, &mut self.targets)?;
             if self.graphs && self.steps_here >= 1 {
                 self.micro_from_graph(be, comm, dloss_scale, (micro == 0, micro + 1 == tc.grad_accum))?;
             } else {
@@ -269,6 +253,7 @@ impl<B: Backend> Trainer<B> {
         if self.steps_here == 0 && rank == 0 {
             report_gemm_tuning(&be.gemm_tuning_report(), profile);
         }
+        self.sampler.end_step();
         self.step += 1;
         self.steps_here += 1;
         let ev = tc.eval_every;
@@ -277,7 +262,9 @@ impl<B: Backend> Trainer<B> {
             // The run's last step ends with every update applied (a delayed one included).
             self.engine.settle(be, comm)?;
         }
-        let val_loss = if eval_due { Some(self.evaluate(be, comm)?) } else { None };
+        let by_source = if eval_due { self.evaluate_sources(be, comm)? } else { Vec::new() };
+        let val_loss = eval_due.then(|| self.mean_val_loss(&by_source));
+        let sources = self.source_metrics(&by_source);
         Ok(StepMetrics {
             step: self.step as u64,
             loss,
@@ -289,12 +276,38 @@ impl<B: Backend> Trainer<B> {
             memory: self.engine.memory(),
             device: be.device_memory(),
             host_optimizer: self.engine.take_host_optimizer_stats(),
+            sources,
         })
     }
 
+    /// With `[[data.sources]]`: each source's rows, epochs and validation loss (if evaluated).
+    fn source_metrics(&self, val: &[(String, f64)]) -> Vec<SourceMetrics> {
+        if self.cfg.data.sources.is_empty() {
+            return Vec::new();
+        }
+        let s = &self.sampler;
+        s.source_names()
+            .iter()
+            .zip(s.source_rows())
+            .zip(s.windows())
+            .map(|((name, &rows), windows)| SourceMetrics {
+                name: name.to_string(),
+                rows,
+                epochs: rows as f64 / windows.max(1) as f64,
+                val_loss: val.iter().find(|(n, _)| n == name).map(|(_, l)| *l),
+            })
+            .collect()
+    }
+
+    /// The data loader (its position, windows and the rows of the last step).
+    pub fn sampler(&self) -> &BatchSampler {
+        &self.sampler
+    }
+
     /// Continue from the checkpoint in `dir` (any world size and stage): load this rank's
-    /// optimizer-state range from whichever shards hold it, rebuild parameters, and take
-    /// up the step count (which is also the data position).
+    /// optimizer-state range from whichever shards hold it, rebuild parameters, take up the
+    /// step count and the data loader's position (refused when the data changed, unless
+    /// `data.allow_changed_data`).
     pub fn resume<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, dir: &Path) -> Result<(), TrainError> {
         // Sizes are checked by every rank; the launcher verifies checksums once before spawning.
         let reader = CheckpointReader::open(dir, false)?;
@@ -307,12 +320,47 @@ impl<B: Backend> Trainer<B> {
                 self.cfg.train.steps
             )));
         }
+        self.restore_data(&reader.manifest, dir)?;
         for i in 0..self.engine.num_units() {
             let (lo, hi) = self.engine.held_range(i);
             let state = reader.read_state(i, lo, hi)?;
             self.engine.load_optimizer_state(be, comm, i, state)?;
         }
         self.step = reader.manifest.step as usize;
+        Ok(())
+    }
+
+    /// Take up the loader position of a checkpoint's manifest. A checkpoint saved before
+    /// positions were recorded sampled by step: it continues at the rows its steps took.
+    fn restore_data(&mut self, m: &crate::checkpoint::Manifest, dir: &Path) -> Result<(), TrainError> {
+        let rank = self.engine.rank;
+        match &m.data {
+            Some(saved) => {
+                let changes = self
+                    .sampler
+                    .restore(saved, self.cfg.data.allow_changed_data)
+                    .map_err(|e| TrainError::Invalid(format!("cannot resume from {}: {e}", dir.display())))?;
+                if !changes.is_empty() && rank == 0 {
+                    crate::log_line!(
+                        "rank 0: resuming with changed data (data.allow_changed_data = true): {}",
+                        changes.join("; ")
+                    );
+                }
+            }
+            None => {
+                let old = Config::from_toml_str(&m.config_toml, "the checkpoint's config")?;
+                let rows = m.step * (old.train.micro_batch * old.train.grad_accum * m.world) as u64;
+                self.sampler.restore_rows(rows);
+                if rank == 0 {
+                    crate::log_line!(
+                        "rank 0: {} predates recorded loader positions: continuing after the {rows} rows its {} steps \
+                         took",
+                        dir.display(),
+                        m.step
+                    );
+                }
+            }
+        }
         Ok(())
     }
 
@@ -324,35 +372,79 @@ impl<B: Backend> Trainer<B> {
         comm: &mut C,
     ) -> Result<std::path::PathBuf, TrainError> {
         self.engine.settle(be, comm)?;
-        crate::checkpoint::save(be, comm, &self.engine, &self.cfg, self.step as u64, &self.cfg.checkpoint_dir())
+        let data = self.sampler.state();
+        let at = (self.step as u64, Some(&data));
+        crate::checkpoint::save(be, comm, &self.engine, &self.cfg, at, &self.cfg.checkpoint_dir())
     }
 
-    /// Mean loss over `train.eval_batches` validation batches per rank (rank r takes
-    /// batches r, r+W, …, so the ranks together cover W·eval_batches distinct batches).
+    /// The validation loss: with one source its loss; with a mixture the mean of the
+    /// evaluated sources' losses weighted by their mixture weights (the expected loss of
+    /// the training mixture, over the sources that have a validation split).
     pub fn evaluate<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<f64, TrainError> {
-        let Some(val) = self.val.as_ref() else {
-            return Err(TrainError::Invalid("evaluation needs train.eval_every > 0 and a validation split".into()));
+        let by_source = self.evaluate_sources(be, comm)?;
+        Ok(self.mean_val_loss(&by_source))
+    }
+
+    fn mean_val_loss(&self, by_source: &[(String, f64)]) -> f64 {
+        let weight = |name: &str| {
+            let s = &self.cfg.data.sources;
+            s.iter().find(|c| c.display_name() == name).map_or(1.0, |c| c.weight)
         };
+        let total: f64 = by_source.iter().map(|(n, _)| weight(n)).sum();
+        by_source.iter().map(|(n, l)| weight(n) * l).sum::<f64>() / total.max(f64::MIN_POSITIVE)
+    }
+
+    /// Each source's validation loss (see [`Self::evaluate_split`]), in source order.
+    pub fn evaluate_sources<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+    ) -> Result<Vec<(String, f64)>, TrainError> {
+        if self.val.is_empty() {
+            return Err(TrainError::Invalid("evaluation needs train.eval_every > 0 and a validation split".into()));
+        }
         collectives::progress::note_phase(collectives::progress::Phase::Evaluating);
         self.engine.settle(be, comm)?; // evaluate the weights with every update applied
+        let val = std::mem::take(&mut self.val);
+        let mut out = Vec::with_capacity(val.len());
+        let mut result = Ok(());
+        for v in &val {
+            match self.evaluate_split(be, comm, v) {
+                Ok(l) => out.push((v.name.clone(), l)),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.val = val;
+        result?;
+        collectives::progress::note_phase(collectives::progress::Phase::Training);
+        Ok(out)
+    }
+
+    /// Mean loss over `train.eval_batches` validation batches per rank of one split (rank r
+    /// takes batches r, r+W, …, so the ranks together cover W·eval_batches distinct batches),
+    /// documents masked as training masks them.
+    fn evaluate_split<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, val: &ValSource) -> Result<f64, TrainError> {
         let (rank, world) = (self.engine.rank, self.engine.world);
         let want = self.cfg.train.eval_batches * world;
-        let mut batches = val.val_batches(self.cfg.train.micro_batch, self.cfg.model.seq_len, want)?;
+        let t = self.cfg.model.seq_len;
+        let mut batches = val.dataset.val_batches(self.cfg.train.micro_batch, t, want)?;
+        let mut docs = DocumentMask::new(val.eot, t);
         // Every rank must run the same number of forwards (stage 3 gathers are collective).
         let per_rank = batches.len() / world;
         let (mut sum, mut i, mut done) = (0.0f64, 0usize, 0usize);
         while done < per_rank && batches.next_into(&mut self.inputs, &mut self.targets)? {
             if i % world == rank {
-                let batch = self.val_docs.batch(&self.inputs, &self.targets);
+                let batch = docs.batch(&self.inputs, &self.targets);
                 sum += step_micro_loss(self.model.as_mut(), be, &mut self.engine, comm, &batch, None)?;
                 done += 1;
             }
             i += 1;
         }
         let mean = sum / per_rank.max(1) as f64;
-        let mean = all_reduce_f64(comm, mean)? / world as f64;
-        collectives::progress::note_phase(collectives::progress::Phase::Training);
-        Ok(mean)
+        Ok(all_reduce_f64(comm, mean)? / world as f64)
     }
 
     /// Every unit's parameters on the host, unpadded (gathers sharded ones).

@@ -35,7 +35,7 @@ pub struct UnitEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: u32,
-    /// Optimizer steps completed; training resumes at this step (and data position).
+    /// Optimizer steps completed; training resumes at this step.
     pub step: u64,
     pub world: usize,
     pub stage: u8,
@@ -49,4 +49,8 @@ pub struct Manifest {
     /// absent in checkpoints saved before run ids, which are taken as their directory owner's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// The loader's exact position (rows each data source has served) and what identifies
+    /// the data; absent in checkpoints saved before it, whose data position was their step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<data::LoaderState>,
 }

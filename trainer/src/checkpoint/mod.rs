@@ -10,8 +10,11 @@
 //! - `rank00000.safetensors`, … — for each unit, this rank's range of the fp32 master
 //!   weights, AdamW m and v (`h.3.master`, `h.3.m`, `h.3.v`).
 //!
-//! The data position is the step: batches are a pure function of (seed, step, row), and
-//! initialisation is counter-based, so there is no other RNG state to save.
+//! The manifest also holds the data loader's position — the rows each data source has
+//! served, a count independent of the world size and batch shape — with what identifies
+//! the data (shard names and token counts, weights, seq_len, seed), so a resume continues
+//! at exactly the next row or is refused when the data changed ([`data::LoaderState`]).
+//! Initialisation is counter-based, so there is no other RNG state to save.
 
 pub mod hf;
 pub mod init;

@@ -13,14 +13,15 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-/// Save this rank's shard of the engine state at `step` into `<root>/step_<step>/`.
-/// Collective: every rank must call it. Returns the checkpoint directory.
+/// Save this rank's shard of the engine state at `step` into `<root>/step_<step>/`, with
+/// the data loader's position `data` in the manifest. Collective: every rank must call it.
+/// Returns the checkpoint directory.
 pub fn save<B: Backend, C: EngineComm<B>>(
     be: &B,
     comm: &mut C,
     eng: &Engine<B>,
     cfg: &Config,
-    step: u64,
+    (step, data): (u64, Option<&data::LoaderState>),
     root: &Path,
 ) -> Result<PathBuf, TrainError> {
     let rank = eng.rank;
@@ -86,6 +87,7 @@ pub fn save<B: Backend, C: EngineComm<B>>(
             units: eng.layout.units.iter().map(|u| UnitEntry { name: u.name.clone(), numel: u.numel }).collect(),
             files,
             run_id: run_id.clone(),
+            data: data.cloned(),
         };
         let text = serde_json::to_vec_pretty(&manifest).map_err(|e| TrainError::Invalid(e.to_string()))?;
         write_atomic(&tmp_dir.join("manifest.json"), &text)?;
