@@ -10,7 +10,7 @@ mod gpu;
 use collectives::nccl::{nccl_unique_id, NcclComm};
 use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
-use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
+use trainer::config::{ActivationCheckpointing, CheckpointingConfig, KeepGelu, ModelConfig};
 use trainer::model::{step_micro_loss, ModelFamily, ModelLayout, ModelOptions};
 use trainer::optim::Hyper;
 use trainer::zero::{Engine, EngineOptions};
@@ -63,18 +63,18 @@ fn one_training_step_matches_the_cpu() {
         let every = |keep_attention| CheckpointingConfig {
             activations: ActivationCheckpointing::EveryLayer,
             keep_attention,
-            keep_gelu: false,
+            keep_gelu: KeepGelu::Recompute,
         };
         // Last, stage 0 keeping the GELU output (the forward's GEMM epilogue's values, not the
         // backward's recompute: within tolerance of the CPU, not bit-equal to the others).
-        let keep_gelu = CheckpointingConfig { keep_gelu: true, ..ckpt.clone() };
+        let keep_gelu = CheckpointingConfig { keep_gelu: KeepGelu::Keep, ..ckpt.clone() };
         let mut ggrads: Vec<Vec<f32>> = Vec::new();
         let runs = [(0u8, ckpt.clone()), (3, ckpt.clone()), (0, every(false)), (0, every(true)), (0, keep_gelu)];
         for (stage, ckpt) in runs {
             let recompute = ckpt.activations == ActivationCheckpointing::EveryLayer;
             let tag = format!(
                 "model step (GPT L2 C128 V1001 T256 B4) stage {stage}{}",
-                match (recompute, ckpt.keep_attention, ckpt.keep_gelu) {
+                match (recompute, ckpt.keep_attention, ckpt.keep_gelu.keeps()) {
                     (_, _, true) => ", GELU output kept",
                     (false, _, _) => "",
                     (true, false, _) => ", every layer checkpointed",
@@ -100,7 +100,7 @@ fn one_training_step_matches_the_cpu() {
                     rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
                     if recompute {
                         rep.same_bits(&tag, &format!("grad unit {u} vs no checkpointing"), &gg, &ggrads[u]);
-                    } else if !ckpt.keep_gelu {
+                    } else if !ckpt.keep_gelu.keeps() {
                         ggrads.push(gg);
                     }
                 }
@@ -160,9 +160,9 @@ fn one_llama_training_step_matches_the_cpu() {
             let every = |keep_attention| CheckpointingConfig {
                 activations: ActivationCheckpointing::EveryLayer,
                 keep_attention,
-                keep_gelu: false,
+                keep_gelu: KeepGelu::Recompute,
             };
-            let keep_act = CheckpointingConfig { keep_gelu: true, ..plain.clone() };
+            let keep_act = CheckpointingConfig { keep_gelu: KeepGelu::Keep, ..plain.clone() };
             let runs = [(0u8, plain.clone()), (3, plain.clone()), (0, every(false)), (0, every(true)), (0, keep_act)];
             let mut ggrads: Vec<Vec<f32>> = Vec::new();
             for (stage, ckpt) in runs {
@@ -171,7 +171,7 @@ fn one_llama_training_step_matches_the_cpu() {
                     "llama step (L2 C256 NH4 NKV2 F384 V1001 T256 B4, tied {tied}) stage {stage}{}{}{}",
                     if recompute { ", checkpointed" } else { "" },
                     if ckpt.keep_attention { ", attention kept" } else { "" },
-                    if ckpt.keep_gelu { ", swiglu kept" } else { "" },
+                    if ckpt.keep_gelu.keeps() { ", swiglu kept" } else { "" },
                 );
                 let l2 = layout.clone();
                 let mut init = move |u, r| Ok(ModelFamily::Llama.init_range(&l2, u, seed, Default::default(), r));
@@ -189,7 +189,7 @@ fn one_llama_training_step_matches_the_cpu() {
                         rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
                         if recompute {
                             rep.same_bits(&tag, &format!("grad unit {u} vs no checkpointing"), &gg, &ggrads[u]);
-                        } else if !ckpt.keep_gelu {
+                        } else if !ckpt.keep_gelu.keeps() {
                             ggrads.push(gg);
                         }
                     }

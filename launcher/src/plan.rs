@@ -560,7 +560,7 @@ mod tests {
         let every = |keep_attention| CheckpointingConfig {
             activations: ActivationCheckpointing::EveryLayer,
             keep_attention,
-            keep_gelu: false,
+            keep_gelu: trainer::config::KeepGelu::Recompute,
         };
         let ckpt = Workload::new(&m, 16, 1, 1, &every(false));
         let extra = ckpt.flops_per_token() / w.flops_per_token();
