@@ -24,6 +24,7 @@ pub mod model;
 pub mod optim;
 pub mod rng;
 pub mod train;
+pub mod tuning;
 pub mod zero;
 
 pub use config::Config;

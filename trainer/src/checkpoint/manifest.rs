@@ -49,4 +49,8 @@ pub struct Manifest {
     /// absent in checkpoints saved before run ids, which are taken as their directory owner's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// The GEMM algorithms the run used (`train.gemm_tuning = "timed"`, see `tuning.rs`): a
+    /// resume runs the same ones. Absent for heuristic runs, CPU runs and older checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_tuning: Option<crate::backend::GemmTuningTable>,
 }

@@ -23,7 +23,7 @@ mod stream;
 
 pub use load::{find_latest, find_latest_of, CheckpointReader};
 pub use manifest::{FileEntry, Manifest, Segment, UnitEntry};
-pub use save::save;
+pub use save::{save, SaveMeta};
 
 use std::path::PathBuf;
 use thiserror::Error;

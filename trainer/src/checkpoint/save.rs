@@ -4,7 +4,7 @@ use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
 use super::owner::{belongs_to, run_id_of_checkpoint, run_id_of_dir};
 use super::stream::{write_streamed, ReadFn};
 use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
-use crate::backend::Backend;
+use crate::backend::{Backend, GemmTuningTable};
 use crate::config::Config;
 use crate::zero::{Engine, EngineComm};
 use crate::TrainError;
@@ -13,16 +13,25 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-/// Save this rank's shard of the engine state at `step` into `<root>/step_<step>/`.
+/// What a checkpoint holds besides the engine's state.
+pub struct SaveMeta<'a> {
+    pub cfg: &'a Config,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// The GEMM algorithms in use (rank 0's is written).
+    pub gemm_tuning: Option<&'a GemmTuningTable>,
+}
+
+/// Save this rank's shard of the engine state at `meta.step` into `<root>/step_<step>/`.
 /// Collective: every rank must call it. Returns the checkpoint directory.
 pub fn save<B: Backend, C: EngineComm<B>>(
     be: &B,
     comm: &mut C,
     eng: &Engine<B>,
-    cfg: &Config,
-    step: u64,
+    meta: SaveMeta<'_>,
     root: &Path,
 ) -> Result<PathBuf, TrainError> {
+    let (cfg, step) = (meta.cfg, meta.step);
     let rank = eng.rank;
     let name = step_dir_name(step);
     let final_dir = root.join(&name);
@@ -86,6 +95,7 @@ pub fn save<B: Backend, C: EngineComm<B>>(
             units: eng.layout.units.iter().map(|u| UnitEntry { name: u.name.clone(), numel: u.numel }).collect(),
             files,
             run_id: run_id.clone(),
+            gemm_tuning: meta.gemm_tuning.cloned(),
         };
         let text = serde_json::to_vec_pretty(&manifest).map_err(|e| TrainError::Invalid(e.to_string()))?;
         write_atomic(&tmp_dir.join("manifest.json"), &text)?;
