@@ -244,6 +244,27 @@ fn keeping_the_gelu_output_costs_it_per_block_not_checkpointed() {
     assert_eq!(act("2\nkeep_gelu = true"), act("2") + gelu, "only the block not checkpointed");
 }
 
+/// `keep_gelu = "auto"` (the default) is decided by the launcher before the ranks start
+/// (`launcher/src/fit.rs`, tested there); a config that reaches the trainer undecided (the
+/// trainer as a library) recomputes, and the prediction says so exactly: equal to `false`'s,
+/// and to what its run records.
+#[test]
+fn an_undecided_keep_gelu_predicts_and_runs_as_recompute() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let cfg = |a: &str| Config::from_toml_str(&common::tiny_toml(1, 1, a), "test").expect("cfg");
+    let auto = cfg("\"none\"\nkeep_gelu = \"auto\"");
+    assert_eq!(auto.checkpointing.keep_gelu, trainer::config::KeepGelu::Auto);
+    let off = cfg("\"none\"\nkeep_gelu = false");
+    for rank in 0..2 {
+        let p = predict(&auto, 2, rank, DeviceModel::cuda()).expect("predict");
+        assert_eq!(p, predict(&off, 2, rank, DeviceModel::cuda()).expect("predict"), "rank {rank}");
+    }
+    for (rank, m) in measured(&auto, 2, &data).iter().enumerate() {
+        assert_eq!(&predict(&auto, 2, rank, DeviceModel::cpu()).expect("predict"), m, "rank {rank}");
+    }
+}
+
 /// `train.precision = "fp8"`: the planner predicts the ledger of a real CPU run on every
 /// stage (CPU ranks quantize into per-call scratch: no workspace), and for the CUDA backend
 /// it adds exactly the FP8 operand workspace (`CudaFp8Workspace`) for the model's largest
