@@ -387,6 +387,44 @@ fn timed_gemm_tuning_matches_the_cpu() {
                 tuned.len()
             ),
         );
+
+        // The picks as stored with a run, read back from their JSON, then in use: every
+        // algorithm passes cuBLASLt's check, and a step on them matches the CPU too, with
+        // the same bits twice (what reruns and resumes rely on).
+        use trainer::backend::gemm_tuning::GemmTuningTable;
+        use trainer::backend::OnMismatch;
+        let table = be.gemm_choices().ok_or_else(|| dev("the CUDA backend has GEMM choices"))?;
+        let table = GemmTuningTable::from_json(&table.to_json(), std::path::Path::new("picks.json")).map_err(dev)?;
+        let used = be.use_gemm_choices(&table, "this step's picks", OnMismatch::Refuse).map_err(dev)?;
+        rep.check(
+            tag,
+            "stored picks in use",
+            used == table.gemms.len() && used > 0,
+            &format!("{used} of {} in use", table.gemms.len()),
+        );
+        let tag = "model step, stored GEMM choices (GPT L2 C128 V1024 T256 B4)";
+        let mut runs: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
+        for _ in 0..2 {
+            let mut eng =
+                Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
+                    .map_err(dev)?;
+            let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
+            eng.begin_step(be)?;
+            let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &inputs, &targets, scale).map_err(dev)?;
+            let grads = (0..cgrads.len()).map(|u| eng.local_grads_host(be, u)).collect::<Result<Vec<_>, _>>();
+            runs.push((loss, grads.map_err(dev)?));
+        }
+        rep.cmp(tag, "loss", &[runs[0].0 as f32], &[closs as f32], 5e-3);
+        for (u, cg) in cgrads.iter().enumerate() {
+            rep.cmp(tag, &format!("grad unit {u}"), &runs[0].1[u], cg, 3e-2);
+            rep.same_bits(tag, &format!("grad unit {u}, second run"), &runs[1].1[u], &runs[0].1[u]);
+        }
+        rep.check(
+            tag,
+            "same loss twice",
+            runs[0].0.to_bits() == runs[1].0.to_bits(),
+            &format!("{} vs {}", runs[0].0, runs[1].0),
+        );
         Ok(())
     });
 }

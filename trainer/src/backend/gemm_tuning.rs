@@ -149,12 +149,12 @@ pub enum TuningError {
          the stored run's. Run on the GPU and library it names, or remove train.gemm_tuning_from to time the \
          GEMMs anew here"
     )]
-    Environment { origin: String, stored: GemmEnvironment, here: GemmEnvironment },
+    Environment { origin: String, stored: Box<GemmEnvironment>, here: Box<GemmEnvironment> },
     #[error(
         "{origin}: cuBLASLt on {here} no longer offers the stored algorithm for the GEMM {shape} ({config}). \
          Remove train.gemm_tuning_from to time the GEMMs anew"
     )]
-    Unavailable { origin: String, here: GemmEnvironment, shape: GemmShape, config: String },
+    Unavailable { origin: String, here: Box<GemmEnvironment>, shape: Box<GemmShape>, config: String },
     #[error("{origin}: the carried GEMM tuning is damaged ({problem}; a bug: please report it)")]
     Carried { origin: String, problem: String },
 }
@@ -197,8 +197,8 @@ impl GemmTuningTable {
             OnMismatch::SetAside => Ok(false),
             OnMismatch::Refuse => Err(TuningError::Environment {
                 origin: origin.to_string(),
-                stored: self.environment.clone(),
-                here: here.clone(),
+                stored: Box::new(self.environment.clone()),
+                here: Box::new(here.clone()),
             }),
         }
     }
@@ -215,8 +215,8 @@ impl GemmTuningTable {
             OnMismatch::SetAside => Ok(()),
             OnMismatch::Refuse => Err(TuningError::Unavailable {
                 origin: origin.to_string(),
-                here: here.clone(),
-                shape: entry.shape,
+                here: Box::new(here.clone()),
+                shape: Box::new(entry.shape),
                 config: entry.config.clone(),
             }),
         }
