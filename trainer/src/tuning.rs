@@ -66,6 +66,16 @@ impl RunTuning {
             }),
             _ => None,
         };
+        // Refused before anything runs where it cannot fit this rank's GPU and library (the
+        // agreed check when it is used covers the other ranks).
+        if let (Some(w), Some(here)) = (&waiting, be.gemm_environment()) {
+            w.table.fits(&here, &w.origin, w.on).map_err(|e| {
+                config_err(
+                    cfg.train.gemm_tuning_from.as_deref().unwrap_or(Path::new("")).display().to_string(),
+                    e.to_string(),
+                )
+            })?;
+        }
         let t = RunTuning {
             mode,
             waiting,
@@ -171,7 +181,13 @@ impl RunTuning {
             self.measure(be, true);
             return Ok(());
         }
-        let used = be.use_gemm_choices(&w.table, &w.origin, w.on)?;
+        // Under `gemm_tuning_from` an algorithm cuBLASLt refuses is that key's problem (exit code 2).
+        let used = be.use_gemm_choices(&w.table, &w.origin, w.on).map_err(|e| match w.on {
+            OnMismatch::Refuse => {
+                config_err(w.origin.trim_start_matches("train.gemm_tuning_from = ").to_string(), e.to_string())
+            }
+            OnMismatch::SetAside => e.into(),
+        })?;
         if rank == 0 {
             crate::log_line!(
                 "rank 0: train.gemm_tuning: {used} stored GEMM algorithm(s) of {} ({} not the heuristic's first) from \
