@@ -6,9 +6,11 @@
 #
 # PyTorch runs eager and torch.compile: on one GPU `--mode single` (autocast), on several
 # FSDP2 (and DDP at 124M). OLD=path/to/launcher also runs that binary on every shardtrain
-# row (rows named old-*), for before/after comparisons in one call. Rows ending in -timed
-# set train.gemm_tuning = "timed" (each GEMM shape's cuBLASLt algorithm picked by timing);
-# they run the new binary only. ONLY=REGEX runs only the rows whose name matches (e.g.
+# row (rows named old-*), for before/after comparisons in one call. Plain rows run the
+# defaults: since issue 26 those are train.gemm_tuning = "timed" and checkpointing.keep_gelu =
+# "auto" (kept where it fits); rows ending in -timed set "timed" explicitly (the defaults'
+# tuning, and the old binary's way to it); they run the new binary only.
+# scripts/check-fast-defaults.sh compares the defaults with the old flags. ONLY=REGEX runs only the rows whose name matches (e.g.
 # ONLY='z3|fsdp' for the ZeRO-3 rows and FSDP2 beside them), to fit a call's time limit.
 # Prints a Markdown table (tokens/s per GPU, MFU vs 989 TFLOP/s bf16 dense, step time,
 # peak memory per rank) and writes raw logs to $OUT.

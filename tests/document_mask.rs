@@ -23,7 +23,7 @@ use collectives::tcp::TcpComm;
 use std::ops::Range;
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::backend::{doc_starts, RopeScaling};
-use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
+use trainer::config::{ActivationCheckpointing, CheckpointingConfig, KeepGelu, ModelConfig};
 use trainer::documents::DocumentMask;
 use trainer::model::{step_micro, MicroBatch, ModelFamily, ModelLayout, ModelOptions};
 use trainer::zero::{Engine, EngineOptions};
@@ -128,7 +128,7 @@ fn packed(lengths: &[usize]) -> (Vec<u32>, Vec<u32>) {
 }
 
 fn checkpointing(activations: ActivationCheckpointing, keep_attention: bool) -> CheckpointingConfig {
-    CheckpointingConfig { activations, keep_attention, keep_gelu: false }
+    CheckpointingConfig { activations, keep_attention, keep_gelu: KeepGelu::Recompute }
 }
 
 /// Two sequences of 16: documents of 5, 7 and 4 tokens, then 9 and 7.

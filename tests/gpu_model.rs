@@ -11,7 +11,7 @@ mod gpu;
 use collectives::nccl::{nccl_unique_id, NcclComm};
 use gpu::TOL_BF16;
 use trainer::backend::cpu::{CpuBackend, HostComm};
-use trainer::config::{ActivationCheckpointing, CheckpointingConfig, ModelConfig};
+use trainer::config::{ActivationCheckpointing, CheckpointingConfig, KeepGelu, ModelConfig};
 use trainer::documents::DocumentMask;
 use trainer::model::{step_micro_loss, MicroBatch, ModelFamily, ModelLayout, ModelOptions};
 use trainer::optim::Hyper;
@@ -65,18 +65,18 @@ fn one_training_step_matches_the_cpu() {
         let every = |keep_attention| CheckpointingConfig {
             activations: ActivationCheckpointing::EveryLayer,
             keep_attention,
-            keep_gelu: false,
+            keep_gelu: KeepGelu::Recompute,
         };
         // Last, stage 0 keeping the GELU output (the forward's GEMM epilogue's values, not the
         // backward's recompute: within tolerance of the CPU, not bit-equal to the others).
-        let keep_gelu = CheckpointingConfig { keep_gelu: true, ..ckpt.clone() };
+        let keep_gelu = CheckpointingConfig { keep_gelu: KeepGelu::Keep, ..ckpt.clone() };
         let mut ggrads: Vec<Vec<f32>> = Vec::new();
         let runs = [(0u8, ckpt.clone()), (3, ckpt.clone()), (0, every(false)), (0, every(true)), (0, keep_gelu)];
         for (stage, ckpt) in runs {
             let recompute = ckpt.activations == ActivationCheckpointing::EveryLayer;
             let tag = format!(
                 "model step (GPT L2 C128 V1001 T256 B4) stage {stage}{}",
-                match (recompute, ckpt.keep_attention, ckpt.keep_gelu) {
+                match (recompute, ckpt.keep_attention, ckpt.keep_gelu.keeps()) {
                     (_, _, true) => ", GELU output kept",
                     (false, _, _) => "",
                     (true, false, _) => ", every layer checkpointed",
@@ -103,7 +103,7 @@ fn one_training_step_matches_the_cpu() {
                     rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
                     if recompute {
                         rep.same_bits(&tag, &format!("grad unit {u} vs no checkpointing"), &gg, &ggrads[u]);
-                    } else if !ckpt.keep_gelu {
+                    } else if !ckpt.keep_gelu.keeps() {
                         ggrads.push(gg);
                     }
                 }
@@ -163,9 +163,9 @@ fn one_llama_training_step_matches_the_cpu() {
             let every = |keep_attention| CheckpointingConfig {
                 activations: ActivationCheckpointing::EveryLayer,
                 keep_attention,
-                keep_gelu: false,
+                keep_gelu: KeepGelu::Recompute,
             };
-            let keep_act = CheckpointingConfig { keep_gelu: true, ..plain.clone() };
+            let keep_act = CheckpointingConfig { keep_gelu: KeepGelu::Keep, ..plain.clone() };
             let runs = [(0u8, plain.clone()), (3, plain.clone()), (0, every(false)), (0, every(true)), (0, keep_act)];
             let mut ggrads: Vec<Vec<f32>> = Vec::new();
             for (stage, ckpt) in runs {
@@ -174,7 +174,7 @@ fn one_llama_training_step_matches_the_cpu() {
                     "llama step (L2 C256 NH4 NKV2 F384 V1001 T256 B4, tied {tied}) stage {stage}{}{}{}",
                     if recompute { ", checkpointed" } else { "" },
                     if ckpt.keep_attention { ", attention kept" } else { "" },
-                    if ckpt.keep_gelu { ", swiglu kept" } else { "" },
+                    if ckpt.keep_gelu.keeps() { ", swiglu kept" } else { "" },
                 );
                 let l2 = layout.clone();
                 let mut init = move |u, r| Ok(ModelFamily::Llama.init_range(&l2, u, seed, Default::default(), r));
@@ -199,7 +199,7 @@ fn one_llama_training_step_matches_the_cpu() {
                         rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
                         if recompute {
                             rep.same_bits(&tag, &format!("grad unit {u} vs no checkpointing"), &gg, &ggrads[u]);
-                        } else if !ckpt.keep_gelu {
+                        } else if !ckpt.keep_gelu.keeps() {
                             ggrads.push(gg);
                         }
                     }
@@ -363,7 +363,7 @@ fn document_mask_training_step_matches_the_cpu() {
             let every = |keep_attention| CheckpointingConfig {
                 activations: ActivationCheckpointing::EveryLayer,
                 keep_attention,
-                keep_gelu: false,
+                keep_gelu: KeepGelu::Recompute,
             };
             let mut ggrads: Vec<Vec<f32>> = Vec::new();
             for (stage, ckpt) in [(0u8, plain.clone()), (3, plain.clone()), (0, every(false)), (0, every(true))] {
@@ -526,6 +526,46 @@ fn timed_gemm_tuning_matches_the_cpu() {
                 "{} shapes, {accumulating} accumulating with beta=1, {changed} off the heuristic's first",
                 tuned.len()
             ),
+        );
+
+        // The picks as stored with a run, read back from their JSON, then in use: every
+        // algorithm passes cuBLASLt's check, and a step on them matches the CPU too, with
+        // the same bits twice (what reruns and resumes rely on).
+        use trainer::backend::gemm_tuning::GemmTuningTable;
+        use trainer::backend::OnMismatch;
+        let table = be.gemm_choices().ok_or_else(|| dev("the CUDA backend has GEMM choices"))?;
+        let table = GemmTuningTable::from_json(&table.to_json(), std::path::Path::new("picks.json")).map_err(dev)?;
+        let used = be.use_gemm_choices(&table, "this step's picks", OnMismatch::Refuse).map_err(dev)?;
+        rep.check(
+            tag,
+            "stored picks in use",
+            used == table.gemms.len() && used > 0,
+            &format!("{used} of {} in use", table.gemms.len()),
+        );
+        let tag = "model step, stored GEMM choices (GPT L2 C128 V1024 T256 B4)";
+        let mut runs: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
+        for _ in 0..2 {
+            let mut eng =
+                Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
+                    .map_err(dev)?;
+            let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
+            eng.begin_step(be)?;
+            let loss =
+                step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale)
+                    .map_err(dev)?;
+            let grads = (0..cgrads.len()).map(|u| eng.local_grads_host(be, u)).collect::<Result<Vec<_>, _>>();
+            runs.push((loss, grads.map_err(dev)?));
+        }
+        rep.cmp(tag, "loss", &[runs[0].0 as f32], &[closs as f32], 5e-3);
+        for (u, cg) in cgrads.iter().enumerate() {
+            rep.cmp(tag, &format!("grad unit {u}"), &runs[0].1[u], cg, 3e-2);
+            rep.same_bits(tag, &format!("grad unit {u}, second run"), &runs[1].1[u], &runs[0].1[u]);
+        }
+        rep.check(
+            tag,
+            "same loss twice",
+            runs[0].0.to_bits() == runs[1].0.to_bits(),
+            &format!("{} vs {}", runs[0].0, runs[1].0),
         );
         Ok(())
     });

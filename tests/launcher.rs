@@ -1241,8 +1241,9 @@ fn a_cluster_plan_names_what_fits_and_its_calibration_error() {
     for c in plan["calibration"].as_array().expect("calibration") {
         assert!(c["relative_error"].as_f64().is_some_and(|e| e.abs() < 0.15), "{c}");
     }
-    // Its memory is the planner's, as `launcher memory --device gpu` prints it, plus the runtime.
-    let memory = launcher(&["memory", &config, "--ranks", "4", "--device", "gpu", "--json"]);
+    // Its memory is the planner's, as `launcher memory --device gpu` prints it for the same GPU
+    // (an H100's 79.6 GiB: `keep_gelu = "auto"` is decided against it), plus the runtime.
+    let memory = launcher(&["memory", &config, "--ranks", "4", "--device", "gpu", "--gpu-mem", "79.6", "--json"]);
     let memory: Value = serde_json::from_str(&memory.stdout()).expect("memory JSON");
     for c in choices.iter().filter(|c| c["activation_checkpointing"] == "none") {
         let stage = c["stage"].as_u64().expect("stage") as usize;
@@ -1253,7 +1254,11 @@ fn a_cluster_plan_names_what_fits_and_its_calibration_error() {
             .map(|r| r["peak_total"].as_u64().expect("peak"))
             .max();
         assert_eq!(c["tracked_peak_bytes"].as_u64(), peak, "stage {stage}");
+        // Both decided it, the same way: this small model keeps the GELU output.
+        assert_eq!(c["keep_gelu"], true, "stage {stage}");
+        assert_eq!(memory["stages"][stage]["keep_gelu"]["keep"], true, "stage {stage}");
     }
+    assert!(out.contains("GELU") && out.contains("kept"), "{out}");
     // Nothing fits in 1 MiB; bad hardware figures are refused.
     let tiny = launcher(&["plan", &config, "--gpus-per-node", "2", "--gpu-mem-gib", "0.001"]);
     tiny.assert_success();

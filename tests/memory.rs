@@ -275,6 +275,27 @@ fn keeping_the_gelu_output_costs_it_per_block_not_checkpointed() {
     assert_eq!(act("2\nkeep_gelu = true"), act("2") + gelu, "only the block not checkpointed");
 }
 
+/// `keep_gelu = "auto"` (the default) is decided by the launcher before the ranks start
+/// (`launcher/src/fit.rs`, tested there); a config that reaches the trainer undecided (the
+/// trainer as a library) recomputes, and the prediction says so exactly: equal to `false`'s,
+/// and to what its run records.
+#[test]
+fn an_undecided_keep_gelu_predicts_and_runs_as_recompute() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let cfg = |a: &str| Config::from_toml_str(&common::tiny_toml(1, 1, a), "test").expect("cfg");
+    let auto = cfg("\"none\"\nkeep_gelu = \"auto\"");
+    assert_eq!(auto.checkpointing.keep_gelu, trainer::config::KeepGelu::Auto);
+    let off = cfg("\"none\"\nkeep_gelu = false");
+    for rank in 0..2 {
+        let p = predict(&auto, 2, rank, DeviceModel::cuda()).expect("predict");
+        assert_eq!(p, predict(&off, 2, rank, DeviceModel::cuda()).expect("predict"), "rank {rank}");
+    }
+    for (rank, m) in measured(&auto, 2, &data).iter().enumerate() {
+        assert_eq!(&predict(&auto, 2, rank, DeviceModel::cpu()).expect("predict"), m, "rank {rank}");
+    }
+}
+
 /// `train.precision = "fp8"`: the planner predicts the ledger of a real CPU run on every
 /// stage, with the weight cache (`train.fp8_weight_cache`) and without (CPU ranks keep an
 /// input scale per layer and, cached, each layer's dequantized weight: `fp8::cpu_reserved`);
@@ -326,4 +347,46 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     // The weight cache at 1.5B: 2 bytes per parameter of 48 blocks' 12·C² (2.8 GiB).
     let l = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)], 48, true);
     assert_eq!(CudaFp8WeightCache::new(&l.weights).bytes, 2 * 48 * 12 * 1600 * 1600);
+}
+
+/// Every feature that adds memory at once — the FP8 weight cache and operand workspace
+/// (`train.precision = "fp8"`), document starts (`data.document_mask`), kept GELU outputs
+/// (`checkpointing.keep_gelu`, what `"auto"` decides with these predictions) — predicted
+/// exactly on every stage against a real CPU run; and in the CUDA model together they add
+/// the sum of what each adds alone: nothing counted twice or lost where they meet.
+#[test]
+fn fp8_cache_document_mask_and_kept_gelu_together_are_predicted_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_documents(dir.path(), 97, 20_000, "train");
+    let cfg = |stage: u8, fp8: bool, mask: bool, keep: bool| {
+        let text = common::tiny_toml(stage, 2, if keep { KEEP_GELU } else { "\"none\"" })
+            .replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n")
+            .replace(
+                "[train]\n",
+                &format!("[train]\nprecision = \"{}\"\nfp8_weight_cache = true\n", if fp8 { "fp8" } else { "bf16" }),
+            )
+            .replace("[zero]", &format!("[data]\ndocument_mask = {mask}\n\n[zero]"));
+        Config::from_toml_str(&text, "test").expect("cfg")
+    };
+    for stage in 0..=3u8 {
+        let all = cfg(stage, true, true, true);
+        assert!(all.data.document_mask && all.checkpointing.keep_gelu.keeps() && all.train.fp8_weight_cache);
+        for (rank, m) in measured(&all, 2, &data).iter().enumerate() {
+            let p = predict(&all, 2, rank, DeviceModel::cpu()).expect("predict");
+            assert_eq!(
+                &p, m,
+                "fp8 + cache, document_mask, keep_gelu: stage {stage} rank {rank}: predicted vs measured"
+            );
+        }
+        let cuda = |c: &Config| predict(c, 2, 0, DeviceModel::cuda()).expect("predict").current;
+        let none = cuda(&cfg(stage, false, false, false));
+        let added = |c: &Config| cuda(c).total() - none.total();
+        let (fp8, mask, gelu) = (
+            added(&cfg(stage, true, false, false)),
+            added(&cfg(stage, false, true, false)),
+            added(&cfg(stage, false, false, true)),
+        );
+        assert!(fp8 > 0 && mask > 0 && gelu > 0, "stage {stage}: each adds memory ({fp8}, {mask}, {gelu})");
+        assert_eq!(added(&all), fp8 + mask + gelu, "stage {stage}: together, the sum of each alone");
+    }
 }

@@ -7,6 +7,7 @@
 //! the numbers; `launcher memory --max-batch` searches the largest micro-batch that fits.
 //! Where a capacity is not known the answer is "cannot tell", never "fits".
 
+use trainer::config::KeepGelu;
 use trainer::zero::plan::{predict, DeviceModel};
 use trainer::zero::{MemoryBytes, MemoryReport};
 use trainer::Config;
@@ -209,6 +210,72 @@ fn biggest(b: &MemoryBytes) -> (&'static str, u64) {
     b.categories().into_iter().max_by_key(|(_, v)| *v).unwrap_or(("params", 0))
 }
 
+/// What `checkpointing.keep_gelu = "auto"` became, and why (printed by the launch, `launcher
+/// memory` and `launcher plan`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KeepGeluDecision {
+    pub keep: bool,
+    pub reason: String,
+}
+
+impl std::fmt::Display for KeepGeluDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.keep { "keep the GELU output" } else { "recompute the GELU output" };
+        write!(f, "checkpointing.keep_gelu = \"auto\": {what} ({})", self.reason)
+    }
+}
+
+/// Decide `checkpointing.keep_gelu = "auto"` for this plan and write the decision into
+/// `cfg` (`None`: it was `true` or `false` already). Kept when the plan with it passes the
+/// launch's own fit check (the step's predicted peak plus the measured GPU runtime within the
+/// GPU's memory, `ranks_per_gpu` sharing one; CPU ranks: within the host's); recomputed when
+/// it does not, when no block could keep it, or when a capacity is not known ("cannot tell"
+/// never counts as fitting). Keeping costs memory only, so a plan that fits without it still
+/// fits after this.
+pub fn resolve_keep_gelu(cfg: &mut Config, plan: PlanShape, cap: Capacity) -> Result<Option<KeepGeluDecision>, String> {
+    if cfg.checkpointing.keep_gelu != KeepGelu::Auto {
+        return Ok(None);
+    }
+    let decision = decide_keep_gelu(cfg, plan, cap)?;
+    cfg.checkpointing.keep_gelu = decision.keep.into();
+    Ok(Some(decision))
+}
+
+/// Where a plan runs: `world` ranks, `local` per node, `ranks_per_gpu` sharing the busiest
+/// GPU, on GPUs (`gpu`) or CPUs, modelled by `model`.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanShape {
+    pub world: usize,
+    pub local: usize,
+    pub ranks_per_gpu: usize,
+    pub model: DeviceModel,
+    pub gpu: bool,
+}
+
+fn decide_keep_gelu(cfg: &Config, p: PlanShape, cap: Capacity) -> Result<KeepGeluDecision, String> {
+    let recompute = |reason: String| Ok(KeepGeluDecision { keep: false, reason });
+    if cfg.every_block_checkpointed() {
+        return recompute("every block is checkpointed: its recompute makes the GELU output anyway".into());
+    }
+    let mut with = cfg.clone();
+    with.checkpointing.keep_gelu = KeepGelu::Keep;
+    let n = need(&with, p.world, p.local, p.model, p.gpu)?.sharing(p.ranks_per_gpu);
+    let missing = unknown(&n, cap);
+    if !missing.is_empty() {
+        return recompute(format!("cannot tell whether it fits with it: not known: {}", missing.join("; ")));
+    }
+    let (needed, has, what) = if p.gpu {
+        (n.device_peak * p.ranks_per_gpu.max(1) as u64, cap.gpu.unwrap_or(0), "the GPU has")
+    } else {
+        (n.host_per_node, cap.host.unwrap_or(0), "the host has")
+    };
+    let numbers = format!("{:.2} GiB at the peak with it, {what} {:.2} GiB", needed as f64 / GIB, has as f64 / GIB);
+    match check(&n, cap, &with) {
+        Ok(()) => Ok(KeepGeluDecision { keep: true, reason: format!("it fits: {numbers}") }),
+        Err(_) => recompute(format!("keeping it would not fit: {numbers}")),
+    }
+}
+
 /// The largest `train.micro_batch` (up to `limit`) whose plan fits, or `None` if not even 1.
 pub fn max_batch(
     cfg: &Config,
@@ -219,9 +286,12 @@ pub fn max_batch(
     cap: Capacity,
     limit: usize,
 ) -> Result<Option<usize>, String> {
+    let shape = PlanShape { world, local, ranks_per_gpu: 1, model, gpu };
     let fits = |b: usize| -> Result<bool, String> {
         let mut c = cfg.clone();
         c.train.micro_batch = b;
+        // `keep_gelu = "auto"` as a launch at this batch would decide it.
+        resolve_keep_gelu(&mut c, shape, cap)?;
         Ok(check(&need(&c, world, local, model, gpu)?, cap, &c).is_ok())
     };
     if !fits(1)? {
@@ -307,6 +377,71 @@ mod tests {
         let gpu = Capacity::of_this_machine(true, Some(139.5), Some(1.0));
         assert_eq!((gpu.gpu, gpu.host), (Some(149_786_984_448), Some(1 << 30)));
         assert_eq!(Capacity::of_this_machine(false, Some(139.5), None).gpu, None, "no GPU check for CPU plans");
+    }
+
+    #[test]
+    fn keep_gelu_auto_keeps_exactly_where_the_plan_with_it_fits() {
+        let cfg = Config::from_toml_str(TINY, "t").expect("cfg");
+        assert_eq!(cfg.checkpointing.keep_gelu, KeepGelu::Auto, "the default");
+        let shape = PlanShape { world: 2, local: 2, ranks_per_gpu: 1, model: DeviceModel::cuda(), gpu: true };
+        let peak = |k: KeepGelu| {
+            let mut c = cfg.clone();
+            c.checkpointing.keep_gelu = k;
+            need(&c, 2, 2, DeviceModel::cuda(), true).expect("need").device_peak
+        };
+        let (with, without) = (peak(KeepGelu::Keep), peak(KeepGelu::Recompute));
+        assert!(with > without, "keeping costs memory: {with} vs {without}");
+        let gpu = |bytes: u64| Capacity { gpu: Some(bytes), host: None, host_source: "" };
+        for (cap, keep) in [(with, true), (with - 1, false), (without, false)] {
+            let mut c = cfg.clone();
+            let d = resolve_keep_gelu(&mut c, shape, gpu(cap)).expect("decide").expect("auto");
+            assert_eq!(d.keep, keep, "capacity {cap}: {d}");
+            assert_eq!(c.checkpointing.keep_gelu, KeepGelu::from(keep), "written into the config");
+            assert!(d.to_string().contains("keep_gelu = \"auto\""), "{d}");
+            // The decided config is what the launch's fit check then sees: it fits where kept.
+            let n = need(&c, 2, 2, DeviceModel::cuda(), true).expect("need");
+            if keep {
+                check(&n, gpu(cap), &c).expect("a kept GELU output still fits");
+            }
+        }
+        // Two ranks on the busiest GPU need twice the room.
+        let mut c = cfg.clone();
+        let shared = PlanShape { ranks_per_gpu: 2, ..shape };
+        assert!(!resolve_keep_gelu(&mut c, shared, gpu(with)).expect("decide").expect("auto").keep);
+        // Not known: never kept; true and false are left as given.
+        let mut c = cfg.clone();
+        let d = resolve_keep_gelu(&mut c, shape, Capacity::default()).expect("decide").expect("auto");
+        assert!(!d.keep && d.reason.contains("--gpu-mem"), "{d}");
+        for given in [KeepGelu::Keep, KeepGelu::Recompute] {
+            let mut c = cfg.clone();
+            c.checkpointing.keep_gelu = given;
+            assert_eq!(resolve_keep_gelu(&mut c, shape, gpu(1)).expect("decide"), None);
+            assert_eq!(c.checkpointing.keep_gelu, given);
+        }
+        // Every block checkpointed: nothing to keep, whatever the room.
+        let mut c = cfg.clone();
+        c.checkpointing.activations = trainer::config::ActivationCheckpointing::EveryLayer;
+        let d = resolve_keep_gelu(&mut c, shape, gpu(u64::MAX)).expect("decide").expect("auto");
+        assert!(!d.keep && d.reason.contains("every block is checkpointed"), "{d}");
+        // CPU ranks: against the host.
+        let cpu = PlanShape { model: DeviceModel::cpu(), gpu: false, ..shape };
+        let host = need(
+            &{
+                let mut k = cfg.clone();
+                k.checkpointing.keep_gelu = KeepGelu::Keep;
+                k
+            },
+            2,
+            2,
+            DeviceModel::cpu(),
+            false,
+        )
+        .expect("need")
+        .host_per_node;
+        let h = |b: u64| Capacity { gpu: None, host: Some(b), host_source: "MemAvailable" };
+        assert!(resolve_keep_gelu(&mut cfg.clone(), cpu, h(host)).expect("d").expect("a").keep);
+        let d = resolve_keep_gelu(&mut cfg.clone(), cpu, h(host - 1)).expect("d").expect("a");
+        assert!(!d.keep && d.reason.contains("the host has"), "{d}");
     }
 
     #[test]

@@ -69,6 +69,9 @@ struct StagePrediction {
     stage: u8,
     /// `ranks[r]`: rank r's report (current = after one step; peak = at the highest total).
     ranks: Vec<MemoryReport>,
+    /// `checkpointing.keep_gelu = "auto"` decided for this stage (as a launch would).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keep_gelu: Option<crate::fit::KeepGeluDecision>,
 }
 
 #[derive(Debug, Serialize)]
@@ -102,6 +105,15 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let world = args.ranks as usize;
     let device = args.device;
     let which = predicted_ranks(world);
+    let gpu = device == MemoryDevice::Gpu;
+    let cap = crate::fit::Capacity::of_this_machine(gpu, args.gpu_mem, args.host_mem);
+    let shape = crate::fit::PlanShape {
+        world,
+        local: args.ranks_per_node.map_or(world, |n| n as usize).min(world),
+        ranks_per_gpu: 1,
+        model: device.model(),
+        gpu,
+    };
     let stages = (0..=3u8)
         // Stages the config cannot run on (offload.params needs stage 3) are left out.
         .filter(|&stage| {
@@ -112,12 +124,13 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         .map(|stage| {
             let mut c = cfg.clone();
             c.zero.stage = stage;
+            let keep_gelu = crate::fit::resolve_keep_gelu(&mut c, shape, cap).map_err(anyhow::Error::msg)?;
             let ranks = which
                 .iter()
                 .map(|&rank| predict(&c, world, rank, device.model()))
                 .collect::<Result<Vec<_>, _>>()
                 .with_context(|| format!("predicting ZeRO stage {stage} on {world} ranks"))?;
-            Ok(StagePrediction { stage, ranks })
+            Ok(StagePrediction { stage, ranks, keep_gelu })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let p = Prediction {
@@ -130,7 +143,10 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         params: ModelLayout::new(&cfg.model).num_params(),
         stages,
     };
-    let fit = fit_summary(args, &cfg)?;
+    // The fit check is of the config's stage as a launch would run it.
+    let mut resolved = cfg.clone();
+    crate::fit::resolve_keep_gelu(&mut resolved, shape, cap).map_err(anyhow::Error::msg)?;
+    let fit = fit_summary(args, &resolved, &cfg)?;
     if args.json {
         let mut v = serde_json::to_value(&p).context("cannot encode the prediction")?;
         v["fit"] = serde_json::to_value(&fit).context("cannot encode the fit check")?;
@@ -166,8 +182,9 @@ struct FitSummary {
 }
 
 /// Whether the config's stage fits this machine (or the `--gpu-mem` / `--host-mem` given),
-/// and with `--max-batch` the largest micro-batch that does.
-fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
+/// and with `--max-batch` the largest micro-batch that does (`cfg` with its
+/// `keep_gelu = "auto"` decided, `given` as written: each micro-batch tried decides anew).
+fn fit_summary(args: &MemoryArgs, cfg: &Config, given: &Config) -> anyhow::Result<FitSummary> {
     let world = args.ranks as usize;
     let local = args.ranks_per_node.map_or(world, |n| n as usize).min(world);
     let gpu = args.device == MemoryDevice::Gpu;
@@ -182,7 +199,7 @@ fn fit_summary(args: &MemoryArgs, cfg: &Config) -> anyhow::Result<FitSummary> {
                 unknown.join("; ")
             );
         }
-        Some(crate::fit::max_batch(cfg, world, local, model, gpu, cap, 4096).map_err(anyhow::Error::msg)?)
+        Some(crate::fit::max_batch(given, world, local, model, gpu, cap, 4096).map_err(anyhow::Error::msg)?)
     } else {
         None
     };
@@ -283,6 +300,23 @@ fn table(p: &Prediction, cfg: &Config) -> String {
         p.device,
         p.accounting
     );
+    if let Some(st) = p.stages.iter().find(|st| st.stage == p.config_stage) {
+        if let Some(d) = &st.keep_gelu {
+            s += &format!("{d} at zero.stage = {}", st.stage);
+            let others: Vec<String> = p
+                .stages
+                .iter()
+                .filter(|o| o.stage != st.stage)
+                .filter_map(|o| {
+                    o.keep_gelu.as_ref().map(|d| format!("{} {}", o.stage, if d.keep { "keeps" } else { "recomputes" }))
+                })
+                .collect();
+            if !others.is_empty() {
+                s += &format!("; decided per stage as a launch would: stage {}", others.join(", "));
+            }
+            s += "\n";
+        }
+    }
     let same = p.stages.iter().all(|st| st.ranks.windows(2).all(|w| w[0] == w[1]));
     let shown: Vec<usize> = if same { vec![0] } else { (0..p.predicted_ranks.len()).collect() };
     for r in shown {

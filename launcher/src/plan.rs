@@ -320,6 +320,12 @@ pub fn calibrate() -> Fit {
 pub struct Choice {
     pub stage: u8,
     pub activation_checkpointing: String,
+    /// Whether blocks keep their GELU output: `checkpointing.keep_gelu` as given, or as
+    /// `"auto"` decides for this choice against the GPU's memory.
+    pub keep_gelu: bool,
+    /// The decision's reason, where `"auto"` decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_gelu_reason: Option<String>,
     /// Ledger peak of the highest rank, bytes.
     pub tracked_peak_bytes: u64,
     /// Plus the CUDA runtime (context, NCCL, kernels, scratch) as measured: the driver's figure.
@@ -389,6 +395,19 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             let mut c = cfg.clone();
             c.zero.stage = stage;
             c.checkpointing.activations = ckpt;
+            // `keep_gelu = "auto"` as a launch on this hardware would decide it (the runtime
+            // on top of the tracked peak, within the GPU's memory).
+            let cap = crate::fit::Capacity { gpu: Some(capacity), host: None, host_source: "" };
+            let shape = crate::fit::PlanShape {
+                world,
+                local: cluster.gpus_per_node,
+                ranks_per_gpu: 1,
+                model: MemoryDevice::Gpu.model(),
+                gpu: true,
+            };
+            let decision = crate::fit::resolve_keep_gelu(&mut c, shape, cap)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("deciding checkpointing.keep_gelu at ZeRO stage {stage}"))?;
             // Shards are padded to equal sizes: the first and last ranks bound every other.
             let tracked = [0, world - 1]
                 .iter()
@@ -404,6 +423,8 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             choices.push(Choice {
                 stage,
                 activation_checkpointing: ckpt_name(ckpt),
+                keep_gelu: c.checkpointing.keep_gelu.keeps(),
+                keep_gelu_reason: decision.map(|d| d.reason),
                 tracked_peak_bytes: tracked,
                 device_peak_bytes: tracked + runtime,
                 fits: tracked + runtime <= capacity,
@@ -469,7 +490,7 @@ fn table(p: &Plan) -> String {
     let mut s = format!(
         "plan: {} on {} node(s) × {} {} = {} ranks ({} TFLOP/s bf16, {:.1} GiB each; NVLink {} GB/s, network {} Gb/s per GPU)\n\
          model: {:.1} M parameters; {} tokens per GPU per step\n\n\
-         {:>5}  {:<12} {:>14} {:>5} {:>11} {:>9} {:>9} {:>13}\n",
+         {:>5}  {:<12} {:<9} {:>14} {:>5} {:>11} {:>9} {:>9} {:>13}\n",
         p.config,
         c.nodes,
         c.gpus_per_node,
@@ -483,6 +504,7 @@ fn table(p: &Plan) -> String {
         p.tokens_per_gpu_per_step,
         "stage",
         "act. ckpt",
+        "GELU",
         "GiB per rank",
         "fits",
         "compute ms",
@@ -492,9 +514,10 @@ fn table(p: &Plan) -> String {
     );
     for (i, ch) in p.choices.iter().enumerate() {
         s += &format!(
-            "{:>5}  {:<12} {:>14.2} {:>5} {:>11.1} {:>9.1} {:>9.1} {:>13}{}\n",
+            "{:>5}  {:<12} {:<9} {:>14.2} {:>5} {:>11.1} {:>9.1} {:>9.1} {:>13}{}\n",
             ch.stage,
             ch.activation_checkpointing,
+            if ch.keep_gelu { "kept" } else { "recompute" },
             gib(ch.device_peak_bytes),
             if ch.fits { "yes" } else { "no" },
             ch.compute_ms,
@@ -515,6 +538,11 @@ fn table(p: &Plan) -> String {
             )
         }
         None => s += "\nno choice fits: more GPUs (zero.stage 3 shards everything), a smaller train.micro_batch, or a smaller model\n",
+    }
+    if p.choices.iter().any(|c| c.keep_gelu_reason.is_some()) {
+        s +=
+            "\nGELU: checkpointing.keep_gelu = \"auto\" decided per choice as a launch would: the GELU output is kept \
+              where the peak with it fits the GPU (the numbers above are with the decision)\n";
     }
     s += &format!(
         "\nGiB per rank: the planner's tracked peak plus the CUDA runtime measured on H200 (context, NCCL, kernels, \
@@ -560,7 +588,7 @@ mod tests {
         let every = |keep_attention| CheckpointingConfig {
             activations: ActivationCheckpointing::EveryLayer,
             keep_attention,
-            keep_gelu: false,
+            keep_gelu: trainer::config::KeepGelu::Recompute,
         };
         let ckpt = Workload::new(&m, 16, 1, 1, &every(false));
         let extra = ckpt.flops_per_token() / w.flops_per_token();

@@ -31,7 +31,9 @@ impl From<trainer::config::ConfigError> for SetupError {
 /// A validated launch: what to spawn, where everything goes.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
-    /// The validated config; `data.path`, `output.dir` and `checkpoint.dir` are resolved to absolute paths.
+    /// The validated config; `data.path`, `output.dir`, `checkpoint.dir` and
+    /// `train.gemm_tuning_from` are resolved to absolute paths, `checkpointing.keep_gelu =
+    /// "auto"` to its decision.
     pub cfg: Config,
     pub device: Device,
     /// Ranks on this node.
@@ -147,21 +149,34 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     if device == Device::Gpu && cfg.train.precision == trainer::backend::Precision::Fp8 {
         crate::gpu::check_fp8(&gpu_map).map_err(SetupError)?;
     }
+    check_gemm_tuning_from(&cfg)?;
+    let world = nnodes * local_ranks;
+    let gpu = device == Device::Gpu;
+    let capacity = crate::fit::Capacity::of_this_machine(gpu, None, args.host_mem);
+    let shape = crate::fit::PlanShape {
+        world,
+        local: local_ranks,
+        ranks_per_gpu: gpu_map.iter().map(|g| gpu_map.iter().filter(|h| *h == g).count()).max().unwrap_or(1),
+        model: if gpu { trainer::zero::plan::DeviceModel::cuda() } else { trainer::zero::plan::DeviceModel::cpu() },
+        gpu,
+    };
+    // Decided before the fingerprint: nodes that decide differently are told which key differs.
+    if let Some(d) = crate::fit::resolve_keep_gelu(&mut cfg, shape, capacity).map_err(SetupError)? {
+        crate::out::say(&format!("launcher: {d}"));
+    }
     // Paths as written: nodes may start in different directories.
     let as_given = cfg.clone();
 
     let out_dir = absolute(&cfg.output.dir);
     cfg.output.dir = out_dir.clone();
     cfg.checkpoint.dir = cfg.checkpoint.dir.as_deref().map(absolute);
-    let world = nnodes * local_ranks;
+    cfg.train.gemm_tuning_from = cfg.train.gemm_tuning_from.as_deref().map(absolute);
     // A plan that cannot fit the GPU or the host stops here, before any rank allocates.
     if std::env::var_os(SKIP_FIT_ENV).is_none() {
-        let gpu = device == Device::Gpu;
-        let model =
-            if gpu { trainer::zero::plan::DeviceModel::cuda() } else { trainer::zero::plan::DeviceModel::cpu() };
-        let busiest = gpu_map.iter().map(|g| gpu_map.iter().filter(|h| *h == g).count()).max().unwrap_or(1);
-        let need = crate::fit::need(&cfg, world, local_ranks, model, gpu).map_err(SetupError)?.sharing(busiest);
-        crate::fit::check(&need, crate::fit::Capacity::of_this_machine(gpu, None, args.host_mem), &cfg)
+        let need = crate::fit::need(&cfg, world, local_ranks, shape.model, gpu)
+            .map_err(SetupError)?
+            .sharing(shape.ranks_per_gpu);
+        crate::fit::check(&need, capacity, &cfg)
             .map_err(|e| SetupError(format!("{e} (set {SKIP_FIT_ENV}=1 to launch anyway)")))?;
     }
     // Node 0 owns the run directory: lock it, and see which run it holds.
@@ -257,6 +272,17 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         log_marker,
         locks: locks.map(std::sync::Arc::new),
     })
+}
+
+/// `train.gemm_tuning_from` names a table this build can read (its fit to each rank's GPU
+/// and cuBLASLt is checked by the ranks, which know them).
+fn check_gemm_tuning_from(cfg: &Config) -> Result<(), SetupError> {
+    match (&cfg.train.gemm_tuning_from, cfg.train.gemm_tuning) {
+        (Some(path), trainer::backend::GemmTuning::Timed) => trainer::backend::GemmTuningTable::load(path)
+            .map(|_| ())
+            .map_err(|e| SetupError(format!("config key `train.gemm_tuning_from`: {e}"))),
+        _ => Ok(()),
+    }
 }
 
 /// At most [`RANKS_PER_CORE`] CPU ranks per core of this machine.

@@ -107,7 +107,14 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             let run_dir = runs.join(&name);
             let mut c = cfg.clone();
             c.zero.stage = stage;
-            let predicted = predicted_peak(&c, n, mdev);
+            // `keep_gelu = "auto"` as the run's launch on this machine will decide it.
+            let gpu = mdev == MemoryDevice::Gpu;
+            let shape = crate::fit::PlanShape { world: n, local: n, ranks_per_gpu: 1, model: mdev.model(), gpu };
+            let cap = crate::fit::Capacity::of_this_machine(gpu, None, None);
+            let predicted = match crate::fit::resolve_keep_gelu(&mut c, shape, cap) {
+                Ok(_) => predicted_peak(&c, n, mdev),
+                Err(_) => None,
+            };
             let row = run_one(&exe, args, device, n, stage, &run_dir, &runs.join(format!("{name}.log")), predicted);
             crate::out::say(&describe(&row));
             rows.push(row);

@@ -158,12 +158,18 @@ pub struct TrainConfig {
     /// CUDA graph from the second optimizer step on and replay it (one launch instead of
     /// hundreds). Applies with the optimizer on the GPU; offload runs eagerly.
     pub cuda_graphs: bool,
-    /// GPU ranks: how each GEMM shape's cuBLASLt algorithm is picked. `heuristic` (the
-    /// default): the heuristic's first, the same bits on every run. `timed`: the fastest
-    /// of the heuristic's first 8, timed at the shape's first call (faster where the
-    /// heuristic misjudges; near-ties may go either way, so two runs can differ in the
-    /// losses' last bits). The CPU reference has one way to multiply.
+    /// GPU ranks: how each GEMM shape's cuBLASLt algorithm is picked. `timed` (the
+    /// default): the fastest of the heuristic's first 8, timed during the first step (which
+    /// runs the heuristic's), rank 0's picks used by every rank from the second step on and
+    /// stored with the run (`OUTPUT_DIR/gemm_tuning.json`, every checkpoint), so a resume or
+    /// a run given `gemm_tuning_from` gets the same bits. `heuristic`: the heuristic's first,
+    /// the same bits on every run without storing anything. The CPU reference has one way
+    /// to multiply.
     pub gemm_tuning: GemmTuning,
+    /// With `gemm_tuning = "timed"`: use the choices stored by an earlier run instead of
+    /// timing (its `gemm_tuning.json`, its output.dir, or one of its checkpoints), from the
+    /// second step on as that run did; refused when timed on another GPU or cuBLASLt.
+    pub gemm_tuning_from: Option<PathBuf>,
     /// The precision of the blocks' linear layers' GEMMs: `bf16` (the default; f32 on CPU
     /// ranks) or `fp8` (e4m3 weights and activations, e5m2 output gradients, per-tensor
     /// current scaling, fp32 accumulation; GPUs of compute capability 9.0 and later, CPU
@@ -207,7 +213,8 @@ impl Default for TrainConfig {
             eval_every: 0,
             eval_batches: 4,
             cuda_graphs: true,
-            gemm_tuning: GemmTuning::Heuristic,
+            gemm_tuning: GemmTuning::Timed,
+            gemm_tuning_from: None,
             precision: Precision::Bf16,
             fp8_weight_cache: true,
             loss_chunk_rows: 0,
@@ -312,12 +319,82 @@ pub struct CheckpointingConfig {
     /// Blocks that are not checkpointed also keep their MLP's GELU output (4·C values per
     /// token per block), so their backward does not recompute it for the second MLP
     /// GEMM's weight gradient (checkpointed blocks reuse their recompute's anyway).
-    pub keep_gelu: bool,
+    /// `"auto"` (the default): the launcher keeps it where the plan still fits the device
+    /// with it ([`KeepGelu`]).
+    pub keep_gelu: KeepGelu,
 }
 
 impl Default for CheckpointingConfig {
     fn default() -> Self {
-        CheckpointingConfig { activations: ActivationCheckpointing::None, keep_attention: false, keep_gelu: false }
+        CheckpointingConfig {
+            activations: ActivationCheckpointing::None,
+            keep_attention: false,
+            keep_gelu: KeepGelu::Auto,
+        }
+    }
+}
+
+/// `checkpointing.keep_gelu`: `true`, `false`, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeepGelu {
+    /// Decided before launch by the planner (`launcher`'s `fit.rs`): kept where the predicted
+    /// peak with it fits the device, recomputed otherwise; the launcher writes its decision
+    /// into the config the ranks read. Unresolved (the trainer used as a library), a block
+    /// recomputes: the choice that never costs memory.
+    #[default]
+    Auto,
+    /// `true`: keep it.
+    Keep,
+    /// `false`: recompute it.
+    Recompute,
+}
+
+impl KeepGelu {
+    /// Whether blocks keep their GELU output (`Auto` unresolved: no).
+    pub fn keeps(self) -> bool {
+        self == KeepGelu::Keep
+    }
+}
+
+impl From<bool> for KeepGelu {
+    fn from(b: bool) -> Self {
+        if b {
+            KeepGelu::Keep
+        } else {
+            KeepGelu::Recompute
+        }
+    }
+}
+
+impl Serialize for KeepGelu {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            KeepGelu::Auto => s.serialize_str("auto"),
+            KeepGelu::Keep => s.serialize_bool(true),
+            KeepGelu::Recompute => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for KeepGelu {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = KeepGelu;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#"true, false, or "auto" (kept where it fits the device)"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "auto" => Ok(KeepGelu::Auto),
+                    other => Err(E::custom(format!(r#"unknown value "{other}": use true, false or "auto""#))),
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -636,13 +713,20 @@ impl Config {
                  set checkpointing.activations (\"every_layer\" or k) or drop keep_attention",
             ));
         }
-        let ckpt = self.checkpointing.activations;
-        if self.checkpointing.keep_gelu && (0..self.model.n_layer).all(|l| ckpt.is_checkpointed(l)) {
+        if self.checkpointing.keep_gelu.keeps() && self.every_block_checkpointed() {
             return Err(bad(
                 "checkpointing.keep_gelu",
                 true,
                 "applies to blocks that are not checkpointed, and every block is (their recompute gives \
                  the GELU output to the backward anyway); checkpoint fewer blocks or drop keep_gelu",
+            ));
+        }
+        if let (GemmTuning::Heuristic, Some(p)) = (t.gemm_tuning, &t.gemm_tuning_from) {
+            return Err(bad(
+                "train.gemm_tuning_from",
+                p.display(),
+                "applies to train.gemm_tuning = \"timed\" (stored timed choices), and \"heuristic\" picks no \
+                 stored algorithm; set train.gemm_tuning = \"timed\" or drop gemm_tuning_from",
             ));
         }
         if self.offload.params && self.zero.stage != 3 {
@@ -702,6 +786,12 @@ impl Config {
             names.push(name);
         }
         Ok(())
+    }
+
+    /// Whether every block recomputes its forward (so none has a GELU output to keep).
+    pub fn every_block_checkpointed(&self) -> bool {
+        let ckpt = self.checkpointing.activations;
+        (0..self.model.n_layer).all(|l| ckpt.is_checkpointed(l))
     }
 
     /// Shapes beyond any machine are refused before anything multiplies them: every size
@@ -949,11 +1039,36 @@ mod tests {
 
     #[test]
     fn gemm_tuning_takes_its_two_values_and_names_a_wrong_one() {
-        assert_eq!(load_str(BASE, &[]).expect("valid").train.gemm_tuning, GemmTuning::Heuristic);
-        let c = load_str(BASE, &["train.gemm_tuning=\"timed\""]).expect("valid");
-        assert_eq!(c.train.gemm_tuning, GemmTuning::Timed);
+        assert_eq!(load_str(BASE, &[]).expect("valid").train.gemm_tuning, GemmTuning::Timed);
+        let c = load_str(BASE, &["train.gemm_tuning=\"heuristic\""]).expect("valid");
+        assert_eq!(c.train.gemm_tuning, GemmTuning::Heuristic);
         let e = load_str(BASE, &["train.gemm_tuning=\"fast\""]).unwrap_err().to_string();
         assert!(e.contains("gemm_tuning") && e.contains("heuristic") && e.contains("timed"), "{e}");
+        // Stored choices are timed ones: asking for them with the heuristic is a contradiction.
+        let c = load_str(BASE, &["train.gemm_tuning_from=\"runs/a\""]).expect("valid");
+        assert_eq!(c.train.gemm_tuning_from, Some(PathBuf::from("runs/a")));
+        let e = load_str(BASE, &["train.gemm_tuning_from=\"runs/a\"", "train.gemm_tuning=\"heuristic\""])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train.gemm_tuning_from") && e.contains("\"timed\""), "{e}");
+    }
+
+    #[test]
+    fn keep_gelu_takes_true_false_or_auto() {
+        assert_eq!(load_str(BASE, &[]).expect("valid").checkpointing.keep_gelu, KeepGelu::Auto);
+        for (v, want) in [("true", KeepGelu::Keep), ("false", KeepGelu::Recompute), ("\"auto\"", KeepGelu::Auto)] {
+            let c = load_str(BASE, &[&format!("checkpointing.keep_gelu={v}")]).expect("valid");
+            assert_eq!(c.checkpointing.keep_gelu, want, "{v}");
+            // The resolved config the ranks read says the same.
+            let text = toml::to_string(&c).expect("toml");
+            assert!(text.contains(&format!("keep_gelu = {v}")), "{text}");
+            assert_eq!(Config::from_toml_str(&text, "resolved").expect("back").checkpointing.keep_gelu, want);
+        }
+        assert!(!KeepGelu::Auto.keeps() && KeepGelu::Keep.keeps() && !KeepGelu::Recompute.keeps());
+        let e = load_str(BASE, &["checkpointing.keep_gelu=\"yes\""]).unwrap_err().to_string();
+        assert!(e.contains("\"yes\"") && e.contains("\"auto\""), "{e}");
+        // Auto with every block checkpointed is fine (it recomputes); true is refused.
+        load_str(BASE, &["checkpointing.activations=\"every_layer\""]).expect("auto stays valid");
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod optim;
 pub mod rng;
 pub mod sources;
 pub mod train;
+pub mod tuning;
 pub mod zero;
 
 pub use config::Config;

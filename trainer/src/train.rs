@@ -3,13 +3,14 @@
 
 use crate::backend::{Backend, Precision, TunedGemm};
 use crate::checkpoint::init::InitSource;
-use crate::checkpoint::CheckpointReader;
+use crate::checkpoint::{CheckpointReader, SaveMeta};
 use crate::config::{Config, ConfigError};
 use crate::documents::DocumentMask;
 use crate::metrics::{SourceMetrics, StepMetrics};
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
 use crate::sources::{open_loader, open_val, ValSource};
+use crate::tuning::RunTuning;
 use crate::zero::engine::all_reduce_f64;
 use crate::zero::{Engine, EngineComm, EngineOptions, MicroKey, MicroState};
 use crate::TrainError;
@@ -62,6 +63,8 @@ pub struct Trainer<B: Backend> {
     graphs_recorded: Vec<Recorded<B>>,
     /// Optimizer steps this process has run (a resumed run starts at 0 here).
     steps_here: usize,
+    /// The GEMM algorithm choices of the run (`train.gemm_tuning`).
+    tuning: RunTuning,
 }
 
 impl<B: Backend> Trainer<B> {
@@ -112,7 +115,7 @@ impl<B: Backend> Trainer<B> {
             .build(be, &engine.layout, &ModelOptions::from_config(cfg), &mut engine.ledger)
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
-        be.set_gemm_tuning(cfg.train.gemm_tuning);
+        let tuning = RunTuning::new(cfg, be)?;
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
         // The host optimizer's copies and waits between units cannot be recorded.
         let graphs = cfg.train.cuda_graphs && be.graphs_supported() && !cfg.offload.optimizer;
@@ -136,6 +139,7 @@ impl<B: Backend> Trainer<B> {
             graphs,
             graphs_recorded: Vec::new(),
             steps_here: 0,
+            tuning,
         })
     }
 
@@ -212,6 +216,7 @@ impl<B: Backend> Trainer<B> {
             }
             Ok(())
         };
+        self.tuning.settle(be, comm, self.step, self.steps_here)?;
         mark(be, "start")?;
         self.sampler.begin_step(tc.micro_batch * tc.grad_accum * world);
         self.engine.begin_step(be)?;
@@ -256,6 +261,8 @@ impl<B: Backend> Trainer<B> {
         self.sampler.end_step();
         self.step += 1;
         self.steps_here += 1;
+        // Before an evaluation of this step: the choices apply from here on.
+        self.tuning.settle(be, comm, self.step, self.steps_here)?;
         let ev = tc.eval_every;
         let eval_due = ev > 0 && (self.step.is_multiple_of(ev) || self.step == tc.steps);
         if self.step >= tc.steps {
@@ -327,6 +334,7 @@ impl<B: Backend> Trainer<B> {
             self.engine.load_optimizer_state(be, comm, i, state)?;
         }
         self.step = reader.manifest.step as usize;
+        self.tuning.resuming(be, reader.manifest.gemm_tuning.clone(), dir);
         Ok(())
     }
 
@@ -373,8 +381,9 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<std::path::PathBuf, TrainError> {
         self.engine.settle(be, comm)?;
         let data = self.sampler.state();
-        let at = (self.step as u64, Some(&data));
-        crate::checkpoint::save(be, comm, &self.engine, &self.cfg, at, &self.cfg.checkpoint_dir())
+        let meta =
+            SaveMeta { cfg: &self.cfg, step: self.step as u64, data: Some(&data), gemm_tuning: self.tuning.applied() };
+        crate::checkpoint::save(be, comm, &self.engine, meta, &self.cfg.checkpoint_dir())
     }
 
     /// The validation loss: with one source its loss; with a mixture the mean of the
@@ -465,8 +474,9 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
     let changed = tuned.iter().filter(|t| t.chosen != 0).count();
     let (h, c) = tuned.iter().fold((0.0, 0.0), |(h, c), t| (h + t.heuristic_ms, c + t.chosen_ms));
     crate::log_line!(
-        "rank 0: train.gemm_tuning = timed: {} GEMM shapes timed, {changed} run another cuBLASLt algorithm than \
-         the heuristic's first ({h:.3} -> {c:.3} ms for one call of each)",
+        "rank 0: train.gemm_tuning = timed: {} GEMM shapes timed in the first step (which ran the heuristic's \
+         algorithms), {changed} picked another cuBLASLt algorithm than the heuristic's first ({h:.3} -> {c:.3} ms \
+         for one call of each); every rank runs rank 0's picks from the second step on",
         tuned.len()
     );
     if per_shape {

@@ -11,6 +11,7 @@
 //! parameter version, which [`MatmulOps::fp8_weights_changed`] ends).
 
 use super::fp8::{Fp8Bytes, Fp8Layer, Fp8Layers};
+use super::gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
 
 /// How a backend with a choice of GEMM algorithms picks one for each GEMM shape
@@ -19,12 +20,14 @@ use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights
 #[serde(rename_all = "lowercase")]
 pub enum GemmTuning {
     /// cuBLASLt's heuristic's first choice: the same algorithm, so the same bits, on every run.
-    #[default]
     Heuristic,
     /// At each shape's first call, time the heuristic's first candidates on the call itself
-    /// and keep the fastest. Faster where the heuristic misjudges (it often does at GPT-2
-    /// shapes); but where two candidates are within the timing noise either may win, so the
-    /// last bits of the losses can differ between two runs of one config.
+    /// (the call runs the heuristic's); the trainer then makes rank 0's picks every rank's
+    /// ([`MatmulOps::use_gemm_choices`]) and stores them with the run (`gemm_tuning.rs`), so a
+    /// rerun or resume given them runs the same algorithms and gets the same bits. Faster
+    /// where the heuristic misjudges (it often does at GPT-2 shapes); two runs that both
+    /// time may pick differently where candidates are within the timing noise.
+    #[default]
     Timed,
 }
 
@@ -92,14 +95,14 @@ impl LinearLocs {
     }
 }
 
-/// One GEMM shape as timed tuning left it (`MatmulOps::gemm_tuning_report`).
+/// One GEMM shape as timed tuning measured it (`MatmulOps::gemm_tuning_report`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TunedGemm {
     /// Its shape, transposes, output type and epilogue.
     pub gemm: String,
     /// Candidates timed (the heuristic's first ones, in its order).
     pub candidates: usize,
-    /// The one kept (0 = the heuristic's first).
+    /// The one picked (0 = the heuristic's first).
     pub chosen: usize,
     /// Mean ms of one call with the heuristic's first, and with the one kept.
     pub heuristic_ms: f64,
@@ -136,6 +139,25 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// timed.
     fn gemm_tuning_report(&self) -> Vec<TunedGemm> {
         Vec::new()
+    }
+    /// The device and library GEMM algorithms are picked for; `None` where there is no
+    /// choice (the CPU).
+    fn gemm_environment(&self) -> Option<GemmEnvironment> {
+        None
+    }
+    /// What timed tuning picked so far, as a table to share and store (the picks are not in
+    /// use until [`MatmulOps::use_gemm_choices`] is given them); `None` without a choice.
+    fn gemm_choices(&self) -> Option<GemmTuningTable> {
+        None
+    }
+    /// From here on run each GEMM shape the table holds with its stored algorithm (shapes
+    /// already planned switch at once; others when first run), without timing. A table of
+    /// another environment, or an algorithm cuBLASLt no longer offers, is refused or set
+    /// aside as `on` says (`origin` names the table in messages). Returns how many stored
+    /// algorithms are in use. The caller checks the environment first
+    /// ([`GemmTuningTable::fits`]); a backend without a choice uses none.
+    fn use_gemm_choices(&self, _table: &GemmTuningTable, _origin: &str, _on: OnMismatch) -> BResult<usize> {
+        Ok(0)
     }
 
     /// Get ready for FP8 GEMMs (layers in [`Precision::Fp8`]) of `layers`: refuse where

@@ -6,7 +6,7 @@
 //! | [`MemoryOps`] (`memory.rs`) | allocation, host transfers, casts, copies, zeroing |
 //! | [`EncoderOps`] (`encoder.rs`) | token (+ position) embedding, positions optionally within documents |
 //! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm, RMSNorm |
-//! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs) in bf16 or FP8 (`fp8.rs`: its numerics), with the fused-GELU hooks |
+//! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs) in bf16 or FP8 (`fp8.rs`: its numerics), with the fused-GELU hooks; the stored GEMM algorithm choices (`gemm_tuning.rs`) |
 //! | [`AttentionOps`] (`attention.rs`) | causal self-attention (multi-head, grouped-query), RoPE |
 //! | [`ActivationOps`] (`activation.rs`) | GELU, SwiGLU, residual add |
 //! | [`CrossEntropyOps`] (`cross_entropy.rs`) | softmax cross-entropy with its backward |
@@ -47,6 +47,7 @@ pub mod cross_entropy;
 pub mod cuda;
 pub mod encoder;
 pub mod fp8;
+pub mod gemm_tuning;
 pub mod graph;
 pub mod layernorm;
 pub mod matmul;
@@ -63,6 +64,7 @@ pub use attention::{
 pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedInputs, EmbedLocs, EncoderOps, SeqShape};
 pub use fp8::{Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent};
+pub use gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
 pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, Precision, TunedGemm};

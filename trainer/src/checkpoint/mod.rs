@@ -13,8 +13,10 @@
 //! The manifest also holds the data loader's position — the rows each data source has
 //! served, a count independent of the world size and batch shape — with what identifies
 //! the data (shard names and token counts, weights, seq_len, seed), so a resume continues
-//! at exactly the next row or is refused when the data changed ([`data::LoaderState`]).
-//! Initialisation is counter-based, so there is no other RNG state to save.
+//! at exactly the next row or is refused when the data changed ([`data::LoaderState`]),
+//! and the GEMM algorithms the run used (`gemm_tuning`, `crate::tuning`), so the resumed
+//! steps run the same ones. Initialisation is counter-based, so there is no other RNG state
+//! to save.
 
 pub mod hf;
 pub mod init;
@@ -26,7 +28,7 @@ mod stream;
 
 pub use load::{find_latest, find_latest_of, CheckpointReader};
 pub use manifest::{FileEntry, Manifest, Segment, UnitEntry};
-pub use save::save;
+pub use save::{save, SaveMeta};
 
 use std::path::PathBuf;
 use thiserror::Error;

@@ -4,7 +4,7 @@ use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
 use super::owner::{belongs_to, run_id_of_checkpoint, run_id_of_dir};
 use super::stream::{write_streamed, ReadFn};
 use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
-use crate::backend::Backend;
+use crate::backend::{Backend, GemmTuningTable};
 use crate::config::Config;
 use crate::zero::{Engine, EngineComm};
 use crate::TrainError;
@@ -13,17 +13,28 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-/// Save this rank's shard of the engine state at `step` into `<root>/step_<step>/`, with
-/// the data loader's position `data` in the manifest. Collective: every rank must call it.
-/// Returns the checkpoint directory.
+/// What a checkpoint holds besides the engine's state.
+pub struct SaveMeta<'a> {
+    pub cfg: &'a Config,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// The data loader's position and the data's identity.
+    pub data: Option<&'a data::LoaderState>,
+    /// The GEMM algorithms in use (rank 0's is written).
+    pub gemm_tuning: Option<&'a GemmTuningTable>,
+}
+
+/// Save this rank's shard of the engine state at `meta.step` into `<root>/step_<step>/`,
+/// with the data loader's position and the GEMM choices in the manifest. Collective: every
+/// rank must call it. Returns the checkpoint directory.
 pub fn save<B: Backend, C: EngineComm<B>>(
     be: &B,
     comm: &mut C,
     eng: &Engine<B>,
-    cfg: &Config,
-    (step, data): (u64, Option<&data::LoaderState>),
+    meta: SaveMeta<'_>,
     root: &Path,
 ) -> Result<PathBuf, TrainError> {
+    let (cfg, step) = (meta.cfg, meta.step);
     let rank = eng.rank;
     let name = step_dir_name(step);
     let final_dir = root.join(&name);
@@ -87,7 +98,8 @@ pub fn save<B: Backend, C: EngineComm<B>>(
             units: eng.layout.units.iter().map(|u| UnitEntry { name: u.name.clone(), numel: u.numel }).collect(),
             files,
             run_id: run_id.clone(),
-            data: data.cloned(),
+            data: meta.data.cloned(),
+            gemm_tuning: meta.gemm_tuning.cloned(),
         };
         let text = serde_json::to_vec_pretty(&manifest).map_err(|e| TrainError::Invalid(e.to_string()))?;
         write_atomic(&tmp_dir.join("manifest.json"), &text)?;

@@ -9,6 +9,13 @@
 //! Descriptors, layouts and the heuristic's algorithm are made once per shape and
 //! pointer alignment and cached (the heuristic query costs more than a small GEMM).
 //!
+//! Timed tuning (`GemmTuning::Timed`) times a shape's candidates at its first call and
+//! records the fastest as a pick; the call itself, and every later one, runs the heuristic's
+//! algorithm until the trainer hands back a table of choices ([`Lt::use_choices`]: rank 0's
+//! picks, or a stored run's, see `backend/gemm_tuning.rs`), whose algorithms then replace
+//! the heuristic's for their shapes. Picking and using are apart so that every rank runs the
+//! same algorithms, and a rerun given the table runs exactly what the first run did.
+//!
 //! FP8 GEMMs (`Gemm::fp8`, `train.precision = "fp8"`, see `fp8.rs`) take e4m3/e5m2 A and B
 //! in the "TN" layout Hopper requires, with their inverse scales as device pointers
 //! (`A_SCALE_POINTER`, `B_SCALE_POINTER`: cuBLASLt multiplies the fp32 sum by both), bf16 or
@@ -25,13 +32,16 @@ use cudarc::driver::CudaSlice;
 
 use cudarc::driver::{result as dr, sys as dsys};
 
+use crate::backend::gemm_tuning::{
+    GemmEnvironment, GemmEpilogue, GemmShape, GemmTuningTable, GemmType, OnMismatch, StoredGemm,
+};
 use crate::backend::{BResult, BackendError, Fp8Format, GemmTuning, TunedGemm};
 
 /// `GemmTuning::Timed`: how many of the heuristic's candidates to time. The eight cover
 /// the fastest at every GPT-2 shape `gpu-timing gemm-algos` measured on an H200.
 const TUNE_CANDIDATES: usize = 8;
-/// ... and how much faster than the heuristic's first another must be to replace it, so
-/// that a tie within the timing noise keeps the heuristic's (repeatable) choice.
+/// ... and how much faster than the heuristic's first another must be to be picked, so
+/// that a tie within the timing noise keeps the heuristic's choice.
 const TUNE_MARGIN: f64 = 0.01;
 
 fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
@@ -124,8 +134,16 @@ struct Plan {
     /// The GEMM this plan last ran (its pointers): what `Lt::sweep` times again.
     last: Option<Gemm>,
     /// Whether `algo` was settled by its first run (timed tuning happens there, not when
-    /// `Lt::supports` makes the plan: that has no buffers to time on).
+    /// `Lt::supports` makes the plan: that has no buffers to time on), or by a stored choice.
     settled: bool,
+}
+
+/// What timed tuning picked for one shape (used once the trainer hands it back).
+struct Pick {
+    key: Key,
+    algo: sys::cublasLtMatmulAlgo_t,
+    config: String,
+    report: TunedGemm,
 }
 
 impl Drop for Plan {
@@ -152,7 +170,9 @@ pub(super) struct Lt {
     refused: RefCell<std::collections::HashSet<Key>>,
     tuning: Cell<GemmTuning>,
     /// What timed tuning picked, per shape, in the order the shapes were first run.
-    tuned: RefCell<Vec<TunedGemm>>,
+    picks: RefCell<Vec<Pick>>,
+    /// The algorithms in use instead of the heuristic's ([`Lt::use_choices`]), checked.
+    stored: RefCell<HashMap<Key, sys::cublasLtMatmulAlgo_t>>,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread, one call at a time; `Lt` is
@@ -253,6 +273,78 @@ fn algo_config(algo: &sys::cublasLtMatmulAlgo_t, workspace: usize, waves: f32) -
     )
 }
 
+/// A plan key as the stored table records it.
+fn shape_of(key: &Key) -> GemmShape {
+    let fp8 = |f: Fp8Format| match f {
+        Fp8Format::E4M3 => GemmType::E4m3,
+        Fp8Format::E5M2 => GemmType::E5m2,
+    };
+    let (a_type, b_type, fast_accum) = match key.fp8 {
+        Some((a, b, fast)) => (fp8(a), fp8(b), fast),
+        None => (GemmType::Bf16, GemmType::Bf16, false),
+    };
+    GemmShape {
+        transa: key.transa,
+        transb: key.transb,
+        m: key.m,
+        n: key.n,
+        k: key.k,
+        lda: key.lda,
+        ldb: key.ldb,
+        ldd: key.ldd,
+        a_type,
+        b_type,
+        d_type: match key.out {
+            OutType::Bf16 => GemmType::Bf16,
+            OutType::F32 => GemmType::F32,
+        },
+        bias: key.bias,
+        epilogue: match key.act {
+            Act::None => GemmEpilogue::None,
+            Act::Gelu => GemmEpilogue::Gelu,
+            Act::DGelu => GemmEpilogue::Dgelu,
+        },
+        fast_accum,
+        align: key.align,
+    }
+}
+
+/// The plan key of a stored shape; `None` for a combination this backend never runs.
+fn key_of(s: &GemmShape) -> Option<Key> {
+    let fp8 = |t: GemmType| match t {
+        GemmType::E4m3 => Some(Fp8Format::E4M3),
+        GemmType::E5m2 => Some(Fp8Format::E5M2),
+        _ => None,
+    };
+    let fp8 = match (s.a_type, s.b_type) {
+        (GemmType::Bf16, GemmType::Bf16) if !s.fast_accum => None,
+        (a, b) => Some((fp8(a)?, fp8(b)?, s.fast_accum)),
+    };
+    Some(Key {
+        transa: s.transa,
+        transb: s.transb,
+        m: s.m,
+        n: s.n,
+        k: s.k,
+        lda: s.lda,
+        ldb: s.ldb,
+        ldd: s.ldd,
+        out: match s.d_type {
+            GemmType::Bf16 => OutType::Bf16,
+            GemmType::F32 => OutType::F32,
+            _ => return None,
+        },
+        bias: s.bias,
+        act: match s.epilogue {
+            GemmEpilogue::None => Act::None,
+            GemmEpilogue::Gelu => Act::Gelu,
+            GemmEpilogue::Dgelu => Act::DGelu,
+        },
+        fp8,
+        align: s.align,
+    })
+}
+
 impl Lt {
     /// `workspace` is the scratch cuBLASLt may use (32 MiB is NVIDIA's advice for Hopper).
     pub fn new(workspace: CudaSlice<u8>, ws_ptr: u64) -> BResult<Lt> {
@@ -264,8 +356,86 @@ impl Lt {
             plans: RefCell::new(HashMap::new()),
             refused: RefCell::new(std::collections::HashSet::new()),
             tuning: Cell::new(GemmTuning::Heuristic),
-            tuned: RefCell::new(Vec::new()),
+            picks: RefCell::new(Vec::new()),
+            stored: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// `cublasLtGetVersion()`: a stored algorithm is reusable with this version only.
+    pub fn version(&self) -> u64 {
+        // SAFETY: a plain query of the loaded library.
+        unsafe { sys::cublasLtGetVersion() as u64 }
+    }
+
+    /// Timed tuning's picks so far as a table of `env` (not in use until [`Lt::use_choices`]).
+    pub fn choices(&self, env: GemmEnvironment) -> GemmTuningTable {
+        let mut t = GemmTuningTable::new(env);
+        t.gemms = self
+            .picks
+            .borrow()
+            .iter()
+            .map(|p| StoredGemm {
+                shape: shape_of(&p.key),
+                algo: p.algo.data,
+                config: p.config.clone(),
+                candidate: p.report.chosen,
+                candidates: p.report.candidates,
+                heuristic_ms: p.report.heuristic_ms,
+                chosen_ms: p.report.chosen_ms,
+            })
+            .collect();
+        t
+    }
+
+    /// Run the table's shapes with its algorithms from here on (plans made already switch
+    /// now; others take it when made), each first checked by cuBLASLt for this device
+    /// (`cublasLtMatmulAlgoCheck`, and its workspace within ours): one that fails is refused
+    /// or left to the heuristic, as `on` says. The caller checked the environment. Returns
+    /// how many are in use.
+    pub fn use_choices(
+        &self,
+        table: &GemmTuningTable,
+        here: &GemmEnvironment,
+        origin: &str,
+        on: OnMismatch,
+    ) -> BResult<usize> {
+        let mut used = 0;
+        for entry in &table.gemms {
+            let algo = sys::cublasLtMatmulAlgo_t { data: entry.algo };
+            let ok = match key_of(&entry.shape) {
+                Some(key) => self.check_algo(&key, &algo)?.then_some(key),
+                None => None,
+            };
+            let Some(key) = ok else {
+                GemmTuningTable::unavailable(entry, here, origin, on)
+                    .map_err(|e| BackendError::Device(e.to_string()))?;
+                continue;
+            };
+            self.stored.borrow_mut().insert(key, algo);
+            if let Some(plan) = self.plans.borrow_mut().get_mut(&key) {
+                plan.algo = algo;
+                plan.settled = true;
+            }
+            used += 1;
+        }
+        Ok(used)
+    }
+
+    /// Whether cuBLASLt would run `algo` for `key` here, within our workspace.
+    fn check_algo(&self, key: &Key, algo: &sys::cublasLtMatmulAlgo_t) -> BResult<bool> {
+        // FP8 plans need scale pointers set to be checked as scaled GEMMs: any device
+        // address serves (nothing runs), the workspace's.
+        let scales = key.fp8.map(|_| (self.ws_ptr, self.ws_ptr));
+        let plan = self.descriptors(key, scales)?;
+        // SAFETY: the plan's descriptors are live until it drops; `result` is written by
+        // cuBLASLt only.
+        let (status, result) = unsafe {
+            let mut result = std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>();
+            let st =
+                sys::cublasLtMatmulAlgoCheck(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, algo, &mut result);
+            (st, result)
+        };
+        Ok(status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && result.workspaceSize <= self.workspace.len())
     }
 
     /// How shapes first run from here on pick their algorithm.
@@ -275,7 +445,7 @@ impl Lt {
 
     /// What timed tuning picked so far.
     pub fn tuned(&self) -> Vec<TunedGemm> {
-        self.tuned.borrow().clone()
+        self.picks.borrow().iter().map(|p| p.report.clone()).collect()
     }
 
     /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).
@@ -481,14 +651,15 @@ impl Lt {
         Ok(out)
     }
 
-    /// `GemmTuning::Timed`: time the heuristic's first candidates on `g` itself and keep
-    /// the fastest in `plan` (the heuristic's first unless another is `TUNE_MARGIN`
-    /// faster). A GEMM that reads D (beta ≠ 0 with C = D: a gradient accumulating) has D
+    /// `GemmTuning::Timed`: time the heuristic's first candidates on `g` itself and record
+    /// the fastest as this shape's pick (the heuristic's first unless another is
+    /// `TUNE_MARGIN` faster); `plan` keeps running the heuristic's until the trainer hands
+    /// the picks back ([`Lt::use_choices`]). A GEMM that reads D (beta ≠ 0 with C = D: a gradient accumulating) has D
     /// copied to the host first and put back after, so the call that follows computes
     /// from the same D as an untuned one; any other output is rewritten by that call. No
     /// device memory is allocated. A stream being captured into a CUDA graph cannot be
     /// timed: a shape first seen there keeps the heuristic's choice.
-    fn tune(&self, plan: &mut Plan, key: &Key, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
+    fn tune(&self, plan: &Plan, key: &Key, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
         let cs = stream as dsys::CUstream;
         let err =
             |what: &str, e: cudarc::driver::DriverError| BackendError::Device(format!("GEMM tuning: {what}: {e}"));
@@ -529,15 +700,24 @@ impl Lt {
                 dr::stream::synchronize(cs).map_err(|e| err("restoring D", e))?;
             }
         }
+        if !times[0].is_finite() {
+            // The heuristic's own choice did not run: the call that follows says why.
+            return Ok(());
+        }
         let (fastest, t) = times.iter().enumerate().fold((0, times[0]), |b, (i, &t)| if t < b.1 { (i, t) } else { b });
         let chosen = if t < times[0] * (1.0 - TUNE_MARGIN) { fastest } else { 0 };
-        plan.algo = cands[chosen].algo;
-        self.tuned.borrow_mut().push(TunedGemm {
-            gemm: describe(key, g),
-            candidates: cands.len(),
-            chosen,
-            heuristic_ms: times[0],
-            chosen_ms: times[chosen],
+        let c = &cands[chosen];
+        self.picks.borrow_mut().push(Pick {
+            key: *key,
+            algo: c.algo,
+            config: algo_config(&c.algo, c.workspaceSize, c.wavesCount),
+            report: TunedGemm {
+                gemm: describe(key, g),
+                candidates: cands.len(),
+                chosen,
+                heuristic_ms: times[0],
+                chosen_ms: times[chosen],
+            },
         });
         Ok(())
     }
@@ -583,10 +763,25 @@ impl Lt {
         r
     }
 
-    /// The descriptors and the heuristic's algorithm for `key` (`g` is a GEMM of that key:
-    /// an FP8 GEMM's scale pointers are set before the heuristic is asked, since whether
-    /// the operands are scaled decides which kernels qualify; each call sets its own).
+    /// The descriptors and the algorithm for `key`: the stored one ([`Lt::use_choices`]) or
+    /// the heuristic's (`g` is a GEMM of that key: an FP8 GEMM's scale pointers are set
+    /// before the heuristic is asked, since whether the operands are scaled decides which
+    /// kernels qualify; each call sets its own).
     fn plan(&self, key: &Key, g: &Gemm) -> BResult<Plan> {
+        let mut plan = self.descriptors(key, g.fp8.map(|f| (f.a_scale, f.b_scale)))?;
+        if let Some(algo) = self.stored.borrow().get(key) {
+            plan.algo = *algo;
+            plan.settled = true;
+            return Ok(plan);
+        }
+        let best = self.heuristics(&plan, key, 1)?;
+        plan.algo = best[0].algo;
+        Ok(plan)
+    }
+
+    /// The descriptors and layouts of `key`, with FP8 scale pointers `scales` (A, B) set;
+    /// no algorithm yet.
+    fn descriptors(&self, key: &Key, scales: Option<(u64, u64)>) -> BResult<Plan> {
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         let dtype = match key.out {
             OutType::Bf16 => bf16,
@@ -680,10 +875,10 @@ impl Lt {
                     size_of::<i8>(),
                 );
             }
-            if let (true, Some(f)) = (r.is_ok(), g.fp8) {
+            if let (true, Some((a_scale, b_scale))) = (r.is_ok(), scales) {
                 for (attr, p) in [
-                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, f.a_scale),
-                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, f.b_scale),
+                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale),
+                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale),
                 ] {
                     if r.is_ok() {
                         r = set_desc(attr, &p as *const u64 as *const c_void, size_of::<u64>());
@@ -701,8 +896,6 @@ impl Lt {
             r
         };
         r.map_err(|e| lt_err("set attributes", e))?;
-        let best = self.heuristics(&plan, key, 1)?;
-        plan.algo = best[0].algo;
         Ok(plan)
     }
 

@@ -23,7 +23,8 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    BResult, Fp8Bytes, Fp8Layers, GemmTuning, LinearLocs, Loc, MatShape, MatmulOps, TunedGemm, WeightGrads, Weights,
+    BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable, LinearLocs, Loc,
+    MatShape, MatmulOps, OnMismatch, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -371,6 +372,28 @@ impl MatmulOps for CudaBackend {
 
     fn gemm_tuning_report(&self) -> Vec<TunedGemm> {
         self.lt.tuned()
+    }
+
+    fn gemm_environment(&self) -> Option<GemmEnvironment> {
+        let (major, minor) = self.compute_capability;
+        Some(GemmEnvironment {
+            device: self.gpu_name.clone(),
+            compute_capability: [major.max(0) as u32, minor.max(0) as u32],
+            cublaslt_version: self.lt.version(),
+        })
+    }
+
+    fn gemm_choices(&self) -> Option<GemmTuningTable> {
+        self.gemm_environment().map(|env| self.lt.choices(env))
+    }
+
+    fn use_gemm_choices(&self, table: &GemmTuningTable, origin: &str, on: OnMismatch) -> BResult<usize> {
+        let Some(here) = self.gemm_environment() else { return Ok(0) };
+        if !table.fits(&here, origin, on).map_err(|e| BackendError::Device(e.to_string()))? {
+            return Ok(0);
+        }
+        self.bind()?;
+        self.lt.use_choices(table, &here, origin, on)
     }
 
     fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {

@@ -72,6 +72,8 @@ pub struct CudaBackend {
     kernels: Kernels,
     lt: Lt,
     device: String,
+    /// The GPU's name alone (`device` adds the ordinal): what stored GEMM choices match.
+    gpu_name: String,
     sm_count: usize,
     /// (major, minor): FP8 GEMMs need 9.0 or later (`fp8.rs`).
     compute_capability: (i32, i32),
@@ -208,6 +210,7 @@ impl CudaBackend {
             kernels,
             lt,
             device,
+            gpu_name: name,
             sm_count,
             compute_capability,
             fp8_ws: RefCell::new(None),

@@ -142,7 +142,7 @@ impl<B: Backend> Gpt2<B> {
             let resid2 = bb(n * c, "residual")?;
             let ln2 = bb(n * c, "ln2")?;
             let fch = bb(n * 4 * c, "mlp hidden")?;
-            let keep_gelu = ckpt_cfg.keep_gelu && !slots.is_shared(set);
+            let keep_gelu = ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set);
             let gelu = if keep_gelu { Some(bb(n * 4 * c, "kept gelu output")?) } else { None };
             let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
                 ledger.alloc(Category::Activations, len * sz.f32);

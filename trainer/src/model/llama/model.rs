@@ -136,8 +136,11 @@ impl<B: Backend> Llama<B> {
             let (ln1, qkv, atty, resid2) =
                 (bb(n * c, "rms1")?, bb(n * w, "qkv")?, bb(n * c, "attention output")?, bb(n * c, "residual")?);
             let (ln2, gate_up) = (bb(n * c, "rms2")?, bb(n * 2 * f, "gate/up")?);
-            let act =
-                if ckpt_cfg.keep_gelu && !slots.is_shared(set) { Some(bb(n * f, "kept swiglu output")?) } else { None };
+            let act = if ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set) {
+                Some(bb(n * f, "kept swiglu output")?)
+            } else {
+                None
+            };
             let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
                 ledger.alloc(Category::Activations, len * sz.f32);
                 be.alloc_f32(len, what)
