@@ -96,16 +96,55 @@ impl Run {
     }
 }
 
+/// Variables a scheduler sets, which the launcher reads (`launcher/src/cluster.rs`): a test
+/// run inside a Slurm job or under torchrun must not see its own.
+const SCHEDULER_ENV: [&str; 25] = [
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_STEP_NODELIST",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "SHARDTRAIN_FAULT",
+    "SHARDTRAIN_JOB_TOKEN",
+];
+
+/// `cmd` without the scheduler's variables nor the test-only fault of the calling environment.
+fn scrubbed(cmd: &mut Command) -> &mut Command {
+    for v in SCHEDULER_ENV {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
+/// The launcher binary as a command with a scrubbed environment.
+fn launcher_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_launcher"));
+    scrubbed(&mut cmd);
+    cmd
+}
+
 fn run_launcher(args: &[String], env: &[(&str, &str)]) -> Run {
     let start = Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_launcher"))
-        .args(args)
-        .env_remove("SHARDTRAIN_FAULT")
-        .env_remove("SHARDTRAIN_JOB_TOKEN")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the launcher");
+    let output =
+        launcher_cmd().args(args).envs(env.iter().copied()).stdin(Stdio::null()).output().expect("run the launcher");
     Run { output, elapsed: start.elapsed() }
 }
 
@@ -241,11 +280,10 @@ impl Drop for KillOnDrop {
 fn interrupt_kills_every_rank() {
     let job = Job::new();
     let mut launcher = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_launcher"))
+        launcher_cmd()
             .args(["--cpus", "2"])
             .arg(&job.config)
             .args(["--set", "train.steps=100000"])
-            .env_remove("SHARDTRAIN_FAULT")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -665,10 +703,9 @@ fn two_nodes_on_loopback_form_one_job() {
     };
     let master = format!("127.0.0.1:{port}");
     let spawn_node = |node: &str| {
-        Command::new(env!("CARGO_BIN_EXE_launcher"))
+        launcher_cmd()
             .args(["--cpus", "2", &job.config.display().to_string(), "--nnodes", "2", "--node-rank", node])
             .args(["--master-addr", &master])
-            .env_remove("SHARDTRAIN_FAULT")
             .env("SHARDTRAIN_JOB_TOKEN", "two-nodes-test-token")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -692,6 +729,135 @@ fn two_nodes_on_loopback_form_one_job() {
     }
 }
 
+// ---- Jobs a scheduler starts (issue 27): the layout from Slurm's or torchrun's variables.
+
+/// One launcher of an environment-driven job: its extra arguments and its environment.
+type Launcher = (Vec<&'static str>, Vec<(&'static str, String)>);
+
+/// Run the launchers of one job (each with only its own environment) to the end; every one
+/// must finish. Returns node 0's stdout.
+fn env_driven_job(job: &Job, launchers: Vec<Launcher>) -> String {
+    let mut running: Vec<Background> = launchers
+        .iter()
+        .enumerate()
+        .map(|(i, (args, env))| {
+            let mut a = vec![job.config.display().to_string()];
+            a.extend(args.iter().map(|s| s.to_string()));
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            Background::start(&a, &env, job.dir.path(), &format!("launcher{i}"))
+        })
+        .collect();
+    for (i, l) in running.iter_mut().enumerate() {
+        assert_eq!(l.wait(Duration::from_secs(120)), Some(0), "launcher {i}:\n{}\n{}", l.stdout(), l.stderr());
+    }
+    running[0].stdout()
+}
+
+/// Losses of the 4-rank job `job` ran and of one rank with 4 micro-steps (a run of its own,
+/// moving the first aside): equal to 1e-5 as in `two_nodes_on_loopback_form_one_job`.
+fn assert_one_launcher_trains_the_same(job: &Job, what: &str) -> Vec<f64> {
+    let four_ranks = job.losses();
+    assert_eq!(four_ranks.len(), job.cfg().train.steps, "{what}: every step recorded by rank 0's launcher");
+    assert_eq!(job.metrics()[0]["memory"].as_array().map(|m| m.len()), Some(4), "{what}: 4 ranks");
+    job.run(1, &["--overwrite", "--set", "zero.stage=0", "--set", "train.grad_accum=4"], &[]).assert_success();
+    for (step, (a, b)) in four_ranks.iter().zip(&job.losses()).enumerate() {
+        assert!(((a - b) / b).abs() <= 1e-5, "{what}: step {}: {a} vs one launcher's {b}", step + 1);
+    }
+    four_ranks
+}
+
+/// Slurm, both shapes, from `SLURM_*` alone (no --nnodes, --node-rank, --master-addr or token):
+/// `srun --ntasks-per-node=1 launcher --cpus 2` (a launcher per node) and `srun
+/// --ntasks-per-node=2 launcher --one-rank --cpus 1` (a launcher per rank), on two "nodes"
+/// of loopback; the job token derives from the job id. Both train what one launcher does.
+#[test]
+fn slurm_tasks_per_node_and_per_rank_train_the_job_of_one_launcher() {
+    let slurm = |procid: usize, localid: usize, nodeid: usize, ntasks: usize, port: u16| {
+        vec![
+            ("SLURM_JOB_ID", "271828".to_string()),
+            ("SLURM_STEP_ID", "0".into()),
+            ("SLURM_PROCID", procid.to_string()),
+            ("SLURM_LOCALID", localid.to_string()),
+            ("SLURM_NODEID", nodeid.to_string()),
+            ("SLURM_NTASKS", ntasks.to_string()),
+            ("SLURM_NNODES", "2".into()),
+            ("SLURM_JOB_NODELIST", "127.0.0.1,localhost".into()),
+            // On one machine the job id's port could be taken: the rendezvous port as a batch
+            // script would choose it.
+            ("MASTER_PORT", port.to_string()),
+        ]
+    };
+    let job = Job::with_toml(&common::tiny_toml(3, 1, "\"none\""));
+    let port = free_port();
+    let per_node = (0..2).map(|k| (vec!["--cpus", "2"], slurm(k, 0, k, 2, port))).collect();
+    let stdout = env_driven_job(&job, per_node);
+    assert!(stdout.contains("from the Slurm environment (job 271828, step 0): node 0 of 2"), "{stdout}");
+    assert!(stdout.contains("job token derived from SLURM_JOB_ID 271828, step 0"), "{stdout}");
+    let per_node = assert_one_launcher_trains_the_same(&job, "a launcher per node");
+
+    let job = Job::with_toml(&common::tiny_toml(3, 1, "\"none\""));
+    let port = free_port();
+    let per_rank = (0..4).map(|r| (vec!["--one-rank", "--cpus", "1"], slurm(r, r % 2, r / 2, 4, port))).collect();
+    let stdout = env_driven_job(&job, per_rank);
+    assert!(stdout.contains("rank 0 of 4"), "{stdout}");
+    let per_rank = assert_one_launcher_trains_the_same(&job, "a launcher per rank");
+    assert_eq!(per_node, per_rank, "the same 4-rank job either way, bit for bit");
+
+    // A contradictory environment is refused naming the variable, before any rank starts;
+    // flags that give the whole layout leave the environment unread.
+    let job = Job::new();
+    let mut env = slurm(1, 0, 1, 3, port);
+    env.retain(|(k, _)| *k != "SLURM_NTASKS");
+    env.push(("SLURM_NTASKS", "3".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = job.run(1, &[], &env);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    assert!(run.stderr().contains("SLURM_NTASKS=3 is not a multiple of SLURM_NNODES=2"), "{}", run.stderr());
+    assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
+    job.run(1, &["--nnodes", "1", "--node-rank", "0"], &env).assert_success();
+}
+
+/// torchrun-style variables, both shapes: a launcher per node (`NODE_RANK`, WORLD_SIZE
+/// counting ranks) and a process per rank (`RANK`, `LOCAL_RANK`, ... with --one-rank), as
+/// Kubernetes operators and torchrun set them.
+#[test]
+fn torchrun_style_environments_train_the_job_of_one_launcher() {
+    let common_env = |port: u16| {
+        vec![("MASTER_ADDR", "127.0.0.1".to_string()), ("MASTER_PORT", port.to_string()), ("WORLD_SIZE", "4".into())]
+    };
+    let job = Job::with_toml(&common::tiny_toml(3, 1, "\"none\""));
+    let port = free_port();
+    let per_node = (0..2)
+        .map(|k| {
+            let mut env = common_env(port);
+            env.extend([("NODE_RANK", k.to_string()), ("LOCAL_WORLD_SIZE", "2".into())]);
+            (vec!["--cpus", "2"], env)
+        })
+        .collect();
+    let stdout = env_driven_job(&job, per_node);
+    assert!(stdout.contains("from the torchrun-style environment"), "{stdout}");
+    let per_node = assert_one_launcher_trains_the_same(&job, "a launcher per node");
+
+    let job = Job::with_toml(&common::tiny_toml(3, 1, "\"none\""));
+    let port = free_port();
+    let per_rank = (0..4)
+        .map(|r| {
+            let mut env = common_env(port);
+            env.extend([
+                ("RANK", r.to_string()),
+                ("LOCAL_RANK", (r % 2).to_string()),
+                ("LOCAL_WORLD_SIZE", "2".into()),
+                ("GROUP_RANK", (r / 2).to_string()),
+                ("TORCHELASTIC_RUN_ID", "issue27".into()),
+            ]);
+            (vec!["--one-rank", "--cpus", "1"], env)
+        })
+        .collect();
+    env_driven_job(&job, per_rank);
+    let per_rank = assert_one_launcher_trains_the_same(&job, "a process per rank");
+    assert_eq!(per_node, per_rank, "the same 4-rank job either way, bit for bit");
+}
+
 // ---- Running it like production (issue 11): hangs, nodes that differ, strangers, and
 // ---- the ways a job used to be lost or a checkpoint destroyed.
 
@@ -705,10 +871,8 @@ struct Background {
 impl Background {
     fn start(args: &[String], env: &[(&str, &str)], dir: &std::path::Path, name: &str) -> Background {
         let (stdout, stderr) = (dir.join(format!("{name}.stdout")), dir.join(format!("{name}.stderr")));
-        let child = Command::new(env!("CARGO_BIN_EXE_launcher"))
+        let child = launcher_cmd()
             .args(args)
-            .env_remove("SHARDTRAIN_FAULT")
-            .env_remove("SHARDTRAIN_JOB_TOKEN")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).expect("stdout file"))
@@ -817,9 +981,8 @@ fn a_closed_stdout_does_not_stop_the_job() {
     use std::io::BufRead;
     let job = Job::new();
     let mut child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_launcher"))
+        launcher_cmd()
             .args(launch_args(2, &job, &["--set", "train.steps=30"]))
-            .env_remove("SHARDTRAIN_FAULT")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -1424,9 +1587,8 @@ fn a_rank_the_oom_killer_ends_is_named_out_of_memory() {
             vec!["-c".to_string(), "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"".into(), cg.0.display().to_string()];
         args.push(env!("CARGO_BIN_EXE_launcher").into());
         args.extend(launch_args(1, &job, &big));
-        Command::new("sh")
+        scrubbed(&mut Command::new("sh"))
             .args(&args)
-            .env_remove("SHARDTRAIN_FAULT")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
@@ -1453,7 +1615,7 @@ fn a_rank_killed_by_the_file_size_limit_is_named() {
     let mut args = vec!["-c".to_string(), "ulimit -f 100 && exec \"$@\"".into(), "sh".into()];
     args.push(env!("CARGO_BIN_EXE_launcher").into());
     args.extend(launch_args(2, &job, &["--set", "checkpoint.every=2"]));
-    let out = Command::new("sh").args(&args).env_remove("SHARDTRAIN_FAULT").stdin(Stdio::null()).output().expect("sh");
+    let out = scrubbed(&mut Command::new("sh")).args(&args).stdin(Stdio::null()).output().expect("sh");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("was killed by SIGXFSZ (signal 25: ") && stderr.contains("ulimit -f"), "{stderr}");
@@ -1519,10 +1681,9 @@ fn a_full_disk_during_a_save_stops_the_job_with_code_2() {
         c.args(["-c", "trap '' XFSZ; ulimit -f 100 && exec \"$@\"", "sh"]);
         (c, "File too large")
     };
-    let out = cmd
+    let out = scrubbed(&mut cmd)
         .arg(env!("CARGO_BIN_EXE_launcher"))
         .args(&launch)
-        .env_remove("SHARDTRAIN_FAULT")
         .stdin(Stdio::null())
         .output()
         .expect("run");

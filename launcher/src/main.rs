@@ -26,6 +26,7 @@
 
 mod cgroup;
 mod cli;
+mod cluster;
 mod device;
 mod eval;
 mod export;

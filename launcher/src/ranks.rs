@@ -33,7 +33,7 @@ pub fn spawn_all(
 ) -> anyhow::Result<Vec<u32>> {
     let exe = std::env::current_exe().context("cannot find the launcher's own executable to start the ranks")?;
     let bind_host = if plan.multi_node() { "0.0.0.0" } else { "127.0.0.1" };
-    let env = plan.device.rank_env(plan.local_ranks);
+    let env = plan.device.rank_env(plan.host_ranks);
     let mut boot_line = serde_json::to_string(boot).context("cannot encode the ranks' start-up line")?;
     boot_line.push('\n');
     let shared_gpus = crate::device::shares_gpus(&plan.gpu_map);

@@ -133,8 +133,16 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     // Node 0 hosts the rendezvous; other nodes point their ranks at it.
     let (rendezvous_addr, acceptor) = if plan.is_master() {
         let bind = plan.master_addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-        let listener = TcpListener::bind(bind).await.with_context(|| {
-            format!("cannot listen for ranks on {bind}: pick a free port in --master-addr, or check the address")
+        let listener = TcpListener::bind(bind).await.with_context(|| match &plan.master_name {
+            Some(name) => format!(
+                "cannot listen for ranks on {bind} ({name}, the rendezvous): it must be an address of this host, which \
+                 runs {}, and a free port; pick another port (--master-addr or MASTER_PORT), or check the address \
+                 (under Slurm the first host of the node list runs task 0)",
+                plan.launcher_name(0)
+            ),
+            None => {
+                format!("cannot listen for ranks on {bind}: pick a free port in --master-addr, or check the address")
+            }
         })?;
         let addr = listener.local_addr().context("cannot read the rendezvous address")?;
         let token = plan.token.clone();
@@ -145,7 +153,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         // node says what it waits for, and where.
         rendezvous::reach_master(addr, plan.node_rank, &plan.token, HELLO_TIMEOUT, MASTER_WAIT_NOTE, out::warn)
             .await
-            .map_err(|e| JobError { code: SETUP_EXIT, message: format!("node {}: {e}", plan.node_rank) })?;
+            .map_err(|e| JobError { code: SETUP_EXIT, message: format!("{}: {e}", plan.launcher_name(plan.node_rank)) })?;
         (addr, None)
     };
     drop(conn_tx);
@@ -173,10 +181,10 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let resumed_at = plan.resume.as_ref().map_or(0, |r| r.step);
     let mut progress = Progress::new(total_steps, resumed_at, plan.is_master());
     progress.println(&format!(
-        "launched {} {} rank(s) on node {} (world {}, pids {}){}; rendezvous {}; logs in {}",
+        "launched {} {} rank(s) on {} (world {}, pids {}){}; rendezvous {}; logs in {}",
         plan.local_ranks,
         plan.device.name().to_uppercase(),
-        plan.node_rank,
+        plan.launcher_name(plan.node_rank),
         plan.world,
         some(&pids),
         plan.run_id.as_ref().map_or(String::new(), |id| format!("; run {id}")),
@@ -255,10 +263,11 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                         continue;
                     }
                     let node = rank / plan.local_ranks.max(1);
-                    let diffs = crate::fingerprint::differences(&plan.fingerprint, &fingerprint, "node 0", &format!("node {node}"));
+                    let (this, first) = (plan.launcher_name(node), plan.launcher_name(0));
+                    let diffs = crate::fingerprint::differences(&plan.fingerprint, &fingerprint, &first, &this);
                     if !diffs.is_empty() {
                         let reason = format!(
-                            "node {node} (rank {rank}, connecting from {}) does not run the same job as node 0: {}\n\
+                            "{this} (rank {rank}, connecting from {}) does not run the same job as {first}: {}\n\
                              start every node with the same config file, --set overrides, --cpus/--gpus, --resume \
                              and launcher build",
                             peer.ip(),
@@ -580,8 +589,9 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     } else {
         // Blamed by this node's ranks (they lost it); they were in step with it.
         what.push(format!(
-            "this node's ranks lost it; node {}'s launcher reports why",
-            culprit / plan.local_ranks.max(1)
+            "this {}'s ranks lost it; {}'s launcher reports why",
+            if plan.one_rank { "task" } else { "node" },
+            plan.launcher_name(culprit / plan.local_ranks.max(1))
         ));
         last_step = ranks.iter().filter(|x| x.local).map(|x| x.last_step).max().unwrap_or(0);
     }
@@ -609,8 +619,10 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     let elsewhere: Vec<usize> = (0..ranks.len()).filter(|&o| o != culprit && !known(o)).collect();
     if !elsewhere.is_empty() {
         s += &format!(
-            "\nranks {} run on other nodes: node 0's launcher reports how the job ended for them",
-            join(&elsewhere)
+            "\nranks {} run on other {}: {}'s launcher reports how the job ended for them",
+            join(&elsewhere),
+            if plan.one_rank { "tasks" } else { "nodes" },
+            plan.launcher_name(0)
         );
     }
     if code == HUNG_EXIT {
@@ -620,9 +632,10 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     (code, s)
 }
 
-/// "rank 2", or in a job of several nodes "rank 2 (node 1)".
+/// "rank 2", or in a job of several nodes "rank 2 (node 1)" (with `--one-rank` the task is
+/// the rank: "rank 2").
 fn rank_name(plan: &RunPlan, rank: usize) -> String {
-    if plan.multi_node() {
+    if plan.multi_node() && !plan.one_rank {
         format!("rank {rank} (node {})", rank / plan.local_ranks.max(1))
     } else {
         format!("rank {rank}")
@@ -673,13 +686,22 @@ fn hello_timeout_report(plan: &RunPlan, ranks: &[RankState], missing: &[usize], 
     );
     let remote: Vec<usize> = missing.iter().copied().filter(|&r| !ranks[r].local).collect();
     if !remote.is_empty() {
-        s += &format!(
-            "\nmissing ranks on other nodes: {}; is `launcher --nnodes {} --node-rank K --master-addr {}` running \
-             on every node K, with the same --cpus?",
-            join(&remote),
-            plan.world / plan.local_ranks,
-            plan.master_addr.map(|a| a.to_string()).unwrap_or_default()
-        );
+        let rendezvous = plan.master_name.clone().unwrap_or_default();
+        s += &match &plan.env_source {
+            Some(source) => format!(
+                "\nmissing ranks on other {}: {}; is every task of the job running (this launcher read its place from \
+                 {source}), with the same config and --cpus/--gpus, and does each reach {rendezvous}?",
+                if plan.one_rank { "tasks" } else { "nodes" },
+                join(&remote),
+            ),
+            None => format!(
+                "\nmissing ranks on other nodes: {}; is `launcher --nnodes {} --node-rank K --master-addr {}` running \
+                 on every node K, with the same --cpus?",
+                join(&remote),
+                plan.world / plan.local_ranks,
+                rendezvous
+            ),
+        };
     }
     if !rejected.is_empty() {
         s += &format!("\nconnections turned away meanwhile:\n  {}", rejected.join("\n  "));
