@@ -976,6 +976,63 @@ fn a_stopped_rank_is_caught_by_the_watchdog_and_named() {
     assert!(left.is_empty(), "rank processes left behind (the stopped one too): {left:?}");
 }
 
+/// The flight recorder on the failure path: a rank that skips a collective, or runs one
+/// more, is named with the collective where the ranks' records first disagree (TCP
+/// collectives see the mismatch as an error soon after, rather than hanging).
+#[test]
+fn the_flight_recorder_names_a_rank_that_skipped_or_added_a_collective() {
+    for (fault, what) in [("1:2:skip-collective", "for unit"), ("1:2:extra-collective", "all_reduce of 4 B f32")] {
+        let job = Job::new();
+        let run = job.run(3, &["--set", "train.steps=50"], &[("SHARDTRAIN_FAULT", fault)]);
+        let stderr = run.stderr();
+        assert_eq!(run.code(), Some(1), "{fault}:\n{stderr}");
+        for needle in [
+            "flight recorder (each rank's last collectives, lined up by number):",
+            "first divergence at collective #",
+            "(step 3, micro-step 0)",
+            "ranks 0, 2 called ",
+            "rank 1 diverged",
+            "last 4 collectives of each rank that answered",
+        ] {
+            assert!(stderr.contains(needle), "{fault}: `{needle}` missing:\n{stderr}");
+        }
+        let odd = stderr.lines().find(|l| l.trim_start().starts_with("rank 1 called ")).unwrap_or_default();
+        assert!(odd.contains(what), "{fault}: rank 1's collective ({what}):\n{stderr}");
+        let log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("rank 0 log");
+        assert!(log.contains("rank 0: flight recorder: the last "), "each rank's log holds its records:\n{log}");
+        assert!(wait_gone(&job).is_empty());
+    }
+}
+
+/// The flight recorder on the hang path: a rank stops itself right before a collective (after
+/// enough steps for heartbeats to have carried its records), the others wait in it, the watchdog fires, the ranks that can answer send their records and
+/// the report names the rank that never arrived (exit code 3).
+#[test]
+fn the_flight_recorder_names_the_rank_that_never_arrived_at_a_hung_collective() {
+    let job = Job::new();
+    let args = launch_args(3, &job, &["--set", "train.steps=1000000", "--set", "watchdog.timeout_s=2"]);
+    let mut launcher =
+        Background::start(&args, &[("SHARDTRAIN_FAULT", "1:600:stop-at-collective")], job.dir.path(), "l");
+    let code = launcher.wait(Duration::from_secs(60));
+    let stderr = launcher.stderr();
+    let pid_of_1 = std::fs::read_to_string(job.out().join("logs/rank1.log")).unwrap_or_default();
+    assert_eq!(code, Some(3), "the watchdog's exit code:\n{stderr}\nrank 1:\n{pid_of_1}");
+    for needle in [
+        "the job is hung",
+        "ranks behind: 1 ",
+        "flight recorder (each rank's last collectives, lined up by number):",
+        "ranks 0, 2 agree on every collective they recorded, up to #",
+        "rank 1 did not answer (stopped, frozen, exited or unreachable)",
+        "rank 1 was at #",
+        "behind the others' #",
+        "running for ",
+    ] {
+        assert!(stderr.contains(needle), "`{needle}` missing:\n{stderr}");
+    }
+    let left = wait_gone(&job);
+    assert!(left.is_empty(), "rank processes left behind (the stopped one too): {left:?}");
+}
+
 #[test]
 fn a_closed_stdout_does_not_stop_the_job() {
     use std::io::BufRead;

@@ -33,6 +33,7 @@ mod export;
 mod fault;
 mod fingerprint;
 mod fit;
+mod flight;
 mod gpu;
 mod memory;
 mod metrics;

@@ -13,6 +13,10 @@
 //!   others waited on (exit code 3);
 //! - Ctrl-C / SIGTERM → the job is interrupted.
 //!
+//! Node 0 also asks every rank for its flight recorder (`DumpFlight`) when the job hangs
+//! (waiting up to [`DUMP_WAIT`] for the answers before stopping the ranks) or a rank fails,
+//! and its report shows where the ranks' collectives first disagree (`flight.rs`).
+//!
 //! On failure the supervisor waits [`SETTLE`] for the rest of the evidence (when one rank
 //! crashes, its peers fail a moment later with "rank r is unreachable"), then kills every
 //! rank of this node (SIGKILL), closes every control connection (ranks on other nodes exit
@@ -47,6 +51,9 @@ const MASTER_WAIT_NOTE: Duration = Duration::from_secs(5);
 pub const SETTLE: Duration = Duration::from_millis(1000);
 /// After every rank reported `Done`, how long their processes may take to exit.
 const EXIT_GRACE: Duration = Duration::from_secs(30);
+/// How long a hung job's ranks may take to answer the flight-recorder dump before they are
+/// stopped (a stopped or frozen rank never answers).
+const DUMP_WAIT: Duration = Duration::from_secs(2);
 /// Log lines shown for a failed rank.
 const TAIL_LINES: usize = 20;
 
@@ -94,6 +101,12 @@ struct RankState {
     /// Lines of its log it could not write (reported by the rank), and the first error.
     log_lost: u64,
     log_error: Option<String>,
+    /// Its flight recorder as it answered the dump, and the newest record its last heartbeat
+    /// carried.
+    flight: Option<Vec<protocol::CollectiveRecord>>,
+    heard: Option<protocol::CollectiveRecord>,
+    /// Asked for its flight recorder.
+    dump_asked: bool,
 }
 
 impl RankState {
@@ -222,6 +235,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let mut done_since: Option<Instant> = None;
     let mut seq = 0u64;
     let mut watchdog: Option<Watchdog> = None;
+    // The watchdog's report while the ranks' flight recorders are collected, and until when.
+    let mut hung: Option<(String, Instant)> = None;
     let watch_tick = (heartbeat / 2).max(Duration::from_millis(25));
     // A fixed deadline, not a sleep re-armed every loop: heartbeats of many ranks arrive more
     // often than the tick and would otherwise keep postponing the check forever.
@@ -254,7 +269,26 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         {
             break;
         }
+        // A failure: ask every rank still there for its flight recorder (answers arrive
+        // while the failure settles).
+        if matches!(stop, Some((Stop::Failure, _))) && plan.is_master() {
+            ask_for_flight(&mut ranks).await;
+        }
+        // A hang: stop once every rank asked has answered, or the wait is over.
+        if let (Some((_, until)), None) = (&hung, &stop) {
+            let answered = ranks.iter().all(|r| !r.dump_asked || r.flight.is_some() || r.closed.is_some());
+            if answered || Instant::now() >= *until {
+                let (report, _) = hung.take().expect("checked above");
+                let report = match flight_report(plan, &ranks) {
+                    Some(f) => format!("{report}\n{f}"),
+                    None => report,
+                };
+                stop_every_rank(&mut ranks, &report, StopKind::Hung).await;
+                fail(&mut stop, Stop::Hung(report));
+            }
+        }
         let settle_at = stop.as_ref().map(|(_, t)| *t + SETTLE);
+        let dump_until = hung.as_ref().map(|(_, t)| *t);
         tokio::select! {
             Some(ev) = conn_rx.recv() => match ev {
                 ConnEvent::Hello { rank, peer, data_addr, fingerprint, mut writer } => {
@@ -296,6 +330,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                 }
                 ConnEvent::Msg { rank, msg } => match msg {
                     Msg::Heartbeat { progress: p, .. } => {
+                        if p.last.is_some() {
+                            ranks[rank].heard = p.last.clone();
+                        }
                         if let Some(w) = watchdog.as_mut() {
                             w.heartbeat(rank, p, Instant::now().into_std());
                         }
@@ -336,6 +373,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                             ));
                         }
                     }
+                    Msg::Flight { records, .. } => ranks[rank].flight = Some(records),
                     Msg::Done { .. } => {
                         ranks[rank].done = true;
                         if let Some(w) = watchdog.as_mut() {
@@ -393,13 +431,15 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             _ = tokio::time::sleep_until(hello_deadline), if !started && stop.is_none() => {
                 fail(&mut stop, Stop::HelloTimeout((0..plan.world).filter(|&r| ranks[r].data_addr.is_none()).collect()));
             }
-            _ = tokio::time::sleep_until(next_watch), if watchdog.is_some() && stop.is_none() => {
+            _ = tokio::time::sleep_until(next_watch), if watchdog.is_some() && stop.is_none() && hung.is_none() => {
                 next_watch = Instant::now() + watch_tick;
                 if let Some(report) = watchdog.as_ref().and_then(|w| w.check(Instant::now().into_std())) {
-                    stop_every_rank(&mut ranks, &report, StopKind::Hung).await;
-                    fail(&mut stop, Stop::Hung(report));
+                    // Before stopping anyone: what every rank's last collectives were.
+                    ask_for_flight(&mut ranks).await;
+                    hung = Some((report, Instant::now() + DUMP_WAIT));
                 }
             }
+            _ = tokio::time::sleep_until(dump_until.unwrap_or(hello_deadline)), if dump_until.is_some() => {}
             _ = tokio::time::sleep_until(settle_at.unwrap_or(hello_deadline)), if settle_at.is_some() => break,
             _ = tokio::time::sleep(Duration::from_millis(500)), if done_since.is_some() => {}
         }
@@ -473,7 +513,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             anyhow::bail!(hello_timeout_report(plan, &ranks, &missing, &rejected))
         }
         Some((Stop::Failure, _)) => {
-            let (code, mut message) = failure_report(plan, &ranks, &oom);
+            let (code, mut message) = failure_report(plan, &ranks, &oom, flight_report(plan, &ranks));
             if let Some(lost) = lost {
                 message = format!("{message}\n{lost}");
             }
@@ -502,6 +542,32 @@ fn lost_log_lines(plan: &RunPlan, ranks: &[RankState]) -> Option<String> {
         per_rank.join(", "),
         plan.logs_dir.display()
     ))
+}
+
+/// Ask every rank still connected, once, for its flight recorder (`Msg::Flight` answers).
+async fn ask_for_flight(ranks: &mut [RankState]) {
+    for r in ranks.iter_mut().filter(|r| !r.dump_asked && !r.done && r.closed.is_none()) {
+        let Some(w) = r.writer.as_mut() else { continue };
+        r.dump_asked = true;
+        // A rank that cannot be asked is reported from its last heartbeat.
+        let _ = tokio::time::timeout(Duration::from_secs(1), protocol::send_async(w, &Msg::DumpFlight)).await;
+    }
+}
+
+/// The flight recorder's report over every rank (node 0, which hears from all of them).
+fn flight_report(plan: &RunPlan, ranks: &[RankState]) -> Option<String> {
+    if !plan.is_master() {
+        return None;
+    }
+    let units: Vec<String> =
+        trainer::model::ModelLayout::new(&plan.cfg.model).units.iter().map(|u| u.name.clone()).collect();
+    let records: Vec<crate::flight::RankRecords> = ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.done)
+        .map(|(rank, r)| crate::flight::RankRecords { rank, dump: r.flight.as_deref(), heard: r.heard.as_ref() })
+        .collect();
+    crate::flight::report(&records, &units, collectives::flight::now_us())
 }
 
 /// Tell every connected rank to stop (they abort their communicators and exit).
@@ -559,7 +625,7 @@ async fn send_start(ranks: &mut [RankState], progress: &Progress, nccl_id: &Opti
 /// exit code: 2 when it failed on data, a checkpoint or the config (or node 0 refused this
 /// node), 3 when node 0's watchdog stopped the job, else 1. A rank killed by SIGKILL that
 /// the launcher did not kill gets the OOM check's verdict (`oom.rs`).
-fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, String) {
+fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch, flight: Option<String>) -> (u8, String) {
     let culprit = culprit(ranks);
     let r = &ranks[culprit];
     let exit_code = |rs: &RankState| match &rs.exit {
@@ -627,6 +693,9 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     }
     if code == HUNG_EXIT {
         s += "\nnode 0's hang watchdog stopped the job: its output says where every rank was";
+    }
+    if let Some(f) = flight {
+        s += &format!("\n{f}");
     }
     s += &log_section(plan, culprit);
     (code, s)
@@ -721,7 +790,7 @@ fn log_section(plan: &RunPlan, rank: usize) -> String {
 }
 
 /// Ranks as short as a list of 1000 can be: runs of consecutive ones as `first-last`.
-fn join(ranks: &[usize]) -> String {
+pub(crate) fn join(ranks: &[usize]) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < ranks.len() {

@@ -125,6 +125,7 @@ impl<B: Backend> Engine<B> {
             self.opt.cast_params(be, i, p, own, len)?;
         }
         if policy.shard_optimizer {
+            let _unit = collectives::progress::unit_scope(i); // for the flight recorder
             AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
         }
         Ok(())
