@@ -205,6 +205,94 @@ fn one_llama_training_step_matches_the_cpu() {
     });
 }
 
+/// One training step with `train.precision = "fp8"` on the GPU against the CPU's simulation
+/// of the same FP8 rounding: GPT-2 (bias, GELU epilogues, tied head) and Llama (GQA, SwiGLU,
+/// untied head in chunks), ZeRO stages 0 and 3, and every block checkpointed. The blocks'
+/// GEMMs run in FP8, the LM head in bf16. The GPU quantizes bf16 activations, the CPU f32
+/// ones, so an operand near a rounding boundary can fall either way, by one e4m3 step
+/// (2^-3 of its value): the gradients are compared at 0.125 (bf16 runs: 3e-2; measured on an
+/// H200: 6.4e-2 to 9.5e-2), the parameters after one AdamW step at 2e-2 (measured 1.0e-2 to
+/// 1.3e-2: Adam's normalised step turns a small gradient's flipped rounding into a full
+/// step), and the loss at 1e-2. The FP8 loss is also within 2% of the bf16 GPU loss (FP8
+/// changes the numbers, not the model).
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn one_fp8_training_step_matches_the_cpu() {
+    use trainer::backend::{MatmulOps, Precision};
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("fp8 model step", "skipped", true, &why);
+            return Ok(());
+        }
+        for (name, cfg, seed) in [
+            ("GPT L2 C128 V1001 T256 B4", small_gpt(1001), 17u64),
+            ("Llama L2 C256 F384 untied", small_llama(false), 19),
+        ] {
+            let b = 4usize;
+            let n = b * cfg.seq_len;
+            let layout = ModelLayout::new(&cfg);
+            let family = cfg.family;
+            let init = |l: &ModelLayout| {
+                let l2 = l.clone();
+                move |u, r: std::ops::Range<usize>| Ok(family.init_range(&l2, u, seed, Default::default(), r))
+            };
+            let (inputs, targets) = (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32));
+            let scale = Some(1.0 / n as f32);
+            let fp8 = ModelOptions { precision: Precision::Fp8, loss_chunk_rows: 300, ..ModelOptions::batch(b) };
+            let CpuStep { loss: closs, grads: cgrads, params: cparams } =
+                cpu_step_with(&cfg, &fp8, &mut init(&layout), &inputs, &targets)?;
+            let id = nccl_unique_id().map_err(dev)?;
+            let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
+            let every = CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, ..Default::default() };
+            let runs = [
+                (0u8, Precision::Fp8, CheckpointingConfig::default()),
+                (3, Precision::Fp8, CheckpointingConfig::default()),
+                (0, Precision::Fp8, every),
+                (0, Precision::Bf16, CheckpointingConfig::default()),
+            ];
+            let mut fp8_loss = 0.0;
+            for (stage, precision, ckpt) in runs {
+                let tag = format!(
+                    "{precision:?} step ({name}) stage {stage}{}",
+                    if ckpt.activations == ActivationCheckpointing::EveryLayer { ", checkpointed" } else { "" }
+                );
+                let mut geng =
+                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init(&layout)))
+                        .map_err(dev)?;
+                let opts = ModelOptions { precision, checkpointing: ckpt, ..fp8.clone() };
+                let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
+                geng.begin_step(be)?;
+                let gloss =
+                    step_micro_loss(gm.as_mut(), be, &mut geng, &mut gcomm, &inputs, &targets, scale).map_err(dev)?;
+                if precision == Precision::Bf16 {
+                    let d = ((gloss - fp8_loss) / gloss).abs();
+                    rep.check(
+                        &tag,
+                        "fp8 loss near bf16",
+                        d < 0.02,
+                        &format!("fp8 {fp8_loss:.5} bf16 {gloss:.5} (rel {d:.1e})"),
+                    );
+                    continue;
+                }
+                fp8_loss = gloss;
+                rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 1e-2);
+                if stage == 0 {
+                    for (u, cg) in cgrads.iter().enumerate() {
+                        let gg = geng.local_grads_host(be, u).map_err(dev)?;
+                        rep.cmp(&tag, &format!("grad unit {u}"), &gg, cg, 0.125);
+                    }
+                }
+                geng.step(be, &mut gcomm, HYPER, 1).map_err(dev)?;
+                for (u, cp) in cparams.iter().enumerate() {
+                    let gp = geng.full_params_host(be, &mut gcomm, u).map_err(dev)?;
+                    rep.cmp(&tag, &format!("params unit {u}"), &gp, cp, 2e-2);
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
 /// The CPU reference of one micro-step and one AdamW step (`HYPER`) at ZeRO stage 0: the
 /// loss, each unit's gradient, each unit's parameters after the step.
 type UnitInit<'a> = dyn FnMut(usize, std::ops::Range<usize>) -> Result<Vec<f32>, TrainError> + 'a;
@@ -215,11 +303,22 @@ fn cpu_step(
     inputs: &[u32],
     targets: &[u32],
 ) -> Result<CpuStep, trainer::backend::BackendError> {
+    cpu_step_with(cfg, &ModelOptions::batch(b), init, inputs, targets)
+}
+
+/// [`cpu_step`] with other model options (e.g. `train.precision`).
+fn cpu_step_with(
+    cfg: &ModelConfig,
+    opts: &ModelOptions,
+    init: &mut UnitInit<'_>,
+    inputs: &[u32],
+    targets: &[u32],
+) -> Result<CpuStep, trainer::backend::BackendError> {
     let (cpu, layout) = (CpuBackend, ModelLayout::new(cfg));
     let scale = Some(1.0 / inputs.len() as f32);
     let mut comm = HostComm(collectives::tcp::TcpComm::local_group(1).map_err(dev)?.remove(0));
     let mut eng = Engine::new(&cpu, layout.clone(), EngineOptions::stage(0), 0, 1, Some(init)).map_err(dev)?;
-    let mut m = cfg.family.build(&cpu, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
+    let mut m = cfg.family.build(&cpu, &layout, opts, &mut eng.ledger)?;
     eng.begin_step(&cpu)?;
     let loss = step_micro_loss(m.as_mut(), &cpu, &mut eng, &mut comm, inputs, targets, scale).map_err(dev)?;
     let grads: Vec<Vec<f32>> =
@@ -294,7 +393,7 @@ fn timed_gemm_tuning_matches_the_cpu() {
 
 /// A CUDA graph of one micro-step (recorded after an eager warm-up, then replayed) gives
 /// the same loss and gradient bits as running the same micro-steps eagerly, on ZeRO stages
-/// 0 and 3 — what `train.cuda_graphs` relies on.
+/// 0 and 3, in bf16 and (on Hopper) FP8 — what `train.cuda_graphs` relies on.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn graph_replay_matches_eager_micro_steps() {
@@ -310,8 +409,11 @@ fn graph_replay_matches_eager_micro_steps() {
         let scale = Some(1.0 / (4 * n) as f32);
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
-        for stage in [0u8, 3] {
-            let tag = format!("graph replay (GPT L2 C128 T256 B4) stage {stage}");
+        use trainer::backend::{MatmulOps, Precision};
+        let precisions: &[Precision] =
+            if be.fp8_support().is_ok() { &[Precision::Bf16, Precision::Fp8] } else { &[Precision::Bf16] };
+        for (&precision, stage) in precisions.iter().flat_map(|p| [(p, 0u8), (p, 3)]) {
+            let tag = format!("graph replay (GPT L2 C128 T256 B4) stage {stage} {precision:?}");
             let mut out: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
             for graphs in [false, true] {
                 let mut eng = Engine::new(
@@ -323,7 +425,8 @@ fn graph_replay_matches_eager_micro_steps() {
                     Some(&mut gpt2_init(&layout, seed)),
                 )
                 .map_err(dev)?;
-                let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
+                let opts = ModelOptions { precision, ..ModelOptions::batch(b) };
+                let mut m = cfg.family.build(be, &layout, &opts, &mut eng.ledger)?;
                 eng.begin_step(be)?;
                 eng.set_final_micro(false);
                 let mut graph = None;

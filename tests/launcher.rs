@@ -564,6 +564,52 @@ fn safetensors_header(path: &std::path::Path) -> Value {
     serde_json::from_slice(&bytes[8..8 + n]).expect("header JSON")
 }
 
+/// `launcher eval`: a tiny Llama's checkpoint and the folder exported from it give the same
+/// loss over the validation split's first windows; on the JSON line as on the text one; too
+/// many windows for the split, or nothing to evaluate, are refused (exit code 2) saying why.
+#[test]
+fn eval_gives_one_loss_for_a_checkpoint_and_its_exported_folder() {
+    let job = Job::with_toml(&common::tiny_llama_toml(1, 1, "\"none\"", false));
+    let data = job.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    let toks: Vec<u16> = (0..4000u32).map(|i| ((i * 7 + i / 13) % 97) as u16).collect();
+    data::write_shard(data.join("t_train_000000.bin"), &toks).expect("train");
+    data::write_shard(data.join("t_val_000000.bin"), &toks[..1000]).expect("val");
+    let set_data = format!("data.path='{}'", data.display());
+    job.run(2, &["--set", &set_data, "--set", "checkpoint.every=4"], &[]).assert_success();
+    let ck = job.out().join("checkpoints/step_00000004");
+    let hf = job.dir.path().join("hf");
+    launcher(&["export", &ck.display().to_string(), &hf.display().to_string()]).assert_success();
+    let config = job.config.display().to_string();
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", &config, "--set", &set_data];
+        args.extend_from_slice(extra);
+        if !extra.contains(&"--windows") {
+            args.extend(["--windows", "5"]);
+        }
+        launcher(&args)
+    };
+    let json = |r: &Run| -> Value { serde_json::from_str(r.stdout().trim()).expect("one JSON line") };
+    let from_ck = eval(&["--checkpoint", &ck.display().to_string(), "--json"]);
+    from_ck.assert_success();
+    let init = format!("train.init_from='{}'", hf.display());
+    let from_hf = eval(&["--set", &init, "--json"]);
+    from_hf.assert_success();
+    let (a, b) = (json(&from_ck), json(&from_hf));
+    assert_eq!(a["loss"], b["loss"], "the checkpoint and its export: {a} vs {b}");
+    assert_eq!((a["windows"].as_u64(), a["seq_len"].as_u64(), a["tokens"].as_u64()), (Some(5), Some(16), Some(80)));
+    let loss = a["loss"].as_f64().expect("loss");
+    assert!(loss > 0.5 && loss < 4.6, "a trained tiny model on its own data: {loss}");
+    let text = eval(&["--checkpoint", &ck.display().to_string()]);
+    assert!(text.stdout().contains(&format!("loss {loss:.6}")), "{}", text.stdout());
+    let too_many = eval(&["--checkpoint", &ck.display().to_string(), "--windows", "100"]);
+    assert_eq!(too_many.code(), Some(2), "{}", too_many.stderr());
+    assert!(too_many.stderr().contains("at most 62 windows"), "{}", too_many.stderr());
+    let nothing = eval(&[]);
+    assert_eq!(nothing.code(), Some(2), "{}", nothing.stderr());
+    assert!(nothing.stderr().contains("--checkpoint DIR"), "{}", nothing.stderr());
+}
+
 #[test]
 fn export_writes_hugging_face_gpt2_weights() {
     let (job, ck) = job_with_checkpoints();

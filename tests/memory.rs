@@ -243,3 +243,40 @@ fn keeping_the_gelu_output_costs_it_per_block_not_checkpointed() {
     // Every second block checkpointed: block 0 is, block 1 keeps its GELU output.
     assert_eq!(act("2\nkeep_gelu = true"), act("2") + gelu, "only the block not checkpointed");
 }
+
+/// `train.precision = "fp8"`: the planner predicts the ledger of a real CPU run on every
+/// stage (CPU ranks quantize into per-call scratch: no workspace), and for the CUDA backend
+/// it adds exactly the FP8 operand workspace (`CudaFp8Workspace`) for the model's largest
+/// linear layer, in the workspace category.
+#[test]
+fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace() {
+    use trainer::backend::fp8::CudaFp8Workspace;
+    use trainer::backend::LinearExtent;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let toml = |stage: u8, precision: &str| {
+        common::tiny_toml(stage, 2, "\"none\"")
+            .replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n")
+            .replace("[train]\n", &format!("[train]\nprecision = \"{precision}\"\n"))
+    };
+    for stage in 0..=3u8 {
+        let cfg = Config::from_toml_str(&toml(stage, "fp8"), "test").expect("cfg");
+        for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
+            let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+            assert_eq!(&p, m, "fp8 stage {stage} rank {rank}: predicted vs measured");
+        }
+        let bf16 = Config::from_toml_str(&toml(stage, "bf16"), "test").expect("cfg");
+        let (f, b) = (
+            predict(&cfg, 2, 0, DeviceModel::cuda()).expect("fp8"),
+            predict(&bf16, 2, 0, DeviceModel::cuda()).expect("bf16"),
+        );
+        let c = 32;
+        let e = LinearExtent::of(2 * 16, &[(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)]);
+        assert_eq!(f.current.workspace - b.current.workspace, CudaFp8Workspace::new(e).bytes as u64, "stage {stage}");
+        assert_eq!(f.current.total() - b.current.total(), CudaFp8Workspace::new(e).bytes as u64, "stage {stage}");
+    }
+    // At GPT-2 1.5B, 8 × 1024 tokens: 256 B of scales, 2·8192·6400 B of activations and
+    // gradients, 6400·1600 B of weight: 115 MiB.
+    let e = LinearExtent::of(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)]);
+    assert_eq!(CudaFp8Workspace::new(e).bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
+}

@@ -55,6 +55,37 @@ mod imp {
         collectives::nccl::nccl_unique_id().map_err(|e| format!("cannot create the NCCL unique id: {e}"))
     }
 
+    /// `train.precision = "fp8"`: every GPU of `gpus` has compute capability 9.0 or later
+    /// (FP8 tensor cores; asked of the driver, no context made), or an error naming the
+    /// first that has not. Each rank checks its own GPU again before training.
+    pub fn check_fp8(gpus: &[usize]) -> Result<(), String> {
+        use cudarc::driver::result::device;
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        cudarc::driver::result::init().map_err(|e| format!("--gpus: the CUDA driver does not initialise: {e:?}"))?;
+        let mut seen = gpus.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for g in seen {
+            let dev = device::get(g as i32).map_err(|e| format!("GPU {g}: {e:?}"))?;
+            // SAFETY: a device handle from the driver; two integer attributes.
+            let (major, minor) = unsafe {
+                (
+                    device::get_attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                    device::get_attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+                )
+            };
+            let (major, minor) = (major.map_err(|e| format!("GPU {g}: {e:?}"))?, minor.unwrap_or(0));
+            if major < 9 {
+                let name = device::get_name(dev).unwrap_or_else(|_| "unknown GPU".into());
+                return Err(format!(
+                    "train.precision = \"fp8\" needs GPUs of compute capability 9.0 (Hopper) or later for FP8 GEMMs: \
+                     GPU {g} ({name}) has compute capability {major}.{minor}; set train.precision = \"bf16\""
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of GPU 0 (cuDeviceTotalMem: no context is made), if the driver answers.
     pub fn total_memory() -> Option<u64> {
         // SAFETY: only asks the dynamic loader whether the driver library opens.
@@ -138,6 +169,9 @@ mod imp {
     pub fn preflight(_gpus_needed: usize) -> Result<String, String> {
         Err(NOT_BUILT.into())
     }
+    pub fn check_fp8(_gpus: &[usize]) -> Result<(), String> {
+        Err(NOT_BUILT.into())
+    }
     pub fn nccl_id() -> Result<Vec<u8>, String> {
         Err(NOT_BUILT.into())
     }
@@ -169,4 +203,4 @@ mod imp {
     }
 }
 
-pub use imp::{eval_rank, nccl_id, preflight, total_memory, train_rank};
+pub use imp::{check_fp8, eval_rank, nccl_id, preflight, total_memory, train_rank};

@@ -54,7 +54,8 @@ impl MemoryDevice {
             }
             MemoryDevice::Gpu => {
                 "the CUDA backend's accounting: bf16 parameters and activations, fp32 gradients, master weights and \
-                 AdamW moments, flash attention; on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s) \
+                 AdamW moments, flash attention, with train.precision = \"fp8\" the FP8 GEMM operands' workspace \
+                 (in workspace); on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s) \
                  and its kernels loaded on first use (~0.2 GiB), and scratch with the cuBLASLt workspace (~45 MiB), \
                  which a run measures per rank (measured on H200, CUDA 13, NCCL 2.28)"
             }

@@ -171,6 +171,9 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let config_path =
         args.config.as_deref().ok_or_else(|| SetupError("no CONFIG given: launcher --cpus N CONFIG.toml".into()))?;
     let mut cfg = Config::load(config_path, &args.overrides)?;
+    if device == Device::Gpu && cfg.train.precision == trainer::backend::Precision::Fp8 {
+        crate::gpu::check_fp8(&gpu_map).map_err(SetupError)?;
+    }
     // Paths as written: nodes may start in different directories.
     let as_given = cfg.clone();
 

@@ -4,7 +4,7 @@
 //! by serde (`deny_unknown_fields`); impossible values are rejected by [`Config::validate`]
 //! with an error that names the key and says how to fix it.
 
-use crate::backend::{GemmTuning, RopeScaling};
+use crate::backend::{GemmTuning, Precision, RopeScaling};
 use crate::model::ModelFamily;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -164,6 +164,12 @@ pub struct TrainConfig {
     /// heuristic misjudges; near-ties may go either way, so two runs can differ in the
     /// losses' last bits). The CPU reference has one way to multiply.
     pub gemm_tuning: GemmTuning,
+    /// The precision of the blocks' linear layers' GEMMs: `bf16` (the default; f32 on CPU
+    /// ranks) or `fp8` (e4m3 weights and activations, e5m2 output gradients, per-tensor
+    /// current scaling, fp32 accumulation; GPUs of compute capability 9.0 and later, CPU
+    /// ranks simulate it). The embedding, norms, attention, the LM head and the loss, and
+    /// the master weights, moments and gradients keep their precision.
+    pub precision: Precision,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
     /// fewest equal chunks of at most 4 GiB of logits.
@@ -195,6 +201,7 @@ impl Default for TrainConfig {
             eval_batches: 4,
             cuda_graphs: true,
             gemm_tuning: GemmTuning::Heuristic,
+            precision: Precision::Bf16,
             loss_chunk_rows: 0,
             init_from: None,
         }
@@ -868,6 +875,15 @@ mod tests {
         assert_eq!(c.train.gemm_tuning, GemmTuning::Timed);
         let e = load_str(BASE, &["train.gemm_tuning=\"fast\""]).unwrap_err().to_string();
         assert!(e.contains("gemm_tuning") && e.contains("heuristic") && e.contains("timed"), "{e}");
+    }
+
+    #[test]
+    fn precision_takes_bf16_or_fp8_and_names_a_wrong_one() {
+        assert_eq!(load_str(BASE, &[]).expect("valid").train.precision, Precision::Bf16);
+        let c = load_str(BASE, &["train.precision=\"fp8\""]).expect("valid");
+        assert_eq!(c.train.precision, Precision::Fp8);
+        let e = load_str(BASE, &["train.precision=\"fp4\""]).unwrap_err().to_string();
+        assert!(e.contains("precision") && e.contains("bf16") && e.contains("fp8"), "{e}");
     }
 
     /// Every config shipped in configs/ loads and validates.

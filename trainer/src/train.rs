@@ -1,10 +1,10 @@
 //! The training loop one rank runs: sample its part of the global batch, forward/backward
 //! every micro-step through the ZeRO engine, step the optimizer, report metrics.
 
-use crate::backend::{Backend, TunedGemm};
+use crate::backend::{Backend, Precision, TunedGemm};
 use crate::checkpoint::init::InitSource;
 use crate::checkpoint::CheckpointReader;
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::metrics::StepMetrics;
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
@@ -85,6 +85,14 @@ impl<B: Backend> Trainer<B> {
         } else {
             None
         };
+        if cfg.train.precision == Precision::Fp8 {
+            // Before anything is allocated: an older GPU is a config problem, said at once.
+            be.fp8_support().map_err(|message| ConfigError::Invalid {
+                key: "train.precision",
+                value: "\"fp8\"".into(),
+                message,
+            })?;
+        }
         let layout = ModelLayout::new(&cfg.model);
         let (family, opts, l2) = (cfg.model.family, EngineOptions::from_config(cfg), layout.clone());
         let mut engine = match &cfg.train.init_from {

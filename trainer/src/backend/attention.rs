@@ -1,6 +1,9 @@
 //! Causal multi-head self-attention over a fused `qkv` projection, with grouped-query
 //! attention (several query heads share one key/value head) and rotary position
-//! embeddings (RoPE) applied in place to the projection's query and key heads.
+//! embeddings (RoPE) applied in place to the projection's query and key heads; both
+//! optionally document-aware: in a packed sequence (several documents in one row of `T`
+//! tokens, `data.document_mask`), attention stops at document boundaries and positions
+//! restart at each document's first token.
 
 use super::{BResult, Device};
 
@@ -44,17 +47,47 @@ impl AttnShape {
     }
 }
 
+/// What attention reads: the fused projection, and where each row's document starts.
+///
+/// `docs` (document-aware attention, `data.document_mask`): for each of the `B·T` rows, the
+/// position within its own sequence (`0..T`) at which its document starts, as token ids of
+/// role [`TokenRole::DocStarts`](super::TokenRole::DocStarts) ([`doc_starts`] builds them from
+/// document lengths; [`check_doc_starts`] says what is valid). The query at position `q`
+/// then attends the keys `k` with `docs[q] <= k <= q`, so a packed sequence is attended as
+/// its documents would be one by one. `None` is one document per sequence: plain causal
+/// attention, the same bits as before the option existed (as is a buffer of zeros, up to
+/// the kernels a backend picks for it).
+pub struct AttnInputs<'a, B: Device + ?Sized> {
+    pub qkv: &'a B::Buf,
+    pub docs: Option<&'a B::Tokens>,
+}
+
+impl<B: Device + ?Sized> Clone for AttnInputs<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Device + ?Sized> Copy for AttnInputs<'_, B> {}
+
 pub trait AttentionOps: Device {
     /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
     fn attention_saved_len(&self, s: AttnShape) -> usize;
-    /// Causal self-attention: `qkv[N, qkv_width]` → `out[N, C]`.
-    fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()>;
-    /// `dqkv` overwritten from `dout` (a key/value head's gradient sums its query heads').
+    /// Causal self-attention, within documents where `x.docs` says ([`AttnInputs`]):
+    /// `x.qkv[N, qkv_width]` → `out[N, C]`.
+    fn attention_fwd(
+        &self,
+        out: &mut Self::Buf,
+        saved: &mut Self::F32,
+        x: AttnInputs<'_, Self>,
+        s: AttnShape,
+    ) -> BResult<()>;
+    /// `dqkv` overwritten from `dout` (a key/value head's gradient sums its query heads');
+    /// `x` as the forward had it.
     fn attention_bwd(
         &self,
         dqkv: &mut Self::Buf,
         dout: &Self::Buf,
-        qkv: &Self::Buf,
+        x: AttnInputs<'_, Self>,
         out: &Self::Buf,
         saved: &Self::F32,
         s: AttnShape,
@@ -62,14 +95,77 @@ pub trait AttentionOps: Device {
 
     /// Rotary position embedding, in place on the query and key heads of `qkv` (values
     /// untouched): in every head, the pair of dimensions `(i, i + hs/2)` of the token at
-    /// position `p = row mod T` is rotated by the angle whose cosine and sine are
-    /// `table[p·hs/2 + i]` and `table[T·hs/2 + p·hs/2 + i]` ([`rope_table`]). This is
-    /// Hugging Face transformers' convention (`rotate_half`), so their checkpoints load
-    /// without permuting rows.
-    fn rope_fwd(&self, qkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()>;
+    /// position `p` is rotated by the angle whose cosine and sine are `table[p·hs/2 + i]`
+    /// and `table[T·hs/2 + p·hs/2 + i]` ([`rope_table`]). The position is the row's within
+    /// its sequence, `p = row mod T`, or with `docs` ([`AttnInputs::docs`]) within its
+    /// document, `p = row mod T - docs[row]`. This is Hugging Face transformers' convention
+    /// (`rotate_half`), so their checkpoints load without permuting rows.
+    fn rope_fwd(
+        &self,
+        qkv: &mut Self::Buf,
+        table: &Self::F32,
+        docs: Option<&Self::Tokens>,
+        s: AttnShape,
+    ) -> BResult<()>;
     /// The backward of [`AttentionOps::rope_fwd`]: the inverse rotation, in place on the
     /// query and key gradients of `dqkv`.
-    fn rope_bwd(&self, dqkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()>;
+    fn rope_bwd(
+        &self,
+        dqkv: &mut Self::Buf,
+        table: &Self::F32,
+        docs: Option<&Self::Tokens>,
+        s: AttnShape,
+    ) -> BResult<()>;
+}
+
+/// Document starts ([`AttnInputs::docs`]) from the lengths of the documents packed one
+/// after the other into `B` sequences of `t` tokens (`rows = B·t`; the last document may
+/// run past the end, and rows past the lengths' sum are one more document). A document that crosses into the next
+/// sequence continues there as a new document starting at position 0: sequences never see
+/// each other.
+pub fn doc_starts(lengths: &[usize], t: usize, rows: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(rows);
+    let mut docs = lengths.iter().copied().filter(|&l| l > 0);
+    let mut left = 0usize;
+    let mut start = 0usize;
+    for row in 0..rows {
+        let p = row % t;
+        if p == 0 {
+            start = 0;
+        }
+        if left == 0 {
+            left = docs.next().unwrap_or(usize::MAX);
+            start = p;
+        }
+        out.push(start as u32);
+        left -= 1;
+    }
+    out
+}
+
+/// Whether `docs` holds valid document starts for sequences of `t` tokens: at position 0 of
+/// each sequence 0, and at position `p > 0` either the previous row's start (the same
+/// document) or `p` (a new one). The error names the first row that breaks it.
+pub fn check_doc_starts(docs: &[u32], t: usize) -> Result<(), String> {
+    if t == 0 || !docs.len().is_multiple_of(t) {
+        return Err(format!("{} document starts are not whole sequences of T = {t}", docs.len()));
+    }
+    for (row, &d) in docs.iter().enumerate() {
+        let p = row % t;
+        let ok = if p == 0 { d == 0 } else { d == docs[row - 1] || d as usize == p };
+        if !ok {
+            return Err(if p == 0 {
+                format!("document start {d} at row {row}: a sequence's first token starts its document (0)")
+            } else {
+                format!(
+                    "document start {d} at row {row} (position {p} of a sequence of {t}) is neither the previous \
+                     row's start ({}) nor the row's own position",
+                    docs[row - 1]
+                )
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Llama 3.1's frequency scaling of RoPE (`rope_scaling` with `rope_type = "llama3"`):

@@ -2,7 +2,13 @@
 //! variants. The fusions are hooks whose default is the composition of plain ops (the CPU
 //! reference runs that); a backend overrides a hook where it has a fused kernel for the
 //! shapes (CUDA: GELU in the cuBLASLt epilogue) and answers `Ok(false)` otherwise.
+//!
+//! Each layer says the precision of its GEMMs ([`LinearLocs::precision`]): bf16, or FP8
+//! (`train.precision = "fp8"`, numerics in `fp8.rs`), for which a backend first reserves its
+//! operands ([`MatmulOps::prepare_fp8`]) and which a device without FP8 GEMMs refuses
+//! ([`MatmulOps::fp8_support`]).
 
+use super::fp8::LinearExtent;
 use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
 
 /// How a backend with a choice of GEMM algorithms picks one for each GEMM shape
@@ -20,11 +26,48 @@ pub enum GemmTuning {
     Timed,
 }
 
-/// A linear layer's weight `[oc, c]` and optional bias `[oc]` in a flat buffer.
+/// The precision a linear layer's GEMMs run in (`train.precision`). Only the operands
+/// change: accumulation is fp32, outputs, master weights, gradients and every other op keep
+/// their precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// The compute precision of the backend's buffers: bf16 on CUDA, f32 on the CPU.
+    #[default]
+    Bf16,
+    /// FP8 operands with per-tensor current scaling (`backend/fp8.rs`): e4m3 weights and
+    /// activations, e5m2 output gradients; on CUDA, cuBLASLt's FP8 GEMMs (compute
+    /// capability 9.0 and later), on the CPU the same rounding simulated in f32. Shapes that
+    /// are not multiples of 16 (`fp8::eligible`) run in [`Precision::Bf16`].
+    Fp8,
+}
+
+/// A linear layer as its ops see it: its weight `[oc, c]` and optional bias `[oc]` in a
+/// flat buffer, and the precision its GEMMs run in. Layouts make every layer
+/// [`Precision::Bf16`] ([`LinearLocs::new`]); a model turns its blocks' layers to
+/// `train.precision` and leaves the LM head in bf16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinearLocs {
     pub w: Loc,
     pub b: Option<Loc>,
+    pub precision: Precision,
+}
+
+impl LinearLocs {
+    /// A layer at `w` (and `b`), in bf16.
+    pub const fn new(w: Loc, b: Option<Loc>) -> LinearLocs {
+        LinearLocs { w, b, precision: Precision::Bf16 }
+    }
+
+    /// The same layer in precision `p`.
+    pub const fn with_precision(self, p: Precision) -> LinearLocs {
+        LinearLocs { precision: p, ..self }
+    }
+
+    /// Whether a GEMM of shape `s` of this layer runs in FP8.
+    pub fn fp8(&self, s: MatShape) -> bool {
+        self.precision == Precision::Fp8 && super::fp8::eligible(s)
+    }
 }
 
 /// One GEMM shape as timed tuning left it (`MatmulOps::gemm_tuning_report`).
@@ -71,6 +114,22 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// timed.
     fn gemm_tuning_report(&self) -> Vec<TunedGemm> {
         Vec::new()
+    }
+
+    /// Get ready for FP8 GEMMs (layers in [`Precision::Fp8`]) up to `largest`: refuse where
+    /// the device has none (CUDA below compute capability 9.0, with its name and capability),
+    /// and reserve the operand workspace (`fp8::CudaFp8Workspace`). Returns the workspace's
+    /// bytes, which the caller counts in its ledger; a second call grows it where needed and
+    /// returns the new total. The default (the CPU, which quantizes into per-call scratch):
+    /// nothing to reserve.
+    fn prepare_fp8(&self, _largest: LinearExtent) -> BResult<usize> {
+        Ok(0)
+    }
+
+    /// Why this device cannot run FP8 GEMMs (naming it), or `Ok` where it can. Asked before
+    /// training starts, so `train.precision = "fp8"` on an older GPU is a config error.
+    fn fp8_support(&self) -> Result<(), String> {
+        Ok(())
     }
 
     /// `out[N,OC] = inp[N,C] · W[OC,C]ᵀ (+ bias)`.

@@ -4,11 +4,15 @@
 use super::{BResult, Device, Loc};
 
 /// What a token-id buffer holds: the embedding's inputs (a backend may prepare the
-/// embedding backward's grouping with them, as CUDA does at upload) or the loss's targets.
+/// embedding backward's grouping with them, as CUDA does at upload), the loss's targets, or
+/// where each row's document starts in sequences of `seq_len` tokens (attention's
+/// [`AttnInputs::docs`](super::AttnInputs::docs); CUDA checks them at upload with
+/// [`check_doc_starts`](super::check_doc_starts), the CPU at each op).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenRole {
     Inputs,
     Targets,
+    DocStarts { seq_len: usize },
 }
 
 pub trait MemoryOps: Device {

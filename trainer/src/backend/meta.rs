@@ -6,9 +6,10 @@
 //! op group is implemented here as a no-op (the fused-op hooks keep their defaults).
 
 use super::{
-    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnShape, BResult, CrossEntropyOps,
-    Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearLocs, LnSaved, LnStats, Loc, LossRows, MatShape,
-    MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
+    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnInputs, AttnShape, BResult,
+    CrossEntropyOps, Device, ElemBytes, EmbedLocs, EncoderOps, LayerNormOps, LinearExtent, LinearLocs, LnSaved,
+    LnStats, Loc, LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows, SeqShape, TokenRole,
+    TransferOps, WeightGrads, Weights,
 };
 use super::{HostRead, HostValues, HostWrite};
 use collectives::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
@@ -36,13 +37,19 @@ pub struct MetaBackend {
     pub sizes: ElemBytes,
     /// fp32 elements of attention state per (b, t, nh) of the modelled backend.
     pub attention_saved: fn(AttnShape) -> usize,
+    /// Bytes of the modelled backend's FP8 operand workspace (`MatmulOps::prepare_fp8`).
+    pub fp8_workspace: fn(LinearExtent) -> usize,
     /// How many buffers were allocated so far (proves the steady state allocates nothing).
     pub allocations: std::cell::Cell<usize>,
 }
 
 impl MetaBackend {
-    pub fn new(sizes: ElemBytes, attention_saved: fn(AttnShape) -> usize) -> MetaBackend {
-        MetaBackend { sizes, attention_saved, allocations: std::cell::Cell::new(0) }
+    pub fn new(
+        sizes: ElemBytes,
+        attention_saved: fn(AttnShape) -> usize,
+        fp8_workspace: fn(LinearExtent) -> usize,
+    ) -> MetaBackend {
+        MetaBackend { sizes, attention_saved, fp8_workspace, allocations: std::cell::Cell::new(0) }
     }
     fn counted(&self, n: usize) -> BResult<MetaBuf> {
         self.allocations.set(self.allocations.get() + 1);
@@ -170,6 +177,10 @@ impl LayerNormOps for MetaBackend {
 }
 
 impl MatmulOps for MetaBackend {
+    fn prepare_fp8(&self, largest: LinearExtent) -> BResult<usize> {
+        self.allocations.set(self.allocations.get() + 1);
+        Ok((self.fp8_workspace)(largest))
+    }
     fn matmul_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, LinearLocs>, _: MatShape) -> BResult<()> {
         Ok(())
     }
@@ -190,24 +201,24 @@ impl AttentionOps for MetaBackend {
     fn attention_saved_len(&self, s: AttnShape) -> usize {
         (self.attention_saved)(s)
     }
-    fn attention_fwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+    fn attention_fwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: AttnInputs<'_, Self>, _: AttnShape) -> BResult<()> {
         Ok(())
     }
     fn attention_bwd(
         &self,
         _: &mut MetaBuf,
         _: &MetaBuf,
-        _: &MetaBuf,
+        _: AttnInputs<'_, Self>,
         _: &MetaBuf,
         _: &MetaBuf,
         _: AttnShape,
     ) -> BResult<()> {
         Ok(())
     }
-    fn rope_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+    fn rope_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Option<&MetaBuf>, _: AttnShape) -> BResult<()> {
         Ok(())
     }
-    fn rope_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: AttnShape) -> BResult<()> {
+    fn rope_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Option<&MetaBuf>, _: AttnShape) -> BResult<()> {
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 //! | [`MemoryOps`] (`memory.rs`) | allocation, host transfers, casts, copies, zeroing |
 //! | [`EncoderOps`] (`encoder.rs`) | token (+ position) embedding |
 //! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm, RMSNorm |
-//! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs), with the fused-GELU hooks |
+//! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs) in bf16 or FP8 (`fp8.rs`: its numerics), with the fused-GELU hooks |
 //! | [`AttentionOps`] (`attention.rs`) | causal self-attention (multi-head, grouped-query), RoPE |
 //! | [`ActivationOps`] (`activation.rs`) | GELU, SwiGLU, residual add |
 //! | [`CrossEntropyOps`] (`cross_entropy.rs`) | softmax cross-entropy with its backward |
@@ -46,6 +46,7 @@ pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod encoder;
+pub mod fp8;
 pub mod graph;
 pub mod layernorm;
 pub mod matmul;
@@ -56,12 +57,15 @@ pub mod transfer;
 
 pub use activation::ActivationOps;
 pub use adamw::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors};
-pub use attention::{rope_inv_freq, rope_table, AttentionOps, AttnShape, RopeScaling};
+pub use attention::{
+    check_doc_starts, doc_starts, rope_inv_freq, rope_table, AttentionOps, AttnInputs, AttnShape, RopeScaling,
+};
 pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedLocs, EncoderOps, SeqShape};
+pub use fp8::{Fp8Format, LinearExtent};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
-pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, TunedGemm};
+pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, Precision, TunedGemm};
 pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;
 pub use transfer::{HostRead, HostValues, HostWait, HostWrite, TransferOps};

@@ -3,12 +3,14 @@
 //! `GPU_CHECK_SHAPE="B,T,C,NH,V"` and `GPU_CHECK_LAYERS=L` time another model (e.g. 1.5B:
 //! `8,1024,1600,25,50304` with 48 layers).
 //!
-//! `gpu-timing attention [T [B NH [NKV]]]`: causal attention forward and backward at every
-//! tensor-core head size (64, 80, 96, 128), B×NH query heads (default 4×16) of length T
+//! `gpu-timing attention [T [B NH [NKV [DOC]]]]`: causal attention forward and backward at
+//! every tensor-core head size (64, 80, 96, 128), B×NH query heads (default 4×16) of length T
 //! (default 1024) sharing NKV key/value heads (grouped-query; default NKV = NH), in TFLOP/s,
 //! the default kernels beside the mma.sync ones — the same shapes
 //! `scripts/sdpa_timing.py T B NH [NKV]` times with PyTorch's SDPA. Llama 3.2 1B:
 //! `attention 2048 8 32 8` (its head size is 64), Llama 3.1 8B: `attention 4096 1 32 8` (128).
+//! DOC: each call also within documents of DOC tokens (`data.document_mask`), with its
+//! speed-up over the plain call (e.g. `attention 2048 8 32 8 512`).
 //!
 //! `gpu-timing gemm-algos [COUNT]`: the table, then every GEMM it ran timed again with each
 //! of cuBLASLt's first COUNT (default 8) heuristic algorithms: is the heuristic's first
@@ -19,6 +21,11 @@
 //!
 //! `gpu-timing llama [B [T]]`: the Llama ops — RMSNorm, SwiGLU, RoPE, forward and backward —
 //! at Llama-3.2-1B's and Llama-3-8B's shapes, B×T rows (default 8×2048), in GB/s.
+//!
+//! `gpu-timing fp8 [B [T]]`: every linear layer of GPT-2 1.5B and Llama-3-8B, forward and
+//! backward (both GEMMs, dW accumulated), in bf16 beside FP8 (`train.precision = "fp8"`:
+//! the amax passes and casts included), B×T rows (default 8×1024), and the layers' sums:
+//! how much faster the blocks' GEMMs get.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -232,7 +239,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut total_fwd = 0.0;
     let mut total_bwd = 0.0;
     for (name, cin, cout) in [("qkv", c, 3 * c), ("attn proj", c, c), ("fc", c, 4 * c), ("fc2", 4 * c, c)] {
-        let lin = LinearLocs { w: Loc::new(2 * c, cout * cin), b: Some(Loc::new(2 * c + cout * cin, cout)) };
+        let lin = LinearLocs::new(Loc::new(2 * c, cout * cin), Some(Loc::new(2 * c + cout * cin, cout)));
         let ms = MatShape { n, c: cin, oc: cout };
         let flop = 2.0 * (n * cin * cout) as f64;
         let (inp, out): (&CudaSlice<bf16>, &mut CudaSlice<bf16>) = match name {
@@ -260,14 +267,14 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     }
     // The MLP with GELU fused into the GEMMs (compare with matmul fc + gelu_fwd, fc2 + gelu_bwd).
     {
-        let fc = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, 4 * c)) };
+        let fc = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, 4 * c)));
         let flop = 2.0 * (n * c * 4 * c) as f64;
         let mut pre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_gelu_fwd fc (fused epilogue)", 3, 20, tflops(flop), || {
             be.matmul_gelu_fwd(&mut pre, &mut y4, &x, Weights::new(&bparams, fc), MatShape { n, c, oc: 4 * c })
         });
         tm.sweep();
-        let fc2 = LinearLocs { w: Loc::new(2 * c, 4 * c * c), b: Some(Loc::new(2 * c + 4 * c * c, c)) };
+        let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
             let gelu = GeluInput { act: &mut y4, pre: &pre };
@@ -287,20 +294,19 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut saved = be.alloc_f32(be.attention_saved_len(s), "")?;
     // Causal: half of the T x T products. fwd: QK^T and PV; bwd: 5 products (+2 recomputed).
     let att_flop = 2.0 * 2.0 * (b * nh * t * t * (c / nh)) as f64 / 2.0;
+    let ai = AttnInputs { qkv: &qkv, docs: None };
     be.set_attention_impl(AttentionImpl::Simt);
-    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
+    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
     tm.time("attention_bwd (SIMT fp32)", 2, 10, tflops(2.5 * att_flop), || {
-        be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
+        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
     });
     be.set_attention_impl(AttentionImpl::MmaSync);
-    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, &qkv, s));
+    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
     be.set_attention_impl(AttentionImpl::TensorCore);
-    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || {
-        be.attention_fwd(&mut att, &mut saved, &qkv, s)
-    });
+    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
     let t_att_f = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("attention_bwd (tensor cores)", 3, 20, tflops(2.5 * att_flop), || {
-        be.attention_bwd(&mut dqkv, &x, &qkv, &att, &saved, s)
+        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
     });
     let t_att_b = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c));
@@ -315,7 +321,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     drop((x4b, y4, att));
     // LM head (tied wte) and the loss.
     let mut logits = newbuf(n * v, &chunk)?;
-    let head = LinearLocs { w: Loc::new(0, v * c), b: None };
+    let head = LinearLocs::new(Loc::new(0, v * c), None);
     let head_flop = 2.0 * (n * c * v) as f64;
     tm.time(&format!("matmul_fwd lm head ({c}->{v})"), 2, 10, tflops(head_flop), || {
         be.matmul_fwd(&mut logits, &x, Weights::new(&eparams, head), MatShape { n, c, oc: v })
@@ -348,7 +354,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut logits_p = newbuf(n * vp, &chunk)?;
     let eparams_p = newbuf(vp * c, &small)?;
     tm.time(&format!("matmul_fwd lm head padded ({c}->{vp})"), 2, 10, tflops(2.0 * (n * c * vp) as f64), || {
-        let headp = LinearLocs { w: Loc::new(0, vp * c), b: None };
+        let headp = LinearLocs::new(Loc::new(0, vp * c), None);
         be.matmul_fwd(&mut logits_p, &x, Weights::new(&eparams_p, headp), MatShape { n, c, oc: vp })
     });
     tm.sweep();
@@ -408,10 +414,14 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
 /// e.g. GPT-2 124M: `attention 1024 16 12`; `scripts/sdpa_timing.py` takes the same
 /// arguments). With NKV < NH (grouped-query) the backward is timed twice: with the dK/dV
 /// split it picks per shape, and with the other choice (unsplit, or split once per query
-/// head of a group: `CudaBackend::set_attention_dkv_split`).
-fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize) -> BResult<()> {
+/// head of a group: `CudaBackend::set_attention_dkv_split`). With DOC (document-aware
+/// attention, `data.document_mask`), each row is followed by the same call within documents
+/// of DOC tokens packed into every sequence (TFLOP/s of the documents' own causal products,
+/// and the time against the plain row's: the speed-up of the skipped tiles).
+fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize, doc: Option<usize>) -> BResult<()> {
     let heads = if nkv == nh { format!("{nh} heads") } else { format!("{nh} query heads, {nkv} key/value heads") };
-    println!("\nCausal attention, B x NH = {b} x {heads}, T = {t} (median of event-timed repeats)");
+    let within = doc.map_or(String::new(), |l| format!("; each also within documents of {l} tokens"));
+    println!("\nCausal attention, B x NH = {b} x {heads}, T = {t}{within} (median of event-timed repeats)");
     for hs in [64usize, 80, 96, 128] {
         let (c, n) = (nh * hs, b * t);
         let s = AttnShape { b, t, c, nh, nkv };
@@ -425,24 +435,51 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize)
         let (qkv, mut out, dout, mut dqkv) = (fill(n * w)?, fill(n * c)?, fill(n * c)?, fill(n * w)?);
         let mut saved = be.alloc_f32(be.attention_saved_len(s), "timing")?;
         let flop = 2.0 * 2.0 * (b * nh * t * t * hs) as f64 / 2.0;
+        // Within documents: the starts, and the documents' own causal products.
+        let docs = match doc {
+            Some(len) => {
+                let len = len.clamp(1, t);
+                let mut d = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+                be.upload_tokens(&doc_starts(&vec![len; n.div_ceil(len)], t, n), &mut d)?;
+                let (full, rest) = (t / len, t % len);
+                let pairs = (full * len * len + rest * rest) as f64 / (t * t) as f64;
+                Some((d, len, pairs * flop))
+            }
+            None => None,
+        };
         let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+        let plain = AttnInputs { qkv: &qkv, docs: None };
+        // Time `call` plain, then (with DOC) within documents, and print the speed-up.
+        let both =
+            |tm: &mut Timer, name: &str, mul: f64, call: &mut dyn FnMut(AttnInputs<'_, CudaBackend>) -> BResult<()>| {
+                tm.time(name, 3, 20, tflops(mul * flop), || call(plain));
+                let base = tm.rows.last().map_or(0.0, |r| r.1);
+                if let Some((d, len, dflop)) = &docs {
+                    let masked = AttnInputs { qkv: &qkv, docs: Some(d) };
+                    tm.time(&format!("{name}, documents of {len}"), 3, 20, tflops(mul * dflop), || call(masked));
+                    let ms = tm.rows.last().map_or(0.0, |r| r.1);
+                    if ms > 0.0 {
+                        println!("    (documents of {len}: {:.2}x the plain call's speed)", base / ms);
+                    }
+                }
+            };
         for (imp, label) in [(AttentionImpl::TensorCore, ""), (AttentionImpl::MmaSync, " (mma.sync)")] {
             be.set_attention_impl(imp);
-            tm.time(&format!("attention_fwd HS{hs}{label}"), 3, 20, tflops(flop), || {
-                be.attention_fwd(&mut out, &mut saved, &qkv, s)
+            both(&mut tm, &format!("attention_fwd HS{hs}{label}"), 1.0, &mut |x| {
+                be.attention_fwd(&mut out, &mut saved, x, s)
             });
-            let split = be.attention_dkv_splits(s)?;
+            let split = be.attention_dkv_splits(s, false)?;
             let note = if split > 1 { format!(", dK/dV split {split}") } else { String::new() };
-            tm.time(&format!("attention_bwd HS{hs}{label}{note}"), 3, 20, tflops(2.5 * flop), || {
-                be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+            both(&mut tm, &format!("attention_bwd HS{hs}{label}{note}"), 2.5, &mut |x| {
+                be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s)
             });
             if nkv != nh {
                 // The other choice: unsplit where it splits, else split once per query head.
                 let other = if split > 1 { 1 } else { s.group() };
                 let what = if other == 1 { "unsplit".to_string() } else { format!("split {other}") };
                 be.set_attention_dkv_split(Some(other));
-                tm.time(&format!("attention_bwd HS{hs}{label}, dK/dV {what}"), 3, 20, tflops(2.5 * flop), || {
-                    be.attention_bwd(&mut dqkv, &dout, &qkv, &out, &saved, s)
+                both(&mut tm, &format!("attention_bwd HS{hs}{label}, dK/dV {what}"), 2.5, &mut |x| {
+                    be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s)
                 });
                 be.set_attention_dkv_split(None);
             }
@@ -540,9 +577,110 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             be.upload_f32(&table, &mut gt, 0)?;
             // Read and written: the query and key heads.
             let moved = gbps(bytes(2 * n * (nh + nkv) * hs));
-            tm.time("rope_fwd", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, s));
-            tm.time("rope_bwd", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, s));
+            tm.time("rope_fwd", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, None, s));
+            tm.time("rope_bwd", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, None, s));
+            // Within documents of 512 tokens (`data.document_mask`): positions from the starts.
+            let starts = doc_starts(&vec![512; n.div_ceil(512)], t, n);
+            let mut docs = be.alloc_tokens(n, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&starts, &mut docs)?;
+            tm.time("rope_fwd (documents of 512)", 3, 50, &moved, || be.rope_fwd(&mut qkv, &gt, Some(&docs), s));
+            tm.time("rope_bwd (documents of 512)", 3, 50, &moved, || be.rope_bwd(&mut qkv, &gt, Some(&docs), s));
         }
+    }
+    Ok(())
+}
+
+/// One model's linear layers for `fp8`: (name, inputs, outputs, bias).
+struct LinearShapes {
+    name: &'static str,
+    layers: [(&'static str, usize, usize, bool); 4],
+}
+
+const FP8_SHAPES: [LinearShapes; 2] = [
+    LinearShapes {
+        name: "GPT-2 1.5B",
+        layers: [
+            ("qkv", 1600, 4800, true),
+            ("proj", 1600, 1600, true),
+            ("fc", 1600, 6400, true),
+            ("fc2", 6400, 1600, true),
+        ],
+    },
+    LinearShapes {
+        name: "Llama-3-8B",
+        layers: [
+            ("qkv", 4096, 6144, false),
+            ("o", 4096, 4096, false),
+            ("gate_up", 4096, 28672, false),
+            ("down", 14336, 4096, false),
+        ],
+    },
+];
+
+/// `gpu-timing fp8 [B [T]]` (see the top of the file).
+fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
+    if let Err(why) = be.fp8_support() {
+        println!("FP8 GEMMs unavailable: {why}");
+        return Ok(());
+    }
+    let chunk = randn(1, 1 << 22, 1.0);
+    let small = randn(2, 1 << 22, 0.02);
+    let n = b * t;
+    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    for shapes in &FP8_SHAPES {
+        println!(
+            "\n{} linear layers at B={b} T={t} (N={n}), bf16 beside FP8 (median of event-timed repeats)",
+            shapes.name
+        );
+        let ext = LinearExtent::of(n, &shapes.layers.map(|(_, c, oc, _)| (c, oc)));
+        let ws = be.prepare_fp8(ext)?;
+        println!("  FP8 operand workspace: {:.1} MiB", ws as f64 / (1u64 << 20) as f64);
+        let mut sums = [0.0f64; 2];
+        for &(layer, c, oc, bias) in &shapes.layers {
+            let s = MatShape { n, c, oc };
+            let plen = oc * c + if bias { oc } else { 0 };
+            let params = new_buf(be, plen, &small)?;
+            let mut grads = be.alloc_grad(plen, "timing")?;
+            let (inp, dout) = (new_buf(be, n * c, &chunk)?, new_buf(be, n * oc, &small)?);
+            let (mut out, mut dinp) = (be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * c, "timing")?);
+            let flop = 2.0 * (n * c * oc) as f64;
+            for (i, p) in [Precision::Bf16, Precision::Fp8].into_iter().enumerate() {
+                let at = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc))).with_precision(p);
+                let tag = if p == Precision::Fp8 { "fp8 " } else { "bf16" };
+                let before = tm.rows.len();
+                tm.time(&format!("{layer} {tag} fwd  {c}->{oc}"), 3, 20, tflops(flop), || {
+                    be.matmul_fwd(&mut out, &inp, Weights::new(&params, at), s)
+                });
+                tm.time(&format!("{layer} {tag} bwd  {c}->{oc}"), 3, 20, tflops(2.0 * flop), || {
+                    be.matmul_bwd(
+                        &mut dinp,
+                        WeightGrads::new(&mut grads, at),
+                        &dout,
+                        &inp,
+                        Weights::new(&params, at),
+                        s,
+                    )
+                });
+                sums[i] += tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
+            }
+            // The FP8 rows' casts alone: per element read twice (amax, cast) and written once
+            // (dY twice: both layouts); the rest of an FP8 row is its GEMMs.
+            let fwd_bytes = ((n * c + oc * c) * 5) as f64;
+            tm.time(&format!("{layer} fp8  fwd casts"), 3, 20, gbps(fwd_bytes), || {
+                be.fp8_casts_only(&inp, &dout, &params, 0, s, false)
+            });
+            let bwd_bytes = (n * oc * 6 + (oc * c + n * c) * 5) as f64;
+            tm.time(&format!("{layer} fp8  bwd casts"), 3, 20, gbps(bwd_bytes), || {
+                be.fp8_casts_only(&inp, &dout, &params, 0, s, true)
+            });
+        }
+        println!(
+            "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 {:.3} ms: {:.2}x",
+            shapes.name,
+            sums[0],
+            sums[1],
+            sums[0] / sums[1]
+        );
     }
     Ok(())
 }
@@ -567,12 +705,17 @@ fn main() -> ExitCode {
         Some("attention") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
             let nh = arg(4, 16);
-            attention_timing(&be, arg(2, 1024), arg(3, 4), nh, arg(5, nh))
+            let doc = args.get(6).and_then(|v| v.parse().ok());
+            attention_timing(&be, arg(2, 1024), arg(3, 4), nh, arg(5, nh), doc)
         }
         Some("layernorm") => layernorm_timing(&be),
         Some("llama") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
             llama_timing(&be, arg(2, 8), arg(3, 2048))
+        }
+        Some("fp8") => {
+            let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+            fp8_timing(&be, arg(2, 8), arg(3, 1024))
         }
         Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
         _ => timing(&be, None),

@@ -1,6 +1,7 @@
 //! The LM head and the loss, shared by every family: `logits = x · Wᵀ` over the whole
 //! vocabulary, softmax cross-entropy, and — in training — the backward into `dx` and `dW`,
-//! in chunks of rows so that a micro-batch's logits never exist whole.
+//! in chunks of rows so that a micro-batch's logits never exist whole. Its GEMMs are bf16
+//! whatever `train.precision` says.
 //!
 //! At a 128k vocabulary the logits of 8 × 2048 tokens are 2.1 G values (4 GiB in bf16,
 //! more than a 1B model's weights and optimizer state together). A chunk's logits live
@@ -10,7 +11,9 @@
 //! The per-token losses of the whole micro-batch are kept and summed on the device into an
 //! f64 pair (reading the loss every micro-step would stall the device).
 
-use crate::backend::{BResult, Backend, F64Pair, LinearLocs, Loc, LossRows, MatShape, TokenRole, WeightGrads, Weights};
+use crate::backend::{
+    BResult, Backend, F64Pair, LinearLocs, Loc, LossRows, MatShape, Precision, TokenRole, WeightGrads, Weights,
+};
 use crate::zero::{Category, MemoryLedger};
 
 /// Logits bytes a chunk may take when `train.loss_chunk_rows` is 0 (automatic). Fewer,
@@ -125,6 +128,9 @@ impl<B: Backend> LossHead<B> {
         mut bwd: Option<(f32, WeightGrads<'_, B, LinearLocs>, &mut B::Buf)>,
     ) -> BResult<()> {
         let (n, c, v) = (self.n, self.c, self.v);
+        // The head's GEMMs stay bf16 whatever train.precision says: its logits span a range
+        // e4m3 cannot hold at useful precision, and it is a small share of the FLOPs.
+        let w = Weights::new(w.buf, w.at.with_precision(Precision::Bf16));
         let mut first = 0;
         while first < n {
             let rows = self.chunk.min(n - first);

@@ -24,9 +24,9 @@ pub mod units;
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{BResult, Backend};
+use crate::backend::{BResult, Backend, LinearExtent, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
-use crate::zero::MemoryLedger;
+use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -161,6 +161,9 @@ pub struct ModelOptions {
     pub checkpointing: CheckpointingConfig,
     /// Rows of logits the LM head makes at a time (`train.loss_chunk_rows`; 0 = automatic).
     pub loss_chunk_rows: usize,
+    /// The blocks' linear layers' GEMM precision (`train.precision`); the LM head stays in
+    /// bf16 whatever this says.
+    pub precision: Precision,
 }
 
 impl ModelOptions {
@@ -169,13 +172,35 @@ impl ModelOptions {
             micro_batch: cfg.train.micro_batch,
             checkpointing: cfg.checkpointing.clone(),
             loss_chunk_rows: cfg.train.loss_chunk_rows,
+            precision: cfg.train.precision,
         }
     }
 
-    /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks).
+    /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16).
     pub fn batch(b: usize) -> ModelOptions {
-        ModelOptions { micro_batch: b, checkpointing: CheckpointingConfig::default(), loss_chunk_rows: 0 }
+        ModelOptions {
+            micro_batch: b,
+            checkpointing: CheckpointingConfig::default(),
+            loss_chunk_rows: 0,
+            precision: Precision::Bf16,
+        }
     }
+}
+
+/// Get `be` ready for the blocks' GEMMs in precision `p`, up to the model's `largest`
+/// linear layer: for FP8, the backend refuses a device without FP8 GEMMs (before any step)
+/// and reserves its operand workspace, counted in `ledger`. Every family calls it once from
+/// its constructor.
+pub(crate) fn prepare_precision<B: Backend>(
+    be: &B,
+    p: Precision,
+    largest: LinearExtent,
+    ledger: &mut MemoryLedger,
+) -> BResult<()> {
+    if p == Precision::Fp8 {
+        ledger.alloc(Category::Workspace, be.prepare_fp8(largest)?);
+    }
+    Ok(())
 }
 
 impl Serialize for ModelFamily {

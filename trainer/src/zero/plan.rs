@@ -3,30 +3,43 @@
 //! at peak) is exactly what the ledger will record in the real run.
 
 use super::{Engine, EngineOptions, MemoryReport};
+use crate::backend::fp8::CudaFp8Workspace;
 use crate::backend::meta::{MetaBackend, MetaComm};
-use crate::backend::{AttnShape, ElemBytes};
+use crate::backend::{AttnShape, ElemBytes, LinearExtent};
 use crate::config::Config;
 use crate::model::{step_micro, ModelLayout, ModelOptions};
 use crate::optim::Hyper;
 use crate::TrainError;
 
-/// Element sizes and attention state of the backend being planned for.
+/// Element sizes, attention state and FP8 workspace of the backend being planned for.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceModel {
     pub sizes: ElemBytes,
     pub attention_saved: fn(AttnShape) -> usize,
+    /// Bytes `MatmulOps::prepare_fp8` reserves for a model's largest linear layer.
+    pub fp8_workspace: fn(LinearExtent) -> usize,
 }
 
 impl DeviceModel {
-    /// The f32 CPU backend (saves the full softmax: B·NH·T·T).
+    /// The f32 CPU backend (saves the full softmax: B·NH·T·T; quantizes FP8 operands into
+    /// per-call scratch, so reserves no workspace).
     pub fn cpu() -> DeviceModel {
-        DeviceModel { sizes: ElemBytes { buf: 4, grad: 4, f32: 4 }, attention_saved: |s| s.b * s.nh * s.t * s.t }
+        DeviceModel {
+            sizes: ElemBytes { buf: 4, grad: 4, f32: 4 },
+            attention_saved: |s| s.b * s.nh * s.t * s.t,
+            fp8_workspace: |_| 0,
+        }
     }
 
     /// The CUDA backend: bf16 compute buffers, fp32 gradients, flash attention saving
-    /// one fp32 log-sum-exp per (batch, head, position).
+    /// one fp32 log-sum-exp per (batch, head, position), the FP8 operands' workspace
+    /// ([`CudaFp8Workspace`]).
     pub fn cuda() -> DeviceModel {
-        DeviceModel { sizes: ElemBytes { buf: 2, grad: 4, f32: 4 }, attention_saved: |s| s.b * s.nh * s.t }
+        DeviceModel {
+            sizes: ElemBytes { buf: 2, grad: 4, f32: 4 },
+            attention_saved: |s| s.b * s.nh * s.t,
+            fp8_workspace: |e| CudaFp8Workspace::new(e).bytes,
+        }
     }
 }
 
@@ -44,7 +57,7 @@ pub fn dry_run(
     device: DeviceModel,
     steps: usize,
 ) -> Result<(MemoryReport, Vec<usize>), TrainError> {
-    let be = MetaBackend::new(device.sizes, device.attention_saved);
+    let be = MetaBackend::new(device.sizes, device.attention_saved, device.fp8_workspace);
     let mut comm = MetaComm { rank, world };
     let layout = ModelLayout::new(&cfg.model);
     // No initial values: the meta backend holds none, and making them would cost host

@@ -1,8 +1,22 @@
 //! Linear layer on the CPU: `out = inp · Wᵀ + b` and its backward, through matrixmultiply's sgemm.
 //! The fused GELU variants run the trait's default composition.
+//!
+//! A layer in [`Precision::Fp8`](crate::backend::Precision) (and an eligible shape) is the
+//! reference of the CUDA backend's FP8 GEMMs: its operands are quantized per tensor as
+//! `backend/fp8.rs` says (e4m3 input and weight, e5m2 output gradient) and dequantized, in
+//! per-call scratch, and the GEMM multiplies those values in f32. The bias gradient sums the
+//! unquantized output gradient, as the GPU's does.
 
 use super::{at, two_mut, CpuBackend};
+use crate::backend::fp8::{fake_quant_into, Fp8Format};
 use crate::backend::{BResult, LinearLocs, MatShape, MatmulOps, WeightGrads, Weights};
+
+/// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
+fn quantized(xs: &[f32], fmt: Fp8Format) -> Vec<f32> {
+    let mut q = vec![0.0; xs.len()];
+    fake_quant_into(&mut q, xs, fmt);
+    q
+}
 
 /// `out[n,oc] = inp[n,c] · w[oc,c]ᵀ + bias[oc]`.
 pub fn matmul_forward(out: &mut [f32], inp: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, c: usize, oc: usize) {
@@ -102,7 +116,13 @@ impl MatmulOps for CpuBackend {
         s: MatShape,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        matmul_forward(&mut out[..n * oc], &inp[..n * c], at(p.buf, p.at.w), p.at.b.map(|b| at(p.buf, b)), n, c, oc);
+        let (inp, w, bias) = (&inp[..n * c], at(p.buf, p.at.w), p.at.b.map(|b| at(p.buf, b)));
+        if p.at.fp8(s) {
+            let (xq, wq) = (quantized(inp, Fp8Format::E4M3), quantized(w, Fp8Format::E4M3));
+            matmul_forward(&mut out[..n * oc], &xq, &wq, bias, n, c, oc);
+            return Ok(());
+        }
+        matmul_forward(&mut out[..n * oc], inp, w, bias, n, c, oc);
         Ok(())
     }
     fn matmul_bwd(
@@ -127,7 +147,21 @@ impl MatmulOps for CpuBackend {
             dw.fill(0.0);
             db.iter_mut().for_each(|d| d.fill(0.0));
         }
-        matmul_backward(&mut dinp[..n * c], dw, db, &dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w), s);
+        let (dout, inp, w) = (&dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w));
+        if p.at.fp8(s) {
+            let gq = quantized(dout, Fp8Format::E5M2);
+            let (xq, wq) = (quantized(inp, Fp8Format::E4M3), quantized(w, Fp8Format::E4M3));
+            matmul_backward(&mut dinp[..n * c], dw, None, &gq, &xq, &wq, s);
+            if let Some(db) = db {
+                for row in dout.chunks_exact(oc) {
+                    for (d, g) in db.iter_mut().zip(row) {
+                        *d += g;
+                    }
+                }
+            }
+            return Ok(());
+        }
+        matmul_backward(&mut dinp[..n * c], dw, db, dout, inp, w, s);
         Ok(())
     }
 }

@@ -26,6 +26,26 @@
 // the padded row lengths (HS + 4 floats, an odd number of 16-byte words; 80 floats for
 // score tiles) keep the shared-memory reads free of bank conflicts.
 
+// Document-aware attention (data.document_mask; attention.rs: `AttnInputs::docs`):
+// docs[b T + q] is the position in its sequence where row q's document starts, and query q
+// attends the keys ds(q) <= k <= q. Within a sequence ds is non-decreasing (each value is
+// the previous row's or the row's own position: checked on the host), so
+// - a query tile's smallest start is its first row's: the forward and dQ blocks skip the
+//   key tiles wholly below it (the first ds(q0) / 64), and a key tile needs the document
+//   mask only where its first key is below the start of the tile's (or a thread's) last row;
+// - the queries that attend key tile kt (keys k0..kl) are q in [k0, the end of kl's
+//   document): query tile j >= kt takes part iff its first row's ds(64 j) <= kl, a prefix
+//   of the tiles from kt on, which a dK/dV block counts (doc_query_tiles, doc_key_ends) and
+//   loops over instead of every tile to T. Equivalently, query q attends key k iff
+//   k <= q < end(k), end(k) the first row after k whose document starts after k: the
+//   tensor-core dK/dV kernels mask with their keys' ends (in registers), the SIMT ones with
+//   their queries' starts (in shared memory), the forward and dQ kernels with their rows'
+//   starts.
+// Every tiled kernel comes twice: DOCS = false is the plain causal kernel (the same code as
+// before the option: the mask's code is compiled out), DOCS = true the masked one (entry
+// points named *_docs, with `docs` as their last argument). A token always attends itself,
+// so no row is ever fully masked; rows past T take the last row's start.
+
 // TILE, NTHREADS and LDP come from attention.rs as -D options (the launch geometry and
 // the shared-memory size computed there depend on them).
 
@@ -159,6 +179,65 @@ __device__ __forceinline__ const bf16_t* kv_head(const bf16_t* qkv, int b, int T
     return qkv + (long long)b * T * qkv_stride<HS>(NH, NKV) + (NH + h / (NH / NKV)) * HS;
 }
 
+// Row q's document start (a row past T takes the last row's; 0 without documents).
+template <bool DOCS>
+__device__ __forceinline__ int doc_start(const unsigned* docs_b, int q, int T) {
+    return DOCS ? (int)docs_b[min(q, T - 1)] : 0;
+}
+
+// The first key tile (of `rows` keys) a query tile whose first row is q0 attends: 0 without
+// documents, else the tile of q0's document start.
+template <bool DOCS>
+__device__ __forceinline__ int doc_first_tile(const unsigned* docs_b, int q0, int rows) {
+    return DOCS ? min((int)docs_b[q0], q0) / rows : 0;
+}
+
+// How many query tiles of 64 from kt on hold a query that attends a key of tile kt (its last
+// key kl): those whose first row's document starts at or before kl (a prefix of them, see
+// the top of the file). Block-wide (a barrier per blockDim tiles): every thread calls it.
+__device__ __forceinline__ int doc_query_tiles(const unsigned* docs_b, int kt, int nt, int kl) {
+    int n = 0;
+    for (int j0 = kt; j0 < nt; j0 += blockDim.x) {
+        const int j = j0 + threadIdx.x;
+        const int c = __syncthreads_count(j < nt && (int)docs_b[j * 64] <= kl);
+        n += c;
+        if (c < (int)blockDim.x) break;  // (the same count in every thread)
+    }
+    return max(n, 1);  // (tile kt itself always: ds(k0) <= k0)
+}
+
+// The documents of key tile kt (keys k0 = 64 kt .. kl, kl < T its last), for the tensor-core
+// dK/dV kernels, into shared memory (read only where a tile needs them: these kernels have
+// no registers to spare): ke[i] = end(k0 + i) (see the top of the file), and nq[0] = the
+// number of query tiles from kt on that attend the tile (to the one holding the last row of
+// kl's document). Block-wide (barriers: every thread calls it); the results are there after
+// the caller's next barrier. starts: 2 words of shared scratch.
+__device__ __forceinline__ void doc_key_ends(const unsigned* docs_b, int kt, int nt, int T, int* ke, int* nq,
+                                             unsigned* starts) {
+    const int k0 = kt * 64, kl = min(k0 + 63, T - 1), i = threadIdx.x;
+    // Query tiles after kt whose first row is in kl's document or an earlier one (a prefix).
+    int jt = 0;
+    for (int j0 = kt + 1; j0 < nt; j0 += blockDim.x) {
+        const int j = j0 + i;
+        const int c = __syncthreads_count(j < nt && (int)docs_b[j * 64] <= kl);
+        jt += c;
+        if (c < (int)blockDim.x) break;  // (the same count in every thread)
+    }
+    // kl's document ends in query tile kt + jt: its rows up to there (a prefix of the tile).
+    const int jl = kt + jt, r = 64 * jl + i;
+    const int kend = 64 * jl + __syncthreads_count(i < 64 && r < T && (int)docs_b[r] <= kl);
+    // Documents that start inside the key tile (after k0): bit i of a 64-bit mask for key k0 + i.
+    const unsigned bits = __ballot_sync(0xffffffffu, i < 64 && i > 0 && k0 + i <= kl && (int)docs_b[k0 + i] == k0 + i);
+    if (i < 64 && (i & 31) == 0) starts[i >> 5] = bits;
+    __syncthreads();
+    if (i < 64) {
+        const unsigned long long m = starts[0] | ((unsigned long long)starts[1] << 32);
+        const unsigned long long later = i < 63 ? m & (~0ull << (i + 1)) : 0ull;
+        ke[i] = later ? k0 + __ffsll((long long)later) - 1 : kend;
+    }
+    if (i == 0) nq[0] = jt + 1;
+}
+
 // The dK/dV block's (key tile, key/value head, batch, split). Multi-head (NKV = NH): grid
 // (nt, NH, B), as the other passes, one split. Grouped: grid (S NKV B, nt), the key tile
 // slowest. A grouped block does G times a multi-head block's work (key tile kt: G (nt - kt)
@@ -216,9 +295,9 @@ extern "C" __global__ void attn_dkv_reduce(bf16_t* dqkv, const float* part, int 
 
 // grid = (ceil(T/64), NH, B); dynamic smem = (3*64*LD + 64*LDP) floats.
 // lse[b, h, t] = log2(sum_k exp2(s2)), s2 = q.k * scale * log2(e).
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV,
-                                              float scale) {
+                                              float scale, const unsigned* docs) {
     extern __shared__ float4 smem4[];
     constexpr int LD = Geo<HS>::LD, DPT = Geo<HS>::DPT;
     float* Qs = (float*)smem4;
@@ -236,15 +315,18 @@ __device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf1
     const int q0 = qt * TILE;
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     load_tile<HS>(Qs, base + (long long)q0 * W, W, min(TILE, T - q0), scale * LOG2E_F);
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
     float m[4], l[4], acc[4][DPT];
+    int ds[4];  // this thread's rows' document starts
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         m[i] = -F_INF;
         l[i] = 0.f;
+        ds[i] = doc_start<DOCS>(docs_b, q0 + ty + 16 * i, T);
 #pragma unroll
         for (int k = 0; k < DPT; ++k) acc[i][k] = 0.f;
     }
-    for (int kt = 0; kt <= qt; ++kt) {
+    for (int kt = doc_first_tile<DOCS>(docs_b, q0, TILE); kt <= qt; ++kt) {
         const int k0 = kt * TILE;
         __syncthreads();  // the previous tile's readers of Ks, Vs, Ps are done
         load_tile<HS>(Ks, kbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
@@ -263,7 +345,7 @@ __device__ __forceinline__ void attn_fwd_impl(bf16_t* out, float* lse, const bf1
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int k = k0 + tx + 16 * j;
-                if (k > q || k >= T) s[i][j] = -F_INF;
+                if (k > q || k >= T || (DOCS && k < ds[i])) s[i][j] = -F_INF;
                 mx = fmaxf(mx, s[i][j]);
             }
             const float mnew = fmaxf(m[i], max16(mx));
@@ -313,22 +395,26 @@ extern "C" __global__ void attn_bwd_d(float* D, const bf16_t* dout, const bf16_t
     if (lane == 0) D[((long long)b * NH + h) * T + t] = acc;
 }
 
-// Loads, for query rows q0.., the scalars lse and D into shared arrays (0 past T).
-__device__ __forceinline__ void load_row_stats(float* lse_s, float* d_s, const float* lse, const float* D,
-                                               long long bh, int q0, int T) {
+// Loads, for query rows q0.., the scalars lse and D into shared arrays (0 past T), and
+// with DOCS their document starts (docs_b: the batch's) into ds_s.
+template <bool DOCS>
+__device__ __forceinline__ void load_row_stats(float* lse_s, float* d_s, unsigned* ds_s, const float* lse,
+                                               const float* D, const unsigned* docs_b, long long bh, int q0, int T) {
     if (threadIdx.x < TILE) {
         const int q = q0 + threadIdx.x;
         lse_s[threadIdx.x] = q < T ? lse[bh * T + q] : 0.f;
         d_s[threadIdx.x] = q < T ? D[bh * T + q] : 0.f;
+        if (DOCS) ds_s[threadIdx.x] = (unsigned)doc_start<DOCS>(docs_b, q, T);
     }
 }
 
-// P and dS for one (query tile, key tile) pair, written into Ps (if non-null) and dSs.
-template <int HS>
+// P and dS for one (query tile, key tile) pair, written into Ps (if non-null) and dSs; with
+// DOCS, keys before a row's document start (ds_s) are masked.
+template <int HS, bool DOCS>
 __device__ __forceinline__ void probs_and_dscores(float* Ps, float* dSs, const float* Qs, const float* Ks,
                                                   const float* dOs, const float* Vs, const float* lse_s,
-                                                  const float* d_s, int q0, int k0, int T, float sl2, int ty,
-                                                  int tx) {
+                                                  const float* d_s, const unsigned* ds_s, int q0, int k0, int T,
+                                                  float sl2, int ty, int tx) {
     float s[4][4], dp[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -347,7 +433,7 @@ __device__ __forceinline__ void probs_and_dscores(float* Ps, float* dSs, const f
         for (int j = 0; j < 4; ++j) {
             const int kj = tx + 16 * j;
             const int k = k0 + kj;
-            const bool valid = k <= q && q < T && k < T;
+            const bool valid = k <= q && q < T && k < T && (!DOCS || k >= (int)ds_s[qi]);
             const float p = valid ? exp2f(s[i][j] * sl2 - lse_s[qi]) : 0.f;
             const float ds = p * (dp[i][j] - d_s[qi]);
             if (Ps) Ps[qi * LDP + kj] = p;
@@ -358,11 +444,11 @@ __device__ __forceinline__ void probs_and_dscores(float* Ps, float* dSs, const f
 
 // Block per (key tile, key/value head) (grid: dkv_block); writes dK and dV of dqkv, or with
 // S > 1 splits its fp32 partial sums (attn_dkv_reduce adds them up).
-// dynamic smem = (4*64*LD + 2*64*LDP + 2*64) floats.
-template <int HS>
+// dynamic smem = (4*64*LD + 2*64*LDP + 2*64) floats (+ 64 document starts with DOCS).
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                   const float* lse, const float* D, int T, int NH, int NKV,
-                                                  float scale, float* part, int S) {
+                                                  float scale, float* part, int S, const unsigned* docs) {
     extern __shared__ float4 smem4[];
     constexpr int LD = Geo<HS>::LD, DPT = Geo<HS>::DPT;
     float* Ks = (float*)smem4;
@@ -373,6 +459,7 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
     float* dSs = Ps + TILE * LDP;
     float* lse_s = dSs + TILE * LDP;
     float* d_s = lse_s + TILE;
+    unsigned* ds_s = (unsigned*)(d_s + TILE);  // (DOCS only)
     const DkvBlock blk = dkv_block(NH, NKV, S);
     const int kt = blk.kt, hk = blk.hk, b = blk.b;  // small kt has the most query tiles: launched first
     const int nt = (T + TILE - 1) / TILE, G = NH / NKV;
@@ -393,9 +480,12 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
             dk[i][k] = 0.f;
             dv[i][k] = 0.f;
         }
-    // This block's run of the group's (query head, query tile) pairs, i = g (nt - kt) + qt - kt:
-    // query head hk G + g, query tiles kt.. of each head in turn.
-    const int nq = nt - kt, n = G * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
+    // This block's run of the group's (query head, query tile) pairs, i = g nq + qt - kt:
+    // query head hk G + g, query tiles kt.. of each head in turn (nq of them: to T, or with
+    // documents to the end of the tile's last key's).
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
+    const int nq = DOCS ? doc_query_tiles(docs_b, kt, nt, min(k0 + TILE - 1, T - 1)) : nt - kt;
+    const int n = G * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
     for (int i = i0; i < i1; ++i) {
         const int h = hk * G + i / nq, qt = kt + i % nq, q0 = qt * TILE;
         const long long bh = (long long)b * NH + h;
@@ -404,9 +494,9 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
         __syncthreads();
         load_tile<HS>(Qs, base + (long long)q0 * W, W, min(TILE, T - q0), 1.f);
         load_tile<HS>(dOs, dobase + (long long)q0 * C, C, min(TILE, T - q0), 1.f);
-        load_row_stats(lse_s, d_s, lse, D, bh, q0, T);
+        load_row_stats<DOCS>(lse_s, d_s, ds_s, lse, D, docs_b, bh, q0, T);
         __syncthreads();
-        probs_and_dscores<HS>(Ps, dSs, Qs, Ks, dOs, Vs, lse_s, d_s, q0, k0, T, sl2, ty, tx);
+        probs_and_dscores<HS, DOCS>(Ps, dSs, Qs, Ks, dOs, Vs, lse_s, d_s, ds_s, q0, k0, T, sl2, ty, tx);
         __syncthreads();
         mm_xy<HS, true>(dv, Ps, dOs, ty, tx);   // dV[k] += sum_q P[q][k] dO[q]
         mm_xy<HS, true>(dk, dSs, Qs, ty, tx);   // dK[k] += sum_q dS[q][k] Q[q]
@@ -434,11 +524,11 @@ __device__ __forceinline__ void attn_bwd_dkv_impl(bf16_t* dqkv, const bf16_t* do
 }
 
 // grid = (ceil(T/64), NH, B), block per (query tile, query head); writes dQ of dqkv.
-// dynamic smem = (4*64*LD + 64*LDP + 2*64) floats.
-template <int HS>
+// dynamic smem = (4*64*LD + 64*LDP + 2*64) floats (+ 64 document starts with DOCS).
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                  const float* lse, const float* D, int T, int NH, int NKV,
-                                                 float scale) {
+                                                 float scale, const unsigned* docs) {
     extern __shared__ float4 smem4[];
     constexpr int LD = Geo<HS>::LD, DPT = Geo<HS>::DPT;
     float* Qs = (float*)smem4;
@@ -448,6 +538,7 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
     float* dSs = Vs + TILE * LD;
     float* lse_s = dSs + TILE * LDP;
     float* d_s = lse_s + TILE;
+    unsigned* ds_s = (unsigned*)(d_s + TILE);  // (DOCS only)
     const int nt = gridDim.x;
     const int qt = nt - 1 - blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z;
@@ -463,19 +554,20 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
     const float sl2 = scale * LOG2E_F;
     load_tile<HS>(Qs, base + (long long)q0 * W, W, min(TILE, T - q0), 1.f);
     load_tile<HS>(dOs, dobase + (long long)q0 * C, C, min(TILE, T - q0), 1.f);
-    load_row_stats(lse_s, d_s, lse, D, bh, q0, T);
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
+    load_row_stats<DOCS>(lse_s, d_s, ds_s, lse, D, docs_b, bh, q0, T);
     float dq[4][DPT];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int k = 0; k < DPT; ++k) dq[i][k] = 0.f;
-    for (int kt = 0; kt <= qt; ++kt) {
+    for (int kt = doc_first_tile<DOCS>(docs_b, q0, TILE); kt <= qt; ++kt) {
         const int k0 = kt * TILE;
         __syncthreads();
         load_tile<HS>(Ks, kbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
         load_tile<HS>(Vs, vbase + (long long)k0 * W, W, min(TILE, T - k0), 1.f);
         __syncthreads();
-        probs_and_dscores<HS>(nullptr, dSs, Qs, Ks, dOs, Vs, lse_s, d_s, q0, k0, T, sl2, ty, tx);
+        probs_and_dscores<HS, DOCS>(nullptr, dSs, Qs, Ks, dOs, Vs, lse_s, d_s, ds_s, q0, k0, T, sl2, ty, tx);
         __syncthreads();
         mm_xy<HS, false>(dq, dSs, Ks, ty, tx);  // dQ[q] += sum_k dS[q][k] K[k]
     }
@@ -489,21 +581,27 @@ __device__ __forceinline__ void attn_bwd_dq_impl(bf16_t* dqkv, const bf16_t* dou
     }
 }
 
-#define ATTN_INSTANCES(HS)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(NTHREADS)                                                   \
-        attn_fwd_##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale) {     \
-        attn_fwd_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                                 \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(NTHREADS)                                                   \
-        attn_bwd_dkv_##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,             \
-                          const float* D, int T, int NH, int NKV, float scale, float* part, int S) {         \
-        attn_bwd_dkv_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S);                          \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(NTHREADS)                                                   \
-        attn_bwd_dq_##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,              \
-                         const float* D, int T, int NH, int NKV, float scale) {                              \
-        attn_bwd_dq_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale);                                    \
+#define ATTN_INSTANCES_(HS, SUF, DOCS, DOCS_PARAM, DOCS_ARG)                                                \
+    extern "C" __global__ void __launch_bounds__(NTHREADS) attn_fwd_##HS##SUF(                                 \
+        bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale DOCS_PARAM) {         \
+        attn_fwd_impl<HS, DOCS>(out, lse, qkv, T, NH, NKV, scale, DOCS_ARG);                                  \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                                    \
+        attn_bwd_dkv_##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,         \
+                               const float* D, int T, int NH, int NKV, float scale, float* part,              \
+                               int S DOCS_PARAM) {                                                            \
+        attn_bwd_dkv_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S, DOCS_ARG);           \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                                    \
+        attn_bwd_dq_##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,          \
+                              const float* D, int T, int NH, int NKV, float scale DOCS_PARAM) {               \
+        attn_bwd_dq_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, DOCS_ARG);                     \
     }
+// Every kernel entry point twice: plain (name_HS) and document-masked (name_HS_docs, `docs` last).
+#define DOCS_PARAM_ , const unsigned* docs
+#define ATTN_INSTANCES(HS)                                  \
+    ATTN_INSTANCES_(HS, , false, , nullptr)                 \
+    ATTN_INSTANCES_(HS, _docs, true, DOCS_PARAM_, docs)
 
 // (The SIMT kernels need HS / 16 to be a multiple of 2 for their vector accesses: no 80, 96.)
 ATTN_INSTANCES(32)
@@ -679,8 +777,10 @@ __device__ __forceinline__ void load_tile16_async(bf16_t* dst, const bf16_t* src
     }
 }
 
-// cp.async of 64 floats v[i0 + i] (0 where i0 + i >= n) into dst, by threads first..first+63.
-__device__ __forceinline__ void load_row64_async(float* dst, const float* v, int i0, int n, int first) {
+// cp.async of 64 4-byte values v[i0 + i] (0 where i0 + i >= n) into dst, by threads
+// first..first+63.
+template <typename E>
+__device__ __forceinline__ void load_row64_async(E* dst, const E* v, int i0, int n, int first) {
     const int i = threadIdx.x - first;
     if (i < 0 || i >= 64) return;
     const bool ok = i0 + i < n;
@@ -837,10 +937,12 @@ __device__ __forceinline__ void mma_pz_mt(float acc[MT][Mg<HS>::NT][4], const fl
 
 // Which scores of a 16 x 64 tile of the one-m-tile forward are masked: this thread's rows
 // qrow and qrow + 8 against keys k0 + 8j + 2t (+1); only an edge tile (crossing the
-// diagonal or T) is masked at all.
+// diagonal or T, or with documents a row's start) is masked at all. ds0, ds1: the two
+// rows' document starts (read with DOCS only).
 struct TileMask {
     int qrow, k0, t, T;
     bool edge;
+    int ds0, ds1;
 };
 
 // One key tile of the one-m-tile forward's online softmax (the mma.sync and the wgmma
@@ -850,6 +952,7 @@ struct TileMask {
 // (base 2, scaled by sl2), the running sum l is rescaled to it and gains the tile's sum;
 // returns the factor (alpha) by which the output accumulator must be rescaled, which
 // rescale_acc applies.
+template <bool DOCS>
 __device__ __forceinline__ void softmax_probs(float s[8][4], float m[2], float l[2], float alpha[2], TileMask mk,
                                               float sl2) {
     const int qrow = mk.qrow, k0 = mk.k0, t = mk.t, T = mk.T;
@@ -861,7 +964,7 @@ __device__ __forceinline__ void softmax_probs(float s[8][4], float m[2], float l
         for (int e = 0; e < 4; ++e) {
             const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
             float v = s[j][e] * sl2;
-            if (edge && (k > q || k >= T)) v = -F_INF;
+            if (edge && (k > q || k >= T || (DOCS && k < (r ? mk.ds1 : mk.ds0)))) v = -F_INF;
             s[j][e] = v;
             mx[r] = fmaxf(mx[r], v);
         }
@@ -894,11 +997,11 @@ __device__ __forceinline__ void rescale_acc(float o[NT][4], const float alpha[2]
         o[j][3] *= alpha[1];
     }
 }
-template <int NT>
+template <int NT, bool DOCS>
 __device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], float m[2], float l[2], TileMask mk,
                                              float sl2) {
     float alpha[2];
-    softmax_probs(s, m, l, alpha, mk, sl2);
+    softmax_probs<DOCS>(s, m, l, alpha, mk, sl2);
     rescale_acc<NT>(o, alpha);
 }
 
@@ -908,30 +1011,36 @@ __device__ __forceinline__ void softmax_tile(float s[8][4], float o[NT][4], floa
 // past T (only on an edge tile) gives p = 0.
 //
 // dK/dV block, transposed tiles (rows = keys krow, krow + 8; columns = the query tile at q0):
-// st becomes P^T, dpt becomes dS^T = P^T (dP^T - D). ls, ds: the query tile's lse and D.
+// st becomes P^T, dpt becomes dS^T = P^T (dP^T - D). ls, ds: the query tile's lse and D;
+// ke (DOCS): the key tile's documents' ends (doc_key_ends), k0 its first key.
+template <bool DOCS>
 __device__ __forceinline__ void dkv_dscores(float st[8][4], float dpt[8][4], int krow, int q0, int t, int T,
-                                            bool edge, const float* ls, const float* ds, float sl2) {
+                                            bool edge, const float* ls, const float* ds, const int* ke, int k0,
+                                            float sl2) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int k = krow + 8 * (e >> 1), qi = j * 8 + 2 * t + (e & 1), q = q0 + qi;
-            const bool valid = !edge || (k <= q && q < T && k < T);
+            const bool valid = !edge || (k <= q && q < T && k < T && (!DOCS || q < ke[k - k0]));
             const float p = valid ? ex2(fmaf(st[j][e], sl2, -ls[qi])) : 0.f;
             st[j][e] = p;
             dpt[j][e] = p * (dpt[j][e] - ds[qi]);
         }
 }
 // dQ block (rows = queries qrow, qrow + 8; columns = the key tile at k0): s becomes
-// dS = P (dP - D). lr, dr: this thread's two rows' lse and D.
+// dS = P (dP - D). lr, dr: this thread's two rows' lse and D; dsr (DOCS): their document
+// starts, dsr[0] and dsr[8] (in shared memory).
+template <bool DOCS>
 __device__ __forceinline__ void dq_dscores(float s[8][4], const float dp[8][4], int qrow, int k0, int t, int T,
-                                           bool edge, const float lr[2], const float dr[2], float sl2) {
+                                           bool edge, const float lr[2], const float dr[2], const int* dsr,
+                                           float sl2) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = e >> 1, q = qrow + 8 * r, k = k0 + j * 8 + 2 * t + (e & 1);
-            const bool valid = !edge || (k <= q && q < T && k < T);
+            const bool valid = !edge || (k <= q && q < T && k < T && (!DOCS || k >= dsr[8 * r]));
             const float p = valid ? ex2(fmaf(s[j][e], sl2, -lr[r])) : 0.f;
             s[j][e] = p * (dp[j][e] - dr[r]);
         }
@@ -943,9 +1052,9 @@ __device__ __forceinline__ void dq_dscores(float s[8][4], const float dp[8][4], 
 // 0.179 against 0.193 ms at GPT-2 124M shapes on an H200 (the two-m-tile kernel's
 // register layout costs the one-m-tile case 7%; reordering its softmax did not recover
 // it).
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
-                                                    int NKV, float scale) {
+                                                    int NKV, float scale, const unsigned* docs) {
     using G = Mg<HS>;
     extern __shared__ __align__(16) bf16_t smem_mma[];
     require_smem(4 * G::TE * 2);
@@ -961,27 +1070,33 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
     const bf16_t* vbase = kbase + NKV * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
-    // Q borrows buffer 1 (first used by key tile 1, loaded after the fragments are read).
-    load_tile16_async<HS>(Ks + G::TE, base + (long long)q0 * W, W, min(64, T - q0));
-    load_tile16_async<HS>(Ks, kbase, W, min(64, T));
-    load_tile16_async<HS>(Vs, vbase, W, min(64, T));
+    // The first key tile kt0 (0, or with documents the first row's document's) is in buffer
+    // kt0 % 2 (key tile kt in kt % 2); Q borrows the other (first used by key tile kt0 + 1,
+    // loaded after the fragments are read).
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
+    const int kt0 = doc_first_tile<DOCS>(docs_b, q0, 64), kf = kt0 * 64, c0 = kt0 & 1;
+    load_tile16_async<HS>(Ks + (c0 ^ 1) * G::TE, base + (long long)q0 * W, W, min(64, T - q0));
+    load_tile16_async<HS>(Ks + c0 * G::TE, kbase + (long long)kf * W, W, min(64, T - kf));
+    load_tile16_async<HS>(Vs + c0 * G::TE, vbase + (long long)kf * W, W, min(64, T - kf));
     cp_commit();
     cp_wait<0>();
     __syncthreads();
     unsigned qa[G::KS][4];
-    load_afrag<HS>(qa, Ks + G::TE, warp * 16);
+    load_afrag<HS>(qa, Ks + (c0 ^ 1) * G::TE, warp * 16);
     float o[G::NT][4];
     zero_acc<G::NT>(o);
     float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f};
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
-    for (int kt = 0; kt <= qt; ++kt) {
+    const int ds0 = doc_start<DOCS>(docs_b, qrow, T), ds1 = doc_start<DOCS>(docs_b, qrow + 8, T);
+    for (int kt = kt0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        // (the Q copy in buffer 1 counts as tile -1)
+        // (the Q copy in the other buffer counts as tile kt0 - 1)
         next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, kbase, NKV * HS, W, kt < qt ? k0 + 64 : -1, T);
         float s[8][4];
         zero_acc<8>(s);
         mma_abt<HS>(s, qa, nullptr, 0, Ks + cur * G::TE);
-        softmax_tile<G::NT>(s, o, m, l, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
+        const bool edge = kt == qt || k0 + 64 > T || (DOCS && k0 < ds1);
+        softmax_tile<G::NT, DOCS>(s, o, m, l, TileMask{qrow, k0, t, T, edge, ds0, ds1}, sl2);
         mma_pz<HS>(o, s, Vs + cur * G::TE);
     }
 #pragma unroll
@@ -1001,13 +1116,15 @@ __device__ __forceinline__ void attn_fwd_mma16_impl(bf16_t* out, float* lse, con
 // shared-memory reads per product, but fewer blocks fit an SM; `FWD_MT` picks per head
 // size, as measured), key/value tiles of 64 double-buffered. Shared memory: 4 tiles (K, V
 // x 2), and Q's MT tiles of its own where its fragments do not fit in registers
-// (`FWD_Q_IN_REGS`); otherwise Q borrows the second K (and V) buffers, which key tile 1
-// first refills after every warp has read Q. A warp skips the key tiles wholly after its
-// last row; only tiles that cross its diagonal (or T) pay for the mask. Row sums stay per
-// thread until the end (the rescaling is the same for the four threads of a row).
-template <int HS>
+// (`FWD_Q_IN_REGS`); otherwise Q borrows the K (and V) buffers the first key tile does not
+// use, which the next key tile first refills after every warp has read Q. A warp skips the
+// key tiles wholly after its last row (and, within documents, wholly before its first row's
+// document); only tiles that cross its diagonal (or T, or a document start) pay for the
+// mask. Row sums stay per thread until the end (the rescaling is the same for the four
+// threads of a row).
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH,
-                                                  int NKV, float scale) {
+                                                  int NKV, float scale, const unsigned* docs) {
     using G = Mg<HS>;
     constexpr int MT = G::FWD_MT, ROWS = 64 * MT, WR = 16 * MT;
     constexpr bool QREGS = G::FWD_Q_IN_REGS;
@@ -1015,8 +1132,6 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     require_smem((QREGS ? 4 : 4 + MT) * G::TE * 2);
     bf16_t* const Ks = smem_mma;
     bf16_t* const Vs = smem_mma + 2 * G::TE;
-    bf16_t* const Qlo = QREGS ? Ks + G::TE : smem_mma + 4 * G::TE;  // query rows 0-63
-    bf16_t* const Qhi = QREGS ? Vs + G::TE : smem_mma + 5 * G::TE;  // query rows 64-127 (MT = 2)
     const int nqt = gridDim.x, qt = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const long long W = qkv_stride<HS>(NH, NKV);
     const bf16_t* base = qkv + (long long)b * T * W + h * HS;
@@ -1024,13 +1139,23 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     const bf16_t* vbase = kbase + NKV * HS;
     const int q0 = qt * ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
+    // (DOCS) the block's rows' document starts, read only where a tile needs them (in shared
+    // memory: at head sizes 96 and 128 this kernel has no registers to spare). The first key
+    // tile kt0 (0, or with documents the first row's document's) is in buffer kt0 % 2 (key
+    // tile kt in kt % 2); Q, where it goes to registers, borrows the other.
+    __shared__ int ds_q[DOCS ? ROWS : 1];
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
+    if (DOCS && threadIdx.x < ROWS) ds_q[threadIdx.x] = doc_start<DOCS>(docs_b, q0 + threadIdx.x, T);
+    const int kt0 = doc_first_tile<DOCS>(docs_b, q0, 64), kf = kt0 * 64, c0 = kt0 & 1;
+    bf16_t* const Qlo = QREGS ? Ks + (c0 ^ 1) * G::TE : smem_mma + 4 * G::TE;  // query rows 0-63
+    bf16_t* const Qhi = QREGS ? Vs + (c0 ^ 1) * G::TE : smem_mma + 5 * G::TE;  // query rows 64-127 (MT = 2)
     load_tile16_async<HS>(Qlo, base + (long long)q0 * W, W, min(64, T - q0));
     if constexpr (MT == 2) {
         // (rows past T are zero-filled without being read; the address stays inside the batch)
         load_tile16_async<HS>(Qhi, base + (long long)min(q0 + 64, T - 1) * W, W, min(64, T - q0 - 64));
     }
-    load_tile16_async<HS>(Ks, kbase, W, min(64, T));
-    load_tile16_async<HS>(Vs, vbase, W, min(64, T));
+    load_tile16_async<HS>(Ks + c0 * G::TE, kbase + (long long)kf * W, W, min(64, T - kf));
+    load_tile16_async<HS>(Vs + c0 * G::TE, vbase + (long long)kf * W, W, min(64, T - kf));
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -1053,20 +1178,21 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
     }
     const int qw0 = q0 + wq;  // this thread's rows: qw0 + 16 mi + 8 r + g
     const int nkt = min((T + 63) / 64, (q0 + ROWS - 1) / 64 + 1);
-    for (int kt = 0; kt < nkt; ++kt) {
+    for (int kt = kt0; kt < nkt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        // (with Q in registers, its copy in the second buffers counts as tile -1). The key
+        // (with Q in registers, its copy in the other buffers counts as tile kt0 - 1). The key
         // head's address is recomputed from the block index each tile rather than kept: at head
         // sizes 96 and 128 this kernel is at 255 registers, and a pointer kept through the loop
         // spilled more (kernel_resources.py).
         const bf16_t* kb = kv_head<HS>(qkv, ctaid_z(), T, NH, NKV, ctaid_y());
         next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, kb, NKV * HS, W, kt + 1 < nkt ? k0 + 64 : -1, T);
         if (k0 > qw0 + WR - 1) continue;  // warp-uniform: every key is after every row of this warp
+        if (DOCS && k0 + 63 < ds_q[wq]) continue;  // every key is before every row's document
         float s[MT][8][4];
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) zero_acc<8>(s[mi]);
         mma_abt_mt<HS, MT, QREGS>(s, qa, Qw, Ks + cur * G::TE);
-        const bool edge = k0 + 63 > qw0 || k0 + 64 > T;
+        const bool edge = k0 + 63 > qw0 || k0 + 64 > T || (DOCS && k0 < ds_q[wq + WR - 1]);
         float mx[MT][2];
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi)
@@ -1079,7 +1205,7 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int r = e >> 1, q = qw0 + 16 * mi + 8 * r + g, k = k0 + j * 8 + 2 * t + (e & 1);
-                    if (edge && (k > q || k >= T)) s[mi][j][e] = -F_INF;
+                    if (edge && (k > q || k >= T || (DOCS && k < ds_q[q - q0]))) s[mi][j][e] = -F_INF;
                     mx[mi][r] = fmaxf(mx[mi][r], s[mi][j][e]);
                 }
         // Statistics in base-2 units of the scaled score (scale > 0: the max commutes).
@@ -1135,15 +1261,17 @@ __device__ __forceinline__ void attn_fwd_mma_impl(bf16_t* out, float* lse, const
 // one query head into the next. K and V stay for the whole run, in registers where their
 // fragments fit, otherwise in tiles of their own. With S > 1, fp32 partial sums
 // (attn_dkv_reduce adds them up).
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                       const float* lse, const float* D, int T, int NH, int NKV,
-                                                      float scale, float* part, int S) {
+                                                      float scale, float* part, int S, const unsigned* docs) {
     using G = Mg<HS>;
     constexpr bool REGS = G::OWN_IN_REGS;
     extern __shared__ __align__(16) bf16_t smem_mma[];
     require_smem((REGS ? 4 : 6) * G::TE * 2);
     __shared__ __align__(16) float lse_s[2][64], d_s[2][64];
+    __shared__ int ke[DOCS ? 64 : 1], nq_s[1];  // (DOCS: doc_key_ends)
+    __shared__ unsigned starts[2];
     // Buffer i of the query (dO) stream: Qs + i * TE (dOs + i * TE).
     bf16_t* const Qs = smem_mma;
     bf16_t* const dOs = smem_mma + 2 * G::TE;
@@ -1158,8 +1286,15 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
     const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
     // The block's run of (query head, query tile) pairs, i in [i0, i1), i = j nq + qt - kt for
-    // query head hk grp + j: (h, qt) is the pair to load next.
-    const int nq = nt - kt, n = grp * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
+    // query head hk grp + j: (h, qt) is the pair to load next. nq query tiles from kt: to T,
+    // or with documents to the end of the document of the tile's last key (nq_s; ke: the
+    // keys' documents' ends).
+    if (DOCS) {
+        doc_key_ends(docs + (long long)b * T, kt, nt, T, ke, nq_s, starts);
+        __syncthreads();
+    }
+    const int nq = DOCS ? nq_s[0] : nt - kt;
+    const int n = grp * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
     int qt = kt + i0 % nq, h = hk * grp + i0 / nq;
     // Query tile qt of head h into buffer c.
     auto load_q = [&](int c) {
@@ -1187,9 +1322,10 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
     const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
     for (int it = 0; it < i1 - i0; ++it) {
         const int q0 = qt * 64, cur = it & 1;
-        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
+        // (DOCS) a query of the tile at or after the end of this thread's first key's document
+        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T || (DOCS && q0 + 63 >= ke[krow - k0]);
         // the next pair: this head's next query tile, or the next head's first
-        if (++qt == nt) {
+        if (++qt == (DOCS ? kt + nq_s[0] : nt)) {
             qt = kt;
             ++h;
         }
@@ -1207,7 +1343,7 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
         mma_abt<HS>(dpt, REGS ? va : nullptr, Vt, warp * 16, dOc);
         const float* ls = lse_s[cur];
         const float* ds = d_s[cur];
-        dkv_dscores(st, dpt, krow, q0, t, T, edge, ls, ds, sl2);
+        dkv_dscores<DOCS>(st, dpt, krow, q0, t, T, edge, ls, ds, ke, k0, sl2);
         mma_pz<HS>(dv, st, dOc);  // dV += P^T dO
         mma_pz<HS>(dk, dpt, Qc);   // dK += dS^T Q
     }
@@ -1236,18 +1372,16 @@ __device__ __forceinline__ void attn_bwd_dkv_mma_impl(bf16_t* dqkv, const bf16_t
 // dQ of dqkv. grid = (ceil(T/64), NH, B), 128 threads, block per (query tile, query head);
 // shared memory: key and value tiles double-buffered, plus Q and dO of their own where their
 // fragments do not live in registers.
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                      const float* lse, const float* D, int T, int NH, int NKV,
-                                                     float scale) {
+                                                     float scale, const unsigned* docs) {
     using G = Mg<HS>;
     constexpr bool REGS = G::OWN_IN_REGS;
     extern __shared__ __align__(16) bf16_t smem_mma[];
     require_smem((REGS ? 4 : 6) * G::TE * 2);
     bf16_t* const Ks = smem_mma;
     bf16_t* const Vs = smem_mma + 2 * G::TE;
-    bf16_t* const Qt = REGS ? Ks + G::TE : smem_mma + 4 * G::TE;
-    bf16_t* const dOt = REGS ? Vs + G::TE : smem_mma + 5 * G::TE;
     const int nt = gridDim.x, qt = nt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int C = NH * HS;
     const long long W = qkv_stride<HS>(NH, NKV);
@@ -1258,10 +1392,19 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
+    // The first key tile kt0 (0, or with documents the first row's document's) is in buffer
+    // kt0 % 2 (key tile kt in kt % 2); Q and dO, where they go to registers, borrow the other.
+    // (DOCS) The rows' document starts in shared memory, read only where a tile needs them.
+    __shared__ int ds_q[DOCS ? 64 : 1];
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
+    if (DOCS && threadIdx.x < 64) ds_q[threadIdx.x] = doc_start<DOCS>(docs_b, q0 + threadIdx.x, T);
+    const int kt0 = doc_first_tile<DOCS>(docs_b, q0, 64), kf = kt0 * 64, c0 = kt0 & 1;
+    bf16_t* const Qt = REGS ? Ks + (c0 ^ 1) * G::TE : smem_mma + 4 * G::TE;
+    bf16_t* const dOt = REGS ? Vs + (c0 ^ 1) * G::TE : smem_mma + 5 * G::TE;
     load_tile16_async<HS>(Qt, base + (long long)q0 * W, W, min(64, T - q0));
     load_tile16_async<HS>(dOt, dobase + (long long)q0 * C, C, min(64, T - q0));
-    load_tile16_async<HS>(Ks, kbase, W, min(64, T));
-    load_tile16_async<HS>(Vs, vbase, W, min(64, T));
+    load_tile16_async<HS>(Ks + c0 * G::TE, kbase + (long long)kf * W, W, min(64, T - kf));
+    load_tile16_async<HS>(Vs + c0 * G::TE, vbase + (long long)kf * W, W, min(64, T - kf));
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -1280,9 +1423,9 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
     }
     float dq[G::NT][4];
     zero_acc<G::NT>(dq);
-    for (int kt = 0; kt <= qt; ++kt) {
+    for (int kt = kt0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
-        // (with fragments in registers, the Q/dO copy in buffer 1 counts as tile -1)
+        // (with fragments in registers, the Q/dO copy in the other buffer counts as tile kt0 - 1)
         next_kv_tile<HS>(Ks + (cur ^ 1) * G::TE, Vs + (cur ^ 1) * G::TE, kbase, NKV * HS, W, kt < qt ? k0 + 64 : -1, T);
         const bf16_t* Kc = Ks + cur * G::TE;
         float s[8][4], dp[8][4];
@@ -1290,8 +1433,8 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
         zero_acc<8>(dp);
         mma_abt<HS>(s, REGS ? qa : nullptr, Qt, warp * 16, Kc);
         mma_abt<HS>(dp, REGS ? oa : nullptr, dOt, warp * 16, Vs + cur * G::TE);
-        const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T;
-        dq_dscores(s, dp, qrow, k0, t, T, edge, lr, dr, sl2);
+        const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T || (DOCS && k0 < ds_q[qrow - q0 + 8]);
+        dq_dscores<DOCS>(s, dp, qrow, k0, t, T, edge, lr, dr, ds_q + (qrow - q0), sl2);
         mma_pz<HS>(dq, s, Kc);  // dQ += dS K
     }
 #pragma unroll
@@ -1311,24 +1454,28 @@ __device__ __forceinline__ void attn_bwd_dq_mma_impl(bf16_t* dqkv, const bf16_t*
 // to fit MINB blocks per SM (at HS 64, three: a few spilled registers buy more warps in
 // flight, 0.552 -> 0.542 ms per call at GPT-2 1.5B shapes on an H200, where the same
 // request makes the dK/dV kernel 5% slower).
-#define ATTN_MMA_INSTANCES(HS, FWD_MINB, DQ_MINB)                                                             \
-    extern "C" __global__ void __launch_bounds__(128, FWD_MINB)                                               \
-        attn_fwd_mma##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale) {  \
+#define ATTN_MMA_INSTANCES_(HS, FWD_MINB, DQ_MINB, SUF, DOCS, DOCS_PARAM, DOCS_ARG)                         \
+    extern "C" __global__ void __launch_bounds__(128, FWD_MINB) attn_fwd_mma##HS##SUF(                        \
+        bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale DOCS_PARAM) {         \
         if constexpr (Mg<HS>::FWD_MT == 1)                                                                    \
-            attn_fwd_mma16_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                        \
+            attn_fwd_mma16_impl<HS, DOCS>(out, lse, qkv, T, NH, NKV, scale, DOCS_ARG);                        \
         else                                                                                                  \
-            attn_fwd_mma_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                          \
+            attn_fwd_mma_impl<HS, DOCS>(out, lse, qkv, T, NH, NKV, scale, DOCS_ARG);                          \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128, 1)                                                      \
-        attn_bwd_dkv_mma##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,           \
-                             const float* D, int T, int NH, int NKV, float scale, float* part, int S) {       \
-        attn_bwd_dkv_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S);                       \
+        attn_bwd_dkv_mma##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,      \
+                                  const float* D, int T, int NH, int NKV, float scale, float* part,           \
+                                  int S DOCS_PARAM) {                                                         \
+        attn_bwd_dkv_mma_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S, DOCS_ARG);       \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128, DQ_MINB)                                                \
-        attn_bwd_dq_mma##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,            \
-                            const float* D, int T, int NH, int NKV, float scale) {                            \
-        attn_bwd_dq_mma_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale);                                 \
+        attn_bwd_dq_mma##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,       \
+                                 const float* D, int T, int NH, int NKV, float scale DOCS_PARAM) {            \
+        attn_bwd_dq_mma_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, DOCS_ARG);                 \
     }
+#define ATTN_MMA_INSTANCES(HS, FWD_MINB, DQ_MINB)                                \
+    ATTN_MMA_INSTANCES_(HS, FWD_MINB, DQ_MINB, , false, , nullptr)               \
+    ATTN_MMA_INSTANCES_(HS, FWD_MINB, DQ_MINB, _docs, true, DOCS_PARAM_, docs)
 
 ATTN_MMA_INSTANCES(64, 3, 3)
 ATTN_MMA_INSTANCES(80, 1, 2)
@@ -1459,9 +1606,9 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 // still reads its V while tile kt + 1 loads), K double-buffered.
 // grid = (ceil(T/64), NH, B), 128 threads; dynamic smem = Q, K x 2, V x 3 + 1 KiB for the
 // 1024-byte alignment.
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV,
-                                                 float scale) {
+                                                 float scale, const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma forward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1490,27 +1637,34 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
 #pragma unroll
             for (int a = 0; a < NA; ++a) wg_rs(o + 8 * a, pa[kk], wg_desc(Vs + (j % 3) * TB + a * 8192) + (2048 >> 4) * kk);
     };
+    // The first key tile: 0, or with documents the first row's document's.
+    int kt0 = 0;
+    if constexpr (DOCS) kt0 = doc_first_tile<DOCS>(docs + (long long)b * T, q0, 64);
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
     load_rows_sw128_async<HS>(Qs, base + (long long)q0 * W, W, min(64, T - q0));
-    load_kv(0);
+    load_kv(kt0);
     cp_commit();
-    if (qt > 0) load_kv(1);
+    if (qt > kt0) load_kv(kt0 + 1);
     cp_commit();
     zero_acc<8 * NA>(o);
     float m[2] = {-F_INF, -F_INF}, l[2] = {0.f, 0.f}, alpha[2];
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+    const int ds0 = doc_start<DOCS>(docs_b, qrow, T), ds1 = doc_start<DOCS>(docs_b, qrow + 8, T);
     float s[8][4];
-    cp_wait<1>();  // Q and tile 0
+    cp_wait<1>();  // Q and tile kt0
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async writes -> wgmma reads
     __syncthreads();
     wg_fence();
-    wg_abt<NA>(s, Qs, Ks);  // S = Q K_0^T
+    wg_abt<NA>(s, Qs, Ks + (kt0 & 1) * TB);  // S = Q K_kt0^T
     wg_commit();
     wg_wait0();
     fence_regs<8>(s);
-    softmax_probs(s, m, l, alpha, TileMask{qrow, 0, t, T, qt == 0 || 64 > T}, sl2);
+    softmax_probs<DOCS>(s, m, l, alpha,
+                        TileMask{qrow, 64 * kt0, t, T, qt == kt0 || 64 * kt0 + 64 > T || (DOCS && 64 * kt0 < ds1), ds0, ds1},
+                        sl2);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) pack_afrag(pa[kk], s, kk);
-    for (int kt = 1; kt <= qt; ++kt) {
+    for (int kt = kt0 + 1; kt <= qt; ++kt) {
         const int k0 = kt * 64;
         // Every warp is done with tile kt - 1's S (K buffer (kt + 1) % 2) and with tile
         // kt - 2's P V (V buffer (kt + 1) % 3): both were waited for last step.
@@ -1527,7 +1681,8 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
         wg_commit();
         wg_wait1();  // S of tile kt; tile kt - 1's P V may still run
         fence_regs<8>(s);
-        softmax_probs(s, m, l, alpha, TileMask{qrow, k0, t, T, kt == qt || k0 + 64 > T}, sl2);
+        const bool edge = kt == qt || k0 + 64 > T || (DOCS && k0 < ds1);
+        softmax_probs<DOCS>(s, m, l, alpha, TileMask{qrow, k0, t, T, edge, ds0, ds1}, sl2);
         // The probabilities and sums exist before the wait below (ex2 is a plain asm, which
         // the compiler would otherwise sink past it, serializing the overlap).
         fence_regs<8>(s);
@@ -1572,15 +1727,17 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
 
 // Block per (key tile, key/value head) (grid: dkv_block): dK, dV of dqkv, or with S > 1
 // fp32 partial sums. The group's query tiles stream as in the mma.sync kernel.
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                      const float* lse, const float* D, int T, int NH, int NKV,
-                                                     float scale, float* part, int S) {
+                                                     float scale, float* part, int S, const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
     require_smem(6 * TB + 1024);
     __shared__ __align__(16) float lse_s[2][64], d_s[2][64];
+    __shared__ int ke[DOCS ? 64 : 1], nq_s[1];  // (DOCS: doc_key_ends)
+    __shared__ unsigned starts[2];
     const unsigned sbase = (smem_addr(smem_mma) + 1023) & ~1023u;
     const unsigned Kt = sbase, Vt = sbase + TB, Qs = sbase + 2 * TB, dOs = sbase + 4 * TB;  // Q, dO: x 2
     const DkvBlock blk = dkv_block(NH, NKV, S);
@@ -1591,8 +1748,13 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
     const int k0 = kt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
     // The run of (query head, query tile) pairs and the next pair's head pointers, as in
-    // attn_bwd_dkv_mma_impl.
-    const int nq = nt - kt, n = grp * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
+    // attn_bwd_dkv_mma_impl (with documents: nq_s query tiles, ke the keys' documents' ends).
+    if (DOCS) {
+        doc_key_ends(docs + (long long)b * T, kt, nt, T, ke, nq_s, starts);
+        __syncthreads();
+    }
+    const int nq = DOCS ? nq_s[0] : nt - kt;
+    const int n = grp * nq, i0 = blk.s * n / S, i1 = (blk.s + 1) * n / S;
     int qt = kt + i0 % nq;
     const long long h0 = (long long)hk * grp + i0 / nq;
     const bf16_t* qh = qkv + (long long)b * T * W + h0 * HS;
@@ -1617,7 +1779,7 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
     for (int i = i0; i < i1; ++i) {
         const int q0 = qt * 64, cur = (i - i0) & 1;
         int qn = qt + 1;  // the next pair: this head's next query tile, or the next head's first
-        if (qn == nt) {
+        if (qn == (DOCS ? kt + nq_s[0] : nt)) {
             qn = kt;
             qh += HS;
             doh += HS;
@@ -1643,10 +1805,11 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
         wg_abt<NA>(dpt, Vt, dOc);
         wg_commit();
         wg_wait0();
-        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T;
+        // (DOCS) a query of the tile at or after the end of this thread's first key's document
+        const bool edge = qt == kt || q0 + 64 > T || k0 + 64 > T || (DOCS && q0 + 63 >= ke[krow - k0]);
         const float* ls = lse_s[cur];
         const float* ds = d_s[cur];
-        dkv_dscores(st, dpt, krow, q0, t, T, edge, ls, ds, sl2);
+        dkv_dscores<DOCS>(st, dpt, krow, q0, t, T, edge, ls, ds, ke, k0, sl2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -1691,10 +1854,10 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
 }
 
 // Block per (query tile, query head): dQ of dqkv.
-template <int HS>
+template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                     const float* lse, const float* D, int T, int NH, int NKV,
-                                                    float scale) {
+                                                    float scale, const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1711,10 +1874,16 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     const bf16_t* dobase = dout + (long long)b * T * C + h * HS;
     const int q0 = qt * 64, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = scale * LOG2E_F;
+    // The first key tile kt0 (0, or with documents the first row's document's) in buffer
+    // kt0 % 2 (key tile kt in kt % 2). (DOCS) The rows' document starts in shared memory.
+    __shared__ int ds_q[DOCS ? 64 : 1];
+    const unsigned* docs_b = DOCS ? docs + (long long)b * T : nullptr;
+    if (DOCS && threadIdx.x < 64) ds_q[threadIdx.x] = doc_start<DOCS>(docs_b, q0 + threadIdx.x, T);
+    const int kt0 = doc_first_tile<DOCS>(docs_b, q0, 64), kf = kt0 * 64, c0 = kt0 & 1;
     load_rows_sw128_async<HS>(Qt, base + (long long)q0 * W, W, min(64, T - q0));
     load_rows_sw128_async<HS>(dOt, dobase + (long long)q0 * C, C, min(64, T - q0));
-    load_rows_sw128_async<HS>(Ks, kbase, W, min(64, T));
-    load_rows_sw128_async<HS>(Vs, vbase, W, min(64, T));
+    load_rows_sw128_async<HS>(Ks + c0 * TB, kbase + (long long)kf * W, W, min(64, T - kf));
+    load_rows_sw128_async<HS>(Vs + c0 * TB, vbase + (long long)kf * W, W, min(64, T - kf));
     cp_commit();
     const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
     float lr[2], dr[2];
@@ -1727,7 +1896,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     float dq[NA][8][4];
 #pragma unroll
     for (int a = 0; a < NA; ++a) zero_acc<8>(dq[a]);
-    for (int kt = 0; kt <= qt; ++kt) {
+    for (int kt = kt0; kt <= qt; ++kt) {
         const int k0 = kt * 64, cur = kt & 1;
         __syncthreads();  // buffer cur ^ 1 (key tile kt - 1) is no longer read
         if (kt < qt) {
@@ -1746,8 +1915,8 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
         wg_abt<NA>(dp, dOt, Vc);
         wg_commit();
         wg_wait0();
-        const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T;
-        dq_dscores(s, dp, qrow, k0, t, T, edge, lr, dr, sl2);
+        const bool edge = kt == qt || k0 + 64 > T || q0 + 64 > T || (DOCS && k0 < ds_q[qrow - q0 + 8]);
+        dq_dscores<DOCS>(s, dp, qrow, k0, t, T, edge, lr, dr, ds_q + (qrow - q0), sl2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -1772,35 +1941,41 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     }
 }
 
-#define ATTN_WG_INSTANCES(HS)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128)                                                         \
-        attn_fwd_wg##HS(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale) {    \
-        attn_fwd_wg_impl<HS>(out, lse, qkv, T, NH, NKV, scale);                                               \
+#define ATTN_WG_INSTANCES_(HS, SUF, DOCS, DOCS_PARAM, DOCS_ARG)                                             \
+    extern "C" __global__ void __launch_bounds__(128) attn_fwd_wg##HS##SUF(                                   \
+        bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale DOCS_PARAM) {         \
+        attn_fwd_wg_impl<HS, DOCS>(out, lse, qkv, T, NH, NKV, scale, DOCS_ARG);                               \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        attn_bwd_dkv_wg##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,            \
-                            const float* D, int T, int NH, int NKV, float scale, float* part, int S) {        \
-        attn_bwd_dkv_wg_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S);                        \
+        attn_bwd_dkv_wg##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,       \
+                                 const float* D, int T, int NH, int NKV, float scale, float* part,            \
+                                 int S DOCS_PARAM) {                                                          \
+        attn_bwd_dkv_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S, DOCS_ARG);        \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        attn_bwd_dq_wg##HS(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,             \
-                           const float* D, int T, int NH, int NKV, float scale) {                             \
-        attn_bwd_dq_wg_impl<HS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale);                                  \
+        attn_bwd_dq_wg##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,        \
+                                const float* D, int T, int NH, int NKV, float scale DOCS_PARAM) {             \
+        attn_bwd_dq_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, DOCS_ARG);                  \
     }
 #else
 // (not sm_90a: entry points with the same parameters that trap; attention.rs never launches them)
-#define ATTN_WG_INSTANCES(HS)                                                                                 \
-    extern "C" __global__ void attn_fwd_wg##HS(bf16_t*, float*, const bf16_t*, int, int, int, float) {       \
+#define ATTN_WG_INSTANCES_(HS, SUF, DOCS, DOCS_PARAM, DOCS_ARG)                                             \
+    extern "C" __global__ void attn_fwd_wg##HS##SUF(bf16_t*, float*, const bf16_t*, int, int, int,           \
+                                                    float DOCS_PARAM) {                                       \
         __trap();                                                                                             \
     }                                                                                                         \
-    extern "C" __global__ void attn_bwd_dkv_wg##HS(bf16_t*, const bf16_t*, const bf16_t*, const float*,      \
-                                                   const float*, int, int, int, float, float*, int) {         \
+    extern "C" __global__ void attn_bwd_dkv_wg##HS##SUF(bf16_t*, const bf16_t*, const bf16_t*, const float*, \
+                                                        const float*, int, int, int, float, float*,           \
+                                                        int DOCS_PARAM) {                                     \
         __trap();                                                                                             \
     }                                                                                                         \
-    extern "C" __global__ void attn_bwd_dq_wg##HS(bf16_t*, const bf16_t*, const bf16_t*, const float*,       \
-                                                  const float*, int, int, int, float) {                       \
+    extern "C" __global__ void attn_bwd_dq_wg##HS##SUF(bf16_t*, const bf16_t*, const bf16_t*, const float*,  \
+                                                       const float*, int, int, int, float DOCS_PARAM) {       \
         __trap();                                                                                             \
     }
 #endif
+#define ATTN_WG_INSTANCES(HS)                                  \
+    ATTN_WG_INSTANCES_(HS, , false, , nullptr)                 \
+    ATTN_WG_INSTANCES_(HS, _docs, true, DOCS_PARAM_, docs)
 ATTN_WG_INSTANCES(64)
 ATTN_WG_INSTANCES(128)

@@ -4,16 +4,18 @@
 //! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) wgmma kernels for 64 and 128;
 //! and fp32 SIMT kernels for 32, 64 and 128 (the fallback for head size 32, and the
 //! cross-check). Every family does grouped-query attention in place (key/value heads read
-//! where they are, never repeated; see attention.cu). RoPE, the group's rotation of the
-//! query and key heads, is in rope.rs (kernels in rope.cu); the `AttentionOps` impl here
-//! forwards to it.
+//! where they are, never repeated; see attention.cu), and every kernel comes twice: plain
+//! causal, and within documents (`AttnInputs::docs`: the `*_docs` kernels, which skip the
+//! key/query tiles no row of a block attends and mask the rest per element). RoPE, the
+//! group's rotation of the query and key heads, is in rope.rs (kernels in rope.cu); the
+//! `AttentionOps` impl here forwards to it.
 
 use cudarc::driver::PushKernelArg;
 
 use super::kernels::KernelFile;
 use super::launch::{bad, cfg, check, to_i32, BLOCK};
-use super::CudaBackend;
-use crate::backend::{AttentionOps, AttnShape, BResult};
+use super::{CudaBackend, DeviceTokens};
+use crate::backend::{AttentionOps, AttnInputs, AttnShape, BResult};
 
 /// Which attention kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,35 +63,36 @@ const MMA_HEAD_SIZES: [usize; 4] = [64, 80, 96, 128];
 /// Head sizes with wgmma kernels (every pass).
 const WG_HEAD_SIZES: [usize; 2] = [64, 128];
 
-/// Every attention kernel of a pass and variant: the one list of their names.
-const TABLE: [(Pass, Variant, &str); 27] = [
-    (Pass::Fwd, Variant::Simt(32), "attn_fwd_32"),
-    (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32"),
-    (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32"),
-    (Pass::Fwd, Variant::Simt(64), "attn_fwd_64"),
-    (Pass::Dkv, Variant::Simt(64), "attn_bwd_dkv_64"),
-    (Pass::Dq, Variant::Simt(64), "attn_bwd_dq_64"),
-    (Pass::Fwd, Variant::Simt(128), "attn_fwd_128"),
-    (Pass::Dkv, Variant::Simt(128), "attn_bwd_dkv_128"),
-    (Pass::Dq, Variant::Simt(128), "attn_bwd_dq_128"),
-    (Pass::Fwd, Variant::Mma(64), "attn_fwd_mma64"),
-    (Pass::Dkv, Variant::Mma(64), "attn_bwd_dkv_mma64"),
-    (Pass::Dq, Variant::Mma(64), "attn_bwd_dq_mma64"),
-    (Pass::Fwd, Variant::Mma(80), "attn_fwd_mma80"),
-    (Pass::Dkv, Variant::Mma(80), "attn_bwd_dkv_mma80"),
-    (Pass::Dq, Variant::Mma(80), "attn_bwd_dq_mma80"),
-    (Pass::Fwd, Variant::Mma(96), "attn_fwd_mma96"),
-    (Pass::Dkv, Variant::Mma(96), "attn_bwd_dkv_mma96"),
-    (Pass::Dq, Variant::Mma(96), "attn_bwd_dq_mma96"),
-    (Pass::Fwd, Variant::Mma(128), "attn_fwd_mma128"),
-    (Pass::Dkv, Variant::Mma(128), "attn_bwd_dkv_mma128"),
-    (Pass::Dq, Variant::Mma(128), "attn_bwd_dq_mma128"),
-    (Pass::Fwd, Variant::Wg(64), "attn_fwd_wg64"),
-    (Pass::Fwd, Variant::Wg(128), "attn_fwd_wg128"),
-    (Pass::Dkv, Variant::Wg(64), "attn_bwd_dkv_wg64"),
-    (Pass::Dq, Variant::Wg(64), "attn_bwd_dq_wg64"),
-    (Pass::Dkv, Variant::Wg(128), "attn_bwd_dkv_wg128"),
-    (Pass::Dq, Variant::Wg(128), "attn_bwd_dq_wg128"),
+/// Every attention kernel of a pass and variant: the one list of their names, plain and
+/// within documents (`*_docs`: one more argument, the document starts).
+const TABLE: [(Pass, Variant, &str, &str); 27] = [
+    (Pass::Fwd, Variant::Simt(32), "attn_fwd_32", "attn_fwd_32_docs"),
+    (Pass::Dkv, Variant::Simt(32), "attn_bwd_dkv_32", "attn_bwd_dkv_32_docs"),
+    (Pass::Dq, Variant::Simt(32), "attn_bwd_dq_32", "attn_bwd_dq_32_docs"),
+    (Pass::Fwd, Variant::Simt(64), "attn_fwd_64", "attn_fwd_64_docs"),
+    (Pass::Dkv, Variant::Simt(64), "attn_bwd_dkv_64", "attn_bwd_dkv_64_docs"),
+    (Pass::Dq, Variant::Simt(64), "attn_bwd_dq_64", "attn_bwd_dq_64_docs"),
+    (Pass::Fwd, Variant::Simt(128), "attn_fwd_128", "attn_fwd_128_docs"),
+    (Pass::Dkv, Variant::Simt(128), "attn_bwd_dkv_128", "attn_bwd_dkv_128_docs"),
+    (Pass::Dq, Variant::Simt(128), "attn_bwd_dq_128", "attn_bwd_dq_128_docs"),
+    (Pass::Fwd, Variant::Mma(64), "attn_fwd_mma64", "attn_fwd_mma64_docs"),
+    (Pass::Dkv, Variant::Mma(64), "attn_bwd_dkv_mma64", "attn_bwd_dkv_mma64_docs"),
+    (Pass::Dq, Variant::Mma(64), "attn_bwd_dq_mma64", "attn_bwd_dq_mma64_docs"),
+    (Pass::Fwd, Variant::Mma(80), "attn_fwd_mma80", "attn_fwd_mma80_docs"),
+    (Pass::Dkv, Variant::Mma(80), "attn_bwd_dkv_mma80", "attn_bwd_dkv_mma80_docs"),
+    (Pass::Dq, Variant::Mma(80), "attn_bwd_dq_mma80", "attn_bwd_dq_mma80_docs"),
+    (Pass::Fwd, Variant::Mma(96), "attn_fwd_mma96", "attn_fwd_mma96_docs"),
+    (Pass::Dkv, Variant::Mma(96), "attn_bwd_dkv_mma96", "attn_bwd_dkv_mma96_docs"),
+    (Pass::Dq, Variant::Mma(96), "attn_bwd_dq_mma96", "attn_bwd_dq_mma96_docs"),
+    (Pass::Fwd, Variant::Mma(128), "attn_fwd_mma128", "attn_fwd_mma128_docs"),
+    (Pass::Dkv, Variant::Mma(128), "attn_bwd_dkv_mma128", "attn_bwd_dkv_mma128_docs"),
+    (Pass::Dq, Variant::Mma(128), "attn_bwd_dq_mma128", "attn_bwd_dq_mma128_docs"),
+    (Pass::Fwd, Variant::Wg(64), "attn_fwd_wg64", "attn_fwd_wg64_docs"),
+    (Pass::Fwd, Variant::Wg(128), "attn_fwd_wg128", "attn_fwd_wg128_docs"),
+    (Pass::Dkv, Variant::Wg(64), "attn_bwd_dkv_wg64", "attn_bwd_dkv_wg64_docs"),
+    (Pass::Dq, Variant::Wg(64), "attn_bwd_dq_wg64", "attn_bwd_dq_wg64_docs"),
+    (Pass::Dkv, Variant::Wg(128), "attn_bwd_dkv_wg128", "attn_bwd_dkv_wg128_docs"),
+    (Pass::Dq, Variant::Wg(128), "attn_bwd_dq_wg128", "attn_bwd_dq_wg128_docs"),
 ];
 
 /// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
@@ -97,22 +100,23 @@ const BWD_D: &str = "attn_bwd_d";
 /// The sum of a split grouped dK/dV pass's partial sums (shared by every variant).
 const DKV_REDUCE: &str = "attn_dkv_reduce";
 
-const fn function_names() -> [&'static str; TABLE.len() + 2] {
-    let mut out = [BWD_D; TABLE.len() + 2];
+const fn function_names() -> [&'static str; 2 * TABLE.len() + 2] {
+    let mut out = [BWD_D; 2 * TABLE.len() + 2];
     out[1] = DKV_REDUCE;
     let mut i = 0;
     while i < TABLE.len() {
-        out[i + 2] = TABLE[i].2;
+        out[2 * i + 2] = TABLE[i].2;
+        out[2 * i + 3] = TABLE[i].3;
         i += 1;
     }
     out
 }
-const FUNCTIONS: [&str; TABLE.len() + 2] = function_names();
+const FUNCTIONS: [&str; 2 * TABLE.len() + 2] = function_names();
 
 /// Every tiled kernel carves its tiles out of dynamic shared memory, more than 48 KiB at
 /// the larger head sizes.
 fn big_smem(name: &str) -> bool {
-    TABLE.iter().any(|&(_, _, n)| n == name)
+    TABLE.iter().any(|&(_, _, n, nd)| n == name || nd == name)
 }
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -123,8 +127,13 @@ pub(super) const KERNELS: KernelFile = KernelFile {
     defines: || vec![("TILE", TILE.to_string()), ("NTHREADS", SIMT_THREADS.to_string()), ("LDP", LDP.to_string())],
 };
 
-fn kernel_name(pass: Pass, v: Variant) -> &'static str {
-    TABLE.iter().find(|&&(p, vv, _)| p == pass && vv == v).map(|&(_, _, n)| n).expect("every variant has every pass")
+/// The kernel of a pass and variant, plain or within documents.
+fn kernel_name(pass: Pass, v: Variant, docs: bool) -> &'static str {
+    TABLE
+        .iter()
+        .find(|&&(p, vv, ..)| p == pass && vv == v)
+        .map(|&(_, _, n, nd)| if docs { nd } else { n })
+        .expect("every variant has every pass")
 }
 
 /// m-tiles of 16 query rows per warp in the tensor-core forward (`FWD_MT` in attention.cu):
@@ -153,13 +162,15 @@ fn mma_smem(hs: usize, pass: Pass) -> usize {
     (4 + own_tiles) * TILE * (hs + 8) * 2
 }
 
-/// Dynamic shared memory of a SIMT kernel: its float tiles (rows padded to `hs + 4`).
-fn simt_smem(hs: usize, pass: Pass) -> usize {
+/// Dynamic shared memory of a SIMT kernel: its float tiles (rows padded to `hs + 4`), and
+/// in the backward kernels within documents a query tile's document starts.
+fn simt_smem(hs: usize, pass: Pass, docs: bool) -> usize {
     let ld = hs + 4;
+    let starts = if docs { TILE } else { 0 };
     let floats = match pass {
         Pass::Fwd => 3 * TILE * ld + TILE * LDP,
-        Pass::Dkv => 4 * TILE * ld + 2 * TILE * LDP + 2 * TILE,
-        Pass::Dq => 4 * TILE * ld + TILE * LDP + 2 * TILE,
+        Pass::Dkv => 4 * TILE * ld + 2 * TILE * LDP + 2 * TILE + starts,
+        Pass::Dq => 4 * TILE * ld + TILE * LDP + 2 * TILE + starts,
     };
     floats * 4
 }
@@ -222,8 +233,11 @@ impl CudaBackend {
         Ok((v, 1.0 / (hs as f32).sqrt()))
     }
 
-    /// Splits of the dK/dV pass for a shape on kernel family `v` (1: none).
-    fn dkv_split_for(&self, s: AttnShape, v: Variant) -> BResult<usize> {
+    /// Splits of the dK/dV pass for a shape on kernel family `v`, plain or within documents
+    /// (1: none). Within documents a block has at most the plain one's work (its key tile's
+    /// documents bound it), so the same rule keeps it no worse than plain; the grid never
+    /// depends on where documents start (a recorded CUDA graph replays it for every batch).
+    fn dkv_split_for(&self, s: AttnShape, v: Variant, docs: bool) -> BResult<usize> {
         if s.nkv == s.nh {
             return Ok(1);
         }
@@ -231,12 +245,12 @@ impl CudaBackend {
         if let Some(forced) = self.attention_dkv_split.get() {
             return Ok(forced.clamp(1, g));
         }
-        let name = kernel_name(Pass::Dkv, v);
+        let name = kernel_name(Pass::Dkv, v, docs);
         let known = self.attention_dkv_per_sm.borrow().iter().find(|&&(n, _)| n == name).map(|&(_, k)| k);
         let per_sm = match known {
             Some(k) => k,
             None => {
-                let (threads, smem) = Self::attn_launch(v, Pass::Dkv);
+                let (threads, smem) = Self::attn_launch(v, Pass::Dkv, docs);
                 // Blocks of the kernel per SM (1 if the driver cannot say: fewer splits, never wrong).
                 let k = self
                     .f(name)?
@@ -250,15 +264,36 @@ impl CudaBackend {
         Ok(dkv_splits(g, s.t.div_ceil(TILE), s.nkv * s.b, self.sm_count * per_sm))
     }
 
-    /// How many ways `attention_bwd` splits the dK/dV pass of a shape with the kernels in use
-    /// (1 for multi-head attention; see [`CudaBackend::set_attention_dkv_split`]).
-    pub fn attention_dkv_splits(&self, s: AttnShape) -> BResult<usize> {
+    /// How many ways `attention_bwd` splits the dK/dV pass of a shape with the kernels in use,
+    /// plain or within documents (1 for multi-head attention; see
+    /// [`CudaBackend::set_attention_dkv_split`]).
+    pub fn attention_dkv_splits(&self, s: AttnShape, docs: bool) -> BResult<usize> {
         let (v, _) = self.attn_variant(s)?;
-        self.dkv_split_for(s, v)
+        self.dkv_split_for(s, v, docs)
     }
 
-    /// Block size and dynamic shared memory of a pass.
-    fn attn_launch(v: Variant, pass: Pass) -> (u32, usize) {
+    /// The device address of the document starts `AttnInputs::docs` hands an op (0: none),
+    /// after checking they were allocated as document starts of this shape's `T`
+    /// (`TokenRole::DocStarts`, checked at upload) and cover its `B·T` rows.
+    fn docs_ptr(&self, op: &str, docs: Option<&DeviceTokens>, s: AttnShape) -> BResult<u64> {
+        let Some(d) = docs else { return Ok(0) };
+        if d.doc_seq_len != Some(s.t) {
+            return Err(bad(format!(
+                "{op}: the document starts must be token ids allocated as TokenRole::DocStarts {{ seq_len: {} }} \
+                 (these were allocated as {})",
+                s.t,
+                match d.doc_seq_len {
+                    Some(t) => format!("document starts of T = {t}"),
+                    None => "token ids or targets".to_string(),
+                }
+            )));
+        }
+        check(&format!("{op} document starts"), d.dev.len(), 0, s.b * s.t)?;
+        Ok(self.ptr(&d.dev, 0))
+    }
+
+    /// Block size and dynamic shared memory of a pass, plain or within documents.
+    fn attn_launch(v: Variant, pass: Pass, docs: bool) -> (u32, usize) {
         match (v, pass) {
             // The block's own tile(s) and two double-buffered streamed tiles of 64 rows, plus
             // room to align them to 1024 bytes: Q, K x 2, V x 3 (forward: V of the tile before
@@ -267,7 +302,7 @@ impl CudaBackend {
             (Variant::Wg(hs), Pass::Fwd) => (MMA_THREADS, 6 * TILE * hs * 2 + 1024),
             (Variant::Wg(hs), Pass::Dkv | Pass::Dq) => (MMA_THREADS, 6 * TILE * hs * 2 + 1024),
             (Variant::Mma(hs), _) => (MMA_THREADS, mma_smem(hs, pass)),
-            (Variant::Simt(hs), _) => (SIMT_THREADS as u32, simt_smem(hs, pass)),
+            (Variant::Simt(hs), _) => (SIMT_THREADS as u32, simt_smem(hs, pass, docs)),
         }
     }
 }
@@ -279,28 +314,39 @@ impl AttentionOps for CudaBackend {
         s.b * s.nh * s.t
     }
 
-    fn attention_fwd(&self, out: &mut Self::Buf, saved: &mut Self::F32, qkv: &Self::Buf, s: AttnShape) -> BResult<()> {
+    fn attention_fwd(
+        &self,
+        out: &mut Self::Buf,
+        saved: &mut Self::F32,
+        x: AttnInputs<'_, Self>,
+        s: AttnShape,
+    ) -> BResult<()> {
         let (v, scale) = self.attn_variant(s)?;
         let n = s.b * s.t;
         check("attention_fwd out", out.len(), 0, n * s.c)?;
-        check("attention_fwd qkv", qkv.len(), 0, n * s.qkv_width())?;
+        check("attention_fwd qkv", x.qkv.len(), 0, n * s.qkv_width())?;
         check("attention_fwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
+        let docs = self.docs_ptr("attention_fwd", x.docs, s)?;
         if n == 0 {
             return Ok(());
         }
-        let name = kernel_name(Pass::Fwd, v);
+        let name = kernel_name(Pass::Fwd, v, x.docs.is_some());
         let f = self.f(name)?;
-        let (o, l, q) = (self.ptr_mut(out, 0), self.ptr_mut(saved, 0), self.ptr(qkv, 0));
+        let (o, l, q) = (self.ptr_mut(out, 0), self.ptr_mut(saved, 0), self.ptr(x.qkv, 0));
         let (ti, nhi, nkvi) = (to_i32("T", s.t)?, to_i32("NH", s.nh)?, to_i32("NKV", s.nkv)?);
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
+        if x.docs.is_some() {
+            lb.arg(&docs);
+        }
         let rows = match v {
             Variant::Mma(hs) => TILE * fwd_m_tiles(hs),
             Variant::Wg(_) | Variant::Simt(_) => TILE,
         };
         let grid = (s.t.div_ceil(rows) as u32, s.nh as u32, s.b as u32);
-        let (threads, smem) = Self::attn_launch(v, Pass::Fwd);
-        // SAFETY: ranges checked above; the kernel guards rows >= T.
+        let (threads, smem) = Self::attn_launch(v, Pass::Fwd, x.docs.is_some());
+        // SAFETY: ranges checked above (the document starts: B·T of them, checked at upload,
+        // and the kernels clamp them to their rows); the kernel guards rows >= T.
         unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
         Ok(())
     }
@@ -309,7 +355,7 @@ impl AttentionOps for CudaBackend {
         &self,
         dqkv: &mut Self::Buf,
         dout: &Self::Buf,
-        qkv: &Self::Buf,
+        x: AttnInputs<'_, Self>,
         out: &Self::Buf,
         saved: &Self::F32,
         s: AttnShape,
@@ -319,9 +365,11 @@ impl AttentionOps for CudaBackend {
         let (n, w) = (s.b * s.t, s.qkv_width());
         check("attention_bwd dqkv", dqkv.len(), 0, n * w)?;
         check("attention_bwd dout", dout.len(), 0, n * s.c)?;
-        check("attention_bwd qkv", qkv.len(), 0, n * w)?;
+        check("attention_bwd qkv", x.qkv.len(), 0, n * w)?;
         check("attention_bwd out", out.len(), 0, n * s.c)?;
         check("attention_bwd saved", saved.len(), 0, s.b * s.nh * s.t)?;
+        let docs = self.docs_ptr("attention_bwd", x.docs, s)?;
+        let masked = x.docs.is_some();
         if n == 0 {
             return Ok(());
         }
@@ -330,9 +378,9 @@ impl AttentionOps for CudaBackend {
         // The dK/dV grid (attention.cu: dkv_block): multi-head as the other passes; grouped
         // with the key tile slowest (longest blocks first), split `splits` ways per shape.
         let nt = s.t.div_ceil(TILE);
-        let (dkv_threads, dkv_smem) = Self::attn_launch(v, Pass::Dkv);
-        let dkv_name = kernel_name(Pass::Dkv, v);
-        let splits = self.dkv_split_for(s, v)?;
+        let (dkv_threads, dkv_smem) = Self::attn_launch(v, Pass::Dkv, masked);
+        let dkv_name = kernel_name(Pass::Dkv, v, masked);
+        let splits = self.dkv_split_for(s, v, masked)?;
         let dkv_grid = if s.nkv == s.nh {
             (nt as u32, s.nh as u32, s.b as u32)
         } else {
@@ -352,7 +400,7 @@ impl AttentionOps for CudaBackend {
         let part = d + (part_off * 4) as u64;
         let si = splits as i32;
         let (dq, dy, q, o, l) =
-            (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
+            (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(x.qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
         let f = self.f(BWD_D)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
@@ -363,6 +411,9 @@ impl AttentionOps for CudaBackend {
             let f = self.f(dkv_name)?;
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale).arg(&part).arg(&si);
+            if masked {
+                lb.arg(&docs);
+            }
             // SAFETY: ranges checked above; the partial sums (splits > 1) fit the scratch.
             unsafe { lb.launch(cfg(dkv_grid, (dkv_threads, 1, 1), dkv_smem)) }
                 .map_err(|e| self.launch_err(dkv_name, e))?;
@@ -376,11 +427,14 @@ impl AttentionOps for CudaBackend {
             // dK/dV columns of dqkv (checked above).
             unsafe { lb.launch(cfg((grid, 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err(DKV_REDUCE, e))?;
         }
-        let name = kernel_name(Pass::Dq, v);
+        let name = kernel_name(Pass::Dq, v, masked);
         let f = self.f(name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
-        let (threads, smem) = Self::attn_launch(v, Pass::Dq);
+        if masked {
+            lb.arg(&docs);
+        }
+        let (threads, smem) = Self::attn_launch(v, Pass::Dq, masked);
         let grid = (nt as u32, s.nh as u32, s.b as u32);
         // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
         unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
@@ -388,11 +442,25 @@ impl AttentionOps for CudaBackend {
     }
 
     /// In rope.rs (kernels in rope.cu).
-    fn rope_fwd(&self, qkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()> {
-        self.rope("rope_fwd", qkv, table, s, false)
+    fn rope_fwd(
+        &self,
+        qkv: &mut Self::Buf,
+        table: &Self::F32,
+        docs: Option<&DeviceTokens>,
+        s: AttnShape,
+    ) -> BResult<()> {
+        let docs = self.docs_ptr("rope_fwd", docs, s)?;
+        self.rope("rope_fwd", qkv, table, docs, s, false)
     }
-    fn rope_bwd(&self, dqkv: &mut Self::Buf, table: &Self::F32, s: AttnShape) -> BResult<()> {
-        self.rope("rope_bwd", dqkv, table, s, true)
+    fn rope_bwd(
+        &self,
+        dqkv: &mut Self::Buf,
+        table: &Self::F32,
+        docs: Option<&DeviceTokens>,
+        s: AttnShape,
+    ) -> BResult<()> {
+        let docs = self.docs_ptr("rope_bwd", docs, s)?;
+        self.rope("rope_bwd", dqkv, table, docs, s, true)
     }
 }
 

@@ -8,6 +8,11 @@
 //!
 //! Descriptors, layouts and the heuristic's algorithm are made once per shape and
 //! pointer alignment and cached (the heuristic query costs more than a small GEMM).
+//!
+//! FP8 GEMMs (`Gemm::fp8`, `train.precision = "fp8"`, see `fp8.rs`) take e4m3/e5m2 A and B
+//! in the "TN" layout Hopper requires, with their inverse scales as device pointers
+//! (`A_SCALE_POINTER`, `B_SCALE_POINTER`: cuBLASLt multiplies the fp32 sum by both), bf16 or
+//! fp32 C/D and the same epilogues where cuBLASLt has them ([`Lt::try_gemm`] finds out).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -20,7 +25,7 @@ use cudarc::driver::CudaSlice;
 
 use cudarc::driver::{result as dr, sys as dsys};
 
-use crate::backend::{BResult, BackendError, GemmTuning, TunedGemm};
+use crate::backend::{BResult, BackendError, Fp8Format, GemmTuning, TunedGemm};
 
 /// `GemmTuning::Timed`: how many of the heuristic's candidates to time. The eight cover
 /// the fastest at every GPT-2 shape `gpu-timing gemm-algos` measured on an H200.
@@ -50,8 +55,22 @@ pub(super) enum Act {
     DGelu,
 }
 
-/// One GEMM `D = alpha·op(A)·op(B) + beta·C`, column-major, A and B bf16; C is D unless
-/// `c` names another matrix of D's type and layout (a residual added in the epilogue).
+/// The FP8 operands of a GEMM: their formats, the device pointers of their inverse scales
+/// (one f32 each), and whether the tensor cores may skip the periodic promotion of partial
+/// sums to fp32 (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`: faster, less exact; the forward uses
+/// it, the backward's GEMMs do not, as Transformer Engine and torchao do).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fp8Gemm {
+    pub a: Fp8Format,
+    pub b: Fp8Format,
+    pub a_scale: u64,
+    pub b_scale: u64,
+    pub fast_accum: bool,
+}
+
+/// One GEMM `D = alpha·op(A)·op(B) + beta·C`, column-major, A and B bf16 (or FP8, `fp8`);
+/// C is D unless `c` names another matrix of D's type and layout (a residual added in the
+/// epilogue).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Gemm {
     pub transa: bool,
@@ -74,6 +93,8 @@ pub(super) struct Gemm {
     /// GELU in the epilogue, with its aux matrix (same shape and leading dimension as D).
     pub act: Act,
     pub aux: Option<u64>,
+    /// FP8 A and B (TN only: `transa` and not `transb`).
+    pub fp8: Option<Fp8Gemm>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +110,8 @@ struct Key {
     out: OutType,
     bias: bool,
     act: Act,
+    /// FP8 A and B formats and fast accumulation.
+    fp8: Option<(Fp8Format, Fp8Format, bool)>,
     align: [u32; 6],
 }
 
@@ -124,6 +147,9 @@ pub(super) struct Lt {
     workspace: CudaSlice<u8>,
     ws_ptr: u64,
     plans: RefCell<HashMap<Key, Plan>>,
+    /// GEMMs whose algorithm cuBLASLt offered and then refused to run ([`Lt::try_gemm`]):
+    /// not offered again.
+    refused: RefCell<std::collections::HashSet<Key>>,
     tuning: Cell<GemmTuning>,
     /// What timed tuning picked, per shape, in the order the shapes were first run.
     tuned: RefCell<Vec<TunedGemm>>,
@@ -142,6 +168,13 @@ impl Drop for Lt {
             let _ = lt::destroy_handle(self.handle);
         }
     }
+}
+
+/// Why a GEMM did not run: cuBLASLt refused it (`CUBLAS_STATUS_NOT_SUPPORTED`: a fused
+/// variant's caller may fall back), or anything else.
+enum GemmFailure {
+    NotSupported(BackendError),
+    Other(BackendError),
 }
 
 /// Largest power of two (up to 256) dividing the address: what cuBLASLt may assume.
@@ -166,8 +199,12 @@ pub struct GemmSweep {
 
 /// A GEMM in words: its shape, transposes, output type, epilogue and beta.
 fn describe(key: &Key, g: &Gemm) -> String {
+    let fp8 = match key.fp8 {
+        Some((a, b, fast)) => format!(" fp8={a:?}x{b:?}{}", if fast { " fast-accum" } else { "" }),
+        None => String::new(),
+    };
     format!(
-        "m={} n={} k={} {}{} out={:?} bias={} act={:?} beta={}",
+        "m={} n={} k={} {}{} out={:?} bias={} act={:?} beta={}{fp8}",
         key.m,
         key.n,
         key.k,
@@ -225,6 +262,7 @@ impl Lt {
             workspace,
             ws_ptr,
             plans: RefCell::new(HashMap::new()),
+            refused: RefCell::new(std::collections::HashSet::new()),
             tuning: Cell::new(GemmTuning::Heuristic),
             tuned: RefCell::new(Vec::new()),
         })
@@ -243,11 +281,14 @@ impl Lt {
     /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).
     pub fn supports(&self, g: &Gemm) -> bool {
         let key = Self::key(g);
+        if self.refused.borrow().contains(&key) {
+            return false;
+        }
         let mut plans = self.plans.borrow_mut();
         if plans.contains_key(&key) {
             return true;
         }
-        match self.plan(&key) {
+        match self.plan(&key, g) {
             Ok(p) => {
                 plans.insert(key, p);
                 true
@@ -269,6 +310,7 @@ impl Lt {
             out: g.out,
             bias: g.bias.is_some(),
             act: g.act,
+            fp8: g.fp8.map(|f| (f.a, f.b, f.fast_accum)),
             align: [
                 alignment(g.a),
                 alignment(g.b),
@@ -280,52 +322,92 @@ impl Lt {
         }
     }
 
+    /// [`Lt::gemm`] for a fused variant that has a fallback: `Ok(false)`, with nothing
+    /// enqueued, where cuBLASLt has no algorithm for it or refuses the one its heuristic
+    /// offered (`CUBLAS_STATUS_NOT_SUPPORTED`, which it reports when the call is made);
+    /// such a GEMM is not tried again ([`Lt::supports`] says no).
+    pub fn try_gemm(&self, g: &Gemm, stream: sys::cudaStream_t) -> BResult<bool> {
+        if !self.supports(g) {
+            return Ok(false);
+        }
+        match self.gemm_status(g, stream) {
+            Ok(()) => Ok(true),
+            Err(GemmFailure::NotSupported(_)) => {
+                let key = Self::key(g);
+                self.plans.borrow_mut().remove(&key);
+                self.refused.borrow_mut().insert(key);
+                Ok(false)
+            }
+            Err(GemmFailure::Other(e)) => Err(e),
+        }
+    }
+
     /// Enqueue `g` on `stream`.
     pub fn gemm(&self, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
+        self.gemm_status(g, stream).map_err(|e| match e {
+            GemmFailure::NotSupported(e) | GemmFailure::Other(e) => e,
+        })
+    }
+
+    fn gemm_status(&self, g: &Gemm, stream: sys::cudaStream_t) -> Result<(), GemmFailure> {
+        let other = GemmFailure::Other;
         if (g.act == Act::None) != g.aux.is_none() {
-            return Err(BackendError::Device("GEMM: a GELU epilogue needs an aux matrix, and only it".into()));
+            return Err(other(BackendError::Device("GEMM: a GELU epilogue needs an aux matrix, and only it".into())));
+        }
+        if g.fp8.is_some() && (!g.transa || g.transb) {
+            return Err(other(BackendError::Device("GEMM: FP8 operands take the TN layout only (a bug)".into())));
         }
         let key = Self::key(g);
         let mut plans = self.plans.borrow_mut();
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key, g).map_err(other)?),
         };
         if !plan.settled {
             if self.tuning.get() == GemmTuning::Timed {
-                self.tune(plan, &key, g, stream)?;
+                self.tune(plan, &key, g, stream).map_err(other)?;
             }
             plan.settled = true;
         }
         plan.last = Some(*g);
-        self.run(plan, g, &plan.algo, stream)
+        self.run_status(plan, g, &plan.algo, stream)
     }
 
     /// Enqueue `g` with `algo` (one of `plan`'s algorithms).
     fn run(&self, plan: &Plan, g: &Gemm, algo: &sys::cublasLtMatmulAlgo_t, stream: sys::cudaStream_t) -> BResult<()> {
+        self.run_status(plan, g, algo, stream).map_err(|e| match e {
+            GemmFailure::NotSupported(e) | GemmFailure::Other(e) => e,
+        })
+    }
+
+    /// [`Lt::run`], telling a refusal (`CUBLAS_STATUS_NOT_SUPPORTED`) from other failures.
+    fn run_status(
+        &self,
+        plan: &Plan,
+        g: &Gemm,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        stream: sys::cudaStream_t,
+    ) -> Result<(), GemmFailure> {
         let alpha = 1.0f32;
         let beta = g.beta;
         // SAFETY: the plan's descriptors are live; the pointers address device buffers
         // the caller bounds-checked for these shapes; alpha/beta are host f32 as the
         // descriptor's scale type says.
         unsafe {
+            use sys::cublasLtMatmulDescAttributes_t as D;
+            let set_ptr = |attr: D, p: u64, what: &str| {
+                lt::set_matmul_desc_attribute(plan.desc, attr, &p as *const u64 as *const c_void, size_of::<u64>())
+                    .map_err(|e| GemmFailure::Other(lt_err(what, e)))
+            };
             if let Some(bias) = g.bias {
-                lt::set_matmul_desc_attribute(
-                    plan.desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bias as *const u64 as *const c_void,
-                    size_of::<u64>(),
-                )
-                .map_err(|e| lt_err("set bias pointer", e))?;
+                set_ptr(D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "set bias pointer")?;
             }
             if let Some(aux) = g.aux {
-                lt::set_matmul_desc_attribute(
-                    plan.desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                    &aux as *const u64 as *const c_void,
-                    size_of::<u64>(),
-                )
-                .map_err(|e| lt_err("set aux pointer", e))?;
+                set_ptr(D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, "set aux pointer")?;
+            }
+            if let Some(f) = g.fp8 {
+                set_ptr(D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, f.a_scale, "set A scale pointer")?;
+                set_ptr(D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, f.b_scale, "set B scale pointer")?;
             }
             lt::matmul(
                 self.handle,
@@ -346,13 +428,26 @@ impl Lt {
                 stream,
             )
             .map_err(|e| {
-                lt_err(
+                let refused = e.0 == sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED;
+                let e = lt_err(
                     &format!(
-                        "matmul m={} n={} k={} transa={} transb={} out={:?}",
-                        g.m, g.n, g.k, g.transa, g.transb, g.out
+                        "matmul m={} n={} k={} transa={} transb={} out={:?} act={:?} fp8={:?}",
+                        g.m,
+                        g.n,
+                        g.k,
+                        g.transa,
+                        g.transb,
+                        g.out,
+                        g.act,
+                        g.fp8.map(|f| (f.a, f.b))
                     ),
                     e,
-                )
+                );
+                if refused {
+                    GemmFailure::NotSupported(e)
+                } else {
+                    GemmFailure::Other(e)
+                }
             })
         }
     }
@@ -488,7 +583,10 @@ impl Lt {
         r
     }
 
-    fn plan(&self, key: &Key) -> BResult<Plan> {
+    /// The descriptors and the heuristic's algorithm for `key` (`g` is a GEMM of that key:
+    /// an FP8 GEMM's scale pointers are set before the heuristic is asked, since whether
+    /// the operands are scaled decides which kernels qualify; each call sets its own).
+    fn plan(&self, key: &Key, g: &Gemm) -> BResult<Plan> {
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         let dtype = match key.out {
             OutType::Bf16 => bf16,
@@ -508,10 +606,18 @@ impl Lt {
             last: None,
             settled: false,
         };
+        let fp8_type = |f: Fp8Format| match f {
+            Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+            Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
+        };
+        let (at, bt) = match key.fp8 {
+            Some((a, b, _)) => (fp8_type(a), fp8_type(b)),
+            None => (bf16, bf16),
+        };
         plan.a =
-            lt::create_matrix_layout(bf16, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;
+            lt::create_matrix_layout(at, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;
         plan.b =
-            lt::create_matrix_layout(bf16, br as u64, bc as u64, key.ldb as i64).map_err(|e| lt_err("layout B", e))?;
+            lt::create_matrix_layout(bt, br as u64, bc as u64, key.ldb as i64).map_err(|e| lt_err("layout B", e))?;
         plan.d = lt::create_matrix_layout(dtype, key.m as u64, key.n as u64, key.ldd as i64)
             .map_err(|e| lt_err("layout D", e))?;
         // cublasOperation_t as an int: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
@@ -563,6 +669,25 @@ impl Lt {
                         &at as *const _ as *const c_void,
                         size_of::<sys::cudaDataType>(),
                     );
+                }
+            }
+            if let (true, Some((_, _, fast))) = (r.is_ok(), key.fp8) {
+                // int8_t: 1 lets the tensor cores keep partial sums in their own precision.
+                let f = i8::from(fast);
+                r = set_desc(
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                    &f as *const i8 as *const c_void,
+                    size_of::<i8>(),
+                );
+            }
+            if let (true, Some(f)) = (r.is_ok(), g.fp8) {
+                for (attr, p) in [
+                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, f.a_scale),
+                    (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, f.b_scale),
+                ] {
+                    if r.is_ok() {
+                        r = set_desc(attr, &p as *const u64 as *const c_void, size_of::<u64>());
+                    }
                 }
             }
             if r.is_ok() && key.bias {
@@ -637,8 +762,8 @@ impl Lt {
         res.map_err(|e| {
             lt_err(
                 &format!(
-                    "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} act={:?} alignments={:?}",
-                    key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.act, key.align
+                    "no algorithm for m={} n={} k={} transa={} transb={} out={:?} bias={} act={:?} fp8={:?} alignments={:?}",
+                    key.m, key.n, key.k, key.transa, key.transb, key.out, key.bias, key.act, key.fp8, key.align
                 ),
                 e,
             )

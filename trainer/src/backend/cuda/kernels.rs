@@ -51,6 +51,7 @@ const FILES: &[&KernelFile] = &[
     &super::encoder::KERNELS,
     &super::layernorm::KERNELS,
     &super::matmul::KERNELS,
+    &super::fp8::KERNELS,
     &super::attention::KERNELS,
     &super::rope::KERNELS,
     &super::activation::KERNELS,

@@ -9,16 +9,22 @@
 //!
 //! The MLP's GELU rides in the epilogues (`fused_matmul_gelu_fwd`: GELU_AUX_BIAS keeps
 //! the pre-activation as aux; `fused_matmul_bwd_dgelu`: DGELU reads it back).
+//!
+//! A layer in FP8 with an eligible shape (`LinearLocs::fp8`) goes to `fp8.rs` at the top
+//! of each op, after the same checks; the bf16 path below is untouched by it.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
 
 use super::cublaslt::{Act, Gemm, OutType};
+use super::fp8::FwdEpilogue;
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
-use crate::backend::{BResult, GemmTuning, LinearLocs, Loc, MatShape, MatmulOps, TunedGemm, WeightGrads, Weights};
+use crate::backend::{
+    BResult, GemmTuning, LinearExtent, LinearLocs, Loc, MatShape, MatmulOps, TunedGemm, WeightGrads, Weights,
+};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "matmul",
@@ -47,15 +53,15 @@ struct RowCopy {
 }
 
 /// Device pointers of one linear backward, every range already checked.
-struct BwdPtrs {
-    dinp: u64,
-    dw: u64,
-    dbias: Option<u64>,
+pub(super) struct BwdPtrs {
+    pub dinp: u64,
+    pub dw: u64,
+    pub dbias: Option<u64>,
     /// Write dW and dbias instead of adding to them (`WeightGrads::fresh`).
-    fresh: bool,
-    dout: u64,
-    inp: u64,
-    w: u64,
+    pub fresh: bool,
+    pub dout: u64,
+    pub inp: u64,
+    pub w: u64,
 }
 
 /// The padded output size and rows per chunk to stage a linear layer with `oc` outputs
@@ -116,6 +122,7 @@ fn fwd_gemm(w: u64, inp: u64, out: u64, s: MatShape, bias: Option<u64>, gelu_pre
         bias,
         act: if gelu_pre.is_some() { Act::Gelu } else { Act::None },
         aux: gelu_pre,
+        fp8: None,
     }
 }
 
@@ -141,6 +148,7 @@ fn dinp_gemm(dinp: u64, dout: u64, w: u64, s: MatShape, ldb: usize, dgelu_pre: O
         bias: None,
         act: if dgelu_pre.is_some() { Act::DGelu } else { Act::None },
         aux: dgelu_pre,
+        fp8: None,
     }
 }
 
@@ -166,17 +174,18 @@ fn dw_gemm(dw: u64, inp: u64, dout: u64, s: MatShape, ldb: usize, beta: f32) -> 
         bias: None,
         act: Act::None,
         aux: None,
+        fp8: None,
     }
 }
 
 impl CudaBackend {
-    fn lt_stream(&self) -> cudarc::cublaslt::sys::cudaStream_t {
+    pub(super) fn lt_stream(&self) -> cudarc::cublaslt::sys::cudaStream_t {
         self.stream.cu_stream() as _
     }
 
     /// cuBLASLt uses the calling thread's current context, unlike cudarc's calls, which
     /// set it themselves: the backend may have moved threads since.
-    fn bind(&self) -> BResult<()> {
+    pub(super) fn bind(&self) -> BResult<()> {
         self.ctx.bind_to_thread().map_err(|e| self.err("binding the context", e))
     }
 
@@ -203,7 +212,7 @@ impl CudaBackend {
     /// A pointer to the bias `params[b]` that cuBLASLt's bias epilogue accepts: the bias
     /// itself when 16-byte aligned, else a copy in scratch (cuBLASLt's heuristic offers
     /// algorithms that then refuse a misaligned bias, seen for odd layer widths).
-    fn aligned_bias(&self, params: &CudaSlice<bf16>, b: Loc) -> BResult<u64> {
+    pub(super) fn aligned_bias(&self, params: &CudaSlice<bf16>, b: Loc) -> BResult<u64> {
         let p = self.ptr(params, b.off);
         if p.is_multiple_of(16) {
             return Ok(p);
@@ -334,19 +343,24 @@ impl CudaBackend {
             self.lt.gemm(&dw_gemm(ptr.dw, ptr.inp, ptr.dout, s, oc, dw_beta), stream)?;
         }
         if let Some(db) = ptr.dbias {
-            let nchunks = n.div_ceil(BIAS_ROWS_PER_CHUNK);
-            let partial = self.scratch_f32(nchunks * oc)?;
-            let (ni, oci, rpc) = (to_i32("N", n)?, to_i32("OC", oc)?, BIAS_ROWS_PER_CHUNK as i32);
-            let f = self.f("bias_grad_partial")?;
-            let mut lb = self.stream.launch_builder(f);
-            lb.arg(&partial).arg(&ptr.dout).arg(&ni).arg(&oci).arg(&rpc);
-            // SAFETY: dout holds n*oc; partial holds nchunks*oc floats.
-            unsafe { lb.launch(cfg((oc.div_ceil(64) as u32, nchunks as u32, 1), (64, 4, 1), 0)) }
-                .map_err(|e| self.launch_err("bias_grad_partial", e))?;
-            let split = Split { dst0: db, dst1: db, split: oc, overwrite: ptr.fresh };
-            self.reduce_partials(split, partial, nchunks, oc)?;
+            self.bias_grad(db, ptr.dout, n, oc, ptr.fresh)?;
         }
         Ok(())
+    }
+
+    /// `db (+)= Σ_rows dout` (`dout` n × oc bf16, checked by the caller), in a fixed order.
+    pub(super) fn bias_grad(&self, db: u64, dout: u64, n: usize, oc: usize, fresh: bool) -> BResult<()> {
+        let nchunks = n.div_ceil(BIAS_ROWS_PER_CHUNK);
+        let partial = self.scratch_f32(nchunks * oc)?;
+        let (ni, oci, rpc) = (to_i32("N", n)?, to_i32("OC", oc)?, BIAS_ROWS_PER_CHUNK as i32);
+        let f = self.f("bias_grad_partial")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&partial).arg(&dout).arg(&ni).arg(&oci).arg(&rpc);
+        // SAFETY: dout holds n*oc; partial holds nchunks*oc floats.
+        unsafe { lb.launch(cfg((oc.div_ceil(64) as u32, nchunks as u32, 1), (64, 4, 1), 0)) }
+            .map_err(|e| self.launch_err("bias_grad_partial", e))?;
+        let split = Split { dst0: db, dst1: db, split: oc, overwrite: fresh };
+        self.reduce_partials(split, partial, nchunks, oc)
     }
 }
 
@@ -359,6 +373,14 @@ impl MatmulOps for CudaBackend {
         self.lt.tuned()
     }
 
+    fn prepare_fp8(&self, largest: LinearExtent) -> BResult<usize> {
+        self.fp8_prepare(largest)
+    }
+
+    fn fp8_support(&self) -> Result<(), String> {
+        self.fp8_supported()
+    }
+
     fn matmul_fwd(
         &self,
         out: &mut Self::Buf,
@@ -367,7 +389,7 @@ impl MatmulOps for CudaBackend {
         s: MatShape,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        let (params, LinearLocs { w, b: bias }) = (p.buf, p.at);
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
         check("matmul_fwd out", out.len(), 0, n * oc)?;
         check("matmul_fwd inp", inp.len(), 0, n * c)?;
         check_linear("matmul_fwd", params.len(), p.at, s)?;
@@ -376,6 +398,15 @@ impl MatmulOps for CudaBackend {
         }
         if c == 0 {
             return Err(bad("matmul_fwd: C = 0".into()));
+        }
+        if p.at.fp8(s) {
+            let bias = bias.map(|bl| self.aligned_bias(params, bl)).transpose()?;
+            let epi = FwdEpilogue { bias, ..FwdEpilogue::default() };
+            let (op, ip, wp) = (self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off));
+            if !self.fp8_fwd(op, ip, wp, s, epi)? {
+                return Err(bad(format!("matmul_fwd N{n} C{c} OC{oc}: cuBLASLt has no FP8 GEMM for it")));
+            }
+            return Ok(());
         }
         self.bind()?;
         if let Some((ocp, rows)) = stage_pad(n, oc) {
@@ -408,7 +439,12 @@ impl MatmulOps for CudaBackend {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
+        let fp8 = p.at.fp8(s);
         let ptr = self.bwd_ptrs(dinp, g, dout, inp, p, s)?;
+        if fp8 {
+            self.fp8_bwd(ptr, s, None)?;
+            return Ok(());
+        }
         self.linear_bwd(ptr, s, None)
     }
 
@@ -440,6 +476,10 @@ impl MatmulOps for CudaBackend {
         }
         self.bind()?;
         let (b, aux) = (Some(self.aligned_bias(params, bias)?), Some(self.ptr_mut(pre, 0)));
+        if p.at.fp8(s) {
+            let epi = FwdEpilogue { bias: b, gelu_pre: aux, residual: None };
+            return self.fp8_fwd(self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off), s, epi);
+        }
         let g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, aux);
         if !self.lt.supports(&g) {
             return Ok(false);
@@ -460,7 +500,7 @@ impl MatmulOps for CudaBackend {
         s: MatShape,
     ) -> BResult<bool> {
         let MatShape { n, c, oc } = s;
-        let (params, LinearLocs { w, b: bias }) = (p.buf, p.at);
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
         check("matmul_residual_fwd out", out.len(), 0, n * oc)?;
         check("matmul_residual_fwd res", res.len(), 0, n * oc)?;
         check("matmul_residual_fwd inp", inp.len(), 0, n * c)?;
@@ -473,6 +513,10 @@ impl MatmulOps for CudaBackend {
             Some(bl) => Some(self.aligned_bias(params, bl)?),
             None => None,
         };
+        if p.at.fp8(s) {
+            let epi = FwdEpilogue { bias: b, gelu_pre: None, residual: Some(self.ptr(res, 0)) };
+            return self.fp8_fwd(self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off), s, epi);
+        }
         let mut g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, None);
         g.beta = 1.0;
         g.c = Some(self.ptr(res, 0));
@@ -504,6 +548,10 @@ impl MatmulOps for CudaBackend {
         }
         self.bind()?;
         let pre_ptr = self.ptr(pre, 0);
+        if p.at.fp8(s) {
+            let ptr = self.bwd_ptrs(dpre, g, dout, act, p, s)?;
+            return self.fp8_bwd(ptr, s, Some(pre_ptr));
+        }
         let probe =
             dinp_gemm(self.ptr_mut(dpre, 0), self.ptr(dout, 0), self.ptr(p.buf, p.at.w.off), s, oc, Some(pre_ptr));
         if !self.lt.supports(&probe) {

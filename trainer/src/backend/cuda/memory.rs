@@ -6,9 +6,9 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 
 use super::kernels::{no_big_smem, no_defines, KernelFile};
-use super::launch::{check, check_loc};
+use super::launch::{bad, check, check_loc};
 use super::{CudaBackend, DeviceTokens, EmbeddingPlan};
-use crate::backend::{BResult, Loc, MemoryOps, TokenRole};
+use crate::backend::{check_doc_starts, BResult, Loc, MemoryOps, TokenRole};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "memory",
@@ -67,7 +67,7 @@ impl MemoryOps for CudaBackend {
         let pinned = super::staging::Staging::new(self, n, "token ids")?;
         // Only the embedding's inputs get the backward's grouping (made at each upload).
         let plan = match role {
-            TokenRole::Targets => None,
+            TokenRole::Targets | TokenRole::DocStarts { .. } => None,
             TokenRole::Inputs => {
                 let plan_len = 3 * n + 2;
                 let staged = super::staging::Staging::new(self, plan_len, "the embedding backward plan")?;
@@ -76,10 +76,18 @@ impl MemoryOps for CudaBackend {
                 Some(EmbeddingPlan { dev, staged })
             }
         };
-        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned, plan })
+        let doc_seq_len = match role {
+            TokenRole::DocStarts { seq_len } => Some(seq_len),
+            TokenRole::Inputs | TokenRole::Targets => None,
+        };
+        Ok(DeviceTokens { dev: self.alloc(n, "token ids")?, host: vec![0; n], pinned, plan, doc_seq_len })
     }
     fn upload_tokens(&self, host: &[u32], dst: &mut Self::Tokens) -> BResult<()> {
         check("upload_tokens", dst.dev.len(), 0, host.len())?;
+        // Document starts are checked here, on the host, once per upload: the kernels trust them.
+        if let Some(t) = dst.doc_seq_len {
+            check_doc_starts(host, t).map_err(|e| bad(format!("upload_tokens (document starts): {e}")))?;
+        }
         dst.host[..host.len()].copy_from_slice(host);
         dst.pinned.upload(self, host, &mut dst.dev, "token ids")?;
         match dst.plan.as_mut() {

@@ -28,6 +28,7 @@ mod attention;
 mod cross_entropy;
 mod cublaslt;
 mod encoder;
+mod fp8;
 mod graph;
 mod kernels;
 mod launch;
@@ -41,6 +42,7 @@ mod transfer;
 
 pub use attention::AttentionImpl;
 pub use cublaslt::GemmSweep;
+pub use fp8::Fp8Cast;
 pub use kernels::compile_all;
 
 use std::cell::{Cell, RefCell};
@@ -71,6 +73,14 @@ pub struct CudaBackend {
     lt: Lt,
     device: String,
     sm_count: usize,
+    /// (major, minor): FP8 GEMMs need 9.0 or later (`fp8.rs`).
+    compute_capability: (i32, i32),
+    /// The FP8 GEMMs' operands (`MatmulOps::prepare_fp8`; counted in the ledger, not in
+    /// the scratch).
+    fp8_ws: RefCell<Option<fp8::Fp8Ws>>,
+    /// FP8 forward GEMMs with cuBLASLt's fast accumulation (`SHARDTRAIN_FP8_FAST_ACCUM`,
+    /// default on; the backward's never use it).
+    fp8_fast_accum: bool,
     /// Reused scratch (partial sums, the attention's D, the embedding plan). One op at a
     /// time uses each, in stream order, so sharing them is safe.
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
@@ -181,6 +191,9 @@ impl CudaBackend {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| BackendError::Device(format!("reading the SM count: {e}")))? as usize;
         let kernels = kernels::load_all(&ctx)?;
+        let compute_capability = ctx
+            .compute_capability()
+            .map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
         let workspace = alloc_raw::<u8>(&stream, &device, LT_WORKSPACE, "cuBLASLt workspace")?;
         let ws_ptr = {
             let (p, _g) = workspace.device_ptr(&stream);
@@ -196,6 +209,9 @@ impl CudaBackend {
             lt,
             device,
             sm_count,
+            compute_capability,
+            fp8_ws: RefCell::new(None),
+            fp8_fast_accum: fp8::fast_accum_from_env()?,
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
             plan_bytes: Cell::new(0),
@@ -462,6 +478,9 @@ pub struct DeviceTokens {
     pinned: staging::Staging,
     /// The embedding backward's grouping of these ids (`TokenRole::Inputs` only).
     plan: Option<EmbeddingPlan>,
+    /// `TokenRole::DocStarts { seq_len }`: document starts for sequences of this length,
+    /// checked at each upload (`check_doc_starts`), which attention and RoPE require.
+    doc_seq_len: Option<usize>,
 }
 
 /// The embedding backward's grouping of a token buffer's ids, on the device, and its

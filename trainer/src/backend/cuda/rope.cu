@@ -1,15 +1,25 @@
 // Rotary position embedding (twin of cpu/attention.rs's rope_rotate), in place on the query
 // and key heads of qkv rows: (H = nh + nkv heads of hs values at the start of a row of W
 // values; the value heads after them are not touched). In every head the pair of
-// dimensions (i, i + half), half = hs / 2, of the token at position p = row % T turns by
+// dimensions (i, i + half), half = hs / 2, of the token at position p (below) turns by
 // the angle whose cosine and sine are table[p * half + i] and table[T * half + p * half + i]
 // (transformers' rotate_half convention):
 //   lo' = lo cos - hi sin,  hi' = hi cos + lo sin.
 // sign = -1 turns the other way (the backward, on the gradients: the rotation's transpose).
 // Each pair is read and written by one thread, so in place is safe; fp32 arithmetic.
 //
+// With document starts (docs, not null: attention.rs's `AttnInputs::docs`), the position is
+// the row's within its document, p = row % T - docs[row] (clamped to 0..p: the host checks the
+// starts at upload). docs is null or not for the whole launch: a uniform branch, and without
+// it the same arithmetic as before the option.
+//
 // One warp per row (blockDim.x = 256: 8 rows per block), so the row's position and its
 // table rows are found once per warp.
+
+__device__ __forceinline__ int rope_pos(const unsigned* docs, int row, int T) {
+    const int p = row % T;
+    return docs ? p - min((int)docs[row], p) : p;
+}
 
 // Vectorised (rope.rs: half % 8 == 0 and half / 8 = G divides 32, 16-byte aligned rows):
 // lane l owns the 8 pairs starting at i = 8 (l % G) in heads l / G, l / G + 32 / G, ...;
@@ -19,12 +29,13 @@
 #define ROPE_UNROLL 4
 
 template <int G>
-__device__ __forceinline__ void rope_v8(bf16_t* qkv, const float* table, int N, int T, int W, int H, float sign) {
+__device__ __forceinline__ void rope_v8(bf16_t* qkv, const float* table, int N, int T, int W, int H, float sign,
+                                        const unsigned* docs) {
     constexpr int HALF = 8 * G, HS = 16 * G, STEP = 32 / G;  // heads a warp turns per pass
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
-    const int p = row % T, i = 8 * (lane % G);
+    const int p = rope_pos(docs, row, T), i = 8 * (lane % G);
     const float* cp = table + (long long)p * HALF + i;
     const float* sp = cp + (long long)T * HALF;
     float c[8], s[8];
@@ -68,9 +79,9 @@ __device__ __forceinline__ void rope_v8(bf16_t* qkv, const float* table, int N, 
 
 // Instances by G = half / 8: head sizes 32, 64, 128, 256.
 #define ROPE_V8(G)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256) rope_rotate_g##G(bf16_t* qkv, const float* table, int N, \
-                                                                       int T, int W, int H, float sign) {     \
-        rope_v8<G>(qkv, table, N, T, W, H, sign);                                                            \
+    extern "C" __global__ void __launch_bounds__(256) rope_rotate_g##G(                                      \
+        bf16_t* qkv, const float* table, int N, int T, int W, int H, float sign, const unsigned* docs) {     \
+        rope_v8<G>(qkv, table, N, T, W, H, sign, docs);                                                      \
     }
 ROPE_V8(2)
 ROPE_V8(4)
@@ -79,11 +90,11 @@ ROPE_V8(16)
 
 // General: any even head size and alignment, one pair a lane and turn.
 extern "C" __global__ void rope_rotate(bf16_t* qkv, const float* table, int N, int T, int W, int H, int half,
-                                       float sign) {
+                                       float sign, const unsigned* docs) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
-    const int p = row % T;
+    const int p = rope_pos(docs, row, T);
     const float* cp = table + (long long)p * half;
     const float* sp = cp + (long long)T * half;
     bf16_t* x = qkv + (long long)row * W;

@@ -32,12 +32,14 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 impl CudaBackend {
     /// Rotate the query and key heads of the `B·T` rows of `qkv` in place by the angles of
     /// `table` (`[T, hs/2]` cosines then `[T, hs/2]` sines, `rope_table`); `inverse` by
-    /// minus them. `op` names the caller in errors.
+    /// minus them. `docs`: the device address of the rows' document starts (positions
+    /// within documents), 0 for positions within sequences. `op` names the caller in errors.
     pub(super) fn rope(
         &self,
         op: &str,
         qkv: &mut CudaSlice<bf16>,
         table: &CudaSlice<f32>,
+        docs: u64,
         s: AttnShape,
         inverse: bool,
     ) -> BResult<()> {
@@ -69,11 +71,13 @@ impl CudaBackend {
         if v8.is_none() {
             lb.arg(&half_i);
         }
-        lb.arg(&sign);
+        lb.arg(&sign).arg(&docs);
         let blocks = n.div_ceil(ROPE_THREADS / 32) as u32;
         // SAFETY: qkv holds the n rows of w values and table the T·hs floats (checked
         // above); a warp per row < n touches only the row's first nh + nkv heads (< w) and
-        // its position's table entries (p < T); the vectorised kernels' 16-byte alignment
+        // its position's table entries (p < T: a document start is clamped to the row's own
+        // position, and `docs`, when not 0, holds the B·T starts: checked by the caller); the
+        // vectorised kernels' 16-byte alignment
         // was checked above (rows are whole words: hs, hence w, is a multiple of 16).
         unsafe { lb.launch(cfg((blocks, 1, 1), (ROPE_THREADS as u32, 1, 1), 0)) }
             .map_err(|e| self.launch_err(name, e))?;

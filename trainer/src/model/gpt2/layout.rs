@@ -3,7 +3,7 @@
 //! Tensor names follow Hugging Face's GPT-2 (`h.{l}.attn.c_attn.weight`, …); linear
 //! weights are stored `[out, in]` (`hf.rs` transposes to Hugging Face's `Conv1D`).
 
-use crate::backend::{EmbedLocs, LinearLocs, Loc, NormLocs};
+use crate::backend::{EmbedLocs, LinearLocs, Loc, NormLocs, Precision};
 use crate::config::{ConfigError, ModelConfig};
 use crate::model::init::InitRule;
 use crate::model::{ModelLayout, TensorSpec, UnitLayout};
@@ -26,6 +26,14 @@ pub struct BlockLocs {
     pub ln2: NormLocs,
     pub fc: LinearLocs,
     pub fc2: LinearLocs,
+}
+
+impl BlockLocs {
+    /// The block with its four linear layers in precision `p` (`train.precision`).
+    pub fn with_precision(self, p: Precision) -> BlockLocs {
+        let (qkv, proj) = (self.qkv.with_precision(p), self.proj.with_precision(p));
+        BlockLocs { qkv, proj, fc: self.fc.with_precision(p), fc2: self.fc2.with_precision(p), ..self }
+    }
 }
 
 /// Where every GPT-2 tensor lives.
@@ -79,19 +87,18 @@ pub fn layout(cfg: &ModelConfig) -> (ModelLayout, Gpt2Locs) {
     let mut e = UnitLayout::new("embed");
     let (wte, wpe) = (e.push("wte.weight".into(), &[v, c]), e.push("wpe.weight".into(), &[t, c]));
     let ln_f = NormLocs { w: e.push("ln_f.weight".into(), &[c]), b: e.push("ln_f.bias".into(), &[c]) };
-    let embed = EmbedUnitLocs { tokens: EmbedLocs { wte, wpe: Some(wpe) }, ln_f, head: LinearLocs { w: wte, b: None } };
+    let embed = EmbedUnitLocs { tokens: EmbedLocs { wte, wpe: Some(wpe) }, ln_f, head: LinearLocs::new(wte, None) };
     let mut units = vec![e];
     let mut block = None;
     for l in 0..cfg.n_layer {
         let mut u = UnitLayout::new(format!("h.{l}"));
         let mut push = |s: &str, shape: &[usize]| u.push(format!("h.{l}.{s}"), shape);
         let ln1 = NormLocs { w: push("ln_1.weight", &[c]), b: push("ln_1.bias", &[c]) };
-        let qkv =
-            LinearLocs { w: push("attn.c_attn.weight", &[3 * c, c]), b: Some(push("attn.c_attn.bias", &[3 * c])) };
-        let proj = LinearLocs { w: push("attn.c_proj.weight", &[c, c]), b: Some(push("attn.c_proj.bias", &[c])) };
+        let qkv = LinearLocs::new(push("attn.c_attn.weight", &[3 * c, c]), Some(push("attn.c_attn.bias", &[3 * c])));
+        let proj = LinearLocs::new(push("attn.c_proj.weight", &[c, c]), Some(push("attn.c_proj.bias", &[c])));
         let ln2 = NormLocs { w: push("ln_2.weight", &[c]), b: push("ln_2.bias", &[c]) };
-        let fc = LinearLocs { w: push("mlp.c_fc.weight", &[4 * c, c]), b: Some(push("mlp.c_fc.bias", &[4 * c])) };
-        let fc2 = LinearLocs { w: push("mlp.c_proj.weight", &[c, 4 * c]), b: Some(push("mlp.c_proj.bias", &[c])) };
+        let fc = LinearLocs::new(push("mlp.c_fc.weight", &[4 * c, c]), Some(push("mlp.c_fc.bias", &[4 * c])));
+        let fc2 = LinearLocs::new(push("mlp.c_proj.weight", &[c, 4 * c]), Some(push("mlp.c_proj.bias", &[c])));
         block = Some(BlockLocs { ln1, qkv, proj, ln2, fc, fc2 });
         units.push(u);
     }
@@ -99,11 +106,11 @@ pub fn layout(cfg: &ModelConfig) -> (ModelLayout, Gpt2Locs) {
     let empty = Loc::new(0, 0);
     let block = block.unwrap_or(BlockLocs {
         ln1: NormLocs { w: empty, b: empty },
-        qkv: LinearLocs { w: empty, b: None },
-        proj: LinearLocs { w: empty, b: None },
+        qkv: LinearLocs::new(empty, None),
+        proj: LinearLocs::new(empty, None),
         ln2: NormLocs { w: empty, b: empty },
-        fc: LinearLocs { w: empty, b: None },
-        fc2: LinearLocs { w: empty, b: None },
+        fc: LinearLocs::new(empty, None),
+        fc2: LinearLocs::new(empty, None),
     });
     (ModelLayout { cfg: cfg.clone(), units, head_unit: ModelLayout::EMBED_UNIT }, Gpt2Locs { embed, block })
 }

@@ -10,15 +10,16 @@
 //! kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::LinearExtent;
 use crate::backend::{
-    AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape, TokenRole,
-    UnitGrads, Weights,
+    AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
+    TokenRole, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{ModelLayout, ModelOptions};
+use crate::model::{prepare_precision, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// The per-row statistics of one LayerNorm, kept from its forward for its backward.
@@ -161,9 +162,12 @@ impl<B: Backend> Gpt2<B> {
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         ledger.alloc(Category::Workspace, n * 4);
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
+        let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
+        prepare_precision(be, opts.precision, LinearExtent::of(n, &linears), ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
-            block: locs.block,
+            block: locs.block.with_precision(opts.precision),
             shape,
             ckpt,
             resid,
@@ -279,7 +283,7 @@ impl<B: Backend> Block<'_, B> {
         be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, s)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: None }, s)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
@@ -326,7 +330,8 @@ impl<B: Backend> Block<'_, B> {
         // attention
         let proj = MatShape { n, c, oc: c };
         be.matmul_bwd(&mut g.dln, gr.first(k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
-        be.attention_bwd(&mut g.dqkv, &g.dln, &a.qkv, &a.atty, &a.att_saved, s)?;
+        let att_in = AttnInputs { qkv: &a.qkv, docs: None };
+        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s)?;
         let qkv = MatShape { n, c, oc: 3 * c };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = a.ln1_stats.saved(x);

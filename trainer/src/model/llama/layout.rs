@@ -8,7 +8,7 @@
 //! together they are one `[(nh + 2·nkv)·hs, C]` matrix: one GEMM makes a token's whole
 //! `qkv` row. Likewise `gate_proj` and `up_proj` form one `[2F, C]` matrix.
 
-use crate::backend::{EmbedLocs, LinearLocs, Loc};
+use crate::backend::{EmbedLocs, LinearLocs, Loc, Precision};
 use crate::config::{ConfigError, ModelConfig};
 use crate::model::init::InitRule;
 use crate::model::{ModelLayout, TensorSpec, UnitLayout};
@@ -34,6 +34,14 @@ pub struct BlockLocs {
     /// gate_proj, up_proj as one matrix.
     pub gate_up: LinearLocs,
     pub down: LinearLocs,
+}
+
+impl BlockLocs {
+    /// The block with its four linear layers in precision `p` (`train.precision`).
+    pub fn with_precision(self, p: Precision) -> BlockLocs {
+        let (qkv, o) = (self.qkv.with_precision(p), self.o.with_precision(p));
+        BlockLocs { qkv, o, gate_up: self.gate_up.with_precision(p), down: self.down.with_precision(p), ..self }
+    }
 }
 
 /// Where every Llama tensor lives.
@@ -137,27 +145,27 @@ pub fn layout(cfg: &ModelConfig) -> (ModelLayout, LlamaLocs) {
             push("self_attn.k_proj.weight", &[kv, c]),
             push("self_attn.v_proj.weight", &[kv, c]),
         );
-        let o = LinearLocs { w: push("self_attn.o_proj.weight", &[c, q]), b: None };
+        let o = LinearLocs::new(push("self_attn.o_proj.weight", &[c, q]), None);
         let ln2 = push("post_attention_layernorm.weight", &[c]);
         let (wg, wu) = (push("mlp.gate_proj.weight", &[f, c]), push("mlp.up_proj.weight", &[f, c]));
-        let down = LinearLocs { w: push("mlp.down_proj.weight", &[c, f]), b: None };
+        let down = LinearLocs::new(push("mlp.down_proj.weight", &[c, f]), None);
         debug_assert!(wk.off == wq.end() && wv.off == wk.end() && wu.off == wg.end());
-        let qkv = LinearLocs { w: Loc::new(wq.off, wq.len + wk.len + wv.len), b: None };
-        let gate_up = LinearLocs { w: Loc::new(wg.off, wg.len + wu.len), b: None };
+        let qkv = LinearLocs::new(Loc::new(wq.off, wq.len + wk.len + wv.len), None);
+        let gate_up = LinearLocs::new(Loc::new(wg.off, wg.len + wu.len), None);
         block = Some(BlockLocs { ln1, qkv, o, ln2, gate_up, down });
         units.push(u);
     }
     let (norm, head, head_unit) = if cfg.tied() {
-        (units[0].push("model.norm.weight".into(), &[c]), LinearLocs { w: wte, b: None }, ModelLayout::EMBED_UNIT)
+        (units[0].push("model.norm.weight".into(), &[c]), LinearLocs::new(wte, None), ModelLayout::EMBED_UNIT)
     } else {
         let mut h = UnitLayout::new("head");
         let norm = h.push("model.norm.weight".into(), &[c]);
         let w = h.push("lm_head.weight".into(), &[v, c]);
         units.push(h);
-        (norm, LinearLocs { w, b: None }, l + 1)
+        (norm, LinearLocs::new(w, None), l + 1)
     };
     // n_layer >= 1 is validated by Config; a zero-layer model still gets valid locs.
-    let empty = LinearLocs { w: Loc::new(0, 0), b: None };
+    let empty = LinearLocs::new(Loc::new(0, 0), None);
     let block = block.unwrap_or(BlockLocs {
         ln1: Loc::new(0, 0),
         qkv: empty,

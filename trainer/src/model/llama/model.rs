@@ -12,15 +12,16 @@
 //! (`checkpointing.keep_gelu`: the MLP's activation output) the block kept the forward's.
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
+use crate::backend::LinearExtent;
 use crate::backend::{
-    rope_table, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole, UnitGrads,
-    Weights,
+    rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, TokenRole,
+    UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{ModelLayout, ModelOptions};
+use crate::model::{prepare_precision, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// Activations one block saves for its backward.
@@ -159,9 +160,13 @@ impl<B: Backend> Llama<B> {
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         ledger.alloc(Category::Workspace, n * 4);
         let tokens = be.alloc_tokens(n, TokenRole::Inputs)?;
+        // qkv, o (input: the query heads' width), gate/up, down (the head stays bf16: LossHead).
+        let q = attn.nh * attn.hs();
+        let linears = [(c, w), (q, c), (c, 2 * f), (f, c)];
+        prepare_precision(be, opts.precision, LinearExtent::of(n, &linears), ledger)?;
         Ok(Llama {
             embed: locs.embed,
-            block: locs.block,
+            block: locs.block.with_precision(opts.precision),
             s: Shapes { attn, f, eps: cfg.rms_norm_eps() as f32 },
             tied: cfg.tied(),
             ckpt,
@@ -287,9 +292,9 @@ impl<B: Backend> Block<'_, B> {
         let r = Rows { n, c };
         be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: at.qkv_width() })?;
-        be.rope_fwd(&mut a.qkv, self.rope, at)?;
+        be.rope_fwd(&mut a.qkv, self.rope, None, at)?;
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, &a.qkv, at)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: None }, at)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o), MatShape { n, c, oc: c }, &mut sc.tmp)?;
         be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps)?;
@@ -333,8 +338,9 @@ impl<B: Backend> Block<'_, B> {
         be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
         // attention
         be.matmul_bwd(&mut g.dln, gr.first(k.o), &g.dres, &a.atty, self.w(k.o), MatShape { n, c, oc: c })?;
-        be.attention_bwd(&mut g.dqkv, &g.dln, &a.qkv, &a.atty, &a.att_saved, at)?;
-        be.rope_bwd(&mut g.dqkv, self.rope, at)?;
+        let att_in = AttnInputs { qkv: &a.qkv, docs: None };
+        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at)?;
+        be.rope_bwd(&mut g.dqkv, self.rope, None, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = RmsSaved { inp: x, rstd: &a.rstd1 };

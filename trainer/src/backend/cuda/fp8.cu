@@ -1,0 +1,150 @@
+// The FP8 operands of the linear layers' GEMMs (train.precision = "fp8"; launch code in
+// fp8.rs, the arithmetic's definition and CPU twin in backend/fp8.rs): per-tensor amax, the
+// power-of-two scale, and the casts cuBLASLt's FP8 GEMMs read, row-major and transposed
+// (Hopper's FP8 GEMMs want both operands with the inner dimension contiguous).
+//
+// A scale slot is two words: the inverse scale the GEMM applies, which the cast writes (the
+// first: 16-byte aligned, as cuBLASLt's scale pointers are kept), and the amax as the bits
+// of |x| (zeroed by the launch code before fp8_amax_bf16 adds to it).
+
+// |x| of a bf16 as the bits of its f32 value: non-negative floats order as their bits, and
+// a NaN's bits lie above infinity's, so an integer max propagates NaN (fmaxf would drop it).
+__device__ __forceinline__ unsigned abs_bits(bf16_t x) { return ((unsigned)x << 16) & 0x7fffffffu; }
+
+__device__ __forceinline__ unsigned max_abs_bits2(unsigned w, unsigned m) {
+    return max(m, max((w << 16) & 0x7fffffffu, w & 0x7fff0000u));
+}
+
+// amax[0] = max(amax[0], max |x|) over n bf16. Any grid; blockDim a multiple of 32.
+extern "C" __global__ void fp8_amax_bf16(unsigned* amax, const bf16_t* x, long long n) {
+    unsigned m = 0;
+    grid_stride<8>(
+        n, aligned16(x),
+        [&](long long i) {
+            const uint4 v = ((const uint4*)x)[i];
+            m = max_abs_bits2(v.x, max_abs_bits2(v.y, max_abs_bits2(v.z, max_abs_bits2(v.w, m))));
+        },
+        [&](long long i) { m = max(m, abs_bits(x[i])); });
+    __shared__ unsigned sh[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0) sh[w] = m;
+    __syncthreads();
+    if (w == 0) {
+        m = __reduce_max_sync(0xffffffffu, lane < nw ? sh[lane] : 0u);
+        if (lane == 0 && m != 0) atomicMax(amax, m);
+    }
+}
+
+// Fp8Format::scale of backend/fp8.rs on the bits: the largest 2^e, e in -126..126, with
+// amax·2^e <= max (448 = 1.75·2^8 for e4m3, 57344 = 1.75·2^15 for e5m2); 1 for amax = 0,
+// NaN for a non-finite amax.
+__device__ __forceinline__ float fp8_scale(unsigned amax, int e5m2) {
+    if (amax >= 0x7f800000u) return __int_as_float(0x7fffffff);
+    if (amax == 0) return 1.f;
+    int ea;
+    unsigned ma = amax & 0x7fffffu;
+    const int field = (int)(amax >> 23);
+    if (field == 0) {
+        const int lz = __clz(ma) - 8;
+        ma = (ma << lz) & 0x7fffffu;
+        ea = 1 - lz - 127;
+    } else {
+        ea = field - 127;
+    }
+    const int ef = e5m2 ? 15 : 8;
+    const unsigned mf = 0x600000u;  // the fraction bits of 1.75
+    int e = ef - ea - (ma > mf ? 1 : 0);
+    e = min(max(e, -126), 126);
+    return __int_as_float((e + 127) << 23);
+}
+
+// Two floats to two FP8 codes (lo in the low byte): round to nearest even, saturating to the
+// largest finite value (what Fp8Format::encode does). Hopper and Ada have the instruction;
+// elsewhere FP8 is refused before any kernel runs (fp8.rs), so the kernels trap there.
+__device__ __forceinline__ unsigned cvt2(float lo, float hi, int e5m2) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    if (e5m2)
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    asm volatile("trap;");
+    return 0u * (unsigned)(lo + hi + e5m2);
+#endif
+}
+
+// 8 bf16 (one 16-byte word) scaled by s into 8 codes (one 8-byte word).
+__device__ __forceinline__ uint2 cvt8(uint4 v, float s, int e5m2) {
+    float f[8];
+    unpack8(v, f);
+    const unsigned b0 = cvt2(f[0] * s, f[1] * s, e5m2), b1 = cvt2(f[2] * s, f[3] * s, e5m2);
+    const unsigned b2 = cvt2(f[4] * s, f[5] * s, e5m2), b3 = cvt2(f[6] * s, f[7] * s, e5m2);
+    return make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
+}
+
+// 8 bf16 from `p`, one 16-byte load when `aligned`.
+__device__ __forceinline__ uint4 load8(const bf16_t* p, bool aligned) {
+    if (aligned) return *(const uint4*)p;
+    unsigned short t[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t[k] = p[k];
+    return make_uint4(t[0] | ((unsigned)t[1] << 16), t[2] | ((unsigned)t[3] << 16), t[4] | ((unsigned)t[5] << 16),
+                      t[6] | ((unsigned)t[7] << 16));
+}
+
+// The slot's inverse scale, written once per cast by the first thread (1/2^e is exact).
+__device__ __forceinline__ float slot_scale(unsigned* slot, int e5m2) {
+    const float s = fp8_scale(slot[1], e5m2);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ((float*)slot)[0] = 1.f / s;
+    return s;
+}
+
+// q[i] = fp8(x[i]·s), s the slot's scale, over n values (row-major: the layout is kept).
+extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long long n, unsigned* slot, int e5m2) {
+    const float s = slot_scale(slot, e5m2);
+    grid_stride<8>(
+        n, aligned16(x) && (((u64)q) & 7) == 0,
+        [&](long long i) { ((uint2*)q)[i] = cvt8(((const uint4*)x)[i], s, e5m2); },
+        [&](long long i) { q[i] = (unsigned char)(cvt2(bf2f(x[i]) * s, 0.f, e5m2) & 0xffu); });
+}
+
+#define FP8_TILE 64
+
+// x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
+// is null, scaled by the slot's scale. rows and cols are multiples of 16 (fp8::eligible);
+// q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/64)), 256 threads: a 64×64
+// tile through shared memory.
+extern "C" __global__ void fp8_cast_transpose_bf16(unsigned char* q, unsigned char* qt, const bf16_t* x, int rows,
+                                                   int cols, unsigned* slot, int e5m2) {
+    __shared__ __align__(16) unsigned char t[FP8_TILE][FP8_TILE + 16];
+    const float s = slot_scale(slot, e5m2);
+    const int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
+    const bool aligned = aligned16(x);
+    // Load: 8 consecutive values of a row per step (cols % 16 == 0: all in or all out).
+    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 8; k += blockDim.x) {
+        const int r = k >> 3, cc = (k & 7) * 8;
+        const int gr = r0 + r, gc = c0 + cc;
+        if (gr < rows && gc < cols) {
+            const uint2 b = cvt8(load8(x + (long long)gr * cols + gc, aligned), s, e5m2);
+            *(uint2*)&t[r][cc] = b;
+            if (q) *(uint2*)(q + (long long)gr * cols + gc) = b;
+        }
+    }
+    __syncthreads();
+    // Store: 16 consecutive rows of a column per step, as one 16-byte word of qt's row.
+    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 16; k += blockDim.x) {
+        const int c = k >> 2, rr = (k & 3) * 16;
+        const int gc = c0 + c, gr = r0 + rr;
+        if (gc < cols && gr < rows) {
+            unsigned w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                w[j] = (unsigned)t[rr + 4 * j][c] | ((unsigned)t[rr + 4 * j + 1][c] << 8) |
+                       ((unsigned)t[rr + 4 * j + 2][c] << 16) | ((unsigned)t[rr + 4 * j + 3][c] << 24);
+            *(uint4*)(qt + (long long)gc * rows + gr) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! FP8 numerics shared by every backend (`train.precision = "fp8"`): the two formats, their
+//! rounding, the per-tensor "current" scale, which GEMM shapes run in FP8, and the size of
+//! the operand workspace a backend reserves for them.
+//!
+//! The CPU reference quantizes with these functions; the CUDA kernels (`cuda/fp8.cu`) do the
+//! same arithmetic on the device, so both backends feed the GEMMs the same FP8 values:
+//!
+//! - **amax** is the largest `|x|` of the tensor (a NaN anywhere makes it NaN);
+//! - **scale** `s = 2^e`, the largest power of two with `amax·s ≤ FP8_MAX` (448 for e4m3,
+//!   57344 for e5m2), so the largest element lands in the top binade and nothing saturates.
+//!   A power of two makes `x·s` and the dequantization `q/s` exact: the FP8 value is a pure
+//!   rounding of `x` (it costs at most one binade of range, half a bit on average, against
+//!   `s = FP8_MAX/amax`). `amax = 0` gives `s = 1`; a non-finite amax gives NaN, so an
+//!   overflow upstream reaches the loss instead of being flushed to zero;
+//! - **rounding** to nearest, ties to even, saturating at ±FP8_MAX (what the hardware's
+//!   `cvt.rn.satfinite` does), with the formats' subnormals.
+//!
+//! The GEMM then multiplies the FP8 codes and applies `1/s_a · 1/s_b` to the fp32 sum
+//! (cuBLASLt's A/B scale pointers); the CPU multiplies the dequantized values `q/s` in f32.
+
+use super::MatShape;
+
+/// An 8-bit float format of the FP8 GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Format {
+    /// 4 exponent bits (bias 7), 3 mantissa bits, no infinities, max 448: weights and
+    /// activations (forward operands), where precision matters more than range.
+    E4M3,
+    /// 5 exponent bits (bias 15), 2 mantissa bits, max 57344: output gradients, whose range
+    /// is wider.
+    E5M2,
+}
+
+impl Fp8Format {
+    /// (exponent bits, mantissa bits, bias).
+    const fn bits(self) -> (i32, i32, i32) {
+        match self {
+            Fp8Format::E4M3 => (4, 3, 7),
+            Fp8Format::E5M2 => (5, 2, 15),
+        }
+    }
+
+    /// The largest finite value.
+    pub const fn max(self) -> f32 {
+        match self {
+            Fp8Format::E4M3 => 448.0,
+            Fp8Format::E5M2 => 57344.0,
+        }
+    }
+
+    /// The code of the largest finite value (without sign).
+    const fn max_code(self) -> u8 {
+        match self {
+            Fp8Format::E4M3 => 0x7e,
+            Fp8Format::E5M2 => 0x7b,
+        }
+    }
+
+    /// The kernels' and cuBLASLt's name for the format (`FP8_E5M2` define: 0 or 1).
+    pub fn is_e5m2(self) -> bool {
+        self == Fp8Format::E5M2
+    }
+
+    /// `x` rounded to this format (nearest, ties to even; saturating at ±max; NaN stays NaN).
+    pub fn round(self, x: f32) -> f32 {
+        if x.is_nan() {
+            return f32::NAN;
+        }
+        let (_, m, bias) = self.bits();
+        let a = (x as f64).abs();
+        if a >= self.max() as f64 {
+            return self.max().copysign(x);
+        }
+        if a == 0.0 {
+            return x;
+        }
+        // The spacing of the format's values around `a`: 2^(e - m) in a's binade, and the
+        // subnormals' spacing below the smallest normal binade.
+        let e = (ilog2_f64(a)).max(1 - bias);
+        let quantum = 2f64.powi(e - m);
+        let r = (a / quantum).round_ties_even() * quantum;
+        (r.min(self.max() as f64) as f32).copysign(x)
+    }
+
+    /// The 8-bit code of `x` rounded to this format (the bits the GPU's cast writes; NaN as
+    /// 0x7f, the sign kept).
+    pub fn encode(self, x: f32) -> u8 {
+        let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+        if x.is_nan() {
+            return 0x7f;
+        }
+        let (_, m, bias) = self.bits();
+        let r = self.round(x).abs() as f64;
+        if r == 0.0 {
+            return sign;
+        }
+        if r >= self.max() as f64 {
+            return sign | self.max_code();
+        }
+        let e = ilog2_f64(r);
+        let code = if e < 1 - bias {
+            // Subnormal: exponent field 0, mantissa r / 2^(1 - bias - m).
+            (r / 2f64.powi(1 - bias - m)) as u8
+        } else {
+            let field = (e + bias) as u8;
+            let mant = ((r / 2f64.powi(e) - 1.0) * 2f64.powi(m)) as u8;
+            (field << m) | mant
+        };
+        sign | code
+    }
+
+    /// The value of an 8-bit code.
+    pub fn decode(self, code: u8) -> f32 {
+        let (eb, m, bias) = self.bits();
+        let sign = if code & 0x80 != 0 { -1.0f32 } else { 1.0 };
+        let field = ((code & 0x7f) >> m) as i32;
+        let mant = (code & ((1 << m) - 1)) as i32;
+        let top = (1 << eb) - 1;
+        match self {
+            Fp8Format::E4M3 if field == top && mant == (1 << m) - 1 => return f32::NAN,
+            Fp8Format::E5M2 if field == top => return if mant == 0 { sign * f32::INFINITY } else { f32::NAN },
+            _ => {}
+        }
+        let v = if field == 0 {
+            mant as f64 * 2f64.powi(1 - bias - m)
+        } else {
+            (1.0 + mant as f64 / (1 << m) as f64) * 2f64.powi(field - bias)
+        };
+        sign * v as f32
+    }
+
+    /// The per-tensor scale for a tensor whose largest magnitude is `amax` (see the module
+    /// doc): the largest `2^e`, `e` in −126..=126, with `amax·2^e ≤ max`; 1 for `amax = 0`,
+    /// NaN for a non-finite amax. Integer arithmetic on the bits, as `fp8_scale` in
+    /// `cuda/fp8.cu` does it.
+    pub fn scale(self, amax: f32) -> f32 {
+        if !amax.is_finite() {
+            return f32::NAN;
+        }
+        if amax == 0.0 {
+            return 1.0;
+        }
+        let (ea, ma) = exponent_and_mantissa(amax.abs());
+        let (ef, mf) = exponent_and_mantissa(self.max());
+        // amax·2^(ef − ea) = max · (1.ma / 1.mf): one binade less when ma > mf.
+        let e = (ef - ea - i32::from(ma > mf)).clamp(-126, 126);
+        f32::from_bits(((e + 127) as u32) << 23)
+    }
+
+    /// `x` quantized with `scale` and dequantized: `round(x·s) / s` (exact: `s` is a power
+    /// of two), the value the FP8 GEMM multiplies.
+    pub fn fake_quant(self, x: f32, scale: f32, inv_scale: f32) -> f32 {
+        self.round(x * scale) * inv_scale
+    }
+}
+
+/// `floor(log2(a))` of a positive finite f64.
+fn ilog2_f64(a: f64) -> i32 {
+    let field = ((a.to_bits() >> 52) & 0x7ff) as i32;
+    if field == 0 {
+        // Not reached for values that came from f32 (their f64 is normal); kept exact anyway.
+        let m = a.to_bits() & ((1u64 << 52) - 1);
+        return (63 - m.leading_zeros() as i32) - 1074;
+    }
+    field - 1023
+}
+
+/// `(floor(log2 a), the 23 fraction bits of a normalised)` of a positive finite f32,
+/// subnormals included: the device's `fp8_scale` does the same on the bits.
+fn exponent_and_mantissa(a: f32) -> (i32, u32) {
+    let b = a.to_bits() & 0x7fff_ffff;
+    let (field, m) = ((b >> 23) as i32, b & 0x7f_ffff);
+    if field == 0 {
+        let lz = m.leading_zeros() as i32 - 8;
+        return (1 - lz - 127, (m << lz) & 0x7f_ffff);
+    }
+    (field - 127, m)
+}
+
+/// The largest `|x|` of `xs` (NaN if any is NaN: compared as bits, as the device does).
+pub fn amax(xs: &[f32]) -> f32 {
+    f32::from_bits(xs.iter().map(|x| x.to_bits() & 0x7fff_ffff).max().unwrap_or(0))
+}
+
+/// `xs` quantized per tensor to `fmt` and dequantized (the CPU reference's FP8 operand),
+/// into `out`; returns the scale used.
+pub fn fake_quant_into(out: &mut [f32], xs: &[f32], fmt: Fp8Format) -> f32 {
+    let s = fmt.scale(amax(xs));
+    let inv = 1.0 / s;
+    for (o, &x) in out.iter_mut().zip(xs) {
+        *o = fmt.fake_quant(x, s, inv);
+    }
+    s
+}
+
+/// Whether a GEMM of shape `s` runs in FP8 when its layer asks for it: every dimension a
+/// nonzero multiple of 16 (cuBLASLt's FP8 kernels want 16-byte aligned leading dimensions
+/// and rows; other shapes run in bf16 on every backend alike).
+pub fn eligible(s: MatShape) -> bool {
+    [s.n, s.c, s.oc].iter().all(|&d| d > 0 && d.is_multiple_of(16))
+}
+
+/// The largest linear layer of a model, per dimension (they need not be the same layer):
+/// what a backend's FP8 operand workspace is sized for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinearExtent {
+    /// Rows of one micro-batch (B·T).
+    pub rows: usize,
+    /// The widest input.
+    pub inputs: usize,
+    /// The widest output.
+    pub outputs: usize,
+    /// The largest weight (inputs × outputs of one layer).
+    pub weight: usize,
+}
+
+impl LinearExtent {
+    /// The extent of layers `(inputs, outputs)` over `rows` rows.
+    pub fn of(rows: usize, layers: &[(usize, usize)]) -> LinearExtent {
+        let mut e = LinearExtent { rows, ..LinearExtent::default() };
+        for &(c, oc) in layers {
+            e.inputs = e.inputs.max(c);
+            e.outputs = e.outputs.max(oc);
+            e.weight = e.weight.max(c * oc);
+        }
+        e
+    }
+}
+
+/// Per-tensor scale slots of the workspace: one per operand role, each an amax (u32 bits)
+/// and the inverse scale the GEMM applies (f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleSlot {
+    /// The layer's input (e4m3).
+    Input = 0,
+    /// The weight (e4m3).
+    Weight = 1,
+    /// The output gradient (e5m2).
+    Grad = 2,
+}
+
+/// The CUDA backend's FP8 operand workspace, in bytes from its start (each region 256-byte
+/// aligned). One linear op runs at a time, in stream order, so the regions serve every layer:
+///
+/// - `scales`: the [`ScaleSlot`]s, 16 bytes each: the inverse scale the GEMM reads (f32,
+///   16-byte aligned, as cuBLASLt's scale pointers are kept), then the amax (u32 bits);
+/// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
+///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
+/// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
+/// - `w`: the weight (forward `[oc, c]`), or its transpose (backward `[c, oc]`).
+///
+/// Hopper's FP8 GEMMs take both operands with the inner dimension contiguous ("TN"), hence
+/// the transposed copies for the backward's two GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaFp8Workspace {
+    pub scales: usize,
+    pub a: usize,
+    pub gt: usize,
+    pub w: usize,
+    pub bytes: usize,
+}
+
+const ALIGN: usize = 256;
+
+fn up(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+impl CudaFp8Workspace {
+    pub fn new(e: LinearExtent) -> CudaFp8Workspace {
+        let scales = 0;
+        let a = up(3 * 16);
+        let gt = a + up(e.rows * e.inputs.max(e.outputs));
+        let w = gt + up(e.rows * e.outputs);
+        let bytes = w + up(e.weight);
+        CudaFp8Workspace { scales, a, gt, w, bytes }
+    }
+
+    /// Byte offset of a slot, which starts with its inverse scale.
+    pub fn inv_scale(&self, slot: ScaleSlot) -> usize {
+        self.scales + 16 * slot as usize
+    }
+
+    /// Byte offset of a slot's amax (after its inverse scale).
+    pub fn amax(&self, slot: ScaleSlot) -> usize {
+        self.inv_scale(slot) + 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORMATS: [Fp8Format; 2] = [Fp8Format::E4M3, Fp8Format::E5M2];
+
+    #[test]
+    fn every_code_decodes_and_encodes_back() {
+        for f in FORMATS {
+            for code in 0..=255u8 {
+                let v = f.decode(code);
+                if v.is_nan() || v.is_infinite() {
+                    continue;
+                }
+                assert_eq!(f.round(v), v, "{f:?} {code:#04x} = {v} is representable");
+                // -0 encodes with its sign; every other value to itself.
+                assert_eq!(f.encode(v), code, "{f:?} {code:#04x} = {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn known_values_of_both_formats() {
+        use Fp8Format::*;
+        assert_eq!((E4M3.decode(0x7e), E4M3.decode(0x01), E4M3.decode(0x08)), (448.0, 2f32.powi(-9), 2f32.powi(-6)));
+        assert!(E4M3.decode(0x7f).is_nan() && E4M3.decode(0xff).is_nan());
+        assert_eq!(
+            (E5M2.decode(0x7b), E5M2.decode(0x01), E5M2.decode(0x04)),
+            (57344.0, 2f32.powi(-16), 2f32.powi(-14))
+        );
+        assert_eq!(E5M2.decode(0x7c), f32::INFINITY);
+        assert_eq!(E4M3.decode(0x38), 1.0);
+        assert_eq!(E5M2.decode(0x3c), 1.0);
+        assert_eq!(E4M3.decode(0xb8), -1.0);
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_ties_to_even_and_saturates() {
+        use Fp8Format::*;
+        // e4m3 around 1: spacing 1/8. 1 + 1/16 is a tie between 1 (even) and 1.125.
+        assert_eq!(E4M3.round(1.0625), 1.0);
+        assert_eq!(E4M3.round(1.1875), 1.25); // tie between 1.125 and 1.25 (even)
+        assert_eq!(E4M3.round(1.07), 1.125);
+        assert_eq!(E4M3.round(-1.07), -1.125);
+        // e5m2 around 1: spacing 1/4.
+        assert_eq!(E5M2.round(1.125), 1.0);
+        assert_eq!(E5M2.round(1.375), 1.5);
+        // Saturation, infinities included (satfinite).
+        assert_eq!(E4M3.round(460.0), 448.0);
+        assert_eq!(E4M3.round(1e9), 448.0);
+        assert_eq!(E4M3.round(f32::NEG_INFINITY), -448.0);
+        assert_eq!(E5M2.round(6e4), 57344.0);
+        assert!(E4M3.round(f32::NAN).is_nan());
+        // Subnormals: e4m3's smallest is 2^-9; half of it is a tie to 0 (even).
+        assert_eq!(E4M3.round(2f32.powi(-10)), 0.0);
+        assert_eq!(E4M3.round(1.5 * 2f32.powi(-10)), 2f32.powi(-9));
+        assert_eq!(E4M3.round(3.0 * 2f32.powi(-10)), 2.0 * 2f32.powi(-9)); // tie 1 vs 2 units: 2
+        assert_eq!(E5M2.round(2f32.powi(-17)), 0.0);
+        assert_eq!(E5M2.round(3.0 * 2f32.powi(-17)), 2.0 * 2f32.powi(-16));
+    }
+
+    /// Rounding agrees with the nearest of all the codes, checked by brute force.
+    #[test]
+    fn rounding_is_the_nearest_code() {
+        for f in FORMATS {
+            let mut vals: Vec<f32> = (0..=255u8).map(|c| f.decode(c)).filter(|v| v.is_finite() && *v >= 0.0).collect();
+            vals.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+            let mut x = 1e-7f32;
+            while x < f.max() * 1.1 {
+                let r = f.round(x);
+                let best = vals.iter().map(|&v| (v - x).abs()).fold(f32::INFINITY, f32::min);
+                assert!((r - x).abs() <= best, "{f:?} {x}: {r} is not the nearest (off by {best})");
+                x *= 1.0137;
+            }
+        }
+    }
+
+    #[test]
+    fn scale_is_the_largest_power_of_two_that_fits() {
+        use Fp8Format::*;
+        for f in FORMATS {
+            for &amax in &[1.0f32, 0.3, 448.0, 449.0, 1e-3, 7.5e4, 1e-30, 1e-40, 3.0e38, 0.999_999_94] {
+                let s = f.scale(amax);
+                assert_eq!(s.to_bits() & 0x7f_ffff, 0, "{f:?} {amax}: {s} is a power of two");
+                let top = amax as f64 * s as f64;
+                // Fits; twice the scale would not (unless clamped at the ends of the range).
+                assert!(top <= f.max() as f64, "{f:?} {amax}: {top}");
+                let clamped = s == 2f32.powi(126) || s == 2f32.powi(-126);
+                assert!(clamped || top * 2.0 > f.max() as f64, "{f:?} {amax}: {top}");
+            }
+        }
+        assert_eq!(E4M3.scale(448.0), 1.0);
+        assert_eq!(E4M3.scale(448.5), 0.5);
+        assert_eq!(E4M3.scale(1.0), 256.0);
+        assert_eq!(E4M3.scale(1.75), 256.0);
+        assert_eq!(E4M3.scale(1.76), 128.0);
+        assert_eq!(E5M2.scale(1.0), 32768.0);
+        assert_eq!(E4M3.scale(0.0), 1.0);
+        assert!(E4M3.scale(f32::INFINITY).is_nan() && E5M2.scale(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn amax_sees_signs_and_nans() {
+        assert_eq!(amax(&[0.5, -3.0, 2.0]), 3.0);
+        assert_eq!(amax(&[]), 0.0);
+        assert!(amax(&[1.0, f32::NAN, 2.0]).is_nan());
+    }
+
+    #[test]
+    fn fake_quant_keeps_the_largest_element_and_rounds_the_rest() {
+        let xs = [0.3f32, -1.7, 0.001, 0.0];
+        let mut q = [0.0; 4];
+        let s = fake_quant_into(&mut q, &xs, Fp8Format::E4M3);
+        // amax 1.7 < 1.75: 1.7·256 = 435.2 fits under 448.
+        assert_eq!(s, 256.0);
+        assert_eq!(q[1], -1.75); // -435.2 → -448 (spacing 32 in 256..512)
+        assert!((q[0] - 0.3).abs() < 0.3 / 16.0);
+        assert_eq!(q[3], 0.0);
+    }
+
+    #[test]
+    fn only_shapes_of_multiples_of_16_are_eligible() {
+        assert!(eligible(MatShape { n: 64, c: 768, oc: 2304 }));
+        assert!(!eligible(MatShape { n: 37, c: 768, oc: 2304 }));
+        assert!(!eligible(MatShape { n: 64, c: 768, oc: 50257 }));
+        assert!(!eligible(MatShape { n: 0, c: 16, oc: 16 }));
+    }
+
+    #[test]
+    fn workspace_regions_are_aligned_and_sized() {
+        let e = LinearExtent::of(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)]);
+        assert_eq!(e, LinearExtent { rows: 8192, inputs: 6400, outputs: 6400, weight: 6400 * 1600 });
+        let w = CudaFp8Workspace::new(e);
+        for off in [w.a, w.gt, w.w, w.bytes] {
+            assert_eq!(off % 256, 0);
+        }
+        assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
+        assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
+    }
+}
