@@ -738,6 +738,95 @@ fn memory_prediction_matches_a_real_run() {
     assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
 }
 
+/// `checkpoint.async` end to end: `launcher memory` predicts the host copy the run's ledger
+/// records and the summary shows it; the rank logs say how long training stalled for each
+/// save. A rank that crashes in the middle of writing a checkpoint in the background leaves
+/// the previous checkpoint the newest intact one, and `--resume latest` continues from it.
+#[test]
+fn a_crash_in_the_middle_of_an_asynchronous_save_leaves_the_previous_checkpoint() {
+    let job = Job::new();
+    let config = job.config.display().to_string();
+    let set = ["--set", "checkpoint.every=2", "--set", "checkpoint.async=true", "--set", "train.steps=8"];
+    let json = launcher(&[&["memory", config.as_str(), "--ranks", "2", "--json"][..], &set].concat());
+    json.assert_success();
+    let predicted: Value = serde_json::from_str(&json.stdout()).expect("JSON");
+    let table = launcher(&[&["memory", config.as_str(), "--ranks", "2"][..], &set].concat());
+    assert!(table.stdout().contains("checkpoint copy"), "{}", table.stdout());
+
+    let run = job.run(2, &set, &[("SHARDTRAIN_FAULT", "1:4:abort-mid-save")]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(1), "{stderr}");
+    // The writer runs beside training: rank 1 dies at whatever step it had reached by then.
+    assert!(stderr.contains("rank 1 failed after step") && stderr.contains("SIGABRT"), "{stderr}");
+    let log = std::fs::read_to_string(job.out().join("logs/rank1.log")).expect("rank 1 log");
+    assert!(log.contains("aborting while writing checkpoint step 4"), "{log}");
+    let ck = job.out().join("checkpoints");
+    assert!(ck.join("step_00000002/manifest.json").is_file(), "the previous checkpoint is complete");
+    assert!(!ck.join("step_00000004").exists(), "the checkpoint being written never appeared");
+    assert!(ck.join(".step_00000004.partial").is_dir(), "its partial directory is what the crash left");
+
+    let resumed = job.run(2, &[&set[..], &["--resume", "latest"]].concat(), &[]);
+    resumed.assert_success();
+    let stdout = resumed.stdout();
+    assert!(stdout.contains(".step_00000004.partial") && stdout.contains("removed"), "{stdout}");
+    assert!(stdout.contains("step_00000002 at step 2 of 8"), "resumed from the previous checkpoint:\n{stdout}");
+    assert!(stdout.contains("ckpt copy"), "the summary shows the host copy:\n{stdout}");
+    assert_eq!(steps_of(&job.metrics()), (1..=8).collect::<Vec<u64>>());
+    assert!(ck.join("step_00000008/manifest.json").is_file(), "the end of training waited for the last save");
+    let log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("rank 0 log");
+    assert!(
+        log.contains("checkpoint step 4: training stalled") && log.contains("writing it in the background"),
+        "{log}"
+    );
+    assert!(log.contains("rank 0: checkpoint step 6 complete"), "{log}");
+    let metrics = job.metrics();
+    // Each save's stall is on its step's line (the bench reads it), and only there.
+    for line in &metrics {
+        let step = line["step"].as_u64().expect("step");
+        let stall = line.get("checkpoint_stall_s").and_then(Value::as_f64);
+        assert_eq!(stall.is_some(), step % 2 == 0, "step {step}: {line}");
+        if step % 2 == 0 {
+            assert!(stall.is_some_and(|s| s >= 0.0) && line["checkpoint_async"] == true, "step {step}: {line}");
+            assert!(line["checkpoint_bytes"].as_u64().is_some_and(|b| b > 0), "step {step}: {line}");
+        }
+    }
+    for r in 0..2 {
+        let copy = &metrics.last().expect("a step")["memory"][r]["host"]["checkpoint"];
+        assert!(copy.as_u64().is_some_and(|b| b > 0), "rank {r}: {copy}");
+        assert_eq!(&predicted["stages"][0]["ranks"][r]["host"]["checkpoint"], copy, "rank {r}: predicted vs measured");
+    }
+}
+
+/// A background write that fails (as on a full disk) stops the job with that error, naming
+/// the rank and the checkpoint, and leaves the previous checkpoint the newest complete one; a
+/// synchronous save's stall is on its step's line too.
+#[test]
+fn a_failed_background_write_stops_the_job_and_names_the_checkpoint() {
+    let job = Job::new();
+    let set = ["--set", "checkpoint.every=2", "--set", "checkpoint.async=true", "--set", "train.steps=8"];
+    let run = job.run(2, &set, &[("SHARDTRAIN_FAULT", "1:4:fail-mid-save")]);
+    let stderr = run.stderr();
+    assert_ne!(run.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("rank 1: writing checkpoint step 4 in the background failed")
+            && stderr.contains("injected write failure"),
+        "{stderr}"
+    );
+    let ck = job.out().join("checkpoints");
+    assert!(ck.join("step_00000002/manifest.json").is_file(), "the previous checkpoint is complete");
+    assert!(!ck.join("step_00000004").exists(), "the failed checkpoint never appeared");
+    // The failure surfaces by the next save at the latest.
+    assert!(steps_of(&job.metrics()).len() <= 6, "{:?}", steps_of(&job.metrics()));
+
+    let sync = Job::new();
+    sync.run(2, &["--set", "checkpoint.every=3", "--set", "train.steps=4"], &[]).assert_success();
+    let lines = sync.metrics();
+    let stalls: Vec<bool> = lines.iter().map(|l| l.get("checkpoint_stall_s").is_some()).collect();
+    assert_eq!(stalls, [false, false, true, true], "saves at step 3 and at the end");
+    assert_eq!(lines[2]["checkpoint_async"], false);
+    assert_eq!(lines[2]["checkpoint_waited_s"], 0.0);
+}
+
 /// Multi-node: two launchers (nodes 0 and 1, 2 ranks each) pointed at one master address
 /// train one 4-rank job, with the losses of a single-node 1-rank run at the same global batch.
 #[test]

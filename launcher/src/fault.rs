@@ -9,7 +9,11 @@
 //!   float: another collective, of another size, at that number), or stops itself with
 //!   SIGSTOP (it never arrives). These make the host-side divergences the flight recorder
 //!   must name; [`Faulty`] wraps the rank's communicator, outside the recording one, so the
-//!   records show what the rank really called.
+//!   records show what the rank really called;
+//! - `kind = abort-mid-save`: that rank aborts while its background writer is in the middle
+//!   of the shard of the checkpoint of that step (`checkpoint.async`; after the file's first
+//!   tensor): a crash mid-write; `fail-mid-save`: the write fails there instead (as on a
+//!   full disk), and training must stop with that error.
 //!
 //! Not a user feature: nothing sets it outside tests/launcher.rs. (Code 7 is no code the
 //! launcher gives a meaning: 2 and 3 mean a setup problem and a watchdog stop.)
@@ -28,15 +32,19 @@ pub enum FaultKind {
     SkipCollective,
     ExtraCollective,
     StopAtCollective,
+    AbortMidSave,
+    FailMidSave,
 }
 
 impl FaultKind {
-    const NAMES: [(&'static str, FaultKind); 5] = [
+    const NAMES: [(&'static str, FaultKind); 7] = [
         ("exit", FaultKind::Exit),
         ("abort", FaultKind::Abort),
         ("skip-collective", FaultKind::SkipCollective),
         ("extra-collective", FaultKind::ExtraCollective),
         ("stop-at-collective", FaultKind::StopAtCollective),
+        ("abort-mid-save", FaultKind::AbortMidSave),
+        ("fail-mid-save", FaultKind::FailMidSave),
     ];
 
     /// Whether it acts at a collective (through [`Faulty`]) rather than after a step.
@@ -96,6 +104,27 @@ impl Fault {
         }
     }
 
+    /// An `abort-mid-save` or `fail-mid-save` for `rank`: hook it into the background
+    /// checkpoint writer.
+    pub fn install_save_hook(&self, rank: usize) {
+        let (kind, step) = (self.kind, self.step);
+        if !matches!(kind, FaultKind::AbortMidSave | FaultKind::FailMidSave) || self.rank != rank {
+            return;
+        }
+        trainer::checkpoint::background::set_mid_write_hook(move |r, s| {
+            if r != rank || s != step {
+                return Ok(());
+            }
+            if kind == FaultKind::FailMidSave {
+                return Err(format!("{FAULT_ENV}: injected write failure in the middle of the shard"));
+            }
+            trainer::log_line!(
+                "rank {rank}: {FAULT_ENV}: aborting while writing checkpoint step {step} (injected crash)"
+            );
+            std::process::abort();
+        });
+    }
+
     /// The collective fault for `rank`, if this is one.
     pub fn at_collective(&self, rank: usize) -> Option<Fault> {
         (self.rank == rank && self.kind.at_collective()).then_some(*self)
@@ -148,7 +177,7 @@ impl<C: Communicator<[f32]>> Faulty<C> {
                 let _ = std::process::Command::new("kill").args(["-STOP", &std::process::id().to_string()]).status();
                 Ok(false)
             }
-            FaultKind::Exit | FaultKind::Abort => Ok(false),
+            FaultKind::Exit | FaultKind::Abort | FaultKind::AbortMidSave | FaultKind::FailMidSave => Ok(false),
         }
     }
 }

@@ -321,6 +321,9 @@ fn run_connected(
 ) -> Result<(), Failure> {
     let (rank, world) = (args.rank as usize, args.world as usize);
     let fault = Fault::from_env()?;
+    if let Some(f) = &fault {
+        f.install_save_hook(rank);
+    }
     let cfg = Config::load(&args.config, &[]).map_err(|e| Failure::from(TrainError::from(e)))?;
     let data_path = cfg.data.path.clone().ok_or_else(|| {
         format!("{} has no data.path: the launcher writes it; start ranks through the launcher", args.config.display())
@@ -487,6 +490,7 @@ mod tests {
             memory: Default::default(),
             device: None,
             host_optimizer: None,
+            checkpoint: None,
         };
         let line = step_line(3, &m, 50);
         assert!(line.starts_with("rank 3 step 7/50 loss"), "{line}");
