@@ -2230,3 +2230,92 @@ fn resume_of_a_directory_that_is_not_a_checkpoint_says_so() {
     let e = resume(&job.out());
     assert!(e.contains("is a run directory, not a checkpoint") && e.contains("--resume latest"), "{e}");
 }
+
+// ---- `launcher doctor` (issue 27): the network check before a long run.
+
+/// `launcher doctor` on CPU ranks (TCP, as in training): it runs, reports bandwidths for
+/// every collective size and every pair of ranks, and passes; a rank throttled by the
+/// test-only fault is named as the slow rank (exit code 4); `--expect-gbps` above what
+/// loopback gives fails the collectives against it.
+#[test]
+fn doctor_measures_cpu_ranks_and_names_a_throttled_rank() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let json = dir.path().join("report.json");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a = vec!["doctor", "--cpus", "3", "--sizes", "64K,1M", "--link-size", "1M", "--threshold", "0.2"];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect()
+    };
+    let out = dir.path().join("out");
+    let ok = run_launcher(&args(&["--json", &json.display().to_string(), "--out", &out.display().to_string()]), &[]);
+    ok.assert_success();
+    let stdout = ok.stdout();
+    assert!(stdout.contains("network check: 3 rank(s) on 1 node(s)") && stdout.contains("verdict: OK"), "{stdout}");
+    assert!(stdout.contains("links within a node: 3 pair(s)"), "{stdout}");
+    assert!(out.join("logs/rank2.log").is_file(), "the ranks' logs are in --out");
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("--json")).expect("JSON");
+    let rows = report["collectives"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4, "2 sizes x all_reduce, all_gather: {report}");
+    for r in rows.iter().chain(report["links"].as_array().expect("links")) {
+        let g = r.get("busbw_gbps").or(r.get("gbps")).and_then(Value::as_f64).expect("a bandwidth");
+        assert!(g.is_finite() && g > 0.0, "{r}");
+    }
+    assert_eq!(report["links"].as_array().map(Vec::len), Some(3));
+
+    let slow = run_launcher(&args(&[]), &[("SHARDTRAIN_FAULT", "1:0:throttle")]);
+    let text = slow.stdout();
+    assert_eq!(slow.code(), Some(4), "{text}\n{}", slow.stderr());
+    assert!(
+        text.contains("verdict: SLOW") && text.contains("rank 1 (node 0) is slow: all 2 of its links are"),
+        "{text}"
+    );
+    assert!(slow.stderr().contains("the network is slower than 20% of what is expected"), "{}", slow.stderr());
+
+    let expect = run_launcher(&args(&["--expect-gbps", "100000"]), &[]);
+    assert_eq!(expect.code(), Some(4), "{}", expect.stdout());
+    assert!(expect.stdout().contains("all_reduce of 1 MiB over the job's 3 ranks"), "{}", expect.stdout());
+    assert!(expect.stdout().contains("expected from --expect-gbps"), "{}", expect.stdout());
+}
+
+/// Two doctor launchers as two nodes, laid out by torchrun-style variables alone: one
+/// report on node 0 with links within and across nodes.
+#[test]
+fn doctor_checks_a_two_node_job_from_torchrun_variables() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port().to_string();
+    let json = dir.path().join("report.json");
+    let mut nodes: Vec<Background> = (0..2)
+        .map(|k| {
+            let mut a = vec!["doctor", "--cpus", "2", "--sizes", "64K", "--link-size", "256K", "--threshold", "0.05"];
+            let j = json.display().to_string();
+            if k == 0 {
+                a.extend(["--json", &j]);
+            }
+            let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+            let k = k.to_string();
+            let env = [
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port.as_str()),
+                ("WORLD_SIZE", "4"),
+                ("NODE_RANK", k.as_str()),
+                ("LOCAL_WORLD_SIZE", "2"),
+                ("SHARDTRAIN_JOB_TOKEN", "doctor-test-token"),
+            ];
+            Background::start(&a, &env, dir.path(), &format!("node{k}"))
+        })
+        .collect();
+    let codes: Vec<Option<i32>> = nodes.iter_mut().map(|n| n.wait(Duration::from_secs(60))).collect();
+    let stdout0 = nodes[0].stdout();
+    assert_eq!(codes, [Some(0), Some(0)], "{stdout0}\n{}\n{}", nodes[0].stderr(), nodes[1].stderr());
+    assert!(stdout0.contains("from the torchrun-style environment"), "{stdout0}");
+    assert!(stdout0.contains("network check: 4 rank(s) on 2 node(s)"), "{stdout0}");
+    assert!(
+        stdout0.contains("links within a node: 2 pair(s)") && stdout0.contains("links across nodes: 4 pair(s)"),
+        "{stdout0}"
+    );
+    assert!(nodes[1].stdout().contains("measured; the report is on node 0"), "{}", nodes[1].stdout());
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("--json")).expect("JSON");
+    assert_eq!(report["nodes"], 2);
+    let across = report["links"].as_array().expect("links").iter().filter(|l| l["across_nodes"] == true).count();
+    assert_eq!(across, 4);
+}

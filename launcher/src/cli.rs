@@ -42,6 +42,10 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Predict memory and step time per ZeRO stage and activation checkpointing on a cluster of K nodes × G GPUs.
     Plan(PlanArgs),
+    /// Check the network before a long run: start the job's ranks as training would (same flags and
+    /// environments), time all-reduce, all-gather and every pair of ranks, compare with what the GPUs and
+    /// NICs should give, and name a slow rank or link (exit code 4 below --threshold).
+    Doctor(crate::doctor::DoctorArgs),
     /// One rank of a job (started by the launcher; not for direct use).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -343,4 +347,7 @@ pub struct WorkerArgs {
     /// Continue from this checkpoint directory (validated by the launcher).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// `launcher doctor`: measure the network as its plan (JSON) says, instead of training.
+    #[arg(long, value_name = "FILE")]
+    pub doctor: Option<PathBuf>,
 }

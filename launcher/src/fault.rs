@@ -13,7 +13,9 @@
 //! - `kind = abort-mid-save`: that rank aborts while its background writer is in the middle
 //!   of the shard of the checkpoint of that step (`checkpoint.async`; after the file's first
 //!   tensor): a crash mid-write; `fail-mid-save`: the write fails there instead (as on a
-//!   full disk), and training must stop with that error.
+//!   full disk), and training must stop with that error;
+//! - `kind = throttle` (the step is not used): in `launcher doctor`, that rank's traffic is
+//!   held to [`THROTTLE_BYTES_PER_S`], a slow rank the report must name.
 //!
 //! Not a user feature: nothing sets it outside tests/launcher.rs. (Code 7 is no code the
 //! launcher gives a meaning: 2 and 3 mean a setup problem and a watchdog stop.)
@@ -25,6 +27,9 @@ use std::sync::Arc;
 /// The environment variable a worker reads.
 pub const FAULT_ENV: &str = "SHARDTRAIN_FAULT";
 
+/// `throttle`: a throttled rank's doctor traffic, bytes per second.
+pub const THROTTLE_BYTES_PER_S: f64 = 20e6;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultKind {
     Exit,
@@ -34,10 +39,11 @@ pub enum FaultKind {
     StopAtCollective,
     AbortMidSave,
     FailMidSave,
+    Throttle,
 }
 
 impl FaultKind {
-    const NAMES: [(&'static str, FaultKind); 7] = [
+    const NAMES: [(&'static str, FaultKind); 8] = [
         ("exit", FaultKind::Exit),
         ("abort", FaultKind::Abort),
         ("skip-collective", FaultKind::SkipCollective),
@@ -45,6 +51,7 @@ impl FaultKind {
         ("stop-at-collective", FaultKind::StopAtCollective),
         ("abort-mid-save", FaultKind::AbortMidSave),
         ("fail-mid-save", FaultKind::FailMidSave),
+        ("throttle", FaultKind::Throttle),
     ];
 
     /// Whether it acts at a collective (through [`Faulty`]) rather than after a step.
@@ -102,6 +109,11 @@ impl Fault {
             }
             _ => {}
         }
+    }
+
+    /// `throttle` for `rank`: the rate its doctor traffic is held to.
+    pub fn throttle(&self, rank: usize) -> Option<f64> {
+        (self.kind == FaultKind::Throttle && self.rank == rank).then_some(THROTTLE_BYTES_PER_S)
     }
 
     /// An `abort-mid-save` or `fail-mid-save` for `rank`: hook it into the background
@@ -177,7 +189,11 @@ impl<C: Communicator<[f32]>> Faulty<C> {
                 let _ = std::process::Command::new("kill").args(["-STOP", &std::process::id().to_string()]).status();
                 Ok(false)
             }
-            FaultKind::Exit | FaultKind::Abort | FaultKind::AbortMidSave | FaultKind::FailMidSave => Ok(false),
+            FaultKind::Exit
+            | FaultKind::Abort
+            | FaultKind::AbortMidSave
+            | FaultKind::FailMidSave
+            | FaultKind::Throttle => Ok(false),
         }
     }
 }

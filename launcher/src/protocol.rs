@@ -17,6 +17,7 @@
 //!    hang watchdog reads them) and
 //!    `Step { rank, metrics }` after every optimizer step; `LogLost { rank, lines, error }`
 //!    when lines of its log could not be written (a full disk), with the count so far;
+//!    `Doctor { rank, report }` once, in a `launcher doctor` run, instead of steps;
 //! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer, setup }` and exit
 //!    code 1 (2 when `setup`: a data, checkpoint or config problem);
 //! 5. launcher → rank `DumpFlight` when the job hangs or a rank failed: the rank answers
@@ -42,7 +43,7 @@ use trainer::StepMetrics;
 /// First bytes of every `Hello`: tells a shardtrain rank from a stray connection.
 pub const MAGIC: [u8; 8] = *b"SHRDTRN\0";
 /// Bumped whenever [`Msg`] changes; launcher and ranks must agree.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The first frame of a connection (its hello) may be at most this long.
 pub const MAX_HELLO_FRAME: usize = 64 << 10;
 /// Any later frame may be at most this long (a corrupt length, or not our protocol).
@@ -89,6 +90,8 @@ pub enum Msg {
     DumpFlight,
     /// `rank`'s flight recorder: its last collectives, oldest first.
     Flight { rank: u32, records: Vec<CollectiveRecord> },
+    /// `launcher doctor`: what `rank` measured (sent before its `Done`).
+    Doctor { rank: u32, report: Box<crate::doctor::report::RankReport> },
 }
 
 /// One collective of a rank's flight recorder (`collectives::flight::Record` on the wire).

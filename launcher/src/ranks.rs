@@ -61,6 +61,7 @@ pub fn spawn_all(
             .arg(local.to_string())
             .args(plan.gpu_map.get(local).map(|g| format!("--gpu={g}")))
             .args(plan.resume.iter().flat_map(|r| [std::ffi::OsStr::new("--resume"), r.dir.as_os_str()]))
+            .args(plan.doctor.iter().flat_map(|_| ["--doctor".into(), plan.resolved_config.with_extension("json")]))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::from(log))

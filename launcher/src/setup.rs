@@ -74,6 +74,8 @@ pub struct RunPlan {
     pub log_marker: Option<String>,
     /// Node 0's locks on the run's directories, held until the plan is dropped.
     pub locks: Option<std::sync::Arc<crate::rundir::Locks>>,
+    /// `launcher doctor`: the ranks measure the network instead of training.
+    pub doctor: Option<crate::doctor::Spec>,
 }
 
 impl RunPlan {
@@ -107,67 +109,22 @@ pub const OVERSUBSCRIBE_ENV: &str = "SHARDTRAIN_OVERSUBSCRIBE";
 /// cores only take turns (a few per core is useful for tests of sharding on a small machine).
 pub const RANKS_PER_CORE: usize = 8;
 
+/// Where this launcher stands in the job and what it starts: the device, the node layout,
+/// the job token, the GPUs and the rendezvous. Training and `launcher doctor` share it.
+pub(crate) struct Place {
+    device: Device,
+    local_ranks: usize,
+    layout: Layout,
+    token: JobToken,
+    nccl_id: Option<Vec<u8>>,
+    gpu_map: Vec<usize>,
+    master_addr: Option<SocketAddr>,
+}
+
 /// Check the arguments and config, prepare the data and the run directory.
 pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
-    let (device, local_ranks) = args.device().map_err(SetupError)?;
-    if let Some(reason) = device.unavailable_reason() {
-        return Err(SetupError(reason));
-    }
-    let layout = Layout::of(args, local_ranks)?;
+    let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(args)?;
     let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
-    if device == Device::Cpu && std::env::var_os(OVERSUBSCRIBE_ENV).is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        check_cpu_ranks(layout.host_ranks, cores)?;
-    }
-    if node_rank >= nnodes {
-        return Err(SetupError(format!(
-            "--node-rank {node_rank} is out of range for --nnodes {nnodes}: use 0 to {}",
-            nnodes - 1
-        )));
-    }
-    let token = crate::token::resolve(
-        args.job_token.as_deref(),
-        std::env::var(crate::token::TOKEN_ENV).ok().filter(|t| !t.is_empty()),
-        layout.env.as_ref().and_then(|e| e.token.clone()),
-        node_rank,
-    )?;
-    let mut nccl_id = None;
-    let mut gpu_map = Vec::new();
-    if device == Device::Gpu {
-        let spec = std::env::var(crate::device::GPU_MAP_ENV).ok();
-        gpu_map = match (&spec, args.one_rank) {
-            // A rank per process: its index on the host picks the GPU.
-            (None, true) => vec![crate::cluster::gpu_of_local_rank(
-                layout.env.as_ref().map_or(0, |e| e.local_rank),
-                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
-            )],
-            _ => crate::device::gpu_map(local_ranks, spec.as_deref()).map_err(SetupError)?,
-        };
-        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
-        let needed = gpu_map.iter().max().map_or(0, |g| g + 1);
-        let found = crate::gpu::preflight(needed).map_err(SetupError)?;
-        crate::out::say(&format!("launcher: {found}"));
-        if crate::device::shares_gpus(&gpu_map) {
-            crate::out::say(&format!(
-                "launcher: {}={} puts several ranks on one GPU; they talk through NCCL's network transport \
-                 (slow: for tests only)",
-                crate::device::GPU_MAP_ENV,
-                spec.unwrap_or_default()
-            ));
-        }
-        if node_rank == 0 {
-            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
-        }
-    }
-    let master_addr = match (&layout.master, nnodes > 1) {
-        (Some(hp), true) => Some(resolve_addr(hp)?),
-        (None, true) => {
-            return Err(SetupError(format!(
-                "--nnodes {nnodes} needs --master-addr HOST:PORT: node 0's address that every node can reach"
-            )))
-        }
-        (_, false) => None,
-    };
     let config_path =
         args.config.as_deref().ok_or_else(|| SetupError("no CONFIG given: launcher --cpus N CONFIG.toml".into()))?;
     let mut cfg = Config::load(config_path, &args.overrides)?;
@@ -282,7 +239,136 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         run_id: claim.map(|c| c.identity.run_id),
         log_marker,
         locks: locks.map(std::sync::Arc::new),
+        doctor: None,
     })
+}
+
+/// `launcher doctor`: the ranks of a job laid out as training would lay them out, started
+/// to measure the network (`spec`); no config, data or checkpoint. Their logs and the small
+/// config they read go to `out_dir` (node-local).
+pub fn plan_doctor(args: &LaunchArgs, spec: crate::doctor::Spec, out_dir: &Path) -> Result<RunPlan, SetupError> {
+    let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(args)?;
+    let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
+    let out_dir = absolute(out_dir);
+    // The ranks read a config (the watchdog and flight-recorder settings); no model is built.
+    let mut cfg = Config::from_toml_str(crate::doctor::CONFIG, "launcher doctor")?;
+    let as_given = cfg.clone();
+    cfg.output.dir = out_dir.clone();
+    let logs_dir = out_dir.join("logs");
+    std::fs::create_dir_all(&logs_dir).map_err(|e| {
+        SetupError(format!("cannot create {} for the ranks' logs: {e}; give a writable --out DIR", logs_dir.display()))
+    })?;
+    let mut fingerprint = crate::fingerprint::of(
+        &as_given,
+        &crate::fingerprint::Launch {
+            device: device.name(),
+            ranks_per_node: local_ranks,
+            nnodes,
+            resume_step: None,
+            train_tokens: 0,
+        },
+    );
+    fingerprint.push(("doctor.sizes".into(), format!("{:?}", spec.sizes)));
+    fingerprint.push(("doctor.link_bytes".into(), spec.link_bytes.to_string()));
+    fingerprint.sort();
+    let resolved_config = out_dir.join(format!("doctor.node{node_rank}.toml"));
+    let text = toml::to_string(&cfg)
+        .map_err(|e| SetupError(format!("cannot serialize the doctor's config: {e} (a bug: please report it)")))?;
+    write(&resolved_config, text.as_bytes())?;
+    let spec_path = out_dir.join(format!("doctor.node{node_rank}.json"));
+    let text = serde_json::to_vec(&spec)
+        .map_err(|e| SetupError(format!("cannot serialize the doctor's plan: {e} (a bug: please report it)")))?;
+    write(&spec_path, &text)?;
+    Ok(RunPlan {
+        metrics_path: out_dir.join("metrics.jsonl"),
+        cfg,
+        device,
+        local_ranks,
+        first_rank: node_rank * local_ranks,
+        world: nnodes * local_ranks,
+        node_rank,
+        master_addr,
+        master_name: layout.master.as_ref().filter(|_| nnodes > 1).map(|m| m.to_string()),
+        one_rank: args.one_rank,
+        host_ranks: layout.host_ranks,
+        env_source: layout.env.map(|e| e.source),
+        logs_dir,
+        resolved_config,
+        resume: None,
+        nccl_id,
+        token,
+        fingerprint,
+        gpu_map,
+        run_id: None,
+        log_marker: None,
+        locks: None,
+        doctor: Some(spec),
+    })
+}
+
+/// The part of a launch that does not depend on the config: device, layout, token, GPUs,
+/// rendezvous.
+pub(crate) fn place(args: &LaunchArgs) -> Result<Place, SetupError> {
+    let (device, local_ranks) = args.device().map_err(SetupError)?;
+    if let Some(reason) = device.unavailable_reason() {
+        return Err(SetupError(reason));
+    }
+    let layout = Layout::of(args, local_ranks)?;
+    let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
+    if device == Device::Cpu && std::env::var_os(OVERSUBSCRIBE_ENV).is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        check_cpu_ranks(layout.host_ranks, cores)?;
+    }
+    if node_rank >= nnodes {
+        return Err(SetupError(format!(
+            "--node-rank {node_rank} is out of range for --nnodes {nnodes}: use 0 to {}",
+            nnodes - 1
+        )));
+    }
+    let token = crate::token::resolve(
+        args.job_token.as_deref(),
+        std::env::var(crate::token::TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+        layout.env.as_ref().and_then(|e| e.token.clone()),
+        node_rank,
+    )?;
+    let mut nccl_id = None;
+    let mut gpu_map = Vec::new();
+    if device == Device::Gpu {
+        let spec = std::env::var(crate::device::GPU_MAP_ENV).ok();
+        gpu_map = match (&spec, args.one_rank) {
+            // A rank per process: its index on the host picks the GPU.
+            (None, true) => vec![crate::cluster::gpu_of_local_rank(
+                layout.env.as_ref().map_or(0, |e| e.local_rank),
+                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            )],
+            _ => crate::device::gpu_map(local_ranks, spec.as_deref()).map_err(SetupError)?,
+        };
+        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
+        let needed = gpu_map.iter().max().map_or(0, |g| g + 1);
+        let found = crate::gpu::preflight(needed).map_err(SetupError)?;
+        crate::out::say(&format!("launcher: {found}"));
+        if crate::device::shares_gpus(&gpu_map) {
+            crate::out::say(&format!(
+                "launcher: {}={} puts several ranks on one GPU; they talk through NCCL's network transport \
+                 (slow: for tests only)",
+                crate::device::GPU_MAP_ENV,
+                spec.unwrap_or_default()
+            ));
+        }
+        if node_rank == 0 {
+            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
+        }
+    }
+    let master_addr = match (&layout.master, nnodes > 1) {
+        (Some(hp), true) => Some(resolve_addr(hp)?),
+        (None, true) => {
+            return Err(SetupError(format!(
+                "--nnodes {nnodes} needs --master-addr HOST:PORT: node 0's address that every node can reach"
+            )))
+        }
+        (_, false) => None,
+    };
+    Ok(Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr })
 }
 
 /// This launcher's place in the job: the flags, and for what they leave out the scheduler's

@@ -107,6 +107,8 @@ struct RankState {
     heard: Option<protocol::CollectiveRecord>,
     /// Asked for its flight recorder.
     dump_asked: bool,
+    /// `launcher doctor`: what it measured.
+    doctor: Option<crate::doctor::report::RankReport>,
 }
 
 impl RankState {
@@ -374,6 +376,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                         }
                     }
                     Msg::Flight { records, .. } => ranks[rank].flight = Some(records),
+                    Msg::Doctor { report, .. } if plan.doctor.is_some() => ranks[rank].doctor = Some(*report),
                     Msg::Done { .. } => {
                         ranks[rank].done = true;
                         if let Some(w) = watchdog.as_mut() {
@@ -487,6 +490,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
 
     let lost = lost_log_lines(plan, &ranks);
     match stop {
+        None if plan.doctor.is_some() => doctor_verdict(plan, &mut ranks),
         None => {
             match &metrics {
                 Some(log) => out::say(&log.summary()),
@@ -520,6 +524,44 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             Err(JobError { code, message }.into())
         }
     }
+}
+
+/// `launcher doctor`'s end: node 0 prints the report of every rank's measurements and fails
+/// with [`crate::doctor::SLOW_EXIT`] when something is slow; other nodes say where it is.
+fn doctor_verdict(plan: &RunPlan, ranks: &mut [RankState]) -> anyhow::Result<()> {
+    let spec = plan.doctor.as_ref().context("a doctor run without its plan (a bug: please report it)")?;
+    if !plan.is_master() {
+        out::say(&format!("{}: measured; the report is on node 0", plan.launcher_name(plan.node_rank)));
+        return Ok(());
+    }
+    let missing: Vec<usize> = (0..plan.world).filter(|&r| ranks[r].doctor.is_none()).collect();
+    if !missing.is_empty() {
+        anyhow::bail!("launcher doctor: ranks {} finished without sending their measurements", join(&missing));
+    }
+    let reports: Vec<_> = ranks.iter_mut().map(|r| r.doctor.take().unwrap_or_default()).collect();
+    let node_of = crate::doctor::nodes_of(&reports, plan.local_ranks, plan.one_rank);
+    let report = crate::doctor::report::analyse(&crate::doctor::report::Input {
+        spec,
+        node_of,
+        ranks: reports,
+        gpu: plan.device == crate::device::Device::Gpu,
+    });
+    out::say(&report.text());
+    if let Some(path) = &spec.json {
+        let text = serde_json::to_vec_pretty(&report).context("serializing the doctor's report")?;
+        std::fs::write(path, text).with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
+    if report.ok() {
+        return Ok(());
+    }
+    Err(JobError {
+        code: crate::doctor::SLOW_EXIT,
+        message: format!(
+            "launcher doctor: the network is slower than {:.0}% of what is expected (see the verdict above)",
+            spec.threshold * 100.0
+        ),
+    }
+    .into())
 }
 
 /// The summary's line on rank log lines that could not be written (node 0 hears from every

@@ -325,9 +325,18 @@ fn run_connected(
         f.install_save_hook(rank);
     }
     let cfg = Config::load(&args.config, &[]).map_err(|e| Failure::from(TrainError::from(e)))?;
-    let data_path = cfg.data.path.clone().ok_or_else(|| {
-        format!("{} has no data.path: the launcher writes it; start ranks through the launcher", args.config.display())
-    })?;
+    let doctor = args.doctor.as_deref().map(crate::doctor::read_spec).transpose()?;
+    let data_path = match (&doctor, cfg.data.path.clone()) {
+        (Some(_), _) => std::path::PathBuf::new(),
+        (None, Some(p)) => p,
+        (None, None) => {
+            return Err(format!(
+                "{} has no data.path: the launcher writes it; start ranks through the launcher",
+                args.config.display()
+            )
+            .into())
+        }
+    };
 
     let pending = TcpComm::bind(&SocketAddr::new(args.bind_host, 0).to_string())
         .map_err(|e| format!("cannot bind the data-plane listener on {}: {e}", args.bind_host))?;
@@ -379,6 +388,25 @@ fn run_connected(
         setup: false,
     })?;
     trainer::log_line!("rank {rank}/{world}: group connected");
+    if let Some(spec) = doctor {
+        let throttle = fault.and_then(|f| f.throttle(rank));
+        let result = crate::doctor::rank(crate::doctor::RankRun {
+            spec: &spec,
+            device: args.device,
+            comm,
+            rank,
+            world,
+            gpu: args.gpu.unwrap_or(args.local_rank) as usize,
+            nccl_id: nccl_id.as_deref(),
+            throttle,
+            progress: &progress,
+        });
+        finished.store(true, Ordering::SeqCst);
+        let report = result?;
+        tx.send(&Msg::Doctor { rank: args.rank, report: Box::new(report) })
+            .map_err(|e| format!("cannot send the measurements to the launcher: {e}"))?;
+        return Ok(());
+    }
 
     let total = cfg.train.steps;
     let on_step_progress = progress.clone();
