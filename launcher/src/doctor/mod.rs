@@ -249,7 +249,10 @@ pub struct RankRun<'a> {
 pub fn rank(run: RankRun) -> Result<report::RankReport, String> {
     let gpu = run.device == Device::Gpu;
     let hardware = hardware::Hardware::of_this_rank(gpu.then_some(run.gpu));
-    let measured = if gpu {
+    let measured = if run.world < 2 {
+        // Nothing crosses a link: no communicator to make (the report says so).
+        measure::Measured::default()
+    } else if gpu {
         let _host_group = run.comm;
         let id = run.nccl_id.ok_or("the launcher sent no NCCL id for a GPU job")?;
         gpu::measure_rank(run.spec, run.rank, run.world, run.gpu, id, run.progress)?
