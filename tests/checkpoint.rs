@@ -524,6 +524,46 @@ fn asynchronous_checkpoints_are_the_synchronous_ones_and_resume_exactly() {
     }
 }
 
+/// `checkpoint.async` saves one after the other: the second waits for the first (the host
+/// copy is one), and the first is complete and pruned by `keep = 1` once the second is
+/// published; the second resumes exactly. Both saves' stalls are measured.
+#[test]
+fn consecutive_asynchronous_saves_wait_for_each_other() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let ck = dir.path().join("ck");
+    let mut cfg = cfg_for(2, 2, &ck);
+    cfg.checkpoint.async_save = true;
+    cfg.checkpoint.every = 1;
+    cfg.checkpoint.keep = 1;
+    cfg.validate().expect("valid");
+    let full = run(&cfg_for(2, 2, &dir.path().join("plain")), 2, &data, None, 6, false);
+    let (c, d) = (cfg.clone(), data.clone());
+    let stalls = common::run_ranks(2, move |rank, mut comm| {
+        let be = CpuBackend;
+        let mut tr = Trainer::new(&c, &be, rank, 2, &d).expect("trainer");
+        let mut saves = vec![];
+        while tr.step < 3 {
+            tr.train_step(&be, &mut comm).expect("step");
+            if tr.step >= 2 {
+                tr.save_checkpoint(&be, &mut comm).expect("save started");
+                saves.push(tr.take_save_metrics().expect("a save's stall"));
+            }
+        }
+        let last = tr.finish_saves().expect("the last save");
+        assert_eq!(last.as_deref().and_then(|p| p.file_name()).and_then(|n| n.to_str()), Some("step_00000003"));
+        saves
+    });
+    for s in stalls.iter().flatten() {
+        assert!(s.background && s.bytes > 0 && s.stall_s >= s.waited_s, "{s:?}");
+    }
+    let names: Vec<String> =
+        std::fs::read_dir(&ck).expect("ls").map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
+    assert_eq!(names, ["step_00000003"], "step 2 complete, then pruned by keep = 1 after step 3");
+    let rest = run(&cfg_for(2, 2, &dir.path().join("plain")), 2, &data, Some(ck.join("step_00000003")), 6, false);
+    assert_eq!(rest, full[3..].to_vec(), "resumed from the second asynchronous save");
+}
+
 /// A Llama in and out of Hugging Face folders: an untied tiny Llama's checkpoint exported
 /// as a sharded folder, imported with `[model]` left out (the shape from its config.json)
 /// on one rank at stage 0 and on three at stage 3 (each rank reading its own range of each
