@@ -27,6 +27,23 @@ pub struct StepMetrics {
     /// With the optimizer offloaded: the host AdamW's time and parameters this step.
     #[serde(default)]
     pub host_optimizer: Option<crate::optim::HostAdamWStats>,
+    /// A checkpoint saved at the end of this step: how long it held training up.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointMetrics>,
+}
+
+/// A checkpoint save as the training thread saw it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointMetrics {
+    /// Seconds the step boundary was blocked: the whole save when synchronous; with
+    /// `checkpoint.async` waiting for the previous save, the barrier and the host copy.
+    pub stall_s: f64,
+    /// Of that, waiting for the previous background save (0 when synchronous).
+    pub waited_s: f64,
+    /// Bytes of optimizer state this rank saves.
+    pub bytes: u64,
+    /// Written in the background (`checkpoint.async`).
+    pub background: bool,
 }
 
 pub use crate::backend::{DeviceMemory, RuntimeMemory};

@@ -12,7 +12,12 @@
 //!
 //! The data position is the step: batches are a pure function of (seed, step, row), and
 //! initialisation is counter-based, so there is no other RNG state to save.
+//!
+//! `save.rs` writes a checkpoint while every rank waits; `background.rs` (`checkpoint.async`)
+//! copies each rank's shard to host memory at the step boundary and writes the same files on
+//! a thread while training goes on.
 
+pub mod background;
 pub mod hf;
 pub mod init;
 pub mod load;
