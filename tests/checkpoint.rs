@@ -462,6 +462,109 @@ fn delayed_update_resumes_exactly() {
     assert_eq!(rest, full[3..].to_vec(), "CPU backend: the same bits after the resume");
 }
 
+/// `checkpoint.async`: the shard is copied to host memory at the step boundary and written
+/// while training goes on (steps 4 and 5 run before the save is waited for). The files are
+/// the synchronous save's byte for byte, on every stage, with the optimizer on the device
+/// or the host, and resuming from them continues the uninterrupted run exactly.
+#[test]
+fn asynchronous_checkpoints_are_the_synchronous_ones_and_resume_exactly() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for (stage, offload) in [(0u8, false), (1, false), (2, true), (3, false)] {
+        let sync_ck = dir.path().join(format!("sync{stage}"));
+        let mut sync_cfg = cfg_for(2, stage, &sync_ck);
+        sync_cfg.offload.optimizer = offload;
+        let full = run(&sync_cfg, 2, &data, None, 6, false);
+        run(&sync_cfg, 2, &data, None, 3, true);
+
+        let async_ck = dir.path().join(format!("async{stage}"));
+        let mut cfg = sync_cfg.clone();
+        cfg.checkpoint.dir = Some(async_ck.clone());
+        cfg.checkpoint.async_save = true;
+        cfg.checkpoint.every = 3;
+        cfg.validate().expect("valid");
+        let (c, d) = (cfg.clone(), data.clone());
+        let mut went_on = common::run_ranks(2, move |rank, mut comm| {
+            let be = CpuBackend::new();
+            let mut tr = Trainer::new(&c, &be, rank, 2, &d).expect("trainer");
+            let mut losses = vec![];
+            while tr.step < 6 {
+                losses.push(tr.train_step(&be, &mut comm).expect("step").loss);
+                if tr.step == 3 {
+                    let dir = tr.save_checkpoint(&be, &mut comm).expect("save started");
+                    assert_eq!(dir.file_name().and_then(|n| n.to_str()), Some("step_00000003"));
+                }
+            }
+            tr.finish_saves().expect("the save in the background").is_some()
+        });
+        assert!(went_on.iter().all(|waited| *waited), "stage {stage}: every rank had a save to wait for");
+        went_on.clear();
+        for file in ["rank00000.safetensors", "rank00001.safetensors"] {
+            let a = std::fs::read(sync_ck.join("step_00000003").join(file)).expect("sync file");
+            let b = std::fs::read(async_ck.join("step_00000003").join(file)).expect("async file");
+            assert!(
+                a == b,
+                "stage {stage} offload {offload}: {file} differs between the synchronous and asynchronous save"
+            );
+        }
+        // The manifests agree but for the config they record (checkpoint.dir, async, every).
+        let manifest = |ck: &Path| {
+            let text = std::fs::read_to_string(ck.join("step_00000003/manifest.json")).expect("manifest");
+            let mut m: serde_json::Value = serde_json::from_str(&text).expect("json");
+            m.as_object_mut().expect("object").remove("config_toml");
+            m
+        };
+        assert_eq!(manifest(&sync_ck), manifest(&async_ck), "stage {stage}: manifests");
+        let names: Vec<String> = std::fs::read_dir(&async_ck)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into())
+            .collect();
+        assert_eq!(names, ["step_00000003"], "stage {stage}: nothing else left behind");
+        let rest = run(&sync_cfg, 2, &data, Some(async_ck.join("step_00000003")), 6, false);
+        assert_eq!(rest, full[3..].to_vec(), "stage {stage}: resumed from the asynchronous checkpoint");
+    }
+}
+
+/// `checkpoint.async` saves one after the other: the second waits for the first (the host
+/// copy is one), and the first is complete and pruned by `keep = 1` once the second is
+/// published; the second resumes exactly. Both saves' stalls are measured.
+#[test]
+fn consecutive_asynchronous_saves_wait_for_each_other() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let ck = dir.path().join("ck");
+    let mut cfg = cfg_for(2, 2, &ck);
+    cfg.checkpoint.async_save = true;
+    cfg.checkpoint.every = 1;
+    cfg.checkpoint.keep = 1;
+    cfg.validate().expect("valid");
+    let full = run(&cfg_for(2, 2, &dir.path().join("plain")), 2, &data, None, 6, false);
+    let (c, d) = (cfg.clone(), data.clone());
+    let stalls = common::run_ranks(2, move |rank, mut comm| {
+        let be = CpuBackend::new();
+        let mut tr = Trainer::new(&c, &be, rank, 2, &d).expect("trainer");
+        let mut saves = vec![];
+        while tr.step < 3 {
+            tr.train_step(&be, &mut comm).expect("step");
+            if tr.step >= 2 {
+                tr.save_checkpoint(&be, &mut comm).expect("save started");
+                saves.push(tr.take_save_metrics().expect("a save's stall"));
+            }
+        }
+        let last = tr.finish_saves().expect("the last save");
+        assert_eq!(last.as_deref().and_then(|p| p.file_name()).and_then(|n| n.to_str()), Some("step_00000003"));
+        saves
+    });
+    for s in stalls.iter().flatten() {
+        assert!(s.background && s.bytes > 0 && s.stall_s >= s.waited_s, "{s:?}");
+    }
+    let names: Vec<String> =
+        std::fs::read_dir(&ck).expect("ls").map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
+    assert_eq!(names, ["step_00000003"], "step 2 complete, then pruned by keep = 1 after step 3");
+    let rest = run(&cfg_for(2, 2, &dir.path().join("plain")), 2, &data, Some(ck.join("step_00000003")), 6, false);
+    assert_eq!(rest, full[3..].to_vec(), "resumed from the second asynchronous save");
+}
+
 /// A Llama in and out of Hugging Face folders: an untied tiny Llama's checkpoint exported
 /// as a sharded folder, imported with `[model]` left out (the shape from its config.json)
 /// on one rank at stage 0 and on three at stage 3 (each rank reading its own range of each

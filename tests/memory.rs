@@ -390,3 +390,32 @@ fn fp8_cache_document_mask_and_kept_gelu_together_are_predicted_exactly() {
         assert_eq!(added(&all), fp8 + mask + gelu, "stage {stage}: together, the sum of each alone");
     }
 }
+
+/// `checkpoint.async` keeps a host copy of each rank's checkpoint shard (fp32 master weights,
+/// AdamW m and v of its range of every unit: 12 bytes per element), counted as host memory
+/// and predicted exactly, on every stage and with the optimizer on the host too; the device
+/// memory is what it is without it.
+#[test]
+fn the_asynchronous_checkpoint_copy_is_host_memory_predicted_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for stage in 0..=3u8 {
+        for offload in ["", "\n[offload]\noptimizer = true\n"] {
+            let base = common::tiny_toml(stage, 2, "\"none\"") + offload;
+            let with = base.clone() + "\n[checkpoint]\nevery = 2\nasync = true\n";
+            let plain = Config::from_toml_str(&base, "t").expect("cfg");
+            let cfg = Config::from_toml_str(&with, "t").expect("cfg");
+            let got = measured(&cfg, 2, &data);
+            for (rank, m) in got.iter().enumerate() {
+                let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+                assert_eq!(&p, m, "stage {stage} {offload:?} rank {rank}: predicted vs measured");
+                let without = predict(&plain, 2, rank, DeviceModel::cpu()).expect("predict");
+                assert_eq!(m.current, without.current, "stage {stage}: the copy is not device memory");
+                assert_eq!(m.host.checkpoint, m.host.total() - without.host.total(), "stage {stage}: {:?}", m.host);
+            }
+            // Together the ranks copy 12 bytes for every parameter of the model, once.
+            let psi = trainer::model::ModelLayout::new(&cfg.model).num_params() as u64;
+            assert_eq!(got.iter().map(|m| m.host.checkpoint).sum::<u64>(), 12 * psi, "stage {stage} {offload:?}");
+        }
+    }
+}

@@ -14,6 +14,7 @@
 //! - Reductions are summed in rank order 0, 1, …, world-1 so results are
 //!   bit-identical from run to run (determinism is a project rule).
 
+pub mod flight;
 #[cfg(feature = "nccl")]
 pub mod local;
 #[cfg(feature = "nccl")]

@@ -537,6 +537,53 @@ impl NcclComm {
     }
 }
 
+impl NcclComm {
+    /// A point-to-point exchange with `peer` (`ncclSend` and `ncclRecv` in one group), then
+    /// a wait on the host: the network check times links with it. Ranks call it in rounds of
+    /// disjoint pairs; `None` sits a round out (nothing to do on NCCL's side).
+    pub fn exchange_with<T: NcclType>(
+        &mut self,
+        peer: Option<usize>,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+    ) -> Result<(), CommError> {
+        let Some(p) = peer else { return Ok(()) };
+        let n = send.len();
+        if recv.len() != n || p >= self.world || p == self.rank {
+            return Err(self.bad_size(
+                "exchange",
+                format!("rank {} with rank {p}: send has {n} elements, recv {}", self.rank, recv.len()),
+            ));
+        }
+        let peer = i32::try_from(p).map_err(|_| CommError::Other(format!("rank {p} does not fit an int")))?;
+        self.after_compute("exchange")?;
+        {
+            let stream = &self.comm_stream;
+            let (src, _read) = send.device_ptr(stream);
+            let (dst, _write) = recv.device_ptr_mut(stream);
+            let s = nccl_stream(stream);
+            // SAFETY: device pointers of live buffers of n elements (checked above), on the
+            // communication stream; the group is opened and closed within this one call.
+            self.raw.call("exchange", |c| unsafe {
+                let opened = sys::ncclGroupStart();
+                if opened != sys::ncclResult_t::ncclSuccess {
+                    return opened;
+                }
+                let sent = sys::ncclSend(src as _, n, T::as_nccl_type(), peer, c, s);
+                let got = sys::ncclRecv(dst as _, n, T::as_nccl_type(), peer, c, s);
+                let closed = sys::ncclGroupEnd();
+                [sent, got].into_iter().find(|r| !ok_or_pending(*r)).unwrap_or(closed)
+            })?;
+        }
+        self.sync("exchange")
+    }
+}
+
+/// A call that succeeded or is still running (a non-blocking communicator's answer).
+fn ok_or_pending(r: sys::ncclResult_t) -> bool {
+    matches!(r, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress)
+}
+
 /// The raw stream handle NCCL wants.
 fn nccl_stream(stream: &CudaStream) -> sys::cudaStream_t {
     stream.cu_stream() as sys::cudaStream_t

@@ -12,11 +12,21 @@
 //!
 //! Every update also bumps [`Snapshot::events`], so "has this rank made progress since the
 //! last heartbeat" is one comparison.
+//!
+//! The same [`Progress`] holds the rank's [flight recorder](crate::flight): `Tracked` records
+//! each collective's kind, bytes and element type there, with the unit the engine is working
+//! on ([`unit_scope`]), the step, micro-step and phase.
 
+use crate::flight::{now_us, FlightRecorder, Payload, Record, State};
 use crate::{AllGatherInPlace, CommError, Communicator, Group, Pending, ReduceOp};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+
+/// Collectives a rank's flight recorder keeps unless told otherwise (`watchdog.flight_records`).
+pub const DEFAULT_FLIGHT_RECORDS: usize = 64;
+/// `Progress::unit` when the engine named no unit.
+const NO_UNIT: u32 = u32::MAX;
 
 /// A collective (or the communicator's set-up), as named in watchdog reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +115,7 @@ impl Phase {
 }
 
 /// One rank's position, updated by the training thread and read by its heartbeat thread.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Progress {
     events: AtomicU64,
     steps_done: AtomicU64,
@@ -114,6 +124,15 @@ pub struct Progress {
     last_op: AtomicU8,
     inside: AtomicU8,
     phase: AtomicU8,
+    /// The unit the engine is gathering or reducing now ([`NO_UNIT`]: none).
+    unit: AtomicU32,
+    flight: FlightRecorder,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress::with_flight_records(DEFAULT_FLIGHT_RECORDS)
+    }
 }
 
 /// A copy of a [`Progress`] at one moment.
@@ -137,6 +156,26 @@ pub struct Snapshot {
 impl Progress {
     pub fn new() -> Progress {
         Progress::default()
+    }
+
+    /// A progress whose flight recorder keeps the last `n` collectives (0: none).
+    pub fn with_flight_records(n: usize) -> Progress {
+        Progress {
+            events: AtomicU64::new(0),
+            steps_done: AtomicU64::new(0),
+            micro: AtomicU32::new(0),
+            collectives: AtomicU64::new(0),
+            last_op: AtomicU8::new(0),
+            inside: AtomicU8::new(0),
+            phase: AtomicU8::new(0),
+            unit: AtomicU32::new(NO_UNIT),
+            flight: FlightRecorder::new(n),
+        }
+    }
+
+    /// This rank's flight recorder.
+    pub fn flight(&self) -> &FlightRecorder {
+        &self.flight
     }
 
     fn bump(&self) {
@@ -167,15 +206,40 @@ impl Progress {
     }
 
     /// The rank enters `op` and may block in it until the returned guard is dropped.
-    /// [`Op::Wait`] and [`Op::Connect`] are not counted as collectives.
+    /// [`Op::Wait`] and [`Op::Connect`] are not counted as collectives; the others are, and
+    /// recorded in the flight recorder without a size (see [`Progress::enter_collective`]).
     pub fn enter(&self, op: Op) -> Inside<'_> {
-        if !matches!(op, Op::Wait | Op::Connect) {
-            self.collectives.fetch_add(1, Ordering::Relaxed);
+        if matches!(op, Op::Wait | Op::Connect) {
+            self.last_op.store(op.code(), Ordering::Relaxed);
+            self.inside.store(op.code(), Ordering::Relaxed);
+            self.bump();
+            return Inside { progress: self, seq: None };
         }
+        self.enter_collective(op, 0, "-")
+    }
+
+    /// The rank enters collective `op` on `bytes` bytes of `dtype`: counted, and recorded in
+    /// the flight recorder until the guard says how it returned ([`Inside::returned`]).
+    pub fn enter_collective(&self, op: Op, bytes: u64, dtype: &'static str) -> Inside<'_> {
+        let seq = self.collectives.fetch_add(1, Ordering::Relaxed) + 1;
         self.last_op.store(op.code(), Ordering::Relaxed);
         self.inside.store(op.code(), Ordering::Relaxed);
         self.bump();
-        Inside(self)
+        let unit = self.unit.load(Ordering::Relaxed);
+        self.flight.begin(Record {
+            seq,
+            op,
+            bytes,
+            dtype,
+            unit: (unit != NO_UNIT).then_some(unit),
+            steps_done: self.steps_done.load(Ordering::Relaxed),
+            micro: self.micro.load(Ordering::Relaxed),
+            phase: Phase::from_code(self.phase.load(Ordering::Relaxed)),
+            start_us: now_us(),
+            end_us: None,
+            state: State::Running,
+        });
+        Inside { progress: self, seq: Some(seq) }
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -194,12 +258,60 @@ impl Progress {
 
 /// Marks a rank as inside a collective until dropped.
 #[must_use = "the rank counts as inside the collective only while this guard lives"]
-pub struct Inside<'a>(&'a Progress);
+pub struct Inside<'a> {
+    progress: &'a Progress,
+    /// The flight record of a collective, until its end is recorded.
+    seq: Option<u64>,
+}
+
+impl Inside<'_> {
+    /// The call returned `result`; on success the collective is `ok` ([`State::Done`], or
+    /// [`State::Queued`] for a started one).
+    pub fn returned<T>(mut self, result: Result<T, CommError>, ok: State) -> Result<T, CommError> {
+        if let Some(seq) = self.seq.take() {
+            self.progress.flight.end(seq, if result.is_ok() { ok } else { State::Failed });
+        }
+        result
+    }
+
+    /// A `*_start` call returned `result`: queued while the collective runs on, done when
+    /// the communicator completed it before returning ([`Pending::DONE`], as TCP does).
+    pub fn started(self, result: Result<Pending, CommError>) -> Result<Pending, CommError> {
+        let ok = if matches!(result, Ok(Pending::DONE)) { State::Done } else { State::Queued };
+        self.returned(result, ok)
+    }
+}
 
 impl Drop for Inside<'_> {
     fn drop(&mut self) {
-        self.0.inside.store(0, Ordering::Relaxed);
-        self.0.bump();
+        if let Some(seq) = self.seq.take() {
+            // Left without `returned` (a panic, or a guard dropped early): not known to be done.
+            self.progress.flight.end(seq, State::Failed);
+        }
+        self.progress.inside.store(0, Ordering::Relaxed);
+        self.progress.bump();
+    }
+}
+
+/// The engine works on unit `unit` until the guard is dropped: collectives recorded
+/// meanwhile carry it (on the [`Progress`] [`install`]ed for this thread; a no-op without one).
+pub fn unit_scope(unit: usize) -> UnitScope {
+    let unit = u32::try_from(unit).unwrap_or(NO_UNIT - 1);
+    let mut before = NO_UNIT;
+    with_current(|p| before = p.unit.swap(unit, Ordering::Relaxed));
+    UnitScope { before }
+}
+
+/// Restores the unit noted before [`unit_scope`] when dropped.
+#[must_use = "the unit is noted only while this guard lives"]
+pub struct UnitScope {
+    before: u32,
+}
+
+impl Drop for UnitScope {
+    fn drop(&mut self) {
+        let before = self.before;
+        with_current(|p| p.unit.store(before, Ordering::Relaxed));
     }
 }
 
@@ -264,8 +376,8 @@ impl<C: Group> Group for Tracked<C> {
         self.inner.world()
     }
     fn barrier(&mut self) -> Result<(), CommError> {
-        let _in = self.progress.enter(Op::Barrier);
-        self.inner.barrier()
+        let g = self.progress.enter_collective(Op::Barrier, 0, "-");
+        g.returned(self.inner.barrier(), State::Done)
     }
     fn wait(&mut self, p: Pending) -> Result<(), CommError> {
         if p == Pending::DONE {
@@ -276,41 +388,41 @@ impl<C: Group> Group for Tracked<C> {
     }
 }
 
-impl<B: ?Sized, C: AllGatherInPlace<B>> AllGatherInPlace<B> for Tracked<C> {
+impl<B: ?Sized + Payload, C: AllGatherInPlace<B>> AllGatherInPlace<B> for Tracked<C> {
     fn all_gather_in_place_start(&mut self, buf: &mut B) -> Result<Pending, CommError> {
-        let _in = self.progress.enter(Op::AllGather);
-        self.inner.all_gather_in_place_start(buf)
+        let g = self.progress.enter_collective(Op::AllGather, buf.payload_bytes(), buf.dtype_name());
+        g.started(self.inner.all_gather_in_place_start(buf))
     }
 }
 
-impl<B: ?Sized, C: Communicator<B>> Communicator<B> for Tracked<C> {
+impl<B: ?Sized + Payload, C: Communicator<B>> Communicator<B> for Tracked<C> {
     fn all_gather(&mut self, send: &B, recv: &mut B) -> Result<(), CommError> {
-        let _in = self.progress.enter(Op::AllGather);
-        self.inner.all_gather(send, recv)
+        let g = self.progress.enter_collective(Op::AllGather, send.payload_bytes(), send.dtype_name());
+        g.returned(self.inner.all_gather(send, recv), State::Done)
     }
     fn reduce_scatter(&mut self, send: &B, recv: &mut B, op: ReduceOp) -> Result<(), CommError> {
-        let _in = self.progress.enter(Op::ReduceScatter);
-        self.inner.reduce_scatter(send, recv, op)
+        let g = self.progress.enter_collective(Op::ReduceScatter, send.payload_bytes(), send.dtype_name());
+        g.returned(self.inner.reduce_scatter(send, recv, op), State::Done)
     }
     fn all_reduce(&mut self, buf: &mut B, op: ReduceOp) -> Result<(), CommError> {
-        let _in = self.progress.enter(Op::AllReduce);
-        self.inner.all_reduce(buf, op)
+        let g = self.progress.enter_collective(Op::AllReduce, buf.payload_bytes(), buf.dtype_name());
+        g.returned(self.inner.all_reduce(buf, op), State::Done)
     }
     fn broadcast(&mut self, buf: &mut B, root: usize) -> Result<(), CommError> {
-        let _in = self.progress.enter(Op::Broadcast);
-        self.inner.broadcast(buf, root)
+        let g = self.progress.enter_collective(Op::Broadcast, buf.payload_bytes(), buf.dtype_name());
+        g.returned(self.inner.broadcast(buf, root), State::Done)
     }
     fn all_gather_start(&mut self, send: &B, recv: &mut B) -> Result<Pending, CommError> {
-        let _in = self.progress.enter(Op::AllGather);
-        self.inner.all_gather_start(send, recv)
+        let g = self.progress.enter_collective(Op::AllGather, send.payload_bytes(), send.dtype_name());
+        g.started(self.inner.all_gather_start(send, recv))
     }
     fn reduce_scatter_start(&mut self, send: &B, recv: &mut B, op: ReduceOp) -> Result<Pending, CommError> {
-        let _in = self.progress.enter(Op::ReduceScatter);
-        self.inner.reduce_scatter_start(send, recv, op)
+        let g = self.progress.enter_collective(Op::ReduceScatter, send.payload_bytes(), send.dtype_name());
+        g.started(self.inner.reduce_scatter_start(send, recv, op))
     }
     fn all_reduce_start(&mut self, buf: &mut B, op: ReduceOp) -> Result<Pending, CommError> {
-        let _in = self.progress.enter(Op::AllReduce);
-        self.inner.all_reduce_start(buf, op)
+        let g = self.progress.enter_collective(Op::AllReduce, buf.payload_bytes(), buf.dtype_name());
+        g.started(self.inner.all_reduce_start(buf, op))
     }
 }
 
@@ -393,5 +505,62 @@ mod tests {
             assert_eq!(buf, vec![2.0; 4]);
             assert_eq!((s.collectives, s.last_op, s.inside), (4, Some(Op::Barrier), false), "{s:?}");
         }
+    }
+
+    #[test]
+    fn the_flight_recorder_numbers_sizes_and_ends_every_collective() {
+        let comms = TcpComm::local_group(2).expect("group");
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let p = Arc::new(Progress::with_flight_records(3));
+                    install(p.clone());
+                    let mut t = Tracked::new(c, p.clone());
+                    note_phase(Phase::Training);
+                    note_micro_step(1);
+                    let mut buf = [1.0f32; 4];
+                    {
+                        let _u = unit_scope(7);
+                        t.all_reduce(&mut buf[..], ReduceOp::Sum).expect("all_reduce");
+                    }
+                    let mut out = [0.0f32; 8];
+                    let pending = t.all_gather_start(&buf[..], &mut out[..]).expect("start");
+                    t.wait(pending).expect("wait");
+                    t.barrier().expect("barrier");
+                    // Sizes that do not fit: the call fails and is recorded so.
+                    let mut wrong = [0.0f32; 3];
+                    assert!(t.all_gather(&buf[..], &mut wrong[..]).is_err());
+                    p.flight().records()
+                })
+            })
+            .collect();
+        for h in handles {
+            let r = h.join().expect("rank");
+            // The ring of 3 kept the newest: #2 all_gather (started, and complete when TCP
+            // returns), #3 barrier, #4 the failed one.
+            let got: Vec<(u64, Op, u64, State)> = r.iter().map(|r| (r.seq, r.op, r.bytes, r.state)).collect();
+            assert_eq!(
+                got,
+                [
+                    (2, Op::AllGather, 16, State::Done),
+                    (3, Op::Barrier, 0, State::Done),
+                    (4, Op::AllGather, 16, State::Failed)
+                ]
+            );
+            assert!(r.iter().all(|x| x.dtype == "f32" || x.op == Op::Barrier), "{r:?}");
+            assert!(r.iter().all(|x| x.micro == 1 && x.phase == Phase::Training && x.unit.is_none()), "{r:?}");
+            assert!(r.iter().all(|x| x.end_us.is_some_and(|e| e >= x.start_us)), "{r:?}");
+        }
+        // The unit noted around a collective, and cleared after.
+        let p = Arc::new(Progress::with_flight_records(4));
+        install(p.clone());
+        {
+            let _u = unit_scope(7);
+            drop(p.enter(Op::Broadcast));
+        }
+        drop(p.enter(Op::Broadcast));
+        let units: Vec<Option<u32>> = p.flight().records().iter().map(|r| r.unit).collect();
+        assert_eq!(units, [Some(7), None]);
     }
 }

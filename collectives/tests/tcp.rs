@@ -589,3 +589,50 @@ fn bad_connect_arguments_are_setup_errors() {
     let mut c = TcpComm::local_group(1).unwrap().remove(0);
     assert!(c.set_io_timeout(Duration::ZERO).is_err());
 }
+
+/// Point-to-point exchanges in rounds of disjoint pairs (3 ranks: one sits out each round):
+/// each rank gets its partner's values; a rank whose partner expects another pair fails
+/// with a protocol error instead of mixing data.
+#[test]
+fn exchange_with_pairs_ranks_and_catches_a_mismatched_schedule() {
+    // Round k pairs ranks (k, k+1 mod 3); the third sits out.
+    let got = run_group(3, |c| {
+        let r = c.rank();
+        let mut seen = Vec::new();
+        for k in 0..3 {
+            let (a, b) = (k, (k + 1) % 3);
+            let peer = if r == a {
+                Some(b)
+            } else if r == b {
+                Some(a)
+            } else {
+                None
+            };
+            let send: Vec<f32> = (0..1000).map(|i| (r * 10_000 + i) as f32).collect();
+            let mut recv = vec![0.0f32; 1000];
+            c.exchange_with(peer, &send, &mut recv).expect("exchange");
+            if let Some(p) = peer {
+                assert!(recv.iter().enumerate().all(|(i, &x)| x == (p * 10_000 + i) as f32), "rank {r} from {p}");
+                seen.push(p);
+            }
+        }
+        c.barrier().expect("still usable");
+        seen
+    });
+    assert_eq!(got, vec![vec![1, 2], vec![0, 2], vec![1, 0]]);
+
+    let errs = run_group(2, |c| {
+        let r = c.rank();
+        let (send, mut recv) = (vec![1.0f32; 8], vec![0.0f32; 8]);
+        // Rank 1 sits out while rank 0 expects it: rank 0 must not hang or take rank 1's
+        // next message as this one.
+        let first = c.exchange_with(if r == 0 { Some(1) } else { None }, &send, &mut recv);
+        let second = c.exchange_with(if r == 1 { Some(0) } else { None }, &send, &mut recv);
+        first.and(second)
+    });
+    assert!(errs.iter().any(|e| matches!(e, Err(CommError::Protocol { .. }))), "{errs:?}");
+    assert!(matches!(
+        run_group(2, |c| c.exchange_with(Some(c.rank()), &[1.0f32], &mut [0.0f32])).remove(0),
+        Err(CommError::BadSize { .. })
+    ));
+}

@@ -43,6 +43,10 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Predict memory and step time per ZeRO stage and activation checkpointing on a cluster of K nodes × G GPUs.
     Plan(PlanArgs),
+    /// Check the network before a long run: start the job's ranks as training would (same flags and
+    /// environments), time all-reduce, all-gather and every pair of ranks, compare with what the GPUs and
+    /// NICs should give, and name a slow rank or link (exit code 4 below --threshold).
+    Doctor(crate::doctor::DoctorArgs),
     /// One rank of a job (started by the launcher; not for direct use).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -50,7 +54,7 @@ pub enum Command {
 
 /// Options of a training launch (the default command).
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("device").required(true).args(["cpus", "gpus"]))]
+#[command(group = clap::ArgGroup::new("device").args(["cpus", "gpus"]))]
 pub struct LaunchArgs {
     /// Train with N CPU ranks on this node, one OS process each.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -65,16 +69,29 @@ pub struct LaunchArgs {
     /// Override one config value, e.g. `--set zero.stage=3 --set train.steps=20`. Repeatable.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub overrides: Vec<String>,
-    /// Multi-node: the rendezvous address, HOST:PORT of node 0 (node 0 listens there).
-    /// Single-node runs pick a free loopback port by themselves.
-    #[arg(long, value_name = "HOST:PORT")]
-    pub master_addr: Option<SocketAddr>,
-    /// Multi-node: how many nodes take part (each runs this launcher with the same config and --cpus).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub nnodes: u32,
-    /// Multi-node: this node's index in 0..nnodes (node 0 hosts the rendezvous); ranks are node_rank*N + local.
-    #[arg(long, value_name = "K", default_value_t = 0)]
-    pub node_rank: u32,
+    /// Multi-node: the rendezvous address, HOST:PORT of node 0 (node 0 listens there; a host
+    /// name or an IP address). Default: from the scheduler's environment (Slurm: the first host
+    /// of the step's node list; torchrun-style: MASTER_ADDR, MASTER_PORT); single-node runs pick
+    /// a free loopback port by themselves.
+    #[arg(long, value_name = "HOST:PORT", value_parser = crate::cluster::HostPort::parse)]
+    pub master_addr: Option<crate::cluster::HostPort>,
+    /// Multi-node: how many nodes take part (each runs this launcher with the same config and
+    /// --cpus). Default: from the scheduler's environment (SLURM_*, WORLD_SIZE), else 1. With
+    /// --one-rank every launcher is a node of one rank: this is the world size.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub nnodes: Option<u32>,
+    /// Multi-node: this node's index in 0..nnodes (node 0 hosts the rendezvous); ranks are
+    /// node_rank*N + local. Default: from the environment (SLURM_NODEID, NODE_RANK, ...), else 0.
+    /// With --one-rank: this rank.
+    #[arg(long, value_name = "K")]
+    pub node_rank: Option<u32>,
+    /// This process is one rank of the job, not a node's launcher: a task per GPU (`srun
+    /// --ntasks-per-node=G launcher --one-rank CONFIG`, or a process per GPU under torchrun).
+    /// Its rank, the world and the rendezvous come from SLURM_PROCID / SLURM_NTASKS or RANK /
+    /// WORLD_SIZE / MASTER_ADDR, its GPU from SLURM_LOCALID or LOCAL_RANK (GPU 0 when
+    /// CUDA_VISIBLE_DEVICES shows it one). GPU unless --cpus 1.
+    #[arg(long)]
+    pub one_rank: bool,
     /// The job's secret that ranks show to the rendezvous (others are ignored). Node 0 makes
     /// one if none is given and prints it for multi-node jobs; every other node must be given
     /// the same. Prefer the environment variable SHARDTRAIN_JOB_TOKEN (a command line is
@@ -108,13 +125,27 @@ pub fn parse_gib(s: &str) -> Result<f64, String> {
 }
 
 impl LaunchArgs {
-    /// The device kind and ranks per node chosen by `--cpus` / `--gpus` (clap makes exactly one present).
-    pub fn device(&self) -> (Device, usize) {
-        match (self.cpus, self.gpus) {
+    /// The device kind and the ranks this launcher starts, from `--cpus` / `--gpus` (clap
+    /// allows at most one) and `--one-rank` (one rank; a GPU unless `--cpus 1`).
+    pub fn device(&self) -> Result<(Device, usize), String> {
+        let (device, n) = match (self.cpus, self.gpus) {
             (Some(n), _) => (Device::Cpu, n as usize),
             (None, Some(n)) => (Device::Gpu, n as usize),
-            (None, None) => (Device::Cpu, 1),
+            (None, None) if self.one_rank => (Device::Gpu, 1),
+            (None, None) => {
+                return Err("say what to train on: --cpus N (CPU ranks) or --gpus N (GPU ranks), e.g. \
+                            `launcher --cpus 2 CONFIG`"
+                    .into())
+            }
+        };
+        if self.one_rank && n != 1 {
+            let flag = if device == Device::Cpu { "--cpus" } else { "--gpus" };
+            return Err(format!(
+                "--one-rank runs one rank per process, but {flag} {n} asks for {n}: drop {flag} (a GPU rank) or give \
+                 {flag} 1; for a launcher that starts a node's ranks, drop --one-rank"
+            ));
         }
+        Ok((device, n))
     }
 }
 
@@ -353,4 +384,7 @@ pub struct WorkerArgs {
     /// Continue from this checkpoint directory (validated by the launcher).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// `launcher doctor`: measure the network as its plan (JSON) says, instead of training.
+    #[arg(long, value_name = "FILE")]
+    pub doctor: Option<PathBuf>,
 }

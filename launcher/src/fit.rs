@@ -188,15 +188,17 @@ pub fn check(need: &Need, cap: Capacity, cfg: &Config) -> Result<(), String> {
             let h = need.report.host;
             return Err(format!(
                 "the plan does not fit the host: its ranks need {:.2} GiB of host memory (per rank: optimizer \
-                 {:.2}, parameters {:.2}, page-locked staging {:.2} GiB) but {:.2} GiB are available ({}), {:.2} \
-                 GiB short. Use more ranks (the optimizer state is sharded over them), fewer ranks per node, or \
-                 keep the optimizer on the GPU (offload.optimizer = false). Where the host's memory grows as it is \
-                 used (a VM whose memory is plugged in on demand starts with a small MemAvailable), state what it \
-                 holds with --host-mem GIB",
+                 {:.2}, parameters {:.2}, page-locked staging {:.2}, checkpoint copy {:.2} GiB) but {:.2} GiB are \
+                 available ({}), {:.2} GiB short. Use more ranks (the optimizer state is sharded over them), fewer \
+                 ranks per node, keep the optimizer on the GPU (offload.optimizer = false) or write checkpoints \
+                 synchronously (checkpoint.async = false). Where the host's memory grows as it is used (a VM whose \
+                 memory is plugged in on demand starts with a small MemAvailable), state what it holds with \
+                 --host-mem GIB",
                 need.host_per_node as f64 / GIB,
                 h.optimizer as f64 / GIB,
                 h.params as f64 / GIB,
                 h.staging as f64 / GIB,
+                h.checkpoint as f64 / GIB,
                 host as f64 / GIB,
                 cap.host_source,
                 (need.host_per_node - host) as f64 / GIB

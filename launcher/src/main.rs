@@ -6,7 +6,8 @@
 //! `metrics.jsonl` (`progress`, `metrics`), and stops every rank as soon as one fails
 //! (`supervise`: where a rank is judged to have failed). `worker` is one rank's side.
 //! `prepare-data`, `export`, `eval` (the loss of some weights), `memory` and `plan` (memory and step time on a cluster) are
-//! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`).
+//! tools that start no job; `sweep` runs one job per rank count and ZeRO stage (`sweep`, `plot`);
+//! `doctor` starts a job's ranks to check the network instead of training (`doctor/`).
 //!
 //! Exit codes (the README's table): 0 finished; 1 the job failed while it ran (a rank
 //! crashed, was killed or erred, or the launcher could not run it); 2 it never started (bad
@@ -26,12 +27,15 @@
 
 mod cgroup;
 mod cli;
+mod cluster;
 mod device;
+mod doctor;
 mod eval;
 mod export;
 mod fault;
 mod fingerprint;
 mod fit;
+mod flight;
 mod gpu;
 mod memory;
 mod metrics;
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Some(Command::Memory(args)) => report_tool(memory::run(&args)),
         Some(Command::Sweep(args)) => report(sweep::run(&args)),
         Some(Command::Plan(args)) => report_tool(plan::run(&args)),
+        Some(Command::Doctor(args)) => report(doctor::run(&args)),
         None => report(launch(&cli.launch)),
     }
 }

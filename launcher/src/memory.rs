@@ -238,8 +238,8 @@ fn fit_text(f: &FitSummary, cfg: &Config) -> String {
     };
     let mut s = format!(
         "\nfit at zero.stage = {} ({} rank(s), {} per node): device peak {:.2} GiB per rank{}; host {:.2} GiB \
-         per node{host_holds} (per rank: optimizer {:.2}, parameters {:.2}, page-locked staging {:.2}; page-locked in \
-         all {:.2})\n\
+         per node{host_holds} (per rank: optimizer {:.2}, parameters {:.2}, page-locked staging {:.2}, checkpoint \
+         copy {:.2}; page-locked in all {:.2})\n\
          \x20 capacity: GPU {}, host {}\n",
         cfg.zero.stage,
         f.ranks,
@@ -250,6 +250,7 @@ fn fit_text(f: &FitSummary, cfg: &Config) -> String {
         g(h.optimizer),
         g(h.params),
         g(h.staging),
+        g(h.checkpoint),
         g(h.pinned()),
         gpu_capacity,
         said(f.host_capacity)

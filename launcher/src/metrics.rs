@@ -44,8 +44,8 @@ pub struct RankMemory {
     /// nothing accounts for (about zero).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub untracked: Option<i64>,
-    /// Offload: host bytes by category (optimizer, params, staging; `pinned` = the
-    /// page-locked part).
+    /// Offload and `checkpoint.async`: host bytes by category (optimizer, params, staging,
+    /// checkpoint; `pinned` = the page-locked part).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<HostEntry>,
     /// Offload: the host AdamW this step (seconds, parameters, threads, and its speed).
@@ -53,7 +53,7 @@ pub struct RankMemory {
     pub host_optimizer: Option<HostOptimizerEntry>,
 }
 
-/// A rank's host memory for offload, as written to metrics.jsonl.
+/// A rank's host memory for offload and the checkpoint copy, as written to metrics.jsonl.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct HostEntry {
     #[serde(flatten)]
@@ -88,6 +88,20 @@ pub struct StepRecord {
     /// With `[[data.sources]]`: each source's rows, epochs and validation loss.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<trainer::metrics::SourceMetrics>,
+    /// A checkpoint saved at this step: the longest time a rank's step boundary was blocked
+    /// by it (synchronous: the whole save; `checkpoint.async`: the wait for the previous
+    /// save, the barrier and the host copy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_stall_s: Option<f64>,
+    /// Of that, the longest wait for the previous background save.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_waited_s: Option<f64>,
+    /// Bytes of the checkpoint (every rank's optimizer state).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_bytes: Option<u64>,
+    /// Whether it is written in the background (`checkpoint.async`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_async: Option<bool>,
     pub memory: Vec<RankMemory>,
 }
 
@@ -117,6 +131,7 @@ impl StepRecord {
                 }
             })
             .collect();
+        let saves = reports.iter().filter_map(|m| m.checkpoint);
         StepRecord {
             step: first.step,
             loss: first.loss,
@@ -127,6 +142,10 @@ impl StepRecord {
             tokens_per_s: if step_time_s > 0.0 { first.tokens as f64 / step_time_s } else { 0.0 },
             val_loss: reports.iter().find_map(|m| m.val_loss),
             sources: first.sources.clone(),
+            checkpoint_stall_s: saves.clone().map(|c| c.stall_s).reduce(f64::max),
+            checkpoint_waited_s: saves.clone().map(|c| c.waited_s).reduce(f64::max),
+            checkpoint_bytes: saves.clone().map(|c| c.bytes).reduce(|a, b| a + b),
+            checkpoint_async: saves.clone().next().map(|c| c.background),
             memory,
         }
     }
@@ -300,18 +319,19 @@ impl MetricsLog {
         }
         if last.memory.iter().any(|m| m.host.is_some()) {
             s += &format!(
-                "host memory per rank (MiB; offload):\n  {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
-                "rank", "optimizer", "params", "staging", "pinned", "total"
+                "host memory per rank (MiB; offload, checkpoint.async):\n  {:>4} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9}\n",
+                "rank", "optimizer", "params", "staging", "ckpt copy", "pinned", "total"
             );
             for m in &last.memory {
                 let Some(h) = m.host else { continue };
                 let b = h.bytes;
                 s += &format!(
-                    "  {:>4} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
+                    "  {:>4} {:>10.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}\n",
                     m.rank,
                     mib(b.optimizer),
                     mib(b.params),
                     mib(b.staging),
+                    mib(b.checkpoint),
                     mib(h.pinned),
                     mib(b.total())
                 );
@@ -371,6 +391,7 @@ mod tests {
             device: None,
             host_optimizer: None,
             sources: Vec::new(),
+            checkpoint: None,
         }
     }
 
@@ -392,6 +413,36 @@ mod tests {
         assert_eq!(lines[1]["step"], 2);
         assert!(log.summary().contains("2000 tokens/s"), "{}", log.summary());
         assert!(log.add(5, report(3, 0.1, 1)).is_err());
+    }
+
+    /// A step with a save carries its stall (the slowest rank's) and size (every rank's);
+    /// a step without one has no checkpoint fields.
+    #[test]
+    fn a_save_puts_its_stall_on_its_step() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, 2).expect("open");
+        let saved = |rank: u64, stall_s: f64| {
+            let mut m = report(2, 0.5, 10);
+            m.checkpoint = Some(trainer::metrics::CheckpointMetrics {
+                stall_s,
+                waited_s: stall_s / 2.0,
+                bytes: 100 + rank,
+                background: true,
+            });
+            m
+        };
+        log.add(0, report(1, 0.5, 10)).expect("add");
+        log.add(1, report(1, 0.5, 10)).expect("add");
+        log.add(0, saved(0, 0.25)).expect("add");
+        log.add(1, saved(1, 0.75)).expect("add");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
+        assert!(lines[0].get("checkpoint_stall_s").is_none(), "{}", lines[0]);
+        assert_eq!(lines[1]["checkpoint_stall_s"], 0.75);
+        assert_eq!(lines[1]["checkpoint_waited_s"], 0.375);
+        assert_eq!(lines[1]["checkpoint_bytes"], 201);
+        assert_eq!(lines[1]["checkpoint_async"], true);
     }
 
     #[test]

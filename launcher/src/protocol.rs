@@ -13,12 +13,17 @@
 //! 2. launcher → rank `Start { world, peers, nccl_id }` once every rank said hello
 //!    (`peers[r]` is rank r's data-plane address; `nccl_id` is for GPU ranks);
 //! 3. rank → launcher `Heartbeat { rank, progress }` about every second (where the rank
-//!    is: step, micro-step, collectives, phase; the hang watchdog reads them) and
+//!    is: step, micro-step, collectives, phase, its flight recorder's newest record; the
+//!    hang watchdog reads them) and
 //!    `Step { rank, metrics }` after every optimizer step; `LogLost { rank, lines, error }`
 //!    when lines of its log could not be written (a full disk), with the count so far;
+//!    `Doctor { rank, report }` once, in a `launcher doctor` run, instead of steps;
 //! 4. rank → launcher `Done { rank }`, or `Failed { rank, message, peer, setup }` and exit
 //!    code 1 (2 when `setup`: a data, checkpoint or config problem);
-//! 5. launcher → rank `Stop { reason, kind }` at any time: the rank aborts its communicator
+//! 5. launcher → rank `DumpFlight` when the job hangs or a rank failed: the rank answers
+//!    `Flight { rank, records }`, its flight recorder's last collectives (and writes them to
+//!    its log); a rank that fails sends its `Flight` before its `Failed`;
+//! 6. launcher → rank `Stop { reason, kind }` at any time: the rank aborts its communicator
 //!    and exits (code 3 for the watchdog, 2 when its config was refused). A hello that node 0
 //!    refuses (the wrong job token, a rank outside the job) is answered with `Stop { Refused }`
 //!    saying why, before the connection closes.
@@ -38,7 +43,7 @@ use trainer::StepMetrics;
 /// First bytes of every `Hello`: tells a shardtrain rank from a stray connection.
 pub const MAGIC: [u8; 8] = *b"SHRDTRN\0";
 /// Bumped whenever [`Msg`] changes; launcher and ranks must agree.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The first frame of a connection (its hello) may be at most this long.
 pub const MAX_HELLO_FRAME: usize = 64 << 10;
 /// Any later frame may be at most this long (a corrupt length, or not our protocol).
@@ -81,6 +86,52 @@ pub enum Msg {
     /// `rank` could not write `lines` lines of its log so far (its log is on a full disk, or
     /// unwritable); `error` is the first failure. Training goes on; the summary reports them.
     LogLost { rank: u32, lines: u64, error: String },
+    /// The launcher asks for the rank's flight recorder (the job hangs, or a rank failed).
+    DumpFlight,
+    /// `rank`'s flight recorder: its last collectives, oldest first.
+    Flight { rank: u32, records: Vec<CollectiveRecord> },
+    /// `launcher doctor`: what `rank` measured (sent before its `Done`).
+    Doctor { rank: u32, report: Box<crate::doctor::report::RankReport> },
+}
+
+/// One collective of a rank's flight recorder (`collectives::flight::Record` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveRecord {
+    /// The rank's collective count at it: equal numbers should be the same collective everywhere.
+    pub seq: u64,
+    /// `all_gather`, `reduce_scatter`, `all_reduce`, `broadcast` or `barrier`.
+    pub op: String,
+    pub bytes: u64,
+    pub dtype: String,
+    pub unit: Option<u32>,
+    /// Optimizer steps done when it began (it belongs to step `steps_done + 1`), the
+    /// micro-step and the phase.
+    pub steps_done: u64,
+    pub micro: u32,
+    pub phase: String,
+    /// Microseconds since the Unix epoch.
+    pub start_us: u64,
+    pub end_us: Option<u64>,
+    /// `running`, `done`, `queued` (a started collective) or `failed`.
+    pub state: String,
+}
+
+impl From<collectives::flight::Record> for CollectiveRecord {
+    fn from(r: collectives::flight::Record) -> Self {
+        CollectiveRecord {
+            seq: r.seq,
+            op: r.op.name().to_string(),
+            bytes: r.bytes,
+            dtype: r.dtype.to_string(),
+            unit: r.unit,
+            steps_done: r.steps_done,
+            micro: r.micro,
+            phase: r.phase.name().to_string(),
+            start_us: r.start_us,
+            end_us: r.end_us,
+            state: r.state.name().to_string(),
+        }
+    }
 }
 
 /// Why the launcher stops a rank, and so the rank's exit code.
@@ -117,10 +168,15 @@ pub struct RankProgress {
     pub inside: bool,
     /// `start-up`, `training`, `evaluation`, `checkpoint save` or `done`.
     pub phase: String,
+    /// The flight recorder's newest record (what the launcher knows of a rank that cannot
+    /// answer a dump).
+    pub last: Option<CollectiveRecord>,
 }
 
-impl From<collectives::progress::Snapshot> for RankProgress {
-    fn from(s: collectives::progress::Snapshot) -> Self {
+impl RankProgress {
+    /// Where the rank `p` tracks is now.
+    pub fn of(p: &collectives::progress::Progress) -> RankProgress {
+        let s = p.snapshot();
         RankProgress {
             events: s.events,
             steps_done: s.steps_done,
@@ -129,6 +185,7 @@ impl From<collectives::progress::Snapshot> for RankProgress {
             last_op: s.last_op.map(|o| o.name().to_string()),
             inside: s.inside,
             phase: s.phase.name().to_string(),
+            last: p.flight().last().map(CollectiveRecord::from),
         }
     }
 }
@@ -257,7 +314,9 @@ mod tests {
     fn frames_round_trip() {
         let msgs = [
             Msg::hello("t0k3n".into(), 3, "127.0.0.1:4000".into(), vec![("train.lr".into(), "0.001".into())]),
-            Msg::Heartbeat { rank: 1, progress: collectives::progress::Progress::new().snapshot().into() },
+            Msg::Heartbeat { rank: 1, progress: RankProgress::of(&collectives::progress::Progress::new()) },
+            Msg::DumpFlight,
+            Msg::Flight { rank: 2, records: vec![] },
             Msg::Stop { reason: "hung".into(), kind: StopKind::Hung },
             Msg::Start { world: 2, peers: vec!["a:1".into(), "b:2".into()], nccl_id: Some(vec![7; 128]) },
             Msg::Done { rank: 1 },

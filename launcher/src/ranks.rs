@@ -33,7 +33,7 @@ pub fn spawn_all(
 ) -> anyhow::Result<Vec<u32>> {
     let exe = std::env::current_exe().context("cannot find the launcher's own executable to start the ranks")?;
     let bind_host = if plan.multi_node() { "0.0.0.0" } else { "127.0.0.1" };
-    let env = plan.device.rank_env(plan.local_ranks);
+    let env = plan.device.rank_env(plan.host_ranks);
     let mut boot_line = serde_json::to_string(boot).context("cannot encode the ranks' start-up line")?;
     boot_line.push('\n');
     let shared_gpus = crate::device::shares_gpus(&plan.gpu_map);
@@ -61,6 +61,7 @@ pub fn spawn_all(
             .arg(local.to_string())
             .args(plan.gpu_map.get(local).map(|g| format!("--gpu={g}")))
             .args(plan.resume.iter().flat_map(|r| [std::ffi::OsStr::new("--resume"), r.dir.as_os_str()]))
+            .args(plan.doctor.iter().flat_map(|_| ["--doctor".into(), plan.resolved_config.with_extension("json")]))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::from(log))

@@ -287,7 +287,7 @@ mod tests {
         rt.block_on(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
-            let token = crate::token::resolve(Some("the-right-token"), None, 0).expect("token");
+            let token = crate::token::resolve(Some("the-right-token"), None, None, 0).expect("token");
             let (tx, mut rx) = mpsc::unbounded_channel();
             let acceptor = tokio::spawn(accept_loop(listener, 2, token, tx));
             let hello = |token: &str, rank: u32| Msg::hello(token.into(), rank, "127.0.0.1:1".into(), vec![]);
@@ -339,7 +339,7 @@ mod tests {
                 let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
                 l.local_addr().expect("addr")
             };
-            let token = crate::token::resolve(Some("the-right-token"), None, 1).expect("token");
+            let token = crate::token::resolve(Some("the-right-token"), None, None, 1).expect("token");
             let said = std::cell::RefCell::new(Vec::<String>::new());
             let note = |m: &str| said.borrow_mut().push(m.to_string());
             let patience = Duration::from_millis(600);
@@ -358,7 +358,7 @@ mod tests {
             let second = Duration::from_secs(1);
             reach_master(addr, 1, &token, second, second, quiet).await.expect("welcome");
             assert!(matches!(rx.recv().await, Some(ConnEvent::NodeUp { node: 1, .. })));
-            let wrong = crate::token::resolve(Some("a-wrong-token"), None, 1).expect("token");
+            let wrong = crate::token::resolve(Some("a-wrong-token"), None, None, 1).expect("token");
             match reach_master(addr, 1, &wrong, second, second, quiet).await {
                 Err(JoinError::Refused(why)) => {
                     assert!(why.contains("node 0 refused node 1") && why.contains("job token"))

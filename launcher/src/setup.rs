@@ -1,5 +1,6 @@
 //! Everything checked and prepared before any rank is spawned: the device and the GPU of
-//! each rank, the node layout, the job token, the config (loaded and validated once, here),
+//! each rank, the node layout (from the flags, else from a scheduler's environment:
+//! `cluster.rs`), the job token, the config (loaded and validated once, here),
 //! (node 0) the run directory's lock and owner (`runlock`, `rundir`: a directory holds one
 //! run), the checkpoint to resume from (`resume`), the data (both splits against the vocabulary,
 //! the shards' tokenizer against `train.init_from`'s),
@@ -45,6 +46,15 @@ pub struct RunPlan {
     pub node_rank: usize,
     /// Rendezvous address for multi-node jobs; `None`: a free loopback port on this node.
     pub master_addr: Option<SocketAddr>,
+    /// The rendezvous as written (a host name, from a flag or the environment), for messages.
+    pub master_name: Option<String>,
+    /// `--one-rank`: this launcher is one rank (a "node" of one rank, named a task).
+    pub one_rank: bool,
+    /// Ranks on this host, sharing its memory and cores (more than `local_ranks` when
+    /// several `--one-rank` launchers share a node).
+    pub host_ranks: usize,
+    /// The scheduler environment the layout came from, if any (for the launch line).
+    pub env_source: Option<String>,
     pub logs_dir: PathBuf,
     pub resolved_config: PathBuf,
     /// `metrics.jsonl`: truncated for a new run; on resume, kept up to the checkpoint's step and appended to.
@@ -66,6 +76,8 @@ pub struct RunPlan {
     pub log_marker: Option<String>,
     /// Node 0's locks on the run's directories, held until the plan is dropped.
     pub locks: Option<std::sync::Arc<crate::rundir::Locks>>,
+    /// `launcher doctor`: the ranks measure the network instead of training.
+    pub doctor: Option<crate::doctor::Spec>,
 }
 
 impl RunPlan {
@@ -84,6 +96,10 @@ impl RunPlan {
     pub fn local_rank_ids(&self) -> std::ops::Range<usize> {
         self.first_rank..self.first_rank + self.local_ranks
     }
+    /// The launcher `k` as reports name it: "node 1", or with `--one-rank` "task 1".
+    pub fn launcher_name(&self, k: usize) -> String {
+        format!("{} {k}", if self.one_rank { "task" } else { "node" })
+    }
 }
 
 /// Set to launch a job whose predicted memory exceeds the GPU or the host.
@@ -95,54 +111,22 @@ pub const OVERSUBSCRIBE_ENV: &str = "SHARDTRAIN_OVERSUBSCRIBE";
 /// cores only take turns (a few per core is useful for tests of sharding on a small machine).
 pub const RANKS_PER_CORE: usize = 8;
 
+/// Where this launcher stands in the job and what it starts: the device, the node layout,
+/// the job token, the GPUs and the rendezvous. Training and `launcher doctor` share it.
+pub(crate) struct Place {
+    device: Device,
+    local_ranks: usize,
+    layout: Layout,
+    token: JobToken,
+    nccl_id: Option<Vec<u8>>,
+    gpu_map: Vec<usize>,
+    master_addr: Option<SocketAddr>,
+}
+
 /// Check the arguments and config, prepare the data and the run directory.
 pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
-    let (device, local_ranks) = args.device();
-    if let Some(reason) = device.unavailable_reason() {
-        return Err(SetupError(reason));
-    }
-    if device == Device::Cpu && std::env::var_os(OVERSUBSCRIBE_ENV).is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        check_cpu_ranks(local_ranks, cores)?;
-    }
-    let (nnodes, node_rank) = (args.nnodes as usize, args.node_rank as usize);
-    if node_rank >= nnodes {
-        return Err(SetupError(format!(
-            "--node-rank {node_rank} is out of range for --nnodes {nnodes}: use 0 to {}",
-            nnodes - 1
-        )));
-    }
-    let token = crate::token::resolve(
-        args.job_token.as_deref(),
-        std::env::var(crate::token::TOKEN_ENV).ok().filter(|t| !t.is_empty()),
-        node_rank,
-    )?;
-    let mut nccl_id = None;
-    let mut gpu_map = Vec::new();
-    if device == Device::Gpu {
-        let spec = std::env::var(crate::device::GPU_MAP_ENV).ok();
-        gpu_map = crate::device::gpu_map(local_ranks, spec.as_deref()).map_err(SetupError)?;
-        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
-        let needed = gpu_map.iter().max().map_or(0, |g| g + 1);
-        let found = crate::gpu::preflight(needed).map_err(SetupError)?;
-        crate::out::say(&format!("launcher: {found}"));
-        if crate::device::shares_gpus(&gpu_map) {
-            crate::out::say(&format!(
-                "launcher: {}={} puts several ranks on one GPU; they talk through NCCL's network transport \
-                 (slow: for tests only)",
-                crate::device::GPU_MAP_ENV,
-                spec.unwrap_or_default()
-            ));
-        }
-        if node_rank == 0 {
-            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
-        }
-    }
-    if nnodes > 1 && args.master_addr.is_none() {
-        return Err(SetupError(format!(
-            "--nnodes {nnodes} needs --master-addr HOST:PORT: node 0's address that every node can reach"
-        )));
-    }
+    let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(args)?;
+    let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
     let config_path =
         args.config.as_deref().ok_or_else(|| SetupError("no CONFIG given: launcher --cpus N CONFIG.toml".into()))?;
     let mut cfg = Config::load(config_path, &args.overrides)?;
@@ -155,7 +139,8 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     let capacity = crate::fit::Capacity::of_this_machine(gpu, None, args.host_mem);
     let shape = crate::fit::PlanShape {
         world,
-        local: local_ranks,
+        // Ranks sharing this host's memory (with --one-rank, the other tasks on it too).
+        local: layout.host_ranks,
         ranks_per_gpu: gpu_map.iter().map(|g| gpu_map.iter().filter(|h| *h == g).count()).max().unwrap_or(1),
         model: if gpu { trainer::zero::plan::DeviceModel::cuda() } else { trainer::zero::plan::DeviceModel::cpu() },
         gpu,
@@ -173,7 +158,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     cfg.train.gemm_tuning_from = cfg.train.gemm_tuning_from.as_deref().map(absolute);
     // A plan that cannot fit the GPU or the host stops here, before any rank allocates.
     if std::env::var_os(SKIP_FIT_ENV).is_none() {
-        let need = crate::fit::need(&cfg, world, local_ranks, shape.model, gpu)
+        let need = crate::fit::need(&cfg, world, shape.local, shape.model, gpu)
             .map_err(SetupError)?
             .sharing(shape.ranks_per_gpu);
         crate::fit::check(&need, capacity, &cfg)
@@ -259,7 +244,11 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         first_rank: node_rank * local_ranks,
         world,
         node_rank,
-        master_addr: args.master_addr,
+        master_addr,
+        master_name: layout.master.as_ref().filter(|_| nnodes > 1).map(|m| m.to_string()),
+        one_rank: args.one_rank,
+        host_ranks: layout.host_ranks,
+        env_source: layout.env.map(|e| e.source),
         logs_dir,
         resolved_config,
         metrics_path,
@@ -271,6 +260,199 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         run_id: claim.map(|c| c.identity.run_id),
         log_marker,
         locks: locks.map(std::sync::Arc::new),
+        doctor: None,
+    })
+}
+
+/// `launcher doctor`: the ranks of a job laid out as training would lay them out, started
+/// to measure the network (`spec`); no config, data or checkpoint. Their logs and the small
+/// config they read go to `out_dir` (node-local).
+pub fn plan_doctor(args: &LaunchArgs, spec: crate::doctor::Spec, out_dir: &Path) -> Result<RunPlan, SetupError> {
+    let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(args)?;
+    let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
+    let out_dir = absolute(out_dir);
+    // The ranks read a config (the watchdog and flight-recorder settings); no model is built.
+    let mut cfg = Config::from_toml_str(crate::doctor::CONFIG, "launcher doctor")?;
+    let as_given = cfg.clone();
+    cfg.output.dir = out_dir.clone();
+    let logs_dir = out_dir.join("logs");
+    std::fs::create_dir_all(&logs_dir).map_err(|e| {
+        SetupError(format!("cannot create {} for the ranks' logs: {e}; give a writable --out DIR", logs_dir.display()))
+    })?;
+    let mut fingerprint = crate::fingerprint::of(
+        &as_given,
+        &crate::fingerprint::Launch {
+            device: device.name(),
+            ranks_per_node: local_ranks,
+            nnodes,
+            resume_step: None,
+            train_tokens: 0,
+        },
+    );
+    fingerprint.push(("doctor.sizes".into(), format!("{:?}", spec.sizes)));
+    fingerprint.push(("doctor.link_bytes".into(), spec.link_bytes.to_string()));
+    fingerprint.sort();
+    let resolved_config = out_dir.join(format!("doctor.node{node_rank}.toml"));
+    let text = toml::to_string(&cfg)
+        .map_err(|e| SetupError(format!("cannot serialize the doctor's config: {e} (a bug: please report it)")))?;
+    write(&resolved_config, text.as_bytes())?;
+    let spec_path = out_dir.join(format!("doctor.node{node_rank}.json"));
+    let text = serde_json::to_vec(&spec)
+        .map_err(|e| SetupError(format!("cannot serialize the doctor's plan: {e} (a bug: please report it)")))?;
+    write(&spec_path, &text)?;
+    Ok(RunPlan {
+        metrics_path: out_dir.join("metrics.jsonl"),
+        cfg,
+        device,
+        local_ranks,
+        first_rank: node_rank * local_ranks,
+        world: nnodes * local_ranks,
+        node_rank,
+        master_addr,
+        master_name: layout.master.as_ref().filter(|_| nnodes > 1).map(|m| m.to_string()),
+        one_rank: args.one_rank,
+        host_ranks: layout.host_ranks,
+        env_source: layout.env.map(|e| e.source),
+        logs_dir,
+        resolved_config,
+        resume: None,
+        nccl_id,
+        token,
+        fingerprint,
+        gpu_map,
+        run_id: None,
+        log_marker: None,
+        locks: None,
+        doctor: Some(spec),
+    })
+}
+
+/// The part of a launch that does not depend on the config: device, layout, token, GPUs,
+/// rendezvous.
+pub(crate) fn place(args: &LaunchArgs) -> Result<Place, SetupError> {
+    let (device, local_ranks) = args.device().map_err(SetupError)?;
+    if let Some(reason) = device.unavailable_reason() {
+        return Err(SetupError(reason));
+    }
+    let layout = Layout::of(args, local_ranks)?;
+    let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
+    if device == Device::Cpu && std::env::var_os(OVERSUBSCRIBE_ENV).is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        check_cpu_ranks(layout.host_ranks, cores)?;
+    }
+    if node_rank >= nnodes {
+        return Err(SetupError(format!(
+            "--node-rank {node_rank} is out of range for --nnodes {nnodes}: use 0 to {}",
+            nnodes - 1
+        )));
+    }
+    let token = crate::token::resolve(
+        args.job_token.as_deref(),
+        std::env::var(crate::token::TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+        layout.env.as_ref().and_then(|e| e.token.clone()),
+        node_rank,
+    )?;
+    let mut nccl_id = None;
+    let mut gpu_map = Vec::new();
+    if device == Device::Gpu {
+        let spec = std::env::var(crate::device::GPU_MAP_ENV).ok();
+        gpu_map = match (&spec, args.one_rank) {
+            // A rank per process: its index on the host picks the GPU.
+            (None, true) => vec![crate::cluster::gpu_of_local_rank(
+                layout.env.as_ref().map_or(0, |e| e.local_rank),
+                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            )],
+            _ => crate::device::gpu_map(local_ranks, spec.as_deref()).map_err(SetupError)?,
+        };
+        // Libraries and GPU count are checked before any rank starts: a clear error, never a panic.
+        let needed = gpu_map.iter().max().map_or(0, |g| g + 1);
+        let found = crate::gpu::preflight(needed).map_err(SetupError)?;
+        crate::out::say(&format!("launcher: {found}"));
+        if crate::device::shares_gpus(&gpu_map) {
+            crate::out::say(&format!(
+                "launcher: {}={} puts several ranks on one GPU; they talk through NCCL's network transport \
+                 (slow: for tests only)",
+                crate::device::GPU_MAP_ENV,
+                spec.unwrap_or_default()
+            ));
+        }
+        if node_rank == 0 {
+            nccl_id = Some(crate::gpu::nccl_id().map_err(SetupError)?);
+        }
+    }
+    let master_addr = match (&layout.master, nnodes > 1) {
+        (Some(hp), true) => Some(resolve_addr(hp)?),
+        (None, true) => {
+            return Err(SetupError(format!(
+                "--nnodes {nnodes} needs --master-addr HOST:PORT: node 0's address that every node can reach"
+            )))
+        }
+        (_, false) => None,
+    };
+    Ok(Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr })
+}
+
+/// This launcher's place in the job: the flags, and for what they leave out the scheduler's
+/// environment (`cluster.rs`).
+struct Layout {
+    nnodes: usize,
+    node_rank: usize,
+    master: Option<crate::cluster::HostPort>,
+    host_ranks: usize,
+    env: Option<crate::cluster::FromEnv>,
+}
+
+impl Layout {
+    fn of(args: &LaunchArgs, local_ranks: usize) -> Result<Layout, SetupError> {
+        let explicit =
+            args.nnodes.is_some() && args.node_rank.is_some() && (args.nnodes == Some(1) || args.master_addr.is_some());
+        // Flags that say everything leave the environment unread (it may describe another
+        // launch, e.g. a shell inside a Slurm allocation); otherwise it fills in the rest.
+        let env = if explicit {
+            None
+        } else {
+            let req = crate::cluster::Request { one_rank: args.one_rank, ranks_per_launcher: local_ranks };
+            let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+            crate::cluster::resolve(&get, req).map_err(|e| {
+                SetupError(format!(
+                    "{e}. (The launcher reads the layout of a job from the scheduler's environment; --nnodes, \
+                     --node-rank and --master-addr given on the command line override it.)"
+                ))
+            })?
+        };
+        let nnodes = args.nnodes.map(|n| n as usize).or(env.as_ref().map(|e| e.nnodes)).unwrap_or(1);
+        let node_rank = args.node_rank.map(|n| n as usize).or(env.as_ref().map(|e| e.node_rank)).unwrap_or(0);
+        let master = args.master_addr.clone().or_else(|| env.as_ref().and_then(|e| e.master.clone()));
+        let host_ranks = env.as_ref().map_or(local_ranks, |e| e.ranks_per_host).max(local_ranks);
+        if let Some(e) = &env {
+            let mut what = format!("{} of {}", node_rank, nnodes);
+            if let Some(m) = master.as_ref().filter(|_| nnodes > 1) {
+                let from = if args.master_addr.is_some() { "--master-addr" } else { e.master_from.as_str() };
+                what += &format!(", rendezvous {m} ({from})");
+            }
+            let unit = if args.one_rank { "rank" } else { "node" };
+            crate::out::say(&format!("launcher: from {}: {unit} {what}", e.source));
+        }
+        Ok(Layout { nnodes, node_rank, master, host_ranks, env })
+    }
+}
+
+/// A rendezvous host and port as an address (IPv4 first: the listener and every node must
+/// agree on one, and `localhost` may resolve to `::1` too).
+fn resolve_addr(hp: &crate::cluster::HostPort) -> Result<SocketAddr, SetupError> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (hp.host.as_str(), hp.port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            SetupError(format!(
+                "the rendezvous host {} does not resolve ({e}): give node 0's address with --master-addr IP:PORT \
+                 (or MASTER_ADDR), or fix the name",
+                hp.host
+            ))
+        })?
+        .collect();
+    addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
+        SetupError(format!("the rendezvous host {} resolves to no address: give --master-addr IP:PORT", hp.host))
     })
 }
 

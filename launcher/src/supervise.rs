@@ -13,6 +13,10 @@
 //!   others waited on (exit code 3);
 //! - Ctrl-C / SIGTERM → the job is interrupted.
 //!
+//! Node 0 also asks every rank for its flight recorder (`DumpFlight`) when the job hangs
+//! (waiting up to [`DUMP_WAIT`] for the answers before stopping the ranks) or a rank fails,
+//! and its report shows where the ranks' collectives first disagree (`flight.rs`).
+//!
 //! On failure the supervisor waits [`SETTLE`] for the rest of the evidence (when one rank
 //! crashes, its peers fail a moment later with "rank r is unreachable"), then kills every
 //! rank of this node (SIGKILL), closes every control connection (ranks on other nodes exit
@@ -47,6 +51,9 @@ const MASTER_WAIT_NOTE: Duration = Duration::from_secs(5);
 pub const SETTLE: Duration = Duration::from_millis(1000);
 /// After every rank reported `Done`, how long their processes may take to exit.
 const EXIT_GRACE: Duration = Duration::from_secs(30);
+/// How long a hung job's ranks may take to answer the flight-recorder dump before they are
+/// stopped (a stopped or frozen rank never answers).
+const DUMP_WAIT: Duration = Duration::from_secs(2);
 /// Log lines shown for a failed rank.
 const TAIL_LINES: usize = 20;
 
@@ -94,6 +101,14 @@ struct RankState {
     /// Lines of its log it could not write (reported by the rank), and the first error.
     log_lost: u64,
     log_error: Option<String>,
+    /// Its flight recorder as it answered the dump, and the newest record its last heartbeat
+    /// carried.
+    flight: Option<Vec<protocol::CollectiveRecord>>,
+    heard: Option<protocol::CollectiveRecord>,
+    /// Asked for its flight recorder.
+    dump_asked: bool,
+    /// `launcher doctor`: what it measured.
+    doctor: Option<crate::doctor::report::RankReport>,
 }
 
 impl RankState {
@@ -133,8 +148,16 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     // Node 0 hosts the rendezvous; other nodes point their ranks at it.
     let (rendezvous_addr, acceptor) = if plan.is_master() {
         let bind = plan.master_addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-        let listener = TcpListener::bind(bind).await.with_context(|| {
-            format!("cannot listen for ranks on {bind}: pick a free port in --master-addr, or check the address")
+        let listener = TcpListener::bind(bind).await.with_context(|| match &plan.master_name {
+            Some(name) => format!(
+                "cannot listen for ranks on {bind} ({name}, the rendezvous): it must be an address of this host, which \
+                 runs {}, and a free port; pick another port (--master-addr or MASTER_PORT), or check the address \
+                 (under Slurm the first host of the node list runs task 0)",
+                plan.launcher_name(0)
+            ),
+            None => {
+                format!("cannot listen for ranks on {bind}: pick a free port in --master-addr, or check the address")
+            }
         })?;
         let addr = listener.local_addr().context("cannot read the rendezvous address")?;
         let token = plan.token.clone();
@@ -145,7 +168,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         // node says what it waits for, and where.
         rendezvous::reach_master(addr, plan.node_rank, &plan.token, HELLO_TIMEOUT, MASTER_WAIT_NOTE, out::warn)
             .await
-            .map_err(|e| JobError { code: SETUP_EXIT, message: format!("node {}: {e}", plan.node_rank) })?;
+            .map_err(|e| JobError { code: SETUP_EXIT, message: format!("{}: {e}", plan.launcher_name(plan.node_rank)) })?;
         (addr, None)
     };
     drop(conn_tx);
@@ -173,10 +196,10 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let resumed_at = plan.resume.as_ref().map_or(0, |r| r.step);
     let mut progress = Progress::new(total_steps, resumed_at, plan.is_master());
     progress.println(&format!(
-        "launched {} {} rank(s) on node {} (world {}, pids {}){}; rendezvous {}; logs in {}",
+        "launched {} {} rank(s) on {} (world {}, pids {}){}; rendezvous {}; logs in {}",
         plan.local_ranks,
         plan.device.name().to_uppercase(),
-        plan.node_rank,
+        plan.launcher_name(plan.node_rank),
         plan.world,
         some(&pids),
         plan.run_id.as_ref().map_or(String::new(), |id| format!("; run {id}")),
@@ -214,6 +237,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
     let mut done_since: Option<Instant> = None;
     let mut seq = 0u64;
     let mut watchdog: Option<Watchdog> = None;
+    // The watchdog's report while the ranks' flight recorders are collected, and until when.
+    let mut hung: Option<(String, Instant)> = None;
     let watch_tick = (heartbeat / 2).max(Duration::from_millis(25));
     // A fixed deadline, not a sleep re-armed every loop: heartbeats of many ranks arrive more
     // often than the tick and would otherwise keep postponing the check forever.
@@ -246,7 +271,26 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
         {
             break;
         }
+        // A failure: ask every rank still there for its flight recorder (answers arrive
+        // while the failure settles).
+        if matches!(stop, Some((Stop::Failure, _))) && plan.is_master() {
+            ask_for_flight(&mut ranks).await;
+        }
+        // A hang: stop once every rank asked has answered, or the wait is over.
+        if let (Some((_, until)), None) = (&hung, &stop) {
+            let answered = ranks.iter().all(|r| !r.dump_asked || r.flight.is_some() || r.closed.is_some());
+            if answered || Instant::now() >= *until {
+                let (report, _) = hung.take().expect("checked above");
+                let report = match flight_report(plan, &ranks) {
+                    Some(f) => format!("{report}\n{f}"),
+                    None => report,
+                };
+                stop_every_rank(&mut ranks, &report, StopKind::Hung).await;
+                fail(&mut stop, Stop::Hung(report));
+            }
+        }
         let settle_at = stop.as_ref().map(|(_, t)| *t + SETTLE);
+        let dump_until = hung.as_ref().map(|(_, t)| *t);
         tokio::select! {
             Some(ev) = conn_rx.recv() => match ev {
                 ConnEvent::Hello { rank, peer, data_addr, fingerprint, mut writer } => {
@@ -255,10 +299,11 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                         continue;
                     }
                     let node = rank / plan.local_ranks.max(1);
-                    let diffs = crate::fingerprint::differences(&plan.fingerprint, &fingerprint, "node 0", &format!("node {node}"));
+                    let (this, first) = (plan.launcher_name(node), plan.launcher_name(0));
+                    let diffs = crate::fingerprint::differences(&plan.fingerprint, &fingerprint, &first, &this);
                     if !diffs.is_empty() {
                         let reason = format!(
-                            "node {node} (rank {rank}, connecting from {}) does not run the same job as node 0: {}\n\
+                            "{this} (rank {rank}, connecting from {}) does not run the same job as {first}: {}\n\
                              start every node with the same config file, --set overrides, --cpus/--gpus, --resume \
                              and launcher build",
                             peer.ip(),
@@ -287,6 +332,9 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                 }
                 ConnEvent::Msg { rank, msg } => match msg {
                     Msg::Heartbeat { progress: p, .. } => {
+                        if p.last.is_some() {
+                            ranks[rank].heard = p.last.clone();
+                        }
                         if let Some(w) = watchdog.as_mut() {
                             w.heartbeat(rank, p, Instant::now().into_std());
                         }
@@ -327,6 +375,8 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
                             ));
                         }
                     }
+                    Msg::Flight { records, .. } => ranks[rank].flight = Some(records),
+                    Msg::Doctor { report, .. } if plan.doctor.is_some() => ranks[rank].doctor = Some(*report),
                     Msg::Done { .. } => {
                         ranks[rank].done = true;
                         if let Some(w) = watchdog.as_mut() {
@@ -384,13 +434,15 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             _ = tokio::time::sleep_until(hello_deadline), if !started && stop.is_none() => {
                 fail(&mut stop, Stop::HelloTimeout((0..plan.world).filter(|&r| ranks[r].data_addr.is_none()).collect()));
             }
-            _ = tokio::time::sleep_until(next_watch), if watchdog.is_some() && stop.is_none() => {
+            _ = tokio::time::sleep_until(next_watch), if watchdog.is_some() && stop.is_none() && hung.is_none() => {
                 next_watch = Instant::now() + watch_tick;
                 if let Some(report) = watchdog.as_ref().and_then(|w| w.check(Instant::now().into_std())) {
-                    stop_every_rank(&mut ranks, &report, StopKind::Hung).await;
-                    fail(&mut stop, Stop::Hung(report));
+                    // Before stopping anyone: what every rank's last collectives were.
+                    ask_for_flight(&mut ranks).await;
+                    hung = Some((report, Instant::now() + DUMP_WAIT));
                 }
             }
+            _ = tokio::time::sleep_until(dump_until.unwrap_or(hello_deadline)), if dump_until.is_some() => {}
             _ = tokio::time::sleep_until(settle_at.unwrap_or(hello_deadline)), if settle_at.is_some() => break,
             _ = tokio::time::sleep(Duration::from_millis(500)), if done_since.is_some() => {}
         }
@@ -438,6 +490,7 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
 
     let lost = lost_log_lines(plan, &ranks);
     match stop {
+        None if plan.doctor.is_some() => doctor_verdict(plan, &mut ranks),
         None => {
             match &metrics {
                 Some(log) => out::say(&log.summary()),
@@ -464,13 +517,51 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<()> {
             anyhow::bail!(hello_timeout_report(plan, &ranks, &missing, &rejected))
         }
         Some((Stop::Failure, _)) => {
-            let (code, mut message) = failure_report(plan, &ranks, &oom);
+            let (code, mut message) = failure_report(plan, &ranks, &oom, flight_report(plan, &ranks));
             if let Some(lost) = lost {
                 message = format!("{message}\n{lost}");
             }
             Err(JobError { code, message }.into())
         }
     }
+}
+
+/// `launcher doctor`'s end: node 0 prints the report of every rank's measurements and fails
+/// with [`crate::doctor::SLOW_EXIT`] when something is slow; other nodes say where it is.
+fn doctor_verdict(plan: &RunPlan, ranks: &mut [RankState]) -> anyhow::Result<()> {
+    let spec = plan.doctor.as_ref().context("a doctor run without its plan (a bug: please report it)")?;
+    if !plan.is_master() {
+        out::say(&format!("{}: measured; the report is on node 0", plan.launcher_name(plan.node_rank)));
+        return Ok(());
+    }
+    let missing: Vec<usize> = (0..plan.world).filter(|&r| ranks[r].doctor.is_none()).collect();
+    if !missing.is_empty() {
+        anyhow::bail!("launcher doctor: ranks {} finished without sending their measurements", join(&missing));
+    }
+    let reports: Vec<_> = ranks.iter_mut().map(|r| r.doctor.take().unwrap_or_default()).collect();
+    let node_of = crate::doctor::nodes_of(&reports, plan.local_ranks, plan.one_rank);
+    let report = crate::doctor::report::analyse(&crate::doctor::report::Input {
+        spec,
+        node_of,
+        ranks: reports,
+        gpu: plan.device == crate::device::Device::Gpu,
+    });
+    out::say(&report.text());
+    if let Some(path) = &spec.json {
+        let text = serde_json::to_vec_pretty(&report).context("serializing the doctor's report")?;
+        std::fs::write(path, text).with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
+    if report.ok() {
+        return Ok(());
+    }
+    Err(JobError {
+        code: crate::doctor::SLOW_EXIT,
+        message: format!(
+            "launcher doctor: the network is slower than {:.0}% of what is expected (see the verdict above)",
+            spec.threshold * 100.0
+        ),
+    }
+    .into())
 }
 
 /// The summary's line on rank log lines that could not be written (node 0 hears from every
@@ -493,6 +584,32 @@ fn lost_log_lines(plan: &RunPlan, ranks: &[RankState]) -> Option<String> {
         per_rank.join(", "),
         plan.logs_dir.display()
     ))
+}
+
+/// Ask every rank still connected, once, for its flight recorder (`Msg::Flight` answers).
+async fn ask_for_flight(ranks: &mut [RankState]) {
+    for r in ranks.iter_mut().filter(|r| !r.dump_asked && !r.done && r.closed.is_none()) {
+        let Some(w) = r.writer.as_mut() else { continue };
+        r.dump_asked = true;
+        // A rank that cannot be asked is reported from its last heartbeat.
+        let _ = tokio::time::timeout(Duration::from_secs(1), protocol::send_async(w, &Msg::DumpFlight)).await;
+    }
+}
+
+/// The flight recorder's report over every rank (node 0, which hears from all of them).
+fn flight_report(plan: &RunPlan, ranks: &[RankState]) -> Option<String> {
+    if !plan.is_master() {
+        return None;
+    }
+    let units: Vec<String> =
+        trainer::model::ModelLayout::new(&plan.cfg.model).units.iter().map(|u| u.name.clone()).collect();
+    let records: Vec<crate::flight::RankRecords> = ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.done)
+        .map(|(rank, r)| crate::flight::RankRecords { rank, dump: r.flight.as_deref(), heard: r.heard.as_ref() })
+        .collect();
+    crate::flight::report(&records, &units, collectives::flight::now_us())
 }
 
 /// Tell every connected rank to stop (they abort their communicators and exit).
@@ -550,7 +667,7 @@ async fn send_start(ranks: &mut [RankState], progress: &Progress, nccl_id: &Opti
 /// exit code: 2 when it failed on data, a checkpoint or the config (or node 0 refused this
 /// node), 3 when node 0's watchdog stopped the job, else 1. A rank killed by SIGKILL that
 /// the launcher did not kill gets the OOM check's verdict (`oom.rs`).
-fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, String) {
+fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch, flight: Option<String>) -> (u8, String) {
     let culprit = culprit(ranks);
     let r = &ranks[culprit];
     let exit_code = |rs: &RankState| match &rs.exit {
@@ -580,8 +697,9 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     } else {
         // Blamed by this node's ranks (they lost it); they were in step with it.
         what.push(format!(
-            "this node's ranks lost it; node {}'s launcher reports why",
-            culprit / plan.local_ranks.max(1)
+            "this {}'s ranks lost it; {}'s launcher reports why",
+            if plan.one_rank { "task" } else { "node" },
+            plan.launcher_name(culprit / plan.local_ranks.max(1))
         ));
         last_step = ranks.iter().filter(|x| x.local).map(|x| x.last_step).max().unwrap_or(0);
     }
@@ -609,20 +727,26 @@ fn failure_report(plan: &RunPlan, ranks: &[RankState], oom: &OomWatch) -> (u8, S
     let elsewhere: Vec<usize> = (0..ranks.len()).filter(|&o| o != culprit && !known(o)).collect();
     if !elsewhere.is_empty() {
         s += &format!(
-            "\nranks {} run on other nodes: node 0's launcher reports how the job ended for them",
-            join(&elsewhere)
+            "\nranks {} run on other {}: {}'s launcher reports how the job ended for them",
+            join(&elsewhere),
+            if plan.one_rank { "tasks" } else { "nodes" },
+            plan.launcher_name(0)
         );
     }
     if code == HUNG_EXIT {
         s += "\nnode 0's hang watchdog stopped the job: its output says where every rank was";
     }
+    if let Some(f) = flight {
+        s += &format!("\n{f}");
+    }
     s += &log_section(plan, culprit);
     (code, s)
 }
 
-/// "rank 2", or in a job of several nodes "rank 2 (node 1)".
+/// "rank 2", or in a job of several nodes "rank 2 (node 1)" (with `--one-rank` the task is
+/// the rank: "rank 2").
 fn rank_name(plan: &RunPlan, rank: usize) -> String {
-    if plan.multi_node() {
+    if plan.multi_node() && !plan.one_rank {
         format!("rank {rank} (node {})", rank / plan.local_ranks.max(1))
     } else {
         format!("rank {rank}")
@@ -673,13 +797,22 @@ fn hello_timeout_report(plan: &RunPlan, ranks: &[RankState], missing: &[usize], 
     );
     let remote: Vec<usize> = missing.iter().copied().filter(|&r| !ranks[r].local).collect();
     if !remote.is_empty() {
-        s += &format!(
-            "\nmissing ranks on other nodes: {}; is `launcher --nnodes {} --node-rank K --master-addr {}` running \
-             on every node K, with the same --cpus?",
-            join(&remote),
-            plan.world / plan.local_ranks,
-            plan.master_addr.map(|a| a.to_string()).unwrap_or_default()
-        );
+        let rendezvous = plan.master_name.clone().unwrap_or_default();
+        s += &match &plan.env_source {
+            Some(source) => format!(
+                "\nmissing ranks on other {}: {}; is every task of the job running (this launcher read its place from \
+                 {source}), with the same config and --cpus/--gpus, and does each reach {rendezvous}?",
+                if plan.one_rank { "tasks" } else { "nodes" },
+                join(&remote),
+            ),
+            None => format!(
+                "\nmissing ranks on other nodes: {}; is `launcher --nnodes {} --node-rank K --master-addr {}` running \
+                 on every node K, with the same --cpus?",
+                join(&remote),
+                plan.world / plan.local_ranks,
+                rendezvous
+            ),
+        };
     }
     if !rejected.is_empty() {
         s += &format!("\nconnections turned away meanwhile:\n  {}", rejected.join("\n  "));
@@ -699,7 +832,7 @@ fn log_section(plan: &RunPlan, rank: usize) -> String {
 }
 
 /// Ranks as short as a list of 1000 can be: runs of consecutive ones as `first-last`.
-fn join(ranks: &[usize]) -> String {
+pub(crate) fn join(ranks: &[usize]) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < ranks.len() {

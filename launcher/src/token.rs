@@ -4,7 +4,11 @@
 //!
 //! Node 0 generates one (128 random bits from the OS) unless given `--job-token TOKEN` or
 //! `SHARDTRAIN_JOB_TOKEN=TOKEN`; the other nodes of a multi-node job must be given the same
-//! token in one of those two ways (node 0 prints it when it made it). Ranks receive it from
+//! token in one of those two ways (node 0 prints it when it made it). A job started by a
+//! scheduler (`cluster.rs`) without one derives it from what every task sees alike (Slurm's
+//! job and step id, torchrun's run id or rendezvous): it keeps other jobs' ranks out, but
+//! anyone who can read the job's id can compute it, so it is no secret; an sbatch script
+//! that exports `SHARDTRAIN_JOB_TOKEN=$(openssl rand -hex 16)` gives every task a real one. Ranks receive it from
 //! their own launcher on a private pipe (never on a command line other users can read).
 
 use crate::setup::SetupError;
@@ -20,6 +24,8 @@ const MAX_TOKEN: usize = 256;
 pub enum Origin {
     Flag,
     Env,
+    /// From the scheduler's environment (`cluster.rs`): the same on every task, no secret.
+    Derived,
     Generated,
 }
 
@@ -53,14 +59,29 @@ impl JobToken {
     }
 }
 
-/// The token of this node: `--job-token`, else `SHARDTRAIN_JOB_TOKEN`, else (node 0 only) a
-/// fresh random one. Nodes other than 0 must be given the token node 0 uses.
-pub fn resolve(flag: Option<&str>, env: Option<String>, node_rank: usize) -> Result<JobToken, SetupError> {
-    let (value, origin) = match (flag, env) {
-        (Some(f), _) => (f.to_string(), Origin::Flag),
-        (None, Some(e)) => (e, Origin::Env),
-        (None, None) if node_rank == 0 => (generate()?, Origin::Generated),
-        (None, None) => {
+/// The token of this node: `--job-token`, else `SHARDTRAIN_JOB_TOKEN`, else the one derived
+/// from the scheduler's environment (with what it came from), else (node 0 only) a fresh
+/// random one. Nodes other than 0 must be given the token node 0 uses.
+pub fn resolve(
+    flag: Option<&str>,
+    env: Option<String>,
+    derived: Option<(String, String)>,
+    node_rank: usize,
+) -> Result<JobToken, SetupError> {
+    let (value, origin) = match (flag, env, derived) {
+        (Some(f), _, _) => (f.to_string(), Origin::Flag),
+        (None, Some(e), _) => (e, Origin::Env),
+        (None, None, Some((d, from))) => {
+            if node_rank == 0 {
+                crate::out::say(&format!(
+                    "launcher: job token derived from {from}: it keeps other jobs' ranks out but is no secret (set \
+                     {TOKEN_ENV} to a random value in the job script for one)"
+                ));
+            }
+            (d, Origin::Derived)
+        }
+        (None, None, None) if node_rank == 0 => (generate()?, Origin::Generated),
+        (None, None, None) => {
             return Err(SetupError(format!(
                 "node {node_rank} needs the job's token to join node 0's rendezvous: start it with \
                  {TOKEN_ENV}=TOKEN (or --job-token TOKEN), where TOKEN is what node 0 printed at start-up, \
@@ -77,6 +98,7 @@ fn check(value: &str, origin: Origin) -> Result<(), SetupError> {
     let from = match origin {
         Origin::Flag => "--job-token",
         Origin::Env => TOKEN_ENV,
+        Origin::Derived => "the job token derived from the scheduler's environment",
         Origin::Generated => "the generated job token",
     };
     if value.len() < 8 || value.len() > MAX_TOKEN || !value.bytes().all(|b| b.is_ascii_graphic()) {
@@ -106,26 +128,29 @@ mod tests {
 
     #[test]
     fn node_zero_makes_one_and_others_must_be_given_it() {
-        let a = resolve(None, None, 0).expect("generated");
-        let b = resolve(None, None, 0).expect("generated");
+        let a = resolve(None, None, None, 0).expect("generated");
+        let b = resolve(None, None, None, 0).expect("generated");
         assert_eq!(a.origin, Origin::Generated);
         assert_eq!(a.as_str().len(), 32);
         assert_ne!(a.as_str(), b.as_str(), "fresh per job");
-        let e = resolve(None, None, 1).unwrap_err().0;
+        let e = resolve(None, None, None, 1).unwrap_err().0;
         assert!(e.contains(TOKEN_ENV) && e.contains("--job-token"), "{e}");
-        let t = resolve(Some("flag-token-1"), Some("env-token-22".into()), 1).expect("flag wins");
+        let derived = || Some(("slurm-77.0".to_string(), "SLURM_JOB_ID 77".to_string()));
+        let t = resolve(Some("flag-token-1"), Some("env-token-22".into()), derived(), 1).expect("flag wins");
         assert_eq!((t.as_str(), t.origin), ("flag-token-1", Origin::Flag));
-        let t = resolve(None, Some("env-token-22".into()), 1).expect("env");
+        let t = resolve(None, Some("env-token-22".into()), derived(), 1).expect("env");
         assert_eq!(t.origin, Origin::Env);
+        let d = resolve(None, None, derived(), 1).expect("derived on every node");
+        assert_eq!((d.as_str(), d.origin), ("slurm-77.0", Origin::Derived));
         for bad in ["short", "has a space in it", &"x".repeat(300)] {
-            assert!(resolve(Some(bad), None, 0).is_err(), "{bad:?}");
+            assert!(resolve(Some(bad), None, None, 0).is_err(), "{bad:?}");
         }
         assert!(!format!("{t:?}").contains("env-token"), "never printed by Debug");
     }
 
     #[test]
     fn only_the_same_token_matches() {
-        let t = resolve(Some("abcdefgh12"), None, 0).expect("token");
+        let t = resolve(Some("abcdefgh12"), None, None, 0).expect("token");
         assert!(t.matches("abcdefgh12"));
         for other in ["abcdefgh13", "abcdefgh1", "abcdefgh123", ""] {
             assert!(!t.matches(other), "{other:?}");

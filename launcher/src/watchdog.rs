@@ -215,6 +215,7 @@ mod tests {
             last_op: Some("all_reduce".into()),
             inside,
             phase: "training".into(),
+            last: None,
         }
     }
 

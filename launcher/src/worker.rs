@@ -5,6 +5,10 @@
 //! has already verified), reporting every step and, from a heartbeat thread, where it is
 //! (step, micro-step, collective, phase) for the hang watchdog.
 //!
+//! Its flight recorder (the last collectives, `collectives::flight`) goes to the launcher
+//! and into its log when the launcher asks (`DumpFlight`: the job hangs, or another rank
+//! failed) and before it reports its own failure.
+//!
 //! It stops at once, aborting its communicator first (`ncclCommAbort` for GPU ranks), when
 //! the launcher says `Stop`, when the rendezvous connection closes, or when its own
 //! launcher dies (its stdin pipe ends; on nodes other than 0 that is the only sign).
@@ -18,7 +22,7 @@
 use crate::cli::WorkerArgs;
 use crate::device::Device;
 use crate::fault::Fault;
-use crate::protocol::{self, Bootstrap, Msg};
+use crate::protocol::{self, Bootstrap, CollectiveRecord, Msg, RankProgress};
 use collectives::progress::{self, Op, Progress, Tracked};
 use collectives::tcp::TcpComm;
 use collectives::CommError;
@@ -26,7 +30,7 @@ use std::io::BufRead;
 use std::net::{SocketAddr, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use trainer::backend::cpu::{CpuBackend, HostComm};
 use trainer::{Config, TrainError};
@@ -146,6 +150,34 @@ impl ControlTx {
     }
 }
 
+/// This rank's progress and flight recorder, and the model's unit names, once the config is
+/// read (one rank per process).
+static PROGRESS: OnceLock<(Arc<Progress>, Vec<String>)> = OnceLock::new();
+/// The flight recorder went into the log already (it is written once: a rank asked for it by
+/// the launcher usually fails a moment later).
+static FLIGHT_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// Send this rank's flight recorder to the launcher and write it to the rank's log (nodes
+/// other than 0 report from logs).
+fn send_flight(tx: &ControlTx, rank: u32) {
+    let Some((p, units)) = PROGRESS.get() else { return };
+    let records: Vec<CollectiveRecord> = p.flight().records().into_iter().map(CollectiveRecord::from).collect();
+    if !FLIGHT_LOGGED.swap(true, Ordering::SeqCst) {
+        trainer::log_line!(
+            "rank {rank}: flight recorder: the last {} collectives (of {} entered), oldest first:",
+            records.len(),
+            p.snapshot().collectives
+        );
+        let now = collectives::flight::now_us();
+        for r in &records {
+            trainer::log_line!("rank {rank}:   {}", crate::flight::line(r, units, now));
+        }
+    }
+    if let Err(e) = tx.send(&Msg::Flight { rank, records }) {
+        trainer::log_line!("rank {rank}: cannot send the flight recorder to the launcher: {e}");
+    }
+}
+
 /// Run one rank; the process exit code.
 pub fn run(args: WorkerArgs) -> ExitCode {
     let rank = args.rank;
@@ -193,6 +225,9 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         }
         Err(f) => {
             finished.store(true, Ordering::SeqCst);
+            // The records first, so the error stays the log's last lines (the failure report
+            // quotes its tail).
+            send_flight(&tx, rank);
             trainer::log_line!("rank {rank}: error: {}", f.message);
             if let Some(p) = f.peer {
                 // Read back by a node without the control connection (it sees only exits).
@@ -286,12 +321,17 @@ fn run_connected(
 ) -> Result<(), Failure> {
     let (rank, world) = (args.rank as usize, args.world as usize);
     let fault = Fault::from_env()?;
+    if let Some(f) = &fault {
+        f.install_save_hook(rank);
+    }
     let cfg = Config::load(&args.config, &[]).map_err(|e| Failure::from(TrainError::from(e)))?;
+    let doctor = args.doctor.as_deref().map(crate::doctor::read_spec).transpose()?;
     // With [[data.sources]] the launcher has made every source's path absolute.
-    let data_path = match (&cfg.data.path, cfg.data.sources.is_empty()) {
-        (Some(p), _) => p.clone(),
-        (None, false) => std::path::PathBuf::from("."),
-        (None, true) => {
+    let data_path = match (&doctor, &cfg.data.path, cfg.data.sources.is_empty()) {
+        (Some(_), _, _) => std::path::PathBuf::new(),
+        (None, Some(p), _) => p.clone(),
+        (None, None, false) => std::path::PathBuf::from("."),
+        (None, None, true) => {
             return Err(format!(
                 "{} has no data.path: the launcher writes it; start ranks through the launcher",
                 args.config.display()
@@ -333,9 +373,11 @@ fn run_connected(
         .iter()
         .map(|p| p.parse().map_err(|e| format!("the launcher sent a bad peer address {p:?}: {e}")))
         .collect::<Result<_, _>>()?;
-    watch_launcher(reader, rank, finished.clone())?;
-    let progress = Arc::new(Progress::new());
+    let progress = Arc::new(Progress::with_flight_records(cfg.watchdog.flight_records));
+    let units = trainer::model::ModelLayout::new(&cfg.model).units.iter().map(|u| u.name.clone()).collect();
+    let _ = PROGRESS.set((progress.clone(), units));
     progress::install(progress.clone());
+    watch_launcher(reader, rank, finished.clone(), tx.clone())?;
     start_heartbeat(tx.clone(), args.rank, progress.clone(), Duration::from_millis(boot.heartbeat_ms.max(10)))?;
 
     let comm = {
@@ -348,6 +390,25 @@ fn run_connected(
         setup: false,
     })?;
     trainer::log_line!("rank {rank}/{world}: group connected");
+    if let Some(spec) = doctor {
+        let throttle = fault.and_then(|f| f.throttle(rank));
+        let result = crate::doctor::rank(crate::doctor::RankRun {
+            spec: &spec,
+            device: args.device,
+            comm,
+            rank,
+            world,
+            gpu: args.gpu.unwrap_or(args.local_rank) as usize,
+            nccl_id: nccl_id.as_deref(),
+            throttle,
+            progress: &progress,
+        });
+        finished.store(true, Ordering::SeqCst);
+        let report = result?;
+        tx.send(&Msg::Doctor { rank: args.rank, report: Box::new(report) })
+            .map_err(|e| format!("cannot send the measurements to the launcher: {e}"))?;
+        return Ok(());
+    }
 
     let total = cfg.train.steps;
     let on_step_progress = progress.clone();
@@ -364,7 +425,10 @@ fn run_connected(
     let resume = args.resume.as_deref();
     let result = match args.device {
         Device::Cpu => {
-            let mut comm = Tracked::new(HostComm(comm), progress.clone());
+            let tracked = Tracked::new(HostComm(comm), progress.clone());
+            // Outside the recording communicator: a skipped collective is not recorded.
+            let injected = fault.and_then(|f| f.at_collective(rank));
+            let mut comm = crate::fault::Faulty::new(tracked, injected, progress.clone());
             trainer::train::train_from(&cfg, &CpuBackend::new(), &mut comm, &data_path, resume, &mut on_step)
         }
         Device::Gpu => {
@@ -386,7 +450,7 @@ fn start_heartbeat(tx: ControlTx, rank: u32, p: Arc<Progress>, every: Duration) 
         .name("heartbeat".into())
         .spawn(move || loop {
             std::thread::sleep(every);
-            if tx.send(&Msg::Heartbeat { rank, progress: p.snapshot().into() }).is_err() {
+            if tx.send(&Msg::Heartbeat { rank, progress: RankProgress::of(&p) }).is_err() {
                 return;
             }
             report_lost_lines(&tx, rank);
@@ -397,8 +461,9 @@ fn start_heartbeat(tx: ControlTx, rank: u32, p: Arc<Progress>, every: Duration) 
 
 /// Follow the launcher's orders after `Start`: on `Stop`, or when the connection closes
 /// (the launcher died or stopped the job), abort and exit at once, so a rank never outlives
-/// its launcher nor waits on a hung collective.
-fn watch_launcher(mut reader: TcpStream, rank: usize, finished: Arc<AtomicBool>) -> Result<(), String> {
+/// its launcher nor waits on a hung collective; answer `DumpFlight` (from this thread: the
+/// training thread may be blocked in a collective).
+fn watch_launcher(mut reader: TcpStream, rank: usize, finished: Arc<AtomicBool>, tx: ControlTx) -> Result<(), String> {
     std::thread::Builder::new()
         .name("launcher-watch".into())
         .spawn(move || loop {
@@ -407,6 +472,7 @@ fn watch_launcher(mut reader: TcpStream, rank: usize, finished: Arc<AtomicBool>)
                     trainer::log_line!("rank {rank}: stopped by the launcher: {reason}");
                     stop_now(kind.exit_code());
                 }
+                Ok(Msg::DumpFlight) => send_flight(&tx, rank as u32),
                 Ok(other) => trainer::log_line!("rank {rank}: ignoring an unexpected control message: {other:?}"),
                 Err(e) => {
                     if !finished.load(Ordering::SeqCst) {
@@ -455,6 +521,7 @@ mod tests {
             device: None,
             host_optimizer: None,
             sources: Vec::new(),
+            checkpoint: None,
         };
         let line = step_line(3, &m, 50);
         assert!(line.starts_with("rank 3 step 7/50 loss"), "{line}");

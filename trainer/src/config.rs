@@ -408,11 +408,16 @@ pub struct CheckpointConfig {
     pub dir: Option<PathBuf>,
     /// Keep the newest `keep` checkpoints; older ones are removed after a new one is complete.
     pub keep: usize,
+    /// Copy each rank's shard to page-locked host memory at the step boundary and write it on
+    /// a background thread while training goes on (the next save, and the end of training,
+    /// wait for the previous one). Costs the shard's size in host memory per rank.
+    #[serde(rename = "async")]
+    pub async_save: bool,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        CheckpointConfig { every: 0, dir: None, keep: 3 }
+        CheckpointConfig { every: 0, dir: None, keep: 3, async_save: false }
     }
 }
 
@@ -563,11 +568,17 @@ pub struct WatchdogConfig {
     /// Stop the job when no rank has made progress (a micro-step, a collective entered or
     /// left, a step, a checkpoint being written) for this many seconds. 0 turns it off.
     pub timeout_s: f64,
+    /// Collectives each rank's flight recorder keeps (its last ones), reported when the job
+    /// hangs or a rank fails. 0 records none.
+    pub flight_records: usize,
 }
+
+/// The most collectives a flight recorder may keep: a rank sends them in one control message.
+pub const MAX_FLIGHT_RECORDS: usize = 16384;
 
 impl Default for WatchdogConfig {
     fn default() -> Self {
-        WatchdogConfig { timeout_s: 120.0 }
+        WatchdogConfig { timeout_s: 120.0, flight_records: 64 }
     }
 }
 
@@ -742,9 +753,27 @@ impl Config {
         if self.checkpoint.every > 0 && self.checkpoint.keep == 0 {
             return Err(bad("checkpoint.keep", 0, "must be at least 1 when checkpoint.every > 0"));
         }
+        if self.checkpoint.async_save && self.checkpoint.every == 0 {
+            return Err(bad(
+                "checkpoint.async",
+                true,
+                "writes checkpoints in the background, and checkpoint.every = 0 writes none: set checkpoint.every \
+                 or drop checkpoint.async",
+            ));
+        }
         let w = self.watchdog.timeout_s;
         if !(w.is_finite() && w >= 0.0) {
             return Err(bad("watchdog.timeout_s", w, "must be a number of seconds >= 0 (0 turns the watchdog off)"));
+        }
+        if self.watchdog.flight_records > MAX_FLIGHT_RECORDS {
+            return Err(bad(
+                "watchdog.flight_records",
+                self.watchdog.flight_records,
+                format!(
+                    "must be at most {MAX_FLIGHT_RECORDS} (a rank sends its records in one message; the first \
+                     divergence is almost always among the last few dozen)"
+                ),
+            ));
         }
         if self.output.dir.as_os_str().is_empty() {
             return Err(bad("output.dir", "\"\"", "must name a directory"));
@@ -1016,6 +1045,13 @@ mod tests {
         let e = load_str(BASE, &["watchdog.timeout_s=-1"]).unwrap_err().to_string();
         assert!(e.contains("watchdog.timeout_s"), "{e}");
         assert_eq!(load_str(BASE, &[]).expect("valid").watchdog.timeout_s, 120.0);
+        assert_eq!(load_str(BASE, &[]).expect("valid").watchdog.flight_records, 64);
+        let e = load_str(BASE, &["checkpoint.async=true"]).unwrap_err().to_string();
+        assert!(e.contains("checkpoint.async") && e.contains("checkpoint.every"), "{e}");
+        let c = load_str(BASE, &["checkpoint.async=true", "checkpoint.every=5"]).expect("valid");
+        assert!(c.checkpoint.async_save);
+        let e = load_str(BASE, &["watchdog.flight_records=100000"]).unwrap_err().to_string();
+        assert!(e.contains("watchdog.flight_records") && e.contains("16384"), "{e}");
         let e = load_str(BASE, &["train.micro_batch=0"]).unwrap_err().to_string();
         assert!(e.contains("train.micro_batch"), "{e}");
         let e = load_str(BASE, &["train.beta2=1.5"]).unwrap_err().to_string();

@@ -31,6 +31,9 @@ pub struct StepMetrics {
     /// the launcher with bincode, which has no optional fields: never skip serialising.)
     #[serde(default)]
     pub sources: Vec<SourceMetrics>,
+    /// A checkpoint saved at the end of this step: how long it held training up.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointMetrics>,
 }
 
 /// One data source of a mixture after a step.
@@ -43,6 +46,20 @@ pub struct SourceMetrics {
     pub epochs: f64,
     /// Its validation loss, when evaluated at this step and it has a validation split.
     pub val_loss: Option<f64>,
+}
+
+/// A checkpoint save as the training thread saw it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointMetrics {
+    /// Seconds the step boundary was blocked: the whole save when synchronous; with
+    /// `checkpoint.async` waiting for the previous save, the barrier and the host copy.
+    pub stall_s: f64,
+    /// Of that, waiting for the previous background save (0 when synchronous).
+    pub waited_s: f64,
+    /// Bytes of optimizer state this rank saves.
+    pub bytes: u64,
+    /// Written in the background (`checkpoint.async`).
+    pub background: bool,
 }
 
 pub use crate::backend::{DeviceMemory, RuntimeMemory};

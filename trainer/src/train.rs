@@ -6,7 +6,7 @@ use crate::checkpoint::init::InitSource;
 use crate::checkpoint::{CheckpointReader, SaveMeta};
 use crate::config::{Config, ConfigError};
 use crate::documents::DocumentMask;
-use crate::metrics::{SourceMetrics, StepMetrics};
+use crate::metrics::{CheckpointMetrics, SourceMetrics, StepMetrics};
 use crate::model::{run_micro, step_micro, step_micro_loss, DecoderModel, ModelLayout, ModelOptions};
 use crate::optim::{lr_at, Hyper};
 use crate::sources::{open_loader, open_val, ValSource};
@@ -38,6 +38,9 @@ struct Recorded<B: Backend> {
 
 /// One rank's model, engine and data: the pieces of the loop, usable step by step (tests).
 pub struct Trainer<B: Backend> {
+    /// `checkpoint.async`: the save being written in the background. First, so that it is
+    /// dropped first: its writer may still be waiting for a copy out of the engine's memory.
+    saves: crate::checkpoint::background::BackgroundSaves<B>,
     pub cfg: Config,
     pub engine: Engine<B>,
     model: Box<dyn DecoderModel<B>>,
@@ -65,6 +68,8 @@ pub struct Trainer<B: Backend> {
     steps_here: usize,
     /// The GEMM algorithm choices of the run (`train.gemm_tuning`).
     tuning: RunTuning,
+    /// The last save's stall, until the step's metrics take it ([`Trainer::take_save_metrics`]).
+    last_save: Option<CheckpointMetrics>,
 }
 
 impl<B: Backend> Trainer<B> {
@@ -140,6 +145,8 @@ impl<B: Backend> Trainer<B> {
             graphs_recorded: Vec::new(),
             steps_here: 0,
             tuning,
+            saves: Default::default(),
+            last_save: None,
         })
     }
 
@@ -284,6 +291,7 @@ impl<B: Backend> Trainer<B> {
             device: be.device_memory(),
             host_optimizer: self.engine.take_host_optimizer_stats(),
             sources,
+            checkpoint: None,
         })
     }
 
@@ -373,17 +381,68 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// Save a sharded checkpoint of the current step (collective). A delayed update in
-    /// flight is applied first, so the checkpoint holds every step's update.
+    /// flight is applied first, so the checkpoint holds every step's update. With
+    /// `checkpoint.async` it waits for the previous save, copies this rank's shard to host
+    /// memory and returns while a thread writes it (the directory appears once every rank's
+    /// shard is durable: [`Trainer::finish_saves`] waits for it).
     pub fn save_checkpoint<C: EngineComm<B>>(
         &mut self,
         be: &B,
         comm: &mut C,
     ) -> Result<std::path::PathBuf, TrainError> {
+        let (rank, step, root) = (self.engine.rank, self.step as u64, self.cfg.checkpoint_dir());
+        let t0 = Instant::now();
+        if self.cfg.checkpoint.async_save {
+            let data = self.sampler.state();
+            let meta = SaveMeta { cfg: &self.cfg, step, data: Some(&data), gemm_tuning: self.tuning.applied() };
+            let (dir, s) = self.saves.start(be, comm, &mut self.engine, meta, &root)?;
+            let stall_s = t0.elapsed().as_secs_f64();
+            self.last_save =
+                Some(CheckpointMetrics { stall_s, waited_s: s.waited_s, bytes: s.bytes, background: true });
+            crate::log_line!(
+                "rank {rank}: checkpoint step {step}: training stalled {stall_s:.3} s (waited {:.3} s for the previous \
+                 save, {:.2} GB to host memory, {:.3} s of it on this thread); writing it in the background",
+                s.waited_s,
+                s.bytes as f64 / 1e9,
+                s.copy_s
+            );
+            return Ok(dir);
+        }
         self.engine.settle(be, comm)?;
         let data = self.sampler.state();
-        let meta =
-            SaveMeta { cfg: &self.cfg, step: self.step as u64, data: Some(&data), gemm_tuning: self.tuning.applied() };
-        crate::checkpoint::save(be, comm, &self.engine, meta, &self.cfg.checkpoint_dir())
+        let meta = SaveMeta { cfg: &self.cfg, step, data: Some(&data), gemm_tuning: self.tuning.applied() };
+        let dir = crate::checkpoint::save(be, comm, &self.engine, meta, &root)?;
+        let stall_s = t0.elapsed().as_secs_f64();
+        let bytes = self.engine.checkpoint_bytes();
+        self.last_save = Some(CheckpointMetrics { stall_s, waited_s: 0.0, bytes, background: false });
+        crate::log_line!("rank {rank}: checkpoint step {step}: training stalled {stall_s:.3} s (saved synchronously)");
+        Ok(dir)
+    }
+
+    /// Collect a background save that has finished (its error, if any, surfaces now).
+    pub fn poll_saves(&mut self) -> Result<Option<std::path::PathBuf>, TrainError> {
+        self.saves.poll(&mut self.engine)
+    }
+
+    /// The stall of the save since the last call, if any (for the step's metrics).
+    pub fn take_save_metrics(&mut self) -> Option<CheckpointMetrics> {
+        self.last_save.take()
+    }
+
+    /// Wait for the checkpoint being written in the background, if any (`checkpoint.async`):
+    /// this rank's shard is durable, and on rank 0 the checkpoint complete. Its directory.
+    pub fn finish_saves(&mut self) -> Result<Option<std::path::PathBuf>, TrainError> {
+        let t = Instant::now();
+        let dir = self.saves.wait(&mut self.engine)?;
+        if let Some(d) = &dir {
+            crate::log_line!(
+                "rank {}: waited {:.3} s for the background save of {}",
+                self.engine.rank,
+                t.elapsed().as_secs_f64(),
+                d.display()
+            );
+        }
+        Ok(dir)
     }
 
     /// The validation loss: with one source its loss; with a mixture the mean of the
@@ -615,13 +674,20 @@ pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
             )));
         }
         losses.push(m.loss);
-        on_step(&m)?;
+        trainer.poll_saves()?;
+        // Saved before the step is reported, so that its metrics carry the save's stall.
+        let mut m = m;
         if every > 0 && (trainer.step.is_multiple_of(every) || trainer.step == cfg.train.steps) {
             collectives::progress::note_phase(collectives::progress::Phase::Checkpoint);
             trainer.save_checkpoint(be, comm)?;
+            m.checkpoint = trainer.take_save_metrics();
             collectives::progress::note_phase(collectives::progress::Phase::Training);
         }
+        on_step(&m)?;
     }
+    // The end of training waits for a checkpoint still being written.
+    collectives::progress::note_phase(collectives::progress::Phase::Checkpoint);
+    trainer.finish_saves()?;
     collectives::progress::note_phase(collectives::progress::Phase::Done);
     Ok(TrainSummary { steps: cfg.train.steps, losses })
 }

@@ -106,6 +106,38 @@ impl Group for TcpComm {
     }
 }
 
+impl TcpComm {
+    /// A point-to-point exchange with `peer`: send `send`, receive as many elements into
+    /// `recv`, both directions at once (the network check times links with it). Every rank of
+    /// the group calls it the same number of times, in rounds of disjoint pairs; a rank
+    /// without a partner in a round passes `None` (the call keeps its sequence in step).
+    pub fn exchange_with<T: Element>(
+        &mut self,
+        peer: Option<usize>,
+        send: &[T],
+        recv: &mut [T],
+    ) -> Result<(), CommError> {
+        let (r, w, n) = (self.mesh.rank, self.mesh.world, send.len());
+        if recv.len() != n {
+            return Err(bad_size("exchange", w, format!("send has {n} elements but recv has {}", recv.len())));
+        }
+        if let Some(p) = peer.filter(|&p| p >= w || p == r) {
+            return Err(bad_size("exchange", w, format!("rank {r} cannot exchange with rank {p}")));
+        }
+        self.mesh.check_usable()?;
+        // Both sides announce the same pair (lower rank first), so a mismatched schedule is caught.
+        let pair = peer.map_or(0, |p| r.min(p) * w + r.max(p));
+        let frame = Frame::new(code::EXCHANGE, T::DTYPE, code::NO_REDUCE, pair, n);
+        match peer {
+            Some(p) => {
+                let bytes: &[u8] = bytemuck::cast_slice(send);
+                self.mesh.exchange(frame, &[(p, bytes)], vec![(p, bytemuck::cast_slice_mut::<T, u8>(recv))])
+            }
+            None => self.mesh.exchange(frame, &[], Vec::new()),
+        }
+    }
+}
+
 fn bad_size(op: &'static str, world: usize, detail: String) -> CommError {
     CommError::BadSize { op, world, detail }
 }

@@ -18,6 +18,7 @@ pub(super) mod code {
     pub const ALL_REDUCE_GATHER: u8 = 4;
     pub const BROADCAST: u8 = 5;
     pub const BARRIER: u8 = 6;
+    pub const EXCHANGE: u8 = 7;
     pub const ABORT: u8 = 0xff;
 
     pub const NO_DTYPE: u8 = 0;
@@ -143,6 +144,7 @@ impl Frame {
             code::ALL_REDUCE_GATHER => format!("`all_reduce` #{seq} ({reduce}) of {n} {dtype} (gather phase)"),
             code::BROADCAST => format!("`broadcast` #{seq} of {n} {dtype} from root {}", self.aux),
             code::BARRIER => format!("`barrier` #{seq}"),
+            code::EXCHANGE => format!("`exchange` #{seq} of {n} {dtype} (point to point, pair code {})", self.aux),
             other => format!("unknown collective code {other} #{seq}"),
         }
     }

@@ -23,6 +23,9 @@ impl HostRead for MetaBuf {
     fn values(&self) -> Result<&[f32], String> {
         Ok(&[])
     }
+    fn writable(&mut self) -> Result<&mut [f32], String> {
+        Ok(&mut [])
+    }
 }
 
 impl HostWrite for MetaBuf {
@@ -293,6 +296,9 @@ impl TransferOps for MetaBackend {
         Ok(MetaBuf(n))
     }
     fn grad_to_host(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf) -> BResult<()> {
+        Ok(())
+    }
+    fn f32_to_host(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
     fn buf_from_host(&self, _: &MetaBuf, _: Loc, _: &mut MetaBuf, _: usize) -> BResult<()> {

@@ -1,5 +1,6 @@
 //! Host ↔ device transfers through page-locked host memory, for optimizer and parameter
-//! offload: gradient shards go to the host optimizer, updated parameters come back.
+//! offload (gradient shards go to the host optimizer, updated parameters come back) and for
+//! asynchronous checkpoints (the optimizer state is copied to the host at a step boundary).
 //!
 //! Copies are queued (on the CUDA backend: on a copy stream of their own, ordered after the
 //! work already queued on the compute stream) and return an [`TransferOps::Event`]; the
@@ -17,10 +18,12 @@ pub enum HostValues<'a> {
 }
 
 /// Host f32 memory read on any thread: the delayed host update reads gradients on a
-/// thread of its own, which has no backend.
+/// thread of its own, which has no backend, and so does a background checkpoint writer.
 pub trait HostRead: Send + 'static {
     /// The values (only after the copy into them was waited for).
     fn values(&self) -> Result<&[f32], String>;
+    /// The values to write on the host (a checkpoint's copy of host optimizer state).
+    fn writable(&mut self) -> Result<&mut [f32], String>;
 }
 
 /// Host compute-precision memory written on any thread (the delayed update's output).
@@ -30,6 +33,9 @@ pub trait HostWrite: Send + 'static {
 
 impl HostRead for Vec<f32> {
     fn values(&self) -> Result<&[f32], String> {
+        Ok(self)
+    }
+    fn writable(&mut self) -> Result<&mut [f32], String> {
         Ok(self)
     }
 }
@@ -79,6 +85,9 @@ pub trait TransferOps: Device {
     }
     /// Queue `dst[..at.len] = src[at]` (device → host).
     fn grad_to_host(&self, src: &Self::Grad, at: Loc, dst: &mut Self::HostF32) -> BResult<Self::Event>;
+    /// Queue `dst[doff..doff + at.len] = src[at]` (device → host: optimizer state for a
+    /// checkpoint), after the work already queued on the compute stream.
+    fn f32_to_host(&self, src: &Self::F32, at: Loc, dst: &mut Self::HostF32, doff: usize) -> BResult<Self::Event>;
     /// Queue `dst[doff..doff + at.len] = src[at]` (host → device).
     fn buf_from_host(&self, src: &Self::HostBuf, at: Loc, dst: &mut Self::Buf, doff: usize) -> BResult<Self::Event>;
     /// Block the host until the copy is done.

@@ -17,7 +17,12 @@
 //! and the GEMM algorithms the run used (`gemm_tuning`, `crate::tuning`), so the resumed
 //! steps run the same ones. Initialisation is counter-based, so there is no other RNG state
 //! to save.
+//!
+//! `save.rs` writes a checkpoint while every rank waits; `background.rs` (`checkpoint.async`)
+//! copies each rank's shard to host memory at the step boundary and writes the same files on
+//! a thread while training goes on.
 
+pub mod background;
 pub mod hf;
 pub mod init;
 pub mod load;

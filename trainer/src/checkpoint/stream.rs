@@ -1,6 +1,7 @@
 //! Streaming safetensors writes: each tensor's values are produced only when the writer
-//! reaches it (read from the device or from checkpoint shards), so host memory holds one
-//! tensor at a time; the file appears atomically (temporary name, fsync, rename).
+//! reaches it (read from the device or from checkpoint shards, or borrowed from a host copy),
+//! so host memory holds one tensor at a time; the file appears atomically (temporary name,
+//! fsync, rename).
 //!
 //! The format is written here rather than by the `safetensors` crate, whose writer goes
 //! through a private temporary file (mode 0600): these files are read by other users and
@@ -9,13 +10,14 @@
 
 use super::{io_err, CheckpointError};
 use crate::TrainError;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-/// Produces one tensor's f32 values on demand.
-pub(crate) type ReadFn<'a> = Box<dyn Fn() -> Result<Vec<f32>, TrainError> + 'a>;
+/// Produces one tensor's f32 values on demand (made, or borrowed from memory that holds them).
+pub(crate) type ReadFn<'a> = Box<dyn Fn() -> Result<Cow<'a, [f32]>, TrainError> + 'a>;
 
 /// Write `(name, shape, read)` f32 tensors to `path` as safetensors, streaming, atomically;
 /// the bytes of tensor data written. A failed read or write removes the partial file and
@@ -103,8 +105,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.safetensors");
         let tensors: Vec<(String, Vec<usize>, ReadFn)> = vec![
-            ("b".into(), vec![2, 3], Box::new(|| Ok((0..6).map(|i| i as f32).collect()))),
-            ("a".into(), vec![1], Box::new(|| Ok(vec![-1.5]))),
+            ("b".into(), vec![2, 3], Box::new(|| Ok((0..6).map(|i| i as f32).collect::<Vec<f32>>().into()))),
+            ("a".into(), vec![1], Box::new(|| Ok(Cow::Borrowed(&[-1.5f32][..])))),
         ];
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         assert_eq!(write_streamed(&path, tensors, Some(meta)).expect("write"), 28);

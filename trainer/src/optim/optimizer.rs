@@ -29,7 +29,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use rayon::prelude::*;
 use std::thread::JoinHandle;
 
-use crate::backend::{AdamWSegment, AdamWStep, AdamWTensors, BResult, Backend, BackendError, HostValues, Loc};
+use crate::backend::{
+    AdamWSegment, AdamWStep, AdamWTensors, BResult, Backend, BackendError, HostRead, HostValues, Loc,
+};
 use crate::model::TensorSpec;
 use crate::optim::delayed;
 use crate::optim::host_adamw::{HostAdamW, HostAdamWStats};
@@ -171,6 +173,10 @@ pub struct UnitUpdate<'a, B: Backend> {
 pub struct Optimizer<B: Backend> {
     device: Vec<DeviceUnit<B>>,
     host: Option<HostSide<B>>,
+    /// An asynchronous checkpoint's copy of the device state to the host, still queued:
+    /// the next write of the state (an update, a load) is ordered after it on the device,
+    /// so the forward and backward in between overlap the copy.
+    copy_in_flight: Option<Arc<B::Event>>,
 }
 
 impl<B: Backend> Optimizer<B> {
@@ -201,7 +207,7 @@ impl<B: Backend> Optimizer<B> {
                 })
             }
         };
-        Ok(Optimizer { device: Vec::new(), host })
+        Ok(Optimizer { device: Vec::new(), host, copy_in_flight: None })
     }
 
     /// Whether the state lives on the host.
@@ -353,6 +359,7 @@ impl<B: Backend> Optimizer<B> {
         h: AdamWStep,
     ) -> BResult<()> {
         if self.host.is_none() {
+            self.after_copy(be)?;
             for (u, (up, ts)) in updates.iter_mut().zip(tensors).enumerate() {
                 let st = &mut self.device[u];
                 let (params, base) = match up.params.as_mut() {
@@ -565,6 +572,58 @@ impl<B: Backend> Optimizer<B> {
         be.download_f32(src, Loc::new(lo - st.off, hi - lo))
     }
 
+    /// Queue the copy of unit `u`'s master weights, m and v over `[lo, hi)` (unit coordinates,
+    /// inside the held range) into `dst` one after the other (`3 × (hi − lo)` values): an
+    /// asynchronous checkpoint's snapshot. Device state is copied after the work queued so far,
+    /// on the copy stream, in queue order (the last event says every earlier copy is done);
+    /// host state is copied at once (no event).
+    pub fn copy_to_host(
+        &self,
+        be: &B,
+        u: usize,
+        lo: usize,
+        hi: usize,
+        dst: &mut B::HostF32,
+    ) -> BResult<Option<B::Event>> {
+        if self.update_in_flight() {
+            return Err(BackendError::Device(
+                "optimizer state copied while a delayed update is in flight (settle it first)".into(),
+            ));
+        }
+        let n = hi - lo;
+        if let Some(hs) = &self.host {
+            if !be.holds_values() {
+                return Ok(None);
+            }
+            let st = hs.unit(u)?;
+            let off = hs.ranges[u].0;
+            let out = dst.writable().map_err(BackendError::Device)?;
+            for (k, src) in [&st.master, &st.m, &st.v].into_iter().enumerate() {
+                out[k * n..(k + 1) * n].copy_from_slice(&src[lo - off..hi - off]);
+            }
+            return Ok(None);
+        }
+        let st = &self.device[u];
+        let mut last = None;
+        for (k, src) in [&st.master, &st.m, &st.v].into_iter().enumerate() {
+            last = Some(be.f32_to_host(src, Loc::new(lo - st.off, n), dst, k * n)?);
+        }
+        Ok(last)
+    }
+
+    /// The device state is being copied to the host until `done`: its next write waits for it.
+    pub fn copying_until(&mut self, done: Arc<B::Event>) {
+        self.copy_in_flight = Some(done);
+    }
+
+    /// Order the device's next write of the state after a checkpoint copy still queued.
+    fn after_copy(&mut self, be: &B) -> BResult<()> {
+        match self.copy_in_flight.take() {
+            Some(e) => be.order_compute_after(&e),
+            None => Ok(()),
+        }
+    }
+
     /// Overwrite unit `u`'s master weights, m and v from `lo` (unit coordinates) with
     /// `state` (and, with the parameters on the host, their rounded copy).
     pub fn load(&mut self, be: &B, u: usize, lo: usize, state: &[Vec<f32>; 3]) -> BResult<()> {
@@ -583,6 +642,7 @@ impl<B: Backend> Optimizer<B> {
             }
             return Ok(());
         }
+        self.after_copy(be)?;
         let st = &mut self.device[u];
         let off = lo - st.off;
         be.upload_f32(&state[0], &mut st.master, off)?;

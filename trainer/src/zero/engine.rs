@@ -20,7 +20,8 @@
 //! - `reduce.rs`: gradients (step 2: buffers per micro-step, reductions during backward);
 //! - `step.rs`: the optimizer step (step 3: finish the reduction, norm, clip, update, and
 //!   the delayed update still in flight);
-//! - `host.rs`: host-side access for checkpoints and tests (downloads, held ranges, loading).
+//! - `host.rs`: host-side access for checkpoints and tests (downloads, held ranges, loading);
+//! - `snapshot.rs`: the host copy of this rank's checkpoint shard (`checkpoint.async`).
 
 use std::sync::Arc;
 
@@ -58,6 +59,8 @@ pub struct EngineOptions {
     /// Where the optimizer state lives (`offload.optimizer`, `offload.params`,
     /// `offload.cpu_threads`).
     pub optimizer: Placement,
+    /// `checkpoint.async`: keep a host copy of this rank's checkpoint shard (`snapshot.rs`).
+    pub checkpoint_copy: bool,
 }
 
 impl EngineOptions {
@@ -72,12 +75,17 @@ impl EngineOptions {
         } else {
             Placement::Device
         };
-        EngineOptions { stage: cfg.zero.stage, prefetch: cfg.zero.prefetch_blocks, optimizer }
+        EngineOptions {
+            stage: cfg.zero.stage,
+            prefetch: cfg.zero.prefetch_blocks,
+            optimizer,
+            checkpoint_copy: cfg.checkpoint.async_save && cfg.checkpoint.every > 0,
+        }
     }
 
     /// Stage `stage` with the default prefetch, the optimizer on the device (tests, tools).
     pub fn stage(stage: u8) -> EngineOptions {
-        EngineOptions { stage, prefetch: 1, optimizer: Placement::Device }
+        EngineOptions { stage, prefetch: 1, optimizer: Placement::Device, checkpoint_copy: false }
     }
 }
 
@@ -161,8 +169,11 @@ pub struct Engine<B: Backend> {
     pub(super) prefetch: usize,
     /// fp32 master weights and AdamW moments of the elements this rank updates.
     pub(super) opt: Optimizer<B>,
-    /// Host memory held for offload.
+    /// Host memory held for offload and the checkpoint copy.
     pub(super) host: HostMemory,
+    /// `checkpoint.async`: the host copy of this rank's checkpoint shard, while not lent to
+    /// a background writer.
+    pub(super) shard_copy: Option<super::snapshot::ShardCopy<B>>,
     /// The micro-step running is the step's last (see [`Engine::set_final_micro`]).
     pub(super) final_micro: bool,
     /// Clear every gradient buffer before use and have backward add onto zeros, instead of
@@ -335,6 +346,11 @@ impl<B: Backend> Engine<B> {
         // ranks needs them (a step's first reduction of a unit writes its shard directly).
         let rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
         opt.allocate_staging(be, &mut host_mem)?;
+        let shard_copy = if opts.checkpoint_copy {
+            Some(super::snapshot::ShardCopy::allocate(be, &layout, &units, rank, &mut host_mem)?)
+        } else {
+            None
+        };
         ledger.set_host(host_mem);
         ledger.alloc(Category::Workspace, 2 * units.len() * sizes.f32);
         let norm_slots = be.alloc_f32(2 * units.len(), "gradient norm partial sums")?;
@@ -351,6 +367,7 @@ impl<B: Backend> Engine<B> {
             prefetch: opts.prefetch,
             opt,
             host: host_mem,
+            shard_copy,
             final_micro: false,
             clear_grads: false,
             params_changed: true,

@@ -67,6 +67,7 @@ impl<B: Backend> Engine<B> {
             self.opt.cast_params(be, i, &mut full, own, u.shard)?;
         }
         if self.world > 1 {
+            let _unit = collectives::progress::unit_scope(i); // for the flight recorder
             u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut full)?);
         }
         u.params = Some(full);
@@ -113,7 +114,8 @@ impl<B: Backend> Engine<B> {
     /// starts; `gather` waits for it.
     pub(super) fn publish<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
         if self.policy.shard_optimizer && !self.policy.shard_params {
-            for u in self.units.iter_mut() {
+            for (i, u) in self.units.iter_mut().enumerate() {
+                let _unit = collectives::progress::unit_scope(i);
                 if let Some(e) = u.upload_pending.take() {
                     be.order_compute_after(&e)?; // the gather sends the uploaded piece
                 }

@@ -52,9 +52,18 @@ impl<B: Backend> Engine<B> {
     /// saves in parallel too and any stage can reload it.
     pub fn checkpoint_range(&self, i: usize) -> (usize, usize) {
         let u = &self.units[i];
-        let lo = (self.rank * u.shard).min(u.numel);
-        let hi = ((self.rank + 1) * u.shard).min(u.numel);
-        (lo, hi)
+        super::snapshot::checkpoint_range(self.rank, u.shard, u.numel)
+    }
+
+    /// Bytes of optimizer state this rank writes to a checkpoint (master weights, m and v of
+    /// its range of every unit).
+    pub fn checkpoint_bytes(&self) -> u64 {
+        (0..self.units.len())
+            .map(|i| {
+                let (lo, hi) = self.checkpoint_range(i);
+                12 * (hi - lo) as u64
+            })
+            .sum()
     }
 
     /// fp32 master weights, AdamW m and v of unit `i` over `[lo, hi)` (which must lie
@@ -127,6 +136,7 @@ impl<B: Backend> Engine<B> {
             self.opt.cast_params(be, i, p, own, len)?;
         }
         if policy.shard_optimizer {
+            let _unit = collectives::progress::unit_scope(i); // for the flight recorder
             AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
         }
         Ok(())
@@ -136,7 +146,7 @@ impl<B: Backend> Engine<B> {
         self.ledger.report()
     }
 
-    /// Host memory held for offload.
+    /// Host memory held for offload and the checkpoint copy.
     pub fn host_memory(&self) -> HostMemory {
         self.host
     }

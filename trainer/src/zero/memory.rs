@@ -65,8 +65,8 @@ impl MemoryBytes {
     }
 }
 
-/// A rank's host memory for offload, by category: allocated at start-up and held for the
-/// whole run (so there is no separate peak).
+/// A rank's host memory for offload and asynchronous checkpoints, by category: allocated at
+/// start-up and held for the whole run (so there is no separate peak).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostMemory {
     /// fp32 master weights and AdamW moments of the host optimizer (pageable).
@@ -76,15 +76,19 @@ pub struct HostMemory {
     /// Page-locked staging for gradients going to the host and parameters coming back: the
     /// rings, or with `offload.delayed_update` every unit's own pair of buffers.
     pub staging: u64,
+    /// `checkpoint.async`: the page-locked copy of this rank's checkpoint shard (fp32 master
+    /// weights, AdamW m and v of its range of every unit) that the background writer reads.
+    #[serde(default)]
+    pub checkpoint: u64,
 }
 
 impl HostMemory {
     pub fn total(&self) -> u64 {
-        self.optimizer + self.params + self.staging
+        self.optimizer + self.params + self.staging + self.checkpoint
     }
     /// The page-locked part (what `ulimit -l` must allow).
     pub fn pinned(&self) -> u64 {
-        self.params + self.staging
+        self.params + self.staging + self.checkpoint
     }
 }
 

@@ -19,6 +19,7 @@ mod host;
 pub mod memory;
 pub mod plan;
 mod reduce;
+pub mod snapshot;
 mod step;
 
 pub use engine::{Engine, EngineComm, EngineOptions, InitFn, MicroKey, MicroState};

@@ -98,6 +98,7 @@ impl<B: Backend> Engine<B> {
         } else {
             u.grad_shard.as_mut().expect("sharded stages keep a gradient shard")
         };
+        let _unit = collectives::progress::unit_scope(i); // for the flight recorder
         let p = Communicator::<B::Grad>::reduce_scatter_start(comm, &full, recv, ReduceOp::Sum)?;
         self.rs_in_flight = Some((i, p, full, via_scratch));
         Ok(())
@@ -113,6 +114,7 @@ impl<B: Backend> Engine<B> {
             return Ok(());
         }
         let g = u.grads.as_mut().expect("stage 0/1 keep full gradients");
+        let _unit = collectives::progress::unit_scope(i); // for the flight recorder
         let p = if shard_optimizer {
             // One rank (no shard kept): the full gradient is the reduced one.
             let Some(s) = u.grad_shard.as_mut() else { return Ok(()) };

@@ -19,6 +19,10 @@ impl TransferOps for CpuBackend {
         dst[..at.len].copy_from_slice(&src[at.off..at.end()]);
         Ok(())
     }
+    fn f32_to_host(&self, src: &Vec<f32>, at: Loc, dst: &mut Vec<f32>, doff: usize) -> BResult<()> {
+        dst[doff..doff + at.len].copy_from_slice(&src[at.off..at.end()]);
+        Ok(())
+    }
     fn buf_from_host(&self, src: &Vec<f32>, at: Loc, dst: &mut Vec<f32>, doff: usize) -> BResult<()> {
         dst[doff..doff + at.len].copy_from_slice(&src[at.off..at.end()]);
         Ok(())

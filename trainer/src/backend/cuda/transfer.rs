@@ -36,7 +36,10 @@ impl CudaBackend {
 
 impl HostRead for PinnedHostSlice<f32> {
     fn values(&self) -> Result<&[f32], String> {
-        self.as_slice().map_err(|e| format!("reading page-locked gradients: {e}"))
+        self.as_slice().map_err(|e| format!("reading page-locked host memory: {e}"))
+    }
+    fn writable(&mut self) -> Result<&mut [f32], String> {
+        self.as_mut_slice().map_err(|e| format!("writing page-locked host memory: {e}"))
     }
 }
 
@@ -79,6 +82,24 @@ impl TransferOps for CudaBackend {
             )
         }
         .map_err(|e| self.err("downloading a gradient shard", e))?;
+        self.copy_stream.record_event(None).map_err(|e| self.err("recording a download", e))
+    }
+    fn f32_to_host(&self, src: &CudaSlice<f32>, at: Loc, dst: &mut Self::HostF32, doff: usize) -> BResult<CudaEvent> {
+        check_loc("f32_to_host source", src.len(), at)?;
+        check("f32_to_host destination", dst.len(), doff, at.len)?;
+        self.copy_after_compute("ordering a download of optimizer state")?;
+        let host = dst.as_mut_slice().map_err(|e| self.err("staging a download of optimizer state", e))?;
+        // SAFETY: both ranges were checked; `host` is page-locked memory that the caller
+        // leaves alone until the returned event completes, and the compute stream's writes
+        // to `src` queued so far come first (copy_after_compute).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut host[doff..doff + at.len],
+                self.ptr(src, at.off),
+                self.copy_stream.cu_stream(),
+            )
+        }
+        .map_err(|e| self.err("downloading optimizer state", e))?;
         self.copy_stream.record_event(None).map_err(|e| self.err("recording a download", e))
     }
     fn buf_from_host(

@@ -81,7 +81,7 @@ pub fn export(ckpt_dir: &Path, out: &Path, max_shard_bytes: u64) -> Result<Expor
                 let (u, t) = specs[k];
                 let read: ReadFn = Box::new({
                     let reader = &reader;
-                    move || hf_values(reader, hf, u, t)
+                    move || hf_values(reader, hf, u, t).map(std::borrow::Cow::Owned)
                 });
                 weight_map.insert(hf.hf_name(t), serde_json::json!(file));
                 tensors.push((hf.hf_name(t), hf.hf_shape(t), read));
