@@ -52,23 +52,18 @@ pub enum Command {
     Worker(WorkerArgs),
 }
 
-/// Options of a training launch (the default command).
+/// Where a job's ranks run: the device and rank count, the nodes and the rendezvous. Training
+/// and `launcher doctor` take the same flags (and the same Slurm / torchrun-style variables).
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("device").args(["cpus", "gpus"]))]
-pub struct LaunchArgs {
-    /// Train with N CPU ranks on this node, one OS process each.
+pub struct JobArgs {
+    /// N CPU ranks on this node, one OS process each (collectives over TCP).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub cpus: Option<u32>,
-    /// Train with N GPU ranks on this node, one process per GPU (CUDA backend, NCCL); the
+    /// N GPU ranks on this node, one process per GPU (CUDA backend, NCCL); the
     /// launcher checks the CUDA libraries and the GPU count before starting any rank.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub gpus: Option<u32>,
-    /// The TOML config file.
-    #[arg(value_name = "CONFIG", required = true)]
-    pub config: Option<PathBuf>,
-    /// Override one config value, e.g. `--set zero.stage=3 --set train.steps=20`. Repeatable.
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    pub overrides: Vec<String>,
     /// Multi-node: the rendezvous address, HOST:PORT of node 0 (node 0 listens there; a host
     /// name or an IP address). Default: from the scheduler's environment (Slurm: the first host
     /// of the step's node list; torchrun-style: MASTER_ADDR, MASTER_PORT); single-node runs pick
@@ -98,6 +93,20 @@ pub struct LaunchArgs {
     /// visible to other users in `ps`).
     #[arg(long, value_name = "TOKEN")]
     pub job_token: Option<String>,
+}
+
+/// Options of a training launch (the default command).
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// The TOML config file.
+    #[arg(value_name = "CONFIG", required = true)]
+    pub config: Option<PathBuf>,
+    /// Override one config value, e.g. `--set zero.stage=3 --set train.steps=20`. Repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// The job's ranks and nodes.
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Continue from a checkpoint: its directory (`<checkpoint.dir>/step_00000100`) or `latest`, the
     /// newest intact one in checkpoint.dir of the run that owns output.dir. Verified (every file's size and CRC-32, the model shape)
     /// before any rank starts; --cpus and zero.stage may differ from the run that saved it.
@@ -124,7 +133,7 @@ pub fn parse_gib(s: &str) -> Result<f64, String> {
     }
 }
 
-impl LaunchArgs {
+impl JobArgs {
     /// The device kind and the ranks this launcher starts, from `--cpus` / `--gpus` (clap
     /// allows at most one) and `--one-rank` (one rank; a GPU unless `--cpus 1`).
     pub fn device(&self) -> Result<(Device, usize), String> {

@@ -9,7 +9,7 @@
 //! resolved config file the ranks read. A problem found here is a [`SetupError`]: printed
 //! once, exit code 2, nothing started.
 
-use crate::cli::LaunchArgs;
+use crate::cli::{JobArgs, LaunchArgs};
 use crate::device::Device;
 use crate::fingerprint::Fingerprint;
 use crate::resume::Resume;
@@ -125,7 +125,7 @@ pub(crate) struct Place {
 
 /// Check the arguments and config, prepare the data and the run directory.
 pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
-    let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(args)?;
+    let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(&args.job)?;
     let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
     let config_path =
         args.config.as_deref().ok_or_else(|| SetupError("no CONFIG given: launcher --cpus N CONFIG.toml".into()))?;
@@ -246,7 +246,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         node_rank,
         master_addr,
         master_name: layout.master.as_ref().filter(|_| nnodes > 1).map(|m| m.to_string()),
-        one_rank: args.one_rank,
+        one_rank: args.job.one_rank,
         host_ranks: layout.host_ranks,
         env_source: layout.env.map(|e| e.source),
         logs_dir,
@@ -267,7 +267,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
 /// `launcher doctor`: the ranks of a job laid out as training would lay them out, started
 /// to measure the network (`spec`); no config, data or checkpoint. Their logs and the small
 /// config they read go to `out_dir` (node-local).
-pub fn plan_doctor(args: &LaunchArgs, spec: crate::doctor::Spec, out_dir: &Path) -> Result<RunPlan, SetupError> {
+pub fn plan_doctor(args: &JobArgs, spec: crate::doctor::Spec, out_dir: &Path) -> Result<RunPlan, SetupError> {
     let Place { device, local_ranks, layout, token, nccl_id, gpu_map, master_addr } = place(args)?;
     let (nnodes, node_rank) = (layout.nnodes, layout.node_rank);
     let out_dir = absolute(out_dir);
@@ -329,7 +329,7 @@ pub fn plan_doctor(args: &LaunchArgs, spec: crate::doctor::Spec, out_dir: &Path)
 
 /// The part of a launch that does not depend on the config: device, layout, token, GPUs,
 /// rendezvous.
-pub(crate) fn place(args: &LaunchArgs) -> Result<Place, SetupError> {
+pub(crate) fn place(args: &JobArgs) -> Result<Place, SetupError> {
     let (device, local_ranks) = args.device().map_err(SetupError)?;
     if let Some(reason) = device.unavailable_reason() {
         return Err(SetupError(reason));
@@ -403,7 +403,7 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(args: &LaunchArgs, local_ranks: usize) -> Result<Layout, SetupError> {
+    fn of(args: &JobArgs, local_ranks: usize) -> Result<Layout, SetupError> {
         let explicit =
             args.nnodes.is_some() && args.node_rank.is_some() && (args.nnodes == Some(1) || args.master_addr.is_some());
         // Flags that say everything leave the environment unread (it may describe another

@@ -20,7 +20,7 @@ pub mod hardware;
 pub mod measure;
 pub mod report;
 
-use crate::cli::LaunchArgs;
+use crate::cli::JobArgs;
 use crate::device::Device;
 use anyhow::Context;
 use clap::Args;
@@ -40,30 +40,10 @@ const GIB: u64 = 1 << 30;
 
 /// `launcher doctor`'s command line: the job's layout as for training, and what to measure.
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("device").args(["cpus", "gpus"]))]
 pub struct DoctorArgs {
-    /// Check N CPU ranks on this node (their collectives go over TCP, as in training).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub cpus: Option<u32>,
-    /// Check N GPU ranks on this node (NCCL, as in training).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub gpus: Option<u32>,
-    /// Multi-node: node 0's rendezvous, HOST:PORT (default: from Slurm or torchrun-style
-    /// variables, as for training).
-    #[arg(long, value_name = "HOST:PORT", value_parser = crate::cluster::HostPort::parse)]
-    pub master_addr: Option<crate::cluster::HostPort>,
-    /// Multi-node: how many nodes take part (default: from the environment, else 1).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub nnodes: Option<u32>,
-    /// Multi-node: this node's index (default: from the environment, else 0).
-    #[arg(long, value_name = "K")]
-    pub node_rank: Option<u32>,
-    /// This process is one rank of the job (a task per GPU), as `launcher --one-rank`.
-    #[arg(long)]
-    pub one_rank: bool,
-    /// The job's secret (prefer SHARDTRAIN_JOB_TOKEN), as for training.
-    #[arg(long, value_name = "TOKEN")]
-    pub job_token: Option<String>,
+    /// The job's ranks and nodes, as for training.
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Message sizes for the all-reduce and all-gather, e.g. `1M,64M,1G` (suffixes K, M, G:
     /// powers of 1024). Default 1M,16M,256M,1G on GPUs, 64K,1M,16M on CPU ranks. The verdict
     /// judges the largest; the others show how latency weighs at smaller sizes.
@@ -162,21 +142,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 
 /// Run the check: place the ranks as training would, start them, print node 0's report.
 pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
-    let launch = LaunchArgs {
-        cpus: args.cpus,
-        gpus: args.gpus,
-        config: None,
-        overrides: Vec::new(),
-        master_addr: args.master_addr.clone(),
-        nnodes: args.nnodes,
-        node_rank: args.node_rank,
-        one_rank: args.one_rank,
-        job_token: args.job_token.clone(),
-        resume: None,
-        overwrite: false,
-        host_mem: None,
-    };
-    let (device, _) = launch.device().map_err(crate::setup::SetupError)?;
+    let (device, _) = args.job.device().map_err(crate::setup::SetupError)?;
     let spec = Spec::of(args, device);
     let out = match &args.out {
         Some(d) => d.clone(),
@@ -188,7 +154,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
             d
         }
     };
-    let plan = crate::setup::plan_doctor(&launch, spec, &out)?;
+    let plan = crate::setup::plan_doctor(&args.job, spec, &out)?;
     crate::out::say(&format!(
         "launcher doctor: {} {} rank(s) on {} of {}; logs in {}",
         plan.local_ranks,
