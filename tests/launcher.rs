@@ -5,6 +5,8 @@
 //! broken checkpoints refused), `export`, and `memory` predictions against a real run.
 
 mod common;
+#[path = "common/wordlevel.rs"]
+mod wordlevel;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -2246,23 +2248,6 @@ fn resume_of_a_directory_that_is_not_a_checkpoint_says_so() {
     assert!(e.contains("is a run directory, not a checkpoint") && e.contains("--resume latest"), "{e}");
 }
 
-/// A WordLevel tokenizer.json of `n` words `w0`, `w1`, ... with `<|endoftext|>` as word 1.
-fn wordlevel_tokenizer(n: usize) -> String {
-    let mut vocab = serde_json::Map::new();
-    for i in 0..n {
-        let w = if i == 1 { "<|endoftext|>".to_string() } else { format!("w{i}") };
-        vocab.insert(w, serde_json::json!(i));
-    }
-    serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [{"id": 1, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
-                          "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
-    })
-    .to_string()
-}
-
 /// `prepare-data INPUT OUT_DIR extra...`, asserted to succeed.
 fn prepare(input: &Path, out: &Path, extra: &[&str]) -> Run {
     let mut args = vec!["prepare-data".to_string(), input.display().to_string(), out.display().to_string()];
@@ -2278,7 +2263,7 @@ fn a_vocabulary_too_small_for_the_shards_is_refused_naming_both() {
     let dir = job.dir.path();
     let tok = dir.join("big");
     std::fs::create_dir_all(&tok).expect("mkdir");
-    std::fs::write(tok.join("tokenizer.json"), wordlevel_tokenizer(70_000)).expect("tokenizer");
+    std::fs::write(tok.join("tokenizer.json"), wordlevel::wordlevel(70_000)).expect("tokenizer");
     let text: String = (0..300).map(|i| format!("w{} w{} w3\n", 2 + i * 211 % 69_000, i % 90 + 2)).collect();
     std::fs::write(dir.join("ids.txt"), text).expect("text");
     let shards = dir.join("shards");
@@ -2308,7 +2293,7 @@ fn shards_of_another_tokenizer_than_init_from_are_refused_naming_both() {
     std::fs::write(dir.join("t.txt"), text).expect("text");
     let hf = dir.join("hf-model");
     std::fs::create_dir_all(&hf).expect("mkdir");
-    std::fs::write(hf.join("tokenizer.json"), wordlevel_tokenizer(50)).expect("tokenizer");
+    std::fs::write(hf.join("tokenizer.json"), wordlevel::wordlevel(50)).expect("tokenizer");
     let gpt2 = dir.join("gpt2-shards");
     prepare(&dir.join("t.txt"), &gpt2, &["--txt-docs", "line"]);
 

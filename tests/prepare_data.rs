@@ -3,6 +3,9 @@
 //! shards (the latter read by llm.c's Llama 3 loading rules), document offsets across
 //! shards, the validation split by documents, appending, and a refused run writing nothing.
 
+#[path = "common/wordlevel.rs"]
+mod wordlevel;
+
 use data::{
     DataError, Dataset, Existing, Ids, OnBad, PrepareOptions, PrepareProgress, Split, TokenShard, TokenizerSpec,
     TxtDocs, Width,
@@ -199,23 +202,6 @@ fn bad_records_are_counted_and_skipped_or_refused() {
     assert!(e.to_string().contains("hold no document") && e.to_string().contains("1 empty document"), "{e}");
 }
 
-/// A WordLevel tokenizer.json of `n` words `w0`, `w1`, ... with `<|endoftext|>` as word 1.
-fn wordlevel(n: usize) -> String {
-    let mut vocab = serde_json::Map::new();
-    for i in 0..n {
-        let w = if i == 1 { "<|endoftext|>".to_string() } else { format!("w{i}") };
-        vocab.insert(w, serde_json::json!(i));
-    }
-    serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [{"id": 1, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
-                          "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
-    })
-    .to_string()
-}
-
 /// llm.c's `train_llama3.py::_load_data_shard`: magic 20240801, version 7, then exactly
 /// `header[2]` uint32 ids.
 fn llmc_load_llama3_shard(path: &Path) -> Vec<u32> {
@@ -232,7 +218,7 @@ fn llmc_load_llama3_shard(path: &Path) -> Vec<u32> {
 fn large_vocabularies_write_u32_shards_in_llm_c_llama_3_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    std::fs::write(d.join("tokenizer.json"), wordlevel(70_000)).expect("write");
+    std::fs::write(d.join("tokenizer.json"), wordlevel::wordlevel(70_000)).expect("write");
     std::fs::write(d.join("in.txt"), "w3 w65536 w69999\n\nw2 w2 nothere\n").expect("write");
     let mut o = opts("big");
     o.tokenizer = TokenizerSpec::File(d.join("tokenizer.json"));
