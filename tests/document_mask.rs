@@ -69,8 +69,9 @@ fn initial_params(cfg: &ModelConfig) -> Vec<Vec<f32>> {
 }
 
 /// `values` laid out for `from` (parameters or gradients, per unit), tensor by tensor into
-/// `to`'s layout, keeping each tensor's first elements (GPT-2's position table: its first
-/// rows; every other tensor is the same size in both).
+/// `to`'s layout: each tensor's first elements, as many as the smaller of the two holds, the
+/// rest zero. GPT-2's position table is the one tensor whose size differs: the packed model's
+/// has a row per position of the sequence, a document's alone one per position of the document.
 fn refit(values: &[Vec<f32>], from: &ModelLayout, to: &ModelLayout) -> Vec<Vec<f32>> {
     to.units
         .iter()
@@ -80,7 +81,8 @@ fn refit(values: &[Vec<f32>], from: &ModelLayout, to: &ModelLayout) -> Vec<Vec<f
             let mut out = vec![0.0; tu.numel];
             for t in &tu.tensors {
                 let f = fu.tensors.iter().find(|f| f.name == t.name).expect("the same tensors");
-                out[t.loc.off..t.loc.end()].copy_from_slice(&v[f.loc.off..f.loc.off + t.loc.len]);
+                let n = t.loc.len.min(f.loc.len);
+                out[t.loc.off..t.loc.off + n].copy_from_slice(&v[f.loc.off..f.loc.off + n]);
             }
             out
         })
@@ -166,7 +168,7 @@ fn packed_documents_equal_each_document_alone(name: &str, model: fn(usize) -> Mo
         let one = MicroBatch::plain(&inputs[rows.clone()], &targets[rows.clone()]);
         let (l_alone, g_alone) = step(&alone_cfg, &alone_params, &ModelOptions::batch(1), &one, dloss);
         assert_eq!(&losses[rows.clone()], &l_alone[..], "{name}: token losses of the document at rows {rows:?}");
-        for (s, g) in summed.iter_mut().zip(refit_add(&g_alone, &alone_layout, &layout)) {
+        for (s, g) in summed.iter_mut().zip(refit(&g_alone, &alone_layout, &layout)) {
             for (a, x) in s.iter_mut().zip(g) {
                 *a += x;
             }
@@ -185,24 +187,6 @@ fn packed_documents_equal_each_document_alone(name: &str, model: fn(usize) -> Mo
     let unmasked = step(&cfg, &params, &ModelOptions::batch(b), &MicroBatch::plain(&inputs, &targets), dloss);
     assert_eq!(unmasked.0[..5], losses[..5], "{name}: the first document sees nothing before it either way");
     assert_ne!(unmasked.0[5..12], losses[5..12], "{name}: the second document must not see the first");
-}
-
-/// A gradient of a model of `from`'s layout added into `to`'s (zeros where `from` has no
-/// element: GPT-2's position rows past the document's length).
-fn refit_add(values: &[Vec<f32>], from: &ModelLayout, to: &ModelLayout) -> Vec<Vec<f32>> {
-    to.units
-        .iter()
-        .zip(&from.units)
-        .zip(values)
-        .map(|((tu, fu), v)| {
-            let mut out = vec![0.0; tu.numel];
-            for f in &fu.tensors {
-                let t = tu.tensors.iter().find(|t| t.name == f.name).expect("the same tensors");
-                out[t.loc.off..t.loc.off + f.loc.len].copy_from_slice(&v[f.loc.off..f.loc.end()]);
-            }
-            out
-        })
-        .collect()
 }
 
 #[test]
