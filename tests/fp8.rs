@@ -39,6 +39,9 @@ const PARAM_ATOL: f32 = 1e-3;
 struct Run {
     losses: Vec<f64>,
     params: Vec<Vec<f32>>,
+    /// Units gathered as FP8 codes, and the bytes per rank of gathering them all with and
+    /// without (`Engine::fp8_gathers`).
+    fp8_gathers: (usize, usize, usize),
 }
 
 fn run(world: usize, toml: String, steps: usize, data: &std::path::Path) -> Run {
@@ -50,7 +53,8 @@ fn run(world: usize, toml: String, steps: usize, data: &std::path::Path) -> Run 
         let be = CpuBackend::new();
         let mut tr = Trainer::new(&cfg, &be, rank, world, &data).expect("trainer");
         let losses = (0..cfg.train.steps).map(|_| tr.train_step(&be, &mut comm).expect("step").loss).collect();
-        Run { losses, params: tr.full_params(&be, &mut comm).expect("params") }
+        let fp8_gathers = tr.engine.fp8_gathers();
+        Run { losses, params: tr.full_params(&be, &mut comm).expect("params"), fp8_gathers }
     });
     for r in &results[1..] {
         assert_eq!(r.losses, results[0].losses, "ranks disagree on loss");
@@ -204,5 +208,38 @@ fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
         let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
         assert_eq!(on.losses, off.losses, "llama world {world} stage {stage}: losses");
         assert_eq!(on.params, off.params, "llama world {world} stage {stage}: parameters");
+    }
+}
+
+/// `zero.fp8_gather` (on by default): ZeRO-3 gathering the blocks' FP8 weights as e4m3 codes
+/// with their tensors' scales gives the bits of gathering them at full precision, since the
+/// GEMMs round them to those same codes: the same losses and parameters, over several
+/// steps (each a new parameter version, new amaxes), with gradient accumulation,
+/// checkpointing and kept attention, on 2 and 3 ranks (pieces that cut weights anywhere),
+/// GPT-2 and Llama (whose q, k and v each have a scale in the gather, one in the GEMM).
+#[test]
+fn fp8_gathers_give_the_bits_of_full_precision_gathers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let gather = |t: String, on: bool| t.replace("[zero]\n", &format!("[zero]\nfp8_gather = {on}\n"));
+    for world in [2usize, 3] {
+        for act in ["\"none\"", "\"every_layer\"", common::KEEP_ATTENTION] {
+            let toml = tiny_fp8_toml(3, 2, act, "fp8");
+            assert!(toml.contains("[zero]\n"), "the test config has a [zero] table");
+            let (on, off) =
+                (run(world, gather(toml.clone(), true), 3, &data), run(world, gather(toml, false), 3, &data));
+            let name = format!("gpt2 world {world} {act}");
+            // Every block gathered as codes (one byte a weight against f32's four), none without.
+            let (units, fp8, full) = on.fp8_gathers;
+            assert!(units == 2 && 3 * fp8 < full, "{name}: {units} units, {fp8} bytes against {full}");
+            assert_eq!(off.fp8_gathers.0, 0, "{name}");
+            assert_eq!(on.losses, off.losses, "{name}: losses");
+            assert_eq!(on.params, off.params, "{name}: parameters");
+        }
+        let toml = tiny_llama_fp8_toml(3, 2, "1", "fp8", false);
+        let (on, off) = (run(world, gather(toml.clone(), true), 3, &data), run(world, gather(toml, false), 3, &data));
+        assert_eq!((on.fp8_gathers.0, off.fp8_gathers.0), (2, 0), "llama world {world}");
+        assert_eq!(on.losses, off.losses, "llama world {world}: losses");
+        assert_eq!(on.params, off.params, "llama world {world}: parameters");
     }
 }

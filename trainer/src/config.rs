@@ -235,11 +235,15 @@ pub struct ZeroConfig {
     pub bucket_mb: Option<toml::Value>,
     /// Stage 3: how many blocks ahead to all-gather parameters.
     pub prefetch_blocks: usize,
+    /// Stage 3 with `train.precision = "fp8"` on several ranks: all-gather the blocks'
+    /// linear weights as FP8 codes (one byte each, a scale per rank's part) instead of at
+    /// compute precision (`backend/fp8_gather.rs`). Elsewhere it has nothing to change.
+    pub fp8_gather: bool,
 }
 
 impl Default for ZeroConfig {
     fn default() -> Self {
-        ZeroConfig { stage: 0, bucket_mb: None, prefetch_blocks: 1 }
+        ZeroConfig { stage: 0, bucket_mb: None, prefetch_blocks: 1, fp8_gather: true }
     }
 }
 

@@ -212,6 +212,25 @@ impl MatmulOps for MetaBackend {
     }
 }
 
+impl super::Fp8GatherOps for MetaBackend {
+    fn amax_parts(&self, _: &MetaBuf, parts: &[Loc]) -> BResult<Vec<f32>> {
+        Ok(vec![0.0; parts.len()])
+    }
+    fn fp8_gather_pack(
+        &self,
+        _: &super::Fp8GatherLayout,
+        _: usize,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: &mut MetaBuf,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn fp8_gather_unpack(&self, _: &super::Fp8GatherLayout, _: &MetaBuf, _: &MetaBuf, _: &mut MetaBuf) -> BResult<()> {
+        Ok(())
+    }
+}
+
 impl AttentionOps for MetaBackend {
     fn attention_saved_len(&self, s: AttnShape) -> usize {
         (self.attention_saved)(s)

@@ -7,6 +7,7 @@
 //! | [`EncoderOps`] (`encoder.rs`) | token (+ position) embedding, positions optionally within documents |
 //! | [`LayerNormOps`] (`layernorm.rs`) | LayerNorm, RMSNorm |
 //! | [`MatmulOps`] (`matmul.rs`) | linear layers (GEMMs) in bf16 or FP8 (`fp8.rs`: its numerics), with the fused-GELU hooks; the stored GEMM algorithm choices (`gemm_tuning.rs`) |
+//! | [`Fp8GatherOps`] (`fp8_gather.rs`) | ZeRO-3's FP8 weight gathers: a rank's piece cast to FP8, the gathered pieces expanded |
 //! | [`AttentionOps`] (`attention.rs`) | causal self-attention (multi-head, grouped-query), RoPE |
 //! | [`ActivationOps`] (`activation.rs`) | GELU, SwiGLU, residual add |
 //! | [`CrossEntropyOps`] (`cross_entropy.rs`) | softmax cross-entropy with its backward |
@@ -47,6 +48,7 @@ pub mod cross_entropy;
 pub mod cuda;
 pub mod encoder;
 pub mod fp8;
+pub mod fp8_gather;
 pub mod gemm_tuning;
 pub mod graph;
 pub mod layernorm;
@@ -64,6 +66,7 @@ pub use attention::{
 pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedInputs, EmbedLocs, EncoderOps, SeqShape};
 pub use fp8::{Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent};
+pub use fp8_gather::{Fp8GatherLayout, Fp8GatherOps};
 pub use gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
@@ -136,6 +139,7 @@ pub trait Backend:
     + EncoderOps
     + LayerNormOps
     + MatmulOps
+    + Fp8GatherOps
     + AttentionOps
     + ActivationOps
     + CrossEntropyOps
@@ -152,6 +156,7 @@ impl<T> Backend for T where
         + EncoderOps
         + LayerNormOps
         + MatmulOps
+        + Fp8GatherOps
         + AttentionOps
         + ActivationOps
         + CrossEntropyOps

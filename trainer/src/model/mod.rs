@@ -27,7 +27,7 @@ pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{BResult, Backend, Fp8Layers, Precision};
+use crate::backend::{BResult, Backend, Fp8Layers, Loc, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
@@ -111,6 +111,33 @@ impl ModelFamily {
             ModelFamily::Gpt2 => Box::new(gpt2::Gpt2::new(be, layout, opts, ledger)?),
             ModelFamily::Llama => Box::new(llama::Llama::new(be, layout, opts, ledger)?),
         })
+    }
+
+    /// Each unit's weights whose GEMMs run in FP8 over `rows` rows (`train.precision =
+    /// "fp8"`): the blocks' linear layers of an eligible shape (`fp8::eligible`), what
+    /// ZeRO-3's FP8 gathers send as FP8 (`zero.fp8_gather`); none in the other units.
+    pub fn fp8_weights(self, layout: &ModelLayout, rows: usize) -> Vec<Vec<Loc>> {
+        let cfg = &layout.cfg;
+        let c = cfg.n_embd;
+        let linears: Vec<(Loc, usize, usize)> = match self {
+            ModelFamily::Gpt2 => {
+                let b = gpt2::layout::layout(cfg).1.block;
+                vec![(b.qkv.w, c, 3 * c), (b.proj.w, c, c), (b.fc.w, c, 4 * c), (b.fc2.w, 4 * c, c)]
+            }
+            ModelFamily::Llama => {
+                let b = llama::layout::layout(cfg).1.block;
+                let f = cfg.intermediate_size.unwrap_or(0);
+                vec![(b.qkv.w, c, b.qkv.w.len / c.max(1)), (b.o.w, c, c), (b.gate_up.w, c, 2 * f), (b.down.w, f, c)]
+            }
+        };
+        let eligible: Vec<Loc> = linears
+            .into_iter()
+            .filter(|&(_, c, oc)| crate::backend::fp8::eligible(crate::backend::MatShape { n: rows, c, oc }))
+            .map(|(w, ..)| w)
+            .collect();
+        (0..layout.units.len())
+            .map(|u| if (1..=cfg.n_layer).contains(&u) { eligible.clone() } else { Vec::new() })
+            .collect()
     }
 
     /// Forward+backward FLOPs per token (for MFU).

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use super::memory::{Category, MemoryLedger};
 use super::Policy;
-use crate::backend::{BResult, Backend, Loc};
+use crate::backend::{BResult, Backend, Fp8GatherLayout, Loc};
 use crate::config::Config;
 use crate::model::ModelLayout;
 use crate::optim::optimizer::Placement;
@@ -61,6 +61,10 @@ pub struct EngineOptions {
     pub optimizer: Placement,
     /// `checkpoint.async`: keep a host copy of this rank's checkpoint shard (`snapshot.rs`).
     pub checkpoint_copy: bool,
+    /// Stage 3 with `train.precision = "fp8"` and `zero.fp8_gather`: gather the blocks'
+    /// FP8 weights as FP8 codes (`backend/fp8_gather.rs`); the rows of a micro-batch, which
+    /// decide the GEMM shapes that run in FP8. Only where more than one rank gathers.
+    pub fp8_gather: Option<usize>,
 }
 
 impl EngineOptions {
@@ -80,12 +84,16 @@ impl EngineOptions {
             prefetch: cfg.zero.prefetch_blocks,
             optimizer,
             checkpoint_copy: cfg.checkpoint.async_save && cfg.checkpoint.every > 0,
+            fp8_gather: (cfg.train.precision == crate::backend::Precision::Fp8
+                && cfg.zero.stage == 3
+                && cfg.zero.fp8_gather)
+                .then_some(cfg.train.micro_batch * cfg.model.seq_len),
         }
     }
 
     /// Stage `stage` with the default prefetch, the optimizer on the device (tests, tools).
     pub fn stage(stage: u8) -> EngineOptions {
-        EngineOptions { stage, prefetch: 1, optimizer: Placement::Device, checkpoint_copy: false }
+        EngineOptions { stage, prefetch: 1, optimizer: Placement::Device, checkpoint_copy: false, fp8_gather: None }
     }
 }
 
@@ -134,6 +142,15 @@ pub(super) struct Unit<B: Backend> {
     pub(super) reduced: bool,
     /// Full gradient accumulation buffer (always for stage 0/1; during backward for 2/3).
     pub(super) grads: Option<B::Grad>,
+    /// Stage 3's FP8 gather of this unit (`EngineOptions::fp8_gather`, the unit has FP8
+    /// weights): how its pieces are laid out.
+    pub(super) fp8: Option<Fp8GatherLayout>,
+    /// Each FP8 weight's amax over every rank (by slot, on the device), agreed once per
+    /// parameter version (`refresh_fp8_amax`).
+    pub(super) fp8_amax: Option<B::F32>,
+    /// The FP8 gather in flight: the pieces' buffer, expanded into `params` once the
+    /// all-gather is waited for (`finish_gather`).
+    pub(super) fp8_pieces: Option<B::Buf>,
     /// `grads` holds nothing of this step yet and was not cleared: the next backward writes
     /// every element instead of adding (see [`UnitGrads`](crate::backend::UnitGrads)). Set
     /// by `begin_step` (and, where each micro-step takes a pooled buffer, by `ensure_grads`);
@@ -182,6 +199,8 @@ pub struct Engine<B: Backend> {
     /// The compute parameters changed (built, stepped, loaded) since a training micro-step
     /// last used them ([`Engine::params_changed`]).
     pub(super) params_changed: bool,
+    /// The FP8 gathers' amaxes are of an older parameter version (`refresh_fp8_amax`).
+    pub(super) fp8_amax_stale: bool,
     /// Per-unit sums of squared gradients as [`F64Pair`](crate::backend::F64Pair)s, filled
     /// on the device and read with one download per step.
     pub(super) norm_slots: B::F32,
@@ -254,10 +273,22 @@ impl<B: Backend> Engine<B> {
                     .into(),
             ));
         }
+        // FP8 gathers need the optimizer on the device: the amaxes come from rounding its
+        // master weights (the host optimizer's shards arrive by other paths).
+        let fp8_weights = match opts.fp8_gather {
+            Some(rows) if policy.shard_params && world > 1 && !opt.on_host() => {
+                Some(layout.cfg.family.fp8_weights(&layout, rows))
+            }
+            _ => None,
+        };
         for (ui, ul) in layout.units.iter().enumerate() {
             let numel = ul.numel;
             let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
             let padded = shard * world;
+            let fp8 = fp8_weights.as_ref().and_then(|w| {
+                let tensors: Vec<Loc> = ul.tensors.iter().map(|t| t.loc).collect();
+                Fp8GatherLayout::new(&tensors, &w[ui], shard, world, sizes.buf)
+            });
             // Stage 3 keeps only its shard, so only that range is made (or read); the others
             // hold the whole unit. `host` covers `base..base + len`, zero-padded.
             let (base, len) = if policy.shard_params { (rank * shard, shard) } else { (0, padded) };
@@ -308,6 +339,13 @@ impl<B: Backend> Engine<B> {
             } else {
                 None
             };
+            let fp8_amax = match &fp8 {
+                Some(l) => {
+                    ledger.alloc(Category::Workspace, l.slots * sizes.f32);
+                    Some(be.alloc_f32(l.slots, &what("FP8 gather amaxes"))?)
+                }
+                None => None,
+            };
             let grads = if policy.shard_grads {
                 None
             } else {
@@ -340,6 +378,9 @@ impl<B: Backend> Engine<B> {
                 grads_fresh: false,
                 grad_shard,
                 shard_empty: true,
+                fp8_amax,
+                fp8,
+                fp8_pieces: None,
             });
         }
         // Receive buffers are made on first use: only gradient accumulation over several
@@ -371,6 +412,7 @@ impl<B: Backend> Engine<B> {
             final_micro: false,
             clear_grads: false,
             params_changed: true,
+            fp8_amax_stale: true,
             norm_slots,
             ledger,
             sizes,
@@ -472,14 +514,12 @@ impl<B: Backend> Engine<B> {
     /// to the pool). Eager micro-steps leave them running into `step`, which waits for them.
     pub fn join_micro<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
         self.finish_reduce_scatter(be, comm)?;
-        for u in &mut self.units {
-            if let Some(p) = u.reduce_pending.take() {
+        for i in 0..self.units.len() {
+            if let Some(p) = self.units[i].reduce_pending.take() {
                 Group::wait(comm, p)?;
-                u.reduced = true;
+                self.units[i].reduced = true;
             }
-            if let Some(p) = u.gather_pending.take() {
-                Group::wait(comm, p)?;
-            }
+            self.finish_gather(be, comm, i)?;
         }
         Ok(())
     }

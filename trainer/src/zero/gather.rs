@@ -12,6 +12,7 @@ use super::memory::Category;
 use crate::backend::{Backend, Loc};
 use crate::TrainError;
 use collectives::{AllGatherInPlace, Group};
+use collectives::{Communicator, ReduceOp};
 
 impl<B: Backend> Engine<B> {
     /// Stage 3: how many units ahead of use the schedule starts all-gathers.
@@ -26,8 +27,23 @@ impl<B: Backend> Engine<B> {
         if let Some(e) = self.units[i].upload_pending.take() {
             be.order_compute_after(&e)?;
         }
-        if let Some(p) = self.units[i].gather_pending.take() {
+        self.finish_gather(be, comm, i)
+    }
+
+    /// Wait for unit `i`'s all-gather, if one is in flight, and expand an FP8 gather's
+    /// pieces into its parameters (the pieces' buffer back to the pool).
+    pub(super) fn finish_gather<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
+        let u = &mut self.units[i];
+        if let Some(p) = u.gather_pending.take() {
             Group::wait(comm, p)?;
+        }
+        if let Some(pieces) = u.fp8_pieces.take() {
+            let l = u.fp8.as_ref().expect("FP8 pieces come from a unit with an FP8 gather layout");
+            let amax = u.fp8_amax.as_ref().expect("a unit with an FP8 gather layout has amaxes");
+            let full = u.params.as_mut().expect("an FP8 gather fills gathered parameters");
+            be.fp8_gather_unpack(l, amax, &pieces, full)?;
+            let len = l.buffer_elems();
+            self.param_pool.park(len, pieces, len * self.sizes.buf, Category::Params, &mut self.ledger);
         }
         Ok(())
     }
@@ -35,6 +51,9 @@ impl<B: Backend> Engine<B> {
     /// Stage 3: start all-gathering unit `i` without waiting, so it overlaps the compute
     /// that comes before its use (a no-op when it is already gathered or in flight).
     pub fn prefetch_unit<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
+        if self.units[i].params.is_none() && self.units[i].fp8.is_some() {
+            self.refresh_fp8_amax(be, comm)?;
+        }
         let u = &mut self.units[i];
         if u.params.is_some() {
             return Ok(());
@@ -68,9 +87,75 @@ impl<B: Backend> Engine<B> {
         }
         if self.world > 1 {
             let _unit = collectives::progress::unit_scope(i); // for the flight recorder
-            u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut full)?);
+            match &u.fp8 {
+                // FP8 weights travel as codes: this rank's piece packed from its elements,
+                // the pieces all-gathered, expanded into `full` by `finish_gather`.
+                Some(l) => {
+                    let len = l.buffer_elems();
+                    let mut pieces =
+                        self.param_pool.take(len, len * self.sizes.buf, Category::Params, &mut self.ledger, || {
+                            be.alloc_buf(len, &format!("FP8 gather pieces of unit {name}"))
+                        })?;
+                    let amax = u.fp8_amax.as_ref().expect("a unit with an FP8 gather layout has amaxes");
+                    be.fp8_gather_pack(l, self.rank, amax, &full, &mut pieces)?;
+                    u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut pieces)?);
+                    u.fp8_pieces = Some(pieces);
+                }
+                None => {
+                    u.gather_pending = Some(AllGatherInPlace::<B::Buf>::all_gather_in_place_start(comm, &mut full)?);
+                }
+            }
         }
         u.params = Some(full);
+        Ok(())
+    }
+
+    /// Stage 3's FP8 gathers: where the parameters changed since the amaxes were agreed,
+    /// every rank rounds its shard of each unit with FP8 weights (as a gather will), takes
+    /// the amax of its part of each weight, and one max-reduction over every unit's gives
+    /// each weight's amax (a NaN as infinity: its scale is NaN either way), uploaded for the
+    /// casts. Once per parameter version: `step` runs it at its end (outside any recorded
+    /// micro-step), the first gather after a build or a load otherwise.
+    pub(super) fn refresh_fp8_amax<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
+        if !self.fp8_amax_stale || self.units.iter().all(|u| u.fp8.is_none()) {
+            return Ok(());
+        }
+        let mut all = Vec::new();
+        for i in 0..self.units.len() {
+            let u = &self.units[i];
+            let Some(l) = &u.fp8 else { continue };
+            let mut amax = vec![0f32; l.slots];
+            let parts = l.fp8_parts(self.rank);
+            if !parts.is_empty() {
+                let (padded, shard, own) = (u.padded, u.shard, self.rank * u.shard);
+                let name = &self.layout.units[i].name;
+                let mut full = self.param_pool.take(
+                    padded,
+                    padded * self.sizes.buf,
+                    Category::Params,
+                    &mut self.ledger,
+                    || be.alloc_buf(padded, &format!("gathered parameters of unit {name}")),
+                )?;
+                self.opt.cast_params(be, i, &mut full, own, shard)?;
+                let locs: Vec<Loc> = parts.iter().map(|p| p.1).collect();
+                let got = be.amax_parts(&full, &locs)?;
+                self.param_pool.park(padded, full, padded * self.sizes.buf, Category::Params, &mut self.ledger);
+                for ((slot, _), a) in parts.iter().zip(got) {
+                    let a = if a.is_nan() { f32::INFINITY } else { a };
+                    amax[*slot] = amax[*slot].max(a);
+                }
+            }
+            all.extend(amax);
+        }
+        Communicator::<[f32]>::all_reduce(comm, &mut all, ReduceOp::Max)?;
+        let mut at = 0;
+        for u in &mut self.units {
+            if let (Some(l), Some(dev)) = (&u.fp8, u.fp8_amax.as_mut()) {
+                be.upload_f32(&all[at..at + l.slots], dev, 0)?;
+                at += l.slots;
+            }
+        }
+        self.fp8_amax_stale = false;
         Ok(())
     }
 
@@ -79,13 +164,11 @@ impl<B: Backend> Engine<B> {
     /// CUDA graph, which cannot wait on work queued outside it, and before each replay,
     /// which would not.
     pub fn await_pending<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C) -> Result<(), TrainError> {
-        for u in &mut self.units {
-            if let Some(e) = u.upload_pending.take() {
+        for i in 0..self.units.len() {
+            if let Some(e) = self.units[i].upload_pending.take() {
                 be.order_compute_after(&e)?;
             }
-            if let Some(p) = u.gather_pending.take() {
-                Group::wait(comm, p)?;
-            }
+            self.finish_gather(be, comm, i)?;
         }
         Ok(())
     }

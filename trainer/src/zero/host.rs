@@ -9,10 +9,11 @@ use crate::backend::{Backend, Loc};
 use crate::optim::HostAdamWStats;
 use crate::zero::HostMemory;
 use crate::TrainError;
-use collectives::{AllGatherInPlace, Group};
+use collectives::AllGatherInPlace;
 
 impl<B: Backend> Engine<B> {
-    /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded.
+    /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded (at compute
+    /// precision, FP8 gathers or not).
     /// For tests and export; not for the hot path.
     pub fn full_params_host<C: EngineComm<B>>(
         &mut self,
@@ -21,12 +22,16 @@ impl<B: Backend> Engine<B> {
         i: usize,
     ) -> Result<Vec<f32>, TrainError> {
         let was_gathered = self.units[i].params.is_some();
-        self.gather(be, comm, i)?;
-        let out = be.download_buf(self.params(i), Loc::all(self.units[i].numel))?;
+        // The parameters themselves, not their FP8 codes expanded: an FP8 gather's unit is
+        // gathered at compute precision here.
+        let fp8 = if was_gathered { None } else { self.units[i].fp8.take() };
+        let got = self.gather(be, comm, i);
+        let out = got.and_then(|()| Ok(be.download_buf(self.params(i), Loc::all(self.units[i].numel))?));
         if !was_gathered {
             self.release(i);
+            self.units[i].fp8 = fp8;
         }
-        Ok(out)
+        out
     }
 
     /// Overwrite one compute parameter (stage 0 only; finite-difference gradient checks).
@@ -37,6 +42,7 @@ impl<B: Backend> Engine<B> {
         let p = self.units[unit].params.as_mut().expect("stage 0 params");
         be.upload_buf(&[value], p, index)?;
         self.params_changed = true;
+        self.fp8_amax_stale = true;
         Ok(())
     }
 
@@ -112,14 +118,13 @@ impl<B: Backend> Engine<B> {
         let (lo, hi) = self.held_range(i);
         let policy = self.policy;
         // A publish or prefetch still writing the parameters finishes first.
-        if let Some(p) = self.units[i].gather_pending.take() {
-            Group::wait(comm, p)?;
-        }
+        self.finish_gather(be, comm, i)?;
         if state.iter().any(|s| s.len() != hi - lo) {
             return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));
         }
         self.opt.load(be, i, lo, &state)?;
         self.params_changed = true;
+        self.fp8_amax_stale = true;
         let rank = self.rank;
         let u = &mut self.units[i];
         if let Some(ps) = u.param_shard.as_mut() {
@@ -140,6 +145,14 @@ impl<B: Backend> Engine<B> {
             AllGatherInPlace::<B::Buf>::all_gather_in_place(comm, p)?;
         }
         Ok(())
+    }
+
+    /// Stage 3's FP8 gathers (`zero.fp8_gather`): how many units gather their FP8 weights
+    /// as codes, and the bytes one all-gather of all of them moves per rank against the
+    /// same units at compute precision.
+    pub fn fp8_gathers(&self) -> (usize, usize, usize) {
+        let ls = self.units.iter().filter_map(|u| u.fp8.as_ref());
+        ls.fold((0, 0, 0), |(n, fp8, full), l| (n + 1, fp8 + l.piece_bytes, full + l.shard * l.elem))
     }
 
     pub fn memory(&self) -> MemoryReport {

@@ -123,6 +123,8 @@ impl<B: Backend> Engine<B> {
         self.await_uploads(uploads);
         self.publish(be, comm)?;
         self.params_changed = true;
+        self.fp8_amax_stale = true;
+        self.refresh_fp8_amax(be, comm)?;
         Ok(StepStats { grad_norm, clip_scale })
     }
 
@@ -157,6 +159,7 @@ impl<B: Backend> Engine<B> {
         drop(dests);
         self.await_uploads(uploads);
         self.params_changed = true;
+        self.fp8_amax_stale = true;
         self.publish(be, comm)
     }
 }

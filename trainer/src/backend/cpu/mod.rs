@@ -12,6 +12,7 @@ mod attention;
 mod comm;
 mod cross_entropy;
 mod encoder;
+mod fp8_gather;
 mod graph;
 mod layernorm;
 mod matmul;

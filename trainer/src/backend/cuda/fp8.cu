@@ -148,3 +148,93 @@ extern "C" __global__ void fp8_cast_transpose_bf16(unsigned char* q, unsigned ch
         }
     }
 }
+
+// ---- ZeRO-3's FP8 weight gathers (backend/fp8_gather.rs: the layout and the CPU twin;
+// launch code in fp8_gather.rs). A unit's elements are cut into segments: an FP8 weight
+// (kind = its slot, >= 0), other parameters (-1, "plain", sent as bf16 in the piece's side)
+// or padding (-2). Rank r's piece: the codes of its shard, then its plain elements. Each FP8
+// weight is cast with its whole tensor's amax (amax[slot], f32, agreed by every rank).
+// FP8G_SEGS comes from Rust.
+
+struct Fp8GatherTable {
+    long long start[FP8G_SEGS];
+    long long end[FP8G_SEGS];
+    long long plain_before[FP8G_SEGS];
+    int kind[FP8G_SEGS];
+    int nseg;
+    int pad_;
+    long long shard;
+    long long piece_bytes;
+    long long side_off;
+};
+
+__device__ __forceinline__ int fp8g_segment(const Fp8GatherTable& t, long long e) {
+    int s = 0;
+    while (s + 1 < t.nseg && e >= t.end[s]) ++s;
+    return s;
+}
+
+// Plain elements of the unit before element p.
+__device__ __forceinline__ long long fp8g_plain_pos(const Fp8GatherTable& t, long long p) {
+    const int s = fp8g_segment(t, p);
+    return t.plain_before[s] + (t.kind[s] == -1 ? min(p, t.end[s]) - t.start[s] : 0ll);
+}
+
+// The value of an e4m3 code (Fp8Format::decode).
+__device__ __forceinline__ float e4m3_value(unsigned c) {
+    const unsigned f = (c >> 3) & 15u, m = c & 7u;
+    float v;
+    if (f == 15u && m == 7u)
+        v = __int_as_float(0x7fffffff);
+    else if (f == 0u)
+        v = (float)m * 0.001953125f;  // m · 2^-9
+    else
+        v = __int_as_float(((f + 120u) << 23) | (m << 20));  // (1 + m/8) · 2^(f - 7)
+    return (c & 0x80u) ? -v : v;
+}
+
+// The scale of an amax held as an f32 (NaN as infinity: the scale is NaN either way).
+__device__ __forceinline__ float fp8g_scale(const float* amax, int k) {
+    return fp8_scale(__float_as_uint(amax[k]) & 0x7fffffffu, 0);
+}
+
+// Rank `rank`'s piece of `dst` from its shard of `full` (bf16). Grid-stride over the shard.
+extern "C" __global__ void fp8_gather_pack(unsigned char* dst, const bf16_t* full, const float* amax, int rank,
+                                           Fp8GatherTable t) {
+    unsigned char* piece = dst + rank * t.piece_bytes;
+    const long long own = rank * t.shard;
+    const long long p0 = fp8g_plain_pos(t, own);
+    bf16_t* side = (bf16_t*)(piece + t.side_off);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < t.shard; i += stride) {
+        const long long e = own + i;
+        const int s = fp8g_segment(t, e), k = t.kind[s];
+        const bf16_t x = full[e];
+        unsigned code = 0;
+        if (k >= 0) {
+            code = cvt2(bf2f(x) * fp8g_scale(amax, k), 0.f, 0) & 0xffu;
+        } else if (k == -1) {
+            side[t.plain_before[s] + (e - t.start[s]) - p0] = x;
+        }
+        piece[i] = (unsigned char)code;
+    }
+}
+
+// Every piece of `src` expanded into `full` (n = shard · world bf16). Grid-stride.
+extern "C" __global__ void fp8_gather_unpack(bf16_t* full, const unsigned char* src, const float* amax, long long n,
+                                             Fp8GatherTable t) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += stride) {
+        const long long r = e / t.shard;
+        const unsigned char* piece = src + r * t.piece_bytes;
+        const int s = fp8g_segment(t, e), k = t.kind[s];
+        bf16_t v = 0;
+        if (k >= 0) {
+            v = f2bf(e4m3_value(piece[e - r * t.shard]) * (1.f / fp8g_scale(amax, k)));
+        } else if (k == -1) {
+            const long long j = t.plain_before[s] + (e - t.start[s]) - fp8g_plain_pos(t, r * t.shard);
+            v = ((const bf16_t*)(piece + t.side_off))[j];
+        }
+        full[e] = v;
+    }
+}

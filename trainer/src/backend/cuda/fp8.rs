@@ -32,7 +32,7 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::cublaslt::{Act, Fp8Gemm, Gemm, OutType};
-use super::kernels::{no_big_smem, no_defines, KernelFile};
+use super::kernels::{no_big_smem, KernelFile};
 use super::launch::{bad, cfg, to_i32, BLOCK};
 use super::matmul::BwdPtrs;
 use super::CudaBackend;
@@ -42,10 +42,15 @@ use crate::backend::{BResult, BackendError, Fp8Bytes, Fp8Format, Fp8Layer, Fp8La
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "fp8",
     src: include_str!("fp8.cu"),
-    functions: &["fp8_amax_bf16", "fp8_cast_bf16", "fp8_cast_transpose_bf16"],
+    functions: &["fp8_amax_bf16", "fp8_cast_bf16", "fp8_cast_transpose_bf16", "fp8_gather_pack", "fp8_gather_unpack"],
     big_smem: no_big_smem,
-    defines: no_defines,
+    defines: fp8_defines,
 };
+
+/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`).
+fn fp8_defines() -> Vec<(&'static str, String)> {
+    vec![("FP8G_SEGS", crate::backend::fp8_gather::MAX_SEGMENTS.to_string())]
+}
 
 /// Rows and columns of the transposing cast's tile (`FP8_TILE` in fp8.cu).
 const TILE: usize = 64;
@@ -303,7 +308,7 @@ impl CudaBackend {
     ///
     /// # Safety
     /// `x` holds `n` bf16; `slot` is a scale slot.
-    unsafe fn fp8_amax(&self, x: u64, n: usize, slot: u64) -> BResult<()> {
+    pub(super) unsafe fn fp8_amax(&self, x: u64, n: usize, slot: u64) -> BResult<()> {
         let ni = n as i64;
         let f = self.f("fp8_amax_bf16")?;
         let mut lb = self.stream.launch_builder(f);

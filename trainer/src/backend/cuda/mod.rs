@@ -29,6 +29,7 @@ mod cross_entropy;
 mod cublaslt;
 mod encoder;
 mod fp8;
+mod fp8_gather;
 mod graph;
 mod kernels;
 mod launch;
