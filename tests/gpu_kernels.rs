@@ -1329,3 +1329,70 @@ fn fp8_is_refused_before_hopper_and_sized_as_planned() {
         Ok(())
     });
 }
+
+/// ZeRO-3's FP8 gathers (`backend/fp8_gather.rs`) against the CPU, value for value: each
+/// rank's amaxes of its parts, every rank's piece packed (into one buffer, as the all-gather
+/// leaves them) and expanded, at 2 and 3 ranks over a GPT-2 block of width 64 and one of
+/// width 1600 (pieces cutting weights, norms and biases anywhere), outputs over NaN.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn fp8_gather() {
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("fp8 gather", "skipped", true, &why);
+            return Ok(());
+        }
+        let cpu = CpuBackend::new();
+        for c in [64usize, 1600] {
+            let mut at = 0;
+            let mut t = |n: usize| {
+                let l = Loc::new(at, n);
+                at += n;
+                l
+            };
+            let ts = [t(c), t(c), t(3 * c * c), t(3 * c), t(c * c), t(c), t(c), t(c), t(4 * c * c), t(4 * c), t(4 * c * c), t(c)];
+            let fp8 = [ts[2], ts[4], ts[8], ts[10]];
+            let numel = at;
+            for world in [2usize, 3] {
+                let shard = numel.div_ceil(world).div_ceil(8) * 8;
+                let tag = format!("fp8 gather C{c} world {world}");
+                let (gl, cl) = match (
+                    Fp8GatherLayout::new(&ts, &fp8, shard, world, 2),
+                    Fp8GatherLayout::new(&ts, &fp8, shard, world, 4),
+                ) {
+                    (Some(g), Some(c)) => (g, c),
+                    _ => return Err(BackendError::Device(format!("{tag}: no layout"))),
+                };
+                let mut x = rng.vec(shard * world, 0.05);
+                x[numel..].fill(0.0);
+                let gx = up_buf(be, &x)?;
+                let x = be.download_buf(&gx, Loc::all(x.len()))?; // the bf16 values both see
+                let mut amax = vec![0f32; gl.slots];
+                for r in 0..world {
+                    let parts = gl.fp8_parts(r);
+                    let locs: Vec<Loc> = parts.iter().map(|p| p.1).collect();
+                    let (g, want) = (be.amax_parts(&gx, &locs)?, cpu.amax_parts(&x, &locs)?);
+                    rep.same_bits(&tag, &format!("amax rank {r}"), &g, &want);
+                    for ((slot, _), a) in parts.iter().zip(want) {
+                        amax[*slot] = amax[*slot].max(a);
+                    }
+                }
+                let (gamax, camax) = (up_f32(be, &amax)?, amax.clone());
+                let mut gp = poisoned_buf(be, gl.buffer_elems())?;
+                let mut cp = vec![0f32; cl.buffer_elems()];
+                for r in 0..world {
+                    be.fp8_gather_pack(&gl, r, &gamax, &gx, &mut gp)?;
+                    cpu.fp8_gather_pack(&cl, r, &camax, &x, &mut cp)?;
+                }
+                let mut gout = poisoned_buf(be, shard * world)?;
+                be.fp8_gather_unpack(&gl, &gamax, &gp, &mut gout)?;
+                let mut cout = vec![f32::NAN; shard * world];
+                cpu.fp8_gather_unpack(&cl, &camax, &cp, &mut cout)?;
+                rep.same_bits(&tag, "expanded", &be.download_buf(&gout, Loc::all(shard * world))?, &cout);
+                let moved = gl.buffer_elems() * 2;
+                rep.check(&tag, "bytes", 10 * moved < 6 * numel * 2, &format!("{moved} bytes against {} in bf16", numel * 2));
+            }
+        }
+        Ok(())
+    });
+}
