@@ -5,9 +5,9 @@
 #   scripts/bench-fp8-gather.sh      # expects .carry/launcher and .carry/gpu-kernels
 #
 # 1. the GPU test of the pack/unpack kernels against the CPU (gpu-kernels fp8_gather);
-# 2. GPT-2 1.5B, 8×1024 per rank, ZeRO-3 on 2 ranks: bf16; fp8 with bf16 gathers; fp8 with
+# 2. GPT-2 1.5B, MB15×1024 per rank (default 4), ZeRO-3 on 2 ranks: bf16; fp8 with bf16 gathers; fp8 with
 #    FP8 gathers; STEPS (default 25) steps each, the same seed and data;
-# 3. the Llama-3.2-1B shape, 4×2048 per rank, ZeRO-3 on 2 ranks, fp8 with and without.
+# 3. the Llama-3.2-1B shape, MBL×2048 per rank (default 2), ZeRO-3 on 2 ranks, fp8 with and without.
 # Prints a table (median step time of the steps after the fifth, tokens/s per GPU, driver
 # peak per rank, last loss). ONLY=REGEX picks rows.
 set -uo pipefail
@@ -22,7 +22,7 @@ wanted() { [[ -z ${ONLY:-} || $1 =~ $ONLY ]]; }
 run() { # name config extra...
     local name=$1 cfg=$2; shift 2
     wanted "$name" || return 0
-    timeout 150 "$BIN/launcher" --gpus "$NGPU" "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
+    timeout "${RUN_TIMEOUT:-100}" "$BIN/launcher" --gpus "$NGPU" "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
         --set train.steps="$STEPS" --set train.warmup_steps=5 --set zero.stage=3 \
         --set "output.dir=\"$OUT/$name\"" "$@" > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
     tail -n 3 "$OUT/$name.log"
@@ -31,11 +31,11 @@ if wanted kernels; then
     "$BIN/gpu-kernels" --include-ignored --test-threads=1 fp8_gather > "$OUT/kernels.log" 2>&1 || echo "gpu-kernels fp8_gather failed"
     tail -n 30 "$OUT/kernels.log"
 fi
-B15=(configs/gpt2-1.5b.toml --set train.micro_batch=8)
-run 1.5b-bf16 "${B15[@]}" --set 'train.precision="bf16"'
+B15=(configs/gpt2-1.5b.toml --set train.micro_batch="${MB15:-4}")
 run 1.5b-fp8-bf16-gathers "${B15[@]}" --set 'train.precision="fp8"' --set zero.fp8_gather=false
 run 1.5b-fp8-fp8-gathers "${B15[@]}" --set 'train.precision="fp8"' --set zero.fp8_gather=true
-L1=(configs/llama-3.2-1b.toml --set train.micro_batch=4)
+run 1.5b-bf16 "${B15[@]}" --set 'train.precision="bf16"'
+L1=(configs/llama-3.2-1b.toml --set train.micro_batch="${MBL:-2}")
 run llama1b-fp8-bf16-gathers "${L1[@]}" --set 'train.precision="fp8"' --set zero.fp8_gather=false
 run llama1b-fp8-fp8-gathers "${L1[@]}" --set 'train.precision="fp8"' --set zero.fp8_gather=true
 python3 - "$OUT" <<'PY'

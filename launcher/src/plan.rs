@@ -163,6 +163,9 @@ pub struct Workload {
     /// Weights of a block its recompute multiplies (the family's; GPT-2: 8·C², its qkv, proj
     /// and fc; 12·C² for runs measured when the recompute also ran fc2).
     pub recompute_weights: f64,
+    /// Bytes per parameter a ZeRO-3 parameter all-gather moves: 2 (bf16), less with FP8
+    /// gathers ([`Workload::with_fp8_gathers`]).
+    pub gather_bytes: f64,
 }
 
 impl Workload {
@@ -189,7 +192,26 @@ impl Workload {
             recompute,
             keep_attention: ckpt.keep_attention,
             recompute_weights: m.family.recomputed_weights(m) as f64,
+            gather_bytes: 2.0,
         }
+    }
+
+    /// The same with ZeRO-3's FP8 gathers where `cfg` has them (`train.precision = "fp8"`,
+    /// `zero.fp8_gather`, several ranks, the optimizer on the GPU): the blocks' FP8 weights
+    /// move at one byte, the other parameters at two.
+    pub fn with_fp8_gathers(self, cfg: &Config, world: usize) -> Workload {
+        let on = cfg.train.precision == trainer::backend::Precision::Fp8
+            && cfg.zero.fp8_gather
+            && !cfg.offload.optimizer
+            && self.stage == 3
+            && world > 1;
+        if !on || self.params == 0 {
+            return self;
+        }
+        let layout = ModelLayout::new(&cfg.model);
+        let rows = cfg.train.micro_batch * cfg.model.seq_len;
+        let fp8: usize = cfg.model.family.fp8_weights(&layout, rows).iter().flatten().map(|l| l.len).sum();
+        Workload { gather_bytes: 2.0 - fp8 as f64 / self.params as f64, ..self }
     }
 
     /// Training FLOPs per token, recomputation included.
@@ -215,7 +237,7 @@ impl Workload {
             0 => 2.0 * grads,
             1 => grads + weights,
             2 => g * grads + weights,
-            _ => g * (2.0 * weights + grads),
+            _ => g * (2.0 * self.gather_bytes * p + grads),
         }
     }
 }
@@ -358,6 +380,8 @@ struct Plan {
     calibration: Vec<CalibrationRow>,
     mean_absolute_error: f64,
     network_calibrated: bool,
+    /// `train.precision = "fp8"`: memory as FP8 holds it, compute at the bf16 rate.
+    fp8: bool,
 }
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
@@ -417,7 +441,8 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
                 .into_iter()
                 .max()
                 .unwrap_or(0);
-            let w = Workload::new(&c.model, c.train.micro_batch, c.train.grad_accum, stage, &c.checkpointing);
+            let w = Workload::new(&c.model, c.train.micro_batch, c.train.grad_accum, stage, &c.checkpointing)
+                .with_fp8_gathers(&c, world);
             let (compute, comm) = step_time(&w, &cluster, fit);
             let step = compute + comm;
             choices.push(Choice {
@@ -466,6 +491,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         calibration,
         mean_absolute_error: mae,
         network_calibrated: false,
+        fp8: cfg.train.precision == trainer::backend::Precision::Fp8,
     };
     if args.json {
         crate::out::say(&serde_json::to_string_pretty(&plan).context("cannot encode the plan")?);
@@ -565,6 +591,12 @@ fn table(p: &Plan) -> String {
         s += "the network term is not calibrated: no multi-node run has been measured yet (it assumes one NIC per GPU \
               and rings over every NIC of a node)\n";
     }
+    if p.fp8 {
+        s += "train.precision = \"fp8\": memory is FP8's (operand workspace, cached weights at stages 0-2, the FP8 \
+              gathers' pieces at stage 3) and ZeRO-3's gathers move the blocks' linear weights at one byte \
+              (zero.fp8_gather), but compute is modelled at the bf16 rate: the runs above are bf16, and an FP8 step \
+              measured 1.02x (GPT-2 1.5B) to 1.28x (6.65B) a bf16 one on one H200 (BENCHMARKS.md run 17)\n";
+    }
     s += "CPU offload (offload.*) is not in this table: `launcher memory CONFIG --ranks N --device gpu --set \
           offload.optimizer=true` predicts its GPU and host memory; its step time is measured in BENCHMARKS.md (run 8)\n";
     s
@@ -608,6 +640,34 @@ mod tests {
         assert_eq!(w.comm_bytes(2), 0.5 * (4.0 * p + 2.0 * p));
         let s3 = Workload { stage: 3, grad_accum: 2, ..w };
         assert_eq!(s3.comm_bytes(4), 0.75 * 2.0 * (2.0 * 2.0 * p + 4.0 * p));
+    }
+
+    /// ZeRO-3's FP8 gathers move the blocks' linear weights (12·L·C² of GPT-2) at one byte;
+    /// bf16, other stages, one rank and the host optimizer keep two.
+    #[test]
+    fn fp8_gathers_halve_the_weight_bytes_of_zero3() {
+        let mut cfg = Config::default();
+        cfg.model = gpt2(4, 256, 4);
+        cfg.train.micro_batch = 4;
+        cfg.train.precision = trainer::backend::Precision::Fp8;
+        let w = |cfg: &Config, stage: u8, world: usize| {
+            Workload::new(&cfg.model, 4, 1, stage, &CheckpointingConfig::default()).with_fp8_gathers(cfg, world)
+        };
+        let on = w(&cfg, 3, 2);
+        let fp8 = (12 * 4 * 256 * 256) as f64;
+        assert_eq!(on.gather_bytes, 2.0 - fp8 / on.params as f64);
+        let p = on.params as f64;
+        assert_eq!(on.comm_bytes(2), 0.5 * (2.0 * (2.0 * p - fp8) + 4.0 * p));
+        assert_eq!(w(&cfg, 2, 2).gather_bytes, 2.0);
+        assert_eq!(w(&cfg, 3, 1).gather_bytes, 2.0);
+        cfg.offload.optimizer = true;
+        assert_eq!(w(&cfg, 3, 2).gather_bytes, 2.0);
+        cfg.offload.optimizer = false;
+        cfg.zero.fp8_gather = false;
+        assert_eq!(w(&cfg, 3, 2).gather_bytes, 2.0);
+        cfg.zero.fp8_gather = true;
+        cfg.train.precision = trainer::backend::Precision::Bf16;
+        assert_eq!(w(&cfg, 3, 2).gather_bytes, 2.0);
     }
 
     #[test]
