@@ -211,7 +211,7 @@ fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
     }
 }
 
-/// `zero.fp8_gather` (on by default): ZeRO-3 gathering the blocks' FP8 weights as e4m3 codes
+/// `zero.fp8_gather = true`: ZeRO-3 gathering the blocks' FP8 weights as e4m3 codes
 /// with their tensors' scales gives the bits of gathering them at full precision, since the
 /// GEMMs round them to those same codes: the same losses and parameters, over several
 /// steps (each a new parameter version, new amaxes), with gradient accumulation,

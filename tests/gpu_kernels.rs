@@ -1350,7 +1350,20 @@ fn fp8_gather() {
                 at += n;
                 l
             };
-            let ts = [t(c), t(c), t(3 * c * c), t(3 * c), t(c * c), t(c), t(c), t(c), t(4 * c * c), t(4 * c), t(4 * c * c), t(c)];
+            let ts = [
+                t(c),
+                t(c),
+                t(3 * c * c),
+                t(3 * c),
+                t(c * c),
+                t(c),
+                t(c),
+                t(c),
+                t(4 * c * c),
+                t(4 * c),
+                t(4 * c * c),
+                t(c),
+            ];
             let fp8 = [ts[2], ts[4], ts[8], ts[10]];
             let numel = at;
             for world in [2usize, 3] {
@@ -1390,7 +1403,12 @@ fn fp8_gather() {
                 cpu.fp8_gather_unpack(&cl, &camax, &cp, &mut cout)?;
                 rep.same_bits(&tag, "expanded", &be.download_buf(&gout, Loc::all(shard * world))?, &cout);
                 let moved = gl.buffer_elems() * 2;
-                rep.check(&tag, "bytes", 10 * moved < 6 * numel * 2, &format!("{moved} bytes against {} in bf16", numel * 2));
+                rep.check(
+                    &tag,
+                    "bytes",
+                    10 * moved < 6 * numel * 2,
+                    &format!("{moved} bytes against {} in bf16", numel * 2),
+                );
             }
         }
         Ok(())

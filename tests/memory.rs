@@ -427,13 +427,16 @@ fn the_asynchronous_checkpoint_copy_is_host_memory_predicted_exactly() {
 fn fp8_gather_prediction_equals_measured_ledger() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
-    let gpt2 = common::tiny_toml(3, 2, "\"every_layer\"").replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n");
-    let llama = common::tiny_llama_toml(3, 2, "\"none\"", true).replace("intermediate_size = 40", "intermediate_size = 48");
+    let gpt2 =
+        common::tiny_toml(3, 2, "\"every_layer\"").replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n");
+    let llama =
+        common::tiny_llama_toml(3, 2, "\"none\"", true).replace("intermediate_size = 40", "intermediate_size = 48");
     for (family, toml) in [("gpt2", gpt2), ("llama", llama)] {
         for world in [2usize, 3] {
             let with = |on: bool| {
                 let t = toml.replace("[train]\n", "[train]\nprecision = \"fp8\"\n");
-                Config::from_toml_str(&t.replace("[zero]\n", &format!("[zero]\nfp8_gather = {on}\n")), "test").expect("cfg")
+                Config::from_toml_str(&t.replace("[zero]\n", &format!("[zero]\nfp8_gather = {on}\n")), "test")
+                    .expect("cfg")
             };
             let (on, off) = (measured(&with(true), world, &data), measured(&with(false), world, &data));
             for (rank, m) in on.iter().enumerate() {

@@ -593,8 +593,8 @@ fn table(p: &Plan) -> String {
     }
     if p.fp8 {
         s += "train.precision = \"fp8\": memory is FP8's (operand workspace, cached weights at stages 0-2, the FP8 \
-              gathers' pieces at stage 3) and ZeRO-3's gathers move the blocks' linear weights at one byte \
-              (zero.fp8_gather), but compute is modelled at the bf16 rate: the runs above are bf16, and an FP8 step \
+              gathers' pieces at stage 3) and, with zero.fp8_gather, ZeRO-3's gathers move the blocks' linear \
+              weights at one byte, but compute is modelled at the bf16 rate: the runs above are bf16, and an FP8 step \
               measured 1.02x (GPT-2 1.5B) to 1.28x (6.65B) a bf16 one on one H200 (BENCHMARKS.md run 17)\n";
     }
     s += "CPU offload (offload.*) is not in this table: `launcher memory CONFIG --ranks N --device gpu --set \
@@ -646,10 +646,15 @@ mod tests {
     /// bf16, other stages, one rank and the host optimizer keep two.
     #[test]
     fn fp8_gathers_halve_the_weight_bytes_of_zero3() {
-        let mut cfg = Config::default();
+        let mut cfg = Config::from_toml_str(
+            "[model]\nn_layer = 4\nn_head = 4\nn_embd = 256\nvocab_size = 50304\nseq_len = 1024\n",
+            "test",
+        )
+        .expect("config");
         cfg.model = gpt2(4, 256, 4);
         cfg.train.micro_batch = 4;
         cfg.train.precision = trainer::backend::Precision::Fp8;
+        cfg.zero.fp8_gather = true;
         let w = |cfg: &Config, stage: u8, world: usize| {
             Workload::new(&cfg.model, 4, 1, stage, &CheckpointingConfig::default()).with_fp8_gathers(cfg, world)
         };

@@ -236,14 +236,17 @@ pub struct ZeroConfig {
     /// Stage 3: how many blocks ahead to all-gather parameters.
     pub prefetch_blocks: usize,
     /// Stage 3 with `train.precision = "fp8"` on several ranks: all-gather the blocks'
-    /// linear weights as FP8 codes (one byte each, a scale per rank's part) instead of at
-    /// compute precision (`backend/fp8_gather.rs`). Elsewhere it has nothing to change.
+    /// linear weights as FP8 codes (one byte each, with their tensors' scales) instead of at
+    /// compute precision (`backend/fp8_gather.rs`): the same bits, half the bytes. Off by
+    /// default: within one NVLink node the gathers are hidden behind compute and the casts
+    /// cost more than the bytes save (0.77× the step at GPT-2 1.5B on 2 H200s, BENCHMARKS.md
+    /// run 18); for jobs whose gathers are exposed (slow links). Elsewhere it changes nothing.
     pub fp8_gather: bool,
 }
 
 impl Default for ZeroConfig {
     fn default() -> Self {
-        ZeroConfig { stage: 0, bucket_mb: None, prefetch_blocks: 1, fp8_gather: true }
+        ZeroConfig { stage: 0, bucket_mb: None, prefetch_blocks: 1, fp8_gather: false }
     }
 }
 

@@ -56,7 +56,7 @@ pub struct Fp8GatherLayout {
     pub world: usize,
     /// Bytes of one compute-precision element (2 for bf16, 4 for the CPU's f32).
     pub elem: usize,
-    /// FP8 weights (their amaxes are indexed by [`SegmentKind::Fp8`]).
+    /// FP8 weights, as given (their amaxes are indexed by [`SegmentKind::Fp8`]).
     pub slots: usize,
     /// Byte offset of the side inside a piece (the codes come first).
     pub side_off: usize,
@@ -79,14 +79,15 @@ impl Fp8GatherLayout {
         let mut ts: Vec<Loc> = tensors.iter().copied().filter(|t| t.len > 0).collect();
         ts.sort_by_key(|t| t.off);
         let mut segments: Vec<Segment> = Vec::new();
-        let (mut at, mut plain, mut slots) = (0, 0, 0);
+        let (mut at, mut plain) = (0, 0);
+        // Adjacent runs of one kind are one segment (plain elements, padding, or the tensors
+        // of one FP8 weight: Llama's q, k and v of its fused qkv share the GEMM's scale).
         let push = |segments: &mut Vec<Segment>, start: usize, end: usize, kind: SegmentKind, plain: &mut usize| {
             if end <= start {
                 return;
             }
             match segments.last_mut() {
-                // Adjacent runs of plain elements (or of padding) are one segment.
-                Some(last) if last.kind == kind && !matches!(kind, SegmentKind::Fp8(_)) => last.end = end,
+                Some(last) if last.kind == kind && last.end == start => last.end = end,
                 _ => segments.push(Segment { start, end, kind, plain_before: *plain }),
             }
             if kind == SegmentKind::Plain {
@@ -98,18 +99,20 @@ impl Fp8GatherLayout {
                 return None; // overlapping tensors or outside the padded unit: not a layout we cut
             }
             push(&mut segments, at, t.off, SegmentKind::Pad, &mut plain);
-            // A tensor inside an FP8 weight (Llama's q, k and v of its fused qkv) is one.
-            let kind = if fp8.iter().any(|f| f.off <= t.off && t.end() <= f.end()) {
-                slots += 1;
-                SegmentKind::Fp8(slots - 1)
-            } else {
-                SegmentKind::Plain
+            // A tensor inside an FP8 weight takes that weight's slot: one scale per GEMM operand.
+            let kind = match fp8.iter().position(|f| f.len > 0 && f.off <= t.off && t.end() <= f.end()) {
+                Some(k) => SegmentKind::Fp8(k),
+                None => SegmentKind::Plain,
             };
             push(&mut segments, t.off, t.end(), kind, &mut plain);
             at = t.end();
         }
         push(&mut segments, at, padded, SegmentKind::Pad, &mut plain);
-        if slots == 0 || segments.len() > MAX_SEGMENTS || padded == 0 {
+        let slots = fp8.len();
+        if !segments.iter().any(|s| matches!(s.kind, SegmentKind::Fp8(_))) {
+            return None;
+        }
+        if segments.len() > MAX_SEGMENTS || padded == 0 {
             return None;
         }
         let mut l = Fp8GatherLayout { segments, shard, world, elem, slots, side_off: up16(shard), piece_bytes: 0 };
@@ -275,6 +278,35 @@ mod tests {
         };
         let (l1w, l1b, qkv, qkvb, pw, pb) = (t(16), t(16), t(48 * 16), t(48), t(256), t(16));
         (vec![l1w, l1b, qkv, qkvb, pw, pb], vec![qkv, pw])
+    }
+
+    /// Two tensors inside one FP8 weight (Llama's q, k, v in its fused qkv) take that
+    /// weight's slot and one scale: the one the GEMM quantizes the fused weight with, even
+    /// where the parts' magnitudes differ by binades.
+    #[test]
+    fn tensors_of_one_fused_weight_share_its_scale() {
+        let (ln, q, k, o) = (Loc::new(0, 16), Loc::new(16, 256), Loc::new(272, 64), Loc::new(336, 256));
+        let fused = Loc::new(16, 320);
+        let l = Fp8GatherLayout::new(&[ln, q, k, o], &[fused, o], 296, 2, 4).expect("layout");
+        use SegmentKind::*;
+        let kinds: Vec<SegmentKind> = l.segments.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, vec![Plain, Fp8(0), Fp8(1)]); // 592 elements: no padding
+        let mut full: Vec<f32> = (0..592).map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.37).collect();
+        for x in &mut full[272..336] {
+            *x *= 1.0 / 64.0; // k, six binades below q
+        }
+        let amax = [crate::backend::fp8::amax(&full[16..336]), crate::backend::fp8::amax(&full[336..592])];
+        let mut gathered = vec![0u8; 2 * l.piece_bytes];
+        for r in 0..2 {
+            let own = &full[r * 296..(r + 1) * 296];
+            pack_piece(&l, r, own, &amax, &mut gathered[r * l.piece_bytes..(r + 1) * l.piece_bytes]);
+        }
+        let mut out = vec![f32::NAN; 592];
+        unpack(&l, &gathered, &amax, &mut out);
+        let s = Fp8Format::E4M3.scale(amax[0]);
+        for e in 16..336 {
+            assert_eq!(out[e], Fp8Format::E4M3.round(full[e] * s) / s, "element {e} of the fused weight");
+        }
     }
 
     #[test]
