@@ -55,7 +55,7 @@ impl MemoryDevice {
             MemoryDevice::Gpu => {
                 "the CUDA backend's accounting: bf16 parameters and activations, fp32 gradients, master weights and \
                  AdamW moments, flash attention, with train.precision = \"fp8\" the FP8 GEMM operands' workspace \
-                 (in workspace) and at ZeRO 0-2 the cached FP8 weights (in params, train.fp8_weight_cache); on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s) \
+                 (in workspace) and at ZeRO 0-2 the cached FP8 weights (in params, train.fp8_weight_cache); on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s, ~1.2 GiB on 4) \
                  and its kernels loaded on first use (~0.2 GiB), and scratch with the cuBLASLt workspace (~45 MiB), \
                  which a run measures per rank (measured on H200, CUDA 13, NCCL 2.28)"
             }
@@ -388,18 +388,24 @@ pub fn gpu_runtime_bytes(world: usize) -> u64 {
 }
 
 /// The parts of [`gpu_runtime_bytes`] (name, MiB): a one-GPU job makes no NCCL
-/// communicator and loads none of NCCL's kernels.
+/// communicator and loads none of NCCL's kernels; NCCL holds more with more ranks.
 pub fn gpu_runtime_parts(world: usize) -> impl Iterator<Item = (&'static str, u64)> {
-    GPU_RUNTIME_MIB.iter().filter(move |(_, _, nccl)| world > 1 || !nccl).map(|&(n, m, _)| (n, m))
+    let four = world > 2;
+    GPU_RUNTIME_MIB
+        .iter()
+        .filter(move |(_, _, _, nccl)| world > 1 || !nccl)
+        .map(move |&(n, two, more, _)| (n, if four { more } else { two }))
 }
 
-/// What a GPU rank holds outside the ledger (name, MiB, whether only with NCCL), as
-/// measured on H200s (BENCHMARKS.md runs 4 and 6: every rank of every run, 124M to 6.65B,
-/// reported these; the untracked rest was 0 MiB; at one GPU nothing but the context and
-/// the scratch).
-const GPU_RUNTIME_MIB: [(&str, u64, bool); 4] = [
-    ("CUDA context", 533, false),
-    ("NCCL", 930, true),
-    ("NCCL kernels loaded on first use", 186, true),
-    ("scratch", 45, false),
+/// What a GPU rank holds outside the ledger (name, MiB at up to 2 ranks, MiB at more,
+/// whether only with NCCL), as measured on H200s: at 1 and 2 ranks BENCHMARKS.md runs 4 and
+/// 6 (every rank of every run, 124M to 6.65B, reported these; the untracked rest was 0 MiB;
+/// at one GPU nothing but the context and the scratch); at 4 ranks run 18 (the largest rank:
+/// NCCL 1170–1218 MiB, lazily loaded kernels 216). No 8-rank run has been measured: it is
+/// given the 4-rank figures.
+const GPU_RUNTIME_MIB: [(&str, u64, u64, bool); 4] = [
+    ("CUDA context", 533, 533, false),
+    ("NCCL", 930, 1218, true),
+    ("NCCL kernels loaded on first use", 186, 216, true),
+    ("scratch", 45, 45, false),
 ];
