@@ -160,9 +160,12 @@ largest() {
         echo "$name: width $w, $l layers fit by the planner" | tee -a "$OUT/largest.plan"
         [[ $l -gt 0 ]] || continue
         local shape=(--set model.n_layer="$l" --set model.n_embd="$w" --set model.n_head=$((w / 128)))
+        # The real-text shards where they were built; the built-in data otherwise (speed and
+        # memory do not depend on the text).
+        local data=(); [[ -e $DATA ]] && data=(--set "data.path=\"$DATA\"")
         bounded "$name" 120 "$BIN/launcher" --gpus "$NGPU" configs/gpt-20b.toml "${shape[@]}" --set train.grad_accum=1 \
             --set train.steps=10 --set train.eval_every=0 --set checkpoint.every=0 --set offload.optimizer="$off" \
-            --set "data.path=\"$DATA\"" --set "output.dir=\"$OUT/$name\"" --host-mem "$HOST_GIB"
+            "${data[@]}" --set "output.dir=\"$OUT/$name\"" --host-mem "$HOST_GIB"
         # FSDP2 at the same size. With CPUOffloadPolicy it keeps fp32 parameters, gradients and
         # both AdamW moments on the host (16 bytes per parameter): attempted only where the host
         # has them, since running a host out of memory can take the machine with it.
