@@ -2509,3 +2509,59 @@ fn doctor_checks_a_two_node_job_from_torchrun_variables() {
     let across = report["links"].as_array().expect("links").iter().filter(|l| l["across_nodes"] == true).count();
     assert_eq!(across, 4);
 }
+
+/// `launcher eval` with `[[data.sources]]`: every source with a validation split gets its own
+/// loss (the weights loaded once), a source without one is named on stderr, `--source NAME`
+/// evaluates one (the same loss as in the full run), and an unknown name, or a source without
+/// a validation split, is refused (exit code 2) saying what there is.
+#[test]
+fn eval_gives_a_loss_per_data_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, mult, val) in [("web", 7u32, true), ("code", 11, true), ("books", 13, false)] {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let toks: Vec<u16> = (0..4000u32).map(|i| ((i * mult + i / 13) % 97) as u16).collect();
+        data::write_shard(d.join("t_train_000000.bin"), &toks).expect("train");
+        if val {
+            data::write_shard(d.join("t_val_000000.bin"), &toks[..1000]).expect("val");
+        }
+    }
+    let entry = |path: &str| format!("[[data.sources]]\npath = '{}'\n", dir.path().join(path).display());
+    let config = dir.path().join("mix.toml");
+    let text = format!(
+        "{}\n[checkpoint]\nevery = 4\n\n[data]\n{}{}{}\n[output]\ndir = '{}'\n",
+        common::tiny_llama_toml(1, 1, "\"none\"", false),
+        entry("web"),
+        entry("code"),
+        entry("books"),
+        dir.path().join("out").display()
+    );
+    std::fs::write(&config, text).expect("write config");
+    let config = config.display().to_string();
+    let run = run_launcher(&["--cpus".into(), "2".into(), config.clone()], &[]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let ck = dir.path().join("out/checkpoints/step_00000004").display().to_string();
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", &config, "--checkpoint", &ck, "--windows", "5", "--json"];
+        args.extend_from_slice(extra);
+        launcher(&args)
+    };
+    let all = eval(&[]);
+    all.assert_success();
+    let lines: Vec<Value> = all.stdout().lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let got: Vec<(&str, f64)> =
+        lines.iter().map(|v| (v["source"].as_str().unwrap_or("?"), v["loss"].as_f64().unwrap_or(f64::NAN))).collect();
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec!["web", "code"], "{}", all.stdout());
+    assert!(got[0].1 != got[1].1 && got.iter().all(|g| g.1 > 0.0), "two sources, two losses: {got:?}");
+    assert!(all.stderr().contains("books"), "the source without a validation split is named: {}", all.stderr());
+    let code = eval(&["--source", "code"]);
+    code.assert_success();
+    let one: Value = serde_json::from_str(code.stdout().trim()).expect("one JSON line");
+    assert_eq!(one["loss"].as_f64(), Some(got[1].1), "--source code: the same windows, the same loss");
+    let unknown = eval(&["--source", "news"]);
+    assert_eq!(unknown.code(), Some(2), "{}", unknown.stderr());
+    assert!(unknown.stderr().contains("web, code, books"), "{}", unknown.stderr());
+    let none = eval(&["--source", "books"]);
+    assert_eq!(none.code(), Some(2), "{}", none.stderr());
+    assert!(none.stderr().contains("no validation split"), "{}", none.stderr());
+}

@@ -229,6 +229,10 @@ pub struct EvalArgs {
     /// How many windows of model.seq_len tokens, from the start of the validation split.
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
     pub windows: u64,
+    /// With [[data.sources]]: evaluate only the source of this name (default: every source
+    /// that has a validation split, one result each).
+    #[arg(long, value_name = "NAME")]
+    pub source: Option<String>,
     /// Compute on the CPU (the f32 reference) or on one GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,

@@ -145,14 +145,14 @@ mod imp {
     /// `launcher eval` on one GPU (no communicator: a world of one).
     pub fn eval_rank(
         cfg: &Config,
-        data_path: &Path,
+        data: &[trainer::eval::EvalData],
         windows: usize,
         checkpoint: Option<&Path>,
         gpu: usize,
-    ) -> Result<EvalResult, TrainError> {
+    ) -> Result<Vec<EvalResult>, TrainError> {
         let be = CudaBackend::new(gpu)?;
         let mut comm = LocalGpuComm::new(be.stream().clone());
-        trainer::eval::evaluate(cfg, &be, &mut comm, data_path, windows, checkpoint)
+        trainer::eval::evaluate(cfg, &be, &mut comm, data, windows, checkpoint)
     }
 }
 
@@ -194,11 +194,11 @@ mod imp {
     }
     pub fn eval_rank(
         _: &Config,
-        _: &Path,
+        _: &[trainer::eval::EvalData],
         _: usize,
         _: Option<&Path>,
         _: usize,
-    ) -> Result<trainer::eval::EvalResult, TrainError> {
+    ) -> Result<Vec<trainer::eval::EvalResult>, TrainError> {
         Err(TrainError::Invalid(NOT_BUILT.into()))
     }
 }

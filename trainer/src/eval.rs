@@ -7,6 +7,8 @@
 //! the mean of their means). The weights are those `train.init_from` names (a Hugging Face
 //! folder or a checkpoint), or a checkpoint given to `eval` itself. With
 //! `data.document_mask` the windows are evaluated within documents, as training saw them.
+//! Several datasets (a config's `[[data.sources]]`) are evaluated one after another with the
+//! weights loaded once, a result each.
 
 use crate::backend::Backend;
 use crate::checkpoint::init::InitSource;
@@ -33,6 +35,28 @@ pub struct EvalResult {
     /// Where the weights came from.
     pub weights: String,
     pub data: String,
+    /// The `[[data.sources]]` entry's name, where the data is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// One dataset to evaluate on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalData {
+    /// A `[[data.sources]]` entry's name (`None`: `data.path`).
+    pub name: Option<String>,
+    pub path: std::path::PathBuf,
+}
+
+/// Whether `path` has a validation split: `Ok(false)` where it has no validation shards (a
+/// `[[data.sources]]` entry may have none), the error for any other problem (a corrupt
+/// shard, an unreadable directory).
+pub fn has_val_split(path: &Path) -> Result<bool, TrainError> {
+    match Dataset::open(path, Split::Val) {
+        Ok(_) => Ok(true),
+        Err(data::DataError::NoShards { .. } | data::DataError::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The first `windows` windows of `seq_len` tokens (and their targets) of `val`, in order.
@@ -60,17 +84,21 @@ pub fn windows(val: &Dataset, windows: usize, seq_len: usize) -> Result<(Vec<u32
     Ok((inputs, targets))
 }
 
-/// Evaluate on one rank: the weights of `checkpoint` if given, else `train.init_from`.
+/// Evaluate on one rank: the weights of `checkpoint` if given, else `train.init_from`, on
+/// each of `data` in turn (the weights loaded once), a result each.
 pub fn evaluate<B: Backend, C: EngineComm<B>>(
     cfg: &Config,
     be: &B,
     comm: &mut C,
-    data_path: &Path,
+    data: &[EvalData],
     n_windows: usize,
     checkpoint: Option<&Path>,
-) -> Result<EvalResult, TrainError> {
+) -> Result<Vec<EvalResult>, TrainError> {
     if n_windows == 0 {
         return Err(TrainError::Invalid("--windows must be at least 1".into()));
+    }
+    if data.is_empty() {
+        return Err(TrainError::Invalid("nothing to evaluate on: no dataset given (a bug)".into()));
     }
     let weights = checkpoint.or(cfg.train.init_from.as_deref()).ok_or_else(|| {
         TrainError::Invalid(
@@ -79,14 +107,23 @@ pub fn evaluate<B: Backend, C: EngineComm<B>>(
                 .into(),
         )
     })?;
-    let val = Dataset::open(data_path, Split::Val)?;
-    crate::train::check_data_fits(cfg, &val, data_path)?;
-    if checkpoint.is_none() {
-        crate::train::check_tokenizer(cfg, &val, data_path)?;
-    }
     let t = cfg.model.seq_len;
-    let mut docs = DocumentMask::new(end_of_text(cfg, &val, data_path)?, t);
-    let (inputs, targets) = windows(&val, n_windows, t)?;
+    // Every dataset's windows first: a data problem is said before the weights load.
+    let mut sets = Vec::with_capacity(data.len());
+    for d in data {
+        let named = |e: TrainError| match &d.name {
+            Some(n) => TrainError::Invalid(format!("data source {n:?}: {e}")),
+            None => e,
+        };
+        let val = Dataset::open(&d.path, Split::Val).map_err(|e| named(e.into()))?;
+        crate::train::check_data_fits(cfg, &val, &d.path).map_err(named)?;
+        if checkpoint.is_none() {
+            crate::train::check_tokenizer(cfg, &val, &d.path).map_err(named)?;
+        }
+        let docs = DocumentMask::new(end_of_text(cfg, &val, &d.path).map_err(named)?, t);
+        let (inputs, targets) = windows(&val, n_windows, t).map_err(named)?;
+        sets.push((d, docs, inputs, targets));
+    }
     let layout = ModelLayout::new(&cfg.model);
     let src = InitSource::open(weights)?;
     src.check(&layout, weights)?;
@@ -97,21 +134,26 @@ pub fn evaluate<B: Backend, C: EngineComm<B>>(
     let b = (1..=cfg.train.micro_batch.min(n_windows)).rev().find(|b| n_windows.is_multiple_of(*b)).unwrap_or(1);
     let opts = ModelOptions { micro_batch: b, ..ModelOptions::from_config(cfg) };
     let mut model = cfg.model.family.build(be, &engine.layout, &opts, &mut engine.ledger)?;
-    let mut sum = 0.0f64;
-    for (x, y) in inputs.chunks(b * t).zip(targets.chunks(b * t)) {
-        sum += step_micro_loss(model.as_mut(), be, &mut engine, comm, &docs.batch(x, y), None)?;
+    let mut results = Vec::with_capacity(sets.len());
+    for (d, mut docs, inputs, targets) in sets {
+        let mut sum = 0.0f64;
+        for (x, y) in inputs.chunks(b * t).zip(targets.chunks(b * t)) {
+            sum += step_micro_loss(model.as_mut(), be, &mut engine, comm, &docs.batch(x, y), None)?;
+        }
+        let loss = sum / (n_windows / b) as f64;
+        results.push(EvalResult {
+            loss,
+            perplexity: loss.exp(),
+            windows: n_windows,
+            seq_len: t,
+            tokens: n_windows * t,
+            micro_batch: b,
+            weights: weights.display().to_string(),
+            data: d.path.display().to_string(),
+            source: d.name.clone(),
+        });
     }
-    let loss = sum / (n_windows / b) as f64;
-    Ok(EvalResult {
-        loss,
-        perplexity: loss.exp(),
-        windows: n_windows,
-        seq_len: t,
-        tokens: n_windows * t,
-        micro_batch: b,
-        weights: weights.display().to_string(),
-        data: data_path.display().to_string(),
-    })
+    Ok(results)
 }
 
 #[cfg(test)]
