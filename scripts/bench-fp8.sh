@@ -13,7 +13,8 @@
 #         fp8. Targets (issue 26): 1.5B fp8 >= 1.3x our bf16 step and >= 1.45x torch.compile.
 # gemm:   gpu-timing fp8: each linear layer of GPT-2 1.5B and Llama-3-8B, bf16 beside fp8
 #         (the casts included), 8×1024 rows.
-# parity: GPT-2 124M, 2000 steps (16×1024), and GPT-2 1.5B, 500 steps (8×1024), on real text,
+# parity: GPT-2 124M, 2000 steps (16×1024), GPT-2 1.5B, 500 steps (8×1024), and the Llama-3.2-1B
+#         shape, 500 steps (4×2048), on real text,
 #         bf16 and fp8 from the same initialisation and data order: both loss curves as CSV
 #         ($OUT/parity-*.csv), an SVG per model ($OUT/parity-*.svg, scripts/plot_losses.py:
 #         the losses smoothed over 20 steps) and the mean of the last 100 steps' losses.
@@ -74,10 +75,13 @@ if [[ $WHAT == parity || $WHAT == all ]]; then
             --set zero.stage=1 --set "train.precision=\"$p\""
         ours "parity-1.5b-$p" configs/gpt2-1.5b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
             --set zero.stage=1 --set train.warmup_steps=50 --set "train.precision=\"$p\""
+        # The Llama family: the 3.2-1B shape (its 128k vocabulary over GPT-2's token ids).
+        ours "parity-llama1b-$p" configs/llama-3.2-1b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
+            --set train.micro_batch=4 --set zero.stage=1 --set train.warmup_steps=50 --set "train.precision=\"$p\""
     done
-    for m in 124m 1.5b; do
+    for m in 124m 1.5b llama1b; do
         if [[ -f $OUT/parity-$m-bf16/metrics.jsonl && -f $OUT/parity-$m-fp8/metrics.jsonl ]]; then
-            python3 scripts/plot_losses.py --title "GPT-2 $m on real text: bf16 and fp8" --csv "$OUT/parity-$m.csv" \
+            python3 scripts/plot_losses.py --title "$m on real text: bf16 and fp8" --csv "$OUT/parity-$m.csv" \
                 --svg "$OUT/parity-$m.svg" "bf16=$OUT/parity-$m-bf16/metrics.jsonl" "fp8=$OUT/parity-$m-fp8/metrics.jsonl"
         fi
     done
@@ -131,7 +135,7 @@ if rows or refs:
     ours8, comp = rows.get("speed-1.5b-fp8"), refs.get("ref-1.5b-compile")
     if ours8 and comp:
         print(f"\n1.5B fp8 vs torch.compile (same call): {comp['step_ms'] / ours8[2]:.2f}x")
-for m in ("124m", "1.5b"):
+for m in ("124m", "1.5b", "llama1b"):
     curves = {}
     for p in ("bf16", "fp8"):
         f = f"{out}/parity-{m}-{p}/metrics.jsonl"
@@ -141,6 +145,6 @@ for m in ("124m", "1.5b"):
         n = min(len(c) for c in curves.values())
         tail = {p: statistics.mean(c[n - 100:n]) for p, c in curves.items()}
         rel = (tail["fp8"] - tail["bf16"]) / tail["bf16"]
-        print(f"parity GPT-2 {m}, {n} steps: mean loss of the last 100: bf16 {tail['bf16']:.4f}, fp8 {tail['fp8']:.4f} "
+        print(f"parity {m}, {n} steps: mean loss of the last 100: bf16 {tail['bf16']:.4f}, fp8 {tail['fp8']:.4f} "
               f"({100 * rel:+.2f}%)")
 PY
