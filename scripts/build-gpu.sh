@@ -4,6 +4,9 @@
 #   .carry/launcher, .carry/gpu-timing, .carry/gpu-nccl   (release, stripped)
 #   .carry/gpu-kernels, .carry/gpu-model                  (the GPU test binaries)
 #   .carry/fsdp_gpt2.py                                   (the PyTorch reference, if found)
+#   .carry/text/shards                                    (real text for the loss runs: GPT-2 tokens of
+#       the Rust books' prose and Python's standard library found on this machine, 60 MB of it as
+#       JSON lines through prepare-data with its built-in GPT-2 tokenizer; made once, kept)
 # Usage: scripts/build-gpu.sh [PATH_TO_fsdp_gpt2.py]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +26,10 @@ for line in sys.stdin:
         subprocess.run(["strip", "-o", f".carry/{name}", m["executable"]], check=True)
         print("built", name)
 '
+if [ ! -d .carry/text/shards ]; then
+    python3 scripts/bench_prepare.py corpus /tmp/shardtrain-real-text.jsonl 60
+    target/release/launcher prepare-data /tmp/shardtrain-real-text.jsonl .carry/text/shards
+fi
 ref=${1:-../shared/reference/fsdp_gpt2.py}
 [ -f "$ref" ] && cp "$ref" .carry/fsdp_gpt2.py
 du -sh .carry/* | sort -h
