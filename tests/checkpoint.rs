@@ -651,3 +651,31 @@ fn llama_folders_import_on_any_layout_and_export_the_same_bytes() {
     };
     assert!(e.contains("mlp.gate_proj.weight has shape [40, 32]") && e.contains("[48, 32]"), "{e}");
 }
+
+/// ZeRO-3 with FP8 gathers (`zero.fp8_gather`): a resumed run agrees on the amaxes again from
+/// the loaded weights (not the ones it was built with) and continues bit for bit, on 2 and 3
+/// ranks, resumed on the other world size too.
+#[test]
+fn fp8_gathers_resume_exactly() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let ck = dir.path().join("ck");
+    let fp8 = |world: usize| {
+        let text = common::tiny_toml(3, GLOBAL_ROWS / (2 * world), "\"none\"")
+            .replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n")
+            .replace("[train]\n", "[train]\nprecision = \"fp8\"\n")
+            .replace("[zero]\n", "[zero]\nfp8_gather = true\n");
+        let mut cfg = Config::from_toml_str(&text, "t").expect("cfg");
+        cfg.train.steps = 6;
+        cfg.checkpoint.dir = Some(ck.clone());
+        cfg.checkpoint.keep = 10;
+        cfg
+    };
+    let full = run(&fp8(2), 2, &data, None, 6, false);
+    let first = run(&fp8(2), 2, &data, None, 3, true);
+    assert_eq!(first, full[..3].to_vec());
+    let rest = run(&fp8(2), 2, &data, Some(ck.join("step_00000003")), 6, false);
+    assert_eq!(rest, full[3..].to_vec(), "resumed on 2 ranks");
+    let other = run(&fp8(3), 3, &data, Some(ck.join("step_00000003")), 6, false);
+    close(&other, &full[3..], "resumed on 3 ranks");
+}
