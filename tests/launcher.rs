@@ -2565,3 +2565,19 @@ fn eval_gives_a_loss_per_data_source() {
     assert_eq!(none.code(), Some(2), "{}", none.stderr());
     assert!(none.stderr().contains("no validation split"), "{}", none.stderr());
 }
+
+/// `zero.fp8_gather = true` where it has nothing to act on (bf16, ZeRO-0, one rank) trains as
+/// before and says so in rank 0's log, naming what it would need.
+#[test]
+fn an_fp8_gather_with_nothing_to_gather_is_said() {
+    let job = Job::new();
+    job.run(1, &["--set", "zero.fp8_gather=true"], &[]).assert_success();
+    let log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("rank 0 log");
+    assert!(
+        log.contains(
+            "zero.fp8_gather gathers FP8 weights with train.precision = \"fp8\", zero.stage = 3, more than one rank: \
+             this run gathers at compute precision"
+        ),
+        "{log}"
+    );
+}

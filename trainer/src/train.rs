@@ -124,6 +124,22 @@ impl<B: Backend> Trainer<B> {
         let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
         // The host optimizer's copies and waits between units cannot be recorded.
         let graphs = cfg.train.cuda_graphs && be.graphs_supported() && !cfg.offload.optimizer;
+        if cfg.zero.fp8_gather && rank == 0 {
+            // Set, but with nothing to act on: said once, naming what it needs.
+            let missing = [
+                (cfg.train.precision != Precision::Fp8, "train.precision = \"fp8\""),
+                (cfg.zero.stage != 3, "zero.stage = 3"),
+                (world < 2, "more than one rank"),
+                (cfg.offload.optimizer, "offload.optimizer = false"),
+            ];
+            let needs: Vec<&str> = missing.iter().filter(|m| m.0).map(|m| m.1).collect();
+            if !needs.is_empty() {
+                crate::log_line!(
+                    "rank 0: zero.fp8_gather gathers FP8 weights with {}: this run gathers at compute precision",
+                    needs.join(", ")
+                );
+            }
+        }
         if cfg.train.cuda_graphs && be.graphs_supported() && !graphs && rank == 0 {
             crate::log_line!(
                 "rank 0: train.cuda_graphs records runs with the optimizer on the GPU; \
