@@ -15,6 +15,12 @@
 #   scripts/multi-gpu.sh two-node:130 largest:450   # several parts in one call, each with its
 #                                        # own budget in seconds (the sum under the call's limit)
 #
+# What the parts took on 4 × H200 (BENCHMARKS.md run 18, GPUS="1 4", STEPS 15): two-node 55 s,
+# scaling-124m 107 s, scaling-1.5b 153 s without its checkpointed rows (about 80 s more); add
+# about 35 s for a machine's start. A whole session's standing order in two calls of a 4- or
+# 8-GPU kind (the largest part first in the second, its runs are the longest):
+#   scripts/multi-gpu.sh two-node:90 scaling-124m:160 scaling-1.5b:300
+#   scripts/multi-gpu.sh largest:330 scaling-7b:230
 # Every scaling row has PyTorch FSDP2 eager and torch.compile beside it, run in the same call
 # (.carry/fsdp_gpt2.py); the largest-model rows have FSDP2's attempt at the same size
 # (scripts/fsdp_large.py: meta-device init, as an FSDP2 user builds a model that size).
