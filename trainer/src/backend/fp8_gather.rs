@@ -20,9 +20,9 @@
 use super::fp8::Fp8Format;
 use super::{BResult, Device, Loc};
 
-/// Most segments a unit may have for an FP8 gather (a GPT-2 block has 13, a Llama block 10);
-/// a unit with more is gathered at compute precision. The CUDA kernels take the table by
-/// value (`FP8G_SEGS` in `cuda/fp8.cu`).
+/// Most segments a unit may have for an FP8 gather (a GPT-2 block has 10, a Llama block 7:
+/// adjacent runs of one kind merge); a unit with more is gathered at compute precision. The
+/// CUDA kernels take the table by value (`FP8G_SEGS` in `cuda/fp8.cu`).
 pub const MAX_SEGMENTS: usize = 24;
 
 /// What a run of a unit's elements is.
