@@ -243,3 +243,22 @@ fn fp8_gathers_give_the_bits_of_full_precision_gathers() {
         assert_eq!(on.params, off.params, "llama world {world}: parameters");
     }
 }
+
+/// FP8 with the optimizer on the host (`offload.optimizer`, and at ZeRO-3 the parameters too):
+/// the same bits as the device optimizer, on 2 ranks at stages 1 and 3 — the host AdamW
+/// updates the fp32 master weights, and the FP8 GEMMs round what it publishes as they round
+/// any weight.
+#[test]
+fn fp8_with_the_optimizer_offloaded_trains_the_same_bits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    for (stage, accum, params) in [(1u8, 2usize, false), (3, 2, false), (3, 1, true)] {
+        let toml = tiny_fp8_toml(stage, accum, "\"every_layer\"", "fp8");
+        let offload = format!("{toml}\n[offload]\noptimizer = true\nparams = {params}\ncpu_threads = 2\n");
+        let (device, host) = (run(2, toml, 3, &data), run(2, offload, 3, &data));
+        let name = format!("stage {stage}, parameters offloaded {params}");
+        assert_eq!(host.losses, device.losses, "{name}: losses");
+        assert_eq!(host.params, device.params, "{name}: parameters");
+        assert!(device.losses[2] < device.losses[0], "{name}: the loss falls: {:?}", device.losses);
+    }
+}
