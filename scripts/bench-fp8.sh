@@ -7,7 +7,8 @@
 #       # the real-text shards .carry/text/shards (scripts/build-gpu.sh builds the rest)
 #
 # speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8, beside PyTorch
-#         eager and torch.compile (fsdp_gpt2.py --mode single); the 6.65B (configs/gpt-7b.toml,
+#         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
+#         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
 #         4×1024, checkpointing + keep_attention, ZeRO-1) bf16 and fp8; the Llama-3-8B shape
 #         (configs/llama-3-8b.toml, 1×4096, ZeRO-3, checkpointing + keep_attention) bf16 and
 #         fp8. Targets (issue 26): 1.5B fp8 >= 1.3x our bf16 step and >= 1.45x torch.compile.
@@ -49,6 +50,17 @@ speed() { # name config extra...: STEPS steps, both precisions
             --set "train.precision=\"$p\"" "$@"
     done
 }
+torchao() { # name args...: the reference with torchao's float8 layers (tensorwise), where its wheel was carried
+    local name=$1 whl; shift
+    wanted "$name" || return 0
+    whl=$(ls "$BIN"/torchao-*.whl 2>/dev/null | head -1)
+    if [[ -z $whl ]]; then echo "$name: no torchao wheel in $BIN (scripts/build-gpu.sh downloads one)"; return 0; fi
+    [[ -d /tmp/torchao-py ]] || python3 -m pip install --quiet --no-deps --no-index --target /tmp/torchao-py "$whl" \
+        > "$OUT/$name.install.log" 2>&1 || { echo "$name: installing $whl failed: see $OUT/$name.install.log"; return 0; }
+    PYTHONPATH=/tmp/torchao-py torchrun --standalone --nproc_per_node=1 scripts/torchao_fp8_ref.py \
+        "$BIN/fsdp_gpt2.py" tensorwise -- --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 \
+        || echo "reference $name failed: see $OUT/$name.log"
+}
 ref() { # name args...
     local name=$1; shift
     wanted "$name" || return 0
@@ -60,6 +72,7 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     speed 1.5b configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 --set train.gemm_tuning='"timed"'
     ref ref-1.5b-eager --mode single --layers 48 --embd 1600 --heads 25 --batch 8
     ref ref-1.5b-compile --mode single --layers 48 --embd 1600 --heads 25 --batch 8 --compile --warmup 8
+    torchao ref-1.5b-torchao-fp8 --mode single --layers 48 --embd 1600 --heads 25 --batch 8 --compile --warmup 8
     speed 7b configs/gpt-7b.toml --set zero.stage=1 --set train.micro_batch=4 --set train.grad_accum=1 \
         --set checkpointing.activations='"every_layer"' --set checkpointing.keep_attention=true \
         --set train.gemm_tuning='"timed"'

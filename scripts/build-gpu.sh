@@ -30,6 +30,10 @@ if [ ! -d .carry/text/shards ]; then
     python3 scripts/bench_prepare.py corpus /tmp/shardtrain-real-text.jsonl 60
     target/release/launcher prepare-data /tmp/shardtrain-real-text.jsonl .carry/text/shards
 fi
+# torchao (PyTorch's FP8 training) as a wheel for scripts/bench-fp8.sh: the GPU machine has no
+# network. Pinned to the release that was current with PyTorch 2.11; skipped without a network.
+ls .carry/torchao-*.whl > /dev/null 2>&1 || python3 -m pip download --quiet --no-deps torchao==0.18.0 -d .carry \
+    || echo "no torchao wheel (no network?): bench-fp8.sh runs without its row"
 ref=${1:-../shared/reference/fsdp_gpt2.py}
 [ -f "$ref" ] && cp "$ref" .carry/fsdp_gpt2.py
 du -sh .carry/* | sort -h
