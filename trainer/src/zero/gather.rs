@@ -11,8 +11,7 @@ use super::engine::{Engine, EngineComm};
 use super::memory::Category;
 use crate::backend::{Backend, Loc};
 use crate::TrainError;
-use collectives::{AllGatherInPlace, Group};
-use collectives::{Communicator, ReduceOp};
+use collectives::{AllGatherInPlace, Communicator, Group, ReduceOp};
 
 impl<B: Backend> Engine<B> {
     /// Stage 3: how many units ahead of use the schedule starts all-gathers.
