@@ -2,6 +2,9 @@
 //! forward/backward (`gather`; stage 3 all-gathers the shards, `prefetch_unit` starts that
 //! early), give them back after (`release`, into the pool), and, after a step, `publish` the
 //! updated pieces (stage 1/2: all-gather in place, overlapping the next forward).
+//! With `zero.fp8_gather` a stage-3 unit's FP8 weights travel as e4m3 codes
+//! (`backend/fp8_gather.rs`): packed before the all-gather, expanded by `finish_gather`, with
+//! amaxes agreed once per parameter version (`refresh_fp8_amax`).
 //!
 //! Step 1 of a unit's life (see `engine.rs`); gradients are in `reduce.rs`.
 
