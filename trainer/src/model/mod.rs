@@ -118,17 +118,10 @@ impl ModelFamily {
     /// ZeRO-3's FP8 gathers send as FP8 (`zero.fp8_gather`); none in the other units.
     pub fn fp8_weights(self, layout: &ModelLayout, rows: usize) -> Vec<Vec<Loc>> {
         let cfg = &layout.cfg;
-        let c = cfg.n_embd;
-        let linears: Vec<(Loc, usize, usize)> = match self {
-            ModelFamily::Gpt2 => {
-                let b = gpt2::layout::layout(cfg).1.block;
-                vec![(b.qkv.w, c, 3 * c), (b.proj.w, c, c), (b.fc.w, c, 4 * c), (b.fc2.w, 4 * c, c)]
-            }
-            ModelFamily::Llama => {
-                let b = llama::layout::layout(cfg).1.block;
-                let f = cfg.intermediate_size.unwrap_or(0);
-                vec![(b.qkv.w, c, b.qkv.w.len / c.max(1)), (b.o.w, c, c), (b.gate_up.w, c, 2 * f), (b.down.w, f, c)]
-            }
+        // The linears the models give `prepare_precision`, and where their weights are.
+        let linears = match self {
+            ModelFamily::Gpt2 => gpt2::layout::layout(cfg).1.block.linears(cfg),
+            ModelFamily::Llama => llama::layout::layout(cfg).1.block.linears(cfg),
         };
         let eligible: Vec<Loc> = linears
             .into_iter()

@@ -35,6 +35,13 @@ impl BlockLocs {
         BlockLocs { qkv, proj, fc: self.fc.with_precision(p), fc2: self.fc2.with_precision(p), ..self }
     }
 
+    /// The block's linear layers in FP8 layer order (qkv, proj, fc, fc2; see
+    /// [`BlockLocs::for_layer`]): each weight with its `(inputs, outputs)`.
+    pub fn linears(&self, cfg: &ModelConfig) -> [(Loc, usize, usize); 4] {
+        let c = cfg.n_embd;
+        [(self.qkv.w, c, 3 * c), (self.proj.w, c, c), (self.fc.w, c, 4 * c), (self.fc2.w, 4 * c, c)]
+    }
+
     /// Block `layer`'s locations with its FP8 layers' state (`model::prepare_precision`
     /// numbers them: qkv, proj, fc, fc2).
     pub fn for_layer(self, layer: usize) -> BlockLocs {

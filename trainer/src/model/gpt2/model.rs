@@ -165,7 +165,7 @@ impl<B: Backend> Gpt2<B> {
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         let tokens = BatchTokens::new(be, b, t, opts.document_mask, ledger)?;
         // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
-        let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
+        let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         prepare_precision(be, opts, n, &linears, l, ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,

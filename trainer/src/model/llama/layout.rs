@@ -43,6 +43,15 @@ impl BlockLocs {
         BlockLocs { qkv, o, gate_up: self.gate_up.with_precision(p), down: self.down.with_precision(p), ..self }
     }
 
+    /// The block's linear layers in FP8 layer order (qkv, o, gate_up, down; see
+    /// [`BlockLocs::for_layer`]): each weight with its `(inputs, outputs)` (o's input: the
+    /// query heads' width).
+    pub fn linears(&self, cfg: &ModelConfig) -> [(Loc, usize, usize); 4] {
+        let (c, hs, f) = (cfg.n_embd, cfg.head_size(), cfg.intermediate_size.unwrap_or(0));
+        let (q, kv) = (cfg.n_head * hs, cfg.kv_heads() * hs);
+        [(self.qkv.w, c, q + 2 * kv), (self.o.w, q, c), (self.gate_up.w, c, 2 * f), (self.down.w, f, c)]
+    }
+
     /// Block `layer`'s locations with its FP8 layers' state (`model::prepare_precision`
     /// numbers them: qkv, o, gate_up, down).
     pub fn for_layer(self, layer: usize) -> BlockLocs {

@@ -165,9 +165,8 @@ impl<B: Backend> Llama<B> {
         be.upload_f32(&table, &mut rope, 0)?;
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         let tokens = BatchTokens::new(be, b, t, opts.document_mask, ledger)?;
-        // qkv, o (input: the query heads' width), gate/up, down (the head stays bf16: LossHead).
-        let q = attn.nh * attn.hs();
-        let linears = [(c, w), (q, c), (c, 2 * f), (f, c)];
+        // qkv, o, gate/up, down (the head stays bf16: LossHead).
+        let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         prepare_precision(be, opts, n, &linears, l, ledger)?;
         Ok(Llama {
             embed: locs.embed,
