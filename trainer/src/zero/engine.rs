@@ -502,6 +502,15 @@ impl<B: Backend> Engine<B> {
         self.params_changed
     }
 
+    /// The compute parameters have just changed (a step, a load, a test's write): what is
+    /// derived from them is made again, the FP8 weight cache at the next micro-step
+    /// ([`Engine::params_changed`]) and the FP8 gathers' amaxes at the next gather or step
+    /// end (`refresh_fp8_amax`).
+    pub(super) fn mark_params_changed(&mut self) {
+        self.params_changed = true;
+        self.fp8_amax_stale = true;
+    }
+
     /// A training micro-step is using the parameters as they are now (`model::run_micro`).
     pub fn params_used(&mut self) {
         self.params_changed = false;

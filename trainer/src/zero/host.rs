@@ -41,8 +41,7 @@ impl<B: Backend> Engine<B> {
         }
         let p = self.units[unit].params.as_mut().expect("stage 0 params");
         be.upload_buf(&[value], p, index)?;
-        self.params_changed = true;
-        self.fp8_amax_stale = true;
+        self.mark_params_changed();
         Ok(())
     }
 
@@ -123,8 +122,7 @@ impl<B: Backend> Engine<B> {
             return Err(TrainError::Invalid(format!("unit {i}: loaded state does not cover {lo}..{hi}")));
         }
         self.opt.load(be, i, lo, &state)?;
-        self.params_changed = true;
-        self.fp8_amax_stale = true;
+        self.mark_params_changed();
         let rank = self.rank;
         let u = &mut self.units[i];
         if let Some(ps) = u.param_shard.as_mut() {

@@ -122,8 +122,7 @@ impl<B: Backend> Engine<B> {
         drop(updates);
         self.await_uploads(uploads);
         self.publish(be, comm)?;
-        self.params_changed = true;
-        self.fp8_amax_stale = true;
+        self.mark_params_changed();
         self.refresh_fp8_amax(be, comm)?;
         Ok(StepStats { grad_norm, clip_scale })
     }
@@ -158,8 +157,7 @@ impl<B: Backend> Engine<B> {
         let uploads = self.opt.settle(be, &mut dests)?;
         drop(dests);
         self.await_uploads(uploads);
-        self.params_changed = true;
-        self.fp8_amax_stale = true;
+        self.mark_params_changed();
         self.publish(be, comm)
     }
 }
