@@ -66,6 +66,12 @@ fn max_rel(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| ((x - y) / y).abs()).fold(0.0, f64::max)
 }
 
+/// Two runs with the same bits: every loss and every parameter.
+fn assert_same_bits(a: &Run, b: &Run, name: &str) {
+    assert_eq!(a.losses, b.losses, "{name}: losses");
+    assert_eq!(a.params, b.params, "{name}: parameters");
+}
+
 fn max_abs(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
@@ -200,14 +206,11 @@ fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
         for act in ["\"none\"", "\"every_layer\"", common::KEEP_ATTENTION] {
             let toml = tiny_fp8_toml(stage, 2, act, "fp8");
             let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
-            let name = format!("gpt2 world {world} stage {stage} {act}");
-            assert_eq!(on.losses, off.losses, "{name}: losses");
-            assert_eq!(on.params, off.params, "{name}: parameters");
+            assert_same_bits(&on, &off, &format!("gpt2 world {world} stage {stage} {act}"));
         }
         let toml = tiny_llama_fp8_toml(stage, 2, "1", "fp8", false);
         let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
-        assert_eq!(on.losses, off.losses, "llama world {world} stage {stage}: losses");
-        assert_eq!(on.params, off.params, "llama world {world} stage {stage}: parameters");
+        assert_same_bits(&on, &off, &format!("llama world {world} stage {stage}"));
     }
 }
 
@@ -216,7 +219,7 @@ fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
 /// GEMMs round them to those same codes: the same losses and parameters, over several
 /// steps (each a new parameter version, new amaxes), with gradient accumulation,
 /// checkpointing and kept attention, on 2 and 3 ranks (pieces that cut weights anywhere),
-/// GPT-2 and Llama (whose q, k and v each have a scale in the gather, one in the GEMM).
+/// GPT-2 and Llama (whose q, k and v share their fused weight's scale, as in the GEMM).
 #[test]
 fn fp8_gathers_give_the_bits_of_full_precision_gathers() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -233,14 +236,12 @@ fn fp8_gathers_give_the_bits_of_full_precision_gathers() {
             let (units, fp8, full) = on.fp8_gathers;
             assert!(units == 2 && 3 * fp8 < full, "{name}: {units} units, {fp8} bytes against {full}");
             assert_eq!(off.fp8_gathers.0, 0, "{name}");
-            assert_eq!(on.losses, off.losses, "{name}: losses");
-            assert_eq!(on.params, off.params, "{name}: parameters");
+            assert_same_bits(&on, &off, &name);
         }
         let toml = tiny_llama_fp8_toml(3, 2, "1", "fp8", false);
         let (on, off) = (run(world, gather(toml.clone(), true), 3, &data), run(world, gather(toml, false), 3, &data));
         assert_eq!((on.fp8_gathers.0, off.fp8_gathers.0), (2, 0), "llama world {world}");
-        assert_eq!(on.losses, off.losses, "llama world {world}: losses");
-        assert_eq!(on.params, off.params, "llama world {world}: parameters");
+        assert_same_bits(&on, &off, &format!("llama world {world}"));
     }
 }
 
@@ -257,8 +258,7 @@ fn fp8_with_the_optimizer_offloaded_trains_the_same_bits() {
         let offload = format!("{toml}\n[offload]\noptimizer = true\nparams = {params}\ncpu_threads = 2\n");
         let (device, host) = (run(2, toml, 3, &data), run(2, offload, 3, &data));
         let name = format!("stage {stage}, parameters offloaded {params}");
-        assert_eq!(host.losses, device.losses, "{name}: losses");
-        assert_eq!(host.params, device.params, "{name}: parameters");
+        assert_same_bits(&host, &device, &name);
         assert!(device.losses[2] < device.losses[0], "{name}: the loss falls: {:?}", device.losses);
     }
 }

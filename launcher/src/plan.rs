@@ -89,81 +89,42 @@ pub struct Measured {
     pub tokens_per_s: f64,
 }
 
+/// A row of run 18's scaling tables: GPT-2 `model`, no activation checkpointing, on one node
+/// of `gpus` H200s.
+const fn scaling_row(
+    name: &'static str,
+    model: (usize, usize, usize, usize, usize),
+    micro_batch: usize,
+    stage: u8,
+    gpus: usize,
+    tokens_per_s: f64,
+) -> Measured {
+    Measured {
+        name,
+        model,
+        micro_batch,
+        stage,
+        checkpointed: false,
+        full_recompute: false,
+        nodes: 1,
+        gpus_per_node: gpus,
+        gpu: GpuKind::H200,
+        tokens_per_s,
+    }
+}
+
+const GPT2_124M: (usize, usize, usize, usize, usize) = (12, 12, 768, 50304, 1024);
+const GPT2_1_5B: (usize, usize, usize, usize, usize) = (48, 25, 1600, 50304, 1024);
+
 /// BENCHMARKS.md, run 18 (calls 2 and 3): 1 and 4 × H200 with NVLink, one node, grad_accum 1,
 /// the kernels of 2026-11-27 (the scaling tables' rows; runs before it measured older kernels).
 pub const CALIBRATION: [Measured; 6] = [
-    Measured {
-        name: "GPT-2 124M, ZeRO-1, 16×1024 per GPU, 1× H200",
-        model: (12, 12, 768, 50304, 1024),
-        micro_batch: 16,
-        stage: 1,
-        checkpointed: false,
-        full_recompute: false,
-        nodes: 1,
-        gpus_per_node: 1,
-        gpu: GpuKind::H200,
-        tokens_per_s: 558_800.0,
-    },
-    Measured {
-        name: "GPT-2 124M, ZeRO-1, 16×1024 per GPU, 4× H200",
-        model: (12, 12, 768, 50304, 1024),
-        micro_batch: 16,
-        stage: 1,
-        checkpointed: false,
-        full_recompute: false,
-        nodes: 1,
-        gpus_per_node: 4,
-        gpu: GpuKind::H200,
-        tokens_per_s: 507_300.0,
-    },
-    Measured {
-        name: "GPT-2 124M, ZeRO-3, 16×1024 per GPU, 1× H200",
-        model: (12, 12, 768, 50304, 1024),
-        micro_batch: 16,
-        stage: 3,
-        checkpointed: false,
-        full_recompute: false,
-        nodes: 1,
-        gpus_per_node: 1,
-        gpu: GpuKind::H200,
-        tokens_per_s: 545_900.0,
-    },
-    Measured {
-        name: "GPT-2 124M, ZeRO-3, 16×1024 per GPU, 4× H200",
-        model: (12, 12, 768, 50304, 1024),
-        micro_batch: 16,
-        stage: 3,
-        checkpointed: false,
-        full_recompute: false,
-        nodes: 1,
-        gpus_per_node: 4,
-        gpu: GpuKind::H200,
-        tokens_per_s: 508_300.0,
-    },
-    Measured {
-        name: "GPT-2 1.5B, ZeRO-3, 8×1024 per GPU, 1× H200",
-        model: (48, 25, 1600, 50304, 1024),
-        micro_batch: 8,
-        stage: 3,
-        checkpointed: false,
-        full_recompute: false,
-        nodes: 1,
-        gpus_per_node: 1,
-        gpu: GpuKind::H200,
-        tokens_per_s: 47_500.0,
-    },
-    Measured {
-        name: "GPT-2 1.5B, ZeRO-3, 8×1024 per GPU, 4× H200",
-        model: (48, 25, 1600, 50304, 1024),
-        micro_batch: 8,
-        stage: 3,
-        checkpointed: false,
-        full_recompute: false,
-        nodes: 1,
-        gpus_per_node: 4,
-        gpu: GpuKind::H200,
-        tokens_per_s: 45_300.0,
-    },
+    scaling_row("GPT-2 124M, ZeRO-1, 16×1024 per GPU, 1× H200", GPT2_124M, 16, 1, 1, 558_800.0),
+    scaling_row("GPT-2 124M, ZeRO-1, 16×1024 per GPU, 4× H200", GPT2_124M, 16, 1, 4, 507_300.0),
+    scaling_row("GPT-2 124M, ZeRO-3, 16×1024 per GPU, 1× H200", GPT2_124M, 16, 3, 1, 545_900.0),
+    scaling_row("GPT-2 124M, ZeRO-3, 16×1024 per GPU, 4× H200", GPT2_124M, 16, 3, 4, 508_300.0),
+    scaling_row("GPT-2 1.5B, ZeRO-3, 8×1024 per GPU, 1× H200", GPT2_1_5B, 8, 3, 1, 47_500.0),
+    scaling_row("GPT-2 1.5B, ZeRO-3, 8×1024 per GPU, 4× H200", GPT2_1_5B, 8, 3, 4, 45_300.0),
 ];
 
 /// What the time model needs about a run.
@@ -651,16 +612,16 @@ mod tests {
         assert_eq!(kept.flops_per_token(), ckpt.flops_per_token() - attention);
         // A run measured when the recompute also ran fc2 (as run 4's checkpointed one was).
         let old = Measured {
-            name: "GPT-2 1.5B, ZeRO-3 + activation checkpointing, 8×1024 per GPU, 2× H200 (run 4)",
-            model: (48, 25, 1600, 50304, 1024),
-            micro_batch: 8,
-            stage: 3,
             checkpointed: true,
             full_recompute: true,
-            nodes: 1,
-            gpus_per_node: 2,
-            gpu: GpuKind::H200,
-            tokens_per_s: 31_400.0,
+            ..scaling_row(
+                "GPT-2 1.5B, ZeRO-3 + activation checkpointing, 2× H200 (run 4)",
+                GPT2_1_5B,
+                8,
+                3,
+                2,
+                31_400.0,
+            )
         };
         let (w_old, _) = measured_workload(&old);
         let (l, c) = (old.model.0 as f64, old.model.2 as f64);
