@@ -5,8 +5,9 @@ use super::{BResult, Device, Rows};
 pub trait ActivationOps: Device {
     /// GELU (tanh approximation).
     fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()>;
-    /// `dinp = gelu'(inp) · dout`.
-    fn gelu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, n: usize) -> BResult<()>;
+    /// `d = gelu'(inp) · d`, in place: the gradient arrives in the buffer it leaves in (the
+    /// MLP's composed backward writes `dout · W` there first), so no copy follows.
+    fn gelu_bwd(&self, d: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()>;
     /// `out = a + b`.
     fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()>;
     /// SwiGLU over rows `[gate | up]` of `inp[N, 2F]`: `out[N, F] = silu(gate) ⊙ up`,

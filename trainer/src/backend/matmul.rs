@@ -118,9 +118,9 @@ pub struct MatShape {
 }
 
 /// The input of a linear layer that follows a GELU: `act = GELU(pre)`, with `pre` kept
-/// from the forward. `act` may be overwritten by the backward (it is scratch by then).
+/// from the forward. Both are only read.
 pub struct GeluInput<'a, B: Device + ?Sized> {
-    pub act: &'a mut B::Buf,
+    pub act: &'a B::Buf,
     pub pre: &'a B::Buf,
 }
 
@@ -265,7 +265,6 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
 
     /// Backward of a linear layer whose input is `act = GELU(pre)`, through the GELU:
     /// `dpre = (dout · W) ⊙ GELU'(pre)` (overwritten), `dW += doutᵀ · act`, `dbias += Σ dout`.
-    /// `act` is clobbered.
     fn matmul_bwd_dgelu(
         &self,
         dpre: &mut Self::Buf,
@@ -279,9 +278,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
             return Ok(());
         }
         self.matmul_bwd(dpre, g, dout, x.act, p, s)?;
-        // gelu_bwd may not write its input: go through `act`, which is free now.
-        self.gelu_bwd(x.act, x.pre, dpre, s.n * s.c)?;
-        self.copy_buf(dpre, 0, x.act, Loc::all(s.n * s.c))
+        self.gelu_bwd(dpre, x.pre, s.n * s.c)
     }
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
     /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.

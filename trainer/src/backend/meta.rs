@@ -261,7 +261,7 @@ impl ActivationOps for MetaBackend {
     fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
-    fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
+    fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
     fn residual_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {

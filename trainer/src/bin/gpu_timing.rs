@@ -290,7 +290,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
         let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
-            let gelu = GeluInput { act: &mut y4, pre: &pre };
+            let gelu = GeluInput { act: &y4, pre: &pre };
             let ms = MatShape { n, c: 4 * c, oc: c };
             be.matmul_bwd_dgelu(
                 &mut dpre,
@@ -324,8 +324,8 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let t_att_b = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c));
     let t_gf = tm.rows.last().map_or(0.0, |r| r.1);
-    let x4b = newbuf(n * 4 * c, &chunk)?;
-    tm.time("gelu_bwd", 3, 20, gbps(12.0 * bc2), || be.gelu_bwd(&mut y4, &x4, &x4b, n * 4 * c));
+    let mut x4b = newbuf(n * 4 * c, &chunk)?;
+    tm.time("gelu_bwd (in place)", 3, 20, gbps(12.0 * bc2), || be.gelu_bwd(&mut x4b, &x4, n * 4 * c));
     let t_gb = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("residual_fwd", 3, 20, gbps(3.0 * bc2), || be.residual_fwd(&mut y, &x, &dres, n * c));
     let t_res = tm.rows.last().map_or(0.0, |r| r.1);

@@ -14,14 +14,15 @@ pub fn gelu_forward(out: &mut [f32], inp: &[f32]) {
 }
 
 /// `dinp = gelu'(inp) · dout` (overwrite).
-pub fn gelu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
-    for ((d, &x), &g) in dinp.iter_mut().zip(inp).zip(dout) {
+/// `d = gelu'(inp) · d`, in place.
+pub fn gelu_backward(d: &mut [f32], inp: &[f32]) {
+    for (d, &x) in d.iter_mut().zip(inp) {
         let cube = 0.044715 * x * x * x;
         let arg = SQRT_2_OVER_PI * (x + cube);
         let th = arg.tanh();
         let sech2 = 1.0 - th * th;
         let local = 0.5 * (1.0 + th) + x * 0.5 * sech2 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
-        *d = local * g;
+        *d *= local;
     }
 }
 
@@ -61,8 +62,8 @@ impl ActivationOps for CpuBackend {
         gelu_forward(&mut out[..n], &inp[..n]);
         Ok(())
     }
-    fn gelu_bwd(&self, dinp: &mut Vec<f32>, inp: &Vec<f32>, dout: &Vec<f32>, n: usize) -> BResult<()> {
-        gelu_backward(&mut dinp[..n], &inp[..n], &dout[..n]);
+    fn gelu_bwd(&self, d: &mut Vec<f32>, inp: &Vec<f32>, n: usize) -> BResult<()> {
+        gelu_backward(&mut d[..n], &inp[..n]);
         Ok(())
     }
     fn residual_fwd(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, n: usize) -> BResult<()> {

@@ -29,19 +29,19 @@ extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, long long n)
         [&](long long i) { out[i] = f2bf(gelu_f(bf2f(inp[i]))); });
 }
 
-// dinp = gelu'(inp) * dout (overwrite).
-extern "C" __global__ void gelu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, long long n) {
+// d = gelu'(inp) * d, in place (each thread reads its word of d before writing it back).
+extern "C" __global__ void gelu_bwd(bf16_t* d, const bf16_t* inp, long long n) {
     grid_stride<8>(
-        n, aligned16(dinp) && aligned16(inp) && aligned16(dout),
+        n, aligned16(d) && aligned16(inp),
         [&](long long i) {
             float x[8], g[8];
             unpack8(((const uint4*)inp)[i], x);
-            unpack8(((const uint4*)dout)[i], g);
+            unpack8(((const uint4*)d)[i], g);
 #pragma unroll
             for (int k = 0; k < 8; ++k) x[k] = gelu_grad(x[k]) * g[k];
-            ((uint4*)dinp)[i] = pack8(x);
+            ((uint4*)d)[i] = pack8(x);
         },
-        [&](long long i) { dinp[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(dout[i])); });
+        [&](long long i) { d[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(d[i])); });
 }
 
 // Residual connection out = a + b.

@@ -27,11 +27,10 @@ impl ActivationOps for CudaBackend {
         // SAFETY: ranges checked above.
         unsafe { self.launch_elementwise("gelu_fwd", &ptrs, n, PER_THREAD) }
     }
-    fn gelu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, n: usize) -> BResult<()> {
-        check("gelu_bwd dinp", dinp.len(), 0, n)?;
+    fn gelu_bwd(&self, d: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()> {
+        check("gelu_bwd d", d.len(), 0, n)?;
         check("gelu_bwd inp", inp.len(), 0, n)?;
-        check("gelu_bwd dout", dout.len(), 0, n)?;
-        let ptrs = [self.ptr_mut(dinp, 0), self.ptr(inp, 0), self.ptr(dout, 0)];
+        let ptrs = [self.ptr_mut(d, 0), self.ptr(inp, 0)];
         // SAFETY: ranges checked above.
         unsafe { self.launch_elementwise("gelu_bwd", &ptrs, n, PER_THREAD) }
     }

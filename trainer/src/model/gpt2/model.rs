@@ -319,14 +319,14 @@ impl<B: Backend> Block<'_, B> {
         let r = Rows { n, c };
         // MLP: GELU(fch), kept, or else recomputed into dbig2 (always with the element-wise
         // kernel, never from a recompute's GEMM epilogue, so that checkpointing does not
-        // change the bits); then backprop through fc2 and GELU (which may overwrite it).
+        // change the bits); then backprop through fc2 and GELU.
         // A recomputed GELU output may differ in its last bits from the forward's (the GEMM
         // epilogue's), so an FP8 fc2 takes its own scale of it.
-        let (act, fc2_at) = match a.gelu.as_mut() {
+        let (act, fc2_at) = match a.gelu.as_ref() {
             Some(kept) => (kept, k.fc2),
             None => {
                 be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
-                (&mut g.dbig2, k.fc2.input_recomputed())
+                (&g.dbig2, k.fc2.input_recomputed())
             }
         };
         let gelu = GeluInput { act, pre: &a.fch };
