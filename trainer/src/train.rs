@@ -280,6 +280,7 @@ impl<B: Backend> Trainer<B> {
         let step_time_s = t0.elapsed().as_secs_f64();
         if self.steps_here == 0 && rank == 0 {
             report_gemm_tuning(&be.gemm_tuning_report(), profile);
+            report_unfused_gemms(&be.unfused_gemms());
         }
         self.sampler.end_step();
         self.step += 1;
@@ -538,8 +539,6 @@ impl<B: Backend> Trainer<B> {
     }
 }
 
-/// The model's vocabulary must hold every token id in the training data (the launcher
-/// calls this before spawning ranks; `Trainer::new` calls it again on every rank).
 /// After the first step (every GEMM shape has run once): what `train.gemm_tuning =
 /// "timed"` picked, in one line, and per shape with `SHARDTRAIN_PROFILE`.
 fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
@@ -568,6 +567,25 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
     }
 }
 
+/// After the first step: the fused GEMMs that ran as a GEMM and a separate kernel (no
+/// cuBLASLt algorithm for their epilogue here, e.g. some FP8 epilogues), so a slower step
+/// than expected says why.
+fn report_unfused_gemms(unfused: &[String]) {
+    if unfused.is_empty() {
+        return;
+    }
+    crate::log_line!(
+        "rank 0: {} fused GEMM epilogue(s) have no cuBLASLt algorithm on this GPU at their shape and precision; \
+         each runs as its GEMM and a separate kernel:",
+        unfused.len()
+    );
+    for u in unfused {
+        crate::log_line!("  {u}");
+    }
+}
+
+/// The model's vocabulary must hold every token id in the training data (the launcher
+/// calls this before spawning ranks; `Trainer::new` calls it again on every rank).
 pub fn check_data_fits(cfg: &Config, dataset: &Dataset, data_path: &Path) -> Result<(), TrainError> {
     let max_tok = dataset.max_token() as usize;
     if max_tok >= cfg.model.vocab_size {

@@ -140,6 +140,13 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     fn gemm_tuning_report(&self) -> Vec<TunedGemm> {
         Vec::new()
     }
+    /// The fused GEMMs (bias and GELU, residual, GELU' epilogues) that ran as their GEMM and
+    /// a separate kernel so far because the library had no algorithm for the epilogue at
+    /// that shape and precision, one line each; empty where every fused op ran fused (the
+    /// CPU has no fused GEMMs to miss).
+    fn unfused_gemms(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The device and library GEMM algorithms are picked for; `None` where there is no
     /// choice (the CPU).
     fn gemm_environment(&self) -> Option<GemmEnvironment> {

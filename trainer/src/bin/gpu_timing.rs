@@ -28,7 +28,9 @@
 //! `train.fp8_weight_cache = false`), and the training path of stages 0-2 (the weight cached,
 //! the input's scale kept from forward to backward); then each one's casts alone and the
 //! weight cache's fill; B×T rows (default 8×1024), and the layers' sums: how much faster
-//! the blocks' GEMMs get.
+//! the blocks' GEMMs get. Then each layer as the model calls it, with the residual, GELU
+//! and GELU' epilogues it fuses, in bf16 and FP8 (training path), naming each fused GEMM
+//! cuBLASLt has no FP8 algorithm for (it then runs as the GEMM and a separate kernel).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -603,29 +605,44 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
     Ok(())
 }
 
-/// One model's linear layers for `fp8`: (name, inputs, outputs, bias).
+/// One model's linear layers for `fp8`: (name, inputs, outputs, bias, what the model fuses
+/// into its GEMMs).
 struct LinearShapes {
     name: &'static str,
-    layers: [(&'static str, usize, usize, bool); 4],
+    layers: [(&'static str, usize, usize, bool, Fused); 4],
+}
+
+/// What a block fuses into a linear layer's GEMMs (its `MatmulOps` call in the model).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fused {
+    /// `matmul_fwd` / `matmul_bwd`: the bias only.
+    Nothing,
+    /// The output joins the residual stream (`matmul_residual_fwd`).
+    Residual,
+    /// GELU after the GEMM, its pre-activation kept (`matmul_gelu_fwd`).
+    Gelu,
+    /// The residual in the forward; the input is GELU(pre), so the backward goes through
+    /// GELU' (`matmul_bwd_dgelu`).
+    ResidualDgelu,
 }
 
 const FP8_SHAPES: [LinearShapes; 2] = [
     LinearShapes {
         name: "GPT-2 1.5B",
         layers: [
-            ("qkv", 1600, 4800, true),
-            ("proj", 1600, 1600, true),
-            ("fc", 1600, 6400, true),
-            ("fc2", 6400, 1600, true),
+            ("qkv", 1600, 4800, true, Fused::Nothing),
+            ("proj", 1600, 1600, true, Fused::Residual),
+            ("fc", 1600, 6400, true, Fused::Gelu),
+            ("fc2", 6400, 1600, true, Fused::ResidualDgelu),
         ],
     },
     LinearShapes {
         name: "Llama-3-8B",
         layers: [
-            ("qkv", 4096, 6144, false),
-            ("o", 4096, 4096, false),
-            ("gate_up", 4096, 28672, false),
-            ("down", 14336, 4096, false),
+            ("qkv", 4096, 6144, false, Fused::Nothing),
+            ("o", 4096, 4096, false, Fused::Residual),
+            ("gate_up", 4096, 28672, false, Fused::Nothing),
+            ("down", 14336, 4096, false, Fused::Residual),
         ],
     },
 ];
@@ -645,7 +662,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             "\n{} linear layers at B={b} T={t} (N={n}), bf16 beside FP8 (median of event-timed repeats)",
             shapes.name
         );
-        let linears = shapes.layers.map(|(_, c, oc, _)| (c, oc));
+        let linears = shapes.layers.map(|(_, c, oc, _, _)| (c, oc));
         let reserved = be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, true))?;
         let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
         println!(
@@ -656,8 +673,8 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
         // bf16, FP8 with every operand cast at each use, FP8 with the weight cached and the
         // input's scale kept from forward to backward (the training path at ZeRO 0-2).
         let kinds = ["bf16      ", "fp8 per use", "fp8 cached"];
-        let (mut sums, mut fill) = ([0.0f64; 3], 0.0f64);
-        for (k, &(layer, c, oc, bias)) in shapes.layers.iter().enumerate() {
+        let (mut sums, mut fill, mut as_run) = ([0.0f64; 3], 0.0f64, [0.0f64; 2]);
+        for (k, &(layer, c, oc, bias, fused)) in shapes.layers.iter().enumerate() {
             let s = MatShape { n, c, oc };
             let plen = oc * c + if bias { oc } else { 0 };
             let params = new_buf(be, plen, &small)?;
@@ -666,6 +683,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             let (mut out, mut dinp) = (be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * c, "timing")?);
             let flop = 2.0 * (n * c * oc) as f64;
             let plain = LinearLocs::new(Loc::new(0, oc * c), bias.then(|| Loc::new(oc * c, oc)));
+            let mut plain_ms = [0.0f64; 3];
             let ats =
                 [plain, plain.with_precision(Precision::Fp8), plain.with_precision(Precision::Fp8).with_fp8_index(k)];
             for (i, at) in ats.into_iter().enumerate() {
@@ -686,7 +704,48 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                         s,
                     )
                 });
-                sums[i] += tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
+                plain_ms[i] = tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
+                sums[i] += plain_ms[i];
+            }
+            // As the model calls it, with its epilogues (bf16, and FP8 on the training path):
+            // where cuBLASLt has no FP8 algorithm for an epilogue the FP8 row runs the GEMM
+            // and a separate kernel, and says so.
+            if fused != Fused::Nothing {
+                let (res, mut tmp, mut pre) =
+                    (new_buf(be, n * oc, &chunk)?, be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * oc, "timing")?);
+                let pre_in = new_buf(be, n * c, &chunk)?;
+                for (j, at) in [ats[0], ats[2]].into_iter().enumerate() {
+                    let tag = format!("{} fused", kinds[2 * j].trim_end());
+                    let (before, unfused) = (tm.rows.len(), be.unfused_gemms());
+                    let w = || Weights::new(&params, at);
+                    match fused {
+                        Fused::Gelu => tm.time(&format!("{layer} {tag} fwd +GELU"), 3, 20, tflops(flop), || {
+                            be.matmul_gelu_fwd(&mut pre, &mut out, &inp, w(), s)
+                        }),
+                        _ => tm.time(&format!("{layer} {tag} fwd +residual"), 3, 20, tflops(flop), || {
+                            be.matmul_residual_fwd(&mut out, &res, &inp, w(), s, &mut tmp)
+                        }),
+                    }
+                    match fused {
+                        Fused::ResidualDgelu => {
+                            tm.time(&format!("{layer} {tag} bwd +GELU'"), 3, 20, tflops(2.0 * flop), || {
+                                let x = GeluInput { act: &inp, pre: &pre_in };
+                                be.matmul_bwd_dgelu(&mut dinp, WeightGrads::new(&mut grads, at), &dout, x, w(), s)
+                            })
+                        }
+                        _ => tm.time(&format!("{layer} {tag} bwd"), 3, 20, tflops(2.0 * flop), || {
+                            be.matmul_bwd(&mut dinp, WeightGrads::new(&mut grads, at), &dout, &inp, w(), s)
+                        }),
+                    }
+                    as_run[j] += tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
+                    for m in be.unfused_gemms().iter().filter(|m| !unfused.contains(m)) {
+                        println!("    {layer} {tag}: composed, cuBLASLt has no fused algorithm for {m}");
+                    }
+                }
+            } else {
+                // Nothing fused: the plain rows are how the model runs it.
+                as_run[0] += plain_ms[0];
+                as_run[1] += plain_ms[2];
             }
             // The FP8 rows' casts alone (the rest of an FP8 row is its GEMMs), in bytes moved:
             // an amax pass reads 2 per element, a cast reads 2 and writes 1 per layout.
@@ -715,6 +774,14 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             sums[2],
             sums[0] / sums[2],
             fill
+        );
+        println!(
+            "  {}: as the model runs them (residual, GELU and GELU' epilogues where the model fuses them): \
+             bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x)",
+            shapes.name,
+            as_run[0],
+            as_run[1],
+            as_run[0] / as_run[1]
         );
     }
     Ok(())

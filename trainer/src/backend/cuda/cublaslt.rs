@@ -168,6 +168,10 @@ pub(super) struct Lt {
     /// GEMMs whose algorithm cuBLASLt offered and then refused to run ([`Lt::try_gemm`]):
     /// not offered again.
     refused: RefCell<std::collections::HashSet<Key>>,
+    /// The fused GEMMs (an epilogue beyond the bias) cuBLASLt has no algorithm for, or
+    /// refused: their callers run the GEMM and a separate kernel instead. Described, for
+    /// [`Lt::unfused`]; also what [`Lt::supports`] answers without asking the heuristic again.
+    unfused: RefCell<HashMap<Key, String>>,
     tuning: Cell<GemmTuning>,
     /// What timed tuning picked, per shape, in the order the shapes were first run.
     picks: RefCell<Vec<Pick>>,
@@ -355,6 +359,7 @@ impl Lt {
             ws_ptr,
             plans: RefCell::new(HashMap::new()),
             refused: RefCell::new(std::collections::HashSet::new()),
+            unfused: RefCell::new(HashMap::new()),
             tuning: Cell::new(GemmTuning::Heuristic),
             picks: RefCell::new(Vec::new()),
             stored: RefCell::new(HashMap::new()),
@@ -451,7 +456,7 @@ impl Lt {
     /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).
     pub fn supports(&self, g: &Gemm) -> bool {
         let key = Self::key(g);
-        if self.refused.borrow().contains(&key) {
+        if self.refused.borrow().contains(&key) || self.unfused.borrow().contains_key(&key) {
             return false;
         }
         let mut plans = self.plans.borrow_mut();
@@ -463,8 +468,19 @@ impl Lt {
                 plans.insert(key, p);
                 true
             }
-            Err(_) => false,
+            Err(_) => {
+                self.unfused.borrow_mut().insert(key, format!("{}: no algorithm", describe(&key, g)));
+                false
+            }
         }
+    }
+
+    /// The fused GEMMs that ran as a GEMM and a separate kernel so far (cuBLASLt had no
+    /// algorithm for the epilogue, or refused the one offered), described, sorted.
+    pub fn unfused(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.unfused.borrow().values().cloned().collect();
+        v.sort();
+        v
     }
 
     fn key(g: &Gemm) -> Key {
@@ -506,6 +522,8 @@ impl Lt {
                 let key = Self::key(g);
                 self.plans.borrow_mut().remove(&key);
                 self.refused.borrow_mut().insert(key);
+                let why = format!("{}: offered, then refused at the call", describe(&key, g));
+                self.unfused.borrow_mut().insert(key, why);
                 Ok(false)
             }
             Err(GemmFailure::Other(e)) => Err(e),

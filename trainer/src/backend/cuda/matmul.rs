@@ -374,6 +374,10 @@ impl MatmulOps for CudaBackend {
         self.lt.tuned()
     }
 
+    fn unfused_gemms(&self) -> Vec<String> {
+        self.lt.unfused()
+    }
+
     fn gemm_environment(&self) -> Option<GemmEnvironment> {
         let (major, minor) = self.compute_capability;
         Some(GemmEnvironment {
