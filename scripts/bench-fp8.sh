@@ -2,7 +2,7 @@
 # train.precision = "fp8" beside bf16 on one GPU (Hopper: compute capability 9.0), same
 # model, same batch, in the same call. Run on the GPU machine:
 #
-#   scripts/bench-fp8.sh [speed|gemm|parity|all]
+#   scripts/bench-fp8.sh [speed|gemm|parity|gap|all]
 #       # expects .carry/launcher, .carry/gpu-timing, .carry/fsdp_gpt2.py and, for parity,
 #       # the real-text shards .carry/text/shards (scripts/build-gpu.sh builds the rest)
 #
@@ -19,6 +19,14 @@
 #         bf16 and fp8 from the same initialisation and data order: both loss curves as CSV
 #         ($OUT/parity-*.csv), an SVG per model ($OUT/parity-*.svg, scripts/plot_losses.py:
 #         the losses smoothed over 20 steps) and the mean of the last 100 steps' losses.
+#
+# gap:    where the FP8 step loses what its GEMMs gain (GPT-2 1.5B widths, 8×1024, ZeRO-1):
+#         gpu-timing fp8 (each linear layer alone, then as the model calls it, with its
+#         residual/GELU/GELU' epilogues, naming those cuBLASLt has no FP8 algorithm for); the
+#         step time's slope per block (6 and 18 blocks, bf16 and fp8: what one block costs in a
+#         real step, beside the layers' sums); the fused epilogues each run logged as composed;
+#         and, where ncu can read the GPU, every kernel of 3 steps of a 2-block model, bf16 and
+#         fp8, summed by kernel name ($OUT/gap-kernels.txt).
 #
 # ONLY=REGEX runs the matching rows (e.g. ONLY='1.5b' or ONLY='parity-124m'); each row is a
 # separate launch, so a device call's 10 minutes can take the rows a few at a time with the
@@ -81,6 +89,55 @@ fi
 if [[ $WHAT == gemm || $WHAT == all ]] && wanted gemm; then
     "$BIN/gpu-timing" fp8 8 1024 > "$OUT/gemm.log" 2>&1 || echo "gpu-timing fp8 failed: see $OUT/gemm.log"
     grep -E "linear layers|workspace|fwd|bwd|->|x$" "$OUT/gemm.log"
+fi
+if [[ $WHAT == gap ]]; then
+    if wanted gap-gemm; then
+        "$BIN/gpu-timing" fp8 8 1024 > "$OUT/gap-gemm.log" 2>&1 || echo "gpu-timing fp8 failed: see $OUT/gap-gemm.log"
+        grep -E "linear layers|fused|composed|as the model|x\)?$" "$OUT/gap-gemm.log"
+    fi
+    for L in 6 18; do
+        for p in bf16 fp8; do
+            ours "gap-L$L-$p" configs/gpt2-1.5b.toml --set model.n_layer=$L --set train.steps=12 \
+                --set train.warmup_steps=2 --set zero.stage=1 --set train.micro_batch=8 \
+                --set train.gemm_tuning='"timed"' --set "train.precision=\"$p\""
+        done
+    done
+    grep -h -A8 "no cuBLASLt algorithm" "$OUT"/gap-L*-fp8.log 2>/dev/null | sort -u | head -20
+    if command -v ncu > /dev/null && wanted gap-ncu; then
+        for p in bf16 fp8; do
+            # Eager (no CUDA graphs) so ncu sees each kernel; the heuristic's algorithms (no timing
+            # launches); no watchdog (ncu serialises and slows every kernel).
+            timeout 200 ncu --clock-control none --target-processes all --metrics gpu__time_duration.sum --csv \
+                --print-units base "$BIN/launcher" --gpus 1 configs/gpt2-1.5b.toml --set model.n_layer=2 \
+                --set train.steps=3 --set zero.stage=1 --set train.micro_batch=8 --set train.eval_every=0 \
+                --set checkpoint.every=0 --set train.cuda_graphs=false --set train.gemm_tuning='"heuristic"' \
+                --set watchdog.timeout_s=0 --set "train.precision=\"$p\"" --set "output.dir=\"$OUT/gap-ncu-$p\"" \
+                > "$OUT/gap-ncu-$p.csv" 2> "$OUT/gap-ncu-$p.err" || echo "ncu $p failed: see $OUT/gap-ncu-$p.err"
+        done
+        python3 - "$OUT" <<'PY' | tee "$OUT/gap-kernels.txt"
+import collections, csv, sys
+out = sys.argv[1]
+def kernels(p):
+    sums, counts = collections.Counter(), collections.Counter()
+    try:
+        lines = [l for l in open(f"{out}/gap-ncu-{p}.csv") if l.startswith('"')]
+    except OSError:
+        return sums, counts
+    for r in csv.DictReader(lines):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        name = r["Kernel Name"].split("(")[0][:130]
+        sums[name] += float(r["Metric Value"].replace(",", "")) / 1e6 / 3  # ms per step (3 steps)
+        counts[name] += 1
+    return sums, counts
+(b, bc), (f, fc) = kernels("bf16"), kernels("fp8")
+print("kernel time per step, 2 blocks of GPT-2 1.5B width, 8x1024, eager (ncu gpu__time_duration)")
+print(f"{'kernel':132} {'bf16 ms':>9} {'fp8 ms':>9} {'calls b/f':>10}")
+for k in sorted(set(b) | set(f), key=lambda k: -max(b[k], f[k])):
+    print(f"{k:132} {b[k]:9.3f} {f[k]:9.3f} {bc[k]:>4}/{fc[k]:<4}")
+print(f"{'total':132} {sum(b.values()):9.3f} {sum(f.values()):9.3f}")
+PY
+    fi
 fi
 if [[ $WHAT == parity || $WHAT == all ]]; then
     for p in bf16 fp8; do
@@ -148,6 +205,20 @@ if rows or refs:
     ours8, comp = rows.get("speed-1.5b-fp8"), refs.get("ref-1.5b-compile")
     if ours8 and comp:
         print(f"\n1.5B fp8 vs torch.compile (same call): {comp['step_ms'] / ours8[2]:.2f}x")
+slope = {}
+for p in ("bf16", "fp8"):
+    t = {}
+    for L in (6, 18):
+        f = f"{out}/gap-L{L}-{p}/metrics.jsonl"
+        if os.path.exists(f):
+            recs = [json.loads(l) for l in open(f)]
+            t[L] = statistics.median(r["step_time_s"] for r in (recs[4:] or recs))
+    if len(t) == 2:
+        slope[p] = (t[18] - t[6]) / 12 * 1e3
+        print(f"gap {p}: step {t[6]*1e3:.1f} ms at 6 blocks, {t[18]*1e3:.1f} ms at 18: {slope[p]:.3f} ms a block")
+if len(slope) == 2:
+    print(f"gap: one block in a real step, bf16 {slope['bf16']:.3f} ms, fp8 {slope['fp8']:.3f} ms "
+          f"({slope['bf16'] / slope['fp8']:.2f}x); compare gpu-timing's sums in gap-gemm.log")
 for m in ("124m", "1.5b", "llama1b"):
     curves = {}
     for p in ("bf16", "fp8"):
