@@ -1254,6 +1254,21 @@ fn matmul_fp8() {
                     Ok([be.download_buf(&di, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?].concat())
                 };
                 rep.same_bits(&tag, "bwd of another input", &bwd(at8c.input_recomputed())?, &bwd(at8)?);
+                // Without the cache (ZeRO-3, or fp8_weight_cache = false): the layer keeps its
+                // weight's amax for the version's later uses, which only cast; bit for bit
+                // the per-use path, also after a parameter change and from another buffer.
+                be.prepare_fp8(&Fp8Layers { cache_weights: false, ..layers.clone() })?;
+                let tag = tag.replace("cached", "uncached, amax kept");
+                rep.same_bits(&tag, "fwd + bwd vs per use", &pass(at8c, &gp, &gi)?, &want2);
+                rep.same_bits(&tag, "again, amax kept", &pass(at8c, &gp, &gi)?, &want2);
+                let params3: Vec<f32> = params.iter().map(|x| 0.25 * x).collect();
+                be.upload_buf(&params3, &mut gp, 0)?;
+                be.fp8_weights_changed();
+                let want3 = pass(at8, &gp, &gi)?;
+                rep.same_bits(&tag, "after a parameter change", &pass(at8c, &gp, &gi)?, &want3);
+                let gp2 = up_buf(be, &params)?;
+                rep.same_bits(&tag, "another buffer", &pass(at8c, &gp2, &gi)?, &pass(at8, &gp2, &gi)?);
+                be.prepare_fp8(&layers)?;
             }
             // Through GELU': the layer's input is GELU(pre) (fused DGELU where cuBLASLt has
             // an FP8 algorithm for it, composed otherwise).

@@ -27,7 +27,12 @@
 //!   slot, made by one amax pass and one cast at the weight's first use after the parameters
 //!   change (`fp8_weights_changed`: a new version; the schedule calls it before the first
 //!   forward after a step), then read by every forward, recompute and backward until the
-//!   next change. The same codes as casting at each use: the same weight, the same amax.
+//!   next change. The same codes as casting at each use: the same weight, the same amax;
+//! - without the cache (ZeRO-3, or `train.fp8_weight_cache = false`), its weight's amax in
+//!   its weight slot, found at the weight's first use in a parameter version from that
+//!   buffer and kept for the version's later uses (forward, recompute, backward), which
+//!   then only cast: one amax pass over each weight a step instead of one per use, and the
+//!   same scale, so the same codes.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -75,6 +80,9 @@ pub(super) struct Fp8Ws {
     extent: LinearExtent,
     layout: CudaFp8Workspace,
     cache: Option<WeightCache>,
+    /// Without the cache: per layer, the parameter version and the weight's address whose
+    /// amax its weight slot holds (`None`: none yet).
+    weight_amax: Vec<Option<(u64, u64)>>,
     /// The parameter version: bumped by `fp8_weights_changed`.
     version: u64,
 }
@@ -224,7 +232,8 @@ impl CudaBackend {
             false => None,
         };
         let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);
-        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, version });
+        let weight_amax = vec![None; layers.weights.len()];
+        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, weight_amax, version });
         Ok(Fp8Bytes { workspace: layout.bytes, weight_cache })
     }
 
@@ -294,6 +303,41 @@ impl CudaBackend {
             cache.made[l.index] = Some((version, w));
         }
         Ok(Some(codes))
+    }
+
+    /// The slot an uncached weight's scale lives in: its layer's weight slot, or without a
+    /// layer the per-op one.
+    fn fp8_weight_slot(&self, layer: Option<Fp8Layer>, ws: &WsPtrs) -> u64 {
+        match layer {
+            Some(l) if l.index < ws.layout.layers => ws.base + ws.layout.layer_weight(l.index) as u64,
+            _ => ws.slot(ScaleSlot::Weight),
+        }
+    }
+
+    /// The amax of an uncached weight (`n` bf16 at `w`) into `slot` (from
+    /// [`CudaBackend::fp8_weight_slot`]), unless the slot already holds it: its layer's
+    /// weight was measured at this address in this parameter version by an earlier use.
+    ///
+    /// # Safety
+    /// `w` holds `n` bf16; `slot` is a scale slot.
+    unsafe fn fp8_weight_amax(&self, layer: Option<Fp8Layer>, w: u64, n: usize, slot: u64) -> BResult<()> {
+        let current = {
+            let mut cell = self.fp8_ws.borrow_mut();
+            match (cell.as_mut(), layer) {
+                (Some(ws), Some(l)) if l.index < ws.weight_amax.len() => {
+                    let key = Some((ws.version, w));
+                    // Recorded now, found below: the amax pass is queued before any later use.
+                    std::mem::replace(&mut ws.weight_amax[l.index], key) == key
+                }
+                _ => false,
+            }
+        };
+        if current {
+            return Ok(());
+        }
+        self.fp8_clear(slot, 1)?;
+        // SAFETY: the caller's promises.
+        unsafe { self.fp8_amax(w, n, slot) }
     }
 
     /// Zero `count` adjacent scale slots from `slot` (their amax before an amax pass adds to
@@ -390,7 +434,7 @@ impl CudaBackend {
         let cached = self.fp8_cached_weight(layer, w, s)?;
         let (wq, w_slot) = match cached {
             Some(k) => (k.w, k.slot),
-            None => (ws.w(), ws.slot(ScaleSlot::Weight)),
+            None => (ws.w(), self.fp8_weight_slot(layer, &ws)),
         };
         let g = Gemm {
             transa: true,
@@ -430,8 +474,8 @@ impl CudaBackend {
         unsafe {
             self.fp8_quantize(x)?;
             if cached.is_none() {
-                self.fp8_clear(w_slot, 1)?;
-                self.fp8_quantize(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
+                self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
+                self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
             }
         }
         if fused {
@@ -461,7 +505,7 @@ impl CudaBackend {
         let cached = self.fp8_cached_weight(layer, ptr.w, s)?;
         let (wtq, w_slot) = match cached {
             Some(k) => (k.wt, k.slot),
-            None => (ws.w(), ws.slot(ScaleSlot::Weight)),
+            None => (ws.w(), self.fp8_weight_slot(layer, &ws)),
         };
         let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
         let dx = Gemm {
@@ -508,11 +552,7 @@ impl CudaBackend {
             return Ok(false);
         }
         let stream = self.lt_stream();
-        // The per-op weight and gradient slots are adjacent: one clear for both.
-        match cached {
-            Some(_) => self.fp8_clear(ws.slot(ScaleSlot::Grad), 1)?,
-            None => self.fp8_clear(ws.slot(ScaleSlot::Weight), 2)?,
-        }
+        self.fp8_clear(ws.slot(ScaleSlot::Grad), 1)?;
         if !reuse_input {
             self.fp8_clear(in_slot, 1)?;
         }
@@ -534,7 +574,8 @@ impl CudaBackend {
             self.fp8_quantize(g)?;
             if cached.is_none() {
                 let wc = Cast { x: ptr.w, rows: oc, cols: c, fmt: e4, slot: w_slot, dst: None, dst_t: Some(ws.w()) };
-                self.fp8_quantize(wc)?;
+                self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
+                self.fp8_cast(wc)?;
             }
             if dgelu_pre.is_some() {
                 if !self.lt.try_gemm(&dx, stream)? {
