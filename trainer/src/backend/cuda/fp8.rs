@@ -29,10 +29,12 @@
 //!   forward after a step), then read by every forward, recompute and backward until the
 //!   next change. The same codes as casting at each use: the same weight, the same amax;
 //! - without the cache (ZeRO-3, or `train.fp8_weight_cache = false`), its weight's amax in
-//!   its weight slot, found at the weight's first use in a parameter version from that
-//!   buffer and kept for the version's later uses (forward, recompute, backward), which
-//!   then only cast: one amax pass over each weight a step instead of one per use, and the
-//!   same scale, so the same codes.
+//!   its weight slot, found at the weight's first use in a parameter version and kept for
+//!   the version's later uses (forward, recompute, backward, later micro-steps), which then
+//!   only cast: one amax pass over each weight a step instead of one per use, the same
+//!   scale, so the same codes. Keyed by the version alone, not the buffer: stage 3 gathers a
+//!   unit into whichever pooled buffer is free, and within a version every gather of a
+//!   layer holds the same values (a parameter change always starts a new version).
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -80,9 +82,9 @@ pub(super) struct Fp8Ws {
     extent: LinearExtent,
     layout: CudaFp8Workspace,
     cache: Option<WeightCache>,
-    /// Without the cache: per layer, the parameter version and the weight's address whose
-    /// amax its weight slot holds (`None`: none yet).
-    weight_amax: Vec<Option<(u64, u64)>>,
+    /// Without the cache: per layer, the parameter version whose weight's amax its weight
+    /// slot holds (`None`: none yet).
+    weight_amax: Vec<Option<u64>>,
     /// The parameter version: bumped by `fp8_weights_changed`.
     version: u64,
 }
@@ -316,7 +318,7 @@ impl CudaBackend {
 
     /// The amax of an uncached weight (`n` bf16 at `w`) into `slot` (from
     /// [`CudaBackend::fp8_weight_slot`]), unless the slot already holds it: its layer's
-    /// weight was measured at this address in this parameter version by an earlier use.
+    /// weight was measured in this parameter version by an earlier use.
     ///
     /// # Safety
     /// `w` holds `n` bf16; `slot` is a scale slot.
@@ -325,7 +327,7 @@ impl CudaBackend {
             let mut cell = self.fp8_ws.borrow_mut();
             match (cell.as_mut(), layer) {
                 (Some(ws), Some(l)) if l.index < ws.weight_amax.len() => {
-                    let key = Some((ws.version, w));
+                    let key = Some(ws.version);
                     // Recorded now, found below: the amax pass is queued before any later use.
                     std::mem::replace(&mut ws.weight_amax[l.index], key) == key
                 }
