@@ -184,11 +184,18 @@ fn layernorm() {
                 .map(|(i, x)| bf16::from_f32(x + (i / c) as f32 * 0.01).to_f32())
                 .collect();
             let (mut oc, mut mc, mut rc) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
-            cpu.layernorm_fwd(&mut oc, LnStats { mean: &mut mc, rstd: &mut rc }, &inp, Weights::new(&params, at), r)?;
+            cpu.layernorm_fwd(
+                &mut oc,
+                LnStats { mean: &mut mc, rstd: &mut rc },
+                &inp,
+                Weights::new(&params, at),
+                r,
+                None,
+            )?;
             let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
             let mut og = poisoned_buf(be, n * c)?;
             let (mut mg, mut rg) = (poisoned_f32(be, n)?, poisoned_f32(be, n)?);
-            be.layernorm_fwd(&mut og, LnStats { mean: &mut mg, rstd: &mut rg }, &gi, Weights::new(&gp, at), r)?;
+            be.layernorm_fwd(&mut og, LnStats { mean: &mut mg, rstd: &mut rg }, &gi, Weights::new(&gp, at), r, None)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * c))?, &oc, TOL_BF16);
             rep.cmp(&format!("{tag} fwd"), "mean", &be.download_f32(&mg, Loc::all(n))?, &mc, TOL_F32);
             rep.cmp(&format!("{tag} fwd"), "rstd", &be.download_f32(&rg, Loc::all(n))?, &rc, TOL_F32);
@@ -271,10 +278,10 @@ fn rmsnorm() {
                 .map(|(i, x)| bf16::from_f32(x * (0.5 + (i / c % 7) as f32 * 0.25)).to_f32())
                 .collect();
             let (mut oc, mut rc) = (vec![0.0; n * c], vec![0.0; n]);
-            cpu.rmsnorm_fwd(&mut oc, &mut rc, &inp, Weights::new(&params, at), r, eps)?;
+            cpu.rmsnorm_fwd(&mut oc, &mut rc, &inp, Weights::new(&params, at), r, eps, None)?;
             let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
             let (mut og, mut rg) = (poisoned_buf(be, n * c)?, poisoned_f32(be, n)?);
-            be.rmsnorm_fwd(&mut og, &mut rg, &gi, Weights::new(&gp, at), r, eps)?;
+            be.rmsnorm_fwd(&mut og, &mut rg, &gi, Weights::new(&gp, at), r, eps, None)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * c))?, &oc, TOL_BF16);
             rep.cmp(&format!("{tag} fwd"), "rstd", &be.download_f32(&rg, Loc::all(n))?, &rc, TOL_F32);
             // backward: dinp +=, dw += (or written over NaN: fresh); both from the CPU's rstd
@@ -434,7 +441,7 @@ fn matmul_gelu() {
                 let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
                 let g0 = rng.vec(plen, 0.01);
                 let (mut dpc, mut gc) = (vec![0.0; n * c], g0.clone());
-                let x = GeluInput { act: &act, pre: &pre };
+                let x = GeluInput { act: &act, pre: &pre, dpre_amax: None };
                 let wg = WeightGrads { buf: &mut gc, at, fresh };
                 cpu.matmul_bwd_dgelu(&mut dpc, wg, &dout, x, Weights::new(&params, at), s)?;
                 let gpu0 = if fresh { vec![f32::NAN; plen] } else { g0 };
@@ -442,7 +449,7 @@ fn matmul_gelu() {
                     let mut dpg = poisoned_buf(be, n * c)?;
                     let gact = up_buf(be, &act)?;
                     let mut gg = up_grad(be, &gpu0)?;
-                    let x = GeluInput { act: &gact, pre: &gpre };
+                    let x = GeluInput { act: &gact, pre: &gpre, dpre_amax: None };
                     let wg = WeightGrads { buf: &mut gg, at, fresh };
                     be.matmul_bwd_dgelu(&mut dpg, wg, &gdo, x, Weights::new(&gp, at), s)?;
                     Ok((be.download_buf(&dpg, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
@@ -695,6 +702,92 @@ fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnC
     }
 }
 
+/// The producers that leave an FP8 amax (`AmaxSink`: the norms, GELU's backward, SwiGLU
+/// both ways, and the pass of its own): with a sink they write the same bits as without, and
+/// the amax left is, bit for bit, the amax of what they wrote (NaN included: it propagates).
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn fp8_amax_sinks() {
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("fp8 amax sinks", "skipped", true, &why);
+            return Ok(());
+        }
+        let (n, c, f) = (64usize, 1600usize, 320usize);
+        let layers = Fp8Layers {
+            largest: LinearExtent::of(n, &[(c, 2 * f)]),
+            weights: vec![(c, 2 * f); 2],
+            cache_weights: false,
+        };
+        be.prepare_fp8(&layers)?;
+        let amax_of = |v: &[f32]| trainer::backend::fp8::amax(v);
+        let mut same = |tag: &str, with: Vec<f32>, without: &[f32], sink: AmaxSink| -> BResult<()> {
+            rep.same_bits(tag, "output with a sink", &with, without);
+            let (left, want) = (be.fp8_sink_amax(sink)?, amax_of(&with));
+            rep.check(tag, "amax left", left.to_bits() == want.to_bits(), &format!("{left:e} vs {want:e}"));
+            Ok(())
+        };
+        // The norms (C = 1600: LayerNorm's vector path, RMSNorm's fast kernel; C = 1004: the general ones).
+        for &cc in &[c, 1004] {
+            let r = Rows { n, c: cc };
+            let (inp, params) = (rng.vec(n * cc, 2.0), rng.vec(2 * cc, 1.0));
+            let (gi, gp) = (up_buf(be, &inp)?, up_buf(be, &params)?);
+            let at = NormLocs { w: Loc::new(0, cc), b: Loc::new(cc, cc) };
+            let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                let (mut o, mut m, mut rs) = (poisoned_buf(be, n * cc)?, poisoned_f32(be, n)?, poisoned_f32(be, n)?);
+                be.layernorm_fwd(&mut o, LnStats { mean: &mut m, rstd: &mut rs }, &gi, Weights::new(&gp, at), r, sink)?;
+                be.download_buf(&o, Loc::all(n * cc))
+            };
+            let plain = run(None)?;
+            same(&format!("layernorm_fwd C{cc}"), run(Some(AmaxSink::Input(0)))?, &plain, AmaxSink::Input(0))?;
+            let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                let (mut o, mut rs) = (poisoned_buf(be, n * cc)?, poisoned_f32(be, n)?);
+                be.rmsnorm_fwd(&mut o, &mut rs, &gi, Weights::new(&gp, Loc::new(0, cc)), r, 1e-5, sink)?;
+                be.download_buf(&o, Loc::all(n * cc))
+            };
+            let plain = run(None)?;
+            same(&format!("rmsnorm_fwd C{cc}"), run(Some(AmaxSink::Input(1)))?, &plain, AmaxSink::Input(1))?;
+        }
+        // GELU's backward in place (an odd length: the scalar tail too), SwiGLU both ways.
+        for &len in &[n * c, n * c - 3] {
+            let (x, d0) = (rng.vec(len, 2.0), rng.vec(len, 1.0));
+            let gx = up_buf(be, &x)?;
+            let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                let mut d = up_buf(be, &d0)?;
+                be.gelu_bwd(&mut d, &gx, len, sink)?;
+                be.download_buf(&d, Loc::all(len))
+            };
+            let plain = run(None)?;
+            same(&format!("gelu_bwd n{len}"), run(Some(AmaxSink::Grad(0)))?, &plain, AmaxSink::Grad(0))?;
+        }
+        let r = Rows { n, c: f };
+        let (inp, dout) = (rng.vec(n * 2 * f, 2.0), rng.vec(n * f, 1.0));
+        let (gi, gdo) = (up_buf(be, &inp)?, up_buf(be, &dout)?);
+        let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+            let mut o = poisoned_buf(be, n * f)?;
+            be.swiglu_fwd(&mut o, &gi, r, sink)?;
+            be.download_buf(&o, Loc::all(n * f))
+        };
+        let plain = run(None)?;
+        same("swiglu_fwd", run(Some(AmaxSink::Input(1)))?, &plain, AmaxSink::Input(1))?;
+        let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+            let mut d = poisoned_buf(be, n * 2 * f)?;
+            be.swiglu_bwd(&mut d, &gi, &gdo, r, sink)?;
+            be.download_buf(&d, Loc::all(n * 2 * f))
+        };
+        let plain = run(None)?;
+        same("swiglu_bwd", run(Some(AmaxSink::Grad(1)))?, &plain, AmaxSink::Grad(1))?;
+        // The pass of its own (after a fused GELU' epilogue), a NaN included.
+        let mut v = rng.vec(n * c, 3.0);
+        v[77] = f32::NAN;
+        let gv = up_buf(be, &v)?;
+        be.fp8_amax_into(&gv, n * c, AmaxSink::Grad(0))?;
+        let left = be.fp8_sink_amax(AmaxSink::Grad(0))?;
+        rep.check("fp8_amax_into", "NaN propagates", left.is_nan(), &format!("{left:e}"));
+        Ok(())
+    });
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn activation() {
@@ -711,9 +804,9 @@ fn activation() {
             rep.cmp(&format!("gelu_fwd n{n}"), "out", &be.download_buf(&g1, Loc::all(n))?, &c1, TOL_BF16);
             // In place: the gradient y in, GELU'(x)·y out in its buffer.
             c1.copy_from_slice(&y);
-            cpu.gelu_bwd(&mut c1, &x, n)?;
+            cpu.gelu_bwd(&mut c1, &x, n, None)?;
             let mut g1 = up_buf(be, &y)?;
-            be.gelu_bwd(&mut g1, &gx, n)?;
+            be.gelu_bwd(&mut g1, &gx, n, None)?;
             rep.cmp(&format!("gelu_bwd n{n}"), "d", &be.download_buf(&g1, Loc::all(n))?, &c1, TOL_BF16);
             cpu.residual_fwd(&mut c1, &x, &y, n)?;
             let mut g1 = poisoned_buf(be, n)?;
@@ -739,15 +832,15 @@ fn swiglu() {
             let inp = rng.vec(n * 2 * f, 3.0);
             let dout = rng.vec(n * f, 1.0);
             let mut oc = vec![0.0; n * f];
-            cpu.swiglu_fwd(&mut oc, &inp, r)?;
+            cpu.swiglu_fwd(&mut oc, &inp, r, None)?;
             let (gi, gdo) = (up_buf(be, &inp)?, up_buf(be, &dout)?);
             let mut og = poisoned_buf(be, n * f)?;
-            be.swiglu_fwd(&mut og, &gi, r)?;
+            be.swiglu_fwd(&mut og, &gi, r, None)?;
             rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&og, Loc::all(n * f))?, &oc, TOL_BF16);
             let mut dc = vec![0.0; n * 2 * f];
-            cpu.swiglu_bwd(&mut dc, &inp, &dout, r)?;
+            cpu.swiglu_bwd(&mut dc, &inp, &dout, r, None)?;
             let mut dg = poisoned_buf(be, n * 2 * f)?;
-            be.swiglu_bwd(&mut dg, &gi, &gdo, r)?;
+            be.swiglu_bwd(&mut dg, &gi, &gdo, r, None)?;
             let got = be.download_buf(&dg, Loc::all(n * 2 * f))?;
             let half = |v: &[f32], k: usize| -> Vec<f32> {
                 v.chunks(2 * f).flat_map(|row| row[k * f..][..f].to_vec()).collect()
@@ -1281,7 +1374,7 @@ fn matmul_fp8() {
                 act.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
                 let g0 = rng.vec(plen, 0.01);
                 let (mut dpc, mut gc) = (vec![0.0; n * c], g0.clone());
-                let x = GeluInput { act: &act, pre: &pre };
+                let x = GeluInput { act: &act, pre: &pre, dpre_amax: None };
                 cpu.matmul_bwd_dgelu(
                     &mut dpc,
                     WeightGrads { buf: &mut gc, at: at8, fresh: false },
@@ -1292,7 +1385,7 @@ fn matmul_fp8() {
                 )?;
                 let (mut dpg, gact, gpre, mut gg) =
                     (poisoned_buf(be, n * c)?, up_buf(be, &act)?, up_buf(be, &pre)?, up_grad(be, &g0)?);
-                let x = GeluInput { act: &gact, pre: &gpre };
+                let x = GeluInput { act: &gact, pre: &gpre, dpre_amax: None };
                 let wg = WeightGrads { buf: &mut gg, at: at8, fresh: false };
                 be.matmul_bwd_dgelu(&mut dpg, wg, &gdo, x, Weights::new(&gp, at8), s)?;
                 rep.cmp(&tag, "dpre", &be.download_buf(&dpg, Loc::all(n * c))?, &dpc, TOL_BF16);

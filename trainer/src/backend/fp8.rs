@@ -240,6 +240,33 @@ pub struct Fp8Layer {
     /// recomputed by the element-wise kernel, where the forward's came from the GEMM's
     /// epilogue): the backward then takes its own amax, as it does without a layer.
     pub input_from_forward: bool,
+    /// The op that wrote the forward's input left its amax in [`AmaxSink::Input`] of this
+    /// layer, so the forward only casts (no amax pass of its own).
+    pub input_amax_ready: bool,
+    /// The op that wrote the backward's output gradient left its amax in
+    /// [`AmaxSink::Grad`] of this layer, so the backward only casts it.
+    pub grad_amax_ready: bool,
+}
+
+impl Fp8Layer {
+    /// Layer `index`, its backward's input the forward's, no amax left by a producer.
+    pub const fn new(index: usize) -> Fp8Layer {
+        Fp8Layer { index, input_from_forward: true, input_amax_ready: false, grad_amax_ready: false }
+    }
+}
+
+/// Where an op that writes a tensor an FP8 GEMM quantizes next leaves the tensor's amax
+/// (the largest |x| of what it wrote, as `amax` finds it over the written buffer), so the
+/// GEMM needs no amax pass of its own: the issue's "amax computed inside the kernels that
+/// produce the tensor". The consumer says so with [`Fp8Layer::input_amax_ready`] or
+/// [`Fp8Layer::grad_amax_ready`]; the CPU reference checks the value left is the amax of
+/// what the consumer reads, and errors (naming the model bug) where it is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AmaxSink {
+    /// Layer `i`'s forward input `X`.
+    Input(usize),
+    /// Layer `i`'s backward output gradient `dY`.
+    Grad(usize),
 }
 
 /// What a model asks of a backend's FP8 GEMMs (`MatmulOps::prepare_fp8`).
@@ -299,8 +326,9 @@ const SLOT: usize = 16;
 /// aligned). One linear op runs at a time, in stream order, so the operand regions serve
 /// every layer:
 ///
-/// - `scales`: the per-op [`ScaleSlot`]s, then two per [`Fp8Layer`] (its input's, kept from
-///   forward to backward, and its cached weight's), 16 bytes each: the inverse scale the
+/// - `scales`: the per-op [`ScaleSlot`]s, then three per [`Fp8Layer`] (its input's, kept
+///   from forward to backward, its weight's, and its output gradient's, where producers
+///   leave amaxes: [`AmaxSink`]), 16 bytes each: the inverse scale the
 ///   GEMM reads (f32, 16-byte aligned, as cuBLASLt's scale pointers are kept), then the
 ///   amax (u32 bits);
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
@@ -332,7 +360,7 @@ impl CudaFp8Workspace {
     /// The workspace for layers up to `e`, with slots for `layers` layers.
     pub fn new(e: LinearExtent, layers: usize) -> CudaFp8Workspace {
         let scales = 0;
-        let a = up((3 + 2 * layers) * SLOT);
+        let a = up((3 + 3 * layers) * SLOT);
         let gt = a + up(e.rows * e.inputs.max(e.outputs));
         let w = gt + up(e.rows * e.outputs);
         let bytes = w + up(e.weight);
@@ -351,12 +379,25 @@ impl CudaFp8Workspace {
 
     /// Byte offset of layer `i`'s input slot (kept from its forward for its backward).
     pub fn layer_input(&self, i: usize) -> usize {
-        self.scales + SLOT * (3 + 2 * i)
+        self.scales + SLOT * (3 + 3 * i)
     }
 
-    /// Byte offset of layer `i`'s cached weight's slot.
+    /// Byte offset of layer `i`'s weight's slot (cached, or its amax kept for the version).
     pub fn layer_weight(&self, i: usize) -> usize {
         self.layer_input(i) + SLOT
+    }
+
+    /// Byte offset of layer `i`'s output gradient's slot.
+    pub fn layer_grad(&self, i: usize) -> usize {
+        self.layer_input(i) + 2 * SLOT
+    }
+
+    /// Byte offset of the slot a sink names.
+    pub fn sink(&self, s: AmaxSink) -> usize {
+        match s {
+            AmaxSink::Input(i) => self.layer_input(i),
+            AmaxSink::Grad(i) => self.layer_grad(i),
+        }
     }
 }
 
@@ -394,12 +435,13 @@ impl CudaFp8WeightCache {
     }
 }
 
-/// What the CPU reference reserves for `l`: an f32 input scale per layer, and where weights
-/// are cached each layer's dequantized weight (f32, 4 bytes per parameter: the CPU
-/// multiplies values, not codes). Its operands' quantized copies are per-call scratch.
+/// What the CPU reference reserves for `l`: per layer its forward input's amax and the two
+/// amaxes producers leave ([`AmaxSink`]), f32 each, and where weights are cached each
+/// layer's dequantized weight (f32, 4 bytes per parameter: the CPU multiplies values, not
+/// codes). Its operands' quantized copies are per-call scratch.
 pub fn cpu_reserved(l: &Fp8Layers) -> Fp8Bytes {
     let weight_cache = if l.cache_weights { 4 * l.weight_elements() } else { 0 };
-    Fp8Bytes { workspace: 4 * l.weights.len(), weight_cache }
+    Fp8Bytes { workspace: 12 * l.weights.len(), weight_cache }
 }
 
 #[cfg(test)]

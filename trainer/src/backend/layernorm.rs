@@ -1,6 +1,6 @@
 //! The norms over the last dimension: LayerNorm (GPT-2) and RMSNorm (Llama).
 
-use super::{BResult, Device, Loc, WeightGrads, Weights};
+use super::{AmaxSink, BResult, Device, Loc, WeightGrads, Weights};
 
 /// A LayerNorm's weight and bias, `[C]` each, in a flat buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,8 @@ pub struct RmsSaved<'a, B: Device + ?Sized> {
 }
 
 pub trait LayerNormOps: Device {
-    /// `out = (inp − mean)·rstd·w + b` per row; saves mean and rstd.
+    /// `out = (inp − mean)·rstd·w + b` per row; saves mean and rstd; leaves the amax of
+    /// `out` in `amax` where set (for the FP8 GEMM that reads `out` next).
     fn layernorm_fwd(
         &self,
         out: &mut Self::Buf,
@@ -44,6 +45,7 @@ pub trait LayerNormOps: Device {
         inp: &Self::Buf,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..`, `db += ..`.
     fn layernorm_bwd(
@@ -57,7 +59,8 @@ pub trait LayerNormOps: Device {
     ) -> BResult<()>;
 
     /// RMSNorm: `out = inp · rstd · w` per row with `rstd = 1/sqrt(mean(inp²) + eps)`,
-    /// computed in fp32; saves `rstd`.
+    /// computed in fp32; saves `rstd`; leaves the amax of `out` in `amax` where set.
+    #[allow(clippy::too_many_arguments)] // the norm's own six, and where its output's amax goes
     fn rmsnorm_fwd(
         &self,
         out: &mut Self::Buf,
@@ -66,6 +69,7 @@ pub trait LayerNormOps: Device {
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..` (written when `g.fresh`).
     fn rmsnorm_bwd(

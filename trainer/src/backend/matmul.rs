@@ -10,7 +10,7 @@
 //! state between ops (the input's scale from forward to backward, the weight cast once per
 //! parameter version, which [`MatmulOps::fp8_weights_changed`] ends).
 
-use super::fp8::{Fp8Bytes, Fp8Layer, Fp8Layers};
+use super::fp8::{AmaxSink, Fp8Bytes, Fp8Layer, Fp8Layers};
 use super::gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
 
@@ -76,7 +76,7 @@ impl LinearLocs {
     /// in FP8.
     pub const fn with_fp8_index(self, index: usize) -> LinearLocs {
         let fp8 = match self.precision {
-            Precision::Fp8 => Some(Fp8Layer { index, input_from_forward: true }),
+            Precision::Fp8 => Some(Fp8Layer::new(index)),
             Precision::Bf16 => None,
         };
         LinearLocs { fp8, ..self }
@@ -92,6 +92,31 @@ impl LinearLocs {
     /// Whether a GEMM of shape `s` of this layer runs in FP8.
     pub fn fp8(&self, s: MatShape) -> bool {
         self.precision == Precision::Fp8 && super::fp8::eligible(s)
+    }
+
+    /// Where the op writing this layer's forward input at shape `s` can leave its amax:
+    /// where the layer runs in FP8 with state of its own (else `None`, and nothing to leave).
+    pub fn input_sink(&self, s: MatShape) -> Option<AmaxSink> {
+        self.fp8.filter(|_| self.fp8(s)).map(|l| AmaxSink::Input(l.index))
+    }
+
+    /// Where the op writing this layer's backward output gradient at shape `s` can leave
+    /// its amax (as [`LinearLocs::input_sink`]).
+    pub fn grad_sink(&self, s: MatShape) -> Option<AmaxSink> {
+        self.fp8.filter(|_| self.fp8(s)).map(|l| AmaxSink::Grad(l.index))
+    }
+
+    /// The same layer, its forward input's amax left by its producer where `sink` is set
+    /// (what [`LinearLocs::input_sink`] gave the producer).
+    pub fn input_amax_from(self, sink: Option<AmaxSink>) -> LinearLocs {
+        let fp8 = self.fp8.map(|f| Fp8Layer { input_amax_ready: sink.is_some(), ..f });
+        LinearLocs { fp8, ..self }
+    }
+
+    /// The same layer, its output gradient's amax left by its producer where `sink` is set.
+    pub fn grad_amax_from(self, sink: Option<AmaxSink>) -> LinearLocs {
+        let fp8 = self.fp8.map(|f| Fp8Layer { grad_amax_ready: sink.is_some(), ..f });
+        LinearLocs { fp8, ..self }
     }
 }
 
@@ -118,10 +143,12 @@ pub struct MatShape {
 }
 
 /// The input of a linear layer that follows a GELU: `act = GELU(pre)`, with `pre` kept
-/// from the forward. Both are only read.
+/// from the forward. Both are only read. `dpre_amax`: where the backward leaves the amax
+/// of the `dpre` it writes, for the FP8 layer before the GELU.
 pub struct GeluInput<'a, B: Device + ?Sized> {
     pub act: &'a B::Buf,
     pub pre: &'a B::Buf,
+    pub dpre_amax: Option<AmaxSink>,
 }
 
 impl<B: Device + ?Sized, L: Copy> WeightGrads<'_, B, L> {
@@ -184,6 +211,10 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// forward after a change (`model::run_micro`); a CUDA graph recorded there records the
     /// casts with it. The default (no cache): nothing to do.
     fn fp8_weights_changed(&self) {}
+
+    /// The amax of the first `n` values of `x` into `sink`, as a pass of its own: for a
+    /// producer that could not fuse it (a cuBLASLt epilogue), so the consumer finds it there.
+    fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()>;
 
     /// Why this device cannot run FP8 GEMMs (naming it), or `Ok` where it can. Asked before
     /// training starts, so `train.precision = "fp8"` on an older GPU is a config error.
@@ -282,10 +313,14 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         s: MatShape,
     ) -> BResult<()> {
         if self.fused_matmul_bwd_dgelu(dpre, g.reborrow(), dout, x.act, x.pre, p, s)? {
+            // GELU' ran in the GEMM's epilogue, which cannot leave an amax: a pass of its own.
+            if let Some(sink) = x.dpre_amax {
+                self.fp8_amax_into(dpre, s.n * s.c, sink)?;
+            }
             return Ok(());
         }
         self.matmul_bwd(dpre, g, dout, x.act, p, s)?;
-        self.gelu_bwd(dpre, x.pre, s.n * s.c)
+        self.gelu_bwd(dpre, x.pre, s.n * s.c, x.dpre_amax)
     }
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
     /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.

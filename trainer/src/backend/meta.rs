@@ -6,8 +6,8 @@
 //! op group is implemented here as a no-op (the fused-op hooks keep their defaults).
 
 use super::{
-    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AttentionOps, AttnInputs, AttnShape, BResult,
-    CrossEntropyOps, Device, ElemBytes, EmbedInputs, EmbedLocs, EncoderOps, Fp8Bytes, Fp8Layers, LayerNormOps,
+    ActivationOps, AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, AmaxSink, AttentionOps, AttnInputs, AttnShape,
+    BResult, CrossEntropyOps, Device, ElemBytes, EmbedInputs, EmbedLocs, EncoderOps, Fp8Bytes, Fp8Layers, LayerNormOps,
     LinearLocs, LnSaved, LnStats, Loc, LossRows, MatShape, MatmulOps, MemoryOps, NormLocs, ReduceOps, RmsSaved, Rows,
     SeqShape, TokenRole, TransferOps, WeightGrads, Weights,
 };
@@ -153,6 +153,7 @@ impl LayerNormOps for MetaBackend {
         _: &MetaBuf,
         _: Weights<'_, Self, NormLocs>,
         _: Rows,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }
@@ -175,6 +176,7 @@ impl LayerNormOps for MetaBackend {
         _: Weights<'_, Self, Loc>,
         _: Rows,
         _: f32,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }
@@ -195,6 +197,9 @@ impl MatmulOps for MetaBackend {
     fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
         self.allocations.set(self.allocations.get() + 1);
         Ok((self.fp8)(layers))
+    }
+    fn fp8_amax_into(&self, _: &MetaBuf, _: usize, _: AmaxSink) -> BResult<()> {
+        Ok(())
     }
     fn matmul_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Weights<'_, Self, LinearLocs>, _: MatShape) -> BResult<()> {
         Ok(())
@@ -261,16 +266,16 @@ impl ActivationOps for MetaBackend {
     fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
-    fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
+    fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize, _: Option<AmaxSink>) -> BResult<()> {
         Ok(())
     }
     fn residual_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
         Ok(())
     }
-    fn swiglu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Rows) -> BResult<()> {
+    fn swiglu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: Rows, _: Option<AmaxSink>) -> BResult<()> {
         Ok(())
     }
-    fn swiglu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: Rows) -> BResult<()> {
+    fn swiglu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: &MetaBuf, _: Rows, _: Option<AmaxSink>) -> BResult<()> {
         Ok(())
     }
 }

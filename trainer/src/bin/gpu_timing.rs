@@ -166,7 +166,7 @@ fn time_layernorm(tm: &mut Timer<'_>, b: LnBufs<'_>, r: Rows, reps: usize) {
     let bc2 = (r.n * r.c * 2) as f64;
     let LnBufs { x, y, dres, params, grads, mean, rstd } = b;
     tm.time("layernorm_fwd", 3, reps, gbps(2.0 * bc2), || {
-        be.layernorm_fwd(y, LnStats { mean, rstd }, x, Weights::new(params, ln), r)
+        be.layernorm_fwd(y, LnStats { mean, rstd }, x, Weights::new(params, ln), r, None)
     });
     tm.time("layernorm_bwd", 3, reps, gbps(4.0 * bc2), || {
         let saved = LnSaved { inp: x, mean, rstd };
@@ -292,7 +292,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
         let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
-            let gelu = GeluInput { act: &y4, pre: &pre };
+            let gelu = GeluInput { act: &y4, pre: &pre, dpre_amax: None };
             let ms = MatShape { n, c: 4 * c, oc: c };
             be.matmul_bwd_dgelu(
                 &mut dpre,
@@ -327,7 +327,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c));
     let t_gf = tm.rows.last().map_or(0.0, |r| r.1);
     let mut x4b = newbuf(n * 4 * c, &chunk)?;
-    tm.time("gelu_bwd (in place)", 3, 20, gbps(12.0 * bc2), || be.gelu_bwd(&mut x4b, &x4, n * 4 * c));
+    tm.time("gelu_bwd (in place)", 3, 20, gbps(12.0 * bc2), || be.gelu_bwd(&mut x4b, &x4, n * 4 * c, None));
     let t_gb = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("residual_fwd", 3, 20, gbps(3.0 * bc2), || be.residual_fwd(&mut y, &x, &dres, n * c));
     let t_res = tm.rows.last().map_or(0.0, |r| r.1);
@@ -571,7 +571,7 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             let mut rstd = be.alloc_f32(n, "timing")?;
             let (r, at) = (Rows { n, c }, Loc::all(c));
             tm.time("rmsnorm_fwd", 3, 50, gbps(bytes(2 * n * c)), || {
-                be.rmsnorm_fwd(&mut y, &mut rstd, &x, Weights::new(&w, at), r, 1e-5)
+                be.rmsnorm_fwd(&mut y, &mut rstd, &x, Weights::new(&w, at), r, 1e-5, None)
             });
             tm.time("rmsnorm_bwd", 3, 50, gbps(bytes(4 * n * c)), || {
                 let saved = RmsSaved { inp: &x, rstd: &rstd };
@@ -582,8 +582,8 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             let (gu, mut h, mut dgu) =
                 (new_buf(be, n * 2 * f, &chunk)?, new_buf(be, n * f, &chunk)?, new_buf(be, n * 2 * f, &chunk)?);
             let r = Rows { n, c: f };
-            tm.time("swiglu_fwd", 3, 20, gbps(bytes(3 * n * f)), || be.swiglu_fwd(&mut h, &gu, r));
-            tm.time("swiglu_bwd", 3, 20, gbps(bytes(5 * n * f)), || be.swiglu_bwd(&mut dgu, &gu, &h, r));
+            tm.time("swiglu_fwd", 3, 20, gbps(bytes(3 * n * f)), || be.swiglu_fwd(&mut h, &gu, r, None));
+            tm.time("swiglu_bwd", 3, 20, gbps(bytes(5 * n * f)), || be.swiglu_bwd(&mut dgu, &gu, &h, r, None));
         }
         {
             let mut qkv = new_buf(be, n * s.qkv_width(), &chunk)?;
@@ -729,7 +729,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                     match fused {
                         Fused::ResidualDgelu => {
                             tm.time(&format!("{layer} {tag} bwd +GELU'"), 3, 20, tflops(2.0 * flop), || {
-                                let x = GeluInput { act: &inp, pre: &pre_in };
+                                let x = GeluInput { act: &inp, pre: &pre_in, dpre_amax: None };
                                 be.matmul_bwd_dgelu(&mut dinp, WeightGrads::new(&mut grads, at), &dout, x, w(), s)
                             })
                         }

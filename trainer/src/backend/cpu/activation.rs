@@ -2,7 +2,7 @@
 //! Llama), and the residual add.
 
 use super::CpuBackend;
-use crate::backend::{ActivationOps, BResult, Rows};
+use crate::backend::{ActivationOps, AmaxSink, BResult, Rows};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -62,9 +62,9 @@ impl ActivationOps for CpuBackend {
         gelu_forward(&mut out[..n], &inp[..n]);
         Ok(())
     }
-    fn gelu_bwd(&self, d: &mut Vec<f32>, inp: &Vec<f32>, n: usize) -> BResult<()> {
+    fn gelu_bwd(&self, d: &mut Vec<f32>, inp: &Vec<f32>, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         gelu_backward(&mut d[..n], &inp[..n]);
-        Ok(())
+        self.leave_amax(amax, &d[..n])
     }
     fn residual_fwd(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, n: usize) -> BResult<()> {
         for ((o, x), y) in out[..n].iter_mut().zip(&a[..n]).zip(&b[..n]) {
@@ -72,12 +72,19 @@ impl ActivationOps for CpuBackend {
         }
         Ok(())
     }
-    fn swiglu_fwd(&self, out: &mut Vec<f32>, inp: &Vec<f32>, r: Rows) -> BResult<()> {
+    fn swiglu_fwd(&self, out: &mut Vec<f32>, inp: &Vec<f32>, r: Rows, amax: Option<AmaxSink>) -> BResult<()> {
         swiglu_forward(out, &inp[..r.n * 2 * r.c], r);
-        Ok(())
+        self.leave_amax(amax, &out[..r.n * r.c])
     }
-    fn swiglu_bwd(&self, dinp: &mut Vec<f32>, inp: &Vec<f32>, dout: &Vec<f32>, r: Rows) -> BResult<()> {
+    fn swiglu_bwd(
+        &self,
+        dinp: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        dout: &Vec<f32>,
+        r: Rows,
+        amax: Option<AmaxSink>,
+    ) -> BResult<()> {
         swiglu_backward(dinp, &inp[..r.n * 2 * r.c], &dout[..r.n * r.c], r);
-        Ok(())
+        self.leave_amax(amax, &dinp[..r.n * 2 * r.c])
     }
 }

@@ -3,7 +3,8 @@
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::{
-    BResult, BackendError, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights,
+    AmaxSink, BResult, BackendError, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads,
+    Weights,
 };
 
 pub const LN_EPS: f32 = 1e-5;
@@ -111,6 +112,7 @@ impl LayerNormOps for CpuBackend {
         inp: &Vec<f32>,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let (w, b) = (at(p.buf, p.at.w), at(p.buf, p.at.b));
@@ -118,7 +120,7 @@ impl LayerNormOps for CpuBackend {
             return Err(BackendError::Device(format!("layernorm_fwd: weight and bias must have C = {c} elements")));
         }
         layernorm_forward(&mut out[..n * c], &mut stats.mean[..n], &mut stats.rstd[..n], &inp[..n * c], w, b);
-        Ok(())
+        self.leave_amax(amax, &out[..n * c])
     }
     fn layernorm_bwd(
         &self,
@@ -147,6 +149,7 @@ impl LayerNormOps for CpuBackend {
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let w = at(p.buf, p.at);
@@ -154,7 +157,7 @@ impl LayerNormOps for CpuBackend {
             return Err(BackendError::Device(format!("rmsnorm_fwd: the weight must have C = {c} elements")));
         }
         rmsnorm_forward(&mut out[..n * c], &mut rstd[..n], &inp[..n * c], w, eps);
-        Ok(())
+        self.leave_amax(amax, &out[..n * c])
     }
     fn rmsnorm_bwd(
         &self,

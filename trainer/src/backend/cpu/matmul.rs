@@ -12,13 +12,14 @@
 //! dequantized weight, made at the first use after [`MatmulOps::fp8_weights_changed`]. The
 //! values are those of quantizing at every use; the structure is the GPU's, so the CPU runs
 //! test it: a backward that reuses the forward's scale checks that its input has the
-//! forward's amax, and errors (naming the model bug) where it has not.
+//! forward's amax, and a GEMM whose operand's amax a producer left ([`AmaxSink`]) checks
+//! that one was left, for this tensor; each errors (naming the model bug) where not.
 
 use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
-use crate::backend::{BResult, BackendError, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps};
+use crate::backend::{AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps};
 use crate::backend::{WeightGrads, Weights};
 
 /// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
@@ -46,6 +47,9 @@ pub(super) struct Fp8State {
     input_amax: Vec<f32>,
     /// Per layer, where weights are cached.
     weights: Vec<CachedWeight>,
+    /// Per layer, the amaxes producers left for it ([`AmaxSink`]): its forward input's and
+    /// its output gradient's, each taken by the GEMM that quantizes the tensor.
+    sinks: Vec<[Option<f32>; 2]>,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
 }
@@ -62,6 +66,26 @@ impl Fp8State {
         )))
     }
 
+    /// Take the amax a producer left in layer `l`'s sink `k` (0: input, 1: output gradient)
+    /// for a tensor whose amax is `got`: an error (a model bug) where none was left or it
+    /// is another tensor's.
+    fn take_sink(&mut self, l: Fp8Layer, k: usize, got: f32) -> BResult<()> {
+        let what = ["forward input", "output gradient"][k];
+        match self.sinks.get_mut(l.index).and_then(|s| s[k].take()) {
+            Some(left) if left.to_bits() == got.to_bits() => Ok(()),
+            Some(left) => Err(BackendError::Device(format!(
+                "FP8 layer {}: the amax its {what}'s producer left ({left:e}) is not the amax of the tensor it \
+                 quantizes ({got:e}): a model bug (AmaxSink)",
+                l.index
+            ))),
+            None => Err(BackendError::Device(format!(
+                "FP8 layer {}: its {what}'s amax was to be left by the op that wrote it, but none was: a model bug \
+                 (AmaxSink)",
+                l.index
+            ))),
+        }
+    }
+
     /// Layer `l`'s weight `w` (from buffer `src`) quantized: the cached copy where weights
     /// are cached (made now if the parameters changed since), else made for this call.
     fn weight(&mut self, l: Option<Fp8Layer>, w: &[f32], src: usize) -> Cow<'_, [f32]> {
@@ -76,6 +100,25 @@ impl Fp8State {
             }
             None => Cow::Owned(quantized(w, Fp8Format::E4M3)),
         }
+    }
+}
+
+impl CpuBackend {
+    /// A producer's amax of what it wrote (`xs`) into `sink` (nothing where `None`), for
+    /// the FP8 GEMM that quantizes it next.
+    pub(super) fn leave_amax(&self, sink: Option<AmaxSink>, xs: &[f32]) -> BResult<()> {
+        let Some(sink) = sink else { return Ok(()) };
+        let (i, k) = match sink {
+            AmaxSink::Input(i) => (i, 0),
+            AmaxSink::Grad(i) => (i, 1),
+        };
+        let mut st = self.fp8.borrow_mut();
+        let layers = st.sinks.len();
+        let slot = st.sinks.get_mut(i).ok_or_else(|| {
+            BackendError::Device(format!("an amax left for FP8 layer {i}, but prepare_fp8 reserved {layers} (a bug)"))
+        })?;
+        slot[k] = Some(amax(xs));
+        Ok(())
     }
 }
 
@@ -172,6 +215,7 @@ impl MatmulOps for CpuBackend {
     fn prepare_fp8(&self, layers: &Fp8Layers) -> BResult<Fp8Bytes> {
         let mut st = self.fp8.borrow_mut();
         st.input_amax = vec![0.0; layers.weights.len()];
+        st.sinks = vec![[None; 2]; layers.weights.len()];
         st.weights = match layers.cache_weights {
             true => layers.weights.iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect(),
             false => Vec::new(),
@@ -181,6 +225,10 @@ impl MatmulOps for CpuBackend {
 
     fn fp8_weights_changed(&self) {
         self.fp8.borrow_mut().version += 1;
+    }
+
+    fn fp8_amax_into(&self, x: &Vec<f32>, n: usize, sink: AmaxSink) -> BResult<()> {
+        self.leave_amax(Some(sink), &x[..n])
     }
 
     fn matmul_fwd(
@@ -198,6 +246,9 @@ impl MatmulOps for CpuBackend {
             let sx = Fp8Format::E4M3.scale(ax);
             if let Some(l) = p.at.fp8 {
                 st.layer(l)?;
+                if l.input_amax_ready {
+                    st.take_sink(l, 0, ax)?;
+                }
                 st.input_amax[l.index] = ax;
             }
             let (xq, wq) = (
@@ -235,6 +286,10 @@ impl MatmulOps for CpuBackend {
         let (dout, inp, w) = (&dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w));
         if p.at.fp8(s) {
             let mut st = self.fp8.borrow_mut();
+            if let Some(l) = p.at.fp8.filter(|l| l.grad_amax_ready) {
+                st.layer(l)?;
+                st.take_sink(l, 1, amax(dout))?;
+            }
             let gq = quantized(dout, Fp8Format::E5M2);
             // The forward's scale where the input is the forward's tensor. The reference
             // checks that promise (an amax is cheap beside the GEMMs): a model whose backward

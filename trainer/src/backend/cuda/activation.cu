@@ -29,8 +29,10 @@ extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, long long n)
         [&](long long i) { out[i] = f2bf(gelu_f(bf2f(inp[i]))); });
 }
 
-// d = gelu'(inp) * d, in place (each thread reads its word of d before writing it back).
-extern "C" __global__ void gelu_bwd(bf16_t* d, const bf16_t* inp, long long n) {
+// d = gelu'(inp) * d, in place (each thread reads its word of d before writing it back);
+// the amax of the result into *amax where it is not null (an FP8 amax sink).
+extern "C" __global__ void gelu_bwd(bf16_t* d, const bf16_t* inp, unsigned* amax, long long n) {
+    unsigned m = 0;
     grid_stride<8>(
         n, aligned16(d) && aligned16(inp),
         [&](long long i) {
@@ -39,9 +41,16 @@ extern "C" __global__ void gelu_bwd(bf16_t* d, const bf16_t* inp, long long n) {
             unpack8(((const uint4*)d)[i], g);
 #pragma unroll
             for (int k = 0; k < 8; ++k) x[k] = gelu_grad(x[k]) * g[k];
-            ((uint4*)d)[i] = pack8(x);
+            const uint4 y = pack8(x);
+            ((uint4*)d)[i] = y;
+            m = max_abs8(y, m);
         },
-        [&](long long i) { d[i] = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(d[i])); });
+        [&](long long i) {
+            const bf16_t y = f2bf(gelu_grad(bf2f(inp[i])) * bf2f(d[i]));
+            d[i] = y;
+            m = max(m, abs_bits(y));
+        });
+    warp_amax_out(amax, m);
 }
 
 // Residual connection out = a + b.
@@ -66,9 +75,10 @@ __device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.f, 1.f
 
 // n = N * F outputs. With F % 8 == 0 and 16-byte aligned pointers every row is whole 16-byte
 // words: word i of out is row i / (F / 8), and its gate and up words sit at the same column
-// of that row's two halves.
-extern "C" __global__ void swiglu_fwd(bf16_t* out, const bf16_t* inp, long long n, int F) {
+// of that row's two halves. The amax of out into *amax where it is not null.
+extern "C" __global__ void swiglu_fwd(bf16_t* out, const bf16_t* inp, unsigned* amax, long long n, int F) {
     const int fv = F / 8;  // words per output row (vector path only)
+    unsigned m = 0;
     grid_stride<8>(
         n, F % 8 == 0 && aligned16(out) && aligned16(inp),
         [&](long long i) {
@@ -79,20 +89,28 @@ extern "C" __global__ void swiglu_fwd(bf16_t* out, const bf16_t* inp, long long 
             unpack8(g[fv], u);
 #pragma unroll
             for (int k = 0; k < 8; ++k) a[k] = a[k] * sigmoid_f(a[k]) * u[k];
-            ((uint4*)out)[i] = pack8(a);
+            const uint4 y = pack8(a);
+            ((uint4*)out)[i] = y;
+            m = max_abs8(y, m);
         },
         [&](long long i) {
             const long long r = i / F, j = i - r * F;
             const bf16_t* x = inp + r * 2 * F + j;
             const float a = bf2f(x[0]);
-            out[i] = f2bf(a * sigmoid_f(a) * bf2f(x[F]));
+            const bf16_t y = f2bf(a * sigmoid_f(a) * bf2f(x[F]));
+            out[i] = y;
+            m = max(m, abs_bits(y));
         });
+    warp_amax_out(amax, m);
 }
 
 // dinp[N, 2F] (overwritten) from dout[N, F]: dgate = dout * up * silu'(gate) with
-// silu'(g) = s (1 + g (1 - s)), s = sigmoid(g); dup = dout * silu(gate). n = N * F.
-extern "C" __global__ void swiglu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, long long n, int F) {
+// silu'(g) = s (1 + g (1 - s)), s = sigmoid(g); dup = dout * silu(gate). n = N * F. The amax
+// of dinp into *amax where it is not null.
+extern "C" __global__ void swiglu_bwd(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, unsigned* amax,
+                                      long long n, int F) {
     const int fv = F / 8;
+    unsigned m = 0;
     grid_stride<8>(
         n, F % 8 == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout),
         [&](long long i) {
@@ -110,15 +128,20 @@ extern "C" __global__ void swiglu_bwd(bf16_t* dinp, const bf16_t* inp, const bf1
                 u[k] = dy[k] * a[k] * s;
             }
             uint4* d = (uint4*)dinp + o;
-            d[0] = pack8(dg);
-            d[fv] = pack8(u);
+            const uint4 yg = pack8(dg), yu = pack8(u);
+            d[0] = yg;
+            d[fv] = yu;
+            m = max_abs8(yu, max_abs8(yg, m));
         },
         [&](long long i) {
             const long long r = i / F, j = i - r * F;
             const long long o = r * 2 * F + j;
             const float a = bf2f(inp[o]), u = bf2f(inp[o + F]), dy = bf2f(dout[i]);
             const float s = sigmoid_f(a);
-            dinp[o] = f2bf(dy * u * s * (1.f + a * (1.f - s)));
-            dinp[o + F] = f2bf(dy * a * s);
+            const bf16_t yg = f2bf(dy * u * s * (1.f + a * (1.f - s))), yu = f2bf(dy * a * s);
+            dinp[o] = yg;
+            dinp[o + F] = yu;
+            m = max(m, max(abs_bits(yg), abs_bits(yu)));
         });
+    warp_amax_out(amax, m);
 }

@@ -6,7 +6,7 @@
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{check, to_i32};
 use super::CudaBackend;
-use crate::backend::{ActivationOps, BResult, Rows};
+use crate::backend::{ActivationOps, AmaxSink, BResult, Rows};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "activation",
@@ -27,11 +27,14 @@ impl ActivationOps for CudaBackend {
         // SAFETY: ranges checked above.
         unsafe { self.launch_elementwise("gelu_fwd", &ptrs, n, PER_THREAD) }
     }
-    fn gelu_bwd(&self, d: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()> {
+    fn gelu_bwd(&self, d: &mut Self::Buf, inp: &Self::Buf, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         check("gelu_bwd d", d.len(), 0, n)?;
         check("gelu_bwd inp", inp.len(), 0, n)?;
-        let ptrs = [self.ptr_mut(d, 0), self.ptr(inp, 0)];
-        // SAFETY: ranges checked above.
+        if n == 0 {
+            return Ok(());
+        }
+        let ptrs = [self.ptr_mut(d, 0), self.ptr(inp, 0), self.fp8_sink(amax)?];
+        // SAFETY: ranges checked above; the sink is a scale slot's amax word, or 0.
         unsafe { self.launch_elementwise("gelu_bwd", &ptrs, n, PER_THREAD) }
     }
     fn residual_fwd(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf, n: usize) -> BResult<()> {
@@ -42,7 +45,7 @@ impl ActivationOps for CudaBackend {
         // SAFETY: ranges checked above.
         unsafe { self.launch_elementwise("residual_fwd", &ptrs, n, PER_THREAD) }
     }
-    fn swiglu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, r: Rows) -> BResult<()> {
+    fn swiglu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, r: Rows, amax: Option<AmaxSink>) -> BResult<()> {
         let Rows { n, c: f } = r;
         check("swiglu_fwd out", out.len(), 0, n * f)?;
         check("swiglu_fwd inp [gate | up]", inp.len(), 0, n * 2 * f)?;
@@ -50,11 +53,19 @@ impl ActivationOps for CudaBackend {
             return Ok(());
         }
         let fi = to_i32("swiglu F", f)?;
-        let ptrs = [self.ptr_mut(out, 0), self.ptr(inp, 0)];
-        // SAFETY: ranges checked above: out holds the N*F outputs, inp the N rows of 2F.
+        let ptrs = [self.ptr_mut(out, 0), self.ptr(inp, 0), self.fp8_sink(amax)?];
+        // SAFETY: ranges checked above: out holds the N*F outputs, inp the N rows of 2F; the
+        // sink is a scale slot's amax word, or 0.
         unsafe { self.launch_elementwise_with("swiglu_fwd", &ptrs, n * f, PER_THREAD, &[fi]) }
     }
-    fn swiglu_bwd(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, r: Rows) -> BResult<()> {
+    fn swiglu_bwd(
+        &self,
+        dinp: &mut Self::Buf,
+        inp: &Self::Buf,
+        dout: &Self::Buf,
+        r: Rows,
+        amax: Option<AmaxSink>,
+    ) -> BResult<()> {
         let Rows { n, c: f } = r;
         check("swiglu_bwd dinp", dinp.len(), 0, n * 2 * f)?;
         check("swiglu_bwd inp [gate | up]", inp.len(), 0, n * 2 * f)?;
@@ -63,9 +74,9 @@ impl ActivationOps for CudaBackend {
             return Ok(());
         }
         let fi = to_i32("swiglu F", f)?;
-        let ptrs = [self.ptr_mut(dinp, 0), self.ptr(inp, 0), self.ptr(dout, 0)];
+        let ptrs = [self.ptr_mut(dinp, 0), self.ptr(inp, 0), self.ptr(dout, 0), self.fp8_sink(amax)?];
         // SAFETY: ranges checked above: dinp and inp hold N rows of 2F, dout the N*F
-        // gradients the kernel walks.
+        // gradients the kernel walks; the sink is a scale slot's amax word, or 0.
         unsafe { self.launch_elementwise_with("swiglu_bwd", &ptrs, n * f, PER_THREAD, &[fi]) }
     }
 }

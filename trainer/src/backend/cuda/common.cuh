@@ -41,6 +41,31 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15) == 0; }
 
+// |x| of a bf16 as the bits of its f32 value: non-negative floats order as their bits, and
+// a NaN's bits lie above infinity's, so an integer max propagates NaN (fmaxf would drop it).
+// The FP8 amax (fp8.cu) and the producers that leave one (an FP8 amax sink) keep maxima so.
+__device__ __forceinline__ unsigned abs_bits(bf16_t x) { return ((unsigned)x << 16) & 0x7fffffffu; }
+
+__device__ __forceinline__ unsigned max_abs_bits2(unsigned w, unsigned m) {
+    return max(m, max((w << 16) & 0x7fffffffu, w & 0x7fff0000u));
+}
+
+// m max-ed with the |x| bits of 8 bf16 in one 16-byte word.
+__device__ __forceinline__ unsigned max_abs8(uint4 v, unsigned m) {
+    return max_abs_bits2(v.x, max_abs_bits2(v.y, max_abs_bits2(v.z, max_abs_bits2(v.w, m))));
+}
+
+// A producer's FP8 amax sink: the warp's largest of its lanes' `m` (|x| bits of what they
+// wrote) max-ed into *amax, which the launch code zeroed; nothing where amax is null. Every
+// lane of the warp calls it together. The plain read first skips the atomic where the sink
+// already holds as much (it only grows), so few of a grid's warps contend for the address.
+__device__ __forceinline__ void warp_amax_out(unsigned* amax, unsigned m) {
+    if (amax == nullptr) return;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m != 0 && m > *(volatile unsigned*)amax) atomicMax(amax, m);
+}
+
 // The element-wise kernels' grid-stride loop: when `vectors` (the pointers allow wide
 // accesses), `vec(i)` handles elements [V i, V i + V) for every whole vector, then `one(i)`
 // each element after them; otherwise `one(i)` handles every element.

@@ -7,13 +7,7 @@
 // first: 16-byte aligned, as cuBLASLt's scale pointers are kept), and the amax as the bits
 // of |x| (zeroed by the launch code before fp8_amax_bf16 adds to it).
 
-// |x| of a bf16 as the bits of its f32 value: non-negative floats order as their bits, and
-// a NaN's bits lie above infinity's, so an integer max propagates NaN (fmaxf would drop it).
-__device__ __forceinline__ unsigned abs_bits(bf16_t x) { return ((unsigned)x << 16) & 0x7fffffffu; }
-
-__device__ __forceinline__ unsigned max_abs_bits2(unsigned w, unsigned m) {
-    return max(m, max((w << 16) & 0x7fffffffu, w & 0x7fff0000u));
-}
+// abs_bits, max_abs_bits2, max_abs8 (|x| as ordered bits): common.cuh.
 
 // amax[0] = max(amax[0], max |x|) over n bf16. Any grid; blockDim a multiple of 32.
 extern "C" __global__ void fp8_amax_bf16(unsigned* amax, const bf16_t* x, long long n) {
@@ -21,8 +15,7 @@ extern "C" __global__ void fp8_amax_bf16(unsigned* amax, const bf16_t* x, long l
     grid_stride<8>(
         n, aligned16(x),
         [&](long long i) {
-            const uint4 v = ((const uint4*)x)[i];
-            m = max_abs_bits2(v.x, max_abs_bits2(v.y, max_abs_bits2(v.z, max_abs_bits2(v.w, m))));
+            m = max_abs8(((const uint4*)x)[i], m);
         },
         [&](long long i) { m = max(m, abs_bits(x[i])); });
     __shared__ unsigned sh[32];

@@ -15,8 +15,11 @@
 //! Never e5m2 × e5m2 (cuBLASLt has no such GEMM). Each tensor is quantized per tensor with
 //! its own current amax: an amax pass (`fp8_amax_bf16`), then a cast that writes the codes
 //! and the inverse scale the GEMM reads (`fp8_cast_bf16`, or `fp8_cast_transpose_bf16`
-//! for the transposed copies; dY's cast writes both of its layouts in one pass). The bias
-//! gradient sums the bf16 dY.
+//! for the transposed copies; dY's cast writes both of its layouts in one pass). Where the
+//! op that wrote the tensor left its amax in the layer's slot (`AmaxSink`: the norms before
+//! qkv and fc/gate_up, SwiGLU before down, GELU's and SwiGLU's backward before fc/gate_up's),
+//! there is no amax pass: the producer's kernel max-ed what it wrote into the slot
+//! (`warp_amax_out` in common.cuh). The bias gradient sums the bf16 dY.
 //!
 //! A layer with an `Fp8Layer` (the models' blocks) keeps state between ops, in slots and
 //! buffers `prepare_fp8` reserved once (stable addresses, so CUDA graphs replay them):
@@ -44,7 +47,9 @@ use super::launch::{bad, cfg, to_i32, BLOCK};
 use super::matmul::BwdPtrs;
 use super::CudaBackend;
 use crate::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
-use crate::backend::{BResult, BackendError, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape};
+use crate::backend::{
+    AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape,
+};
 
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "fp8",
@@ -131,6 +136,14 @@ impl WsPtrs {
             Some(l) => {
                 Err(bad(format!("FP8 layer {} used, but prepare_fp8 reserved {} (a bug)", l.index, self.layout.layers)))
             }
+        }
+    }
+    /// Where a layer's output gradient's scale lives: its own slot (where its producer may
+    /// have left the amax), or (no layer) the per-op one.
+    fn grad_slot(&self, layer: Option<Fp8Layer>) -> u64 {
+        match layer {
+            Some(l) if l.index < self.layout.layers => self.base + self.layout.layer_grad(l.index) as u64,
+            _ => self.slot(ScaleSlot::Grad),
         }
     }
     /// Whether a layer of shape `s` fits the regions.
@@ -342,6 +355,35 @@ impl CudaBackend {
         unsafe { self.fp8_amax(w, n, slot) }
     }
 
+    /// The amax word of the slot `sink` names, zeroed in stream order for a producer kernel
+    /// to max into; 0 (the kernels' "none") without a sink.
+    pub(super) fn fp8_sink(&self, sink: Option<AmaxSink>) -> BResult<u64> {
+        let Some(s) = sink else { return Ok(0) };
+        let slot = {
+            let cell = self.fp8_ws.borrow();
+            let Some(ws) = cell.as_ref() else {
+                return Err(bad(format!("an FP8 amax sink ({s:?}) before prepare_fp8 (a bug)")));
+            };
+            let (AmaxSink::Input(i) | AmaxSink::Grad(i)) = s;
+            if i >= ws.layout.layers {
+                return Err(bad(format!(
+                    "FP8 amax sink {s:?}, but prepare_fp8 reserved {} layers (a bug)",
+                    ws.layout.layers
+                )));
+            }
+            self.ptr(&ws.buf, 0) + ws.layout.sink(s) as u64
+        };
+        self.fp8_clear(slot, 1)?;
+        Ok(slot + 4)
+    }
+
+    /// `MatmulOps::fp8_amax_into`: the amax pass over `n` bf16 at `x` into `sink`'s slot.
+    pub(super) fn fp8_amax_into_sink(&self, x: u64, n: usize, sink: AmaxSink) -> BResult<()> {
+        let amax = self.fp8_sink(Some(sink))?;
+        // SAFETY: the caller checked x holds n bf16; amax is the sink slot's second word.
+        unsafe { self.fp8_amax(x, n, amax - 4) }
+    }
+
     /// Zero `count` adjacent scale slots from `slot` (their amax before an amax pass adds to
     /// it; the inverse scale too: each cast writes its own before its GEMM runs).
     fn fp8_clear(&self, slot: u64, count: usize) -> BResult<()> {
@@ -468,13 +510,21 @@ impl CudaBackend {
         if fused && !self.lt.supports(&g) {
             return Ok(false);
         }
-        self.fp8_clear(in_slot, 1)?;
+        // The op that wrote the input may have left its amax in the layer's input slot.
+        let amax_left = layer.is_some_and(|l| l.input_amax_ready);
+        if !amax_left {
+            self.fp8_clear(in_slot, 1)?;
+        }
         let x = Cast { x: inp, rows: n, cols: c, fmt: Fp8Format::E4M3, slot: in_slot, dst: Some(ws.a()), dst_t: None };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
-        // workspace's regions hold a layer of this shape (fp8_ws checked); the slots were
-        // just cleared.
+        // workspace's regions hold a layer of this shape (fp8_ws checked); the input slot
+        // was just cleared or holds the amax its producer left.
         unsafe {
-            self.fp8_quantize(x)?;
+            if amax_left {
+                self.fp8_cast(x)?;
+            } else {
+                self.fp8_quantize(x)?;
+            }
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
                 self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
@@ -510,6 +560,8 @@ impl CudaBackend {
             None => (ws.w(), self.fp8_weight_slot(layer, &ws)),
         };
         let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
+        // The op that wrote dY may have left its amax in the layer's gradient slot.
+        let (g_slot, amax_left) = (ws.grad_slot(layer), layer.is_some_and(|l| l.grad_amax_ready));
         let dx = Gemm {
             transa: true,
             transb: false,
@@ -528,7 +580,7 @@ impl CudaBackend {
             bias: None,
             act: if dgelu_pre.is_some() { Act::DGelu } else { Act::None },
             aux: dgelu_pre,
-            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: w_slot, b_scale: ws.slot(ScaleSlot::Grad), fast_accum: false }),
+            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: w_slot, b_scale: g_slot, fast_accum: false }),
         };
         let dw = Gemm {
             transa: true,
@@ -548,32 +600,31 @@ impl CudaBackend {
             bias: None,
             act: Act::None,
             aux: None,
-            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: in_slot, b_scale: ws.slot(ScaleSlot::Grad), fast_accum: false }),
+            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: in_slot, b_scale: g_slot, fast_accum: false }),
         };
         if dgelu_pre.is_some() && !self.lt.supports(&dx) {
             return Ok(false);
         }
         let stream = self.lt_stream();
-        self.fp8_clear(ws.slot(ScaleSlot::Grad), 1)?;
+        if !amax_left {
+            self.fp8_clear(g_slot, 1)?;
+        }
         if !reuse_input {
             self.fp8_clear(in_slot, 1)?;
         }
-        let g = Cast {
-            x: ptr.dout,
-            rows: n,
-            cols: oc,
-            fmt: e5,
-            slot: ws.slot(ScaleSlot::Grad),
-            dst: Some(ws.a()),
-            dst_t: Some(ws.gt()),
-        };
+        let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: e5, slot: g_slot, dst: Some(ws.a()), dst_t: Some(ws.gt()) };
         let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
         // overwrites region a (dY) only after the dX GEMM that reads it, in stream order. A
-        // reused input slot holds the amax of this input (the forward's, the same tensor).
+        // reused input slot holds the amax of this input (the forward's, the same tensor);
+        // the gradient slot was just cleared or holds the amax dY's producer left.
         unsafe {
-            self.fp8_quantize(g)?;
+            if amax_left {
+                self.fp8_cast(g)?;
+            } else {
+                self.fp8_quantize(g)?;
+            }
             if cached.is_none() {
                 let wc = Cast { x: ptr.w, rows: oc, cols: c, fmt: e4, slot: w_slot, dst: None, dst_t: Some(ws.w()) };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
@@ -675,6 +726,23 @@ impl CudaBackend {
                 }
             }
         }
+    }
+}
+
+impl CudaBackend {
+    /// The amax a producer left in `sink` (`prepare_fp8` first), read back: what
+    /// `tests/gpu_kernels.rs` compares with the amax of the tensor the producer wrote.
+    pub fn fp8_sink_amax(&self, sink: AmaxSink) -> BResult<f32> {
+        let cell = self.fp8_ws.borrow();
+        let Some(ws) = cell.as_ref() else { return Err(bad("fp8_sink_amax before prepare_fp8".into())) };
+        let (AmaxSink::Input(i) | AmaxSink::Grad(i)) = sink;
+        if i >= ws.layout.layers {
+            return Err(bad(format!("fp8_sink_amax: {sink:?}, but prepare_fp8 reserved {} layers", ws.layout.layers)));
+        }
+        let at = ws.layout.sink(sink) + 4;
+        let words =
+            self.stream.clone_dtoh(&ws.buf.slice(at..at + 4)).map_err(|e| self.err("reading an amax sink", e))?;
+        Ok(f32::from_bits(u32::from_le_bytes([words[0], words[1], words[2], words[3]])))
     }
 }
 

@@ -11,9 +11,10 @@
 // LN_EPS (cpu::LN_EPS), LN_BWD_SLOTS, LN_BWD_MAX_ROWS and RMS_FWD_THREADS come from the
 // launch code as -D options.
 
-// One warp per row; blockDim.x = 256 (8 rows per block).
+// One warp per row; blockDim.x = 256 (8 rows per block). The amax of out into *amax where it
+// is not null (an FP8 amax sink: the next GEMM's input).
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
-                                         const bf16_t* w, const bf16_t* b, int N, int C) {
+                                         const bf16_t* w, const bf16_t* b, int N, int C, unsigned* amax) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
@@ -47,6 +48,7 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
         }
     }
     const float r = 1.f / sqrtf(warp_sum(v) / C + LN_EPS);
+    unsigned am = 0;
     if (vec) {
         for (int c = lane * 8; c < C; c += 256) {
             float f[8], ww[8], bb[8];
@@ -55,11 +57,18 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
             unpack8(*(const uint4*)(b + c), bb);
 #pragma unroll
             for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
-            *(uint4*)(o + c) = pack8(f);
+            const uint4 y = pack8(f);
+            *(uint4*)(o + c) = y;
+            am = max_abs8(y, am);
         }
     } else {
-        for (int c = lane; c < C; c += 32) o[c] = f2bf((bf2f(x[c]) - m) * r * bf2f(w[c]) + bf2f(b[c]));
+        for (int c = lane; c < C; c += 32) {
+            const bf16_t y = f2bf((bf2f(x[c]) - m) * r * bf2f(w[c]) + bf2f(b[c]));
+            o[c] = y;
+            am = max(am, abs_bits(y));
+        }
     }
+    warp_amax_out(amax, am);
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -371,9 +380,10 @@ LN_BWD_BLOCKS(layernorm, false)
 LN_BWD_BLOCKS(rmsnorm, true)
 
 // RMSNorm forward, general: one warp per row (blockDim.x = 256, 8 rows per block), any C
-// and alignment; the row is read twice (the mean square, then the output).
+// and alignment; the row is read twice (the mean square, then the output). The amax of out
+// into *amax where it is not null (an FP8 amax sink), here and in the fast instances.
 extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C,
-                                       float eps) {
+                                       float eps, unsigned* amax) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
@@ -385,7 +395,13 @@ extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* i
         ss += v * v;
     }
     const float s = 1.f / sqrtf(warp_sum(ss) / C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = f2bf(bf2f(x[c]) * s * bf2f(w[c]));
+    unsigned am = 0;
+    for (int c = lane; c < C; c += 32) {
+        const bf16_t y = f2bf(bf2f(x[c]) * s * bf2f(w[c]));
+        o[c] = y;
+        am = max(am, abs_bits(y));
+    }
+    warp_amax_out(amax, am);
     if (lane == 0) rstd[row] = s;
 }
 
@@ -397,7 +413,7 @@ extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* i
 // order, the same bits on every run.
 template <int J, int W>
 __device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N,
-                                             int C, float eps) {
+                                             int C, float eps, unsigned* amax) {
     constexpr int ROWS = RMS_FWD_THREADS / (32 * W);
     constexpr int STRIDE = 8 * 32 * W;
     static_assert(ROWS * 32 * W == RMS_FWD_THREADS, "whole rows per block");
@@ -432,6 +448,7 @@ __device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf1
     if (!live) return;
     const float s = 1.f / sqrtf(ss / C + eps);
     bf16_t* o = out + (long long)row * C;
+    unsigned am = 0;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = c0 + j * STRIDE;
@@ -441,9 +458,12 @@ __device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf1
             unpack8(ld16(w + c), ww);
 #pragma unroll
             for (int k = 0; k < 8; ++k) f[k] = f[k] * s * ww[k];
-            *(uint4*)(o + c) = pack8(f);
+            const uint4 y = pack8(f);
+            *(uint4*)(o + c) = y;
+            am = max_abs8(y, am);
         }
     }
+    warp_amax_out(amax, am);  // a row's warps are all live or all not: whole warps here
     if (t == 0) rstd[row] = s;
 }
 
@@ -451,8 +471,9 @@ __device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf1
 // a row up to C = 2048, then 2, 4 and 8 warps (C <= 3072, 4096, 6144, 8192, 16384).
 #define RMS_FWD(J, W)                                                                                        \
     extern "C" __global__ void __launch_bounds__(RMS_FWD_THREADS) rmsnorm_fwd_j##J##w##W(                    \
-        bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C, float eps) {             \
-        rms_fwd_impl<J, W>(out, rstd, inp, w, N, C, eps);                                                    \
+        bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C, float eps,               \
+        unsigned* amax) {                                                                                    \
+        rms_fwd_impl<J, W>(out, rstd, inp, w, N, C, eps, amax);                                              \
     }
 RMS_FWD(1, 1)
 RMS_FWD(2, 1)

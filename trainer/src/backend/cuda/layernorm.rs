@@ -12,7 +12,9 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::cpu::LN_EPS;
-use crate::backend::{BResult, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights};
+use crate::backend::{
+    AmaxSink, BResult, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights,
+};
 
 /// Rows per block in the general backward. A constant (not derived from the GPU), so
 /// results are the same bits on every GPU.
@@ -197,6 +199,7 @@ impl LayerNormOps for CudaBackend {
         inp: &Self::Buf,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let (Rows { n, c }, LnStats { mean, rstd }, (params, NormLocs { w, b: bias })) = (r, stats, (p.buf, p.at));
         check("layernorm_fwd out", out.len(), 0, n * c)?;
@@ -223,9 +226,10 @@ impl LayerNormOps for CudaBackend {
             self.ptr(params, bias.off),
         );
         let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
+        let am = self.fp8_sink(amax)?;
         let f = self.f("layernorm_fwd")?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci);
+        lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci).arg(&am);
         // SAFETY: all ranges checked above; one warp per row, rows < n.
         unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
             .map_err(|e| self.launch_err("layernorm_fwd", e))?;
@@ -278,6 +282,7 @@ impl LayerNormOps for CudaBackend {
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let (Rows { n, c }, (params, w)) = (r, (p.buf, p.at));
         check("rmsnorm_fwd out", out.len(), 0, n * c)?;
@@ -299,9 +304,10 @@ impl LayerNormOps for CudaBackend {
             _ => ("rmsnorm_fwd", 8),
         };
         let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
+        let am = self.fp8_sink(amax)?;
         let f = self.f(name)?;
         let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&rp).arg(&x).arg(&wp).arg(&ni).arg(&ci).arg(&eps);
+        lb.arg(&o).arg(&rp).arg(&x).arg(&wp).arg(&ni).arg(&ci).arg(&eps).arg(&am);
         // SAFETY: all ranges checked above (and, for the 16-byte variants, alignment); each
         // row's warps write only that row (< n) and its rstd.
         unsafe { lb.launch(cfg((n.div_ceil(rows) as u32, 1, 1), (RMS_FWD_THREADS as u32, 1, 1), 0)) }

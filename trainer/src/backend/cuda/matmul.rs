@@ -23,8 +23,8 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable, LinearLocs, Loc,
-    MatShape, MatmulOps, OnMismatch, TunedGemm, WeightGrads, Weights,
+    AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable, LinearLocs,
+    Loc, MatShape, MatmulOps, OnMismatch, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -406,6 +406,11 @@ impl MatmulOps for CudaBackend {
 
     fn fp8_weights_changed(&self) {
         self.fp8_new_version();
+    }
+
+    fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()> {
+        check("fp8_amax_into x", x.len(), 0, n)?;
+        self.fp8_amax_into_sink(self.ptr(x, 0), n, sink)
     }
 
     fn fp8_support(&self) -> Result<(), String> {

@@ -213,13 +213,13 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
 
     fn head_fwd(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
         let (r, l, e) = (self.rows(), self.resid.len() - 1, self.embed);
-        be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r)?;
+        be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r, None)?;
         self.head.forward(be, &self.lnf, Weights::new(p, e.head))
     }
 
     fn head_fwd_bwd(&mut self, be: &B, p: &B::Buf, dloss_scale: f32, mut gr: UnitGrads<'_, B>) -> BResult<()> {
         let (r, l, e) = (self.rows(), self.resid.len() - 1, self.embed);
-        be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r)?;
+        be.layernorm_fwd(&mut self.lnf, self.lnf_stats.out(), &self.resid[l], Weights::new(p, e.ln_f), r, None)?;
         // The head is wte: written here first, the embedding's backward adds to it.
         let w = Weights::new(p, e.head);
         self.head.forward_backward(be, &self.lnf, w, dloss_scale, gr.first(e.head), &mut self.g.dln)?;
@@ -288,15 +288,20 @@ impl<B: Backend> Block<'_, B> {
         let (be, k, s) = (self.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
-        be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r)?;
-        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: 3 * c })?;
+        // The norms leave their outputs' amaxes for the FP8 GEMMs that read them next.
+        let qkv = MatShape { n, c, oc: 3 * c };
+        let sink = k.qkv.input_sink(qkv);
+        be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r, sink)?;
+        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv.input_amax_from(sink)), qkv)?;
         if pass.runs_attention() {
             be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, s)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
-        be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r)?;
+        let fc = MatShape { n, c, oc: 4 * c };
+        let sink = k.fc.input_sink(fc);
+        be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
         let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
-        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(k.fc), MatShape { n, c, oc: 4 * c })?;
+        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(k.fc.input_amax_from(sink)), fc)?;
         let Pass::Full(out) = pass else { return Ok(()) };
         let fc2 = MatShape { n, c: 4 * c, oc: c };
         let gelu = a.gelu.as_ref().unwrap_or(&sc.gelu_out);
@@ -329,11 +334,14 @@ impl<B: Backend> Block<'_, B> {
                 (&g.dbig2, k.fc2.input_recomputed())
             }
         };
-        let gelu = GeluInput { act, pre: &a.fch };
+        // The GELU backward leaves dpre's amax for fc's FP8 backward.
+        let fc = MatShape { n, c, oc: 4 * c };
+        let sink = k.fc.grad_sink(fc);
+        let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
         let fc2 = MatShape { n, c: 4 * c, oc: c };
         be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
-        let fc = MatShape { n, c, oc: 4 * c };
-        be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(k.fc), fc)?;
+        let fc_at = k.fc.grad_amax_from(sink);
+        be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(fc_at), fc)?;
         // dres += through ln2 (the residual branch already carries dres itself)
         let saved = a.ln2_stats.saved(&a.resid2);
         be.layernorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;

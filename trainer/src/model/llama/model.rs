@@ -199,7 +199,15 @@ impl<B: Backend> Llama<B> {
     /// The final norm of the last residual stream into `lnf`.
     fn final_norm(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
         let (r, l) = (self.rows(), self.resid.len() - 1);
-        be.rmsnorm_fwd(&mut self.lnf, &mut self.rstdf, &self.resid[l], Weights::new(p, self.embed.norm), r, self.s.eps)
+        be.rmsnorm_fwd(
+            &mut self.lnf,
+            &mut self.rstdf,
+            &self.resid[l],
+            Weights::new(p, self.embed.norm),
+            r,
+            self.s.eps,
+            None,
+        )
     }
 }
 
@@ -314,20 +322,27 @@ impl<B: Backend> Block<'_, B> {
         let at = s.attn;
         let (n, c, f) = (at.b * at.t, at.c, s.f);
         let r = Rows { n, c };
-        be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps)?;
-        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv), MatShape { n, c, oc: at.qkv_width() })?;
+        // The norms and SwiGLU leave their outputs' amaxes for the FP8 GEMMs that read them next.
+        let qkv = MatShape { n, c, oc: at.qkv_width() };
+        let sink = k.qkv.input_sink(qkv);
+        be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps, sink)?;
+        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv.input_amax_from(sink)), qkv)?;
         be.rope_fwd(&mut a.qkv, self.rope, self.docs, at)?;
         if pass.runs_attention() {
             be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, at)?;
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o), MatShape { n, c, oc: c }, &mut sc.tmp)?;
-        be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps)?;
-        be.matmul_fwd(&mut a.gate_up, &a.ln2, self.w(k.gate_up), MatShape { n, c, oc: 2 * f })?;
+        let gu = MatShape { n, c, oc: 2 * f };
+        let sink = k.gate_up.input_sink(gu);
+        be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps, sink)?;
+        be.matmul_fwd(&mut a.gate_up, &a.ln2, self.w(k.gate_up.input_amax_from(sink)), gu)?;
         let Pass::Full(out) = pass else { return Ok(()) };
+        let down = MatShape { n, c: f, oc: c };
+        let sink = k.down.input_sink(down);
         let act = a.act.as_mut().unwrap_or(&mut sc.act);
-        be.swiglu_fwd(act, &a.gate_up, Rows { n, c: f })?;
+        be.swiglu_fwd(act, &a.gate_up, Rows { n, c: f }, sink)?;
         let act = a.act.as_ref().unwrap_or(&sc.act);
-        be.matmul_residual_fwd(out, &a.resid2, act, self.w(k.down), MatShape { n, c: f, oc: c }, &mut sc.tmp)
+        be.matmul_residual_fwd(out, &a.resid2, act, self.w(k.down.input_amax_from(sink)), down, &mut sc.tmp)
     }
 
     /// Backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x). Every tensor of the
@@ -349,14 +364,17 @@ impl<B: Backend> Block<'_, B> {
         let act = match a.act.as_ref() {
             Some(kept) => kept,
             None => {
-                be.swiglu_fwd(&mut sc.act, &a.gate_up, Rows { n, c: f })?;
+                be.swiglu_fwd(&mut sc.act, &a.gate_up, Rows { n, c: f }, None)?;
                 &sc.act
             }
         };
         be.matmul_bwd(&mut g.dact, gr.first(k.down), &g.dres, act, self.w(k.down), MatShape { n, c: f, oc: c })?;
-        be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f })?;
+        // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
-        be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, &a.ln2, self.w(k.gate_up), gu)?;
+        let sink = k.gate_up.grad_sink(gu);
+        be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f }, sink)?;
+        let gu_at = k.gate_up.grad_amax_from(sink);
+        be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, &a.ln2, self.w(gu_at), gu)?;
         // dres += through rms2 (the residual branch already carries dres itself)
         let saved = RmsSaved { inp: &a.resid2, rstd: &a.rstd2 };
         be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
