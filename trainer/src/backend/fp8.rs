@@ -582,11 +582,16 @@ mod tests {
         }
         assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
         assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
-        // 48 layers: 3 + 96 slots of 16 bytes, rounded up to 256.
+        // 48 layers: 3 + 3·48 slots of 16 bytes, rounded up to 256.
         let w48 = CudaFp8Workspace::new(e, 48);
-        assert_eq!(w48.bytes - w.bytes, 1792 - 256);
-        assert_eq!((w48.layer_input(0), w48.layer_weight(0), w48.layer_input(47)), (48, 64, 48 + 16 * 94));
-        assert!(w48.layer_weight(47) + 16 <= w48.a);
+        assert_eq!(w48.bytes - w.bytes, 2560 - 256);
+        assert_eq!((w48.layer_input(0), w48.layer_weight(0), w48.layer_grad(0)), (48, 64, 80));
+        assert_eq!(w48.layer_input(47), 48 + 16 * 141);
+        assert_eq!(
+            (w48.sink(AmaxSink::Input(5)), w48.sink(AmaxSink::Grad(5))),
+            (w48.layer_input(5), w48.layer_grad(5))
+        );
+        assert!(w48.layer_grad(47) + 16 <= w48.a);
     }
 
     #[test]
@@ -601,6 +606,6 @@ mod tests {
         assert_eq!(CudaFp8WeightCache::new(&[(16, 17)]).bytes, 2 * 512);
         let off = Fp8Layers { cache_weights: false, ..layers.clone() };
         assert_eq!(CudaFp8WeightCache::reserved(&off).weight_cache, 0);
-        assert_eq!(cpu_reserved(&layers), Fp8Bytes { workspace: 16, weight_cache: 4 * layers.weight_elements() });
+        assert_eq!(cpu_reserved(&layers), Fp8Bytes { workspace: 48, weight_cache: 4 * layers.weight_elements() });
     }
 }
