@@ -16,6 +16,15 @@ use crate::backend::{Backend, Loc};
 use crate::TrainError;
 use collectives::{AllGatherInPlace, Communicator, Group, ReduceOp};
 
+/// How a unit with an FP8 gather layout (`zero.fp8_gather`) sends its FP8 weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Travel {
+    /// As e4m3 codes, expanded after the all-gather: what the GEMMs read (training).
+    Codes,
+    /// At compute precision: the parameters themselves (read back to the host).
+    Compute,
+}
+
 impl<B: Backend> Engine<B> {
     /// Stage 3: how many units ahead of use the schedule starts all-gathers.
     pub fn prefetch(&self) -> usize {
@@ -25,7 +34,19 @@ impl<B: Backend> Engine<B> {
     /// Make unit `i`'s full parameters available (stage 3: all-gather its shards, or wait
     /// for the prefetch that already started it).
     pub fn gather<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
-        self.prefetch_unit(be, comm, i)?;
+        self.gather_as(be, comm, i, Travel::Codes)
+    }
+
+    /// [`Engine::gather`], the FP8 weights travelling as `how` says where that is not
+    /// already decided (a unit gathered or in flight keeps how it was started).
+    pub(super) fn gather_as<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        i: usize,
+        how: Travel,
+    ) -> Result<(), TrainError> {
+        self.start_gather(be, comm, i, how)?;
         if let Some(e) = self.units[i].upload_pending.take() {
             be.order_compute_after(&e)?;
         }
@@ -53,7 +74,20 @@ impl<B: Backend> Engine<B> {
     /// Stage 3: start all-gathering unit `i` without waiting, so it overlaps the compute
     /// that comes before its use (a no-op when it is already gathered or in flight).
     pub fn prefetch_unit<C: EngineComm<B>>(&mut self, be: &B, comm: &mut C, i: usize) -> Result<(), TrainError> {
-        if self.units[i].params.is_none() && self.units[i].fp8.is_some() {
+        self.start_gather(be, comm, i, Travel::Codes)
+    }
+
+    /// [`Engine::prefetch_unit`], a unit with an FP8 gather layout sending its FP8 weights
+    /// as codes (`Travel::Codes`) or at compute precision.
+    fn start_gather<C: EngineComm<B>>(
+        &mut self,
+        be: &B,
+        comm: &mut C,
+        i: usize,
+        how: Travel,
+    ) -> Result<(), TrainError> {
+        let codes = how == Travel::Codes && self.units[i].fp8.is_some();
+        if self.units[i].params.is_none() && codes {
             self.refresh_fp8_amax(be, comm)?;
         }
         let u = &mut self.units[i];
@@ -89,7 +123,7 @@ impl<B: Backend> Engine<B> {
         }
         if self.world > 1 {
             let _unit = collectives::progress::unit_scope(i); // for the flight recorder
-            match &u.fp8 {
+            match u.fp8.as_ref().filter(|_| codes) {
                 // FP8 weights travel as codes: this rank's piece packed from its elements,
                 // the pieces all-gathered, expanded into `full` by `finish_gather`.
                 Some(l) => {

@@ -4,6 +4,7 @@
 //! memory reports.
 
 use super::engine::{Engine, EngineComm};
+use super::gather::Travel;
 use super::memory::MemoryReport;
 use crate::backend::{Backend, Loc};
 use crate::optim::HostAdamWStats;
@@ -23,13 +24,11 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Vec<f32>, TrainError> {
         let was_gathered = self.units[i].params.is_some();
         // The parameters themselves, not their FP8 codes expanded: an FP8 gather's unit is
-        // gathered at compute precision here.
-        let fp8 = if was_gathered { None } else { self.units[i].fp8.take() };
-        let got = self.gather(be, comm, i);
+        // gathered at compute precision here (stage 3 holds no unit gathered between steps).
+        let got = self.gather_as(be, comm, i, Travel::Compute);
         let out = got.and_then(|()| Ok(be.download_buf(self.params(i), Loc::all(self.units[i].numel))?));
         if !was_gathered {
             self.release(i);
-            self.units[i].fp8 = fp8;
         }
         out
     }
