@@ -421,16 +421,16 @@ fn matmul_gelu() {
             let params = rng.vec(plen, 0.05);
             let inp = rng.vec(n * c, 1.0);
             let (mut prec, mut actc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
-            cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, Weights::new(&params, at), MatShape { n, c, oc })?;
+            cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, Weights::new(&params, at), MatShape { n, c, oc }, None)?;
             let (gp, gi) = (up_buf(be, &params)?, up_buf(be, &inp)?);
             let (mut preg, mut actg) = (poisoned_buf(be, n * oc)?, poisoned_buf(be, n * oc)?);
-            be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, Weights::new(&gp, at), MatShape { n, c, oc })?;
+            be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, Weights::new(&gp, at), MatShape { n, c, oc }, None)?;
             rep.cmp(&format!("{tag} fwd"), "pre", &be.download_buf(&preg, Loc::all(n * oc))?, &prec, TOL_BF16);
             rep.cmp(&format!("{tag} fwd"), "gelu", &be.download_buf(&actg, Loc::all(n * oc))?, &actc, TOL_BF16);
             // Backward of a layer c -> oc whose input is GELU(pre), pre of width c.
             let pre = rng.vec(n * c, 1.0);
             let mut act = vec![0.0; n * c];
-            cpu.gelu_fwd(&mut act, &pre, n * c)?;
+            cpu.gelu_fwd(&mut act, &pre, n * c, None)?;
             // The GPU holds GELU(pre) in bf16: give the reference the same input for dW.
             act.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
             let dout = rng.vec(n * oc, 0.1);
@@ -702,8 +702,8 @@ fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnC
     }
 }
 
-/// The producers that leave an FP8 amax (`AmaxSink`: the norms, GELU's backward, SwiGLU
-/// both ways, and the pass of its own): with a sink they write the same bits as without, and
+/// The producers that leave an FP8 amax (`AmaxSink`: the norms, GELU and SwiGLU both ways,
+/// and the pass of its own): with a sink they write the same bits as without, and
 /// the amax left is, bit for bit, the amax of what they wrote (NaN included: it propagates).
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
@@ -748,7 +748,8 @@ fn fp8_amax_sinks() {
             let plain = run(None)?;
             same(&format!("rmsnorm_fwd C{cc}"), run(Some(AmaxSink::Input(1)))?, &plain, AmaxSink::Input(1))?;
         }
-        // GELU's backward in place (an odd length: the scalar tail too), SwiGLU both ways.
+        // GELU both ways (the backward in place; an odd length: the scalar tail too), SwiGLU
+        // both ways.
         for &len in &[n * c, n * c - 3] {
             let (x, d0) = (rng.vec(len, 2.0), rng.vec(len, 1.0));
             let gx = up_buf(be, &x)?;
@@ -759,6 +760,13 @@ fn fp8_amax_sinks() {
             };
             let plain = run(None)?;
             same(&format!("gelu_bwd n{len}"), run(Some(AmaxSink::Grad(0)))?, &plain, AmaxSink::Grad(0))?;
+            let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                let mut o = poisoned_buf(be, len)?;
+                be.gelu_fwd(&mut o, &gx, len, sink)?;
+                be.download_buf(&o, Loc::all(len))
+            };
+            let plain = run(None)?;
+            same(&format!("gelu_fwd n{len}"), run(Some(AmaxSink::Input(0)))?, &plain, AmaxSink::Input(0))?;
         }
         let r = Rows { n, c: f };
         let (inp, dout) = (rng.vec(n * 2 * f, 2.0), rng.vec(n * f, 1.0));
@@ -798,9 +806,9 @@ fn activation() {
             let y = rng.vec(n, 2.0);
             let (gx, gy) = (up_buf(be, &x)?, up_buf(be, &y)?);
             let mut c1 = vec![0.0; n];
-            cpu.gelu_fwd(&mut c1, &x, n)?;
+            cpu.gelu_fwd(&mut c1, &x, n, None)?;
             let mut g1 = poisoned_buf(be, n)?;
-            be.gelu_fwd(&mut g1, &gx, n)?;
+            be.gelu_fwd(&mut g1, &gx, n, None)?;
             rep.cmp(&format!("gelu_fwd n{n}"), "out", &be.download_buf(&g1, Loc::all(n))?, &c1, TOL_BF16);
             // In place: the gradient y in, GELU'(x)·y out in its buffer.
             c1.copy_from_slice(&y);
@@ -1245,9 +1253,9 @@ fn matmul_fp8() {
             );
             if bias {
                 let (mut prec, mut actc) = (vec![0.0; n * oc], vec![0.0; n * oc]);
-                cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, Weights::new(&params, at8), s)?;
+                cpu.matmul_gelu_fwd(&mut prec, &mut actc, &inp, Weights::new(&params, at8), s, None)?;
                 let (mut preg, mut actg) = (poisoned_buf(be, n * oc)?, poisoned_buf(be, n * oc)?);
-                be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, Weights::new(&gp, at8), s)?;
+                be.matmul_gelu_fwd(&mut preg, &mut actg, &gi, Weights::new(&gp, at8), s, None)?;
                 rep.cmp(
                     &format!("{tag} fwd + gelu"),
                     "pre",
@@ -1370,7 +1378,7 @@ fn matmul_fp8() {
                 let tag = format!("{tag} bwd dgelu");
                 let pre = rng.vec(n * c, 1.0);
                 let mut act = vec![0.0; n * c];
-                cpu.gelu_fwd(&mut act, &pre, n * c)?;
+                cpu.gelu_fwd(&mut act, &pre, n * c, None)?;
                 act.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
                 let g0 = rng.vec(plen, 0.01);
                 let (mut dpc, mut gc) = (vec![0.0; n * c], g0.clone());

@@ -3,8 +3,9 @@
 use super::{AmaxSink, BResult, Device, Rows};
 
 pub trait ActivationOps: Device {
-    /// GELU (tanh approximation).
-    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()>;
+    /// GELU (tanh approximation); the amax of `out` left in `amax` where set (for the FP8
+    /// GEMM that reads it next).
+    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize, amax: Option<AmaxSink>) -> BResult<()>;
     /// `d = gelu'(inp) · d`, in place: the gradient arrives in the buffer it leaves in (the
     /// MLP's composed backward writes `dout · W` there first), so no copy follows. Leaves
     /// the amax of the result in `amax` where set (for the FP8 GEMM whose output gradient

@@ -240,8 +240,9 @@ pub struct Fp8Layer {
     /// recomputed by the element-wise kernel, where the forward's came from the GEMM's
     /// epilogue): the backward then takes its own amax, as it does without a layer.
     pub input_from_forward: bool,
-    /// The op that wrote the forward's input left its amax in [`AmaxSink::Input`] of this
-    /// layer, so the forward only casts (no amax pass of its own).
+    /// The op that wrote the input left its amax in [`AmaxSink::Input`] of this layer, so
+    /// the forward only casts (no amax pass of its own); in a backward whose input is not
+    /// the forward's, the op that made it again (GPT-2's recomputed GELU) left it.
     pub input_amax_ready: bool,
     /// The op that wrote the backward's output gradient left its amax in
     /// [`AmaxSink::Grad`] of this layer, so the backward only casts it.

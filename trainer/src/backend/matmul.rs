@@ -242,7 +242,8 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     ) -> BResult<()>;
 
     /// The MLP's first layer: `pre = inp · Wᵀ + bias` and `out = GELU(pre)`, both written
-    /// (`pre` is saved for backward, `out` feeds the next layer).
+    /// (`pre` is saved for backward, `out` feeds the next layer, whose FP8 GEMM finds the
+    /// amax of `out` in `out_amax` where set).
     fn matmul_gelu_fwd(
         &self,
         pre: &mut Self::Buf,
@@ -250,12 +251,17 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         inp: &Self::Buf,
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
+        out_amax: Option<AmaxSink>,
     ) -> BResult<()> {
         if self.fused_matmul_gelu_fwd(pre, out, inp, p, s)? {
+            // GELU ran in the GEMM's epilogue, which cannot leave an amax: a pass of its own.
+            if let Some(sink) = out_amax {
+                self.fp8_amax_into(out, s.n * s.oc, sink)?;
+            }
             return Ok(());
         }
         self.matmul_fwd(pre, inp, p, s)?;
-        self.gelu_fwd(out, pre, s.n * s.oc)
+        self.gelu_fwd(out, pre, s.n * s.oc, out_amax)
     }
     /// [`MatmulOps::matmul_gelu_fwd`] as one fused operation where the backend has one for
     /// these shapes; `Ok(false)` (the default) runs the two operations instead.

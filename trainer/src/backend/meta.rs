@@ -263,7 +263,7 @@ impl AttentionOps for MetaBackend {
 }
 
 impl ActivationOps for MetaBackend {
-    fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize) -> BResult<()> {
+    fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize, _: Option<AmaxSink>) -> BResult<()> {
         Ok(())
     }
     fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize, _: Option<AmaxSink>) -> BResult<()> {

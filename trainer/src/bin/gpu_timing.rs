@@ -286,7 +286,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
         let flop = 2.0 * (n * c * 4 * c) as f64;
         let mut pre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_gelu_fwd fc (fused epilogue)", 3, 20, tflops(flop), || {
-            be.matmul_gelu_fwd(&mut pre, &mut y4, &x, Weights::new(&bparams, fc), MatShape { n, c, oc: 4 * c })
+            be.matmul_gelu_fwd(&mut pre, &mut y4, &x, Weights::new(&bparams, fc), MatShape { n, c, oc: 4 * c }, None)
         });
         tm.sweep();
         let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
@@ -324,7 +324,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
         be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
     });
     let t_att_b = tm.rows.last().map_or(0.0, |r| r.1);
-    tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c));
+    tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c, None));
     let t_gf = tm.rows.last().map_or(0.0, |r| r.1);
     let mut x4b = newbuf(n * 4 * c, &chunk)?;
     tm.time("gelu_bwd (in place)", 3, 20, gbps(12.0 * bc2), || be.gelu_bwd(&mut x4b, &x4, n * 4 * c, None));
@@ -720,7 +720,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                     let w = || Weights::new(&params, at);
                     match fused {
                         Fused::Gelu => tm.time(&format!("{layer} {tag} fwd +GELU"), 3, 20, tflops(flop), || {
-                            be.matmul_gelu_fwd(&mut pre, &mut out, &inp, w(), s)
+                            be.matmul_gelu_fwd(&mut pre, &mut out, &inp, w(), s, None)
                         }),
                         _ => tm.time(&format!("{layer} {tag} fwd +residual"), 3, 20, tflops(flop), || {
                             be.matmul_residual_fwd(&mut out, &res, &inp, w(), s, &mut tmp)

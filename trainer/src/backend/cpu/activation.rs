@@ -58,9 +58,9 @@ pub fn swiglu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32], r: Rows) {
 }
 
 impl ActivationOps for CpuBackend {
-    fn gelu_fwd(&self, out: &mut Vec<f32>, inp: &Vec<f32>, n: usize) -> BResult<()> {
+    fn gelu_fwd(&self, out: &mut Vec<f32>, inp: &Vec<f32>, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         gelu_forward(&mut out[..n], &inp[..n]);
-        Ok(())
+        self.leave_amax(amax, &out[..n])
     }
     fn gelu_bwd(&self, d: &mut Vec<f32>, inp: &Vec<f32>, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         gelu_backward(&mut d[..n], &inp[..n]);

@@ -295,6 +295,11 @@ impl MatmulOps for CpuBackend {
             // checks that promise (an amax is cheap beside the GEMMs): a model whose backward
             // input differs from its forward's would make the GPU's dW wrong unseen.
             let ax = amax(inp);
+            if let Some(l) = p.at.fp8.filter(|l| !l.input_from_forward && l.input_amax_ready) {
+                // A recomputed input whose producer left its amax.
+                st.layer(l)?;
+                st.take_sink(l, 0, ax)?;
+            }
             if let Some(l) = p.at.fp8.filter(|l| l.input_from_forward) {
                 st.layer(l)?;
                 if st.input_amax[l.index].to_bits() != ax.to_bits() {

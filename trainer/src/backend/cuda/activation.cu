@@ -16,7 +16,9 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
 }
 
-extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, long long n) {
+// The amax of out into *amax where it is not null (an FP8 amax sink).
+extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, unsigned* amax, long long n) {
+    unsigned m = 0;
     grid_stride<8>(
         n, aligned16(out) && aligned16(inp),
         [&](long long i) {
@@ -24,9 +26,16 @@ extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, long long n)
             unpack8(((const uint4*)inp)[i], x);
 #pragma unroll
             for (int k = 0; k < 8; ++k) x[k] = gelu_f(x[k]);
-            ((uint4*)out)[i] = pack8(x);
+            const uint4 y = pack8(x);
+            ((uint4*)out)[i] = y;
+            m = max_abs8(y, m);
         },
-        [&](long long i) { out[i] = f2bf(gelu_f(bf2f(inp[i]))); });
+        [&](long long i) {
+            const bf16_t y = f2bf(gelu_f(bf2f(inp[i])));
+            out[i] = y;
+            m = max(m, abs_bits(y));
+        });
+    warp_amax_out(amax, m);
 }
 
 // d = gelu'(inp) * d, in place (each thread reads its word of d before writing it back);

@@ -20,11 +20,14 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 const PER_THREAD: usize = 8;
 
 impl ActivationOps for CudaBackend {
-    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize) -> BResult<()> {
+    fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         check("gelu_fwd out", out.len(), 0, n)?;
         check("gelu_fwd inp", inp.len(), 0, n)?;
-        let ptrs = [self.ptr_mut(out, 0), self.ptr(inp, 0)];
-        // SAFETY: ranges checked above.
+        if n == 0 {
+            return Ok(());
+        }
+        let ptrs = [self.ptr_mut(out, 0), self.ptr(inp, 0), self.fp8_sink(amax)?];
+        // SAFETY: ranges checked above; the sink is a scale slot's amax word, or 0.
         unsafe { self.launch_elementwise("gelu_fwd", &ptrs, n, PER_THREAD) }
     }
     fn gelu_bwd(&self, d: &mut Self::Buf, inp: &Self::Buf, n: usize, amax: Option<AmaxSink>) -> BResult<()> {

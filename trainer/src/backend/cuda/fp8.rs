@@ -17,7 +17,8 @@
 //! and the inverse scale the GEMM reads (`fp8_cast_bf16`, or `fp8_cast_transpose_bf16`
 //! for the transposed copies; dY's cast writes both of its layouts in one pass). Where the
 //! op that wrote the tensor left its amax in the layer's slot (`AmaxSink`: the norms before
-//! qkv and fc/gate_up, SwiGLU before down, GELU's and SwiGLU's backward before fc/gate_up's),
+//! qkv and fc/gate_up, GELU (composed or recomputed) before fc2, SwiGLU before down, GELU's
+//! and SwiGLU's backward before fc/gate_up's),
 //! there is no amax pass: the producer's kernel max-ed what it wrote into the slot
 //! (`warp_amax_out` in common.cuh). The bias gradient sums the bf16 dY.
 //!
@@ -552,7 +553,9 @@ impl CudaBackend {
         let MatShape { n, c, oc } = s;
         let ws = self.fp8_ws(s)?;
         let in_slot = ws.input_slot(layer)?;
-        let reuse_input = layer.is_some_and(|l| l.input_from_forward);
+        // The input's amax is in its slot: the forward's (the same tensor), or left by the op
+        // that made the input again (a recompute with an amax sink).
+        let reuse_input = layer.is_some_and(|l| l.input_from_forward || l.input_amax_ready);
         self.bind()?;
         let cached = self.fp8_cached_weight(layer, ptr.w, s)?;
         let (wtq, w_slot) = match cached {

@@ -300,12 +300,14 @@ impl<B: Backend> Block<'_, B> {
         let fc = MatShape { n, c, oc: 4 * c };
         let sink = k.fc.input_sink(fc);
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
-        let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
-        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(k.fc.input_amax_from(sink)), fc)?;
-        let Pass::Full(out) = pass else { return Ok(()) };
+        // The GELU output's amax for fc2, where fc2 runs in this pass.
         let fc2 = MatShape { n, c: 4 * c, oc: c };
+        let gelu_sink = if matches!(pass, Pass::Full(_)) { k.fc2.input_sink(fc2) } else { None };
+        let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
+        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(k.fc.input_amax_from(sink)), fc, gelu_sink)?;
+        let Pass::Full(out) = pass else { return Ok(()) };
         let gelu = a.gelu.as_ref().unwrap_or(&sc.gelu_out);
-        be.matmul_residual_fwd(out, &a.resid2, gelu, self.w(k.fc2), fc2, &mut sc.tmp)?;
+        be.matmul_residual_fwd(out, &a.resid2, gelu, self.w(k.fc2.input_amax_from(gelu_sink)), fc2, &mut sc.tmp)?;
         Ok(())
     }
 
@@ -326,19 +328,20 @@ impl<B: Backend> Block<'_, B> {
         // kernel, never from a recompute's GEMM epilogue, so that checkpointing does not
         // change the bits); then backprop through fc2 and GELU.
         // A recomputed GELU output may differ in its last bits from the forward's (the GEMM
-        // epilogue's), so an FP8 fc2 takes its own scale of it.
+        // epilogue's), so an FP8 fc2 takes its own scale of it, which the recompute leaves.
+        let fc2 = MatShape { n, c: 4 * c, oc: c };
         let (act, fc2_at) = match a.gelu.as_ref() {
             Some(kept) => (kept, k.fc2),
             None => {
-                be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c)?;
-                (&g.dbig2, k.fc2.input_recomputed())
+                let sink = k.fc2.input_sink(fc2);
+                be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c, sink)?;
+                (&g.dbig2, k.fc2.input_recomputed().input_amax_from(sink))
             }
         };
         // The GELU backward leaves dpre's amax for fc's FP8 backward.
         let fc = MatShape { n, c, oc: 4 * c };
         let sink = k.fc.grad_sink(fc);
         let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
-        let fc2 = MatShape { n, c: 4 * c, oc: c };
         be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
         let fc_at = k.fc.grad_amax_from(sink);
         be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(fc_at), fc)?;
