@@ -24,7 +24,9 @@
 #         gpu-timing fp8 (each linear layer alone, then as the model calls it, with its
 #         residual/GELU/GELU' epilogues, naming those cuBLASLt has no FP8 algorithm for); the
 #         step time's slope per block (6 and 18 blocks, bf16 and fp8: what one block costs in a
-#         real step, beside the layers' sums); the fused epilogues each run logged as composed;
+#         real step, beside the layers' sums); 18 blocks in fp8 without the amax sinks
+#         (SHARDTRAIN_FP8_AMAX_SINKS=0: same losses, the sinks' saving); the fused epilogues each
+#         run logged as composed;
 #         and, where ncu can read the GPU, every kernel of 3 steps of a 2-block model, bf16 and
 #         fp8, summed by kernel name ($OUT/gap-kernels.txt).
 #
@@ -102,6 +104,11 @@ if [[ $WHAT == gap ]]; then
                 --set train.gemm_tuning='"timed"' --set "train.precision=\"$p\""
         done
     done
+    # The amax sinks' share: the same 18 blocks with every FP8 GEMM taking its own amax passes,
+    # on the algorithms the sinks' run picked (so the losses must be the same bits).
+    SHARDTRAIN_FP8_AMAX_SINKS=0 ours "gap-L18-fp8-nosinks" configs/gpt2-1.5b.toml --set model.n_layer=18 \
+        --set train.steps=12 --set train.warmup_steps=2 --set zero.stage=1 --set train.micro_batch=8 \
+        --set "train.gemm_tuning_from=\"$OUT/gap-L18-fp8\"" --set 'train.precision="fp8"'
     grep -h -A8 "no cuBLASLt algorithm" "$OUT"/gap-L*-fp8.log 2>/dev/null | sort -u | head -20
     if command -v ncu > /dev/null && wanted gap-ncu; then
         for p in bf16 fp8; do
@@ -219,6 +226,18 @@ for p in ("bf16", "fp8"):
 if len(slope) == 2:
     print(f"gap: one block in a real step, bf16 {slope['bf16']:.3f} ms, fp8 {slope['fp8']:.3f} ms "
           f"({slope['bf16'] / slope['fp8']:.2f}x); compare gpu-timing's sums in gap-gemm.log")
+step18 = {}
+for name in ("gap-L18-fp8", "gap-L18-fp8-nosinks"):
+    f = f"{out}/{name}/metrics.jsonl"
+    if os.path.exists(f):
+        recs = [json.loads(l) for l in open(f)]
+        step18[name] = statistics.median(r["step_time_s"] for r in (recs[4:] or recs)) * 1e3
+        step18[name + " loss"] = recs[-1]["loss"]
+if len(step18) == 4:
+    a, b = step18["gap-L18-fp8"], step18["gap-L18-fp8-nosinks"]
+    same = step18["gap-L18-fp8 loss"] == step18["gap-L18-fp8-nosinks loss"]
+    print(f"gap: 18 blocks fp8 {a:.1f} ms with the amax sinks, {b:.1f} ms without ({b - a:+.1f} ms); "
+          f"last losses {'identical' if same else 'DIFFER'}")
 for m in ("124m", "1.5b", "llama1b"):
     curves = {}
     for p in ("bf16", "fp8"):

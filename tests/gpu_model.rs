@@ -659,12 +659,14 @@ fn graph_replay_matches_eager_micro_steps() {
     });
 }
 
-/// `train.fp8_weight_cache` on the GPU: three optimizer steps of two micro-steps each, the
-/// first eager and the next two through CUDA graphs as the trainer runs them (the step's
-/// first micro-step recorded once with its weight casts, then replayed after each update),
-/// with and without activation checkpointing, give the same loss and parameter bits with the
-/// weights cached (cast once per step, the input's scale kept from forward to backward) as
-/// with every operand cast at each use — and as running every micro-step eagerly.
+/// `train.fp8_weight_cache` and the amax sinks on the GPU: three optimizer steps of two
+/// micro-steps each, the first eager and the next two through CUDA graphs as the trainer runs
+/// them (the step's first micro-step recorded once with its weight casts, then replayed after
+/// each update), with and without activation checkpointing, GPT-2 and Llama, give the same
+/// loss and parameter bits with the weights cached (cast once per step, the input's scale
+/// kept from forward to backward) or not (the weight's amax kept for the step), and with the
+/// producers leaving their outputs' amaxes (`AmaxSink`), as with every operand's amax taken
+/// by a pass of its own at each use — and as running every micro-step eagerly.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
@@ -675,27 +677,42 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
             rep.check("fp8 weight cache", "skipped", true, &why);
             return Ok(());
         }
-        let cfg = small_gpt(1024);
         let (b, seed, steps, accum) = (4usize, 11u64, 3usize, 2usize);
-        let n = b * cfg.seq_len;
-        let layout = ModelLayout::new(&cfg);
-        let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..steps * accum)
-            .map(|_| (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32)))
-            .collect();
-        let scale = Some(1.0 / (accum * n) as f32);
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
         let every = CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, ..Default::default() };
-        for ckpt in [CheckpointingConfig::default(), every] {
+        for (cfg, ckpt) in [
+            (small_gpt(1024), CheckpointingConfig::default()),
+            (small_gpt(1024), every.clone()),
+            (small_llama(false), every),
+        ] {
+            let n = b * cfg.seq_len;
+            let layout = ModelLayout::new(&cfg);
+            let family = cfg.family;
+            let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..steps * accum)
+                .map(|_| (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32)))
+                .collect();
+            let scale = Some(1.0 / (accum * n) as f32);
             let mut runs: Vec<(String, Vec<f32>, Vec<Vec<f32>>)> = Vec::new();
-            for (cache, graphs) in [(false, false), (true, false), (true, true), (false, true)] {
-                let name = format!("cache {cache}, graphs {graphs}, {:?}", ckpt.activations);
+            // The reference first: no cache, no sinks, eager.
+            let variants = [
+                (false, false, false),
+                (false, false, true),
+                (true, false, true),
+                (true, true, true),
+                (false, true, true),
+            ];
+            for (cache, graphs, sinks) in variants {
+                let name =
+                    format!("{:?}: cache {cache}, graphs {graphs}, sinks {sinks}, {:?}", family, ckpt.activations);
+                let l2 = layout.clone();
+                let mut init = move |u, r| Ok(family.init_range(&l2, u, seed, Default::default(), r));
                 let mut eng =
-                    Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
-                        .map_err(dev)?;
+                    Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init)).map_err(dev)?;
                 let opts = ModelOptions {
                     precision: Precision::Fp8,
                     fp8_weight_cache: cache,
+                    fp8_amax_sinks: sinks,
                     checkpointing: ckpt.clone(),
                     ..ModelOptions::batch(b)
                 };
@@ -743,7 +760,7 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
             }
             let (_, want_loss, want_params) = &runs[0];
             for (name, losses, params) in &runs[1..] {
-                let tag = format!("fp8 weight cache ({name}) vs per use, eager");
+                let tag = format!("fp8 ({name}) vs per use without sinks, eager");
                 rep.same_bits(&tag, "loss of each step", losses, want_loss);
                 for (u, (p, w)) in params.iter().zip(want_params).enumerate() {
                     rep.same_bits(&tag, &format!("params unit {u} after 3 steps"), p, w);

@@ -116,8 +116,9 @@ impl<B: Backend> Trainer<B> {
                 Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| src.values(&l2, u, r)))?
             }
         };
+        let mopts = ModelOptions::from_config_and_env(cfg).map_err(TrainError::Invalid)?;
         let model = family
-            .build(be, &engine.layout, &ModelOptions::from_config(cfg), &mut engine.ledger)
+            .build(be, &engine.layout, &mopts, &mut engine.ledger)
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         let tuning = RunTuning::new(cfg, be)?;

@@ -59,12 +59,21 @@ pub struct LinearLocs {
     /// Where an FP8 layer keeps its input scale and cached weight (`None`: every operand
     /// quantized at every use).
     pub fp8: Option<Fp8Layer>,
+    /// Whether the ops writing this layer's operands may leave their amaxes ([`AmaxSink`]);
+    /// off, every FP8 GEMM of the layer takes its own amax passes (the same values:
+    /// `SHARDTRAIN_FP8_AMAX_SINKS=0`, to tell the two apart on a GPU).
+    pub amax_sinks: bool,
 }
 
 impl LinearLocs {
     /// A layer at `w` (and `b`), in bf16.
     pub const fn new(w: Loc, b: Option<Loc>) -> LinearLocs {
-        LinearLocs { w, b, precision: Precision::Bf16, fp8: None }
+        LinearLocs { w, b, precision: Precision::Bf16, fp8: None, amax_sinks: true }
+    }
+
+    /// The same layer, its producers leaving amaxes (`on`) or not.
+    pub const fn with_amax_sinks(self, on: bool) -> LinearLocs {
+        LinearLocs { amax_sinks: on, ..self }
     }
 
     /// The same layer in precision `p`.
@@ -97,13 +106,13 @@ impl LinearLocs {
     /// Where the op writing this layer's forward input at shape `s` can leave its amax:
     /// where the layer runs in FP8 with state of its own (else `None`, and nothing to leave).
     pub fn input_sink(&self, s: MatShape) -> Option<AmaxSink> {
-        self.fp8.filter(|_| self.fp8(s)).map(|l| AmaxSink::Input(l.index))
+        self.fp8.filter(|_| self.amax_sinks && self.fp8(s)).map(|l| AmaxSink::Input(l.index))
     }
 
     /// Where the op writing this layer's backward output gradient at shape `s` can leave
     /// its amax (as [`LinearLocs::input_sink`]).
     pub fn grad_sink(&self, s: MatShape) -> Option<AmaxSink> {
-        self.fp8.filter(|_| self.fp8(s)).map(|l| AmaxSink::Grad(l.index))
+        self.fp8.filter(|_| self.amax_sinks && self.fp8(s)).map(|l| AmaxSink::Grad(l.index))
     }
 
     /// The same layer, its forward input's amax left by its producer where `sink` is set

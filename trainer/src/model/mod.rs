@@ -192,9 +192,22 @@ pub struct ModelOptions {
     /// their own buffers (ZeRO stages 0-2): stage 3's gathered weights come and go through
     /// pooled buffers, so they are cast at each use.
     pub fp8_weight_cache: bool,
+    /// FP8: the ops that write a linear layer's operands leave their amaxes for its GEMMs
+    /// (`AmaxSink`), which then skip their own amax passes; false (`SHARDTRAIN_FP8_AMAX_SINKS=0`)
+    /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
+    pub fp8_amax_sinks: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
+}
+
+/// `SHARDTRAIN_FP8_AMAX_SINKS`'s value (`None`: unset) as whether the sinks are on.
+fn amax_sinks_setting(v: Option<&str>) -> Result<bool, String> {
+    match v {
+        None | Some("") | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(format!("SHARDTRAIN_FP8_AMAX_SINKS = {v:?}: expected 0 or 1 (or leave it unset)")),
+    }
 }
 
 impl ModelOptions {
@@ -205,8 +218,16 @@ impl ModelOptions {
             loss_chunk_rows: cfg.train.loss_chunk_rows,
             precision: cfg.train.precision,
             fp8_weight_cache: cfg.train.fp8_weight_cache && cfg.zero.stage < 3,
+            fp8_amax_sinks: true,
             document_mask: cfg.data.document_mask,
         }
+    }
+
+    /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS` read: unset, empty or
+    /// `1` keep the sinks, `0` turns them off; any other value is an error.
+    pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
+        let fp8_amax_sinks = amax_sinks_setting(std::env::var("SHARDTRAIN_FP8_AMAX_SINKS").ok().as_deref())?;
+        Ok(ModelOptions { fp8_amax_sinks, ..ModelOptions::from_config(cfg) })
     }
 
     /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
@@ -218,6 +239,7 @@ impl ModelOptions {
             loss_chunk_rows: 0,
             precision: Precision::Bf16,
             fp8_weight_cache: false,
+            fp8_amax_sinks: true,
             document_mask: false,
         }
     }
@@ -283,4 +305,19 @@ pub trait HfFormat: Sync {
     /// A Hugging Face tensor of shape `shape` → our values for `t`, or what is wrong with
     /// it (naming the config key to change).
     fn import_hf(&self, t: &TensorSpec, values: &[f32], shape: &[usize]) -> Result<Vec<f32>, String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::amax_sinks_setting;
+
+    #[test]
+    fn the_amax_sinks_switch_takes_0_or_1_and_names_anything_else() {
+        assert_eq!(amax_sinks_setting(None), Ok(true));
+        assert_eq!(amax_sinks_setting(Some("")), Ok(true));
+        assert_eq!(amax_sinks_setting(Some("1")), Ok(true));
+        assert_eq!(amax_sinks_setting(Some("0")), Ok(false));
+        let e = amax_sinks_setting(Some("off")).unwrap_err();
+        assert!(e.contains("SHARDTRAIN_FP8_AMAX_SINKS") && e.contains("\"off\"") && e.contains("0 or 1"), "{e}");
+    }
 }
