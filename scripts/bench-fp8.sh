@@ -33,7 +33,9 @@
 # ONLY=REGEX runs the matching rows (e.g. ONLY='1.5b' or ONLY='parity-124m'); each row is a
 # separate launch, so a device call's 10 minutes can take the rows a few at a time with the
 # same $OUT: the tables are made from whatever $OUT holds. STEPS (default 30) is the speed
-# rows' length; EXTRA="--set k=v ..." is added to every shardtrain row.
+# rows' length; EXTRA="--set k=v ..." is added to every shardtrain row. OLD=path/to/launcher
+# also runs that binary on every speed row (rows named speed-old-*), for before/after
+# comparisons in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -46,18 +48,22 @@ STEPS=${STEPS:-30}
 EXTRA=${EXTRA:-}
 
 wanted() { [[ -z ${ONLY:-} || $1 =~ $ONLY ]]; }
-ours() { # name config extra...
-    local name=$1 cfg=$2; shift 2
+run_ours() { # launcher name config extra...
+    local exe=$1 name=$2 cfg=$3; shift 3
     wanted "$name" || return 0
     # shellcheck disable=SC2086
-    "$BIN/launcher" --gpus 1 "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
+    "$exe" --gpus 1 "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
         --set "output.dir=\"$OUT/$name\"" "$@" $EXTRA > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
 }
-speed() { # name config extra...: STEPS steps, both precisions
+ours() { # name config extra...
+    run_ours "$BIN/launcher" "$@"
+}
+speed() { # name config extra...: STEPS steps, both precisions (and the OLD binary's)
     local name=$1 cfg=$2; shift 2
     for p in bf16 fp8; do
-        ours "speed-$name-$p" "$cfg" --set train.steps="$STEPS" --set train.warmup_steps=5 \
-            --set "train.precision=\"$p\"" "$@"
+        local args=("$cfg" --set train.steps="$STEPS" --set train.warmup_steps=5 --set "train.precision=\"$p\"" "$@")
+        ours "speed-$name-$p" "${args[@]}"
+        if [[ -n ${OLD:-} ]]; then run_ours "$OLD" "speed-old-$name-$p" "${args[@]}"; fi
     done
 }
 torchao() { # name args...: the reference with torchao's float8 layers (tensorwise), where its wheel was carried
