@@ -165,12 +165,10 @@ pub(super) struct Lt {
     workspace: CudaSlice<u8>,
     ws_ptr: u64,
     plans: RefCell<HashMap<Key, Plan>>,
-    /// GEMMs whose algorithm cuBLASLt offered and then refused to run ([`Lt::try_gemm`]):
-    /// not offered again.
-    refused: RefCell<std::collections::HashSet<Key>>,
-    /// The fused GEMMs (an epilogue beyond the bias) cuBLASLt has no algorithm for, or
-    /// refused: their callers run the GEMM and a separate kernel instead. Described, for
-    /// [`Lt::unfused`]; also what [`Lt::supports`] answers without asking the heuristic again.
+    /// The fused GEMMs (an epilogue beyond the bias) cuBLASLt has no algorithm for, or whose
+    /// algorithm it offered and then refused to run ([`Lt::try_gemm`]): their callers run
+    /// the GEMM and a separate kernel instead. Described, for [`Lt::unfused`]; what
+    /// [`Lt::supports`] answers without asking the heuristic again (not offered again).
     unfused: RefCell<HashMap<Key, String>>,
     tuning: Cell<GemmTuning>,
     /// What timed tuning picked, per shape, in the order the shapes were first run.
@@ -358,7 +356,6 @@ impl Lt {
             workspace,
             ws_ptr,
             plans: RefCell::new(HashMap::new()),
-            refused: RefCell::new(std::collections::HashSet::new()),
             unfused: RefCell::new(HashMap::new()),
             tuning: Cell::new(GemmTuning::Heuristic),
             picks: RefCell::new(Vec::new()),
@@ -456,7 +453,7 @@ impl Lt {
     /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).
     pub fn supports(&self, g: &Gemm) -> bool {
         let key = Self::key(g);
-        if self.refused.borrow().contains(&key) || self.unfused.borrow().contains_key(&key) {
+        if self.unfused.borrow().contains_key(&key) {
             return false;
         }
         let mut plans = self.plans.borrow_mut();
@@ -521,7 +518,6 @@ impl Lt {
             Err(GemmFailure::NotSupported(_)) => {
                 let key = Self::key(g);
                 self.plans.borrow_mut().remove(&key);
-                self.refused.borrow_mut().insert(key);
                 let why = format!("{}: offered, then refused at the call", describe(&key, g));
                 self.unfused.borrow_mut().insert(key, why);
                 Ok(false)
