@@ -95,6 +95,20 @@ pub(super) struct Fp8Ws {
     version: u64,
 }
 
+impl Fp8Ws {
+    /// Byte offset of the slot `s` names, for a layer `prepare_fp8` reserved.
+    fn sink_offset(&self, s: AmaxSink) -> BResult<usize> {
+        let (AmaxSink::Input(i) | AmaxSink::Grad(i)) = s;
+        if i >= self.layout.layers {
+            return Err(bad(format!(
+                "FP8 amax sink {s:?}, but prepare_fp8 reserved {} layers (a bug)",
+                self.layout.layers
+            )));
+        }
+        Ok(self.layout.sink(s))
+    }
+}
+
 /// The cached FP8 weights (`Fp8Layers::cache_weights`).
 struct WeightCache {
     buf: CudaSlice<u8>,
@@ -137,6 +151,14 @@ impl WsPtrs {
             Some(l) => {
                 Err(bad(format!("FP8 layer {} used, but prepare_fp8 reserved {} (a bug)", l.index, self.layout.layers)))
             }
+        }
+    }
+    /// Where an uncached weight's scale lives: its layer's weight slot (its amax kept for
+    /// the parameter version), or (no layer) the per-op one.
+    fn weight_slot(&self, layer: Option<Fp8Layer>) -> u64 {
+        match layer {
+            Some(l) if l.index < self.layout.layers => self.base + self.layout.layer_weight(l.index) as u64,
+            _ => self.slot(ScaleSlot::Weight),
         }
     }
     /// Where a layer's output gradient's scale lives: its own slot (where its producer may
@@ -302,7 +324,6 @@ impl CudaBackend {
         let (rw, rwt) = cache.layout.regions[l.index];
         let codes = WeightCodes { w: base + rw as u64, wt: base + rwt as u64, slot };
         if cache.made[l.index] != Some((version, w)) {
-            self.fp8_clear(slot, 1)?;
             let cast = Cast {
                 x: w,
                 rows: s.oc,
@@ -314,24 +335,15 @@ impl CudaBackend {
             };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
-            // layer's, just cleared.
-            unsafe { self.fp8_quantize(cast)? };
+            // layer's.
+            unsafe { self.fp8_cast_amax(cast, false)? };
             cache.made[l.index] = Some((version, w));
         }
         Ok(Some(codes))
     }
 
-    /// The slot an uncached weight's scale lives in: its layer's weight slot, or without a
-    /// layer the per-op one.
-    fn fp8_weight_slot(&self, layer: Option<Fp8Layer>, ws: &WsPtrs) -> u64 {
-        match layer {
-            Some(l) if l.index < ws.layout.layers => ws.base + ws.layout.layer_weight(l.index) as u64,
-            _ => ws.slot(ScaleSlot::Weight),
-        }
-    }
-
-    /// The amax of an uncached weight (`n` bf16 at `w`) into `slot` (from
-    /// [`CudaBackend::fp8_weight_slot`]), unless the slot already holds it: its layer's
+    /// The amax of an uncached weight (`n` bf16 at `w`) into `slot` (its
+    /// `WsPtrs::weight_slot`), unless the slot already holds it: its layer's
     /// weight was measured in this parameter version by an earlier use.
     ///
     /// # Safety
@@ -351,38 +363,56 @@ impl CudaBackend {
         if current {
             return Ok(());
         }
-        self.fp8_clear(slot, 1)?;
         // SAFETY: the caller's promises.
-        unsafe { self.fp8_amax(w, n, slot) }
+        unsafe { self.fp8_fresh_amax(w, n, slot) }
     }
 
     /// The amax word of the slot `sink` names, zeroed in stream order for a producer kernel
     /// to max into; 0 (the kernels' "none") without a sink.
     pub(super) fn fp8_sink(&self, sink: Option<AmaxSink>) -> BResult<u64> {
         let Some(s) = sink else { return Ok(0) };
-        let slot = {
-            let cell = self.fp8_ws.borrow();
-            let Some(ws) = cell.as_ref() else {
-                return Err(bad(format!("an FP8 amax sink ({s:?}) before prepare_fp8 (a bug)")));
-            };
-            let (AmaxSink::Input(i) | AmaxSink::Grad(i)) = s;
-            if i >= ws.layout.layers {
-                return Err(bad(format!(
-                    "FP8 amax sink {s:?}, but prepare_fp8 reserved {} layers (a bug)",
-                    ws.layout.layers
-                )));
-            }
-            self.ptr(&ws.buf, 0) + ws.layout.sink(s) as u64
-        };
+        let slot = self.fp8_sink_slot(s)?;
         self.fp8_clear(slot, 1)?;
         Ok(slot + 4)
     }
 
+    /// The device address of the slot `s` names.
+    fn fp8_sink_slot(&self, s: AmaxSink) -> BResult<u64> {
+        let cell = self.fp8_ws.borrow();
+        let ws = cell.as_ref().ok_or_else(|| bad(format!("an FP8 amax sink ({s:?}) before prepare_fp8 (a bug)")))?;
+        Ok(self.ptr(&ws.buf, 0) + ws.sink_offset(s)? as u64)
+    }
+
     /// `MatmulOps::fp8_amax_into`: the amax pass over `n` bf16 at `x` into `sink`'s slot.
     pub(super) fn fp8_amax_into_sink(&self, x: u64, n: usize, sink: AmaxSink) -> BResult<()> {
-        let amax = self.fp8_sink(Some(sink))?;
-        // SAFETY: the caller checked x holds n bf16; amax is the sink slot's second word.
-        unsafe { self.fp8_amax(x, n, amax - 4) }
+        let slot = self.fp8_sink_slot(sink)?;
+        // SAFETY: the caller checked x holds n bf16; the slot is the sink's.
+        unsafe { self.fp8_fresh_amax(x, n, slot) }
+    }
+
+    /// The amax of `n` bf16 at `x` into `slot`, zeroed first.
+    ///
+    /// # Safety
+    /// `x` holds `n` bf16; `slot` is a scale slot.
+    unsafe fn fp8_fresh_amax(&self, x: u64, n: usize, slot: u64) -> BResult<()> {
+        self.fp8_clear(slot, 1)?;
+        // SAFETY: the caller's promises.
+        unsafe { self.fp8_amax(x, n, slot) }
+    }
+
+    /// Cast `c` with its amax found now (the slot zeroed, an amax pass), or, where `known`,
+    /// with the amax its slot already holds (the forward's, or the one its producer left).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::fp8_cast`].
+    unsafe fn fp8_cast_amax(&self, c: Cast, known: bool) -> BResult<()> {
+        // SAFETY: the caller's promises.
+        unsafe {
+            if !known {
+                self.fp8_fresh_amax(c.x, c.rows * c.cols, c.slot)?;
+            }
+            self.fp8_cast(c)
+        }
     }
 
     /// Zero `count` adjacent scale slots from `slot` (their amax before an amax pass adds to
@@ -479,7 +509,7 @@ impl CudaBackend {
         let cached = self.fp8_cached_weight(layer, w, s)?;
         let (wq, w_slot) = match cached {
             Some(k) => (k.w, k.slot),
-            None => (ws.w(), self.fp8_weight_slot(layer, &ws)),
+            None => (ws.w(), ws.weight_slot(layer)),
         };
         let g = Gemm {
             transa: true,
@@ -513,19 +543,12 @@ impl CudaBackend {
         }
         // The op that wrote the input may have left its amax in the layer's input slot.
         let amax_left = layer.is_some_and(|l| l.input_amax_ready);
-        if !amax_left {
-            self.fp8_clear(in_slot, 1)?;
-        }
         let x = Cast { x: inp, rows: n, cols: c, fmt: Fp8Format::E4M3, slot: in_slot, dst: Some(ws.a()), dst_t: None };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked); the input slot
-        // was just cleared or holds the amax its producer left.
+        // holds the amax its producer left where that is said.
         unsafe {
-            if amax_left {
-                self.fp8_cast(x)?;
-            } else {
-                self.fp8_quantize(x)?;
-            }
+            self.fp8_cast_amax(x, amax_left)?;
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
                 self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
@@ -560,7 +583,7 @@ impl CudaBackend {
         let cached = self.fp8_cached_weight(layer, ptr.w, s)?;
         let (wtq, w_slot) = match cached {
             Some(k) => (k.wt, k.slot),
-            None => (ws.w(), self.fp8_weight_slot(layer, &ws)),
+            None => (ws.w(), ws.weight_slot(layer)),
         };
         let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
         // The op that wrote dY may have left its amax in the layer's gradient slot.
@@ -609,25 +632,16 @@ impl CudaBackend {
             return Ok(false);
         }
         let stream = self.lt_stream();
-        if !amax_left {
-            self.fp8_clear(g_slot, 1)?;
-        }
-        if !reuse_input {
-            self.fp8_clear(in_slot, 1)?;
-        }
         let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: e5, slot: g_slot, dst: Some(ws.a()), dst_t: Some(ws.gt()) };
         let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
         // overwrites region a (dY) only after the dX GEMM that reads it, in stream order. A
-        // reused input slot holds the amax of this input (the forward's, the same tensor);
-        // the gradient slot was just cleared or holds the amax dY's producer left.
+        // reused input slot holds the amax of this input (the forward's, the same tensor,
+        // or its producer's); the gradient slot holds the amax dY's producer left where that
+        // is said.
         unsafe {
-            if amax_left {
-                self.fp8_cast(g)?;
-            } else {
-                self.fp8_quantize(g)?;
-            }
+            self.fp8_cast_amax(g, amax_left)?;
             if cached.is_none() {
                 let wc = Cast { x: ptr.w, rows: oc, cols: c, fmt: e4, slot: w_slot, dst: None, dst_t: Some(ws.w()) };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
@@ -640,11 +654,7 @@ impl CudaBackend {
             } else {
                 self.lt.gemm(&dx, stream)?;
             }
-            if reuse_input {
-                self.fp8_cast(x)?;
-            } else {
-                self.fp8_quantize(x)?;
-            }
+            self.fp8_cast_amax(x, reuse_input)?;
         }
         self.lt.gemm(&dw, stream)?;
         if let Some(db) = ptr.dbias {
@@ -738,11 +748,7 @@ impl CudaBackend {
     pub fn fp8_sink_amax(&self, sink: AmaxSink) -> BResult<f32> {
         let cell = self.fp8_ws.borrow();
         let Some(ws) = cell.as_ref() else { return Err(bad("fp8_sink_amax before prepare_fp8".into())) };
-        let (AmaxSink::Input(i) | AmaxSink::Grad(i)) = sink;
-        if i >= ws.layout.layers {
-            return Err(bad(format!("fp8_sink_amax: {sink:?}, but prepare_fp8 reserved {} layers", ws.layout.layers)));
-        }
-        let at = ws.layout.sink(sink) + 4;
+        let at = ws.sink_offset(sink)? + 4;
         let words =
             self.stream.clone_dtoh(&ws.buf.slice(at..at + 4)).map_err(|e| self.err("reading an amax sink", e))?;
         Ok(f32::from_bits(u32::from_le_bytes([words[0], words[1], words[2], words[3]])))
