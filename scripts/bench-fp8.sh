@@ -218,32 +218,28 @@ if rows or refs:
     ours8, comp = rows.get("speed-1.5b-fp8"), refs.get("ref-1.5b-compile")
     if ours8 and comp:
         print(f"\n1.5B fp8 vs torch.compile (same call): {comp['step_ms'] / ours8[2]:.2f}x")
+def gap_run(name):
+    """A gap run's median step in ms (after its first 4 steps) and last loss, or None."""
+    f = f"{out}/{name}/metrics.jsonl"
+    if not os.path.exists(f):
+        return None
+    recs = [json.loads(l) for l in open(f)]
+    return statistics.median(r["step_time_s"] for r in (recs[4:] or recs)) * 1e3, recs[-1]["loss"]
+
 slope = {}
 for p in ("bf16", "fp8"):
-    t = {}
-    for L in (6, 18):
-        f = f"{out}/gap-L{L}-{p}/metrics.jsonl"
-        if os.path.exists(f):
-            recs = [json.loads(l) for l in open(f)]
-            t[L] = statistics.median(r["step_time_s"] for r in (recs[4:] or recs))
-    if len(t) == 2:
-        slope[p] = (t[18] - t[6]) / 12 * 1e3
-        print(f"gap {p}: step {t[6]*1e3:.1f} ms at 6 blocks, {t[18]*1e3:.1f} ms at 18: {slope[p]:.3f} ms a block")
+    t6, t18 = gap_run(f"gap-L6-{p}"), gap_run(f"gap-L18-{p}")
+    if t6 and t18:
+        slope[p] = (t18[0] - t6[0]) / 12
+        print(f"gap {p}: step {t6[0]:.1f} ms at 6 blocks, {t18[0]:.1f} ms at 18: {slope[p]:.3f} ms a block")
 if len(slope) == 2:
     print(f"gap: one block in a real step, bf16 {slope['bf16']:.3f} ms, fp8 {slope['fp8']:.3f} ms "
           f"({slope['bf16'] / slope['fp8']:.2f}x); compare gpu-timing's sums in gap-gemm.log")
-step18 = {}
-for name in ("gap-L18-fp8", "gap-L18-fp8-nosinks"):
-    f = f"{out}/{name}/metrics.jsonl"
-    if os.path.exists(f):
-        recs = [json.loads(l) for l in open(f)]
-        step18[name] = statistics.median(r["step_time_s"] for r in (recs[4:] or recs)) * 1e3
-        step18[name + " loss"] = recs[-1]["loss"]
-if len(step18) == 4:
-    a, b = step18["gap-L18-fp8"], step18["gap-L18-fp8-nosinks"]
-    same = step18["gap-L18-fp8 loss"] == step18["gap-L18-fp8-nosinks loss"]
-    print(f"gap: 18 blocks fp8 {a:.1f} ms with the amax sinks, {b:.1f} ms without ({b - a:+.1f} ms); "
-          f"last losses {'identical' if same else 'DIFFER'}")
+sinks, nosinks = gap_run("gap-L18-fp8"), gap_run("gap-L18-fp8-nosinks")
+if sinks and nosinks:
+    same = sinks[1] == nosinks[1]
+    print(f"gap: 18 blocks fp8 {sinks[0]:.1f} ms with the amax sinks, {nosinks[0]:.1f} ms without "
+          f"({nosinks[0] - sinks[0]:+.1f} ms); last losses {'identical' if same else 'DIFFER'}")
 for m in ("124m", "1.5b", "llama1b"):
     curves = {}
     for p in ("bf16", "fp8"):
