@@ -707,15 +707,16 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                 plain_ms[i] = tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
                 sums[i] += plain_ms[i];
             }
-            // As the model calls it, with its epilogues (bf16, and FP8 on the training path):
-            // where cuBLASLt has no FP8 algorithm for an epilogue the FP8 row runs the GEMM
-            // and a separate kernel, and says so.
+            // As the model calls it, with its epilogues (bf16, and FP8 on the training path).
+            // FP8 runs GELU and GELU' as kernels of their own (they leave the next FP8 GEMM's
+            // amax); where cuBLASLt has no algorithm for another epilogue the row runs the
+            // GEMM and a separate kernel, and says so.
             if fused != Fused::Nothing {
                 let (res, mut tmp, mut pre) =
                     (new_buf(be, n * oc, &chunk)?, be.alloc_buf(n * oc, "timing")?, be.alloc_buf(n * oc, "timing")?);
                 let pre_in = new_buf(be, n * c, &chunk)?;
                 for (j, at) in [ats[0], ats[2]].into_iter().enumerate() {
-                    let tag = format!("{} fused", kinds[2 * j].trim_end());
+                    let tag = format!("{} as run", kinds[2 * j].trim_end());
                     let (before, unfused) = (tm.rows.len(), be.unfused_gemms());
                     let w = || Weights::new(&params, at);
                     match fused {

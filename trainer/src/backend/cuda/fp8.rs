@@ -215,12 +215,11 @@ pub enum Fp8Casts {
     WeightCache,
 }
 
-/// Where a linear forward's epilogue takes its extra operands.
+/// Where a linear forward's epilogue takes its extra operands. No GELU: an FP8 layer's
+/// GELU and GELU' run as kernels of their own (see `fused_matmul_gelu_fwd` in matmul.rs).
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct FwdEpilogue {
     pub bias: Option<u64>,
-    /// GELU in the epilogue, the pre-activation written here (bf16, like the output).
-    pub gelu_pre: Option<u64>,
     /// Added to the product (cuBLASLt's C, beta 1).
     pub residual: Option<u64>,
 }
@@ -490,7 +489,7 @@ impl CudaBackend {
         }
     }
 
-    /// The forward `out = inp · Wᵀ` (+ the epilogue's bias, GELU or residual) in FP8, for an
+    /// The forward `out = inp · Wᵀ` (+ the epilogue's bias or residual) in FP8, for an
     /// eligible shape (`fp8::eligible`), with `layer`'s state where it has one (its input's
     /// scale kept for its backward, its cached weight). `Ok(false)`, with nothing run but a
     /// stale cached weight's cast, where cuBLASLt has no FP8 algorithm for this epilogue
@@ -527,8 +526,8 @@ impl CudaBackend {
             beta: if epi.residual.is_some() { 1.0 } else { 0.0 },
             c: epi.residual,
             bias: epi.bias,
-            act: if epi.gelu_pre.is_some() { Act::Gelu } else { Act::None },
-            aux: epi.gelu_pre,
+            act: Act::None,
+            aux: None,
             fp8: Some(Fp8Gemm {
                 a: Fp8Format::E4M3,
                 b: Fp8Format::E4M3,
@@ -537,7 +536,7 @@ impl CudaBackend {
                 fast_accum: self.fp8_fast_accum,
             }),
         };
-        let fused = epi.gelu_pre.is_some() || epi.residual.is_some();
+        let fused = epi.residual.is_some();
         if fused && !self.lt.supports(&g) {
             return Ok(false);
         }
@@ -561,18 +560,10 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// The backward of a linear layer in FP8 for an eligible shape: `dinp = dout · W`
-    /// (optionally `⊙ GELU'(pre)` in the epilogue), `dW (+)= doutᵀ · inp`, `dbias (+)= Σ dout`,
-    /// with `layer`'s cached weight and, where its input is the forward's, the forward's
-    /// input scale. `Ok(false)`, with nothing written, where the GELU' epilogue has no FP8
-    /// algorithm.
-    pub(super) fn fp8_bwd(
-        &self,
-        ptr: BwdPtrs,
-        s: MatShape,
-        dgelu_pre: Option<u64>,
-        layer: Option<Fp8Layer>,
-    ) -> BResult<bool> {
+    /// The backward of a linear layer in FP8 for an eligible shape: `dinp = dout · W`,
+    /// `dW (+)= doutᵀ · inp`, `dbias (+)= Σ dout`, with `layer`'s cached weight and, where its
+    /// input is the forward's, the forward's input scale.
+    pub(super) fn fp8_bwd(&self, ptr: BwdPtrs, s: MatShape, layer: Option<Fp8Layer>) -> BResult<()> {
         let MatShape { n, c, oc } = s;
         let ws = self.fp8_ws(s)?;
         let in_slot = ws.input_slot(layer)?;
@@ -604,8 +595,8 @@ impl CudaBackend {
             beta: 0.0,
             c: None,
             bias: None,
-            act: if dgelu_pre.is_some() { Act::DGelu } else { Act::None },
-            aux: dgelu_pre,
+            act: Act::None,
+            aux: None,
             fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: w_slot, b_scale: g_slot, fast_accum: false }),
         };
         let dw = Gemm {
@@ -628,9 +619,6 @@ impl CudaBackend {
             aux: None,
             fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: in_slot, b_scale: g_slot, fast_accum: false }),
         };
-        if dgelu_pre.is_some() && !self.lt.supports(&dx) {
-            return Ok(false);
-        }
         let stream = self.lt_stream();
         let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: e5, slot: g_slot, dst: Some(ws.a()), dst_t: Some(ws.gt()) };
         let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
@@ -647,20 +635,14 @@ impl CudaBackend {
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
                 self.fp8_cast(wc)?;
             }
-            if dgelu_pre.is_some() {
-                if !self.lt.try_gemm(&dx, stream)? {
-                    return Ok(false);
-                }
-            } else {
-                self.lt.gemm(&dx, stream)?;
-            }
+            self.lt.gemm(&dx, stream)?;
             self.fp8_cast_amax(x, reuse_input)?;
         }
         self.lt.gemm(&dw, stream)?;
         if let Some(db) = ptr.dbias {
             self.bias_grad(db, ptr.dout, n, oc, ptr.fresh)?;
         }
-        Ok(true)
+        Ok(())
     }
 }
 

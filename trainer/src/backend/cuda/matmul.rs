@@ -478,7 +478,7 @@ impl MatmulOps for CudaBackend {
         let (fp8, layer) = (p.at.fp8(s), p.at.fp8);
         let ptr = self.bwd_ptrs(dinp, g, dout, inp, p, s)?;
         if fp8 {
-            self.fp8_bwd(ptr, s, None, layer)?;
+            self.fp8_bwd(ptr, s, layer)?;
             return Ok(());
         }
         self.linear_bwd(ptr, s, None)
@@ -510,12 +510,15 @@ impl MatmulOps for CudaBackend {
         if n == 0 || c == 0 || oc == 0 || !oc.is_multiple_of(8) || stage_pad(n, oc).is_some() {
             return Ok(false);
         }
+        // FP8: composed (the GEMM writes pre, gelu_fwd then leaves the output's amax for the
+        // next FP8 GEMM, fc2, as it writes it). A GELU epilogue cannot leave that amax, so
+        // fused it needs a pass of its own: at 1.5B's fc on an H100, 0.272 ms fused + that
+        // pass against 0.189 ms for the plain FP8 GEMM + ~0.075 ms of gelu_fwd (run 19).
+        if p.at.fp8(s) {
+            return Ok(false);
+        }
         self.bind()?;
         let (b, aux) = (Some(self.aligned_bias(params, bias)?), Some(self.ptr_mut(pre, 0)));
-        if p.at.fp8(s) {
-            let epi = FwdEpilogue { bias: b, gelu_pre: aux, residual: None };
-            return self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off)), s, epi, p.at.fp8);
-        }
         let g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, aux);
         if !self.lt.supports(&g) {
             return Ok(false);
@@ -550,7 +553,7 @@ impl MatmulOps for CudaBackend {
             None => None,
         };
         if p.at.fp8(s) {
-            let epi = FwdEpilogue { bias: b, gelu_pre: None, residual: Some(self.ptr(res, 0)) };
+            let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)) };
             return self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off)), s, epi, p.at.fp8);
         }
         let mut g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, None);
@@ -582,13 +585,16 @@ impl MatmulOps for CudaBackend {
         if n == 0 || c == 0 || oc == 0 || !c.is_multiple_of(8) || stage_pad(n, oc).is_some() || p.at.w.len != oc * c {
             return Ok(false);
         }
+        // FP8: composed (matmul_bwd, then GELU' in place, which leaves dpre's amax for the
+        // layer before). cuBLASLt does run an FP8 GEMM with the DGELU epilogue, but as the
+        // GEMM and then a generic pass over its output (`cublasLt::globalKernel`): measured
+        // on an H100 at GPT-2 1.5B's fc2 (8192 × 6400 ← 1600), 0.970 ms against 0.402 ms
+        // for the plain FP8 dgrad and wgrad (gpu-timing fp8; BENCHMARKS.md run 19).
+        if p.at.fp8(s) {
+            return Ok(false);
+        }
         self.bind()?;
         let pre_ptr = self.ptr(pre, 0);
-        if p.at.fp8(s) {
-            let layer = p.at.fp8;
-            let ptr = self.bwd_ptrs(dpre, g, dout, act, p, s)?;
-            return self.fp8_bwd(ptr, s, Some(pre_ptr), layer);
-        }
         let probe =
             dinp_gemm(self.ptr_mut(dpre, 0), self.ptr(dout, 0), self.ptr(p.buf, p.at.w.off), s, oc, Some(pre_ptr));
         if !self.lt.supports(&probe) {
