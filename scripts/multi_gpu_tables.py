@@ -113,7 +113,7 @@ def scaling(out, model):
     print("| run | GPUs | shardtrain tok/s/GPU | MFU | weak scaling | step ms | GiB measured (predicted) | FSDP2 eager | FSDP2 compile | vs best FSDP2 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for prefix, label, refs in variants:
-        base = None
+        base, base_k = None, 1
         for k in ks:
             r = sweep_row(out, f"{prefix}-g{k}")
             cells = [ref_cell(out, f"{ref}-g{k}") for ref in refs]
@@ -129,9 +129,11 @@ def scaling(out, model):
             tok = r["tokens_per_s_per_rank"]
             shape = next((resolved_shape(os.path.dirname(c)) for c in glob.glob(f"{out}/{prefix}-g{k}/runs/*/config.resolved.toml")), None)
             fpt = flops_per_token(*(shape or (L, C)))
-            if base is None:  # the fewest GPUs that ran (1 unless it failed)
-                base = tok
+            if base is None:  # the fewest GPUs that ran (1 unless it failed or did not fit)
+                base, base_k = tok, k
             eff = f"{100 * tok / base:.1f}%" if base else "—"
+            if base_k != 1:  # say what the efficiency is of when it is not the 1-GPU rate
+                eff += f" of {base_k} GPUs"
             meas = (r.get("measured_device_peak_bytes") or 0) / GiB
             pred = (r.get("predicted_device_peak_bytes") or 0) / GiB
             ratio = f"{tok / best:.2f}×" if best else "—"
