@@ -1392,7 +1392,9 @@ fn ranks_stop_when_their_own_launcher_dies() {
     let (_k2, _k3) = (KillPid(r2), KillPid(r3));
     signal("-KILL", node1.child.0.id());
     let _ = node1.child.0.wait();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A rank stops within its stop grace (10 s: the communicator's abort, then exit regardless);
+    // the margin is for a loaded CI machine (10 s alone flaked once under load).
+    let deadline = Instant::now() + Duration::from_secs(25);
     let alive = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
     while alive(r2) || alive(r3) {
         assert!(Instant::now() < deadline, "node 1's ranks trained on without their launcher");
