@@ -370,7 +370,7 @@ fn fp8_cache_document_mask_and_kept_gelu_together_are_predicted_exactly() {
     };
     for stage in 0..=3u8 {
         let all = cfg(stage, true, true, true);
-        assert!(all.data.document_mask && all.checkpointing.keep_gelu.keeps() && all.train.fp8_weight_cache);
+        assert!(all.data.document_mask && all.checkpointing.keep_gelu.keeps() && all.train.fp8_weight_cache.caches());
         for (rank, m) in measured(&all, 2, &data).iter().enumerate() {
             let p = predict(&all, 2, rank, DeviceModel::cpu()).expect("predict");
             assert_eq!(

@@ -7,7 +7,8 @@
 //! the numbers; `launcher memory --max-batch` searches the largest micro-batch that fits.
 //! Where a capacity is not known the answer is "cannot tell", never "fits".
 
-use trainer::config::KeepGelu;
+use trainer::backend::Precision;
+use trainer::config::{Fp8WeightCache, KeepGelu};
 use trainer::zero::plan::{predict, DeviceModel};
 use trainer::zero::{MemoryBytes, MemoryReport};
 use trainer::Config;
@@ -227,14 +228,56 @@ impl std::fmt::Display for KeepGeluDecision {
     }
 }
 
+/// What `train.fp8_weight_cache = "auto"` became, and why.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Fp8CacheDecision {
+    pub cache: bool,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Fp8CacheDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.cache { "cache the FP8 weights" } else { "cast each FP8 weight at each use" };
+        write!(f, "train.fp8_weight_cache = \"auto\": {what} ({})", self.reason)
+    }
+}
+
+/// The planner's `"auto"` settings as decided for one plan (`None`: given as true or false,
+/// or, for the FP8 weight cache, nothing to decide: not FP8, or ZeRO-3).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct AutoDecisions {
+    pub keep_gelu: Option<KeepGeluDecision>,
+    pub fp8_weight_cache: Option<Fp8CacheDecision>,
+}
+
+impl AutoDecisions {
+    /// One line per decision, for the launch's and the tools' output.
+    pub fn lines(&self) -> Vec<String> {
+        let gelu = self.keep_gelu.iter().map(ToString::to_string);
+        gelu.chain(self.fp8_weight_cache.iter().map(ToString::to_string)).collect()
+    }
+}
+
+/// Decide every `"auto"` setting that spends memory for speed, for this plan, and write the
+/// decisions into `cfg`: `checkpointing.keep_gelu` first, then `train.fp8_weight_cache` with
+/// what is left. In that order because, where both apply, keeping the GELU output saved more
+/// per GiB (BENCHMARKS.md run 17, GPT-2 1.5B on one H200: 4.3 ms a step for 4.7 GiB, the FP8
+/// weight cache 1.6 ms for 2.8 GiB); each is kept only where the plan with it passes the
+/// launch's own fit check.
+pub fn resolve_auto(cfg: &mut Config, plan: PlanShape, cap: Capacity) -> Result<AutoDecisions, String> {
+    let keep_gelu = resolve_keep_gelu(cfg, plan, cap)?;
+    let fp8_weight_cache = resolve_fp8_weight_cache(cfg, plan, cap)?;
+    Ok(AutoDecisions { keep_gelu, fp8_weight_cache })
+}
+
 /// Decide `checkpointing.keep_gelu = "auto"` for this plan and write the decision into
 /// `cfg` (`None`: it was `true` or `false` already). Kept when the plan with it passes the
 /// launch's own fit check (the step's predicted peak plus the measured GPU runtime within the
 /// GPU's memory, `ranks_per_gpu` sharing one; CPU ranks: within the host's); recomputed when
 /// it does not, when no block could keep it, or when a capacity is not known ("cannot tell"
 /// never counts as fitting). Keeping costs memory only, so a plan that fits without it still
-/// fits after this.
-pub fn resolve_keep_gelu(cfg: &mut Config, plan: PlanShape, cap: Capacity) -> Result<Option<KeepGeluDecision>, String> {
+/// fits after this. An undecided FP8 weight cache counts as off here (it is decided after).
+fn resolve_keep_gelu(cfg: &mut Config, plan: PlanShape, cap: Capacity) -> Result<Option<KeepGeluDecision>, String> {
     if cfg.checkpointing.keep_gelu != KeepGelu::Auto {
         return Ok(None);
     }
@@ -254,17 +297,23 @@ pub struct PlanShape {
     pub gpu: bool,
 }
 
-fn decide_keep_gelu(cfg: &Config, p: PlanShape, cap: Capacity) -> Result<KeepGeluDecision, String> {
-    let recompute = |reason: String| Ok(KeepGeluDecision { keep: false, reason });
-    if cfg.every_block_checkpointed() {
-        return recompute("every block is checkpointed: its recompute makes the GELU output anyway".into());
-    }
-    let mut with = cfg.clone();
-    with.checkpointing.keep_gelu = KeepGelu::Keep;
-    let n = need(&with, p.world, p.local, p.model, p.gpu)?.sharing(p.ranks_per_gpu);
+/// Whether a plan with an optional setting on passes the launch's fit check, with the
+/// numbers or why it cannot be told.
+enum FitWith {
+    Fits(String),
+    DoesNot(String),
+    /// A capacity is not known: "cannot tell" never counts as fitting.
+    CannotTell(String),
+}
+
+fn fits_with(with: &Config, p: PlanShape, cap: Capacity) -> Result<FitWith, String> {
+    let n = need(with, p.world, p.local, p.model, p.gpu)?.sharing(p.ranks_per_gpu);
     let missing = unknown(&n, cap);
     if !missing.is_empty() {
-        return recompute(format!("cannot tell whether it fits with it: not known: {}", missing.join("; ")));
+        return Ok(FitWith::CannotTell(format!(
+            "cannot tell whether it fits with it: not known: {}",
+            missing.join("; ")
+        )));
     }
     let (needed, has, what) = if p.gpu {
         (n.device_peak * p.ranks_per_gpu.max(1) as u64, cap.gpu.unwrap_or(0), "the GPU has")
@@ -272,10 +321,49 @@ fn decide_keep_gelu(cfg: &Config, p: PlanShape, cap: Capacity) -> Result<KeepGel
         (n.host_per_node, cap.host.unwrap_or(0), "the host has")
     };
     let numbers = format!("{:.2} GiB at the peak with it, {what} {:.2} GiB", needed as f64 / GIB, has as f64 / GIB);
-    match check(&n, cap, &with) {
-        Ok(()) => Ok(KeepGeluDecision { keep: true, reason: format!("it fits: {numbers}") }),
-        Err(_) => recompute(format!("keeping it would not fit: {numbers}")),
+    Ok(if check(&n, cap, with).is_ok() { FitWith::Fits(numbers) } else { FitWith::DoesNot(numbers) })
+}
+
+fn decide_keep_gelu(cfg: &Config, p: PlanShape, cap: Capacity) -> Result<KeepGeluDecision, String> {
+    if cfg.every_block_checkpointed() {
+        let reason = "every block is checkpointed: its recompute makes the GELU output anyway".into();
+        return Ok(KeepGeluDecision { keep: false, reason });
     }
+    let mut with = cfg.clone();
+    with.checkpointing.keep_gelu = KeepGelu::Keep;
+    if with.train.fp8_weight_cache == Fp8WeightCache::Auto {
+        with.train.fp8_weight_cache = Fp8WeightCache::PerUse;
+    }
+    Ok(match fits_with(&with, p, cap)? {
+        FitWith::Fits(numbers) => KeepGeluDecision { keep: true, reason: format!("it fits: {numbers}") },
+        FitWith::CannotTell(why) => KeepGeluDecision { keep: false, reason: why },
+        FitWith::DoesNot(numbers) => {
+            KeepGeluDecision { keep: false, reason: format!("keeping it would not fit: {numbers}") }
+        }
+    })
+}
+
+/// Decide `train.fp8_weight_cache = "auto"` (FP8 at ZeRO stages 0-2; `None` elsewhere, the
+/// setting left as it is: nothing caches there) and write the decision into `cfg`: cached
+/// where the plan with the cache passes the launch's fit check, as `keep_gelu` is decided.
+fn resolve_fp8_weight_cache(cfg: &mut Config, p: PlanShape, cap: Capacity) -> Result<Option<Fp8CacheDecision>, String> {
+    if cfg.train.fp8_weight_cache != Fp8WeightCache::Auto
+        || cfg.train.precision != Precision::Fp8
+        || cfg.zero.stage >= 3
+    {
+        return Ok(None);
+    }
+    let mut with = cfg.clone();
+    with.train.fp8_weight_cache = Fp8WeightCache::Cache;
+    let decision = match fits_with(&with, p, cap)? {
+        FitWith::Fits(numbers) => Fp8CacheDecision { cache: true, reason: format!("it fits: {numbers}") },
+        FitWith::CannotTell(why) => Fp8CacheDecision { cache: false, reason: why },
+        FitWith::DoesNot(numbers) => {
+            Fp8CacheDecision { cache: false, reason: format!("caching would not fit: {numbers}") }
+        }
+    };
+    cfg.train.fp8_weight_cache = decision.cache.into();
+    Ok(Some(decision))
 }
 
 /// The largest `train.micro_batch` (up to `limit`) whose plan fits, or `None` if not even 1.
@@ -292,8 +380,8 @@ pub fn max_batch(
     let fits = |b: usize| -> Result<bool, String> {
         let mut c = cfg.clone();
         c.train.micro_batch = b;
-        // `keep_gelu = "auto"` as a launch at this batch would decide it.
-        resolve_keep_gelu(&mut c, shape, cap)?;
+        // The "auto" settings as a launch at this batch would decide them.
+        resolve_auto(&mut c, shape, cap)?;
         Ok(check(&need(&c, world, local, model, gpu)?, cap, &c).is_ok())
     };
     if !fits(1)? {
@@ -379,6 +467,58 @@ mod tests {
         let gpu = Capacity::of_this_machine(true, Some(139.5), Some(1.0));
         assert_eq!((gpu.gpu, gpu.host), (Some(149_786_984_448), Some(1 << 30)));
         assert_eq!(Capacity::of_this_machine(false, Some(139.5), None).gpu, None, "no GPU check for CPU plans");
+    }
+
+    #[test]
+    fn fp8_weight_cache_auto_caches_where_it_fits_after_keep_gelu() {
+        let mut cfg = Config::from_toml_str(TINY, "t").expect("cfg");
+        assert_eq!(cfg.train.fp8_weight_cache, Fp8WeightCache::Auto, "the default");
+        cfg.train.precision = Precision::Fp8;
+        let shape = PlanShape { world: 1, local: 1, ranks_per_gpu: 1, model: DeviceModel::cuda(), gpu: true };
+        let peak = |k: KeepGelu, f: Fp8WeightCache| {
+            let mut c = cfg.clone();
+            (c.checkpointing.keep_gelu, c.train.fp8_weight_cache) = (k, f);
+            need(&c, 1, 1, DeviceModel::cuda(), true).expect("need").device_peak
+        };
+        let (gelu, cache) =
+            (peak(KeepGelu::Keep, Fp8WeightCache::PerUse), peak(KeepGelu::Recompute, Fp8WeightCache::Cache));
+        let (both, none) =
+            (peak(KeepGelu::Keep, Fp8WeightCache::Cache), peak(KeepGelu::Recompute, Fp8WeightCache::PerUse));
+        assert!(both > gelu && gelu > none && cache > none, "each costs memory: {both} {gelu} {cache} {none}");
+        let gpu = |bytes: u64| Capacity { gpu: Some(bytes), host: None, host_source: "" };
+        // Room for both; for the GELU output only (it is decided first, so it wins where only
+        // one fits); for neither; and, where the cache alone is the smaller, for the cache only.
+        let mut cases = vec![(both, true, true), (both - 1, true, false), (gelu, true, false), (none, false, false)];
+        if cache < gelu {
+            cases.push((cache, false, true));
+        }
+        for (cap, keep, cached) in cases {
+            let mut c = cfg.clone();
+            let d = resolve_auto(&mut c, shape, gpu(cap)).expect("decide");
+            let (g, f) = (d.keep_gelu.clone().expect("auto"), d.fp8_weight_cache.clone().expect("auto"));
+            assert_eq!((g.keep, f.cache), (keep, cached), "capacity {cap}: {:?}", d.lines());
+            assert_eq!(c.train.fp8_weight_cache, Fp8WeightCache::from(cached), "written into the config");
+            assert!(d.lines()[1].contains("fp8_weight_cache = \"auto\""), "{:?}", d.lines());
+            // The decided config is what the launch's fit check then sees: it fits.
+            check(&need(&c, 1, 1, DeviceModel::cuda(), true).expect("need"), gpu(cap), &c)
+                .expect("the decided plan fits");
+        }
+        // Nothing to decide in bf16 or at ZeRO-3 (nothing caches there), nor where it is given;
+        // not known: never cached.
+        for (precision, stage, given) in [
+            (Precision::Bf16, 1, Fp8WeightCache::Auto),
+            (Precision::Fp8, 3, Fp8WeightCache::Auto),
+            (Precision::Fp8, 1, Fp8WeightCache::Cache),
+            (Precision::Fp8, 1, Fp8WeightCache::PerUse),
+        ] {
+            let mut c = cfg.clone();
+            (c.train.precision, c.zero.stage, c.train.fp8_weight_cache) = (precision, stage, given);
+            assert_eq!(resolve_auto(&mut c, shape, gpu(1)).expect("decide").fp8_weight_cache, None);
+            assert_eq!(c.train.fp8_weight_cache, given, "left as it was");
+        }
+        let mut c = cfg.clone();
+        let d = resolve_auto(&mut c, shape, Capacity::default()).expect("decide").fp8_weight_cache.expect("auto");
+        assert!(!d.cache && d.reason.contains("--gpu-mem"), "{d}");
     }
 
     #[test]

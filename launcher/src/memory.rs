@@ -72,6 +72,9 @@ struct StagePrediction {
     /// `checkpointing.keep_gelu = "auto"` decided for this stage (as a launch would).
     #[serde(skip_serializing_if = "Option::is_none")]
     keep_gelu: Option<crate::fit::KeepGeluDecision>,
+    /// `train.fp8_weight_cache = "auto"` decided for this stage (FP8 at stages 0-2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fp8_weight_cache: Option<crate::fit::Fp8CacheDecision>,
 }
 
 #[derive(Debug, Serialize)]
@@ -124,13 +127,13 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         .map(|stage| {
             let mut c = cfg.clone();
             c.zero.stage = stage;
-            let keep_gelu = crate::fit::resolve_keep_gelu(&mut c, shape, cap).map_err(anyhow::Error::msg)?;
+            let auto = crate::fit::resolve_auto(&mut c, shape, cap).map_err(anyhow::Error::msg)?;
             let ranks = which
                 .iter()
                 .map(|&rank| predict(&c, world, rank, device.model()))
                 .collect::<Result<Vec<_>, _>>()
                 .with_context(|| format!("predicting ZeRO stage {stage} on {world} ranks"))?;
-            Ok(StagePrediction { stage, ranks, keep_gelu })
+            Ok(StagePrediction { stage, ranks, keep_gelu: auto.keep_gelu, fp8_weight_cache: auto.fp8_weight_cache })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let p = Prediction {
@@ -145,7 +148,7 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     };
     // The fit check is of the config's stage as a launch would run it.
     let mut resolved = cfg.clone();
-    crate::fit::resolve_keep_gelu(&mut resolved, shape, cap).map_err(anyhow::Error::msg)?;
+    crate::fit::resolve_auto(&mut resolved, shape, cap).map_err(anyhow::Error::msg)?;
     let fit = fit_summary(args, &resolved, &cfg)?;
     if args.json {
         let mut v = serde_json::to_value(&p).context("cannot encode the prediction")?;
@@ -316,6 +319,9 @@ fn table(p: &Prediction, cfg: &Config) -> String {
                 s += &format!("; decided per stage as a launch would: stage {}", others.join(", "));
             }
             s += "\n";
+        }
+        if let Some(d) = &st.fp8_weight_cache {
+            s += &format!("{d} at zero.stage = {}\n", st.stage);
         }
     }
     let same = p.stages.iter().all(|st| st.ranks.windows(2).all(|w| w[0] == w[1]));

@@ -401,7 +401,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             let mut c = cfg.clone();
             c.zero.stage = stage;
             c.checkpointing.activations = ckpt;
-            // `keep_gelu = "auto"` as a launch on this hardware would decide it (the runtime
+            // The "auto" settings as a launch on this hardware would decide them (the runtime
             // on top of the tracked peak, within the GPU's memory).
             let cap = crate::fit::Capacity { gpu: Some(capacity), host: None, host_source: "" };
             let shape = crate::fit::PlanShape {
@@ -411,9 +411,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
                 model: MemoryDevice::Gpu.model(),
                 gpu: true,
             };
-            let decision = crate::fit::resolve_keep_gelu(&mut c, shape, cap)
+            let decision = crate::fit::resolve_auto(&mut c, shape, cap)
                 .map_err(anyhow::Error::msg)
-                .with_context(|| format!("deciding checkpointing.keep_gelu at ZeRO stage {stage}"))?;
+                .with_context(|| format!("deciding the \"auto\" settings at ZeRO stage {stage}"))?
+                .keep_gelu;
             // Shards are padded to equal sizes: the first and last ranks bound every other.
             let tracked = [0, world - 1]
                 .iter()

@@ -146,7 +146,7 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
         gpu,
     };
     // Decided before the fingerprint: nodes that decide differently are told which key differs.
-    if let Some(d) = crate::fit::resolve_keep_gelu(&mut cfg, shape, capacity).map_err(SetupError)? {
+    for d in crate::fit::resolve_auto(&mut cfg, shape, capacity).map_err(SetupError)?.lines() {
         crate::out::say(&format!("launcher: {d}"));
     }
     // Paths as written: nodes may start in different directories.

@@ -107,11 +107,11 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
             let run_dir = runs.join(&name);
             let mut c = cfg.clone();
             c.zero.stage = stage;
-            // `keep_gelu = "auto"` as the run's launch on this machine will decide it.
+            // The "auto" settings as the run's launch on this machine will decide them.
             let gpu = mdev == MemoryDevice::Gpu;
             let shape = crate::fit::PlanShape { world: n, local: n, ranks_per_gpu: 1, model: mdev.model(), gpu };
             let cap = crate::fit::Capacity::of_this_machine(gpu, None, None);
-            let predicted = match crate::fit::resolve_keep_gelu(&mut c, shape, cap) {
+            let predicted = match crate::fit::resolve_auto(&mut c, shape, cap) {
                 Ok(_) => predicted_peak(&c, n, mdev),
                 Err(_) => None,
             };

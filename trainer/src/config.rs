@@ -180,9 +180,10 @@ pub struct TrainConfig {
     /// FP8 (both layouts the GEMMs read) from one optimizer step to the next, instead of
     /// casting it at each forward, recompute and backward (the same values either way). It
     /// costs 2 bytes per parameter of the blocks' linear layers on the GPU, predicted by
-    /// `launcher memory`; set it to false for a run at the memory limit. Stage 3 gathers the
-    /// weights per use and casts them there.
-    pub fp8_weight_cache: bool,
+    /// `launcher memory`. `"auto"` (the default): the launcher caches where the plan still
+    /// fits the device with the cache ([`Fp8WeightCache`]). Stage 3 gathers the weights per
+    /// use and casts them there.
+    pub fp8_weight_cache: Fp8WeightCache,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
     /// fewest equal chunks of at most 4 GiB of logits.
@@ -216,7 +217,7 @@ impl Default for TrainConfig {
             gemm_tuning: GemmTuning::Timed,
             gemm_tuning_from: None,
             precision: Precision::Bf16,
-            fp8_weight_cache: true,
+            fp8_weight_cache: Fp8WeightCache::Auto,
             loss_chunk_rows: 0,
             init_from: None,
         }
@@ -397,6 +398,70 @@ impl<'de> Deserialize<'de> for KeepGelu {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 match v {
                     "auto" => Ok(KeepGelu::Auto),
+                    other => Err(E::custom(format!(r#"unknown value "{other}": use true, false or "auto""#))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `train.fp8_weight_cache`: `true`, `false`, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fp8WeightCache {
+    /// Decided before launch by the planner (`launcher`'s `fit.rs`), after `keep_gelu`: cached
+    /// where the predicted peak with the cache fits the device, cast at each use otherwise;
+    /// the launcher writes its decision into the config the ranks read. Unresolved (the
+    /// trainer used as a library), the weights are cached, as when this was a plain `true`.
+    #[default]
+    Auto,
+    /// `true`: cache the FP8 weights.
+    Cache,
+    /// `false`: cast each weight at each use.
+    PerUse,
+}
+
+impl Fp8WeightCache {
+    /// Whether the FP8 weights are cached where the stage allows it (`Auto` unresolved: yes).
+    pub fn caches(self) -> bool {
+        self != Fp8WeightCache::PerUse
+    }
+}
+
+impl From<bool> for Fp8WeightCache {
+    fn from(b: bool) -> Self {
+        if b {
+            Fp8WeightCache::Cache
+        } else {
+            Fp8WeightCache::PerUse
+        }
+    }
+}
+
+impl Serialize for Fp8WeightCache {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Fp8WeightCache::Auto => s.serialize_str("auto"),
+            Fp8WeightCache::Cache => s.serialize_bool(true),
+            Fp8WeightCache::PerUse => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Fp8WeightCache {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Fp8WeightCache;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#"true, false, or "auto" (cached where it fits the device)"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "auto" => Ok(Fp8WeightCache::Auto),
                     other => Err(E::custom(format!(r#"unknown value "{other}": use true, false or "auto""#))),
                 }
             }

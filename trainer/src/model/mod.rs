@@ -217,7 +217,7 @@ impl ModelOptions {
             checkpointing: cfg.checkpointing.clone(),
             loss_chunk_rows: cfg.train.loss_chunk_rows,
             precision: cfg.train.precision,
-            fp8_weight_cache: cfg.train.fp8_weight_cache && cfg.zero.stage < 3,
+            fp8_weight_cache: cfg.train.fp8_weight_cache.caches() && cfg.zero.stage < 3,
             fp8_amax_sinks: true,
             document_mask: cfg.data.document_mask,
         }
