@@ -195,22 +195,30 @@ fn fp8_matches_single_rank_on_every_stage() {
 /// weight cast at every use, over several optimizer steps (each changes the parameters),
 /// with gradient accumulation (every micro-step's forward, recompute and backward read the
 /// cache the step's first forward made), activation checkpointing (recomputes), kept
-/// attention, one and two ranks, ZeRO stages 0-2, GPT-2 and Llama. The CPU reference also
-/// checks, at every backward, that the input whose forward scale it reuses is the forward's.
+/// attention, one and two ranks, ZeRO stages 0-3 (stage 3 makes the cache from gathered
+/// weights in pooled buffers), every block cached or only the first, GPT-2 and Llama. The
+/// CPU reference also checks, at every backward, that the input whose forward scale it
+/// reuses is the forward's.
 #[test]
 fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
-    let cache = |t: String, on: bool| t.replace("[train]\n", &format!("[train]\nfp8_weight_cache = {on}\n"));
-    for (world, stage) in [(1usize, 0u8), (2, 1), (2, 2)] {
+    let cache = |t: String, on: &str| t.replace("[train]\n", &format!("[train]\nfp8_weight_cache = {on}\n"));
+    for (world, stage) in [(1usize, 0u8), (2, 1), (2, 2), (1, 3), (2, 3)] {
         for act in ["\"none\"", "\"every_layer\"", common::KEEP_ATTENTION] {
             let toml = tiny_fp8_toml(stage, 2, act, "fp8");
-            let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
-            assert_same_bits(&on, &off, &format!("gpt2 world {world} stage {stage} {act}"));
+            let off = run(world, cache(toml.clone(), "false"), 3, &data);
+            for on in ["true", "1"] {
+                let tag = format!("gpt2 world {world} stage {stage} {act}, fp8_weight_cache = {on}");
+                assert_same_bits(&run(world, cache(toml.clone(), on), 3, &data), &off, &tag);
+            }
         }
         let toml = tiny_llama_fp8_toml(stage, 2, "1", "fp8", false);
-        let (on, off) = (run(world, cache(toml.clone(), true), 3, &data), run(world, cache(toml, false), 3, &data));
-        assert_same_bits(&on, &off, &format!("llama world {world} stage {stage}"));
+        let off = run(world, cache(toml.clone(), "false"), 3, &data);
+        for on in ["true", "1"] {
+            let tag = format!("llama world {world} stage {stage}, fp8_weight_cache = {on}");
+            assert_same_bits(&run(world, cache(toml.clone(), on), 3, &data), &off, &tag);
+        }
     }
 }
 

@@ -714,11 +714,8 @@ fn fp8_amax_sinks() {
             return Ok(());
         }
         let (n, c, f) = (64usize, 1600usize, 320usize);
-        let layers = Fp8Layers {
-            largest: LinearExtent::of(n, &[(c, 2 * f)]),
-            weights: vec![(c, 2 * f); 2],
-            cache_weights: false,
-        };
+        let layers =
+            Fp8Layers { largest: LinearExtent::of(n, &[(c, 2 * f)]), weights: vec![(c, 2 * f); 2], cached_layers: 0 };
         be.prepare_fp8(&layers)?;
         let amax_of = |v: &[f32]| trainer::backend::fp8::amax(v);
         let mut same = |tag: &str, with: Vec<f32>, without: &[f32], sink: AmaxSink| -> BResult<()> {
@@ -1213,7 +1210,8 @@ fn matmul_fp8() {
             (48, 64, 96, true),
         ];
         let weights: Vec<(usize, usize)> = shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect();
-        let layers = Fp8Layers { largest: LinearExtent::of(512, &weights), weights, cache_weights: true };
+        let cached_layers = weights.len();
+        let layers = Fp8Layers { largest: LinearExtent::of(512, &weights), weights, cached_layers };
         be.prepare_fp8(&layers)?;
         for (k, &(n, c, oc, bias)) in shapes.iter().enumerate() {
             let tag = format!("matmul fp8 N{n} C{c} OC{oc}{}", if bias { " bias" } else { "" });
@@ -1344,6 +1342,9 @@ fn matmul_fp8() {
                 be.fp8_weights_changed();
                 let want2 = pass(at8, &gp, &gi)?;
                 rep.same_bits(&tag, "after a parameter change", &pass(at8c, &gp, &gi)?, &want2);
+                // Keyed by the version, not the buffer (stage 3 gathers into pooled ones).
+                let gp_other = up_buf(be, &params2)?;
+                rep.same_bits(&tag, "the same weight in another buffer", &pass(at8c, &gp_other, &gi)?, &want2);
                 // A backward whose input is not the forward's takes its own scale.
                 let inp2: Vec<f32> = inp.iter().map(|x| 3.0 * x).collect();
                 let gi2 = up_buf(be, &inp2)?;
@@ -1359,7 +1360,7 @@ fn matmul_fp8() {
                 // weight's amax for the version's later uses, which only cast (from any buffer:
                 // stage 3 gathers into pooled ones); bit for bit the per-use path, also after a
                 // parameter change.
-                be.prepare_fp8(&Fp8Layers { cache_weights: false, ..layers.clone() })?;
+                be.prepare_fp8(&Fp8Layers { cached_layers: 0, ..layers.clone() })?;
                 let tag = tag.replace("cached", "uncached, amax kept");
                 rep.same_bits(&tag, "fwd + bwd vs per use", &pass(at8c, &gp, &gi)?, &want2);
                 rep.same_bits(&tag, "again, amax kept", &pass(at8c, &gp, &gi)?, &want2);
@@ -1372,8 +1373,8 @@ fn matmul_fp8() {
                 rep.same_bits(&tag, "the same weight in another buffer", &pass(at8c, &gp2, &gi)?, &want3);
                 be.prepare_fp8(&layers)?;
             }
-            // Through GELU': the layer's input is GELU(pre) (fused DGELU where cuBLASLt has
-            // an FP8 algorithm for it, composed otherwise).
+            // Through GELU': the layer's input is GELU(pre) (an FP8 layer composes it: the
+            // GEMM, then GELU' as a kernel of its own).
             if bias {
                 let tag = format!("{tag} bwd dgelu");
                 let pre = rng.vec(n * c, 1.0);
@@ -1426,8 +1427,8 @@ fn fp8_is_refused_before_hopper_and_sized_as_planned() {
         let e = LinearExtent::of(1024, &[(768, 2304), (3072, 768)]);
         match be.fp8_support() {
             Ok(()) => {
-                for cache_weights in [false, true] {
-                    let layers = Fp8Layers::blocks(1024, &[(768, 2304), (3072, 768)], 3, cache_weights);
+                for cached_blocks in [0, 2, 3] {
+                    let layers = Fp8Layers::blocks(1024, &[(768, 2304), (3072, 768)], 3, cached_blocks);
                     let bytes = be.prepare_fp8(&layers)?;
                     let want = trainer::backend::fp8::CudaFp8WeightCache::reserved(&layers);
                     rep.check(

@@ -659,7 +659,8 @@ fn graph_replay_matches_eager_micro_steps() {
     });
 }
 
-/// `train.fp8_weight_cache` and the amax sinks on the GPU: three optimizer steps of two
+/// `train.fp8_weight_cache` (every block, half, none; stages 0 and 3) and the amax sinks on
+/// the GPU: three optimizer steps of two
 /// micro-steps each, the first eager and the next two through CUDA graphs as the trainer runs
 /// them (the step's first micro-step recorded once with its weight casts, then replayed after
 /// each update), with and without activation checkpointing, GPT-2 and Llama, give the same
@@ -694,24 +695,32 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
                 .collect();
             let scale = Some(1.0 / (accum * n) as f32);
             let mut runs: Vec<(String, Vec<f32>, Vec<Vec<f32>>)> = Vec::new();
-            // The reference first: no cache, no sinks, eager.
+            // The reference first: no cache, no sinks, eager, stage 0. Then the cache of every
+            // block or of the first half (the rest cast at each use), and stage 3, whose
+            // gathers land in pooled buffers (the cache is keyed by the parameter version).
+            let (all, half) = (cfg.n_layer, cfg.n_layer / 2);
             let variants = [
-                (false, false, false),
-                (false, false, true),
-                (true, false, true),
-                (true, true, true),
-                (false, true, true),
+                (0, false, false, 0u8),
+                (0, false, true, 0),
+                (all, false, true, 0),
+                (all, true, true, 0),
+                (0, true, true, 0),
+                (half, true, true, 0),
+                (all, true, true, 3),
+                (0, true, true, 3),
             ];
-            for (cache, graphs, sinks) in variants {
-                let name =
-                    format!("{:?}: cache {cache}, graphs {graphs}, sinks {sinks}, {:?}", family, ckpt.activations);
+            for (cached_blocks, graphs, sinks, stage) in variants {
+                let name = format!(
+                    "{:?}: {cached_blocks} blocks cached, graphs {graphs}, sinks {sinks}, stage {stage}, {:?}",
+                    family, ckpt.activations
+                );
                 let l2 = layout.clone();
                 let mut init = move |u, r| Ok(family.init_range(&l2, u, seed, Default::default(), r));
                 let mut eng =
-                    Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut init)).map_err(dev)?;
+                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init)).map_err(dev)?;
                 let opts = ModelOptions {
                     precision: Precision::Fp8,
-                    fp8_weight_cache: cache,
+                    fp8_cached_blocks: cached_blocks,
                     fp8_amax_sinks: sinks,
                     checkpointing: ckpt.clone(),
                     ..ModelOptions::batch(b)

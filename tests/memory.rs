@@ -297,18 +297,19 @@ fn an_undecided_keep_gelu_predicts_and_runs_as_recompute() {
 }
 
 /// `train.precision = "fp8"`: the planner predicts the ledger of a real CPU run on every
-/// stage, with the weight cache (`train.fp8_weight_cache`) and without (CPU ranks keep an
-/// input scale per layer and, cached, each layer's dequantized weight: `fp8::cpu_reserved`);
-/// for the CUDA backend it adds exactly the FP8 operand workspace with its per-layer scale
-/// slots (`CudaFp8Workspace`, workspace) and, at stages 0-2 with the cache on, both layouts of
-/// every linear layer's weight in FP8 (`CudaFp8WeightCache`, 2 bytes per parameter, params).
+/// stage, with the weight cache of every block, of the first block only, and without
+/// (`train.fp8_weight_cache` = true, 1, false; CPU ranks keep an input scale per layer and
+/// each cached layer's dequantized weight: `fp8::cpu_reserved`); for the CUDA backend it adds
+/// exactly the FP8 operand workspace with its per-layer scale slots (`CudaFp8Workspace`,
+/// workspace) and both layouts of each cached linear layer's weight in FP8
+/// (`CudaFp8WeightCache`, 2 bytes per parameter, params), at stage 3 too.
 #[test]
 fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weight_cache() {
     use trainer::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace};
     use trainer::backend::{Fp8Layers, LinearExtent};
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
-    let toml = |stage: u8, precision: &str, cache: bool| {
+    let toml = |stage: u8, precision: &str, cache: &str| {
         common::tiny_toml(stage, 2, "\"none\"")
             .replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n")
             .replace("[train]\n", &format!("[train]\nprecision = \"{precision}\"\nfp8_weight_cache = {cache}\n"))
@@ -317,12 +318,12 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     let c = 32;
     let linears = [(c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)];
     let e = LinearExtent::of(2 * 16, &linears);
-    let layers = Fp8Layers::blocks(2 * 16, &linears, 2, true);
+    let layers = Fp8Layers::blocks(2 * 16, &linears, 2, 2);
     let workspace = CudaFp8Workspace::new(e, 8).bytes as u64;
     let cache = CudaFp8WeightCache::new(&layers.weights).bytes as u64;
     assert_eq!(cache, 2 * 2 * 12 * 32 * 32, "both layouts of 12·C² weights per block, 256-byte aligned");
     for stage in 0..=3u8 {
-        for on in [true, false] {
+        for (on, cached) in [("true", cache), ("1", cache / 2), ("false", 0)] {
             let cfg = Config::from_toml_str(&toml(stage, "fp8", on), "test").expect("cfg");
             for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
                 let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
@@ -333,7 +334,6 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
                 predict(&cfg, 2, 0, DeviceModel::cuda()).expect("fp8"),
                 predict(&bf16, 2, 0, DeviceModel::cuda()).expect("bf16"),
             );
-            let cached = if on && stage < 3 { cache } else { 0 };
             let tag = format!("stage {stage}, fp8_weight_cache = {on}");
             assert_eq!(f.current.workspace - b.current.workspace, workspace, "{tag}");
             assert_eq!(f.current.params - b.current.params, cached, "{tag}");
@@ -345,7 +345,7 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     let e = LinearExtent::of(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)]);
     assert_eq!(CudaFp8Workspace::new(e, 0).bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
     // The weight cache at 1.5B: 2 bytes per parameter of 48 blocks' 12·C² (2.8 GiB).
-    let l = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)], 48, true);
+    let l = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)], 48, 48);
     assert_eq!(CudaFp8WeightCache::new(&l.weights).bytes, 2 * 48 * 12 * 1600 * 1600);
 }
 
@@ -370,7 +370,11 @@ fn fp8_cache_document_mask_and_kept_gelu_together_are_predicted_exactly() {
     };
     for stage in 0..=3u8 {
         let all = cfg(stage, true, true, true);
-        assert!(all.data.document_mask && all.checkpointing.keep_gelu.keeps() && all.train.fp8_weight_cache.caches());
+        assert!(
+            all.data.document_mask
+                && all.checkpointing.keep_gelu.keeps()
+                && all.train.fp8_weight_cache.cached_blocks(2, stage) == 2
+        );
         for (rank, m) in measured(&all, 2, &data).iter().enumerate() {
             let p = predict(&all, 2, rank, DeviceModel::cpu()).expect("predict");
             assert_eq!(

@@ -228,22 +228,28 @@ impl std::fmt::Display for KeepGeluDecision {
     }
 }
 
-/// What `train.fp8_weight_cache = "auto"` became, and why.
+/// What `train.fp8_weight_cache = "auto"` became, and why: the first `blocks` of the
+/// model's `n_layer` blocks cached.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Fp8CacheDecision {
-    pub cache: bool,
+    pub blocks: usize,
+    pub n_layer: usize,
     pub reason: String,
 }
 
 impl std::fmt::Display for Fp8CacheDecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = if self.cache { "cache the FP8 weights" } else { "cast each FP8 weight at each use" };
+        let what = match self.blocks {
+            0 => "cast each FP8 weight at each use".to_string(),
+            k if k >= self.n_layer => "cache every block's FP8 weights".to_string(),
+            k => format!("cache the FP8 weights of the first {k} of {} blocks", self.n_layer),
+        };
         write!(f, "train.fp8_weight_cache = \"auto\": {what} ({})", self.reason)
     }
 }
 
-/// The planner's `"auto"` settings as decided for one plan (`None`: given as true or false,
-/// or, for the FP8 weight cache, nothing to decide: not FP8, or ZeRO-3).
+/// The planner's `"auto"` settings as decided for one plan (`None`: given, or, for the FP8
+/// weight cache, nothing to decide: not FP8).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct AutoDecisions {
     pub keep_gelu: Option<KeepGeluDecision>,
@@ -343,26 +349,42 @@ fn decide_keep_gelu(cfg: &Config, p: PlanShape, cap: Capacity) -> Result<KeepGel
     })
 }
 
-/// Decide `train.fp8_weight_cache = "auto"` (FP8 at ZeRO stages 0-2; `None` elsewhere, the
-/// setting left as it is: nothing caches there) and write the decision into `cfg`: cached
-/// where the plan with the cache passes the launch's fit check, as `keep_gelu` is decided.
+/// Decide `train.fp8_weight_cache = "auto"` (FP8 only; `None` otherwise, the setting left as
+/// it is) and write the decision into `cfg`: every block's weights cached where the plan with
+/// them passes the launch's fit check, else the most blocks (the first ones) that do, else
+/// none; none where a capacity is not known. At stage 3 too: the cache then holds whole
+/// layers on every rank, in memory the plan has left.
 fn resolve_fp8_weight_cache(cfg: &mut Config, p: PlanShape, cap: Capacity) -> Result<Option<Fp8CacheDecision>, String> {
-    if cfg.train.fp8_weight_cache != Fp8WeightCache::Auto
-        || cfg.train.precision != Precision::Fp8
-        || cfg.zero.stage >= 3
-    {
+    if cfg.train.fp8_weight_cache != Fp8WeightCache::Auto || cfg.train.precision != Precision::Fp8 {
         return Ok(None);
     }
-    let mut with = cfg.clone();
-    with.train.fp8_weight_cache = Fp8WeightCache::Cache;
-    let decision = match fits_with(&with, p, cap)? {
-        FitWith::Fits(numbers) => Fp8CacheDecision { cache: true, reason: format!("it fits: {numbers}") },
-        FitWith::CannotTell(why) => Fp8CacheDecision { cache: false, reason: why },
-        FitWith::DoesNot(numbers) => {
-            Fp8CacheDecision { cache: false, reason: format!("caching would not fit: {numbers}") }
+    let n_layer = cfg.model.n_layer;
+    let with = |blocks: usize| {
+        let mut c = cfg.clone();
+        c.train.fp8_weight_cache = Fp8WeightCache::of_blocks(blocks, n_layer);
+        c
+    };
+    let decided = |blocks: usize, reason: String| Fp8CacheDecision { blocks, n_layer, reason };
+    let decision = match fits_with(&with(n_layer), p, cap)? {
+        FitWith::Fits(numbers) => decided(n_layer, format!("it fits: {numbers}")),
+        FitWith::CannotTell(why) => decided(0, why),
+        FitWith::DoesNot(every) => {
+            // The most blocks that fit: fits(lo) (or lo = 0), not fits(hi).
+            let (mut lo, mut hi, mut at_lo) = (0usize, n_layer, None);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                match fits_with(&with(mid), p, cap)? {
+                    FitWith::Fits(numbers) => (lo, at_lo) = (mid, Some(numbers)),
+                    _ => hi = mid,
+                }
+            }
+            match at_lo {
+                Some(numbers) => decided(lo, format!("{numbers}; every block's would not fit: {every}")),
+                None => decided(0, format!("caching would not fit: {every} with every block's")),
+            }
         }
     };
-    cfg.train.fp8_weight_cache = decision.cache.into();
+    cfg.train.fp8_weight_cache = Fp8WeightCache::of_blocks(decision.blocks, n_layer);
     Ok(Some(decision))
 }
 
@@ -470,55 +492,64 @@ mod tests {
     }
 
     #[test]
-    fn fp8_weight_cache_auto_caches_where_it_fits_after_keep_gelu() {
+    fn fp8_weight_cache_auto_caches_the_most_blocks_that_fit_after_keep_gelu() {
         let mut cfg = Config::from_toml_str(TINY, "t").expect("cfg");
         assert_eq!(cfg.train.fp8_weight_cache, Fp8WeightCache::Auto, "the default");
         cfg.train.precision = Precision::Fp8;
         let shape = PlanShape { world: 1, local: 1, ranks_per_gpu: 1, model: DeviceModel::cuda(), gpu: true };
-        let peak = |k: KeepGelu, f: Fp8WeightCache| {
-            let mut c = cfg.clone();
-            (c.checkpointing.keep_gelu, c.train.fp8_weight_cache) = (k, f);
+        // The peak with the GELU output kept or not and the first `blocks` blocks cached.
+        let peak = |c: &Config, keep: bool, blocks: usize| {
+            let mut c = c.clone();
+            c.checkpointing.keep_gelu = keep.into();
+            c.train.fp8_weight_cache = Fp8WeightCache::of_blocks(blocks, c.model.n_layer);
             need(&c, 1, 1, DeviceModel::cuda(), true).expect("need").device_peak
         };
-        let (gelu, cache) =
-            (peak(KeepGelu::Keep, Fp8WeightCache::PerUse), peak(KeepGelu::Recompute, Fp8WeightCache::Cache));
-        let (both, none) =
-            (peak(KeepGelu::Keep, Fp8WeightCache::Cache), peak(KeepGelu::Recompute, Fp8WeightCache::PerUse));
-        assert!(both > gelu && gelu > none && cache > none, "each costs memory: {both} {gelu} {cache} {none}");
         let gpu = |bytes: u64| Capacity { gpu: Some(bytes), host: None, host_source: "" };
-        // Room for both; for the GELU output only (it is decided first, so it wins where only
-        // one fits); for neither; and, where the cache alone is the smaller, for the cache only.
-        let mut cases = vec![(both, true, true), (both - 1, true, false), (gelu, true, false), (none, false, false)];
-        if cache < gelu {
-            cases.push((cache, false, true));
+        for stage in [1, 3] {
+            cfg.zero.stage = stage;
+            let p = |keep, blocks| peak(&cfg, keep, blocks);
+            assert!(p(true, 2) > p(true, 1) && p(true, 1) > p(true, 0) && p(true, 0) > p(false, 0), "stage {stage}");
+            // Room for everything; for the GELU output and one block; for the GELU output only
+            // (decided first, it wins where only one fits); for neither; and, where the whole
+            // cache alone is the smaller, for the cache only.
+            let mut cases = vec![
+                (p(true, 2), true, 2),
+                (p(true, 1), true, 1),
+                (p(true, 2) - 1, true, 1),
+                (p(true, 0), true, 0),
+                (p(false, 0), false, 0),
+            ];
+            if p(false, 2) < p(true, 0) {
+                cases.push((p(false, 2), false, 2));
+            }
+            for (cap, keep, blocks) in cases {
+                let mut c = cfg.clone();
+                let d = resolve_auto(&mut c, shape, gpu(cap)).expect("decide");
+                let (g, f) = (d.keep_gelu.clone().expect("auto"), d.fp8_weight_cache.clone().expect("auto"));
+                assert_eq!((g.keep, f.blocks), (keep, blocks), "stage {stage}, capacity {cap}: {:?}", d.lines());
+                assert_eq!(c.train.fp8_weight_cache, Fp8WeightCache::of_blocks(blocks, 2), "written into the config");
+                assert!(d.lines()[1].contains("fp8_weight_cache = \"auto\""), "{:?}", d.lines());
+                // The decided config is what the launch's fit check then sees: it fits.
+                let n = need(&c, 1, 1, DeviceModel::cuda(), true).expect("need");
+                check(&n, gpu(cap), &c).expect("the decided plan fits");
+            }
         }
-        for (cap, keep, cached) in cases {
-            let mut c = cfg.clone();
-            let d = resolve_auto(&mut c, shape, gpu(cap)).expect("decide");
-            let (g, f) = (d.keep_gelu.clone().expect("auto"), d.fp8_weight_cache.clone().expect("auto"));
-            assert_eq!((g.keep, f.cache), (keep, cached), "capacity {cap}: {:?}", d.lines());
-            assert_eq!(c.train.fp8_weight_cache, Fp8WeightCache::from(cached), "written into the config");
-            assert!(d.lines()[1].contains("fp8_weight_cache = \"auto\""), "{:?}", d.lines());
-            // The decided config is what the launch's fit check then sees: it fits.
-            check(&need(&c, 1, 1, DeviceModel::cuda(), true).expect("need"), gpu(cap), &c)
-                .expect("the decided plan fits");
-        }
-        // Nothing to decide in bf16 or at ZeRO-3 (nothing caches there), nor where it is given;
-        // not known: never cached.
-        for (precision, stage, given) in [
-            (Precision::Bf16, 1, Fp8WeightCache::Auto),
-            (Precision::Fp8, 3, Fp8WeightCache::Auto),
-            (Precision::Fp8, 1, Fp8WeightCache::Cache),
-            (Precision::Fp8, 1, Fp8WeightCache::PerUse),
+        // Nothing to decide in bf16, nor where it is given; not known: nothing cached.
+        cfg.zero.stage = 1;
+        for (precision, given) in [
+            (Precision::Bf16, Fp8WeightCache::Auto),
+            (Precision::Fp8, Fp8WeightCache::Cache),
+            (Precision::Fp8, Fp8WeightCache::PerUse),
+            (Precision::Fp8, Fp8WeightCache::Blocks(1)),
         ] {
             let mut c = cfg.clone();
-            (c.train.precision, c.zero.stage, c.train.fp8_weight_cache) = (precision, stage, given);
+            (c.train.precision, c.train.fp8_weight_cache) = (precision, given);
             assert_eq!(resolve_auto(&mut c, shape, gpu(1)).expect("decide").fp8_weight_cache, None);
             assert_eq!(c.train.fp8_weight_cache, given, "left as it was");
         }
         let mut c = cfg.clone();
         let d = resolve_auto(&mut c, shape, Capacity::default()).expect("decide").fp8_weight_cache.expect("auto");
-        assert!(!d.cache && d.reason.contains("--gpu-mem"), "{d}");
+        assert!(d.blocks == 0 && d.reason.contains("--gpu-mem"), "{d}");
     }
 
     #[test]

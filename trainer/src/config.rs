@@ -180,9 +180,10 @@ pub struct TrainConfig {
     /// FP8 (both layouts the GEMMs read) from one optimizer step to the next, instead of
     /// casting it at each forward, recompute and backward (the same values either way). It
     /// costs 2 bytes per parameter of the blocks' linear layers on the GPU, predicted by
-    /// `launcher memory`. `"auto"` (the default): the launcher caches where the plan still
-    /// fits the device with the cache ([`Fp8WeightCache`]). Stage 3 gathers the weights per
-    /// use and casts them there.
+    /// `launcher memory`. `"auto"` (the default): the launcher caches as many blocks' weights
+    /// as the plan still fits the device with ([`Fp8WeightCache`]); a number caches the
+    /// first that many blocks. At stage 3 the cache is made from the gathered weights and
+    /// holds whole layers on every rank (not shards).
     pub fp8_weight_cache: Fp8WeightCache,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
@@ -406,25 +407,43 @@ impl<'de> Deserialize<'de> for KeepGelu {
     }
 }
 
-/// `train.fp8_weight_cache`: `true`, `false`, or `"auto"`.
+/// `train.fp8_weight_cache`: `true`, `false`, `"auto"`, or a number of blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fp8WeightCache {
-    /// Decided before launch by the planner (`launcher`'s `fit.rs`), after `keep_gelu`: cached
-    /// where the predicted peak with the cache fits the device, cast at each use otherwise;
-    /// the launcher writes its decision into the config the ranks read. Unresolved (the
-    /// trainer used as a library), the weights are cached, as when this was a plain `true`.
+    /// Decided before launch by the planner (`launcher`'s `fit.rs`), after `keep_gelu`: the
+    /// most blocks whose cached weights the plan still fits the device with (all, some or
+    /// none); the launcher writes its decision into the config the ranks read. Unresolved
+    /// (the trainer used as a library): every block at ZeRO stages 0-2, none at stage 3.
     #[default]
     Auto,
-    /// `true`: cache the FP8 weights.
+    /// `true`: every block's weights cached.
     Cache,
-    /// `false`: cast each weight at each use.
+    /// `false`: each weight cast at each use.
     PerUse,
+    /// `N`: the first N blocks' weights cached, the rest cast at each use.
+    Blocks(usize),
 }
 
 impl Fp8WeightCache {
-    /// Whether the FP8 weights are cached where the stage allows it (`Auto` unresolved: yes).
-    pub fn caches(self) -> bool {
-        self != Fp8WeightCache::PerUse
+    /// How many of `n_layer` blocks (the first ones) have their FP8 weights cached at ZeRO
+    /// `stage` (`Auto` unresolved: every block at stages 0-2, none at stage 3, as before the
+    /// planner decided it there).
+    pub fn cached_blocks(self, n_layer: usize, stage: u8) -> usize {
+        match self {
+            Fp8WeightCache::Auto if stage >= 3 => 0,
+            Fp8WeightCache::Auto | Fp8WeightCache::Cache => n_layer,
+            Fp8WeightCache::PerUse => 0,
+            Fp8WeightCache::Blocks(k) => k.min(n_layer),
+        }
+    }
+
+    /// The setting that caches `blocks` of `n_layer` blocks (`true`, `false`, or the count).
+    pub fn of_blocks(blocks: usize, n_layer: usize) -> Fp8WeightCache {
+        match blocks {
+            0 => Fp8WeightCache::PerUse,
+            k if k >= n_layer => Fp8WeightCache::Cache,
+            k => Fp8WeightCache::Blocks(k),
+        }
     }
 }
 
@@ -444,6 +463,7 @@ impl Serialize for Fp8WeightCache {
             Fp8WeightCache::Auto => s.serialize_str("auto"),
             Fp8WeightCache::Cache => s.serialize_bool(true),
             Fp8WeightCache::PerUse => s.serialize_bool(false),
+            Fp8WeightCache::Blocks(k) => s.serialize_u64(*k as u64),
         }
     }
 }
@@ -454,15 +474,26 @@ impl<'de> Deserialize<'de> for Fp8WeightCache {
         impl serde::de::Visitor<'_> for V {
             type Value = Fp8WeightCache;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str(r#"true, false, or "auto" (cached where it fits the device)"#)
+                f.write_str(r#"true, false, "auto" (cached where it fits the device), or a number of blocks"#)
             }
             fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
                 Ok(v.into())
             }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Fp8WeightCache::Blocks(v as usize))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!("{v} blocks: the number of blocks cannot be negative"))),
+                }
+            }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 match v {
                     "auto" => Ok(Fp8WeightCache::Auto),
-                    other => Err(E::custom(format!(r#"unknown value "{other}": use true, false or "auto""#))),
+                    other => Err(E::custom(format!(
+                        r#"unknown value "{other}": use true, false, "auto" or a number of blocks"#
+                    ))),
                 }
             }
         }
@@ -720,6 +751,15 @@ impl Config {
         }
         if t.grad_accum == 0 {
             return Err(bad("train.grad_accum", t.grad_accum, "must be at least 1"));
+        }
+        if let Fp8WeightCache::Blocks(k) = t.fp8_weight_cache {
+            if k > m.n_layer {
+                return Err(bad(
+                    "train.fp8_weight_cache",
+                    k,
+                    format!("caches the first N blocks, and the model has {} (model.n_layer)", m.n_layer),
+                ));
+            }
         }
         self.check_scale()?;
         if !(t.lr.is_finite() && t.lr >= 0.0) {

@@ -277,24 +277,37 @@ pub struct Fp8Layers {
     pub largest: LinearExtent,
     /// Each layer's weight as `(inputs, outputs)`, by [`Fp8Layer::index`].
     pub weights: Vec<(usize, usize)>,
-    /// Keep each layer's weight in FP8 from one parameter version to the next
-    /// (`train.fp8_weight_cache`, ZeRO stages 0-2): cast once after the parameters change
+    /// Layers `0..cached_layers` keep their weight in FP8 from one parameter version to the
+    /// next (`train.fp8_weight_cache`): cast once after the parameters change
     /// ([`MatmulOps::fp8_weights_changed`](super::MatmulOps::fp8_weights_changed)), then
-    /// read by every forward, recompute and backward until they change again.
-    pub cache_weights: bool,
+    /// read by every forward, recompute and backward until they change again, whichever
+    /// buffer holds the weight (ZeRO-3 gathers into pooled ones). The others cast at each use.
+    pub cached_layers: usize,
 }
 
 impl Fp8Layers {
     /// `n_layer` blocks of the linear layers `(inputs, outputs)` over `rows` rows: layer
-    /// `k` of block `l` is index `l · linears.len() + k`.
-    pub fn blocks(rows: usize, linears: &[(usize, usize)], n_layer: usize, cache_weights: bool) -> Fp8Layers {
+    /// `k` of block `l` is index `l · linears.len() + k`; the first `cached_blocks` blocks'
+    /// weights cached.
+    pub fn blocks(rows: usize, linears: &[(usize, usize)], n_layer: usize, cached_blocks: usize) -> Fp8Layers {
         let weights = (0..n_layer).flat_map(|_| linears.iter().copied()).collect();
-        Fp8Layers { largest: LinearExtent::of(rows, linears), weights, cache_weights }
+        let cached_layers = cached_blocks.min(n_layer) * linears.len();
+        Fp8Layers { largest: LinearExtent::of(rows, linears), weights, cached_layers }
+    }
+
+    /// The cached layers' weights `(inputs, outputs)`.
+    pub fn cached(&self) -> &[(usize, usize)] {
+        &self.weights[..self.cached_layers.min(self.weights.len())]
     }
 
     /// Elements of all the layers' weights.
     pub fn weight_elements(&self) -> usize {
         self.weights.iter().map(|&(c, oc)| c * oc).sum()
+    }
+
+    /// Elements of the cached layers' weights.
+    pub fn cached_elements(&self) -> usize {
+        self.cached().iter().map(|&(c, oc)| c * oc).sum()
     }
 }
 
@@ -402,7 +415,7 @@ impl CudaFp8Workspace {
     }
 }
 
-/// The CUDA backend's cached FP8 weights ([`Fp8Layers::cache_weights`]): per layer its
+/// The CUDA backend's cached FP8 weights ([`Fp8Layers::cached_layers`]): per cached layer its
 /// e4m3 codes as they are (`[oc, c]`, the forward's operand) and transposed (`[c, oc]`, the
 /// backward's), each region 256-byte aligned: 2 bytes per parameter of the linear layers.
 /// Their scale slots are the workspace's per-layer ones ([`CudaFp8Workspace::layer_weight`]).
@@ -427,22 +440,19 @@ impl CudaFp8WeightCache {
         CudaFp8WeightCache { regions, bytes: at }
     }
 
-    /// What the CUDA backend reserves for `l`: the workspace, and the weight cache where
-    /// `l.cache_weights` (what `MatmulOps::prepare_fp8` returns and the planner predicts).
+    /// What the CUDA backend reserves for `l`: the workspace, and the cached layers' weight
+    /// cache (what `MatmulOps::prepare_fp8` returns and the planner predicts).
     pub fn reserved(l: &Fp8Layers) -> Fp8Bytes {
         let workspace = CudaFp8Workspace::new(l.largest, l.weights.len()).bytes;
-        let weight_cache = if l.cache_weights { CudaFp8WeightCache::new(&l.weights).bytes } else { 0 };
-        Fp8Bytes { workspace, weight_cache }
+        Fp8Bytes { workspace, weight_cache: CudaFp8WeightCache::new(l.cached()).bytes }
     }
 }
 
 /// What the CPU reference reserves for `l`: per layer its forward input's amax and the two
-/// amaxes producers leave ([`AmaxSink`]), f32 each, and where weights are cached each
-/// layer's dequantized weight (f32, 4 bytes per parameter: the CPU multiplies values, not
+/// amaxes producers leave ([`AmaxSink`]), f32 each, and each cached layer's dequantized weight (f32, 4 bytes per parameter: the CPU multiplies values, not
 /// codes). Its operands' quantized copies are per-call scratch.
 pub fn cpu_reserved(l: &Fp8Layers) -> Fp8Bytes {
-    let weight_cache = if l.cache_weights { 4 * l.weight_elements() } else { 0 };
-    Fp8Bytes { workspace: 12 * l.weights.len(), weight_cache }
+    Fp8Bytes { workspace: 12 * l.weights.len(), weight_cache: 4 * l.cached_elements() }
 }
 
 #[cfg(test)]
@@ -597,7 +607,7 @@ mod tests {
 
     #[test]
     fn weight_cache_holds_both_layouts_of_every_layer() {
-        let layers = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600)], 2, true);
+        let layers = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600)], 2, 2);
         assert_eq!(layers.weights.len(), 4);
         let c = CudaFp8WeightCache::new(&layers.weights);
         assert_eq!(c.bytes, 2 * 2 * (1600 * 4800 + 1600 * 1600));
@@ -605,8 +615,14 @@ mod tests {
         assert!(c.regions.iter().all(|&(w, wt)| w % 256 == 0 && wt % 256 == 0));
         // Odd sizes are padded per region.
         assert_eq!(CudaFp8WeightCache::new(&[(16, 17)]).bytes, 2 * 512);
-        let off = Fp8Layers { cache_weights: false, ..layers.clone() };
+        let off = Fp8Layers { cached_layers: 0, ..layers.clone() };
         assert_eq!(CudaFp8WeightCache::reserved(&off).weight_cache, 0);
         assert_eq!(cpu_reserved(&layers), Fp8Bytes { workspace: 48, weight_cache: 4 * layers.weight_elements() });
+        // The first block cached: its two layers' weights, not the second block's.
+        let first = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600)], 2, 1);
+        assert_eq!((first.cached_layers, first.cached().len()), (2, 2));
+        assert_eq!(CudaFp8WeightCache::reserved(&first).weight_cache, c.bytes / 2);
+        assert_eq!(cpu_reserved(&first).weight_cache, 2 * layers.weight_elements());
+        assert_eq!(Fp8Layers::blocks(8192, &[(1600, 4800)], 2, 5).cached_layers, 2, "at most every block");
     }
 }

@@ -206,7 +206,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// Get ready for FP8 GEMMs (layers in [`Precision::Fp8`]) of `layers`: refuse where
     /// the device has none (CUDA below compute capability 9.0, with its name and capability),
     /// and reserve the operand workspace sized for the largest layer, each [`Fp8Layer`]'s
-    /// scales and, with `layers.cache_weights`, its cached weight (`fp8::CudaFp8Workspace`,
+    /// scales and, for the first `layers.cached_layers`, its cached weight (`fp8::CudaFp8Workspace`,
     /// `fp8::CudaFp8WeightCache`; the CPU: `fp8::cpu_reserved`). Returns the bytes reserved
     /// in all, which the caller counts in its ledger. A later call replaces the layers'
     /// state (every cached weight is cast again at its next use) and grows the operand

@@ -663,7 +663,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             shapes.name
         );
         let linears = shapes.layers.map(|(_, c, oc, _, _)| (c, oc));
-        let reserved = be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, true))?;
+        let reserved = be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1))?;
         let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
         println!(
             "  FP8 operand workspace: {:.1} MiB; the four layers' cached weights: {:.1} MiB",

@@ -187,11 +187,9 @@ pub struct ModelOptions {
     /// The blocks' linear layers' GEMM precision (`train.precision`); the LM head stays in
     /// bf16 whatever this says.
     pub precision: Precision,
-    /// FP8: keep each linear layer's weight cast to FP8 from one parameter version to the
-    /// next (`train.fp8_weight_cache`). Only where the compute weights stay resident in
-    /// their own buffers (ZeRO stages 0-2): stage 3's gathered weights come and go through
-    /// pooled buffers, so they are cast at each use.
-    pub fp8_weight_cache: bool,
+    /// FP8: the first this many blocks keep their linear layers' weights cast to FP8 from one
+    /// parameter version to the next (`train.fp8_weight_cache`); the others cast at each use.
+    pub fp8_cached_blocks: usize,
     /// FP8: the ops that write a linear layer's operands leave their amaxes for its GEMMs
     /// (`AmaxSink`), which then skip their own amax passes; false (`SHARDTRAIN_FP8_AMAX_SINKS=0`)
     /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
@@ -217,7 +215,7 @@ impl ModelOptions {
             checkpointing: cfg.checkpointing.clone(),
             loss_chunk_rows: cfg.train.loss_chunk_rows,
             precision: cfg.train.precision,
-            fp8_weight_cache: cfg.train.fp8_weight_cache.caches() && cfg.zero.stage < 3,
+            fp8_cached_blocks: cfg.train.fp8_weight_cache.cached_blocks(cfg.model.n_layer, cfg.zero.stage),
             fp8_amax_sinks: true,
             document_mask: cfg.data.document_mask,
         }
@@ -238,7 +236,7 @@ impl ModelOptions {
             checkpointing: CheckpointingConfig::default(),
             loss_chunk_rows: 0,
             precision: Precision::Bf16,
-            fp8_weight_cache: false,
+            fp8_cached_blocks: 0,
             fp8_amax_sinks: true,
             document_mask: false,
         }
@@ -248,7 +246,7 @@ impl ModelOptions {
 /// Get `be` ready for the blocks' GEMMs in `opts.precision`: for FP8, the backend refuses a
 /// device without FP8 GEMMs (before any step) and reserves its operand workspace for the
 /// largest of `linears` (`(inputs, outputs)` of one block's layers, over `rows` rows), the
-/// `n_layer` blocks' per-layer scales and, with `opts.fp8_weight_cache`, their cached
+/// `n_layer` blocks' per-layer scales and the first `opts.fp8_cached_blocks` blocks' cached
 /// weights: counted in `ledger` (the cache as parameters). Layer `k` of block `l` is FP8
 /// layer `l · linears.len() + k`. Every family calls it once from its constructor.
 pub(crate) fn prepare_precision<B: Backend>(
@@ -260,7 +258,7 @@ pub(crate) fn prepare_precision<B: Backend>(
     ledger: &mut MemoryLedger,
 ) -> BResult<()> {
     if opts.precision == Precision::Fp8 {
-        let got = be.prepare_fp8(&Fp8Layers::blocks(rows, linears, n_layer, opts.fp8_weight_cache))?;
+        let got = be.prepare_fp8(&Fp8Layers::blocks(rows, linears, n_layer, opts.fp8_cached_blocks))?;
         ledger.alloc(Category::Workspace, got.workspace);
         ledger.alloc(Category::Params, got.weight_cache);
     }

@@ -8,7 +8,7 @@
 //! unquantized output gradient, as the GPU's does.
 //!
 //! A layer with an [`Fp8Layer`] keeps what the CUDA backend keeps, in [`Fp8State`]: its
-//! forward's input amax, which its backward's scale comes from, and (weights cached) its
+//! forward's input amax, which its backward's scale comes from, and (for the cached layers) its
 //! dequantized weight, made at the first use after [`MatmulOps::fp8_weights_changed`]. The
 //! values are those of quantizing at every use; the structure is the GPU's, so the CPU runs
 //! test it: a backward that reuses the forward's scale checks that its input has the
@@ -35,9 +35,10 @@ fn quantized_with(xs: &[f32], fmt: Fp8Format, scale: f32) -> Vec<f32> {
     xs.iter().map(|&x| fmt.fake_quant(x, scale, inv)).collect()
 }
 
-/// A layer's cached weight: its dequantized values, and the parameter version and buffer
-/// address they were made from (`None`: not made since the last change).
-type CachedWeight = (Vec<f32>, Option<(u64, usize)>);
+/// A cached layer's weight: its dequantized values, and the parameter version they were made
+/// in (`None`: never made). The version alone, as on the GPU: within one, every buffer
+/// holding the weight holds the same values (ZeRO-3 gathers into pooled buffers).
+type CachedWeight = (Vec<f32>, Option<u64>);
 
 /// The CPU's FP8 layers (`MatmulOps::prepare_fp8`): per layer its input's scale and its
 /// cached weight.
@@ -45,7 +46,7 @@ type CachedWeight = (Vec<f32>, Option<(u64, usize)>);
 pub(super) struct Fp8State {
     /// Per layer, the amax of the input its last forward quantized.
     input_amax: Vec<f32>,
-    /// Per layer, where weights are cached.
+    /// Per cached layer (`Fp8Layers::cached_layers`, the first ones), its cached weight.
     weights: Vec<CachedWeight>,
     /// Per layer, the amaxes producers left for it ([`AmaxSink`]): its forward input's and
     /// its output gradient's, each taken by the GEMM that quantizes the tensor.
@@ -86,15 +87,15 @@ impl Fp8State {
         }
     }
 
-    /// Layer `l`'s weight `w` (from buffer `src`) quantized: the cached copy where weights
-    /// are cached (made now if the parameters changed since), else made for this call.
-    fn weight(&mut self, l: Option<Fp8Layer>, w: &[f32], src: usize) -> Cow<'_, [f32]> {
+    /// Layer `l`'s weight `w` quantized: the cached copy where the layer's weight is cached
+    /// (made now if the parameters changed since), else made for this call.
+    fn weight(&mut self, l: Option<Fp8Layer>, w: &[f32]) -> Cow<'_, [f32]> {
         let version = self.version;
         match l.and_then(|l| self.weights.get_mut(l.index)) {
             Some((cached, made)) => {
-                if *made != Some((version, src)) {
+                if *made != Some(version) {
                     fake_quant_into(cached, w, Fp8Format::E4M3);
-                    *made = Some((version, src));
+                    *made = Some(version);
                 }
                 Cow::Borrowed(cached)
             }
@@ -216,10 +217,7 @@ impl MatmulOps for CpuBackend {
         let mut st = self.fp8.borrow_mut();
         st.input_amax = vec![0.0; layers.weights.len()];
         st.sinks = vec![[None; 2]; layers.weights.len()];
-        st.weights = match layers.cache_weights {
-            true => layers.weights.iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect(),
-            false => Vec::new(),
-        };
+        st.weights = layers.cached().iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect();
         Ok(cpu_reserved(layers))
     }
 
@@ -251,10 +249,7 @@ impl MatmulOps for CpuBackend {
                 }
                 st.input_amax[l.index] = ax;
             }
-            let (xq, wq) = (
-                quantized_with(inp, Fp8Format::E4M3, sx),
-                st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
-            );
+            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w));
             matmul_forward(&mut out[..n * oc], &xq, &wq, bias, n, c, oc);
             return Ok(());
         }
@@ -311,10 +306,7 @@ impl MatmulOps for CpuBackend {
                 }
             }
             let sx = Fp8Format::E4M3.scale(ax);
-            let (xq, wq) = (
-                quantized_with(inp, Fp8Format::E4M3, sx),
-                st.weight(p.at.fp8, w, p.buf.as_ptr() as usize + p.at.w.off),
-            );
+            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w));
             matmul_backward(&mut dinp[..n * c], dw, None, &gq, &xq, &wq, s);
             if let Some(db) = db {
                 for row in dout.chunks_exact(oc) {

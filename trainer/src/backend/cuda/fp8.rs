@@ -27,12 +27,13 @@
 //! - its input's slot: the forward (or a checkpointed block's recompute, which makes the
 //!   same tensor) leaves the amax there, and the backward only casts `Xᵀ` with it, where the
 //!   model says its input is the forward's (`Fp8Layer::input_from_forward`);
-//! - with `Fp8Layers::cache_weights` (ZeRO 0-2), its weight's codes in both layouts and their
-//!   slot, made by one amax pass and one cast at the weight's first use after the parameters
-//!   change (`fp8_weights_changed`: a new version; the schedule calls it before the first
-//!   forward after a step), then read by every forward, recompute and backward until the
-//!   next change. The same codes as casting at each use: the same weight, the same amax;
-//! - without the cache (ZeRO-3, or `train.fp8_weight_cache = false`), its weight's amax in
+//! - for the first `Fp8Layers::cached_layers` layers (`train.fp8_weight_cache`), its weight's
+//!   codes in both layouts and their slot, made by one amax pass and one cast at the weight's
+//!   first use after the parameters change (`fp8_weights_changed`: a new version; the
+//!   schedule calls it before the first forward after a step), then read by every forward,
+//!   recompute and backward until the next change. The same codes as casting at each use:
+//!   the same weight, the same amax. Keyed by the version alone, as the amax below;
+//! - without the cache (layers past the cached ones), its weight's amax in
 //!   its weight slot, found at the weight's first use in a parameter version and kept for
 //!   the version's later uses (forward, recompute, backward, later micro-steps), which then
 //!   only cast: one amax pass over each weight a step instead of one per use, the same
@@ -109,15 +110,16 @@ impl Fp8Ws {
     }
 }
 
-/// The cached FP8 weights (`Fp8Layers::cache_weights`).
+/// The cached FP8 weights (`Fp8Layers::cached_layers`: layers `0..weights.len()`).
 struct WeightCache {
     buf: CudaSlice<u8>,
     layout: CudaFp8WeightCache,
-    /// Each layer's weight `(inputs, outputs)`.
+    /// Each cached layer's weight `(inputs, outputs)`.
     weights: Vec<(usize, usize)>,
-    /// Per layer: the parameter version and the weight's address its codes were made from
-    /// (`None`: never made).
-    made: Vec<Option<(u64, u64)>>,
+    /// Per cached layer: the parameter version its codes were made in (`None`: never made).
+    /// The version alone: within one, every buffer holding the layer's weight holds the same
+    /// values (ZeRO-3 gathers it into whichever pooled buffer is free).
+    made: Vec<Option<u64>>,
 }
 
 /// Device pointers into the workspace.
@@ -259,14 +261,13 @@ impl CudaBackend {
         *cell = None; // freed in stream order
         let layout = CudaFp8Workspace::new(ext, layers.weights.len());
         let buf = self.alloc::<u8>(layout.bytes, "FP8 GEMM operands")?;
-        let cache = match layers.cache_weights {
-            true => {
-                let layout = CudaFp8WeightCache::new(&layers.weights);
+        let cache = match layers.cached() {
+            [] => None,
+            cached => {
+                let layout = CudaFp8WeightCache::new(cached);
                 let buf = self.alloc::<u8>(layout.bytes, "cached FP8 weights")?;
-                let made = vec![None; layers.weights.len()];
-                Some(WeightCache { buf, layout, weights: layers.weights.clone(), made })
+                Some(WeightCache { buf, layout, weights: cached.to_vec(), made: vec![None; cached.len()] })
             }
-            false => None,
         };
         let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);
         let weight_amax = vec![None; layers.weights.len()];
@@ -310,19 +311,21 @@ impl CudaBackend {
         let (version, layers) = (ws.version, ws.layout.layers);
         let slot = self.ptr(&ws.buf, 0) + ws.layout.layer_weight(l.index) as u64;
         let Some(cache) = ws.cache.as_mut() else { return Ok(None) };
-        if l.index >= layers || cache.weights[l.index] != (s.c, s.oc) {
+        if l.index >= layers {
+            return Err(bad(format!("FP8 layer {} used, but prepare_fp8 reserved {layers} (a bug)", l.index)));
+        }
+        // Layers past the cached ones cast at each use.
+        let Some(&reserved) = cache.weights.get(l.index) else { return Ok(None) };
+        if reserved != (s.c, s.oc) {
             return Err(bad(format!(
-                "FP8 layer {} used with a C{} × OC{} weight, but prepare_fp8 reserved {:?} (a bug)",
-                l.index,
-                s.c,
-                s.oc,
-                cache.weights.get(l.index)
+                "FP8 layer {} used with a C{} × OC{} weight, but prepare_fp8 reserved {reserved:?} (a bug)",
+                l.index, s.c, s.oc
             )));
         }
         let base = self.ptr(&cache.buf, 0);
         let (rw, rwt) = cache.layout.regions[l.index];
         let codes = WeightCodes { w: base + rw as u64, wt: base + rwt as u64, slot };
-        if cache.made[l.index] != Some((version, w)) {
+        if cache.made[l.index] != Some(version) {
             let cast = Cast {
                 x: w,
                 rows: s.oc,
@@ -336,7 +339,7 @@ impl CudaBackend {
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
             // layer's.
             unsafe { self.fp8_cast_amax(cast, false)? };
-            cache.made[l.index] = Some((version, w));
+            cache.made[l.index] = Some(version);
         }
         Ok(Some(codes))
     }
