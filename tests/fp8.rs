@@ -227,7 +227,8 @@ fn the_fp8_weight_cache_gives_the_bits_of_casting_at_each_use() {
 /// GEMMs round them to those same codes: the same losses and parameters, over several
 /// steps (each a new parameter version, new amaxes), with gradient accumulation,
 /// checkpointing and kept attention, on 2 and 3 ranks (pieces that cut weights anywhere),
-/// GPT-2 and Llama (whose q, k and v share their fused weight's scale, as in the GEMM).
+/// GPT-2 and Llama (whose q, k and v share their fused weight's scale, as in the GEMM); GPT-2
+/// also with the FP8 weight cache made from the expanded codes.
 #[test]
 fn fp8_gathers_give_the_bits_of_full_precision_gathers() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -238,13 +239,16 @@ fn fp8_gathers_give_the_bits_of_full_precision_gathers() {
             let toml = tiny_fp8_toml(3, 2, act, "fp8");
             assert!(toml.contains("[zero]\n"), "the test config has a [zero] table");
             let (on, off) =
-                (run(world, gather(toml.clone(), true), 3, &data), run(world, gather(toml, false), 3, &data));
+                (run(world, gather(toml.clone(), true), 3, &data), run(world, gather(toml.clone(), false), 3, &data));
             let name = format!("gpt2 world {world} {act}");
             // Every block gathered as codes (one byte a weight against f32's four), none without.
             let (units, fp8, full) = on.fp8_gathers;
             assert!(units == 2 && 3 * fp8 < full, "{name}: {units} units, {fp8} bytes against {full}");
             assert_eq!(off.fp8_gathers.0, 0, "{name}");
             assert_same_bits(&on, &off, &name);
+            // With the FP8 weight cache made from the expanded codes: the same bits again.
+            let cached = gather(toml, true).replace("[train]\n", "[train]\nfp8_weight_cache = true\n");
+            assert_same_bits(&run(world, cached, 3, &data), &off, &format!("{name}, weights cached"));
         }
         let toml = tiny_llama_fp8_toml(3, 2, "1", "fp8", false);
         let (on, off) = (run(world, gather(toml.clone(), true), 3, &data), run(world, gather(toml, false), 3, &data));
