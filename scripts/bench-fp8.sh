@@ -11,7 +11,8 @@
 #         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
 #         4×1024, checkpointing + keep_attention, ZeRO-1) bf16 and fp8; the Llama-3-8B shape
 #         (configs/llama-3-8b.toml, 1×4096, ZeRO-3, checkpointing + keep_attention) bf16 and
-#         fp8. Targets (issue 26): 1.5B fp8 >= 1.3x our bf16 step and >= 1.45x torch.compile.
+#         fp8; the Llama-3.2-1B shape (8×2048, ZeRO-1) bf16 and fp8.
+#         Targets (issue 26): 1.5B fp8 >= 1.3x our bf16 step and >= 1.45x torch.compile.
 # gemm:   gpu-timing fp8: each linear layer of GPT-2 1.5B and Llama-3-8B, bf16 beside fp8
 #         (the casts included), 8×1024 rows.
 # parity: GPT-2 124M, 2000 steps (16×1024), GPT-2 1.5B, 500 steps (8×1024), and the Llama-3.2-1B
@@ -93,6 +94,8 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
         --set checkpointing.activations='"every_layer"' --set checkpointing.keep_attention=true \
         --set train.gemm_tuning='"timed"'
     speed llama-8b configs/llama-3-8b.toml --set train.grad_accum=1 --set train.gemm_tuning='"timed"'
+    # The Llama-3.2-1B shape at 8×2048, ZeRO-1 (its bf16 row beside HF + torch.compile: run 15).
+    speed llama-1b configs/llama-3.2-1b.toml
 fi
 if [[ $WHAT == gemm || $WHAT == all ]] && wanted gemm; then
     "$BIN/gpu-timing" fp8 8 1024 > "$OUT/gemm.log" 2>&1 || echo "gpu-timing fp8 failed: see $OUT/gemm.log"
