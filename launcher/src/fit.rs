@@ -278,8 +278,9 @@ pub fn resolve_auto(cfg: &mut Config, plan: PlanShape, cap: Capacity) -> Result<
 
 /// Decide `checkpointing.keep_gelu = "auto"` for this plan and write the decision into
 /// `cfg` (`None`: it was `true` or `false` already). Kept when the plan with it passes the
-/// launch's own fit check (the step's predicted peak plus the measured GPU runtime within the
-/// GPU's memory, `ranks_per_gpu` sharing one; CPU ranks: within the host's); recomputed when
+/// launch's own fit check with [`AUTO_HEADROOM`] left free (the step's predicted peak plus the
+/// measured GPU runtime within the GPU's memory, `ranks_per_gpu` sharing one; CPU ranks:
+/// within the host's); recomputed when
 /// it does not, when no block could keep it, or when a capacity is not known ("cannot tell"
 /// never counts as fitting). Keeping costs memory only, so a plan that fits without it still
 /// fits after this. An undecided FP8 weight cache counts as off here (it is decided after).
@@ -312,6 +313,11 @@ enum FitWith {
     CannotTell(String),
 }
 
+/// What an `"auto"` setting leaves free of the device (or, for CPU ranks, of the host): the
+/// prediction has read up to 0.35 GiB below the driver's peak (BENCHMARKS.md run 18, NCCL at
+/// 4 ranks), and an optional speed-up should not be what runs a plan out of memory.
+pub const AUTO_HEADROOM: u64 = 1 << 29;
+
 fn fits_with(with: &Config, p: PlanShape, cap: Capacity) -> Result<FitWith, String> {
     let n = need(with, p.world, p.local, p.model, p.gpu)?.sharing(p.ranks_per_gpu);
     let missing = unknown(&n, cap);
@@ -326,8 +332,15 @@ fn fits_with(with: &Config, p: PlanShape, cap: Capacity) -> Result<FitWith, Stri
     } else {
         (n.host_per_node, cap.host.unwrap_or(0), "the host has")
     };
-    let numbers = format!("{:.2} GiB at the peak with it, {what} {:.2} GiB", needed as f64 / GIB, has as f64 / GIB);
-    Ok(if check(&n, cap, with).is_ok() { FitWith::Fits(numbers) } else { FitWith::DoesNot(numbers) })
+    let numbers = format!(
+        "{:.2} GiB at the peak with it, {what} {:.2} GiB, {:.1} GiB of it kept free",
+        needed as f64 / GIB,
+        has as f64 / GIB,
+        AUTO_HEADROOM as f64 / GIB
+    );
+    let less = |b: Option<u64>| b.map(|b| b.saturating_sub(AUTO_HEADROOM));
+    let room = Capacity { gpu: less(cap.gpu), host: less(cap.host), ..cap };
+    Ok(if check(&n, room, with).is_ok() { FitWith::Fits(numbers) } else { FitWith::DoesNot(numbers) })
 }
 
 fn decide_keep_gelu(cfg: &Config, p: PlanShape, cap: Capacity) -> Result<KeepGeluDecision, String> {
@@ -507,7 +520,8 @@ mod tests {
         let gpu = |bytes: u64| Capacity { gpu: Some(bytes), host: None, host_source: "" };
         for stage in [1, 3] {
             cfg.zero.stage = stage;
-            let p = |keep, blocks| peak(&cfg, keep, blocks);
+            // Each plan's peak with the headroom "auto" leaves free.
+            let p = |keep, blocks| peak(&cfg, keep, blocks) + AUTO_HEADROOM;
             assert!(p(true, 2) > p(true, 1) && p(true, 1) > p(true, 0) && p(true, 0) > p(false, 0), "stage {stage}");
             // Room for everything; for the GELU output and one block; for the GELU output only
             // (decided first, it wins where only one fits); for neither; and, where the whole
@@ -565,7 +579,8 @@ mod tests {
         let (with, without) = (peak(KeepGelu::Keep), peak(KeepGelu::Recompute));
         assert!(with > without, "keeping costs memory: {with} vs {without}");
         let gpu = |bytes: u64| Capacity { gpu: Some(bytes), host: None, host_source: "" };
-        for (cap, keep) in [(with, true), (with - 1, false), (without, false)] {
+        let h = AUTO_HEADROOM;
+        for (cap, keep) in [(with + h, true), (with + h - 1, false), (with, false), (without + h, false)] {
             let mut c = cfg.clone();
             let d = resolve_keep_gelu(&mut c, shape, gpu(cap)).expect("decide").expect("auto");
             assert_eq!(d.keep, keep, "capacity {cap}: {d}");
@@ -580,7 +595,7 @@ mod tests {
         // Two ranks on the busiest GPU need twice the room.
         let mut c = cfg.clone();
         let shared = PlanShape { ranks_per_gpu: 2, ..shape };
-        assert!(!resolve_keep_gelu(&mut c, shared, gpu(with)).expect("decide").expect("auto").keep);
+        assert!(!resolve_keep_gelu(&mut c, shared, gpu(with + h)).expect("decide").expect("auto").keep);
         // Not known: never kept; true and false are left as given.
         let mut c = cfg.clone();
         let d = resolve_keep_gelu(&mut c, shape, Capacity::default()).expect("decide").expect("auto");
@@ -612,6 +627,7 @@ mod tests {
         .expect("need")
         .host_per_node;
         let h = |b: u64| Capacity { gpu: None, host: Some(b), host_source: "MemAvailable" };
+        let host = host + AUTO_HEADROOM;
         assert!(resolve_keep_gelu(&mut cfg.clone(), cpu, h(host)).expect("d").expect("a").keep);
         let d = resolve_keep_gelu(&mut cfg.clone(), cpu, h(host - 1)).expect("d").expect("a");
         assert!(!d.keep && d.reason.contains("the host has"), "{d}");

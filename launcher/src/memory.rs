@@ -55,7 +55,7 @@ impl MemoryDevice {
             MemoryDevice::Gpu => {
                 "the CUDA backend's accounting: bf16 parameters and activations, fp32 gradients, master weights and \
                  AdamW moments, flash attention, with train.precision = \"fp8\" the FP8 GEMM operands' workspace \
-                 (in workspace) and at ZeRO 0-2 the cached FP8 weights (in params, train.fp8_weight_cache), at ZeRO 3 the FP8 gathers' pieces (in params, zero.fp8_gather); on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s, ~1.2 GiB on 4) \
+                 (in workspace), the cached FP8 weights (in params, train.fp8_weight_cache) and at ZeRO 3 the FP8 gathers' pieces (in params, zero.fp8_gather); on top come the CUDA context (~0.5 GiB), NCCL (~0.9 GiB on 2 H200s, ~1.2 GiB on 4) \
                  and its kernels loaded on first use (~0.2 GiB), and scratch with the cuBLASLt workspace (~45 MiB), \
                  which a run measures per rank (measured on H200, CUDA 13, NCCL 2.28)"
             }
