@@ -94,6 +94,11 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
         --set checkpointing.activations='"every_layer"' --set checkpointing.keep_attention=true \
         --set train.gemm_tuning='"timed"'
     speed llama-8b configs/llama-3-8b.toml --set train.grad_accum=1 --set train.gemm_tuning='"timed"'
+    # The same fp8 row with every weight cast at each use: what `fp8_weight_cache = "auto"`'s
+    # blocks (at ZeRO-3, as many as fit) save, on the speed row's stored algorithms.
+    ours speed-llama-8b-fp8-percast configs/llama-3-8b.toml --set train.grad_accum=1 --set train.steps="$STEPS" \
+        --set train.warmup_steps=5 --set 'train.precision="fp8"' --set train.fp8_weight_cache=false \
+        --set "train.gemm_tuning_from=\"$OUT/speed-llama-8b-fp8\""
     # The Llama-3.2-1B shape at 8×2048, ZeRO-1 (its bf16 row beside HF + torch.compile: run 15).
     speed llama-1b configs/llama-3.2-1b.toml
 fi
