@@ -1580,9 +1580,10 @@ fn a_cluster_plan_names_what_fits_and_its_calibration_error() {
     assert_eq!(bad.code(), Some(2), "{}", bad.stderr());
 }
 
-/// The shipped large configs fit the node sizes their headers name, by the planner that the
-/// launch's fit check uses (one H200: 143771 MiB; hosts as the lent machines have them). A
-/// change to the memory model that pushed one over would make `launcher --gpus N` refuse it.
+/// The shipped large configs fit the node sizes their headers name, in bf16 and in FP8, by the
+/// planner that the launch's fit check uses (one H200: 143771 MiB; hosts as the lent machines
+/// have them). A change to the memory model that pushed one over would make `launcher --gpus N`
+/// refuse it.
 #[test]
 fn large_configs_fit_the_node_sizes_they_name() {
     let h200 = format!("{}", 143_771.0 / 1024.0);
@@ -1596,26 +1597,35 @@ fn large_configs_fit_the_node_sizes_they_name() {
         ("gpt-40b-offload.toml", "4", "500", 40.0e9),
         ("gpt-60b.toml", "8", "550", 60.0e9),
     ];
+    // In bf16 (the default) and in FP8: its operand workspace must fit too, and the weight
+    // cache ("auto") takes only what is left.
     for (name, ranks, host, at_least) in cases {
-        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name).display().to_string();
-        let m = launcher(&[
-            "memory",
-            &config,
-            "--ranks",
-            ranks,
-            "--device",
-            "gpu",
-            "--json",
-            "--gpu-mem",
-            &h200,
-            "--host-mem",
-            host,
-        ]);
-        m.assert_success();
-        let j: Value = serde_json::from_str(&m.stdout()).expect("memory JSON");
-        assert!(j["fit"]["problem"].is_null(), "{name} on {ranks} H200(s): {}", j["fit"]["problem"]);
-        let params = j["params"].as_f64().expect("params");
-        assert!(params >= at_least, "{name}: {params} parameters, its name promises {at_least}");
+        for precision in ["", "train.precision=\"fp8\""] {
+            let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(name).display().to_string();
+            let mut args = vec![
+                "memory",
+                &config,
+                "--ranks",
+                ranks,
+                "--device",
+                "gpu",
+                "--json",
+                "--gpu-mem",
+                &h200,
+                "--host-mem",
+                host,
+            ];
+            if !precision.is_empty() {
+                args.extend(["--set", precision]);
+            }
+            let m = launcher(&args);
+            m.assert_success();
+            let j: Value = serde_json::from_str(&m.stdout()).expect("memory JSON");
+            let tag = format!("{name} {precision} on {ranks} H200(s)");
+            assert!(j["fit"]["problem"].is_null(), "{tag}: {}", j["fit"]["problem"]);
+            let params = j["params"].as_f64().expect("params");
+            assert!(params >= at_least, "{name}: {params} parameters, its name promises {at_least}");
+        }
     }
 }
 
