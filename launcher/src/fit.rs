@@ -392,8 +392,8 @@ fn resolve_fp8_weight_cache(cfg: &mut Config, p: PlanShape, cap: Capacity) -> Re
                 }
             }
             match at_lo {
-                Some(numbers) => decided(lo, format!("{numbers}; every block's would not fit: {every}")),
-                None => decided(0, format!("caching would not fit: {every} with every block's")),
+                Some(numbers) => decided(lo, format!("{numbers}; with every block's: {every}")),
+                None => decided(0, format!("not even one block's fits; with every block's: {every}")),
             }
         }
     };
