@@ -34,9 +34,9 @@
 # ONLY=REGEX runs the matching rows (e.g. ONLY='1.5b' or ONLY='parity-124m'); each row is a
 # separate launch, so a device call's 10 minutes can take the rows a few at a time with the
 # same $OUT: the tables are made from whatever $OUT holds. STEPS (default 30) is the speed
-# rows' length; EXTRA="--set k=v ..." is added to every shardtrain row. OLD=path/to/launcher
-# also runs that binary on every speed row (rows named speed-old-*), for before/after
-# comparisons in one call.
+# rows' length; RUN_TIMEOUT (seconds, default 3600) bounds each row; EXTRA="--set k=v ..." is
+# added to every shardtrain row. OLD=path/to/launcher also runs that binary on every speed
+# row (rows named speed-old-*), for before/after comparisons in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -47,13 +47,15 @@ DATA=${DATA:-.carry/text/shards}
 WHAT=${1:-all}
 STEPS=${STEPS:-30}
 EXTRA=${EXTRA:-}
+# Seconds one row may run (a slow compile then costs that row, not the rest of the call).
+RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
 
 wanted() { [[ -z ${ONLY:-} || $1 =~ $ONLY ]]; }
 run_ours() { # launcher name config extra...
     local exe=$1 name=$2 cfg=$3; shift 3
     wanted "$name" || return 0
     # shellcheck disable=SC2086
-    "$exe" --gpus 1 "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
+    timeout --kill-after=10 "$RUN_TIMEOUT" "$exe" --gpus 1 "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
         --set "output.dir=\"$OUT/$name\"" "$@" $EXTRA > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
 }
 ours() { # name config extra...
@@ -74,14 +76,15 @@ torchao() { # name args...: the reference with torchao's float8 layers (tensorwi
     if [[ -z $whl ]]; then echo "$name: no torchao wheel in $BIN (scripts/build-gpu.sh downloads one)"; return 0; fi
     [[ -d /tmp/torchao-py ]] || python3 -m pip install --quiet --no-deps --no-index --target /tmp/torchao-py "$whl" \
         > "$OUT/$name.install.log" 2>&1 || { echo "$name: installing $whl failed: see $OUT/$name.install.log"; return 0; }
-    PYTHONPATH=/tmp/torchao-py torchrun --standalone --nproc_per_node=1 scripts/torchao_fp8_ref.py \
+    PYTHONPATH=/tmp/torchao-py timeout --kill-after=10 "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node=1 scripts/torchao_fp8_ref.py \
         "$BIN/fsdp_gpt2.py" tensorwise -- --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "reference $name failed: see $OUT/$name.log"
 }
 ref() { # name args...
     local name=$1; shift
     wanted "$name" || return 0
-    torchrun --standalone --nproc_per_node=1 "$BIN/fsdp_gpt2.py" --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 \
+    timeout --kill-after=10 "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node=1 "$BIN/fsdp_gpt2.py" --steps 20 \
+        --tag "$name" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "reference $name failed: see $OUT/$name.log"
 }
 
