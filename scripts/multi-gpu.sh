@@ -8,6 +8,7 @@
 #   scripts/multi-gpu.sh scaling-1.5b    # GPT-2 1.5B, ZeRO-3 without and with activation checkpointing
 #   scripts/multi-gpu.sh scaling-7b      # the 6.65B config (ZeRO-3, checkpointing, batch 4)
 #   scripts/multi-gpu.sh largest         # the largest GPT that trains 10 steps here, without and with offload
+#                                        # (LARGEST=true: only the offload row, LARGEST=false: only the other)
 #   scripts/multi-gpu.sh two-node        # two launchers (NGPU/2 GPUs each) as one job vs one launcher
 #   scripts/multi-gpu.sh memory-1.5b     # stages 0-3 at 2, 4, 8 ranks: predicted vs driver-measured per rank
 #   scripts/multi-gpu.sh memory-7b
@@ -158,7 +159,7 @@ PY
 largest() {
     local w_gpu w_off
     case $NGPU in 1) w_gpu=4096 w_off=4096 ;; 2) w_gpu=5120 w_off=6144 ;; 4) w_gpu=7168 w_off=8192 ;; *) w_gpu=9216 w_off=8192 ;; esac
-    for off in false true; do
+    for off in ${LARGEST:-false true}; do
         local w=$w_gpu; [[ $off == true ]] && w=$w_off
         local l params name
         read -r l params < <(largest_layers "$w" "$off")
