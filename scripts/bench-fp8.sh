@@ -37,6 +37,9 @@
 # rows' length; RUN_TIMEOUT (seconds, default 3600) bounds each row; EXTRA="--set k=v ..." is
 # added to every shardtrain row. OLD=path/to/launcher also runs that binary on every speed
 # row (rows named speed-old-*), for before/after comparisons in one call.
+# ARCHIVE=path.tgz rewrites that archive of $OUT (logs, metrics, CSVs; no checkpoints) after
+# every row, so a call stopped by its time limit still returns the rows it finished: point it
+# under the device's $OUT and OUT elsewhere (only a few files come back from a call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -51,12 +54,18 @@ EXTRA=${EXTRA:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
 
 wanted() { [[ -z ${ONLY:-} || $1 =~ $ONLY ]]; }
+archive() { # after each row: $OUT as it stands, into $ARCHIVE (written aside, then moved)
+    [[ -n ${ARCHIVE:-} ]] || return 0
+    tar czf "$ARCHIVE.part" --exclude='checkpoints' --exclude='*.safetensors' -C "$(dirname "$OUT")" "$(basename "$OUT")" \
+        && mv "$ARCHIVE.part" "$ARCHIVE"
+}
 run_ours() { # launcher name config extra...
     local exe=$1 name=$2 cfg=$3; shift 3
     wanted "$name" || return 0
     # shellcheck disable=SC2086
     timeout --kill-after=10 "$RUN_TIMEOUT" "$exe" --gpus 1 "$cfg" --set train.eval_every=0 --set checkpoint.every=0 \
         --set "output.dir=\"$OUT/$name\"" "$@" $EXTRA > "$OUT/$name.log" 2>&1 || echo "run $name failed: see $OUT/$name.log"
+    archive
 }
 ours() { # name config extra...
     run_ours "$BIN/launcher" "$@"
@@ -79,6 +88,7 @@ torchao() { # name args...: the reference with torchao's float8 layers (tensorwi
     PYTHONPATH=/tmp/torchao-py timeout --kill-after=10 "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node=1 scripts/torchao_fp8_ref.py \
         "$BIN/fsdp_gpt2.py" tensorwise -- --steps 20 --tag "$name" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "reference $name failed: see $OUT/$name.log"
+    archive
 }
 ref() { # name args...
     local name=$1; shift
@@ -86,6 +96,7 @@ ref() { # name args...
     timeout --kill-after=10 "$RUN_TIMEOUT" torchrun --standalone --nproc_per_node=1 "$BIN/fsdp_gpt2.py" --steps 20 \
         --tag "$name" "$@" > "$OUT/$name.log" 2>&1 \
         || echo "reference $name failed: see $OUT/$name.log"
+    archive
 }
 
 if [[ $WHAT == speed || $WHAT == all ]]; then
@@ -264,3 +275,4 @@ for m in ("124m", "1.5b", "llama1b"):
         print(f"parity {m}, {n} steps: mean loss of the last 100: bf16 {tail['bf16']:.4f}, fp8 {tail['fp8']:.4f} "
               f"({100 * rel:+.2f}%)")
 PY
+archive   # the plots and CSVs made above too

@@ -74,6 +74,12 @@ bounded() {
     [[ $rc == 124 || $rc == 137 ]] && what="timed out after $((SECONDS - t0))s (call budget)"
     [[ $rc != 0 && $what == ok ]] && what="failed (exit $rc): $(tail -2 "$OUT/$name.log" | tr '\n' ' ' | cut -c1-300)"
     echo "$name $((SECONDS - t0)) $what" | tee -a "$LOG"
+    # ARCHIVE=path.tgz: $OUT as it stands after every run (no checkpoints), so that a call
+    # stopped by its limit still returns what finished (only a few files come back from a call).
+    if [[ -n ${ARCHIVE:-} ]]; then
+        tar czf "$ARCHIVE.part" --exclude='checkpoints' --exclude='*.safetensors' -C "$(dirname "$OUT")" "$(basename "$OUT")" \
+            && mv "$ARCHIVE.part" "$ARCHIVE"
+    fi
 }
 
 # ours NAME K STAGE CONFIG EXTRA...: one `launcher sweep` run (K GPUs, one stage), which records
