@@ -20,6 +20,7 @@
 #         bf16 and fp8 from the same initialisation and data order: both loss curves as CSV
 #         ($OUT/parity-*.csv), an SVG per model ($OUT/parity-*.svg, scripts/plot_losses.py:
 #         the losses smoothed over 20 steps) and the mean of the last 100 steps' losses.
+#         PARITY_VARIANTS adds the FP8 backward's other recipes and a second bf16 seed (below).
 #
 # gap:    where the FP8 step loses what its GEMMs gain (GPT-2 1.5B widths, 8×1024, ZeRO-1):
 #         gpu-timing fp8 (each linear layer alone, then as the model calls it, with its
@@ -175,19 +176,39 @@ PY
     fi
 fi
 if [[ $WHAT == parity || $WHAT == all ]]; then
-    for p in bf16 fp8; do
-        ours "parity-124m-$p" configs/gpt2-124m.toml --set "data.path=\"$DATA\"" --set train.steps=2000 \
-            --set zero.stage=1 --set "train.precision=\"$p\""
-        ours "parity-1.5b-$p" configs/gpt2-1.5b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
-            --set zero.stage=1 --set train.warmup_steps=50 --set "train.precision=\"$p\""
+    # PARITY_VARIANTS (default "bf16 fp8"): also fp8-e4m3g (e4m3 output gradients), fp8-bf16wg
+    # (the weight gradient's GEMM in bf16), fp8-e4m3g-bf16wg (both), and bf16-seed2 (bf16 with
+    # another seed: the spread between two bf16 runs that an fp8 difference is read against).
+    for v in ${PARITY_VARIANTS:-bf16 fp8}; do
+        case $v in
+            bf16 | fp8) va=(--set "train.precision=\"$v\"") ;;
+            fp8-e4m3g) va=(--set 'train.precision="fp8"' --set 'train.fp8_grad_format="e4m3"') ;;
+            fp8-bf16wg) va=(--set 'train.precision="fp8"' --set 'train.fp8_weight_grad="bf16"') ;;
+            fp8-e4m3g-bf16wg) va=(--set 'train.precision="fp8"' --set 'train.fp8_grad_format="e4m3"'
+                --set 'train.fp8_weight_grad="bf16"') ;;
+            bf16-seed2) va=(--set 'train.precision="bf16"' --set train.seed=1338) ;;
+            *) echo "PARITY_VARIANTS: unknown variant $v (bf16, fp8, fp8-e4m3g, fp8-bf16wg, fp8-e4m3g-bf16wg, bf16-seed2)"
+               exit 2 ;;
+        esac
+        ours "parity-124m-$v" configs/gpt2-124m.toml --set "data.path=\"$DATA\"" --set train.steps=2000 \
+            --set zero.stage=1 "${va[@]}"
+        ours "parity-1.5b-$v" configs/gpt2-1.5b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
+            --set zero.stage=1 --set train.warmup_steps=50 "${va[@]}"
         # The Llama family: the 3.2-1B shape (its 128k vocabulary over GPT-2's token ids).
-        ours "parity-llama1b-$p" configs/llama-3.2-1b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
-            --set train.micro_batch=4 --set zero.stage=1 --set train.warmup_steps=50 --set "train.precision=\"$p\""
+        ours "parity-llama1b-$v" configs/llama-3.2-1b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
+            --set train.micro_batch=4 --set zero.stage=1 --set train.warmup_steps=50 "${va[@]}"
     done
     for m in 124m 1.5b llama1b; do
-        if [[ -f $OUT/parity-$m-bf16/metrics.jsonl && -f $OUT/parity-$m-fp8/metrics.jsonl ]]; then
+        # Every variant this $OUT holds for the model, bf16 first.
+        runs=()
+        for d in "$OUT/parity-$m-bf16" "$OUT"/parity-"$m"-*; do
+            [[ -f $d/metrics.jsonl ]] || continue
+            label=${d##*/parity-"$m"-}
+            [[ " ${runs[*]} " == *" $label="* ]] || runs+=("$label=$d/metrics.jsonl")
+        done
+        if [[ ${#runs[@]} -ge 2 ]]; then
             python3 scripts/plot_losses.py --title "$m on real text: bf16 and fp8" --csv "$OUT/parity-$m.csv" \
-                --svg "$OUT/parity-$m.svg" "bf16=$OUT/parity-$m-bf16/metrics.jsonl" "fp8=$OUT/parity-$m-fp8/metrics.jsonl"
+                --svg "$OUT/parity-$m.svg" "${runs[@]}"
         fi
     done
 fi
@@ -264,15 +285,13 @@ if sinks and nosinks:
           f"({nosinks[0] - sinks[0]:+.1f} ms); last losses {'identical' if same else 'DIFFER'}")
 for m in ("124m", "1.5b", "llama1b"):
     curves = {}
-    for p in ("bf16", "fp8"):
-        f = f"{out}/parity-{m}-{p}/metrics.jsonl"
-        if os.path.exists(f):
-            curves[p] = [json.loads(l)["loss"] for l in open(f)]
-    if len(curves) == 2:
+    for f in sorted(glob.glob(f"{out}/parity-{m}-*/metrics.jsonl")):
+        curves[f.split(f"parity-{m}-")[1].split("/")[0]] = [json.loads(l)["loss"] for l in open(f)]
+    if "bf16" in curves and len(curves) >= 2:
         n = min(len(c) for c in curves.values())
         tail = {p: statistics.mean(c[n - 100:n]) for p, c in curves.items()}
-        rel = (tail["fp8"] - tail["bf16"]) / tail["bf16"]
-        print(f"parity {m}, {n} steps: mean loss of the last 100: bf16 {tail['bf16']:.4f}, fp8 {tail['fp8']:.4f} "
-              f"({100 * rel:+.2f}%)")
+        others = ", ".join(f"{p} {t:.4f} ({100 * (t - tail['bf16']) / tail['bf16']:+.2f}%)"
+                           for p, t in tail.items() if p != "bf16")
+        print(f"parity {m}, {n} steps: mean loss of the last 100: bf16 {tail['bf16']:.4f}, {others}")
 PY
 archive   # the plots and CSVs made above too

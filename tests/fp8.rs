@@ -118,6 +118,57 @@ fn fp8_matmul_is_the_gemm_of_the_rounded_operands() {
     }
 }
 
+/// The backward's recipes (`train.fp8_grad_format`, `train.fp8_weight_grad`): with e4m3
+/// output gradients both backward GEMMs read dY rounded to e4m3; with the weight gradient in
+/// bf16, dX is the default's and dW is the full-precision GEMM of the unquantized dY and X.
+#[test]
+fn fp8_backward_recipes_are_the_gemms_of_their_operands() {
+    let (n, c, oc) = (32usize, 48usize, 64usize);
+    let vec = |stream: u64, len: usize, scale: f64| -> Vec<f32> {
+        (0..len).map(|i| (trainer::rng::normal(11, stream, i as u64) * scale) as f32).collect()
+    };
+    let (w, x, dy) = (vec(1, oc * c, 0.2), vec(2, n * c, 3.0), vec(3, n * oc, 1e-3));
+    let at = LinearLocs::new(Loc::new(0, oc * c), None);
+    let s = MatShape { n, c, oc };
+    let q = |v: &[f32], f| {
+        let mut o = vec![0.0; v.len()];
+        fake_quant_into(&mut o, v, f);
+        o
+    };
+    // (dX, dW) of the plain f32 backward of the given operands.
+    let plain = |dy: &[f32], x: &[f32], w: &Vec<f32>| {
+        let cpu = CpuBackend::new();
+        let (mut dx, mut g) = (vec![0.0; n * c], vec![0.0; oc * c]);
+        let wg = WeightGrads { buf: &mut g, at, fresh: true };
+        cpu.matmul_bwd(&mut dx, wg, &dy.to_vec(), &x.to_vec(), Weights::new(w, at), s).unwrap();
+        (dx, g)
+    };
+    // (dX, dW) of the FP8 backward under `backward`.
+    let fp8 = |backward: Fp8Backward| {
+        let cpu = CpuBackend::new();
+        cpu.prepare_fp8(&Fp8Layers::blocks(n, &[(c, oc)], 1, 0).with_backward(backward)).unwrap();
+        let at = at.with_precision(Precision::Fp8);
+        let (mut dx, mut g) = (vec![0.0; n * c], vec![0.0; oc * c]);
+        let wg = WeightGrads { buf: &mut g, at, fresh: true };
+        cpu.matmul_bwd(&mut dx, wg, &dy, &x, Weights::new(&w, at), s).unwrap();
+        (dx, g)
+    };
+    let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
+    let (wq, xq) = (q(&w, e4), q(&x, e4));
+    let default = fp8(Fp8Backward::default());
+    let (dx5, _) = plain(&q(&dy, e5), &xq, &wq);
+    let (_, dw5) = plain(&q(&dy, e5), &xq, &wq);
+    assert_eq!(default, (dx5.clone(), dw5.clone()), "the default: e5m2 dY in both GEMMs");
+    let e4m3 = fp8(Fp8Backward { grad: Fp8GradFormat::E4m3, ..Fp8Backward::default() });
+    assert_eq!(e4m3, plain(&q(&dy, e4), &xq, &wq), "e4m3 dY in both GEMMs");
+    assert_ne!(e4m3.1, default.1, "e4m3 and e5m2 round dY differently");
+    let hp = fp8(Fp8Backward { weight_grad: Fp8WeightGrad::Bf16, ..Fp8Backward::default() });
+    assert_eq!(hp.0, dx5, "dX as the default's");
+    assert_eq!(hp.1, plain(&dy, &x, &w).1, "dW from the unquantized operands");
+    let both = fp8(Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Bf16 });
+    assert_eq!(both, (e4m3.0.clone(), hp.1.clone()), "e4m3 dX, full-precision dW");
+}
+
 #[test]
 fn shapes_that_are_not_multiples_of_16_stay_in_full_precision() {
     let cpu = CpuBackend::new();
@@ -189,6 +240,35 @@ fn fp8_matches_single_rank_on_every_stage() {
         }
     }
     eprintln!("fp8 sharded vs single rank: worst loss rel {:e}, params abs {:e}", worst.0, worst.1);
+}
+
+/// The backward's recipes train, shard like the default (a 2-rank ZeRO-3 run with
+/// checkpointing gives the single-rank stage-0 run's losses and parameters within the
+/// tolerances above) and change the run's bits (they are not ignored), on GPT-2 and Llama.
+#[test]
+fn fp8_backward_recipes_train_the_same_on_every_stage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let recipe = |t: String, grad: &str, wgrad: &str| {
+        t.replace("[train]\n", &format!("[train]\nfp8_grad_format = \"{grad}\"\nfp8_weight_grad = \"{wgrad}\"\n"))
+    };
+    let gpt = |stage: u8, accum: usize, act: &str| tiny_fp8_toml(stage, accum, act, "fp8");
+    let llama = |stage: u8, accum: usize, act: &str| tiny_llama_fp8_toml(stage, accum, act, "fp8", true);
+    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8, usize, &str) -> String), ("llama", &llama)] {
+        let default = run(1, toml(0, 4, "\"none\""), 4, &data);
+        for (grad, wgrad) in [("e4m3", "fp8"), ("e5m2", "bf16"), ("e4m3", "bf16")] {
+            let tag = format!("{name}, fp8_grad_format {grad}, fp8_weight_grad {wgrad}");
+            let single = run(1, recipe(toml(0, 4, "\"none\""), grad, wgrad), 4, &data);
+            assert_ne!(single.params, default.params, "{tag}: the default's parameters: the recipe did nothing");
+            assert!(single.losses[3] < single.losses[0], "{tag}: the loss falls: {:?}", single.losses);
+            let sharded = run(2, recipe(toml(3, 2, "\"every_layer\""), grad, wgrad), 4, &data);
+            let (rel, abs) = (max_rel(&sharded.losses, &single.losses), max_abs(&sharded.params, &single.params));
+            assert!(
+                rel <= LOSS_RTOL && abs <= PARAM_ATOL,
+                "{tag}, 2 ranks stage 3: loss rel {rel:e}, params abs {abs:e}"
+            );
+        }
+    }
 }
 
 /// `train.fp8_weight_cache`: a weight cast once per parameter version gives the bits of a

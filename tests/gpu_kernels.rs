@@ -714,8 +714,11 @@ fn fp8_amax_sinks() {
             return Ok(());
         }
         let (n, c, f) = (64usize, 1600usize, 320usize);
-        let layers =
-            Fp8Layers { largest: LinearExtent::of(n, &[(c, 2 * f)]), weights: vec![(c, 2 * f); 2], cached_layers: 0 };
+        let layers = Fp8Layers {
+            largest: LinearExtent::of(n, &[(c, 2 * f)]),
+            weights: vec![(c, 2 * f); 2],
+            ..Fp8Layers::default()
+        };
         be.prepare_fp8(&layers)?;
         let amax_of = |v: &[f32]| trainer::backend::fp8::amax(v);
         let mut same = |tag: &str, with: Vec<f32>, without: &[f32], sink: AmaxSink| -> BResult<()> {
@@ -1211,7 +1214,8 @@ fn matmul_fp8() {
         ];
         let weights: Vec<(usize, usize)> = shapes.iter().map(|&(_, c, oc, _)| (c, oc)).collect();
         let cached_layers = weights.len();
-        let layers = Fp8Layers { largest: LinearExtent::of(512, &weights), weights, cached_layers };
+        let layers =
+            Fp8Layers { largest: LinearExtent::of(512, &weights), weights, cached_layers, ..Fp8Layers::default() };
         be.prepare_fp8(&layers)?;
         for (k, &(n, c, oc, bias)) in shapes.iter().enumerate() {
             let tag = format!("matmul fp8 N{n} C{c} OC{oc}{}", if bias { " bias" } else { "" });
@@ -1314,6 +1318,32 @@ fn matmul_fp8() {
                 let (di2, g2) = run()?;
                 rep.same_bits(&tag, "repeat", &[di2, g2].concat(), &[di1, g1].concat());
             }
+            // The backward's other recipes (`train.fp8_grad_format`, `train.fp8_weight_grad`)
+            // against the CPU's: e4m3 dY (e4m3 × e4m3 GEMMs), dW from the bf16 operands, both.
+            for backward in [
+                Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Fp8 },
+                Fp8Backward { grad: Fp8GradFormat::E5m2, weight_grad: Fp8WeightGrad::Bf16 },
+                Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Bf16 },
+            ] {
+                let tag = format!("{tag} bwd {:?} {:?}", backward.grad, backward.weight_grad);
+                let recipe = layers.clone().with_backward(backward);
+                let cpu_r = CpuBackend::new();
+                cpu_r.prepare_fp8(&recipe)?;
+                be.prepare_fp8(&recipe)?;
+                let (mut dic, mut gc) = (vec![0.0; n * c], vec![0.0; plen]);
+                let wg = WeightGrads { buf: &mut gc, at: at8, fresh: true };
+                cpu_r.matmul_bwd(&mut dic, wg, &dout, &inp, Weights::new(&params, at8), s)?;
+                let (mut dig, mut gg) = (poisoned_buf(be, n * c)?, up_grad(be, &vec![f32::NAN; plen])?);
+                let wg = WeightGrads { buf: &mut gg, at: at8, fresh: true };
+                be.matmul_bwd(&mut dig, wg, &gdo, &gi, Weights::new(&gp, at8), s)?;
+                let (dig, gg) = (be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?);
+                rep.cmp(&tag, "dinp", &dig, &dic, TOL_BF16);
+                rep.cmp(&tag, "dW", &gg[..oc * c], &gc[..oc * c], 1e-3);
+                if bias {
+                    rep.cmp(&tag, "dbias", &gg[oc * c..], &gc[oc * c..], TOL_F32);
+                }
+            }
+            be.prepare_fp8(&layers)?;
             // The same layer with its FP8 state (layer k): the weight cached in both layouts,
             // the input's scale kept from the forward for the backward. Bit for bit the
             // per-use path's, and the cache follows a parameter change.

@@ -224,11 +224,12 @@ fn one_llama_training_step_matches_the_cpu() {
 /// H200: 6.4e-2 to 9.5e-2), the parameters after one AdamW step at 2e-2 (measured 1.0e-2 to
 /// 1.3e-2: Adam's normalised step turns a small gradient's flipped rounding into a full
 /// step), and the loss at 1e-2. The FP8 loss is also within 2% of the bf16 GPU loss (FP8
-/// changes the numbers, not the model).
+/// changes the numbers, not the model). The backward's other recipes (e4m3 output
+/// gradients, dW from the bf16 operands, both) against the CPU's of the same recipe.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn one_fp8_training_step_matches_the_cpu() {
-    use trainer::backend::{MatmulOps, Precision};
+    use trainer::backend::{Fp8Backward, Fp8GradFormat, Fp8WeightGrad, MatmulOps, Precision};
     gpu::check(|be, rng, rep| {
         if let Err(why) = be.fp8_support() {
             rep.check("fp8 model step", "skipped", true, &why);
@@ -249,27 +250,37 @@ fn one_fp8_training_step_matches_the_cpu() {
             let (inputs, targets) = (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32));
             let scale = Some(1.0 / n as f32);
             let fp8 = ModelOptions { precision: Precision::Fp8, loss_chunk_rows: 300, ..ModelOptions::batch(b) };
-            let CpuStep { loss: closs, grads: cgrads, params: cparams } =
-                cpu_step_with(&cfg, &fp8, &mut init(&layout), &inputs, &targets)?;
             let id = nccl_unique_id().map_err(dev)?;
             let mut gcomm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
             let every = CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, ..Default::default() };
+            let (plain, e4m3) = (CheckpointingConfig::default(), Fp8GradFormat::E4m3);
+            let recipe = |grad, weight_grad| Fp8Backward { grad, weight_grad };
+            let default = Fp8Backward::default();
             let runs = [
-                (0u8, Precision::Fp8, CheckpointingConfig::default()),
-                (3, Precision::Fp8, CheckpointingConfig::default()),
-                (0, Precision::Fp8, every),
-                (0, Precision::Bf16, CheckpointingConfig::default()),
+                (0u8, Precision::Fp8, plain.clone(), default),
+                (3, Precision::Fp8, plain.clone(), default),
+                (0, Precision::Fp8, every.clone(), default),
+                // The backward's other recipes (`train.fp8_grad_format`, `fp8_weight_grad`).
+                (0, Precision::Fp8, plain.clone(), recipe(e4m3, Fp8WeightGrad::Fp8)),
+                (3, Precision::Fp8, every, recipe(Fp8GradFormat::E5m2, Fp8WeightGrad::Bf16)),
+                (0, Precision::Fp8, plain.clone(), recipe(e4m3, Fp8WeightGrad::Bf16)),
+                (0, Precision::Bf16, plain, default),
             ];
             let mut fp8_loss = 0.0;
-            for (stage, precision, ckpt) in runs {
+            for (stage, precision, ckpt, backward) in runs {
                 let tag = format!(
-                    "{precision:?} step ({name}) stage {stage}{}",
-                    if ckpt.activations == ActivationCheckpointing::EveryLayer { ", checkpointed" } else { "" }
+                    "{precision:?} step ({name}) stage {stage}{}{}",
+                    if ckpt.activations == ActivationCheckpointing::EveryLayer { ", checkpointed" } else { "" },
+                    if backward == default { String::new() } else { format!(", {backward:?}") }
                 );
+                let opts = ModelOptions { precision, checkpointing: ckpt, fp8_backward: backward, ..fp8.clone() };
+                // The CPU reference of this recipe (checkpointing does not change its values).
+                let cpu_opts = ModelOptions { checkpointing: CheckpointingConfig::default(), ..opts.clone() };
+                let CpuStep { loss: closs, grads: cgrads, params: cparams } =
+                    cpu_step_with(&cfg, &cpu_opts, &mut init(&layout), &inputs, &targets)?;
                 let mut geng =
                     Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init(&layout)))
                         .map_err(dev)?;
-                let opts = ModelOptions { precision, checkpointing: ckpt, ..fp8.clone() };
                 let mut gm = cfg.family.build(be, &layout, &opts, &mut geng.ledger)?;
                 geng.begin_step(be)?;
                 let gloss = step_micro_loss(
@@ -291,7 +302,9 @@ fn one_fp8_training_step_matches_the_cpu() {
                     );
                     continue;
                 }
-                fp8_loss = gloss;
+                if backward == default {
+                    fp8_loss = gloss;
+                }
                 rep.cmp(&tag, "loss", &[gloss as f32], &[closs as f32], 1e-2);
                 if stage == 0 {
                     for (u, cg) in cgrads.iter().enumerate() {

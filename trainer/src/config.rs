@@ -4,7 +4,7 @@
 //! by serde (`deny_unknown_fields`); impossible values are rejected by [`Config::validate`]
 //! with an error that names the key and says how to fix it.
 
-use crate::backend::{GemmTuning, Precision, RopeScaling};
+use crate::backend::{Fp8GradFormat, Fp8WeightGrad, GemmTuning, Precision, RopeScaling};
 use crate::model::ModelFamily;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -185,6 +185,15 @@ pub struct TrainConfig {
     /// first that many blocks. At stage 3 the cache is made from the gathered weights and
     /// holds whole layers on every rank (not shards).
     pub fp8_weight_cache: Fp8WeightCache,
+    /// With `precision = "fp8"`: the output gradient's format in the backward's GEMMs,
+    /// `"e5m2"` (the default: range) or `"e4m3"` (one more mantissa bit; values more than
+    /// ~2^17.8 below the tensor's largest flush to zero instead of ~2^31.8 below).
+    pub fp8_grad_format: Fp8GradFormat,
+    /// With `precision = "fp8"`: the weight-gradient GEMM (`dW = dYᵀ·X`) in `"fp8"` (the
+    /// default) or `"bf16"`: from the unquantized operands, as torchao's `rowwise_with_gw_hp`
+    /// recipe keeps it, so the gradient the optimizer sees rounds neither to 8 bits. It
+    /// gives up a third of the FP8 GEMMs' gain and saves the backward's casts of the input.
+    pub fp8_weight_grad: Fp8WeightGrad,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
     /// fewest equal chunks of at most 4 GiB of logits.
@@ -219,6 +228,8 @@ impl Default for TrainConfig {
             gemm_tuning_from: None,
             precision: Precision::Bf16,
             fp8_weight_cache: Fp8WeightCache::Auto,
+            fp8_grad_format: Fp8GradFormat::E5m2,
+            fp8_weight_grad: Fp8WeightGrad::Fp8,
             loss_chunk_rows: 0,
             init_from: None,
         }
@@ -761,6 +772,23 @@ impl Config {
                 ));
             }
         }
+        // The FP8 backward's recipe only means something in FP8: refused rather than ignored.
+        if t.precision != Precision::Fp8 {
+            if t.fp8_grad_format != Fp8GradFormat::default() {
+                return Err(bad(
+                    "train.fp8_grad_format",
+                    format!("{:?}", t.fp8_grad_format).to_lowercase(),
+                    "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out",
+                ));
+            }
+            if t.fp8_weight_grad != Fp8WeightGrad::default() {
+                return Err(bad(
+                    "train.fp8_weight_grad",
+                    format!("{:?}", t.fp8_weight_grad).to_lowercase(),
+                    "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out",
+                ));
+            }
+        }
         self.check_scale()?;
         if !(t.lr.is_finite() && t.lr >= 0.0) {
             return Err(bad("train.lr", t.lr, "must be a finite number >= 0"));
@@ -1226,6 +1254,27 @@ mod tests {
         assert_eq!(c.train.precision, Precision::Fp8);
         let e = load_str(BASE, &["train.precision=\"fp4\""]).unwrap_err().to_string();
         assert!(e.contains("precision") && e.contains("bf16") && e.contains("fp8"), "{e}");
+    }
+
+    #[test]
+    fn fp8_backward_recipe_keys_parse_and_are_refused_outside_fp8() {
+        let fp8 = "train.precision=\"fp8\"";
+        let c = load_str(BASE, &[fp8]).expect("valid");
+        assert_eq!((c.train.fp8_grad_format, c.train.fp8_weight_grad), (Fp8GradFormat::E5m2, Fp8WeightGrad::Fp8));
+        let c =
+            load_str(BASE, &[fp8, "train.fp8_grad_format=\"e4m3\"", "train.fp8_weight_grad=\"bf16\""]).expect("valid");
+        assert_eq!((c.train.fp8_grad_format, c.train.fp8_weight_grad), (Fp8GradFormat::E4m3, Fp8WeightGrad::Bf16));
+        let e = load_str(BASE, &[fp8, "train.fp8_grad_format=\"e3m4\""]).unwrap_err().to_string();
+        assert!(e.contains("fp8_grad_format") && e.contains("e5m2") && e.contains("e4m3"), "{e}");
+        let e = load_str(BASE, &[fp8, "train.fp8_weight_grad=\"fp32\""]).unwrap_err().to_string();
+        assert!(e.contains("fp8_weight_grad") && e.contains("bf16"), "{e}");
+        // In bf16 they would change nothing: refused, named, with what to do.
+        let e = load_str(BASE, &["train.fp8_grad_format=\"e4m3\""]).unwrap_err().to_string();
+        assert!(e.contains("train.fp8_grad_format") && e.contains("train.precision"), "{e}");
+        let e = load_str(BASE, &["train.fp8_weight_grad=\"bf16\""]).unwrap_err().to_string();
+        assert!(e.contains("train.fp8_weight_grad") && e.contains("train.precision"), "{e}");
+        // The defaults spelled out are fine in bf16.
+        load_str(BASE, &["train.fp8_grad_format=\"e5m2\"", "train.fp8_weight_grad=\"fp8\""]).expect("valid");
     }
 
     /// Every config shipped in configs/ loads and validates.

@@ -270,6 +270,62 @@ pub enum AmaxSink {
     Grad(usize),
 }
 
+/// The output gradient's format in an FP8 layer's backward GEMMs (`train.fp8_grad_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8GradFormat {
+    /// e5m2 (the default; Transformer Engine's HYBRID and torchao's recipes): range over
+    /// precision, 2 mantissa bits.
+    #[default]
+    E5m2,
+    /// e4m3: one more mantissa bit, 14 fewer binades below the tensor's largest value before
+    /// values flush to zero (per-tensor scaling puts that value at 448).
+    E4m3,
+}
+
+impl Fp8GradFormat {
+    pub fn format(self) -> Fp8Format {
+        match self {
+            Fp8GradFormat::E5m2 => Fp8Format::E5M2,
+            Fp8GradFormat::E4m3 => Fp8Format::E4M3,
+        }
+    }
+}
+
+/// The precision of an FP8 layer's weight-gradient GEMM (`train.fp8_weight_grad`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8WeightGrad {
+    /// `dW = dYᵀ·X` from FP8 codes of both, as the other two GEMMs (the default).
+    #[default]
+    Fp8,
+    /// `dW` from the unquantized bf16 `dY` and `X` (f32 on CPU ranks), the way torchao's
+    /// `rowwise_with_gw_hp` recipe keeps it: the gradient the optimizer sees rounds neither
+    /// operand to 8 bits. The backward then casts only `dY`, in one layout, and never the
+    /// input; the dW GEMM runs at bf16 speed.
+    Bf16,
+}
+
+/// How an FP8 layer's backward runs: its output gradient's format and its dW GEMM's
+/// precision. The default is the e5m2, all-FP8 backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fp8Backward {
+    pub grad: Fp8GradFormat,
+    pub weight_grad: Fp8WeightGrad,
+}
+
+impl Fp8Backward {
+    /// The output gradient's FP8 format.
+    pub fn grad_format(self) -> Fp8Format {
+        self.grad.format()
+    }
+
+    /// Whether the dW GEMM reads FP8 operands (else the unquantized ones).
+    pub fn weight_grad_in_fp8(self) -> bool {
+        self.weight_grad == Fp8WeightGrad::Fp8
+    }
+}
+
 /// What a model asks of a backend's FP8 GEMMs (`MatmulOps::prepare_fp8`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Fp8Layers {
@@ -283,6 +339,8 @@ pub struct Fp8Layers {
     /// read by every forward, recompute and backward until they change again, whichever
     /// buffer holds the weight (ZeRO-3 gathers into pooled ones). The others cast at each use.
     pub cached_layers: usize,
+    /// How every FP8 layer's backward runs.
+    pub backward: Fp8Backward,
 }
 
 impl Fp8Layers {
@@ -292,7 +350,12 @@ impl Fp8Layers {
     pub fn blocks(rows: usize, linears: &[(usize, usize)], n_layer: usize, cached_blocks: usize) -> Fp8Layers {
         let weights = (0..n_layer).flat_map(|_| linears.iter().copied()).collect();
         let cached_layers = cached_blocks.min(n_layer) * linears.len();
-        Fp8Layers { largest: LinearExtent::of(rows, linears), weights, cached_layers }
+        Fp8Layers { largest: LinearExtent::of(rows, linears), weights, cached_layers, backward: Fp8Backward::default() }
+    }
+
+    /// These layers with `backward`'s recipe.
+    pub fn with_backward(self, backward: Fp8Backward) -> Fp8Layers {
+        Fp8Layers { backward, ..self }
     }
 
     /// The cached layers' weights `(inputs, outputs)`.

@@ -65,7 +65,9 @@ pub use attention::{
 };
 pub use cross_entropy::{CrossEntropyOps, LossRows};
 pub use encoder::{EmbedInputs, EmbedLocs, EncoderOps, SeqShape};
-pub use fp8::{AmaxSink, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent};
+pub use fp8::{
+    AmaxSink, Fp8Backward, Fp8Bytes, Fp8Format, Fp8GradFormat, Fp8Layer, Fp8Layers, Fp8WeightGrad, LinearExtent,
+};
 pub use fp8_gather::{Fp8GatherLayout, Fp8GatherOps};
 pub use gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 pub use graph::GraphOps;

@@ -27,7 +27,7 @@ pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{BResult, Backend, Fp8Layers, Loc, Precision};
+use crate::backend::{BResult, Backend, Fp8Backward, Fp8Layers, Loc, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
@@ -190,6 +190,9 @@ pub struct ModelOptions {
     /// FP8: the first this many blocks keep their linear layers' weights cast to FP8 from one
     /// parameter version to the next (`train.fp8_weight_cache`); the others cast at each use.
     pub fp8_cached_blocks: usize,
+    /// FP8: the backward's output-gradient format and dW precision (`train.fp8_grad_format`,
+    /// `train.fp8_weight_grad`).
+    pub fp8_backward: Fp8Backward,
     /// FP8: the ops that write a linear layer's operands leave their amaxes for its GEMMs
     /// (`AmaxSink`), which then skip their own amax passes; false (`SHARDTRAIN_FP8_AMAX_SINKS=0`)
     /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
@@ -216,6 +219,7 @@ impl ModelOptions {
             loss_chunk_rows: cfg.train.loss_chunk_rows,
             precision: cfg.train.precision,
             fp8_cached_blocks: cfg.train.fp8_weight_cache.cached_blocks(cfg.model.n_layer, cfg.zero.stage),
+            fp8_backward: Fp8Backward { grad: cfg.train.fp8_grad_format, weight_grad: cfg.train.fp8_weight_grad },
             fp8_amax_sinks: true,
             document_mask: cfg.data.document_mask,
         }
@@ -237,6 +241,7 @@ impl ModelOptions {
             loss_chunk_rows: 0,
             precision: Precision::Bf16,
             fp8_cached_blocks: 0,
+            fp8_backward: Fp8Backward::default(),
             fp8_amax_sinks: true,
             document_mask: false,
         }
@@ -258,7 +263,8 @@ pub(crate) fn prepare_precision<B: Backend>(
     ledger: &mut MemoryLedger,
 ) -> BResult<()> {
     if opts.precision == Precision::Fp8 {
-        let got = be.prepare_fp8(&Fp8Layers::blocks(rows, linears, n_layer, opts.fp8_cached_blocks))?;
+        let layers = Fp8Layers::blocks(rows, linears, n_layer, opts.fp8_cached_blocks).with_backward(opts.fp8_backward);
+        let got = be.prepare_fp8(&layers)?;
         ledger.alloc(Category::Workspace, got.workspace);
         ledger.alloc(Category::Params, got.weight_cache);
     }

@@ -3,9 +3,10 @@
 //!
 //! A layer in [`Precision::Fp8`](crate::backend::Precision) (and an eligible shape) is the
 //! reference of the CUDA backend's FP8 GEMMs: its operands are quantized per tensor as
-//! `backend/fp8.rs` says (e4m3 input and weight, e5m2 output gradient) and dequantized, in
-//! per-call scratch, and the GEMM multiplies those values in f32. The bias gradient sums the
-//! unquantized output gradient, as the GPU's does.
+//! `backend/fp8.rs` says (e4m3 input and weight, the output gradient in `Fp8Backward`'s
+//! format: e5m2 by default) and dequantized, in per-call scratch, and the GEMM multiplies
+//! those values in f32; with `Fp8WeightGrad::Bf16` dW multiplies the unquantized ones. The
+//! bias gradient sums the unquantized output gradient, as the GPU's does.
 //!
 //! A layer with an [`Fp8Layer`] keeps what the CUDA backend keeps, in [`Fp8State`]: its
 //! forward's input amax, which its backward's scale comes from, and (for the cached layers) its
@@ -19,7 +20,9 @@ use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
-use crate::backend::{AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps};
+use crate::backend::{
+    AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps,
+};
 use crate::backend::{WeightGrads, Weights};
 
 /// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
@@ -53,6 +56,8 @@ pub(super) struct Fp8State {
     sinks: Vec<[Option<f32>; 2]>,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
+    /// The backward's recipe (`Fp8Layers::backward`; the default before `prepare_fp8`).
+    backward: Fp8Backward,
 }
 
 impl Fp8State {
@@ -164,10 +169,21 @@ pub fn matmul_backward(
     w: &[f32],
     s: MatShape,
 ) {
+    backward_dinp(dinp, dout, w, s);
+    backward_dw(dw, dout, inp, s);
+    if let Some(db) = dbias {
+        for row in dout.chunks_exact(s.oc) {
+            for (d, g) in db.iter_mut().zip(row) {
+                *d += g;
+            }
+        }
+    }
+}
+
+/// `dinp = dout · w` (overwrite).
+fn backward_dinp(dinp: &mut [f32], dout: &[f32], w: &[f32], s: MatShape) {
     let MatShape { n, c, oc } = s;
-    assert!(
-        dinp.len() == n * c && dw.len() == oc * c && dout.len() == n * oc && inp.len() == n * c && w.len() == oc * c
-    );
+    assert!(dinp.len() == n * c && dout.len() == n * oc && w.len() == oc * c);
     // SAFETY: lengths checked above match the strides.
     unsafe {
         matrixmultiply::sgemm(
@@ -186,6 +202,15 @@ pub fn matmul_backward(
             c as isize,
             1,
         );
+    }
+}
+
+/// `dw += doutᵀ · inp`.
+fn backward_dw(dw: &mut [f32], dout: &[f32], inp: &[f32], s: MatShape) {
+    let MatShape { n, c, oc } = s;
+    assert!(dw.len() == oc * c && dout.len() == n * oc && inp.len() == n * c);
+    // SAFETY: lengths checked above match the strides.
+    unsafe {
         matrixmultiply::sgemm(
             oc,
             n,
@@ -203,13 +228,6 @@ pub fn matmul_backward(
             1,
         );
     }
-    if let Some(db) = dbias {
-        for row in dout.chunks_exact(oc) {
-            for (d, g) in db.iter_mut().zip(row) {
-                *d += g;
-            }
-        }
-    }
 }
 
 impl MatmulOps for CpuBackend {
@@ -218,6 +236,7 @@ impl MatmulOps for CpuBackend {
         st.input_amax = vec![0.0; layers.weights.len()];
         st.sinks = vec![[None; 2]; layers.weights.len()];
         st.weights = layers.cached().iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect();
+        st.backward = layers.backward;
         Ok(cpu_reserved(layers))
     }
 
@@ -285,7 +304,8 @@ impl MatmulOps for CpuBackend {
                 st.layer(l)?;
                 st.take_sink(l, 1, amax(dout))?;
             }
-            let gq = quantized(dout, Fp8Format::E5M2);
+            let backward = st.backward;
+            let gq = quantized(dout, backward.grad_format());
             // The forward's scale where the input is the forward's tensor. The reference
             // checks that promise (an amax is cheap beside the GEMMs): a model whose backward
             // input differs from its forward's would make the GPU's dW wrong unseen.
@@ -305,9 +325,14 @@ impl MatmulOps for CpuBackend {
                     )));
                 }
             }
-            let sx = Fp8Format::E4M3.scale(ax);
-            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w));
-            matmul_backward(&mut dinp[..n * c], dw, None, &gq, &xq, &wq, s);
+            backward_dinp(&mut dinp[..n * c], &gq, &st.weight(p.at.fp8, w), s);
+            if backward.weight_grad_in_fp8() {
+                let xq = quantized_with(inp, Fp8Format::E4M3, Fp8Format::E4M3.scale(ax));
+                backward_dw(dw, &gq, &xq, s);
+            } else {
+                // `Fp8WeightGrad::Bf16`: dW from the unquantized operands.
+                backward_dw(dw, dout, inp, s);
+            }
             if let Some(db) = db {
                 for row in dout.chunks_exact(oc) {
                     for (d, g) in db.iter_mut().zip(row) {

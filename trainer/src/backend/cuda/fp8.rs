@@ -12,6 +12,10 @@
 //! - `dWᵀ(c×oc) = Xᵀ·dY`: A = Xᵀ `[c, n]`, B = dYᵀ `[oc, n]` (both transposed casts,
 //!   e4m3 × e5m2), fp32 written or accumulated (beta 1) into the gradient.
 //!
+//! `Fp8Layers::backward` changes the backward: dY in e4m3 (`train.fp8_grad_format`: e4m3 ×
+//! e4m3 GEMMs), or dW as the bf16 path's GEMM of the bf16 dY and X (`train.fp8_weight_grad`:
+//! dY is then cast in its row layout only, and X not at all).
+//!
 //! Never e5m2 × e5m2 (cuBLASLt has no such GEMM). Each tensor is quantized per tensor with
 //! its own current amax: an amax pass (`fp8_amax_bf16`), then a cast that writes the codes
 //! and the inverse scale the GEMM reads (`fp8_cast_bf16`, or `fp8_cast_transpose_bf16`
@@ -50,7 +54,7 @@ use super::matmul::BwdPtrs;
 use super::CudaBackend;
 use crate::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
 use crate::backend::{
-    AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape,
+    AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -94,6 +98,8 @@ pub(super) struct Fp8Ws {
     weight_amax: Vec<Option<u64>>,
     /// The parameter version: bumped by `fp8_weights_changed`.
     version: u64,
+    /// How the layers' backward runs (`Fp8Layers::backward`).
+    backward: Fp8Backward,
 }
 
 impl Fp8Ws {
@@ -127,6 +133,8 @@ struct WeightCache {
 struct WsPtrs {
     base: u64,
     layout: CudaFp8Workspace,
+    /// The layers' backward recipe (`Fp8Layers::backward`).
+    backward: Fp8Backward,
 }
 
 impl WsPtrs {
@@ -271,7 +279,7 @@ impl CudaBackend {
         };
         let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);
         let weight_amax = vec![None; layers.weights.len()];
-        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, weight_amax, version });
+        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, weight_amax, version, backward: layers.backward });
         Ok(Fp8Bytes { workspace: layout.bytes, weight_cache })
     }
 
@@ -291,7 +299,7 @@ impl CudaBackend {
                 s.n, s.c, s.oc
             )));
         };
-        let p = WsPtrs { base: self.ptr(&ws.buf, 0), layout: ws.layout };
+        let p = WsPtrs { base: self.ptr(&ws.buf, 0), layout: ws.layout, backward: ws.backward };
         if !p.fits(s, ws.extent) {
             return Err(bad(format!(
                 "an FP8 GEMM N={} C={} OC={} is larger than the operands prepared for ({:?}) (a bug)",
@@ -579,7 +587,8 @@ impl CudaBackend {
             Some(k) => (k.wt, k.slot),
             None => (ws.w(), ws.weight_slot(layer)),
         };
-        let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
+        // dY's format, and whether dW reads FP8 codes (else the bf16 dY and input).
+        let (e4, gf, dw_fp8) = (Fp8Format::E4M3, ws.backward.grad_format(), ws.backward.weight_grad_in_fp8());
         // The op that wrote dY may have left its amax in the layer's gradient slot.
         let (g_slot, amax_left) = (ws.grad_slot(layer), layer.is_some_and(|l| l.grad_amax_ready));
         let dx = Gemm {
@@ -600,7 +609,7 @@ impl CudaBackend {
             bias: None,
             act: Act::None,
             aux: None,
-            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: w_slot, b_scale: g_slot, fast_accum: false }),
+            fp8: Some(Fp8Gemm { a: e4, b: gf, a_scale: w_slot, b_scale: g_slot, fast_accum: false }),
         };
         let dw = Gemm {
             transa: true,
@@ -620,10 +629,12 @@ impl CudaBackend {
             bias: None,
             act: Act::None,
             aux: None,
-            fp8: Some(Fp8Gemm { a: e4, b: e5, a_scale: in_slot, b_scale: g_slot, fast_accum: false }),
+            fp8: Some(Fp8Gemm { a: e4, b: gf, a_scale: in_slot, b_scale: g_slot, fast_accum: false }),
         };
         let stream = self.lt_stream();
-        let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: e5, slot: g_slot, dst: Some(ws.a()), dst_t: Some(ws.gt()) };
+        // dY's transposed codes only for an FP8 dW.
+        let gt = dw_fp8.then(|| ws.gt());
+        let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: gf, slot: g_slot, dst: Some(ws.a()), dst_t: gt };
         let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
@@ -639,9 +650,18 @@ impl CudaBackend {
                 self.fp8_cast(wc)?;
             }
             self.lt.gemm(&dx, stream)?;
-            self.fp8_cast_amax(x, reuse_input)?;
+            if dw_fp8 {
+                self.fp8_cast_amax(x, reuse_input)?;
+            }
         }
-        self.lt.gemm(&dw, stream)?;
+        if dw_fp8 {
+            self.lt.gemm(&dw, stream)?;
+        } else {
+            // `Fp8WeightGrad::Bf16`: the bf16 path's dW GEMM on the unquantized operands
+            // (an FP8-eligible shape needs no padded staging).
+            let beta = if ptr.fresh { 0.0 } else { 1.0 };
+            self.lt.gemm(&super::matmul::dw_gemm(ptr.dw, ptr.inp, ptr.dout, s, oc, beta), stream)?;
+        }
         if let Some(db) = ptr.dbias {
             self.bias_grad(db, ptr.dout, n, oc, ptr.fresh)?;
         }

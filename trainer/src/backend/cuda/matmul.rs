@@ -155,7 +155,7 @@ fn dinp_gemm(dinp: u64, dout: u64, w: u64, s: MatShape, ldb: usize, dgelu_pre: O
 
 /// `dWᵀ(c×oc) += inpᵀ(c×n) · dout(n×oc)` in fp32 (`beta` = 0 overwrites), with `ldb` the
 /// leading dimension of dout.
-fn dw_gemm(dw: u64, inp: u64, dout: u64, s: MatShape, ldb: usize, beta: f32) -> Gemm {
+pub(super) fn dw_gemm(dw: u64, inp: u64, dout: u64, s: MatShape, ldb: usize, beta: f32) -> Gemm {
     let MatShape { n, c, oc } = s;
     Gemm {
         transa: false,
