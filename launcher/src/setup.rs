@@ -149,6 +149,9 @@ pub fn plan(args: &LaunchArgs) -> Result<RunPlan, SetupError> {
     for d in crate::fit::resolve_auto(&mut cfg, shape, capacity).map_err(SetupError)?.lines() {
         crate::out::say(&format!("launcher: {d}"));
     }
+    if let Some(recipe) = cfg.train.fp8_recipe_summary() {
+        crate::out::say(&format!("launcher: {recipe}"));
+    }
     // Paths as written: nodes may start in different directories.
     let as_given = cfg.clone();
 

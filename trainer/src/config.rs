@@ -206,6 +206,29 @@ pub struct TrainConfig {
     pub init_from: Option<PathBuf>,
 }
 
+impl TrainConfig {
+    /// With `precision = "fp8"`, what the blocks' linear layers run as, in a line the launch
+    /// prints (so a run's log says which FP8 recipe it trained with); `None` in bf16.
+    pub fn fp8_recipe_summary(&self) -> Option<String> {
+        if self.precision != Precision::Fp8 {
+            return None;
+        }
+        let grad = match self.fp8_grad_format {
+            Fp8GradFormat::E5m2 => "e5m2",
+            Fp8GradFormat::E4m3 => "e4m3",
+        };
+        let dw = match self.fp8_weight_grad {
+            Fp8WeightGrad::Fp8 => "in FP8",
+            Fp8WeightGrad::Bf16 => "from the unquantized operands (bf16 on GPUs, f32 on CPU ranks)",
+        };
+        Some(format!(
+            "train.precision = \"fp8\": the blocks' linear layers with e4m3 weights and inputs, {grad} output \
+             gradients (train.fp8_grad_format), the weight gradient {dw} (train.fp8_weight_grad); per-tensor \
+             current scaling"
+        ))
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
@@ -1254,6 +1277,24 @@ mod tests {
         assert_eq!(c.train.precision, Precision::Fp8);
         let e = load_str(BASE, &["train.precision=\"fp4\""]).unwrap_err().to_string();
         assert!(e.contains("precision") && e.contains("bf16") && e.contains("fp8"), "{e}");
+    }
+
+    #[test]
+    fn the_fp8_recipe_is_summarised_for_the_launch_log() {
+        assert_eq!(load_str(BASE, &[]).expect("valid").train.fp8_recipe_summary(), None);
+        let c = load_str(BASE, &["train.precision=\"fp8\""]).expect("valid");
+        let line = c.train.fp8_recipe_summary().expect("fp8");
+        assert!(line.contains("e5m2 output gradients") && line.contains("weight gradient in FP8"), "{line}");
+        let c = load_str(
+            BASE,
+            &["train.precision=\"fp8\"", "train.fp8_grad_format=\"e4m3\"", "train.fp8_weight_grad=\"bf16\""],
+        )
+        .expect("valid");
+        let line = c.train.fp8_recipe_summary().expect("fp8");
+        assert!(
+            line.contains("e4m3 output gradients") && line.contains("weight gradient from the unquantized"),
+            "{line}"
+        );
     }
 
     #[test]
