@@ -218,18 +218,8 @@ import glob, json, os, statistics, sys, tomllib
 out = sys.argv[1]
 GiB = 2**30
 
-def flops_per_token(m):
-    # Model FLOPs per token, as bench.sh (GPT) and bench-llama.sh (Llama) count them.
-    L, C, V, T = m["n_layer"], m["n_embd"], m["vocab_size"], m["seq_len"]
-    if m.get("family", "gpt2") == "llama":
-        nh, nkv, F = m["n_head"], m.get("n_kv_head", m["n_head"]), m["intermediate_size"]
-        hs, tied = C // nh, m.get("tie_embeddings", False)
-        block = 2 * C + C * (nh + 2 * nkv) * hs + C * C + 3 * F * C
-        n = V * C + L * block + C + (0 if tied else V * C)
-        return 6 * (n - (0 if tied else V * C)) + 12 * L * T * C
-    sys.path.insert(0, "scripts")
-    from multi_gpu_tables import flops_per_token as gpt
-    return gpt(L, C, V, T)
+sys.path.insert(0, "scripts")
+from multi_gpu_tables import model_flops_per_token as flops_per_token  # GPT-2 and Llama
 
 rows = {}
 for d in sorted(glob.glob(f"{out}/speed-*/metrics.jsonl")):

@@ -26,6 +26,20 @@ def flops_per_token(L, C, vocab=V, seq=T):
     return 6 * (n_params(L, C, vocab, seq) - seq * C) + 12 * L * seq * C
 
 
+def model_flops_per_token(m):
+    """Model FLOPs per token of a run's resolved `[model]` table, GPT-2 or Llama (the bench
+    scripts' MFU). Llama as llama_ref.py counts it: 6 per parameter that multiplies (the
+    embedding lookup is not one unless it is also the tied head) + 12·L·T·C for attention."""
+    L, C, V_, T_ = m["n_layer"], m["n_embd"], m["vocab_size"], m["seq_len"]
+    if m.get("family", "gpt2") != "llama":
+        return flops_per_token(L, C, V_, T_)
+    nh, nkv, F = m["n_head"], m.get("n_kv_head", m["n_head"]), m["intermediate_size"]
+    hs, tied = C // nh, m.get("tie_embeddings", False)
+    block = 2 * C + C * (nh + 2 * nkv) * hs + C * C + 3 * F * C
+    n = V_ * C + L * block + C + (0 if tied else V_ * C)
+    return 6 * (n - (0 if tied else V_ * C)) + 12 * L * T_ * C
+
+
 def load(path):
     try:
         with open(path) as f:

@@ -35,4 +35,17 @@ with tempfile.TemporaryDirectory() as out:
     assert rows["largest-g2-gpu"][10].startswith("trains: 90 tok/s/GPU, 3.5 GiB"), table
     assert rows["largest-g2-offload"][10] == "CUDA out of memory", table
     assert rows["largest-g2-gpu"][5] == "yes" and rows["largest-g2-gpu"][7] == "2048", table
+# The model FLOPs the bench scripts' MFU divides by: GPT-2 124M as the reference counts it
+# (6N without the position table + 12·L·T·C), and Llama as llama_ref.py does (untied: the
+# embedding lookup multiplies nothing; tied: the head is the embedding and counts once).
+sys.path.insert(0, HERE)
+from multi_gpu_tables import flops_per_token, model_flops_per_token  # noqa: E402
+
+gpt = {"n_layer": 12, "n_embd": 768, "vocab_size": 50304, "seq_len": 1024}
+assert model_flops_per_token(gpt) == flops_per_token(12, 768) == 6 * (124_475_904 - 1024 * 768) + 12 * 12 * 1024 * 768
+llama = {"family": "llama", "n_layer": 1, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "intermediate_size": 128,
+         "vocab_size": 100, "seq_len": 32}
+block = 2 * 64 + 64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 128 * 64
+assert model_flops_per_token({**llama, "tie_embeddings": True}) == 6 * (100 * 64 + block + 64) + 12 * 32 * 64
+assert model_flops_per_token(llama) == 6 * (100 * 64 + block + 64) + 12 * 32 * 64  # the untied head, not the lookup
 print("multi_gpu_tables: ok")
