@@ -30,7 +30,8 @@
 //! weight cache's fill; B×T rows (default 8×1024), and the layers' sums: how much faster
 //! the blocks' GEMMs get. Then each layer as the model calls it, with the residual, GELU
 //! and GELU' epilogues it fuses, in bf16 and FP8 (training path), naming each fused GEMM
-//! cuBLASLt has no FP8 algorithm for (it then runs as the GEMM and a separate kernel).
+//! cuBLASLt has no FP8 algorithm for (it then runs as the GEMM and a separate kernel). And
+//! each layer's backward under the FP8 backward's other recipes (e4m3 dY, dW in bf16, both).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -648,6 +649,14 @@ const FP8_SHAPES: [LinearShapes; 2] = [
 ];
 
 /// `gpu-timing fp8 [B [T]]` (see the top of the file).
+/// The FP8 backward's recipes other than the default (`train.fp8_grad_format`,
+/// `train.fp8_weight_grad`), timed beside it.
+const FP8_RECIPES: [(&str, Fp8Backward); 3] = [
+    ("e4m3 dY", Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Fp8 }),
+    ("dW in bf16", Fp8Backward { grad: Fp8GradFormat::E5m2, weight_grad: Fp8WeightGrad::Bf16 }),
+    ("e4m3 dY + dW in bf16", Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Bf16 }),
+];
+
 fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
     if let Err(why) = be.fp8_support() {
         println!("FP8 GEMMs unavailable: {why}");
@@ -674,6 +683,8 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
         // input's scale kept from forward to backward (the training path at ZeRO 0-2).
         let kinds = ["bf16      ", "fp8 per use", "fp8 cached"];
         let (mut sums, mut fill, mut as_run) = ([0.0f64; 3], 0.0f64, [0.0f64; 2]);
+        // The backward alone: bf16, the default FP8 recipe (cached), then each other recipe.
+        let mut bwd_sums = [0.0f64; 2 + FP8_RECIPES.len()];
         for (k, &(layer, c, oc, bias, fused)) in shapes.layers.iter().enumerate() {
             let s = MatShape { n, c, oc };
             let plen = oc * c + if bias { oc } else { 0 };
@@ -706,6 +717,9 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                 });
                 plain_ms[i] = tm.rows[before..].iter().map(|r| r.1).sum::<f64>();
                 sums[i] += plain_ms[i];
+                if i != 1 {
+                    bwd_sums[i / 2] += tm.rows.last().map_or(0.0, |r| r.1);
+                }
             }
             // As the model calls it, with its epilogues (bf16, and FP8 on the training path).
             // FP8 runs GELU and GELU' as kernels of their own (they leave the next FP8 GEMM's
@@ -764,7 +778,38 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                 });
             }
             fill += tm.rows.last().map_or(0.0, |r| r.1);
+            // The backward's other recipes on the cached path (a forward first leaves the
+            // input scale the backward reuses), then the default again for the next layer.
+            for (r, &(name, backward)) in FP8_RECIPES.iter().enumerate() {
+                be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1).with_backward(backward))?;
+                be.matmul_fwd(&mut out, &inp, Weights::new(&params, ats[2]), s)?;
+                tm.time(&format!("{layer} fp8 cached bwd, {name}"), 3, 20, tflops(2.0 * flop), || {
+                    be.matmul_bwd(
+                        &mut dinp,
+                        WeightGrads::new(&mut grads, ats[2]),
+                        &dout,
+                        &inp,
+                        Weights::new(&params, ats[2]),
+                        s,
+                    )
+                });
+                bwd_sums[2 + r] += tm.rows.last().map_or(0.0, |r| r.1);
+            }
+            be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1))?;
         }
+        let recipes: Vec<String> = FP8_RECIPES
+            .iter()
+            .enumerate()
+            .map(|(r, (name, _))| format!("{name} {:.3} ms ({:.2}x)", bwd_sums[2 + r], bwd_sums[0] / bwd_sums[2 + r]))
+            .collect();
+        println!(
+            "  {}: the four layers' backward alone: bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x); {}",
+            shapes.name,
+            bwd_sums[0],
+            bwd_sums[1],
+            bwd_sums[0] / bwd_sums[1],
+            recipes.join(", ")
+        );
         println!(
             "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 per use {:.3} ms ({:.2}x), \
              fp8 cached {:.3} ms ({:.2}x; + {:.3} ms once a step to fill the weight cache)",
