@@ -1320,11 +1320,7 @@ fn matmul_fp8() {
             }
             // The backward's other recipes (`train.fp8_grad_format`, `train.fp8_weight_grad`)
             // against the CPU's: e4m3 dY (e4m3 × e4m3 GEMMs), dW from the bf16 operands, both.
-            for backward in [
-                Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Fp8 },
-                Fp8Backward { grad: Fp8GradFormat::E5m2, weight_grad: Fp8WeightGrad::Bf16 },
-                Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Bf16 },
-            ] {
+            for backward in Fp8Backward::ALTERNATIVES {
                 let tag = format!("{tag} bwd {:?} {:?}", backward.grad, backward.weight_grad);
                 let recipe = layers.clone().with_backward(backward);
                 let cpu_r = CpuBackend::new();

@@ -213,10 +213,7 @@ impl TrainConfig {
         if self.precision != Precision::Fp8 {
             return None;
         }
-        let grad = match self.fp8_grad_format {
-            Fp8GradFormat::E5m2 => "e5m2",
-            Fp8GradFormat::E4m3 => "e4m3",
-        };
+        let grad = self.fp8_grad_format.name();
         let dw = match self.fp8_weight_grad {
             Fp8WeightGrad::Fp8 => "in FP8",
             Fp8WeightGrad::Bf16 => "from the unquantized operands (bf16 on GPUs, f32 on CPU ranks)",
@@ -797,19 +794,13 @@ impl Config {
         }
         // The FP8 backward's recipe only means something in FP8: refused rather than ignored.
         if t.precision != Precision::Fp8 {
-            if t.fp8_grad_format != Fp8GradFormat::default() {
-                return Err(bad(
-                    "train.fp8_grad_format",
-                    format!("{:?}", t.fp8_grad_format).to_lowercase(),
-                    "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out",
-                ));
-            }
-            if t.fp8_weight_grad != Fp8WeightGrad::default() {
-                return Err(bad(
-                    "train.fp8_weight_grad",
-                    format!("{:?}", t.fp8_weight_grad).to_lowercase(),
-                    "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out",
-                ));
+            let set = [
+                ("train.fp8_grad_format", t.fp8_grad_format.name(), t.fp8_grad_format != Fp8GradFormat::default()),
+                ("train.fp8_weight_grad", t.fp8_weight_grad.name(), t.fp8_weight_grad != Fp8WeightGrad::default()),
+            ];
+            if let Some(&(key, value, _)) = set.iter().find(|k| k.2) {
+                let why = "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out";
+                return Err(bad(key, value, why));
             }
         }
         self.check_scale()?;

@@ -290,6 +290,14 @@ impl Fp8GradFormat {
             Fp8GradFormat::E4m3 => Fp8Format::E4M3,
         }
     }
+
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8GradFormat::E5m2 => "e5m2",
+            Fp8GradFormat::E4m3 => "e4m3",
+        }
+    }
 }
 
 /// The precision of an FP8 layer's weight-gradient GEMM (`train.fp8_weight_grad`).
@@ -306,6 +314,16 @@ pub enum Fp8WeightGrad {
     Bf16,
 }
 
+impl Fp8WeightGrad {
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8WeightGrad::Fp8 => "fp8",
+            Fp8WeightGrad::Bf16 => "bf16",
+        }
+    }
+}
+
 /// How an FP8 layer's backward runs: its output gradient's format and its dW GEMM's
 /// precision. The default is the e5m2, all-FP8 backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -315,6 +333,14 @@ pub struct Fp8Backward {
 }
 
 impl Fp8Backward {
+    /// Every recipe but the default: e4m3 dY, dW from the unquantized operands, both (what
+    /// the GPU tests and `gpu-timing fp8` run beside the default).
+    pub const ALTERNATIVES: [Fp8Backward; 3] = [
+        Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Fp8 },
+        Fp8Backward { grad: Fp8GradFormat::E5m2, weight_grad: Fp8WeightGrad::Bf16 },
+        Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Bf16 },
+    ];
+
     /// The output gradient's FP8 format.
     pub fn grad_format(self) -> Fp8Format {
         self.grad.format()

@@ -648,15 +648,12 @@ const FP8_SHAPES: [LinearShapes; 2] = [
     },
 ];
 
-/// `gpu-timing fp8 [B [T]]` (see the top of the file).
-/// The FP8 backward's recipes other than the default (`train.fp8_grad_format`,
-/// `train.fp8_weight_grad`), timed beside it.
-const FP8_RECIPES: [(&str, Fp8Backward); 3] = [
-    ("e4m3 dY", Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Fp8 }),
-    ("dW in bf16", Fp8Backward { grad: Fp8GradFormat::E5m2, weight_grad: Fp8WeightGrad::Bf16 }),
-    ("e4m3 dY + dW in bf16", Fp8Backward { grad: Fp8GradFormat::E4m3, weight_grad: Fp8WeightGrad::Bf16 }),
-];
+/// An FP8 backward recipe as the timing rows name it (the config's spellings).
+fn recipe_name(b: Fp8Backward) -> String {
+    format!("dY {}, dW {}", b.grad.name(), b.weight_grad.name())
+}
 
+/// `gpu-timing fp8 [B [T]]` (see the top of the file).
 fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
     if let Err(why) = be.fp8_support() {
         println!("FP8 GEMMs unavailable: {why}");
@@ -684,7 +681,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
         let kinds = ["bf16      ", "fp8 per use", "fp8 cached"];
         let (mut sums, mut fill, mut as_run) = ([0.0f64; 3], 0.0f64, [0.0f64; 2]);
         // The backward alone: bf16, the default FP8 recipe (cached), then each other recipe.
-        let mut bwd_sums = [0.0f64; 2 + FP8_RECIPES.len()];
+        let mut bwd_sums = [0.0f64; 2 + Fp8Backward::ALTERNATIVES.len()];
         for (k, &(layer, c, oc, bias, fused)) in shapes.layers.iter().enumerate() {
             let s = MatShape { n, c, oc };
             let plen = oc * c + if bias { oc } else { 0 };
@@ -780,7 +777,8 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             fill += tm.rows.last().map_or(0.0, |r| r.1);
             // The backward's other recipes on the cached path (a forward first leaves the
             // input scale the backward reuses), then the default again for the next layer.
-            for (r, &(name, backward)) in FP8_RECIPES.iter().enumerate() {
+            for (r, backward) in Fp8Backward::ALTERNATIVES.into_iter().enumerate() {
+                let name = recipe_name(backward);
                 be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1).with_backward(backward))?;
                 be.matmul_fwd(&mut out, &inp, Weights::new(&params, ats[2]), s)?;
                 tm.time(&format!("{layer} fp8 cached bwd, {name}"), 3, 20, tflops(2.0 * flop), || {
@@ -797,10 +795,12 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             }
             be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1))?;
         }
-        let recipes: Vec<String> = FP8_RECIPES
-            .iter()
+        let recipes: Vec<String> = Fp8Backward::ALTERNATIVES
+            .into_iter()
             .enumerate()
-            .map(|(r, (name, _))| format!("{name} {:.3} ms ({:.2}x)", bwd_sums[2 + r], bwd_sums[0] / bwd_sums[2 + r]))
+            .map(|(r, b)| {
+                format!("{} {:.3} ms ({:.2}x)", recipe_name(b), bwd_sums[2 + r], bwd_sums[0] / bwd_sums[2 + r])
+            })
             .collect();
         println!(
             "  {}: the four layers' backward alone: bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x); {}",
