@@ -57,7 +57,8 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
 wanted() { [[ -z ${ONLY:-} || $1 =~ $ONLY ]]; }
 archive() { # after each row: $OUT as it stands, into $ARCHIVE (written aside, then moved)
     [[ -n ${ARCHIVE:-} ]] || return 0
-    tar czf "$ARCHIVE.part" --exclude='checkpoints' --exclude='*.safetensors' -C "$(dirname "$OUT")" "$(basename "$OUT")" \
+    tar czf "$ARCHIVE.part" --exclude='checkpoints' --exclude='*.safetensors' \
+            --exclude="$(basename "$ARCHIVE")" --exclude="$(basename "$ARCHIVE").part" -C "$(dirname "$OUT")" "$(basename "$OUT")" \
         && mv "$ARCHIVE.part" "$ARCHIVE"
 }
 run_ours() { # launcher name config extra...
@@ -179,7 +180,11 @@ if [[ $WHAT == parity || $WHAT == all ]]; then
     # PARITY_VARIANTS (default "bf16 fp8"): also fp8-e4m3g (e4m3 output gradients), fp8-bf16wg
     # (the weight gradient's GEMM in bf16), fp8-e4m3g-bf16wg (both), and bf16-seed2 (bf16 with
     # another seed: the spread between two bf16 runs that an fp8 difference is read against).
-    for v in ${PARITY_VARIANTS:-bf16 fp8}; do
+    # A variant may name its seed: "fp8@1339" runs fp8 with train.seed = 1339 (rows
+    # parity-*-fp8-s1339), so that each recipe's difference can be read over several seeds.
+    for vs in ${PARITY_VARIANTS:-bf16 fp8}; do
+        v=${vs%@*} seed=""
+        [[ $vs == *@* ]] && seed=${vs#*@}
         case $v in
             bf16 | fp8) va=(--set "train.precision=\"$v\"") ;;
             fp8-e4m3g) va=(--set 'train.precision="fp8"' --set 'train.fp8_grad_format="e4m3"') ;;
@@ -190,6 +195,7 @@ if [[ $WHAT == parity || $WHAT == all ]]; then
             *) echo "PARITY_VARIANTS: unknown variant $v (bf16, fp8, fp8-e4m3g, fp8-bf16wg, fp8-e4m3g-bf16wg, bf16-seed2)"
                exit 2 ;;
         esac
+        [[ -n $seed ]] && va+=(--set train.seed="$seed") && v+="-s$seed"
         ours "parity-124m-$v" configs/gpt2-124m.toml --set "data.path=\"$DATA\"" --set train.steps=2000 \
             --set zero.stage=1 "${va[@]}"
         ours "parity-1.5b-$v" configs/gpt2-1.5b.toml --set "data.path=\"$DATA\"" --set train.steps=500 \
@@ -214,7 +220,7 @@ if [[ $WHAT == parity || $WHAT == all ]]; then
 fi
 
 python3 - "$OUT" <<'PY'
-import glob, json, os, statistics, sys, tomllib
+import glob, json, os, re, statistics, sys, tomllib
 out = sys.argv[1]
 GiB = 2**30
 
@@ -277,11 +283,33 @@ for m in ("124m", "1.5b", "llama1b"):
     curves = {}
     for f in sorted(glob.glob(f"{out}/parity-{m}-*/metrics.jsonl")):
         curves[f.split(f"parity-{m}-")[1].split("/")[0]] = [json.loads(l)["loss"] for l in open(f)]
-    if "bf16" in curves and len(curves) >= 2:
-        n = min(len(c) for c in curves.values())
-        tail = {p: statistics.mean(c[n - 100:n]) for p, c in curves.items()}
+    if len(curves) < 2:
+        continue
+    n = min(len(c) for c in curves.values())
+    tail = {p: statistics.mean(c[n - 100:n]) for p, c in curves.items()}
+    if "bf16" in tail:
         others = ", ".join(f"{p} {t:.4f} ({100 * (t - tail['bf16']) / tail['bf16']:+.2f}%)"
                            for p, t in tail.items() if p != "bf16")
         print(f"parity {m}, {n} steps: mean loss of the last 100: bf16 {tail['bf16']:.4f}, {others}")
+    # Over seeds: each recipe's difference from bf16 at each seed both ran, and their means.
+    # Labels: "fp8" (seed 1337, the configs'), "bf16-seed2" (1338), "fp8-s1339" (VARIANT@SEED).
+    by = {}  # recipe -> {seed: tail}
+    for label, t in tail.items():
+        recipe, seed = (label[:-6], 1338) if label.endswith("-seed2") else (label, 1337)
+        if re.fullmatch(r".*-s[0-9]+", label):
+            recipe, seed = label.rsplit("-s", 1)[0], int(label.rsplit("-s", 1)[1])
+        by.setdefault(recipe, {})[seed] = t
+    base = by.get("bf16", {})
+    if len(base) >= 2:
+        spread = max(base.values()) / min(base.values()) - 1
+        print(f"parity {m}, {n} steps, over seeds: bf16 {statistics.mean(base.values()):.4f} "
+              f"({len(base)} seeds, largest/smallest {100 * spread:+.2f}%)")
+    for recipe, ts in by.items():
+        both = [s for s in sorted(ts) if s in base]
+        if recipe == "bf16" or len(both) < (2 if len(ts) > 1 else 1) or len(base) < 2:
+            continue
+        mean = statistics.mean(ts[s] for s in both) / statistics.mean(base[s] for s in both)
+        print(f"  {recipe}: {len(both)} seeds, mean {100 * (mean - 1):+.2f}% against bf16 at the same seeds; "
+              f"per seed " + " ".join(f"{100 * (ts[s] / base[s] - 1):+.2f}%" for s in both))
 PY
 archive   # the plots and CSVs made above too

@@ -77,7 +77,8 @@ bounded() {
     # ARCHIVE=path.tgz: $OUT as it stands after every run (no checkpoints), so that a call
     # stopped by its limit still returns what finished (only a few files come back from a call).
     if [[ -n ${ARCHIVE:-} ]]; then
-        tar czf "$ARCHIVE.part" --exclude='checkpoints' --exclude='*.safetensors' -C "$(dirname "$OUT")" "$(basename "$OUT")" \
+        tar czf "$ARCHIVE.part" --exclude='checkpoints' --exclude='*.safetensors' \
+            --exclude="$(basename "$ARCHIVE")" --exclude="$(basename "$ARCHIVE").part" -C "$(dirname "$OUT")" "$(basename "$OUT")" \
             && mv "$ARCHIVE.part" "$ARCHIVE"
     fi
 }
