@@ -1131,6 +1131,8 @@ fn fp8_casts() {
         for fmt in [Fp8Format::E4M3, Fp8Format::E5M2] {
             for &(rows, cols, off, scale, what) in &[
                 (256usize, 768usize, 0usize, 1.0f32, "normal"),
+                // Tiles of 128 rows × 64 columns cut short on both sides (2 and 25 full ones).
+                (272, 1616, 0, 1.0, "ragged tiles"),
                 (64, 48, 3, 1.0, "offset 3"),
                 (80, 2048, 0, 1e-3, "small"),
                 (48, 32, 0, 0.0, "zeros"),

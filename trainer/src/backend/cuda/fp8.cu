@@ -104,41 +104,65 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
         [&](long long i) { q[i] = (unsigned char)(cvt2(bf2f(x[i]) * s, 0.f, e5m2) & 0xffu); });
 }
 
-#define FP8_TILE 64
+#define FP8_TILE_C 64   // columns of x in a tile (rows of qt)
+#define FP8_TILE_R 128  // rows of x in a tile: 32 groups of 4 rows, one per 8 threads
 
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale. rows and cols are multiples of 16 (fp8::eligible);
-// q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/64)), 256 threads: a 64×64
-// tile through shared memory.
-extern "C" __global__ void fp8_cast_transpose_bf16(unsigned char* q, unsigned char* qt, const bf16_t* x, int rows,
-                                                   int cols, unsigned* slot, int e5m2) {
-    __shared__ __align__(16) unsigned char t[FP8_TILE][FP8_TILE + 16];
+// q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/128)), 256 threads.
+//
+// Each thread loads a 4-row × 8-column patch (four 16-byte loads in flight: bandwidth needs
+// bytes in flight), casts it, writes q's rows from registers, and turns its 4×8 codes into
+// 8 words of 4 rows each with byte permutes, so shared memory moves words, not bytes. The
+// stores then write 16 consecutive rows of one of qt's rows per 16-byte word. The +1 word of
+// padding per column keeps the word writes to 2-way bank conflicts and the reads to none.
+extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsigned char* __restrict__ q,
+                                                                          unsigned char* __restrict__ qt,
+                                                                          const bf16_t* __restrict__ x, int rows,
+                                                                          int cols, unsigned* slot, int e5m2) {
+    __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
     const float s = slot_scale(slot, e5m2);
-    const int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
+    const int r0 = blockIdx.y * FP8_TILE_R, c0 = blockIdx.x * FP8_TILE_C;
     const bool aligned = aligned16(x);
-    // Load: 8 consecutive values of a row per step (cols % 16 == 0: all in or all out).
-    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 8; k += blockDim.x) {
-        const int r = k >> 3, cc = (k & 7) * 8;
-        const int gr = r0 + r, gc = c0 + cc;
-        if (gr < rows && gc < cols) {
-            const uint2 b = cvt8(load8(x + (long long)gr * cols + gc, aligned), s, e5m2);
-            *(uint2*)&t[r][cc] = b;
-            if (q) *(uint2*)(q + (long long)gr * cols + gc) = b;
+    // The 8 threads of a row group read its rows' 128 contiguous bytes; rows % 16 == 0 and
+    // cols % 16 == 0 put a group's rows and a thread's columns all in or all out.
+    const int cg = threadIdx.x & 7, g = threadIdx.x >> 3;
+    const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
+    if (gr < rows && gc < cols) {
+        const bf16_t* src = x + (long long)gr * cols + gc;
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = load8(src + (long long)i * cols, aligned);
+        uint2 b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = cvt8(v[i], s, e5m2);
+        if (q) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) *(uint2*)(q + (long long)(gr + i) * cols + gc) = b[i];
+        }
+        // Byte k of b[i].x is (row i, column k): interleave rows 0,1 and 2,3, then the pairs,
+        // so that word k holds column k's rows 0..3 in byte order (the layout qt wants).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned w0 = h ? b[0].y : b[0].x, w1 = h ? b[1].y : b[1].x;
+            const unsigned w2 = h ? b[2].y : b[2].x, w3 = h ? b[3].y : b[3].x;
+            const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+            const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+            const int c = 8 * cg + 4 * h;
+            t[c + 0][g] = __byte_perm(lo01, lo23, 0x5410);
+            t[c + 1][g] = __byte_perm(lo01, lo23, 0x7632);
+            t[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
+            t[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
         }
     }
     __syncthreads();
-    // Store: 16 consecutive rows of a column per step, as one 16-byte word of qt's row.
-    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 16; k += blockDim.x) {
-        const int c = k >> 2, rr = (k & 3) * 16;
-        const int gc = c0 + c, gr = r0 + rr;
-        if (gc < cols && gr < rows) {
-            unsigned w[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                w[j] = (unsigned)t[rr + 4 * j][c] | ((unsigned)t[rr + 4 * j + 1][c] << 8) |
-                       ((unsigned)t[rr + 4 * j + 2][c] << 16) | ((unsigned)t[rr + 4 * j + 3][c] << 24);
-            *(uint4*)(qt + (long long)gc * rows + gr) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+    // Store: 64 of qt's rows × 8 chunks of 16 codes, two per thread (all in or all out).
+    for (int k = threadIdx.x; k < FP8_TILE_C * (FP8_TILE_R / 16); k += blockDim.x) {
+        const int c = k >> 3, ch = k & 7;
+        const int oc = c0 + c, orow = r0 + 16 * ch;
+        if (oc < cols && orow < rows)
+            *(uint4*)(qt + (long long)oc * rows + orow) =
+                make_uint4(t[c][4 * ch], t[c][4 * ch + 1], t[c][4 * ch + 2], t[c][4 * ch + 3]);
     }
 }
 

@@ -70,8 +70,10 @@ fn fp8_defines() -> Vec<(&'static str, String)> {
     vec![("FP8G_SEGS", crate::backend::fp8_gather::MAX_SEGMENTS.to_string())]
 }
 
-/// Rows and columns of the transposing cast's tile (`FP8_TILE` in fp8.cu).
-const TILE: usize = 64;
+/// Columns and rows of the transposing cast's tile (`FP8_TILE_C`, `FP8_TILE_R` in fp8.cu,
+/// whose 256 threads each take 4 rows × 8 columns).
+const TILE_C: usize = 64;
+const TILE_R: usize = 128;
 
 /// `SHARDTRAIN_FP8_FAST_ACCUM`: `0` (or unset) has the FP8 forward GEMMs promote their partial
 /// sums to fp32 like the backward's; `1` lets them use cuBLASLt's fast accumulation (as
@@ -473,9 +475,9 @@ impl CudaBackend {
             Some(qt) => {
                 let q = dst.unwrap_or(0);
                 let (ri, ci) = (to_i32("rows", rows)?, to_i32("columns", cols)?);
-                let grid = (cols.div_ceil(TILE) as u32, rows.div_ceil(TILE) as u32, 1);
+                let grid = (cols.div_ceil(TILE_C) as u32, rows.div_ceil(TILE_R) as u32, 1);
                 if grid.1 > 65_535 {
-                    return Err(bad(format!("FP8 transposing cast: {rows} rows exceed the grid (64 × 65535)")));
+                    return Err(bad(format!("FP8 transposing cast: {rows} rows exceed the grid (128 × 65535)")));
                 }
                 let f = self.f("fp8_cast_transpose_bf16")?;
                 let mut lb = self.stream.launch_builder(f);
