@@ -1183,6 +1183,22 @@ fn fp8_casts() {
                     })
                     .count();
                 rep.check(&tag, "transposed codes", bad_t == 0, &format!("{bad_t} of {n} differ"));
+                // Its column sums (the fused bias gradient), in the kernel's order: each 4-row
+                // group's ((x0 + x1) + x2) + x3, then the groups of a tile from the first.
+                let tile = trainer::backend::cuda::FP8_COLSUM_ROWS;
+                let bf = |v: f32| bf16::from_f32(v).to_f32();
+                let mut sums = Vec::with_capacity(rows.div_ceil(tile) * cols);
+                for t0 in (0..rows).step_by(tile) {
+                    for c in 0..cols {
+                        let mut acc = 0f32;
+                        for g in (t0..(t0 + tile).min(rows)).step_by(4) {
+                            let v = |i: usize| bf(xs[(g + i) * cols + c]);
+                            acc += ((v(0) + v(1)) + v(2)) + v(3);
+                        }
+                        sums.push(acc);
+                    }
+                }
+                rep.same_bits(&tag, "column sums (transposing cast)", &got.col_sums, &sums);
             }
         }
         Ok(())

@@ -110,6 +110,10 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale. rows and cols are multiples of 16 (fp8::eligible);
 // q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/128)), 256 threads.
+// Unless colsum is null, also the column sums of x per tile, colsum[blockIdx.y, col] (f32,
+// [ceil(rows/128), cols]): the bias gradient of an output gradient without another pass over
+// it (reduce_partials adds the tiles in order). A tile's sum, in this order: each 4-row
+// group's ((x0 + x1) + x2) + x3, then the 32 groups from 0 up (0 for groups past the rows).
 //
 // Each thread loads a 4-row × 8-column patch (four 16-byte loads in flight: bandwidth needs
 // bytes in flight), casts it, writes q's rows from registers, and turns its 4×8 codes into
@@ -119,8 +123,10 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsigned char* __restrict__ q,
                                                                           unsigned char* __restrict__ qt,
                                                                           const bf16_t* __restrict__ x, int rows,
-                                                                          int cols, unsigned* slot, int e5m2) {
+                                                                          int cols, unsigned* slot, int e5m2,
+                                                                          float* __restrict__ colsum) {
     __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
+    __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     const float s = slot_scale(slot, e5m2);
     const int r0 = blockIdx.y * FP8_TILE_R, c0 = blockIdx.x * FP8_TILE_C;
     const bool aligned = aligned16(x);
@@ -133,6 +139,13 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
         uint4 v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = load8(src + (long long)i * cols, aligned);
+        if (colsum) {
+            float f[4][8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) unpack8(v[i], f[i]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = ((f[0][j] + f[1][j]) + f[2][j]) + f[3][j];
+        }
         uint2 b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = cvt8(v[i], s, e5m2);
@@ -154,6 +167,9 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
             t[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
             t[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
         }
+    } else if (colsum && gc < cols) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = 0.f;
     }
     __syncthreads();
     // Store: 64 of qt's rows × 8 chunks of 16 codes, two per thread (all in or all out).
@@ -163,6 +179,12 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
         if (oc < cols && orow < rows)
             *(uint4*)(qt + (long long)oc * rows + orow) =
                 make_uint4(t[c][4 * ch], t[c][4 * ch + 1], t[c][4 * ch + 2], t[c][4 * ch + 3]);
+    }
+    if (colsum && threadIdx.x < FP8_TILE_C && c0 + (int)threadIdx.x < cols) {
+        float acc = 0.f;
+#pragma unroll 8
+        for (int k = 0; k < FP8_TILE_R / 4; ++k) acc += sums[threadIdx.x][k];
+        colsum[(long long)blockIdx.y * cols + c0 + threadIdx.x] = acc;
     }
 }
 

@@ -24,7 +24,9 @@
 //! qkv and fc/gate_up, GELU (composed or recomputed) before fc2, SwiGLU before down, GELU's
 //! and SwiGLU's backward before fc/gate_up's),
 //! there is no amax pass: the producer's kernel max-ed what it wrote into the slot
-//! (`warp_amax_out` in common.cuh). The bias gradient sums the bf16 dY.
+//! (`warp_amax_out` in common.cuh). The bias gradient sums the bf16 dY: as column sums of
+//! dY's transposing cast, which reads dY anyway (per 128 rows, then the tiles in order), or,
+//! where dY has no transposed cast (`fp8_weight_grad = "bf16"`), by the bias kernel.
 //!
 //! A layer with an `Fp8Layer` (the models' blocks) keeps state between ops, in slots and
 //! buffers `prepare_fp8` reserved once (stable addresses, so CUDA graphs replay them):
@@ -51,6 +53,7 @@ use super::cublaslt::{Act, Fp8Gemm, Gemm, OutType};
 use super::kernels::{no_big_smem, KernelFile};
 use super::launch::{bad, cfg, to_i32, BLOCK};
 use super::matmul::BwdPtrs;
+use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
 use crate::backend::{
@@ -74,6 +77,8 @@ fn fp8_defines() -> Vec<(&'static str, String)> {
 /// whose 256 threads each take 4 rows × 8 columns).
 const TILE_C: usize = 64;
 const TILE_R: usize = 128;
+/// The rows of one of the transposing cast's column sums (a tile's).
+pub const COLSUM_ROWS: usize = TILE_R;
 
 /// `SHARDTRAIN_FP8_FAST_ACCUM`: `0` (or unset) has the FP8 forward GEMMs promote their partial
 /// sums to fp32 like the backward's; `1` lets them use cuBLASLt's fast accumulation (as
@@ -458,6 +463,17 @@ impl CudaBackend {
     /// `x` holds `rows·cols` bf16; `dst` and `dst_t` (16-byte aligned) as many bytes; the
     /// slot holds the tensor's amax.
     unsafe fn fp8_cast(&self, c: Cast) -> BResult<()> {
+        // SAFETY: the caller's promises; no column sums.
+        unsafe { self.fp8_cast_colsum(c, 0) }
+    }
+
+    /// [`CudaBackend::fp8_cast`], and for a transposing cast with `colsum` not 0 also the
+    /// column sums of `c.x` per [`COLSUM_ROWS`] rows into `colsum` (f32,
+    /// `[rows.div_ceil(COLSUM_ROWS), cols]`; see `fp8_cast_transpose_bf16`).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::fp8_cast`]; `colsum` (unless 0) holds that many floats.
+    unsafe fn fp8_cast_colsum(&self, c: Cast, colsum: u64) -> BResult<()> {
         let Cast { x, rows, cols, fmt, slot, dst, dst_t } = c;
         let n = rows * cols;
         let ni = n as i64;
@@ -465,6 +481,9 @@ impl CudaBackend {
         match dst_t {
             None => {
                 let q = dst.ok_or_else(|| bad("an FP8 cast without a destination (a bug)".into()))?;
+                if colsum != 0 {
+                    return Err(bad("column sums asked of an FP8 cast without its transpose (a bug)".into()));
+                }
                 let f = self.f("fp8_cast_bf16")?;
                 let mut lb = self.stream.launch_builder(f);
                 lb.arg(&q).arg(&x).arg(&ni).arg(&slot).arg(&fmt_i);
@@ -481,8 +500,9 @@ impl CudaBackend {
                 }
                 let f = self.f("fp8_cast_transpose_bf16")?;
                 let mut lb = self.stream.launch_builder(f);
-                lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i);
-                // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16; the slot two words.
+                lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum);
+                // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16; the slot two
+                // words; colsum (unless 0) a float per column and tile of rows.
                 unsafe { lb.launch(cfg(grid, (256, 1, 1), 0)) }
                     .map_err(|e| self.launch_err("fp8_cast_transpose_bf16", e))?;
             }
@@ -637,6 +657,13 @@ impl CudaBackend {
         // dY's transposed codes only for an FP8 dW.
         let gt = dw_fp8.then(|| ws.gt());
         let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: gf, slot: g_slot, dst: Some(ws.a()), dst_t: gt };
+        // The bias gradient from the column sums dY's transposing cast makes as it reads dY
+        // (one pass over dY fewer); without that cast (dW in bf16), the bias kernel's pass.
+        let fused_db = ptr.dbias.filter(|_| gt.is_some());
+        let colsum = match fused_db {
+            Some(_) => self.scratch_f32(n.div_ceil(COLSUM_ROWS) * oc)?,
+            None => 0,
+        };
         let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
@@ -645,7 +672,15 @@ impl CudaBackend {
         // or its producer's); the gradient slot holds the amax dY's producer left where that
         // is said.
         unsafe {
-            self.fp8_cast_amax(g, amax_left)?;
+            if !amax_left {
+                self.fp8_fresh_amax(g.x, n * oc, g.slot)?;
+            }
+            self.fp8_cast_colsum(g, colsum)?;
+            if let Some(db) = fused_db {
+                // Right after the cast: the scratch holds the sums until another op takes it.
+                let split = Split { dst0: db, dst1: db, split: oc, overwrite: ptr.fresh };
+                self.reduce_partials(split, colsum, n.div_ceil(COLSUM_ROWS), oc)?;
+            }
             if cached.is_none() {
                 let wc = Cast { x: ptr.w, rows: oc, cols: c, fmt: e4, slot: w_slot, dst: None, dst_t: Some(ws.w()) };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
@@ -664,7 +699,7 @@ impl CudaBackend {
             let beta = if ptr.fresh { 0.0 } else { 1.0 };
             self.lt.gemm(&super::matmul::dw_gemm(ptr.dw, ptr.inp, ptr.dout, s, oc, beta), stream)?;
         }
-        if let Some(db) = ptr.dbias {
+        if let (Some(db), None) = (ptr.dbias, fused_db) {
             self.bias_grad(db, ptr.dout, n, oc, ptr.fresh)?;
         }
         Ok(())
@@ -775,6 +810,8 @@ pub struct Fp8Cast {
     pub codes_t: Vec<u8>,
     /// The row-major codes the transposing cast wrote beside the transposed ones.
     pub codes_beside_t: Vec<u8>,
+    /// The transposing cast's column sums, `[rows.div_ceil(COLSUM_ROWS), cols]`.
+    pub col_sums: Vec<f32>,
 }
 
 impl CudaBackend {
@@ -796,19 +833,23 @@ impl CudaBackend {
             return Err(bad(format!("fp8_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
         }
         let mut slot = self.alloc::<u32>(2, "FP8 check slot")?;
+        let mut sums = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
+        let sums_p = self.ptr_mut(&mut sums, 0);
         let (mut q, mut qt, mut q2) =
             (self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?);
         let xp = self.ptr(x, off);
         let (sp, qp, qtp, q2p) =
             (self.ptr_mut(&mut slot, 0), self.ptr_mut(&mut q, 0), self.ptr_mut(&mut qt, 0), self.ptr_mut(&mut q2, 0));
         // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
-        // aligned allocations); the slot two zeroed words.
+        // aligned allocations); the slot two zeroed words; sums a float per column and tile.
         unsafe {
             let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None };
             self.fp8_quantize(c)?;
             let r = cudarc::driver::result::memset_d8_async(sp + 4, 0, 4, self.stream.cu_stream());
             r.map_err(|e| self.err("zeroing the check slot", e))?;
-            self.fp8_quantize(Cast { dst: Some(q2p), dst_t: Some(qtp), ..c })?;
+            let ct = Cast { dst: Some(q2p), dst_t: Some(qtp), ..c };
+            self.fp8_amax(ct.x, n, ct.slot)?;
+            self.fp8_cast_colsum(ct, sums_p)?;
         }
         let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
         let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;
@@ -818,6 +859,7 @@ impl CudaBackend {
             codes: down(&q)?,
             codes_t: down(&qt)?,
             codes_beside_t: down(&q2)?,
+            col_sums: self.stream.clone_dtoh(&sums).map_err(|e| self.err("reading the column sums", e))?,
         })
     }
 }
