@@ -11,7 +11,8 @@ draws each run's loss smoothed by a moving mean over --smooth steps (raw values 
 import argparse
 import json
 
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+# Ten colours (then again, dashed the other way): a parity run over seeds can draw a dozen curves.
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 def main():
@@ -65,7 +66,7 @@ def main():
     for i, (label, pts) in enumerate(smoothed):
         c = COLORS[i % len(COLORS)]
         path = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in pts)
-        dash = ' stroke-dasharray="6 4"' if i % 2 else ""  # overlapping curves stay visible
+        dash = ' stroke-dasharray="6 4"' if (i + i // len(COLORS)) % 2 else ""  # overlapping curves stay visible
         svg.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5"{dash} points="{path}"/>')
         svg.append(f'<line x1="{W - R - 140}" y1="{T + 20 + 20 * i}" x2="{W - R - 110}" y2="{T + 20 + 20 * i}" '
                    f'stroke="{c}" stroke-width="2"{dash}/>')
