@@ -353,3 +353,43 @@ fn fp8_with_the_optimizer_offloaded_trains_the_same_bits() {
         assert!(device.losses[2] < device.losses[0], "{name}: the loss falls: {:?}", device.losses);
     }
 }
+
+/// `train.fp8_bf16_layers`: the named layers' GEMMs run unquantized. Every layer kept gives
+/// the bits of a bf16 run (the FP8 state numbered for them is never read); one layer kept
+/// trains, differs from both plain runs (it is not ignored, nor is the rest), and shards
+/// like the default: 2 ranks at ZeRO-3 with checkpointing and the weight cache match the
+/// single rank within the tolerances above, and their FP8 gathers (which must send the kept
+/// layer at full precision) give the bits of full-precision gathers. GPT-2 (proj) and
+/// Llama (o).
+#[test]
+fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let keep = |t: String, names: &str| t.replace("[train]\n", &format!("[train]\nfp8_bf16_layers = [{names}]\n"));
+    let gpt = |stage: u8, accum: usize, act: &str, p: &str| tiny_fp8_toml(stage, accum, act, p);
+    let llama = |stage: u8, accum: usize, act: &str, p: &str| tiny_llama_fp8_toml(stage, accum, act, p, true);
+    type Toml<'a> = &'a dyn Fn(u8, usize, &str, &str) -> String;
+    let families: [(&str, Toml, &str, &str); 2] = [
+        ("gpt2", &gpt, r#""qkv", "proj", "fc", "fc2""#, r#""proj""#),
+        ("llama", &llama, r#""qkv", "o", "gate_up", "down""#, r#""o""#),
+    ];
+    for (name, toml, all, one) in families {
+        let bf16 = run(1, toml(0, 4, "\"none\"", "bf16"), 4, &data);
+        let all_kept = run(1, keep(toml(0, 4, "\"none\"", "fp8"), all), 4, &data);
+        assert_same_bits(&all_kept, &bf16, &format!("{name}: every layer kept in bf16 against a bf16 run"));
+        let plain = run(1, toml(0, 4, "\"none\"", "fp8"), 4, &data);
+        let single = run(1, keep(toml(0, 4, "\"none\"", "fp8"), one), 4, &data);
+        let tag = format!("{name}, {one} kept in bf16");
+        assert_ne!(single.params, plain.params, "{tag}: the plain fp8 run's parameters: the key did nothing");
+        assert_ne!(single.params, bf16.params, "{tag}: the bf16 run's parameters: nothing ran in FP8");
+        assert!(single.losses[3] < single.losses[0], "{tag}: the loss falls: {:?}", single.losses);
+        let sharded =
+            keep(toml(3, 2, "\"every_layer\"", "fp8"), one).replace("[train]\n", "[train]\nfp8_weight_cache = true\n");
+        let got = run(2, sharded.clone(), 4, &data);
+        let (rel, abs) = (max_rel(&got.losses, &single.losses), max_abs(&got.params, &single.params));
+        assert!(rel <= LOSS_RTOL && abs <= PARAM_ATOL, "{tag}, 2 ranks stage 3: loss rel {rel:e}, params abs {abs:e}");
+        let gathered = run(2, sharded.replace("[zero]\n", "[zero]\nfp8_gather = true\n"), 4, &data);
+        assert_eq!(gathered.fp8_gathers.0, 2, "{tag}: both blocks gathered as FP8 codes");
+        assert_same_bits(&gathered, &got, &format!("{tag}: FP8 gathers"));
+    }
+}

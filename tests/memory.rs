@@ -340,6 +340,23 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
             assert_eq!(f.current.total() - b.current.total(), workspace + cached, "{tag}");
         }
     }
+    // A layer kept in bf16 (`train.fp8_bf16_layers`) has no cached weight: proj's C² of a
+    // block's 12·C² leaves the cache; the workspace (sized by the largest layer) is the same.
+    for stage in 0..=3u8 {
+        let kept = toml(stage, "fp8", "true").replace("[train]\n", "[train]\nfp8_bf16_layers = [\"proj\"]\n");
+        let cfg = Config::from_toml_str(&kept, "test").expect("cfg");
+        for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
+            let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+            assert_eq!(&p, m, "fp8, proj kept in bf16, stage {stage} rank {rank}: predicted vs measured");
+        }
+        let bf16 = Config::from_toml_str(&toml(stage, "bf16", "true"), "test").expect("cfg");
+        let (f, b) = (
+            predict(&cfg, 2, 0, DeviceModel::cuda()).expect("fp8"),
+            predict(&bf16, 2, 0, DeviceModel::cuda()).expect("bf16"),
+        );
+        assert_eq!(f.current.params - b.current.params, cache / 12 * 11, "stage {stage}, proj kept");
+        assert_eq!(f.current.workspace - b.current.workspace, workspace, "stage {stage}, proj kept");
+    }
     // At GPT-2 1.5B, 8 × 1024 tokens: 256 B of per-op scales, 2·8192·6400 B of activations and
     // gradients, 6400·1600 B of weight: 115 MiB; 48 layers' slots add 1.5 KiB.
     let e = LinearExtent::of(8192, &[(1600, 4800), (1600, 1600), (1600, 6400), (6400, 1600)]);

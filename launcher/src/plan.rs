@@ -195,7 +195,8 @@ impl Workload {
         }
         let layout = ModelLayout::new(&cfg.model);
         let rows = cfg.train.micro_batch * cfg.model.seq_len;
-        let fp8: usize = cfg.model.family.fp8_weights(&layout, rows).iter().flatten().map(|l| l.len).sum();
+        let bf16 = cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers);
+        let fp8: usize = cfg.model.family.fp8_weights(&layout, rows, bf16).iter().flatten().map(|l| l.len).sum();
         Workload { gather_bytes: 2.0 - fp8 as f64 / self.params as f64, ..self }
     }
 

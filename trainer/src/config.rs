@@ -194,6 +194,12 @@ pub struct TrainConfig {
     /// recipe keeps it, so the gradient the optimizer sees rounds neither to 8 bits. It
     /// gives up a third of the FP8 GEMMs' gain and saves the backward's casts of the input.
     pub fp8_weight_grad: Fp8WeightGrad,
+    /// With `precision = "fp8"`: the blocks' linear layers kept in bf16, by name (GPT-2:
+    /// `"qkv"`, `"proj"`, `"fc"`, `"fc2"`; Llama: `"qkv"`, `"o"`, `"gate_up"`, `"down"`), for
+    /// layers whose FP8 GEMMs do not pay for their casts at the model's shapes (as torchao
+    /// filters layers by shape and torchtitan by name), or that a run wants unquantized.
+    /// Empty (the default): every eligible layer in FP8.
+    pub fp8_bf16_layers: Vec<String>,
     /// Rows of logits the LM head makes at a time (its GEMMs, the loss and the backward run
     /// chunk by chunk, so a micro-batch's logits never exist whole); 0 = automatic: the
     /// fewest equal chunks of at most 4 GiB of logits.
@@ -218,10 +224,14 @@ impl TrainConfig {
             Fp8WeightGrad::Fp8 => "in FP8",
             Fp8WeightGrad::Bf16 => "from the unquantized operands (bf16 on GPUs, f32 on CPU ranks)",
         };
+        let kept = match self.fp8_bf16_layers.as_slice() {
+            [] => String::new(),
+            names => format!("; kept in bf16: {} (train.fp8_bf16_layers)", names.join(", ")),
+        };
         Some(format!(
             "train.precision = \"fp8\": the blocks' linear layers with e4m3 weights and inputs, {grad} output \
              gradients (train.fp8_grad_format), the weight gradient {dw} (train.fp8_weight_grad); per-tensor \
-             current scaling"
+             current scaling{kept}"
         ))
     }
 }
@@ -250,6 +260,7 @@ impl Default for TrainConfig {
             fp8_weight_cache: Fp8WeightCache::Auto,
             fp8_grad_format: Fp8GradFormat::E5m2,
             fp8_weight_grad: Fp8WeightGrad::Fp8,
+            fp8_bf16_layers: Vec::new(),
             loss_chunk_rows: 0,
             init_from: None,
         }
@@ -802,6 +813,20 @@ impl Config {
                 let why = "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out";
                 return Err(bad(key, value, why));
             }
+            if !t.fp8_bf16_layers.is_empty() {
+                let why = "keeps layers out of FP8: set train.precision = \"fp8\" too, or leave it out";
+                return Err(bad("train.fp8_bf16_layers", format!("{:?}", t.fp8_bf16_layers), why));
+            }
+        }
+        let names = m.family.linear_names();
+        for (i, name) in t.fp8_bf16_layers.iter().enumerate() {
+            if !names.contains(&name.as_str()) {
+                let why = format!("the {} family's block linear layers are {names:?}", m.family.name());
+                return Err(bad("train.fp8_bf16_layers", format!("{name:?}"), why));
+            }
+            if t.fp8_bf16_layers[..i].contains(name) {
+                return Err(bad("train.fp8_bf16_layers", format!("{name:?}"), "is listed twice"));
+            }
         }
         self.check_scale()?;
         if !(t.lr.is_finite() && t.lr >= 0.0) {
@@ -1286,6 +1311,25 @@ mod tests {
             line.contains("e4m3 output gradients") && line.contains("weight gradient from the unquantized"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn fp8_bf16_layers_are_named_by_family_and_refused_outside_fp8() {
+        let fp8 = "train.precision=\"fp8\"";
+        let c = load_str(BASE, &[fp8, "train.fp8_bf16_layers=[\"proj\", \"fc2\"]"]).expect("valid");
+        assert_eq!(c.train.fp8_bf16_layers, ["proj", "fc2"]);
+        assert_eq!(c.model.family.bf16_layers(&c.train.fp8_bf16_layers), [false, true, false, true]);
+        let line = c.train.fp8_recipe_summary().expect("fp8");
+        assert!(line.contains("kept in bf16: proj, fc2"), "{line}");
+        // Llama's names are not GPT-2's: the error lists the family's.
+        let e = load_str(BASE, &[fp8, "train.fp8_bf16_layers=[\"o\"]"]).unwrap_err().to_string();
+        assert!(e.contains("train.fp8_bf16_layers") && e.contains("\"o\"") && e.contains("\"proj\""), "{e}");
+        let e = load_str(BASE, &[fp8, "train.fp8_bf16_layers=[\"fc\", \"fc\"]"]).unwrap_err().to_string();
+        assert!(e.contains("listed twice"), "{e}");
+        // In bf16 it would change nothing: refused, with what to do; empty is fine.
+        let e = load_str(BASE, &["train.fp8_bf16_layers=[\"proj\"]"]).unwrap_err().to_string();
+        assert!(e.contains("train.fp8_bf16_layers") && e.contains("train.precision"), "{e}");
+        load_str(BASE, &["train.fp8_bf16_layers=[]"]).expect("valid");
     }
 
     #[test]

@@ -61,6 +61,20 @@ impl ModelFamily {
         })
     }
 
+    /// The block's linear layers by name, in FP8 layer order (`train.fp8_bf16_layers`
+    /// names them; `BlockLocs::linears` lists them in this order).
+    pub fn linear_names(self) -> [&'static str; 4] {
+        match self {
+            ModelFamily::Gpt2 => ["qkv", "proj", "fc", "fc2"],
+            ModelFamily::Llama => ["qkv", "o", "gate_up", "down"],
+        }
+    }
+
+    /// Which of the block's linear layers (FP8 order) `names` keeps in bf16.
+    pub fn bf16_layers(self, names: &[String]) -> Bf16Layers {
+        self.linear_names().map(|n| names.iter().any(|m| m == n))
+    }
+
     /// Refuse `cfg`'s keys that this family does not use or cannot take, naming the key.
     pub fn validate(self, cfg: &ModelConfig) -> Result<(), ConfigError> {
         match self {
@@ -114,9 +128,10 @@ impl ModelFamily {
     }
 
     /// Each unit's weights whose GEMMs run in FP8 over `rows` rows (`train.precision =
-    /// "fp8"`): the blocks' linear layers of an eligible shape (`fp8::eligible`), what
-    /// ZeRO-3's FP8 gathers send as FP8 (`zero.fp8_gather`); none in the other units.
-    pub fn fp8_weights(self, layout: &ModelLayout, rows: usize) -> Vec<Vec<Loc>> {
+    /// "fp8"`): the blocks' linear layers of an eligible shape (`fp8::eligible`) but those
+    /// kept in bf16 (`bf16`), what ZeRO-3's FP8 gathers send as FP8 (`zero.fp8_gather`);
+    /// none in the other units.
+    pub fn fp8_weights(self, layout: &ModelLayout, rows: usize, bf16: Bf16Layers) -> Vec<Vec<Loc>> {
         let cfg = &layout.cfg;
         // The linears the models give `prepare_precision`, and where their weights are.
         let linears = match self {
@@ -125,8 +140,11 @@ impl ModelFamily {
         };
         let eligible: Vec<Loc> = linears
             .into_iter()
-            .filter(|&(_, c, oc)| crate::backend::fp8::eligible(crate::backend::MatShape { n: rows, c, oc }))
-            .map(|(w, ..)| w)
+            .zip(bf16)
+            .filter(|&((_, c, oc), kept)| {
+                !kept && crate::backend::fp8::eligible(crate::backend::MatShape { n: rows, c, oc })
+            })
+            .map(|((w, ..), _)| w)
             .collect();
         (0..layout.units.len())
             .map(|u| if (1..=cfg.n_layer).contains(&u) { eligible.clone() } else { Vec::new() })
@@ -175,6 +193,10 @@ impl ModelFamily {
     }
 }
 
+/// The block's linear layers kept in bf16 under `train.precision = "fp8"`, in FP8 layer order
+/// ([`ModelFamily::linear_names`]).
+pub type Bf16Layers = [bool; 4];
+
 /// What sizes a model's activations besides its shape: the micro-batch, activation
 /// checkpointing, and the LM head's chunks.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,6 +215,8 @@ pub struct ModelOptions {
     /// FP8: the backward's output-gradient format and dW precision (`train.fp8_grad_format`,
     /// `train.fp8_weight_grad`).
     pub fp8_backward: Fp8Backward,
+    /// FP8: the block's linear layers kept in bf16 (`train.fp8_bf16_layers`, FP8 order).
+    pub fp8_bf16_layers: Bf16Layers,
     /// FP8: the ops that write a linear layer's operands leave their amaxes for its GEMMs
     /// (`AmaxSink`), which then skip their own amax passes; false (`SHARDTRAIN_FP8_AMAX_SINKS=0`)
     /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
@@ -220,6 +244,7 @@ impl ModelOptions {
             precision: cfg.train.precision,
             fp8_cached_blocks: cfg.train.fp8_weight_cache.cached_blocks(cfg.model.n_layer, cfg.zero.stage),
             fp8_backward: Fp8Backward { grad: cfg.train.fp8_grad_format, weight_grad: cfg.train.fp8_weight_grad },
+            fp8_bf16_layers: cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers),
             fp8_amax_sinks: true,
             document_mask: cfg.data.document_mask,
         }
@@ -242,6 +267,7 @@ impl ModelOptions {
             precision: Precision::Bf16,
             fp8_cached_blocks: 0,
             fp8_backward: Fp8Backward::default(),
+            fp8_bf16_layers: [false; 4],
             fp8_amax_sinks: true,
             document_mask: false,
         }
@@ -253,7 +279,9 @@ impl ModelOptions {
 /// largest of `linears` (`(inputs, outputs)` of one block's layers, over `rows` rows), the
 /// `n_layer` blocks' per-layer scales and the first `opts.fp8_cached_blocks` blocks' cached
 /// weights: counted in `ledger` (the cache as parameters). Layer `k` of block `l` is FP8
-/// layer `l · linears.len() + k`. Every family calls it once from its constructor.
+/// layer `l · linears.len() + k`; a layer kept in bf16 (`opts.fp8_bf16_layers`) keeps its
+/// number with nothing reserved for it (no weight, no workspace share). Every family calls
+/// it once from its constructor.
 pub(crate) fn prepare_precision<B: Backend>(
     be: &B,
     opts: &ModelOptions,
@@ -263,7 +291,10 @@ pub(crate) fn prepare_precision<B: Backend>(
     ledger: &mut MemoryLedger,
 ) -> BResult<()> {
     if opts.precision == Precision::Fp8 {
-        let layers = Fp8Layers::blocks(rows, linears, n_layer, opts.fp8_cached_blocks).with_backward(opts.fp8_backward);
+        let linears: Vec<(usize, usize)> =
+            linears.iter().zip(opts.fp8_bf16_layers).map(|(&l, kept)| if kept { (0, 0) } else { l }).collect();
+        let layers =
+            Fp8Layers::blocks(rows, &linears, n_layer, opts.fp8_cached_blocks).with_backward(opts.fp8_backward);
         let got = be.prepare_fp8(&layers)?;
         ledger.alloc(Category::Workspace, got.workspace);
         ledger.alloc(Category::Params, got.weight_cache);

@@ -63,8 +63,10 @@ pub struct EngineOptions {
     pub checkpoint_copy: bool,
     /// Stage 3 with `train.precision = "fp8"` and `zero.fp8_gather`: gather the blocks'
     /// FP8 weights as FP8 codes (`backend/fp8_gather.rs`); the rows of a micro-batch, which
-    /// decide the GEMM shapes that run in FP8. Only where more than one rank gathers.
-    pub fp8_gather: Option<usize>,
+    /// decide the GEMM shapes that run in FP8, and the block's layers kept in bf16
+    /// (`train.fp8_bf16_layers`, gathered at full precision). Only where more than one rank
+    /// gathers.
+    pub fp8_gather: Option<(usize, crate::model::Bf16Layers)>,
 }
 
 impl EngineOptions {
@@ -87,7 +89,10 @@ impl EngineOptions {
             fp8_gather: (cfg.train.precision == crate::backend::Precision::Fp8
                 && cfg.zero.stage == 3
                 && cfg.zero.fp8_gather)
-                .then_some(cfg.train.micro_batch * cfg.model.seq_len),
+                .then(|| {
+                    let rows = cfg.train.micro_batch * cfg.model.seq_len;
+                    (rows, cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers))
+                }),
         }
     }
 
@@ -276,8 +281,8 @@ impl<B: Backend> Engine<B> {
         // FP8 gathers need the optimizer on the device: the amaxes come from rounding its
         // master weights (the host optimizer's shards arrive by other paths).
         let fp8_weights = match opts.fp8_gather {
-            Some(rows) if policy.shard_params && world > 1 && !opt.on_host() => {
-                Some(layout.cfg.family.fp8_weights(&layout, rows))
+            Some((rows, bf16)) if policy.shard_params && world > 1 && !opt.on_host() => {
+                Some(layout.cfg.family.fp8_weights(&layout, rows, bf16))
             }
             _ => None,
         };

@@ -276,12 +276,20 @@ impl CudaBackend {
         *cell = None; // freed in stream order
         let layout = CudaFp8Workspace::new(ext, layers.weights.len());
         let buf = self.alloc::<u8>(layout.bytes, "FP8 GEMM operands")?;
-        let cache = match layers.cached() {
-            [] => None,
-            cached => {
-                let layout = CudaFp8WeightCache::new(cached);
-                let buf = self.alloc::<u8>(layout.bytes, "cached FP8 weights")?;
-                Some(WeightCache { buf, layout, weights: cached.to_vec(), made: vec![None; cached.len()] })
+        let cached = layers.cached();
+        let cache_layout = CudaFp8WeightCache::new(cached);
+        // No cache where no cached layer has a weight (none cached, or every one of them kept
+        // in bf16: `train.fp8_bf16_layers`).
+        let cache = match cache_layout.bytes {
+            0 => None,
+            bytes => {
+                let buf = self.alloc::<u8>(bytes, "cached FP8 weights")?;
+                Some(WeightCache {
+                    buf,
+                    layout: cache_layout,
+                    weights: cached.to_vec(),
+                    made: vec![None; cached.len()],
+                })
             }
         };
         let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);

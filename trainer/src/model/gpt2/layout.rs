@@ -6,7 +6,7 @@
 use crate::backend::{EmbedLocs, LinearLocs, Loc, NormLocs, Precision};
 use crate::config::{ConfigError, ModelConfig};
 use crate::model::init::InitRule;
-use crate::model::{ModelLayout, TensorSpec, UnitLayout};
+use crate::model::{Bf16Layers, ModelLayout, TensorSpec, UnitLayout};
 
 /// Locations of unit 0's tensors.
 #[derive(Debug, Clone, Copy)]
@@ -29,10 +29,12 @@ pub struct BlockLocs {
 }
 
 impl BlockLocs {
-    /// The block with its four linear layers in precision `p` (`train.precision`).
-    pub fn with_precision(self, p: Precision) -> BlockLocs {
-        let (qkv, proj) = (self.qkv.with_precision(p), self.proj.with_precision(p));
-        BlockLocs { qkv, proj, fc: self.fc.with_precision(p), fc2: self.fc2.with_precision(p), ..self }
+    /// The block with its four linear layers in precision `p` (`train.precision`), but
+    /// those `bf16` keeps in bf16 (`train.fp8_bf16_layers`, in FP8 layer order).
+    pub fn with_precision(self, p: Precision, bf16: Bf16Layers) -> BlockLocs {
+        let p = bf16.map(|kept| if kept { Precision::Bf16 } else { p });
+        let (qkv, proj) = (self.qkv.with_precision(p[0]), self.proj.with_precision(p[1]));
+        BlockLocs { qkv, proj, fc: self.fc.with_precision(p[2]), fc2: self.fc2.with_precision(p[3]), ..self }
     }
 
     /// The block with its linear layers' producers leaving FP8 amaxes (`on`) or not.

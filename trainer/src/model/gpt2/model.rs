@@ -169,7 +169,7 @@ impl<B: Backend> Gpt2<B> {
         prepare_precision(be, opts, n, &linears, l, ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
-            block: locs.block.with_precision(opts.precision).with_amax_sinks(opts.fp8_amax_sinks),
+            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
             shape,
             ckpt,
             resid,

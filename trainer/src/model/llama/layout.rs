@@ -11,7 +11,7 @@
 use crate::backend::{EmbedLocs, LinearLocs, Loc, Precision};
 use crate::config::{ConfigError, ModelConfig};
 use crate::model::init::InitRule;
-use crate::model::{ModelLayout, TensorSpec, UnitLayout};
+use crate::model::{Bf16Layers, ModelLayout, TensorSpec, UnitLayout};
 
 /// Where the embedding, final norm and LM head are.
 #[derive(Debug, Clone, Copy)]
@@ -37,10 +37,12 @@ pub struct BlockLocs {
 }
 
 impl BlockLocs {
-    /// The block with its four linear layers in precision `p` (`train.precision`).
-    pub fn with_precision(self, p: Precision) -> BlockLocs {
-        let (qkv, o) = (self.qkv.with_precision(p), self.o.with_precision(p));
-        BlockLocs { qkv, o, gate_up: self.gate_up.with_precision(p), down: self.down.with_precision(p), ..self }
+    /// The block with its four linear layers in precision `p` (`train.precision`), but
+    /// those `bf16` keeps in bf16 (`train.fp8_bf16_layers`, in FP8 layer order).
+    pub fn with_precision(self, p: Precision, bf16: Bf16Layers) -> BlockLocs {
+        let p = bf16.map(|kept| if kept { Precision::Bf16 } else { p });
+        let (qkv, o) = (self.qkv.with_precision(p[0]), self.o.with_precision(p[1]));
+        BlockLocs { qkv, o, gate_up: self.gate_up.with_precision(p[2]), down: self.down.with_precision(p[3]), ..self }
     }
 
     /// The block with its linear layers' producers leaving FP8 amaxes (`on`) or not.

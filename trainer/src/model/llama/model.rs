@@ -170,7 +170,7 @@ impl<B: Backend> Llama<B> {
         prepare_precision(be, opts, n, &linears, l, ledger)?;
         Ok(Llama {
             embed: locs.embed,
-            block: locs.block.with_precision(opts.precision).with_amax_sinks(opts.fp8_amax_sinks),
+            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
             s: Shapes { attn, f, eps: cfg.rms_norm_eps() as f32 },
             tied: cfg.tied(),
             ckpt,
