@@ -6,7 +6,8 @@
 #       # expects .carry/launcher, .carry/gpu-timing, .carry/fsdp_gpt2.py and, for parity,
 #       # the real-text shards .carry/text/shards (scripts/build-gpu.sh builds the rest)
 #
-# speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8, beside PyTorch
+# speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 with the
+#         attention projection kept in bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
 #         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
 #         4×1024, checkpointing + keep_attention, ZeRO-1) bf16 and fp8; the Llama-3-8B shape
@@ -103,6 +104,11 @@ ref() { # name args...
 
 if [[ $WHAT == speed || $WHAT == all ]]; then
     speed 1.5b configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 --set train.gemm_tuning='"timed"'
+    # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
+    # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
+    ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
+        --set train.gemm_tuning='"timed"' --set train.steps="$STEPS" --set train.warmup_steps=5 \
+        --set 'train.precision="fp8"' --set 'train.fp8_bf16_layers=["proj"]'
     ref ref-1.5b-eager --mode single --layers 48 --embd 1600 --heads 25 --batch 8
     ref ref-1.5b-compile --mode single --layers 48 --embd 1600 --heads 25 --batch 8 --compile --warmup 8
     torchao ref-1.5b-torchao-fp8 --mode single --layers 48 --embd 1600 --heads 25 --batch 8 --compile --warmup 8
@@ -248,7 +254,8 @@ if rows or refs:
     print("| run (1 GPU) | tokens/s | model TFLOP/s as MFU of 989 | step ms | peak GiB (tracked) | device GiB | last loss | fp8 vs bf16 |")
     print("|---|---|---|---|---|---|---|---|")
     for name, (tok, mfu, ms, peak, dev, loss) in rows.items():
-        base = rows.get(name.replace("-fp8", "-bf16")) if name.endswith("-fp8") else None
+        # Against the same model's bf16 row (speed-1.5b-fp8-bf16proj against speed-1.5b-bf16).
+        base = rows.get(name.split("-fp8")[0] + "-bf16") if "-fp8" in name else None
         vs = f"**{base[2] / ms:.2f}x**" if base else ""
         print(f"| {name} | {tok/1e3:.2f}k | {100*mfu:.1f}% | {ms:.1f} | {peak:.2f} | {dev:.2f} | {loss:.4f} | {vs} |")
     for tag, r in refs.items():
