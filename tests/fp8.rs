@@ -76,6 +76,14 @@ fn max_abs(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// `got` within the tolerances above of `want` (losses relative, parameters absolute); the
+/// two differences.
+fn assert_close(got: &Run, want: &Run, name: &str) -> (f64, f32) {
+    let (rel, abs) = (max_rel(&got.losses, &want.losses), max_abs(&got.params, &want.params));
+    assert!(rel <= LOSS_RTOL && abs <= PARAM_ATOL, "{name}: loss rel {rel:e}, params abs {abs:e}");
+    (rel, abs)
+}
+
 #[test]
 fn fp8_matmul_is_the_gemm_of_the_rounded_operands() {
     let cpu = CpuBackend::new();
@@ -220,20 +228,14 @@ fn fp8_matches_single_rank_on_every_stage() {
         for stage in 0..=3u8 {
             for act in ["\"none\"", "\"every_layer\"", common::KEEP_ATTENTION] {
                 let got = run(world, tiny_fp8_toml(stage, 2, act, "fp8"), 4, &data);
-                let (rel, abs) = (max_rel(&got.losses, &reference.losses), max_abs(&got.params, &reference.params));
-                let name = format!("fp8 world {world} stage {stage} {act}");
-                assert!(rel <= LOSS_RTOL && abs <= PARAM_ATOL, "{name}: loss rel {rel:e}, params abs {abs:e}");
+                let (rel, abs) = assert_close(&got, &reference, &format!("fp8 world {world} stage {stage} {act}"));
                 worst = (worst.0.max(rel), worst.1.max(abs));
             }
         }
         let llama_ref = run(1, tiny_llama_fp8_toml(0, 2 * world, "\"none\"", "fp8", true), 4, &data);
         for stage in [1u8, 3] {
             let got = run(world, tiny_llama_fp8_toml(stage, 2, common::KEEP_GELU, "fp8", true), 4, &data);
-            let (rel, abs) = (max_rel(&got.losses, &llama_ref.losses), max_abs(&got.params, &llama_ref.params));
-            assert!(
-                rel <= LOSS_RTOL && abs <= PARAM_ATOL,
-                "fp8 llama world {world} stage {stage}: loss rel {rel:e}, abs {abs:e}"
-            );
+            let (rel, abs) = assert_close(&got, &llama_ref, &format!("fp8 llama world {world} stage {stage}"));
             worst = (worst.0.max(rel), worst.1.max(abs));
         }
     }
@@ -261,11 +263,7 @@ fn fp8_backward_recipes_train_the_same_on_every_stage() {
             assert_ne!(single.params, default.params, "{tag}: the default's parameters: the recipe did nothing");
             assert!(single.losses[3] < single.losses[0], "{tag}: the loss falls: {:?}", single.losses);
             let sharded = run(2, recipe(toml(3, 2, "\"every_layer\""), grad, wgrad), 4, &data);
-            let (rel, abs) = (max_rel(&sharded.losses, &single.losses), max_abs(&sharded.params, &single.params));
-            assert!(
-                rel <= LOSS_RTOL && abs <= PARAM_ATOL,
-                "{tag}, 2 ranks stage 3: loss rel {rel:e}, params abs {abs:e}"
-            );
+            assert_close(&sharded, &single, &format!("{tag}, 2 ranks stage 3"));
         }
     }
 }
@@ -386,8 +384,7 @@ fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
         let sharded =
             keep(toml(3, 2, "\"every_layer\"", "fp8"), one).replace("[train]\n", "[train]\nfp8_weight_cache = true\n");
         let got = run(2, sharded.clone(), 4, &data);
-        let (rel, abs) = (max_rel(&got.losses, &single.losses), max_abs(&got.params, &single.params));
-        assert!(rel <= LOSS_RTOL && abs <= PARAM_ATOL, "{tag}, 2 ranks stage 3: loss rel {rel:e}, params abs {abs:e}");
+        assert_close(&got, &single, &format!("{tag}, 2 ranks stage 3"));
         let gathered = run(2, sharded.replace("[zero]\n", "[zero]\nfp8_gather = true\n"), 4, &data);
         assert_eq!(gathered.fp8_gathers.0, 2, "{tag}: both blocks gathered as FP8 codes");
         assert_same_bits(&gathered, &got, &format!("{tag}: FP8 gathers"));

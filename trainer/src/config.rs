@@ -803,19 +803,25 @@ impl Config {
                 ));
             }
         }
-        // The FP8 backward's recipe only means something in FP8: refused rather than ignored.
+        // The FP8 backward's recipe and the layers kept in bf16 only mean something in FP8:
+        // refused rather than ignored.
         if t.precision != Precision::Fp8 {
             let set = [
-                ("train.fp8_grad_format", t.fp8_grad_format.name(), t.fp8_grad_format != Fp8GradFormat::default()),
-                ("train.fp8_weight_grad", t.fp8_weight_grad.name(), t.fp8_weight_grad != Fp8WeightGrad::default()),
+                (
+                    "train.fp8_grad_format",
+                    t.fp8_grad_format.name().to_string(),
+                    t.fp8_grad_format != Fp8GradFormat::default(),
+                ),
+                (
+                    "train.fp8_weight_grad",
+                    t.fp8_weight_grad.name().to_string(),
+                    t.fp8_weight_grad != Fp8WeightGrad::default(),
+                ),
+                ("train.fp8_bf16_layers", format!("{:?}", t.fp8_bf16_layers), !t.fp8_bf16_layers.is_empty()),
             ];
-            if let Some(&(key, value, _)) = set.iter().find(|k| k.2) {
+            if let Some((key, value, _)) = set.into_iter().find(|k| k.2) {
                 let why = "applies only to FP8 layers: set train.precision = \"fp8\" too, or leave it out";
                 return Err(bad(key, value, why));
-            }
-            if !t.fp8_bf16_layers.is_empty() {
-                let why = "keeps layers out of FP8: set train.precision = \"fp8\" too, or leave it out";
-                return Err(bad("train.fp8_bf16_layers", format!("{:?}", t.fp8_bf16_layers), why));
             }
         }
         let names = m.family.linear_names();

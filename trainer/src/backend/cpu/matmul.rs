@@ -172,10 +172,15 @@ pub fn matmul_backward(
     backward_dinp(dinp, dout, w, s);
     backward_dw(dw, dout, inp, s);
     if let Some(db) = dbias {
-        for row in dout.chunks_exact(s.oc) {
-            for (d, g) in db.iter_mut().zip(row) {
-                *d += g;
-            }
+        backward_dbias(db, dout, s.oc);
+    }
+}
+
+/// `db += Σ dout` over its rows of `oc`.
+fn backward_dbias(db: &mut [f32], dout: &[f32], oc: usize) {
+    for row in dout.chunks_exact(oc) {
+        for (d, g) in db.iter_mut().zip(row) {
+            *d += g;
         }
     }
 }
@@ -334,11 +339,7 @@ impl MatmulOps for CpuBackend {
                 backward_dw(dw, dout, inp, s);
             }
             if let Some(db) = db {
-                for row in dout.chunks_exact(oc) {
-                    for (d, g) in db.iter_mut().zip(row) {
-                        *d += g;
-                    }
-                }
+                backward_dbias(db, dout, oc);
             }
             return Ok(());
         }

@@ -361,7 +361,7 @@ impl CudaBackend {
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
             // layer's.
-            unsafe { self.fp8_cast_amax(cast, false)? };
+            unsafe { self.fp8_cast_amax(cast, false, 0)? };
             cache.made[l.index] = Some(version);
         }
         Ok(Some(codes))
@@ -426,17 +426,18 @@ impl CudaBackend {
     }
 
     /// Cast `c` with its amax found now (the slot zeroed, an amax pass), or, where `known`,
-    /// with the amax its slot already holds (the forward's, or the one its producer left).
+    /// with the amax its slot already holds (the forward's, or the one its producer left);
+    /// with its column sums into `colsum` unless 0 (see [`CudaBackend::fp8_cast_colsum`]).
     ///
     /// # Safety
-    /// As [`CudaBackend::fp8_cast`].
-    unsafe fn fp8_cast_amax(&self, c: Cast, known: bool) -> BResult<()> {
+    /// As [`CudaBackend::fp8_cast_colsum`].
+    unsafe fn fp8_cast_amax(&self, c: Cast, known: bool, colsum: u64) -> BResult<()> {
         // SAFETY: the caller's promises.
         unsafe {
             if !known {
                 self.fp8_fresh_amax(c.x, c.rows * c.cols, c.slot)?;
             }
-            self.fp8_cast(c)
+            self.fp8_cast_colsum(c, colsum)
         }
     }
 
@@ -588,7 +589,7 @@ impl CudaBackend {
         // workspace's regions hold a layer of this shape (fp8_ws checked); the input slot
         // holds the amax its producer left where that is said.
         unsafe {
-            self.fp8_cast_amax(x, amax_left)?;
+            self.fp8_cast_amax(x, amax_left, 0)?;
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
                 self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
@@ -680,10 +681,7 @@ impl CudaBackend {
         // or its producer's); the gradient slot holds the amax dY's producer left where that
         // is said.
         unsafe {
-            if !amax_left {
-                self.fp8_fresh_amax(g.x, n * oc, g.slot)?;
-            }
-            self.fp8_cast_colsum(g, colsum)?;
+            self.fp8_cast_amax(g, amax_left, colsum)?;
             if let Some(db) = fused_db {
                 // Right after the cast: the scratch holds the sums until another op takes it.
                 let split = Split { dst0: db, dst1: db, split: oc, overwrite: ptr.fresh };
@@ -696,7 +694,7 @@ impl CudaBackend {
             }
             self.lt.gemm(&dx, stream)?;
             if dw_fp8 {
-                self.fp8_cast_amax(x, reuse_input)?;
+                self.fp8_cast_amax(x, reuse_input, 0)?;
             }
         }
         if dw_fp8 {
