@@ -210,14 +210,14 @@ fn layernorm() {
                 let (mut dic, mut gc) = (dinp0.clone(), g0.clone());
                 let saved = LnSaved { inp: &inp, mean: &mc, rstd: &rc };
                 let wg = WeightGrads { buf: &mut gc, at, fresh };
-                cpu.layernorm_bwd(&mut dic, wg, &dout, saved, Weights::new(&params, at), r)?;
+                cpu.layernorm_bwd(&mut dic, wg, &dout, saved, Weights::new(&params, at), r, None)?;
                 let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
                 let run = || -> BResult<(Vec<f32>, Vec<f32>)> {
                     let mut dig = up_buf(be, &dinp0)?;
                     let mut gg = up_grad(be, &gpu0)?;
                     let saved = LnSaved { inp: &gi, mean: &gm, rstd: &gr };
                     let wg = WeightGrads { buf: &mut gg, at, fresh };
-                    be.layernorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r)?;
+                    be.layernorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r, None)?;
                     Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(gpu0.len()))?))
                 };
                 let (di1, g1) = run()?;
@@ -300,6 +300,7 @@ fn rmsnorm() {
                     saved,
                     Weights::new(&params, at),
                     r,
+                    None,
                 )?;
                 // Fresh: NaN everywhere, so the elements before the weight must stay NaN too.
                 let gpu0 = if fresh { vec![f32::NAN; g0.len()] } else { g0 };
@@ -308,7 +309,7 @@ fn rmsnorm() {
                     let mut gg = up_grad(be, &gpu0)?;
                     let saved = RmsSaved { inp: &gi, rstd: &gr };
                     let wg = WeightGrads { buf: &mut gg, at, fresh };
-                    be.rmsnorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r)?;
+                    be.rmsnorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r, None)?;
                     Ok((be.download_buf(&dig, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(gpu0.len()))?))
                 };
                 let (di1, g1) = run()?;
@@ -327,7 +328,7 @@ fn rmsnorm() {
             let mut gg = up_grad(be, &vec![if fresh { f32::NAN } else { 0.5 }; c])?;
             let (mut dig, x, rs) = (be.alloc_buf(1, "")?, be.alloc_buf(1, "")?, be.alloc_f32(1, "")?);
             let (wg, saved) = (WeightGrads { buf: &mut gg, at: Loc::all(c), fresh }, RmsSaved { inp: &x, rstd: &rs });
-            be.rmsnorm_bwd(&mut dig, wg, &x, saved, Weights::new(&params, Loc::all(c)), Rows { n: 0, c })?;
+            be.rmsnorm_bwd(&mut dig, wg, &x, saved, Weights::new(&params, Loc::all(c)), Rows { n: 0, c }, None)?;
             let want = if fresh { 0.0 } else { 0.5 };
             let got = be.download_grad(&gg, Loc::all(c))?;
             rep.check("rmsnorm N0 bwd", if fresh { "fresh dw" } else { "dw" }, got.iter().all(|&g| g == want), "");
@@ -747,6 +748,31 @@ fn fp8_amax_sinks() {
             };
             let plain = run(None)?;
             same(&format!("rmsnorm_fwd C{cc}"), run(Some(AmaxSink::Input(1)))?, &plain, AmaxSink::Input(1))?;
+            // The backward (the residual gradient's amax), on an odd number of rows: the fast
+            // kernels' last pair is a single row.
+            let nb = n - 1;
+            let rb = Rows { n: nb, c: cc };
+            let (dout, dinp0) = (rng.vec(nb * cc, 1.0), rng.vec(nb * cc, 0.5));
+            let (gdo, gm, grs) = (up_buf(be, &dout)?, up_f32(be, &rng.vec(nb, 0.3))?, up_f32(be, &rng.vec(nb, 1.0))?);
+            let (grads_at, rms_at) = (NormLocs { w: Loc::new(0, cc), b: Loc::new(cc, cc) }, Loc::new(0, cc));
+            let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                let (mut d, mut gg) = (up_buf(be, &dinp0)?, up_grad(be, &vec![0.0; 2 * cc])?);
+                let saved = LnSaved { inp: &gi, mean: &gm, rstd: &grs };
+                let wg = WeightGrads { buf: &mut gg, at: grads_at, fresh: true };
+                be.layernorm_bwd(&mut d, wg, &gdo, saved, Weights::new(&gp, at), rb, sink)?;
+                be.download_buf(&d, Loc::all(nb * cc))
+            };
+            let plain = run(None)?;
+            same(&format!("layernorm_bwd C{cc}"), run(Some(AmaxSink::Grad(0)))?, &plain, AmaxSink::Grad(0))?;
+            let run = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                let (mut d, mut gg) = (up_buf(be, &dinp0)?, up_grad(be, &vec![0.0; cc])?);
+                let saved = RmsSaved { inp: &gi, rstd: &grs };
+                let wg = WeightGrads { buf: &mut gg, at: rms_at, fresh: true };
+                be.rmsnorm_bwd(&mut d, wg, &gdo, saved, Weights::new(&gp, rms_at), rb, sink)?;
+                be.download_buf(&d, Loc::all(nb * cc))
+            };
+            let plain = run(None)?;
+            same(&format!("rmsnorm_bwd C{cc}"), run(Some(AmaxSink::Grad(1)))?, &plain, AmaxSink::Grad(1))?;
         }
         // GELU both ways (the backward in place; an odd length: the scalar tail too), SwiGLU
         // both ways.

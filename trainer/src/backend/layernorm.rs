@@ -47,7 +47,9 @@ pub trait LayerNormOps: Device {
         r: Rows,
         amax: Option<AmaxSink>,
     ) -> BResult<()>;
-    /// `dinp += ..`, `dw += ..`, `db += ..`.
+    /// `dinp += ..`, `dw += ..`, `db += ..`; leaves the amax of the updated `dinp` (the
+    /// residual gradient, which an FP8 GEMM's backward reads next) in `amax` where set.
+    #[allow(clippy::too_many_arguments)] // the norm's own six, and where its output's amax goes
     fn layernorm_bwd(
         &self,
         dinp: &mut Self::Buf,
@@ -56,6 +58,7 @@ pub trait LayerNormOps: Device {
         saved: LnSaved<'_, Self>,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
 
     /// RMSNorm: `out = inp · rstd · w` per row with `rstd = 1/sqrt(mean(inp²) + eps)`,
@@ -71,7 +74,9 @@ pub trait LayerNormOps: Device {
         eps: f32,
         amax: Option<AmaxSink>,
     ) -> BResult<()>;
-    /// `dinp += ..`, `dw += ..` (written when `g.fresh`).
+    /// `dinp += ..`, `dw += ..` (written when `g.fresh`); the amax of the updated `dinp` in
+    /// `amax` where set.
+    #[allow(clippy::too_many_arguments)] // the norm's own six, and where its output's amax goes
     fn rmsnorm_bwd(
         &self,
         dinp: &mut Self::Buf,
@@ -80,5 +85,6 @@ pub trait LayerNormOps: Device {
         saved: RmsSaved<'_, Self>,
         p: Weights<'_, Self, Loc>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
 }

@@ -165,6 +165,7 @@ impl LayerNormOps for MetaBackend {
         _: LnSaved<'_, Self>,
         _: Weights<'_, Self, NormLocs>,
         _: Rows,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }
@@ -188,6 +189,7 @@ impl LayerNormOps for MetaBackend {
         _: RmsSaved<'_, Self>,
         _: Weights<'_, Self, Loc>,
         _: Rows,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }

@@ -32,6 +32,10 @@
 //! and GELU' epilogues it fuses, in bf16 and FP8 (training path), naming each fused GEMM
 //! cuBLASLt has no FP8 algorithm for (it then runs as the GEMM and a separate kernel). And
 //! each layer's backward under the FP8 backward's other recipes (e4m3 dY, dW in bf16, both).
+//!
+//! `gpu-timing fp8-algos [COUNT [B [T]]]`: the `fp8` table (without the other recipes), each
+//! layer's GEMMs, bf16 and FP8, then timed again with each of cuBLASLt's first COUNT (default
+//! 32) heuristic algorithms: does timed tuning's eight miss a faster FP8 kernel?
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -171,7 +175,7 @@ fn time_layernorm(tm: &mut Timer<'_>, b: LnBufs<'_>, r: Rows, reps: usize) {
     });
     tm.time("layernorm_bwd", 3, reps, gbps(4.0 * bc2), || {
         let saved = LnSaved { inp: x, mean, rstd };
-        be.layernorm_bwd(dres, WeightGrads::new(grads, ln), y, saved, Weights::new(params, ln), r)
+        be.layernorm_bwd(dres, WeightGrads::new(grads, ln), y, saved, Weights::new(params, ln), r, None)
     });
 }
 
@@ -576,7 +580,7 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             });
             tm.time("rmsnorm_bwd", 3, 50, gbps(bytes(4 * n * c)), || {
                 let saved = RmsSaved { inp: &x, rstd: &rstd };
-                be.rmsnorm_bwd(&mut dx, WeightGrads::new(&mut dw, at), &y, saved, Weights::new(&w, at), r)
+                be.rmsnorm_bwd(&mut dx, WeightGrads::new(&mut dw, at), &y, saved, Weights::new(&w, at), r, None)
             });
         }
         {
@@ -654,7 +658,7 @@ fn recipe_name(b: Fp8Backward) -> String {
 }
 
 /// `gpu-timing fp8 [B [T]]` (see the top of the file).
-fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
+fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BResult<()> {
     if let Err(why) = be.fp8_support() {
         println!("FP8 GEMMs unavailable: {why}");
         return Ok(());
@@ -662,7 +666,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
     let chunk = randn(1, 1 << 22, 1.0);
     let small = randn(2, 1 << 22, 0.02);
     let n = b * t;
-    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    let mut tm = Timer { be, rows: Vec::new(), algos, algo_sums: Vec::new() };
     for shapes in &FP8_SHAPES {
         println!(
             "\n{} linear layers at B={b} T={t} (N={n}), bf16 beside FP8 (median of event-timed repeats)",
@@ -759,6 +763,9 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
                 as_run[0] += plain_ms[0];
                 as_run[1] += plain_ms[2];
             }
+            // `fp8-algos`: every GEMM above with each of cuBLASLt's candidates, while its
+            // buffers (and the FP8 workspace the recipes below re-make) are live.
+            tm.sweep();
             // The FP8 rows' casts alone (the rest of an FP8 row is its GEMMs), in bytes moved:
             // an amax pass reads 2 per element, a cast reads 2 and writes 1 per layout.
             let (x, w, g) = ((n * c) as f64, (oc * c) as f64, (n * oc) as f64);
@@ -777,7 +784,9 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             fill += tm.rows.last().map_or(0.0, |r| r.1);
             // The backward's other recipes on the cached path (a forward first leaves the
             // input scale the backward reuses), then the default again for the next layer.
-            for (r, backward) in Fp8Backward::ALTERNATIVES.into_iter().enumerate() {
+            // (Not with `fp8-algos`: their GEMMs would be swept after their workspace is gone.)
+            let recipes = if tm.algos.is_some() { &[][..] } else { &Fp8Backward::ALTERNATIVES[..] };
+            for (r, &backward) in recipes.iter().enumerate() {
                 let name = recipe_name(backward);
                 be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1).with_backward(backward))?;
                 be.matmul_fwd(&mut out, &inp, Weights::new(&params, ats[2]), s)?;
@@ -798,6 +807,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
         let recipes: Vec<String> = Fp8Backward::ALTERNATIVES
             .into_iter()
             .enumerate()
+            .filter(|_| tm.algos.is_none())
             .map(|(r, b)| {
                 format!("{} {:.3} ms ({:.2}x)", recipe_name(b), bwd_sums[2 + r], bwd_sums[0] / bwd_sums[2 + r])
             })
@@ -829,6 +839,10 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
             as_run[1],
             as_run[0] / as_run[1]
         );
+    }
+    if tm.algos.is_some() {
+        let (first, best) = tm.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
+        println!("\nGEMMs above, once each: the heuristic's first choices {first:.3} ms, the fastest candidates {best:.3} ms");
     }
     Ok(())
 }
@@ -863,7 +877,11 @@ fn main() -> ExitCode {
         }
         Some("fp8") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
-            fp8_timing(&be, arg(2, 8), arg(3, 1024))
+            fp8_timing(&be, arg(2, 8), arg(3, 1024), None)
+        }
+        Some("fp8-algos") => {
+            let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+            fp8_timing(&be, arg(3, 8), arg(4, 1024), Some(arg(2, 32)))
         }
         Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
         _ => timing(&be, None),

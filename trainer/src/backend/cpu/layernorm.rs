@@ -130,6 +130,7 @@ impl LayerNormOps for CpuBackend {
         saved: LnSaved<'_, Self>,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let (dw, db) = two_mut(g.buf, g.at.w, g.at.b);
@@ -139,7 +140,7 @@ impl LayerNormOps for CpuBackend {
             db.fill(0.0);
         }
         layernorm_backward(&mut dinp[..n * c], dw, db, &dout[..n * c], saved, at(p.buf, p.at.w), r);
-        Ok(())
+        self.leave_amax(amax, &dinp[..n * c])
     }
     fn rmsnorm_fwd(
         &self,
@@ -167,6 +168,7 @@ impl LayerNormOps for CpuBackend {
         saved: RmsSaved<'_, Self>,
         p: Weights<'_, Self, Loc>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let dw = &mut g.buf[g.at.off..g.at.end()];
@@ -174,6 +176,6 @@ impl LayerNormOps for CpuBackend {
             dw.fill(0.0);
         }
         rmsnorm_backward(&mut dinp[..n * c], dw, &dout[..n * c], saved, at(p.buf, p.at), r);
-        Ok(())
+        self.leave_amax(amax, &dinp[..n * c])
     }
 }

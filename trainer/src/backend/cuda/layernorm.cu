@@ -77,11 +77,14 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
 
 // Block k handles rows [k*rows_per_block, ...). dinp += (overwritten with the sum),
 // partial[k] = [dw (C) | db (C)] for the block's rows (RMS: [dw (C)], and mean unused).
+// The amax of the dinp written into *amax where it is not null (an FP8 amax sink: dinp is
+// the residual gradient, the next FP8 GEMM's output gradient), here and in the fast kernels.
 // Dynamic shared memory: 2*C floats (RMS: C).
 template <bool RMS>
 __device__ __forceinline__ void ln_bwd_general(bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp,
                                                const bf16_t* w, const float* mean, const float* rstd, int N, int C,
-                                               int rows_per_block) {
+                                               int rows_per_block, unsigned* amax) {
+    unsigned am = 0;
     extern __shared__ float sacc[];  // [dw (C) | db (C)], slot c owned by thread c % blockDim
     __shared__ float red[32];
     float* dw_acc = sacc;
@@ -117,15 +120,19 @@ __device__ __forceinline__ void ln_bwd_general(bf16_t* dinp, float* partial, con
                 const float dn = bf2f(w[c]) * g;
                 dw_acc[c] += norm * g;
                 dx[c] = f2bf(bf2f(dx[c]) + (dn - norm * bsum) * s);
+                am = max(am, abs_bits(dx[c]));
             } else {
                 const float norm = (bf2f(x[c]) - m) * s;
                 const float dn = bf2f(w[c]) * g;
                 db_acc[c] += g;
                 dw_acc[c] += norm * g;
                 dx[c] = f2bf(bf2f(dx[c]) + (dn - a - norm * bsum) * s);
+                am = max(am, abs_bits(dx[c]));
             }
         }
     }
+    // Every thread of the block gets here (the row loop is the block's): whole warps.
+    warp_amax_out(amax, am);
     float* p = partial + (long long)blockIdx.x * (RMS ? 1 : 2) * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         p[c] = dw_acc[c];
@@ -135,15 +142,15 @@ __device__ __forceinline__ void ln_bwd_general(bf16_t* dinp, float* partial, con
 
 extern "C" __global__ void layernorm_bwd(bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp,
                                          const bf16_t* w, const float* mean, const float* rstd, int N, int C,
-                                         int rows_per_block) {
-    ln_bwd_general<false>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
+                                         int rows_per_block, unsigned* amax) {
+    ln_bwd_general<false>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block, amax);
 }
 
 // The same for RMSNorm (mean is not read: the launch code passes null).
 extern "C" __global__ void rmsnorm_bwd(bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp,
                                        const bf16_t* w, const float* mean, const float* rstd, int N, int C,
-                                       int rows_per_block) {
-    ln_bwd_general<true>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
+                                       int rows_per_block, unsigned* amax) {
+    ln_bwd_general<true>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block, amax);
 }
 
 // The 16-byte-chunk steps of the fast backward, on chunks already loaded (8 bf16 values
@@ -253,7 +260,8 @@ __device__ __forceinline__ uint4 ln_slot(const uint4* slot, int a, int j) {
 template <int J, int W, bool RMS>
 __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, const bf16_t* dout,
                                                   const bf16_t* inp, const bf16_t* w, const float* mean,
-                                                  const float* rstd, int N, int C, int rows_per_block) {
+                                                  const float* rstd, int N, int C, int rows_per_block,
+                                                  unsigned* amax) {
     static_assert(LN_BWD_SLOTS == 4, "two rows worked on, the next two in flight");
     constexpr int STRIDE = 8 * 32 * W;
     extern __shared__ uint4 ring[];              // [LN_BWD_SLOTS][x | dy | dx][J][blockDim]
@@ -263,6 +271,7 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
     if (r0 >= N) return;  // the whole block: no barrier is left waiting
+    unsigned am = 0;
     const int slot_len = 3 * J * blockDim.x;
     for (int k = 0; k < 2 && r0 + k < r1; ++k)
         ln_bwd_issue_row<J>(ring + k * slot_len, inp, dout, dinp, r0 + k, C, c0, STRIDE);
@@ -333,23 +342,30 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = c0 + j * STRIDE;
-            if (c < C)
-                *(uint4*)(dx + c) = ln_bwd_chunk_apply<RMS>(ln_slot<J>(s0, 2, j), ln_slot<J>(s0, 0, j),
-                                                            ln_slot<J>(s0, 1, j), wv[j], m0, q0, a0, b0, dwacc[j],
-                                                            dbacc[j]);
+            if (c < C) {
+                const uint4 d = ln_bwd_chunk_apply<RMS>(ln_slot<J>(s0, 2, j), ln_slot<J>(s0, 0, j),
+                                                        ln_slot<J>(s0, 1, j), wv[j], m0, q0, a0, b0, dwacc[j],
+                                                        dbacc[j]);
+                *(uint4*)(dx + c) = d;
+                am = max_abs8(d, am);
+            }
         }
         if (two) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int c = c0 + j * STRIDE;
-                if (c < C)
-                    *(uint4*)(dx + C + c) = ln_bwd_chunk_apply<RMS>(ln_slot<J>(s1, 2, j), ln_slot<J>(s1, 0, j),
-                                                                    ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1,
-                                                                    dwacc[j], dbacc[j]);
+                if (c < C) {
+                    const uint4 d = ln_bwd_chunk_apply<RMS>(ln_slot<J>(s1, 2, j), ln_slot<J>(s1, 0, j),
+                                                            ln_slot<J>(s1, 1, j), wv[j], m1, q1, a1, b1, dwacc[j],
+                                                            dbacc[j]);
+                    *(uint4*)(dx + C + c) = d;
+                    am = max_abs8(d, am);
+                }
             }
         }
     }
     cp_wait<0>();  // no copy outlives the block (the trailing groups are empty)
+    warp_amax_out(amax, am);
     float* p = partial + (long long)blockIdx.x * (RMS ? 1 : 2) * C;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
@@ -364,8 +380,8 @@ __device__ __forceinline__ void ln_bwd_block_impl(bf16_t* dinp, float* partial, 
 #define LN_BWD_BLOCK(NAME, RMS, J, W)                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * W) NAME##_bwd_j##J##w##W(                              \
         bf16_t* dinp, float* partial, const bf16_t* dout, const bf16_t* inp, const bf16_t* w,                \
-        const float* mean, const float* rstd, int N, int C, int rows_per_block) {                            \
-        ln_bwd_block_impl<J, W, RMS>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);         \
+        const float* mean, const float* rstd, int N, int C, int rows_per_block, unsigned* amax) {            \
+        ln_bwd_block_impl<J, W, RMS>(dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block, amax);   \
     }
 #define LN_BWD_BLOCKS(NAME, RMS)   \
     LN_BWD_BLOCK(NAME, RMS, 1, 1)  \

@@ -119,6 +119,8 @@ struct NormBwd {
     db: Option<u64>,
     fresh: bool,
     r: Rows,
+    /// Where the kernel leaves the amax of the dx it writes (`fp8_sink`; 0: nowhere).
+    amax: u64,
 }
 
 impl CudaBackend {
@@ -180,6 +182,7 @@ impl CudaBackend {
         let f = self.f(k.name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&a.dx).arg(&partial).arg(&a.dy).arg(&a.x).arg(&a.w).arg(&mp).arg(&a.rstd).arg(&ni).arg(&ci).arg(&rpp);
+        lb.arg(&a.amax);
         let blocks = nparts as u32;
         // SAFETY: the op checked every range (n rows of C, n statistics, C weights and
         // gradients) and, for the 16-byte variants, alignment was checked above; partial
@@ -244,6 +247,7 @@ impl LayerNormOps for CudaBackend {
         saved: LnSaved<'_, Self>,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let (grads, NormLocs { w: dw, b: db }) = (g.buf, g.at);
@@ -272,6 +276,7 @@ impl LayerNormOps for CudaBackend {
             db: Some(self.ptr_mut(grads, db.off)),
             fresh: g.fresh,
             r,
+            amax: self.fp8_sink(amax)?,
         })
     }
     fn rmsnorm_fwd(
@@ -323,6 +328,7 @@ impl LayerNormOps for CudaBackend {
         saved: RmsSaved<'_, Self>,
         p: Weights<'_, Self, Loc>,
         r: Rows,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let Rows { n, c } = r;
         let (grads, dw, (params, w)) = (g.buf, g.at, (p.buf, p.at));
@@ -351,6 +357,7 @@ impl LayerNormOps for CudaBackend {
             db: None,
             fresh: g.fresh,
             r,
+            amax: self.fp8_sink(amax)?,
         })
     }
 }

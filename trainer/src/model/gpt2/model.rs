@@ -14,8 +14,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows, SeqShape,
-    UnitGrads, Weights,
+    AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows,
+    SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -188,6 +188,14 @@ impl<B: Backend> Gpt2<B> {
     fn rows(&self) -> Rows {
         Rows { n: self.shape.b * self.shape.t, c: self.shape.c }
     }
+
+    /// Where the op writing block `layer`'s output gradient (the residual gradient: the norm
+    /// backward above it, the block's own fc2 reads it first) leaves its amax; `None` below
+    /// block 0.
+    fn fc2_grad_sink(&self, layer: Option<usize>) -> Option<AmaxSink> {
+        let (n, c) = (self.shape.b * self.shape.t, self.shape.c);
+        layer.and_then(|l| self.block.for_layer(l).fc2.grad_sink(MatShape { n, c: 4 * c, oc: c }))
+    }
 }
 
 impl<B: Backend> DecoderModel<B> for Gpt2<B> {
@@ -204,7 +212,8 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape, docs: self.tokens.docs.as_ref() };
+        let k = &self.block.for_layer(layer);
+        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink: None };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -225,12 +234,15 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         self.head.forward_backward(be, &self.lnf, w, dloss_scale, gr.first(e.head), &mut self.g.dln)?;
         be.zero_buf(&mut self.g.dres, Loc::all(r.n * r.c))?;
         let saved = self.lnf_stats.saved(&self.resid[l]);
-        be.layernorm_bwd(&mut self.g.dres, gr.first(e.ln_f), &self.g.dln, saved, Weights::new(p, e.ln_f), r)
+        // The last block's fc2 reads this gradient first.
+        let sink = self.fc2_grad_sink(l.checked_sub(1));
+        be.layernorm_bwd(&mut self.g.dres, gr.first(e.ln_f), &self.g.dln, saved, Weights::new(p, e.ln_f), r, sink)
     }
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let blk = Block { be, p, k: &self.block.for_layer(layer), s: self.shape, docs: self.tokens.docs.as_ref() };
+        let (k, dres_sink) = (&self.block.for_layer(layer), self.fc2_grad_sink(layer.checked_sub(1)));
+        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -276,6 +288,9 @@ struct Block<'a, B: Backend> {
     s: AttnShape,
     /// Each row's document start (`data.document_mask`), for attention.
     docs: Option<&'a B::Tokens>,
+    /// Where ln1's backward leaves the amax of the gradient it writes (the block below's fc2
+    /// reads it first: `Gpt2::fc2_grad_sink`); `None` for block 0 and in the forward.
+    dres_sink: Option<AmaxSink>,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -342,20 +357,25 @@ impl<B: Backend> Block<'_, B> {
         let fc = MatShape { n, c, oc: 4 * c };
         let sink = k.fc.grad_sink(fc);
         let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
+        // dres's amax: left by the norm backward above (the head's, or the next block's ln1).
+        let fc2_at = fc2_at.grad_amax_from(k.fc2.grad_sink(fc2));
         be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
         let fc_at = k.fc.grad_amax_from(sink);
         be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(fc_at), fc)?;
-        // dres += through ln2 (the residual branch already carries dres itself)
-        let saved = a.ln2_stats.saved(&a.resid2);
-        be.layernorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
-        // attention
+        // dres += through ln2 (the residual branch already carries dres itself), leaving its
+        // amax for proj's FP8 backward.
         let proj = MatShape { n, c, oc: c };
-        be.matmul_bwd(&mut g.dln, gr.first(k.proj), &g.dres, &a.atty, self.w(k.proj), proj)?;
+        let sink = k.proj.grad_sink(proj);
+        let saved = a.ln2_stats.saved(&a.resid2);
+        be.layernorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r, sink)?;
+        // attention
+        let proj_at = k.proj.grad_amax_from(sink);
+        be.matmul_bwd(&mut g.dln, gr.first(proj_at), &g.dres, &a.atty, self.w(proj_at), proj)?;
         let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s)?;
         let qkv = MatShape { n, c, oc: 3 * c };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = a.ln1_stats.saved(x);
-        be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r)
+        be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
     }
 }

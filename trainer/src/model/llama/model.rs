@@ -16,8 +16,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    rope_table, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape, UnitGrads,
-    Weights,
+    rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape,
+    UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -196,6 +196,14 @@ impl<B: Backend> Llama<B> {
         SeqShape { b: self.s.attn.b, t: self.s.attn.t, c: self.s.attn.c }
     }
 
+    /// Where the op writing block `layer`'s output gradient (the residual gradient: the norm
+    /// backward above it, the block's own down projection reads it first) leaves its amax;
+    /// `None` below block 0.
+    fn down_grad_sink(&self, layer: Option<usize>) -> Option<AmaxSink> {
+        let (n, c) = (self.s.attn.b * self.s.attn.t, self.s.attn.c);
+        layer.and_then(|l| self.block.for_layer(l).down.grad_sink(MatShape { n, c: self.s.f, oc: c }))
+    }
+
     /// The final norm of the last residual stream into `lnf`.
     fn final_norm(&mut self, be: &B, p: &B::Buf) -> BResult<()> {
         let (r, l) = (self.rows(), self.resid.len() - 1);
@@ -232,6 +240,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             s: self.s,
             rope: &self.rope,
             docs: self.tokens.docs.as_ref(),
+            dres_sink: None,
         };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
@@ -252,7 +261,9 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         self.head.forward_backward(be, &self.lnf, w, dloss_scale, gr.first(e.head), &mut self.g.dln)?;
         be.zero_buf(&mut self.g.dres, Loc::all(r.n * r.c))?;
         let saved = RmsSaved { inp: &self.resid[l], rstd: &self.rstdf };
-        be.rmsnorm_bwd(&mut self.g.dres, gr.first(e.norm), &self.g.dln, saved, Weights::new(p, e.norm), r)
+        // The last block's down projection reads this gradient first.
+        let sink = self.down_grad_sink(l.checked_sub(1));
+        be.rmsnorm_bwd(&mut self.g.dres, gr.first(e.norm), &self.g.dln, saved, Weights::new(p, e.norm), r, sink)
     }
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
@@ -264,6 +275,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             s: self.s,
             rope: &self.rope,
             docs: self.tokens.docs.as_ref(),
+            dres_sink: self.down_grad_sink(layer.checked_sub(1)),
         };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -309,6 +321,9 @@ struct Block<'a, B: Backend> {
     rope: &'a B::F32,
     /// Each row's document start (`data.document_mask`), for RoPE and attention.
     docs: Option<&'a B::Tokens>,
+    /// Where rms1's backward leaves the amax of the gradient it writes (the block below's down
+    /// projection reads it first: `Llama::down_grad_sink`); `None` for block 0 and in the forward.
+    dres_sink: Option<AmaxSink>,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -368,24 +383,31 @@ impl<B: Backend> Block<'_, B> {
                 &sc.act
             }
         };
-        be.matmul_bwd(&mut g.dact, gr.first(k.down), &g.dres, act, self.w(k.down), MatShape { n, c: f, oc: c })?;
+        // dres's amax: left by the norm backward above (the head's, or the next block's rms1).
+        let down = MatShape { n, c: f, oc: c };
+        let down_at = k.down.grad_amax_from(k.down.grad_sink(down));
+        be.matmul_bwd(&mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?;
         // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
         let sink = k.gate_up.grad_sink(gu);
         be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f }, sink)?;
         let gu_at = k.gate_up.grad_amax_from(sink);
         be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, &a.ln2, self.w(gu_at), gu)?;
-        // dres += through rms2 (the residual branch already carries dres itself)
+        // dres += through rms2 (the residual branch already carries dres itself), leaving its
+        // amax for o's FP8 backward.
+        let o = MatShape { n, c, oc: c };
+        let sink = k.o.grad_sink(o);
         let saved = RmsSaved { inp: &a.resid2, rstd: &a.rstd2 };
-        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r)?;
+        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r, sink)?;
         // attention
-        be.matmul_bwd(&mut g.dln, gr.first(k.o), &g.dres, &a.atty, self.w(k.o), MatShape { n, c, oc: c })?;
+        let o_at = k.o.grad_amax_from(sink);
+        be.matmul_bwd(&mut g.dln, gr.first(o_at), &g.dres, &a.atty, self.w(o_at), o)?;
         let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at)?;
         be.rope_bwd(&mut g.dqkv, self.rope, self.docs, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
         let saved = RmsSaved { inp: x, rstd: &a.rstd1 };
-        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r)
+        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
     }
 }
