@@ -513,9 +513,9 @@ impl AttnCase {
         self.out = vec![0.0; n * s.c];
         let mut att = vec![0.0; cpu.attention_saved_len(s)];
         let x = AttnInputs { qkv: &self.qkv, docs: self.docs.as_ref() };
-        cpu.attention_fwd(&mut self.out, &mut att, x, s)?;
+        cpu.attention_fwd(&mut self.out, &mut att, x, s, None)?;
         self.dqkv = vec![0.0; n * w];
-        cpu.attention_bwd(&mut self.dqkv, &self.dout, x, &self.out, &att, s)?;
+        cpu.attention_bwd(&mut self.dqkv, &self.dout, x, &self.out, &att, s, None)?;
         // The saved log-sum-exp (base 2) from the CPU's probabilities: at the diagonal
         // (attended within documents too) p = exp2(s2 - lse), so lse = s2 - log2(p) with
         // s2 = q.k*scale*log2 e, k from the query head's key/value head.
@@ -620,9 +620,9 @@ fn attention_documents() {
                     let x = AttnInputs { qkv: &gq, docs };
                     let (mut out, mut saved) =
                         (poisoned_buf(be, n * s.c)?, poisoned_f32(be, be.attention_saved_len(s))?);
-                    be.attention_fwd(&mut out, &mut saved, x, s)?;
+                    be.attention_fwd(&mut out, &mut saved, x, s, None)?;
                     let mut dq = poisoned_buf(be, n * w)?;
-                    be.attention_bwd(&mut dq, &gdo, x, &out, &saved, s)?;
+                    be.attention_bwd(&mut dq, &gdo, x, &out, &saved, s, None)?;
                     let lse = be.download_f32(&saved, Loc::all(s.b * s.nh * t))?;
                     Ok([be.download_buf(&out, Loc::all(n * s.c))?, lse, be.download_buf(&dq, Loc::all(n * w))?]
                         .concat())
@@ -674,7 +674,7 @@ fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnC
                 let tag = format!("{tag} {imp:?}");
                 let mut outg = poisoned_buf(be, n * s.c)?;
                 let mut saved = poisoned_f32(be, be.attention_saved_len(s))?;
-                be.attention_fwd(&mut outg, &mut saved, x, s)?;
+                be.attention_fwd(&mut outg, &mut saved, x, s, None)?;
                 rep.cmp(&format!("{tag} fwd"), "out", &be.download_buf(&outg, Loc::all(n * s.c))?, &c.out, TOL_BF16);
                 let lse = be.download_f32(&saved, Loc::all(s.b * s.nh * s.t))?;
                 rep.cmp(&format!("{tag} fwd"), "lse", &lse, &c.lse, 1e-3);
@@ -686,7 +686,7 @@ fn attention_cases(be: &CudaBackend, rep: &mut gpu::Report, mut cases: Vec<AttnC
                     };
                     let run = || -> BResult<Vec<f32>> {
                         let mut dq = poisoned_buf(be, n * w)?;
-                        be.attention_bwd(&mut dq, &gdo, x, &outg, &saved, s)?;
+                        be.attention_bwd(&mut dq, &gdo, x, &outg, &saved, s, None)?;
                         be.download_buf(&dq, Loc::all(n * w))
                     };
                     let d1 = run()?;
@@ -811,6 +811,47 @@ fn fp8_amax_sinks() {
         };
         let plain = run(None)?;
         same("swiglu_bwd", run(Some(AmaxSink::Grad(1)))?, &plain, AmaxSink::Grad(1))?;
+        // Attention: the output (forward) and dqkv (backward) with sinks, on every kernel family
+        // (the Hopper kernels max as they write; the others, and a split dK/dV pass, take a
+        // pass after), plain and within documents, grouped-query with its dK/dV split forced.
+        for (b, t, nh, nkv, hs, split) in
+            [(2, 300, 4, 4, 64, None), (1, 333, 4, 2, 128, Some(2)), (1, 200, 4, 2, 64, None)]
+        {
+            let s = AttnShape { b, t, c: nh * hs, nh, nkv };
+            let (na, w) = (b * t, s.qkv_width());
+            let (gq, gdo) = (up_buf(be, &rng.vec(na * w, 1.0))?, up_buf(be, &rng.vec(na * s.c, 1.0))?);
+            let mut starts = be.alloc_tokens(na, TokenRole::DocStarts { seq_len: t })?;
+            be.upload_tokens(&doc_starts(&random_documents(rng, na), t, na), &mut starts)?;
+            be.set_attention_dkv_split(split);
+            for imp in [AttentionImpl::TensorCore, AttentionImpl::MmaSync, AttentionImpl::Simt] {
+                be.set_attention_impl(imp);
+                for docs in [None, Some(&starts)] {
+                    let x = AttnInputs { qkv: &gq, docs };
+                    let tag = format!(
+                        "attention B{b} T{t} NH{nh} NKV{nkv} HS{hs} {imp:?}{}",
+                        if docs.is_some() { " docs" } else { "" }
+                    );
+                    let mut saved = poisoned_f32(be, be.attention_saved_len(s))?;
+                    let mut run_fwd = |sink: Option<AmaxSink>| -> BResult<(Vec<f32>, <CudaBackend as Device>::Buf)> {
+                        let mut out = poisoned_buf(be, na * s.c)?;
+                        be.attention_fwd(&mut out, &mut saved, x, s, sink)?;
+                        Ok((be.download_buf(&out, Loc::all(na * s.c))?, out))
+                    };
+                    let (plain, _) = run_fwd(None)?;
+                    let (with, out) = run_fwd(Some(AmaxSink::Input(0)))?;
+                    same(&format!("{tag} fwd"), with, &plain, AmaxSink::Input(0))?;
+                    let run_bwd = |sink: Option<AmaxSink>| -> BResult<Vec<f32>> {
+                        let mut dq = poisoned_buf(be, na * w)?;
+                        be.attention_bwd(&mut dq, &gdo, x, &out, &saved, s, sink)?;
+                        be.download_buf(&dq, Loc::all(na * w))
+                    };
+                    let plain = run_bwd(None)?;
+                    same(&format!("{tag} bwd"), run_bwd(Some(AmaxSink::Grad(1)))?, &plain, AmaxSink::Grad(1))?;
+                }
+            }
+            be.set_attention_impl(AttentionImpl::TensorCore);
+            be.set_attention_dkv_split(None);
+        }
         // The pass of its own (after a fused GELU' epilogue), a NaN included.
         let mut v = rng.vec(n * c, 3.0);
         v[77] = f32::NAN;

@@ -5,7 +5,7 @@
 //! tokens, `data.document_mask`), attention stops at document boundaries and positions
 //! restart at each document's first token.
 
-use super::{BResult, Device};
+use super::{AmaxSink, BResult, Device};
 
 /// Shapes for one attention call. A row of `qkv` holds the `nh` query heads, then the
 /// `nkv` key heads, then the `nkv` value heads, `hs = c / nh` values each: query head `h`
@@ -73,16 +73,20 @@ pub trait AttentionOps: Device {
     /// fp32 elements of saved softmax state `attention_fwd` needs for backward.
     fn attention_saved_len(&self, s: AttnShape) -> usize;
     /// Causal self-attention, within documents where `x.docs` says ([`AttnInputs`]):
-    /// `x.qkv[N, qkv_width]` → `out[N, C]`.
+    /// `x.qkv[N, qkv_width]` → `out[N, C]`; the amax of `out` in `amax` where set (for the
+    /// FP8 GEMM that reads it next: the output projection).
     fn attention_fwd(
         &self,
         out: &mut Self::Buf,
         saved: &mut Self::F32,
         x: AttnInputs<'_, Self>,
         s: AttnShape,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
     /// `dqkv` overwritten from `dout` (a key/value head's gradient sums its query heads');
-    /// `x` as the forward had it.
+    /// `x` as the forward had it; the amax of `dqkv` in `amax` where set (the qkv layer's
+    /// output gradient, where nothing comes between: not under RoPE).
+    #[allow(clippy::too_many_arguments)] // attention's own six, and where its output's amax goes
     fn attention_bwd(
         &self,
         dqkv: &mut Self::Buf,
@@ -91,6 +95,7 @@ pub trait AttentionOps: Device {
         out: &Self::Buf,
         saved: &Self::F32,
         s: AttnShape,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
 
     /// Rotary position embedding, in place on the query and key heads of `qkv` (values

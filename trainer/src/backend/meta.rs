@@ -242,7 +242,14 @@ impl AttentionOps for MetaBackend {
     fn attention_saved_len(&self, s: AttnShape) -> usize {
         (self.attention_saved)(s)
     }
-    fn attention_fwd(&self, _: &mut MetaBuf, _: &mut MetaBuf, _: AttnInputs<'_, Self>, _: AttnShape) -> BResult<()> {
+    fn attention_fwd(
+        &self,
+        _: &mut MetaBuf,
+        _: &mut MetaBuf,
+        _: AttnInputs<'_, Self>,
+        _: AttnShape,
+        _: Option<AmaxSink>,
+    ) -> BResult<()> {
         Ok(())
     }
     fn attention_bwd(
@@ -253,6 +260,7 @@ impl AttentionOps for MetaBackend {
         _: &MetaBuf,
         _: &MetaBuf,
         _: AttnShape,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }

@@ -316,17 +316,23 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let att_flop = 2.0 * 2.0 * (b * nh * t * t * (c / nh)) as f64 / 2.0;
     let ai = AttnInputs { qkv: &qkv, docs: None };
     be.set_attention_impl(AttentionImpl::Simt);
-    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
+    tm.time("attention_fwd (SIMT fp32)", 2, 10, tflops(att_flop), || {
+        be.attention_fwd(&mut att, &mut saved, ai, s, None)
+    });
     tm.time("attention_bwd (SIMT fp32)", 2, 10, tflops(2.5 * att_flop), || {
-        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
+        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s, None)
     });
     be.set_attention_impl(AttentionImpl::MmaSync);
-    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
+    tm.time("attention_fwd (mma.sync)", 3, 20, tflops(att_flop), || {
+        be.attention_fwd(&mut att, &mut saved, ai, s, None)
+    });
     be.set_attention_impl(AttentionImpl::TensorCore);
-    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || be.attention_fwd(&mut att, &mut saved, ai, s));
+    tm.time("attention_fwd (tensor cores)", 3, 20, tflops(att_flop), || {
+        be.attention_fwd(&mut att, &mut saved, ai, s, None)
+    });
     let t_att_f = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("attention_bwd (tensor cores)", 3, 20, tflops(2.5 * att_flop), || {
-        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s)
+        be.attention_bwd(&mut dqkv, &x, ai, &att, &saved, s, None)
     });
     let t_att_b = tm.rows.last().map_or(0.0, |r| r.1);
     tm.time("gelu_fwd", 3, 20, gbps(8.0 * bc2 / 2.0 * 2.0), || be.gelu_fwd(&mut y4, &x4, n * 4 * c, None));
@@ -486,12 +492,12 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize,
         for (imp, label) in [(AttentionImpl::TensorCore, ""), (AttentionImpl::MmaSync, " (mma.sync)")] {
             be.set_attention_impl(imp);
             both(&mut tm, &format!("attention_fwd HS{hs}{label}"), 1.0, &mut |x| {
-                be.attention_fwd(&mut out, &mut saved, x, s)
+                be.attention_fwd(&mut out, &mut saved, x, s, None)
             });
             let split = be.attention_dkv_splits(s, false)?;
             let note = if split > 1 { format!(", dK/dV split {split}") } else { String::new() };
             both(&mut tm, &format!("attention_bwd HS{hs}{label}{note}"), 2.5, &mut |x| {
-                be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s)
+                be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s, None)
             });
             if nkv != nh {
                 // The other choice: unsplit where it splits, else split once per query head.
@@ -499,7 +505,7 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize,
                 let what = if other == 1 { "unsplit".to_string() } else { format!("split {other}") };
                 be.set_attention_dkv_split(Some(other));
                 both(&mut tm, &format!("attention_bwd HS{hs}{label}, dK/dV {what}"), 2.5, &mut |x| {
-                    be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s)
+                    be.attention_bwd(&mut dqkv, &dout, x, &out, &saved, s, None)
                 });
                 be.set_attention_dkv_split(None);
             }

@@ -4,7 +4,7 @@
 //! the reference, which is why the CUDA backend uses a tiled (flash-style) kernel instead.
 
 use super::CpuBackend;
-use crate::backend::{check_doc_starts, AttentionOps, AttnInputs, AttnShape, BResult, BackendError};
+use crate::backend::{check_doc_starts, AmaxSink, AttentionOps, AttnInputs, AttnShape, BResult, BackendError};
 
 /// The first key row `row` attends (its position within its sequence if `docs` is `None`:
 /// 0).
@@ -153,12 +153,13 @@ impl AttentionOps for CpuBackend {
         saved: &mut Vec<f32>,
         x: AttnInputs<'_, Self>,
         s: AttnShape,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let n = s.b * s.t;
         let docs = docs_of("attention_fwd", x.docs, s.b, s.t)?;
         let att = &mut saved[..self.attention_saved_len(s)];
         attention_forward(&mut out[..n * s.c], att, &x.qkv[..n * s.qkv_width()], docs, s);
-        Ok(())
+        self.leave_amax(amax, &out[..n * s.c])
     }
     fn attention_bwd(
         &self,
@@ -168,6 +169,7 @@ impl AttentionOps for CpuBackend {
         _out: &Vec<f32>,
         saved: &Vec<f32>,
         s: AttnShape,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let (n, w) = (s.b * s.t, s.qkv_width());
         let docs = docs_of("attention_bwd", x.docs, s.b, s.t)?;
@@ -179,7 +181,7 @@ impl AttentionOps for CpuBackend {
             docs,
             s,
         );
-        Ok(())
+        self.leave_amax(amax, &dqkv[..n * w])
     }
     fn rope_fwd(&self, qkv: &mut Vec<f32>, table: &Vec<f32>, docs: Option<&Vec<u32>>, s: AttnShape) -> BResult<()> {
         let n = s.b * s.t;
@@ -215,9 +217,9 @@ mod tests {
             be.rope_fwd(&mut x, &table, docs, s).unwrap();
         }
         let (mut out, mut att) = (vec![0.0; n * s.c], vec![0.0; be.attention_saved_len(s)]);
-        be.attention_fwd(&mut out, &mut att, AttnInputs { qkv: &x, docs }, s).unwrap();
+        be.attention_fwd(&mut out, &mut att, AttnInputs { qkv: &x, docs }, s, None).unwrap();
         let mut dqkv = vec![0.0; n * w];
-        be.attention_bwd(&mut dqkv, &dout.to_vec(), AttnInputs { qkv: &x, docs }, &out, &att, s).unwrap();
+        be.attention_bwd(&mut dqkv, &dout.to_vec(), AttnInputs { qkv: &x, docs }, &out, &att, s, None).unwrap();
         if rope {
             be.rope_bwd(&mut dqkv, &table, docs, s).unwrap();
         }

@@ -1497,7 +1497,10 @@ ATTN_MMA_INSTANCES(128, 1, 2)
 // chunk c of row r sits at r * 128 + ((c ^ (r & 7)) << 4), tiles 1024-byte aligned (the
 // swizzle is a function of the address bits, which the descriptors' swizzle mode matches).
 // Built only where the compiler targets sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`); elsewhere the
-// entry points trap and attention.rs never launches them.
+// entry points trap and attention.rs never launches them. These kernels (alone) take an FP8
+// amax sink: the largest |x| of what they write (the forward's output, the backward's dQ, dK,
+// dV) max-ed into *amax where it is not null; for the other families attention.rs runs the
+// amax as a pass of its own.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int NTH = 128>
 __device__ __forceinline__ void load_tile_sw128_async(unsigned dst, const bf16_t* src, long long stride, int nvalid,
@@ -1608,7 +1611,7 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 // 1024-byte alignment.
 template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV,
-                                                 float scale, const unsigned* docs) {
+                                                 float scale, unsigned* amax, const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma forward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1700,6 +1703,7 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
     wg_wait0();
     fence_regs<8 * NA>(o);
     fence_afrags(pa);
+    unsigned am = 0;  // the output's amax (an FP8 amax sink: o's input), where amax is set
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int q = qrow + 8 * r;
@@ -1709,10 +1713,14 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
 #pragma unroll
         for (int a = 0; a < NA; ++a)
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                *(unsigned*)(dst + a * 64 + j * 8) = pack2(o[8 * a + j][2 * r] * inv, o[8 * a + j][2 * r + 1] * inv);
+            for (int j = 0; j < 8; ++j) {
+                const unsigned v = pack2(o[8 * a + j][2 * r] * inv, o[8 * a + j][2 * r + 1] * inv);
+                *(unsigned*)(dst + a * 64 + j * 8) = v;
+                am = max_abs_bits2(v, am);
+            }
         if (t == 0) lse[((long long)b * NH + h) * T + q] = m[r] + log2f(l[r]);
     }
+    warp_amax_out(amax, am);
 }
 
 // Backward on Hopper, head sizes 64 and 128: the mma.sync kernels' two passes (attn_bwd_dkv_mma_impl,
@@ -1730,7 +1738,8 @@ __device__ __forceinline__ void attn_fwd_wg_impl(bf16_t* out, float* lse, const 
 template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                      const float* lse, const float* D, int T, int NH, int NKV,
-                                                     float scale, float* part, int S, const unsigned* docs) {
+                                                     float scale, float* part, int S, unsigned* amax,
+                                                     const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;  // swizzle atoms per row, bytes per 64-row tile
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1826,6 +1835,7 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
         wg_wait0();
         qt = qn;
     }
+    unsigned am = 0;  // dK's and dV's amax (with S == 1; an FP8 amax sink: qkv's dY)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int k = krow + 8 * r;
@@ -1836,9 +1846,11 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
             for (int a = 0; a < NA; ++a)
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    *(unsigned*)(row + a * 64 + j * 8) =
-                        pack2(dk[a][j][2 * r] * scale, dk[a][j][2 * r + 1] * scale);
-                    *(unsigned*)(row + NKV * HS + a * 64 + j * 8) = pack2(dv[a][j][2 * r], dv[a][j][2 * r + 1]);
+                    const unsigned kv = pack2(dk[a][j][2 * r] * scale, dk[a][j][2 * r + 1] * scale);
+                    const unsigned vv = pack2(dv[a][j][2 * r], dv[a][j][2 * r + 1]);
+                    *(unsigned*)(row + a * 64 + j * 8) = kv;
+                    *(unsigned*)(row + NKV * HS + a * 64 + j * 8) = vv;
+                    am = max_abs_bits2(kv, max_abs_bits2(vv, am));
                 }
         } else {
             float* row = dkv_part_row<HS>(part, T, k) + 2 * t;
@@ -1851,13 +1863,14 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
                 }
         }
     }
+    warp_amax_out(amax, am);
 }
 
-// Block per (query tile, query head): dQ of dqkv.
+// Block per (query tile, query head): dQ of dqkv (its amax into amax where set).
 template <int HS, bool DOCS>
 __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                                     const float* lse, const float* D, int T, int NH, int NKV,
-                                                    float scale, const unsigned* docs) {
+                                                    float scale, unsigned* amax, const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1928,6 +1941,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
         wg_commit();
         wg_wait0();
     }
+    unsigned am = 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int q = qrow + 8 * r;
@@ -1936,41 +1950,48 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
 #pragma unroll
         for (int a = 0; a < NA; ++a)
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                *(unsigned*)(row + a * 64 + j * 8) = pack2(dq[a][j][2 * r] * scale, dq[a][j][2 * r + 1] * scale);
+            for (int j = 0; j < 8; ++j) {
+                const unsigned v = pack2(dq[a][j][2 * r] * scale, dq[a][j][2 * r + 1] * scale);
+                *(unsigned*)(row + a * 64 + j * 8) = v;
+                am = max_abs_bits2(v, am);
+            }
     }
+    warp_amax_out(amax, am);
 }
 
 #define ATTN_WG_INSTANCES_(HS, SUF, DOCS, DOCS_PARAM, DOCS_ARG)                                             \
     extern "C" __global__ void __launch_bounds__(128) attn_fwd_wg##HS##SUF(                                   \
-        bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale DOCS_PARAM) {         \
-        attn_fwd_wg_impl<HS, DOCS>(out, lse, qkv, T, NH, NKV, scale, DOCS_ARG);                               \
+        bf16_t* out, float* lse, const bf16_t* qkv, int T, int NH, int NKV, float scale,                      \
+        unsigned* amax DOCS_PARAM) {                                                                          \
+        attn_fwd_wg_impl<HS, DOCS>(out, lse, qkv, T, NH, NKV, scale, amax, DOCS_ARG);                         \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         attn_bwd_dkv_wg##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,       \
-                                 const float* D, int T, int NH, int NKV, float scale, float* part,            \
-                                 int S DOCS_PARAM) {                                                          \
-        attn_bwd_dkv_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S, DOCS_ARG);        \
+                                 const float* D, int T, int NH, int NKV, float scale, float* part, int S,     \
+                                 unsigned* amax DOCS_PARAM) {                                                 \
+        attn_bwd_dkv_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S, amax, DOCS_ARG);  \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         attn_bwd_dq_wg##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,        \
-                                const float* D, int T, int NH, int NKV, float scale DOCS_PARAM) {             \
-        attn_bwd_dq_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, DOCS_ARG);                  \
+                                const float* D, int T, int NH, int NKV, float scale,                          \
+                                unsigned* amax DOCS_PARAM) {                                                  \
+        attn_bwd_dq_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, amax, DOCS_ARG);            \
     }
 #else
 // (not sm_90a: entry points with the same parameters that trap; attention.rs never launches them)
 #define ATTN_WG_INSTANCES_(HS, SUF, DOCS, DOCS_PARAM, DOCS_ARG)                                             \
-    extern "C" __global__ void attn_fwd_wg##HS##SUF(bf16_t*, float*, const bf16_t*, int, int, int,           \
-                                                    float DOCS_PARAM) {                                       \
+    extern "C" __global__ void attn_fwd_wg##HS##SUF(bf16_t*, float*, const bf16_t*, int, int, int, float,    \
+                                                    unsigned* DOCS_PARAM) {                                   \
         __trap();                                                                                             \
     }                                                                                                         \
     extern "C" __global__ void attn_bwd_dkv_wg##HS##SUF(bf16_t*, const bf16_t*, const bf16_t*, const float*, \
-                                                        const float*, int, int, int, float, float*,           \
-                                                        int DOCS_PARAM) {                                     \
+                                                        const float*, int, int, int, float, float*, int,      \
+                                                        unsigned* DOCS_PARAM) {                               \
         __trap();                                                                                             \
     }                                                                                                         \
     extern "C" __global__ void attn_bwd_dq_wg##HS##SUF(bf16_t*, const bf16_t*, const bf16_t*, const float*,  \
-                                                       const float*, int, int, int, float DOCS_PARAM) {       \
+                                                       const float*, int, int, int, float,                    \
+                                                       unsigned* DOCS_PARAM) {                                \
         __trap();                                                                                             \
     }
 #endif

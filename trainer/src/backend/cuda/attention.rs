@@ -15,7 +15,7 @@ use cudarc::driver::PushKernelArg;
 use super::kernels::KernelFile;
 use super::launch::{bad, cfg, check, to_i32, BLOCK};
 use super::{CudaBackend, DeviceTokens};
-use crate::backend::{AttentionOps, AttnInputs, AttnShape, BResult};
+use crate::backend::{AmaxSink, AttentionOps, AttnInputs, AttnShape, BResult};
 
 /// Which attention kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,6 +320,7 @@ impl AttentionOps for CudaBackend {
         saved: &mut Self::F32,
         x: AttnInputs<'_, Self>,
         s: AttnShape,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let (v, scale) = self.attn_variant(s)?;
         let n = s.b * s.t;
@@ -334,8 +335,14 @@ impl AttentionOps for CudaBackend {
         let f = self.f(name)?;
         let (o, l, q) = (self.ptr_mut(out, 0), self.ptr_mut(saved, 0), self.ptr(x.qkv, 0));
         let (ti, nhi, nkvi) = (to_i32("T", s.t)?, to_i32("NH", s.nh)?, to_i32("NKV", s.nkv)?);
+        // The Hopper kernels leave the output's amax as they write it; the others, a pass after.
+        let fused = matches!(v, Variant::Wg(_));
+        let am = if fused { self.fp8_sink(amax)? } else { 0 };
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&l).arg(&q).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
+        if fused {
+            lb.arg(&am);
+        }
         if x.docs.is_some() {
             lb.arg(&docs);
         }
@@ -348,7 +355,10 @@ impl AttentionOps for CudaBackend {
         // SAFETY: ranges checked above (the document starts: B·T of them, checked at upload,
         // and the kernels clamp them to their rows); the kernel guards rows >= T.
         unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
-        Ok(())
+        match amax {
+            Some(sink) if !fused => self.fp8_amax_into_sink(o, n * s.c, sink),
+            _ => Ok(()),
+        }
     }
 
     fn attention_bwd(
@@ -359,6 +369,7 @@ impl AttentionOps for CudaBackend {
         out: &Self::Buf,
         saved: &Self::F32,
         s: AttnShape,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
         let (v, scale) = self.attn_variant(s)?;
         let hs = s.c / s.nh;
@@ -399,6 +410,10 @@ impl AttentionOps for CudaBackend {
         let d = self.scratch_f32(part_off + part_len)?;
         let part = d + (part_off * 4) as u64;
         let si = splits as i32;
+        // The Hopper kernels leave dqkv's amax as they write it (dK/dV only without a split:
+        // a split's sums are written by attn_dkv_reduce); otherwise a pass after.
+        let fused = matches!(v, Variant::Wg(_)) && splits == 1;
+        let am = if fused { self.fp8_sink(amax)? } else { 0 };
         let (dq, dy, q, o, l) =
             (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(x.qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
         let f = self.f(BWD_D)?;
@@ -411,6 +426,9 @@ impl AttentionOps for CudaBackend {
             let f = self.f(dkv_name)?;
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale).arg(&part).arg(&si);
+            if matches!(v, Variant::Wg(_)) {
+                lb.arg(&am);
+            }
             if masked {
                 lb.arg(&docs);
             }
@@ -431,6 +449,9 @@ impl AttentionOps for CudaBackend {
         let f = self.f(name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
+        if matches!(v, Variant::Wg(_)) {
+            lb.arg(&am);
+        }
         if masked {
             lb.arg(&docs);
         }
@@ -438,7 +459,10 @@ impl AttentionOps for CudaBackend {
         let grid = (nt as u32, s.nh as u32, s.b as u32);
         // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
         unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
-        Ok(())
+        match amax {
+            Some(sink) if !fused => self.fp8_amax_into_sink(dq, n * w, sink),
+            _ => Ok(()),
+        }
     }
 
     /// In rope.rs (kernels in rope.cu).

@@ -308,10 +308,15 @@ impl<B: Backend> Block<'_, B> {
         let sink = k.qkv.input_sink(qkv);
         be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r, sink)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv.input_amax_from(sink)), qkv)?;
+        // Attention leaves its output's amax for proj (where it runs in this pass: a kept
+        // output is not rewritten, and proj then takes its own amax of it).
+        let proj = MatShape { n, c, oc: c };
+        let sink = if pass.runs_attention() { k.proj.input_sink(proj) } else { None };
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, s)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, s, sink)?;
         }
-        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.proj), MatShape { n, c, oc: c }, &mut sc.tmp)?;
+        let proj_at = k.proj.input_amax_from(sink);
+        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(proj_at), proj, &mut sc.tmp)?;
         let fc = MatShape { n, c, oc: 4 * c };
         let sink = k.fc.input_sink(fc);
         be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
@@ -372,9 +377,12 @@ impl<B: Backend> Block<'_, B> {
         let proj_at = k.proj.grad_amax_from(sink);
         be.matmul_bwd(&mut g.dln, gr.first(proj_at), &g.dres, &a.atty, self.w(proj_at), proj)?;
         let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
-        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s)?;
+        // Attention's backward leaves dqkv's amax for qkv's FP8 backward.
         let qkv = MatShape { n, c, oc: 3 * c };
-        be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
+        let sink = k.qkv.grad_sink(qkv);
+        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s, sink)?;
+        let qkv_at = k.qkv.grad_amax_from(sink);
+        be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, &a.ln1, self.w(qkv_at), qkv)?;
         let saved = a.ln1_stats.saved(x);
         be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
     }

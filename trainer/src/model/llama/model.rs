@@ -343,10 +343,14 @@ impl<B: Backend> Block<'_, B> {
         be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps, sink)?;
         be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv.input_amax_from(sink)), qkv)?;
         be.rope_fwd(&mut a.qkv, self.rope, self.docs, at)?;
+        // Attention leaves its output's amax for o (where it runs in this pass: a kept output
+        // is not rewritten, and o then takes its own amax of it).
+        let o = MatShape { n, c, oc: c };
+        let sink = if pass.runs_attention() { k.o.input_sink(o) } else { None };
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, at)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, at, sink)?;
         }
-        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o), MatShape { n, c, oc: c }, &mut sc.tmp)?;
+        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o.input_amax_from(sink)), o, &mut sc.tmp)?;
         let gu = MatShape { n, c, oc: 2 * f };
         let sink = k.gate_up.input_sink(gu);
         be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps, sink)?;
@@ -403,7 +407,8 @@ impl<B: Backend> Block<'_, B> {
         let o_at = k.o.grad_amax_from(sink);
         be.matmul_bwd(&mut g.dln, gr.first(o_at), &g.dres, &a.atty, self.w(o_at), o)?;
         let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
-        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at)?;
+        // (No amax sink: RoPE's backward rewrites the query and key gradients after it.)
+        be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at, None)?;
         be.rope_bwd(&mut g.dqkv, self.rope, self.docs, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
         be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
