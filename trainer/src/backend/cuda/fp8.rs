@@ -21,8 +21,9 @@
 //! and the inverse scale the GEMM reads (`fp8_cast_bf16`, or `fp8_cast_transpose_bf16`
 //! for the transposed copies; dY's cast writes both of its layouts in one pass). Where the
 //! op that wrote the tensor left its amax in the layer's slot (`AmaxSink`: the norms before
-//! qkv and fc/gate_up, GELU (composed or recomputed) before fc2, SwiGLU before down, GELU's
-//! and SwiGLU's backward before fc/gate_up's),
+//! qkv and fc/gate_up, GELU (composed or recomputed) before fc2, SwiGLU before down, attention
+//! before proj/o, GELU's and SwiGLU's backward before fc/gate_up's, the norms' backward before
+//! proj/o's and fc2/down's, attention's backward before GPT-2's qkv),
 //! there is no amax pass: the producer's kernel max-ed what it wrote into the slot
 //! (`warp_amax_out` in common.cuh). The bias gradient sums the bf16 dY: as column sums of
 //! dY's transposing cast, which reads dY anyway (per 128 rows, then the tiles in order), or,
