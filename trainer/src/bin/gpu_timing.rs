@@ -819,12 +819,12 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BRe
             })
             .collect();
         println!(
-            "  {}: the four layers' backward alone: bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x); {}",
+            "  {}: the four layers' backward alone: bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x){}",
             shapes.name,
             bwd_sums[0],
             bwd_sums[1],
             bwd_sums[0] / bwd_sums[1],
-            recipes.join(", ")
+            recipes.iter().map(|r| format!("; {r}")).collect::<String>()
         );
         println!(
             "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 per use {:.3} ms ({:.2}x), \
