@@ -846,6 +846,23 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BRe
             as_run[0] / as_run[1]
         );
     }
+    // The amax sinks' slot clears: a 16-byte memset before each producer that leaves an amax
+    // (with FP8 about 12 a block a step: 8 sinks, 4 weights' amax passes), 100 of them
+    // replayed as a CUDA graph, as a step runs them.
+    if be.graphs_supported() {
+        println!();
+        be.begin_capture()?;
+        let captured = be.fp8_sink_clears(100);
+        let graph = be.end_capture()?;
+        captured?;
+        tm.time(
+            "100 amax sink clears, a CUDA graph",
+            3,
+            20,
+            |ms| format!("{:.2} us each", ms * 10.0),
+            || be.replay(&graph),
+        );
+    }
     if tm.algos.is_some() {
         let (first, best) = tm.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
         println!("\nGEMMs above, once each: the heuristic's first choices {first:.3} ms, the fastest candidates {best:.3} ms");

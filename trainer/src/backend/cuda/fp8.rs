@@ -792,6 +792,16 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// `count` clears of layer 0's input sink (`prepare_fp8` first), each as a producer with
+    /// a sink is preceded by: for `gpu-timing fp8`, what those 16-byte memsets cost (inside a
+    /// CUDA graph, as a step runs them).
+    pub fn fp8_sink_clears(&self, count: usize) -> BResult<()> {
+        for _ in 0..count {
+            self.fp8_sink(Some(AmaxSink::Input(0)))?;
+        }
+        Ok(())
+    }
+
     /// The amax a producer left in `sink` (`prepare_fp8` first), read back: what
     /// `tests/gpu_kernels.rs` compares with the amax of the tensor the producer wrote.
     pub fn fp8_sink_amax(&self, sink: AmaxSink) -> BResult<f32> {
