@@ -126,6 +126,16 @@ impl Timer<'_> {
             Err(e) => println!("    GEMM sweep failed: {e}"),
         }
     }
+
+    /// With `gemm-algos`/`fp8-algos`: every swept GEMM once, the heuristic's first choices
+    /// against the fastest candidates.
+    fn sweep_summary(&self) {
+        if self.algos.is_none() {
+            return;
+        }
+        let (first, best) = self.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
+        println!("\nGEMMs above, once each: the heuristic's first choices {first:.3} ms, the fastest candidates {best:.3} ms");
+    }
 }
 
 fn tflops(flop: f64) -> impl Fn(f64) -> String {
@@ -421,10 +431,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let t_block_f = 2.0 * t_lnf + total_fwd - fc_f + fused_f + t_att_f + 2.0 * t_res;
     let t_block_b = 2.0 * t_lnb + total_bwd - fc2_b + fused_b + t_gf + t_att_b;
     let step = layers as f64 * (t_block_f + t_block_b) + t_lnf + t_lnb + t_hf + t_ce + t_hb + t_adam + t_norm;
-    if tm.algos.is_some() {
-        let (first, best) = tm.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
-        println!("\nGEMMs above, once each: the heuristic's first choices {first:.3} ms, the fastest candidates {best:.3} ms");
-    }
+    tm.sweep_summary();
     println!("\nEstimate from the table (one GPU, sum of op medians, no launch gaps): block fwd {t_block_f:.2} ms, block bwd {t_block_b:.2} ms,");
     println!(
         "step ({layers} layers, B={b}, T={t}, fwd+bwd+AdamW) {step:.1} ms = {:.0} tokens/s; attention is {:.0}% of it.",
@@ -863,10 +870,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BRe
             || be.replay(&graph),
         );
     }
-    if tm.algos.is_some() {
-        let (first, best) = tm.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
-        println!("\nGEMMs above, once each: the heuristic's first choices {first:.3} ms, the fastest candidates {best:.3} ms");
-    }
+    tm.sweep_summary();
     Ok(())
 }
 

@@ -410,9 +410,10 @@ impl AttentionOps for CudaBackend {
         let d = self.scratch_f32(part_off + part_len)?;
         let part = d + (part_off * 4) as u64;
         let si = splits as i32;
-        // The Hopper kernels leave dqkv's amax as they write it (dK/dV only without a split:
-        // a split's sums are written by attn_dkv_reduce); otherwise a pass after.
-        let fused = matches!(v, Variant::Wg(_)) && splits == 1;
+        // The Hopper kernels take a sink and leave dqkv's amax as they write it (dK/dV only
+        // without a split: a split's sums are written by attn_dkv_reduce); otherwise a pass after.
+        let wg = matches!(v, Variant::Wg(_));
+        let fused = wg && splits == 1;
         let am = if fused { self.fp8_sink(amax)? } else { 0 };
         let (dq, dy, q, o, l) =
             (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(x.qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
@@ -426,7 +427,7 @@ impl AttentionOps for CudaBackend {
             let f = self.f(dkv_name)?;
             let mut lb = self.stream.launch_builder(f);
             lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale).arg(&part).arg(&si);
-            if matches!(v, Variant::Wg(_)) {
+            if wg {
                 lb.arg(&am);
             }
             if masked {
@@ -449,7 +450,7 @@ impl AttentionOps for CudaBackend {
         let f = self.f(name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
-        if matches!(v, Variant::Wg(_)) {
+        if wg {
             lb.arg(&am);
         }
         if masked {
