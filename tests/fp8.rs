@@ -390,3 +390,104 @@ fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
         assert_same_bits(&gathered, &got, &format!("{tag}: FP8 gathers"));
     }
 }
+
+/// A hand-driven FP8 run (what `Trainer` does, with the model's options given): per step the
+/// loss, the parameters at the end, and the activations the ledger counted.
+fn run_with(cfg: &Config, world: usize, kept_inputs: bool, steps: usize) -> (Vec<f64>, Vec<Vec<f32>>, u64) {
+    use trainer::model::{step_micro, ModelLayout, ModelOptions};
+    use trainer::optim::Hyper;
+    use trainer::zero::{Engine, EngineOptions};
+    let cfg = cfg.clone();
+    let mut results = common::run_ranks(world, move |rank, mut comm| {
+        let be = CpuBackend::new();
+        let layout = ModelLayout::new(&cfg.model);
+        let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
+        let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
+        let mut eng =
+            Engine::new(&be, layout, EngineOptions::from_config(&cfg), rank, world, Some(&mut init)).expect("engine");
+        let opts = ModelOptions { fp8_kept_inputs: kept_inputs, ..ModelOptions::from_config(&cfg) };
+        let mut model = family.build(&be, &eng.layout, &opts, &mut eng.ledger).expect("model");
+        let (accum, n) = (cfg.train.grad_accum, cfg.train.micro_batch * cfg.model.seq_len);
+        let mut losses = Vec::new();
+        for step in 0..steps {
+            eng.begin_step(&be).expect("begin");
+            for micro in 0..accum {
+                let tok = |i: usize| ((i * 7 + 13 * micro + 31 * step + 57 * rank) % 97) as u32;
+                let (x, y): (Vec<u32>, Vec<u32>) = ((0..n).map(tok).collect(), (0..n).map(|i| tok(i + 1)).collect());
+                eng.set_final_micro(micro + 1 == accum);
+                let scale = Some(1.0 / (n * accum * world) as f32);
+                let batch = trainer::model::MicroBatch::plain(&x, &y);
+                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &batch, scale).expect("micro");
+            }
+            let h = Hyper { lr: 3e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+            eng.step(&be, &mut comm, h, step as u64 + 1).expect("step");
+            losses.push(model.take_mean_loss(&be).expect("loss"));
+        }
+        let params = (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
+        (losses, params, eng.ledger.report().current.activations)
+    });
+    results.swap_remove(0)
+}
+
+/// The layers of blocks that are not checkpointed keep their input's FP8 codes from the
+/// forward for the backward's weight gradient (`Fp8Layer::keeps_input`; with `keep_gelu`,
+/// fc2's and down's codes of the activation replace the kept bf16 output): the bits of
+/// casting the input again in the backward (`SHARDTRAIN_FP8_KEPT_INPUTS=0`), over several
+/// steps with gradient accumulation, on GPT-2 and Llama, one rank and ZeRO-3 on two, with no
+/// checkpointing, every second block checkpointed, and keep_gelu; and it changes what is
+/// kept (the activations differ: it is not ignored). The CPU reference keeps the codes as
+/// bytes and refuses a backward that reads codes no forward kept.
+#[test]
+fn kept_fp8_inputs_give_the_bits_of_casting_again() {
+    let gpt = |stage: u8, act: &str| tiny_fp8_toml(stage, 2, act, "fp8");
+    let llama = |stage: u8, act: &str| tiny_llama_fp8_toml(stage, 2, act, "fp8", false);
+    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8, &str) -> String), ("llama", &llama)] {
+        for (world, stage) in [(1usize, 0u8), (2, 3)] {
+            for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
+                let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("config");
+                let tag = format!("{name} world {world} stage {stage} checkpointing {act:?}");
+                let (l0, p0, a0) = run_with(&cfg, world, false, 3);
+                let (l1, p1, a1) = run_with(&cfg, world, true, 3);
+                assert_eq!(l1, l0, "{tag}: losses");
+                assert_eq!(p1, p0, "{tag}: parameters");
+                assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
+                assert_ne!(a1, a0, "{tag}: the kept codes change the activations held");
+            }
+        }
+    }
+}
+
+/// The CPU reference refuses what would make the GPU's kept codes wrong unseen: a backward
+/// reading kept codes that no forward kept since the last backward, and a backward without
+/// its input for a layer that keeps none.
+#[test]
+fn kept_fp8_inputs_are_refused_where_no_forward_kept_them() {
+    let cpu = CpuBackend::new();
+    let (n, c, oc) = (32usize, 48usize, 64usize);
+    let layers = Fp8Layers::blocks(n, &[(c, oc)], 1, 0).with_kept_inputs(vec![true]);
+    assert_eq!(cpu.prepare_fp8(&layers).expect("prepare").kept_inputs, n * c);
+    let params: Vec<f32> = (0..oc * c + oc).map(|i| ((i % 13) as f32 - 6.0) / 40.0).collect();
+    let at = LinearLocs::new(Loc::new(0, oc * c), Some(Loc::new(oc * c, oc))).with_precision(Precision::Fp8);
+    let (keeps, plain) = (at.with_fp8_index(0).with_kept_input(true), at.with_fp8_index(0));
+    let s = MatShape { n, c, oc };
+    let x: Vec<f32> = (0..n * c).map(|i| ((i % 7) as f32 - 3.0) / 5.0).collect();
+    let dy: Vec<f32> = (0..n * oc).map(|i| ((i % 5) as f32 - 2.0) / 9.0).collect();
+    let (mut out, mut dx, mut grads) = (vec![0.0; n * oc], vec![0.0; n * c], vec![0.0; oc * c + oc]);
+    fn g(grads: &mut Vec<f32>, at: LinearLocs) -> WeightGrads<'_, CpuBackend, LinearLocs> {
+        WeightGrads { buf: grads, at, fresh: true }
+    }
+    let e = cpu.matmul_bwd_kept(&mut dx, g(&mut grads, keeps), &dy, Weights::new(&params, keeps), s).unwrap_err();
+    assert!(e.to_string().contains("no forward kept"), "{e}");
+    cpu.matmul_fwd(&mut out, &x, Weights::new(&params, keeps), s).expect("forward");
+    cpu.matmul_bwd_kept(&mut dx, g(&mut grads, keeps), &dy, Weights::new(&params, keeps), s).expect("backward");
+    let kept_dw = grads.clone();
+    // The same as the backward given its input and casting it.
+    cpu.matmul_fwd(&mut out, &x, Weights::new(&params, plain), s).expect("forward");
+    cpu.matmul_bwd(&mut dx, g(&mut grads, plain), &dy, &x, Weights::new(&params, plain), s).expect("backward");
+    assert_eq!(grads, kept_dw, "dW from the kept codes");
+    // One backward per forward.
+    let e = cpu.matmul_bwd_kept(&mut dx, g(&mut grads, keeps), &dy, Weights::new(&params, keeps), s).unwrap_err();
+    assert!(e.to_string().contains("no forward kept"), "{e}");
+    let e = cpu.matmul_bwd_kept(&mut dx, g(&mut grads, plain), &dy, Weights::new(&params, plain), s).unwrap_err();
+    assert!(e.to_string().contains("keeps no FP8 input"), "{e}");
+}

@@ -442,7 +442,7 @@ fn matmul_gelu() {
                 let tag = format!("{tag} bwd{}", if fresh { " fresh" } else { "" });
                 let g0 = rng.vec(plen, 0.01);
                 let (mut dpc, mut gc) = (vec![0.0; n * c], g0.clone());
-                let x = GeluInput { act: &act, pre: &pre, dpre_amax: None };
+                let x = GeluInput { act: Some(&act), pre: &pre, dpre_amax: None };
                 let wg = WeightGrads { buf: &mut gc, at, fresh };
                 cpu.matmul_bwd_dgelu(&mut dpc, wg, &dout, x, Weights::new(&params, at), s)?;
                 let gpu0 = if fresh { vec![f32::NAN; plen] } else { g0 };
@@ -450,7 +450,7 @@ fn matmul_gelu() {
                     let mut dpg = poisoned_buf(be, n * c)?;
                     let gact = up_buf(be, &act)?;
                     let mut gg = up_grad(be, &gpu0)?;
-                    let x = GeluInput { act: &gact, pre: &gpre, dpre_amax: None };
+                    let x = GeluInput { act: Some(&gact), pre: &gpre, dpre_amax: None };
                     let wg = WeightGrads { buf: &mut gg, at, fresh };
                     be.matmul_bwd_dgelu(&mut dpg, wg, &gdo, x, Weights::new(&gp, at), s)?;
                     Ok((be.download_buf(&dpg, Loc::all(n * c))?, be.download_grad(&gg, Loc::all(plen))?))
@@ -1494,7 +1494,7 @@ fn matmul_fp8() {
                 act.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
                 let g0 = rng.vec(plen, 0.01);
                 let (mut dpc, mut gc) = (vec![0.0; n * c], g0.clone());
-                let x = GeluInput { act: &act, pre: &pre, dpre_amax: None };
+                let x = GeluInput { act: Some(&act), pre: &pre, dpre_amax: None };
                 cpu.matmul_bwd_dgelu(
                     &mut dpc,
                     WeightGrads { buf: &mut gc, at: at8, fresh: false },
@@ -1505,7 +1505,7 @@ fn matmul_fp8() {
                 )?;
                 let (mut dpg, gact, gpre, mut gg) =
                     (poisoned_buf(be, n * c)?, up_buf(be, &act)?, up_buf(be, &pre)?, up_grad(be, &g0)?);
-                let x = GeluInput { act: &gact, pre: &gpre, dpre_amax: None };
+                let x = GeluInput { act: Some(&gact), pre: &gpre, dpre_amax: None };
                 let wg = WeightGrads { buf: &mut gg, at: at8, fresh: false };
                 be.matmul_bwd_dgelu(&mut dpg, wg, &gdo, x, Weights::new(&gp, at8), s)?;
                 rep.cmp(&tag, "dpre", &be.download_buf(&dpg, Loc::all(n * c))?, &dpc, TOL_BF16);

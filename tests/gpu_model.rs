@@ -707,10 +707,14 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
         let every = CheckpointingConfig { activations: ActivationCheckpointing::EveryLayer, ..Default::default() };
+        // keep_gelu: fc2's and down's kept input is their codes of the activation.
+        let keep_gelu = CheckpointingConfig { keep_gelu: KeepGelu::Keep, ..Default::default() };
         for (cfg, ckpt) in [
             (small_gpt(1024), CheckpointingConfig::default()),
+            (small_gpt(1024), keep_gelu.clone()),
             (small_gpt(1024), every.clone()),
             (small_llama(false), every),
+            (small_llama(false), keep_gelu),
         ] {
             let n = b * cfg.seq_len;
             let layout = ModelLayout::new(&cfg);
@@ -720,24 +724,27 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
                 .collect();
             let scale = Some(1.0 / (accum * n) as f32);
             let mut runs: Vec<(String, Vec<f32>, Vec<Vec<f32>>)> = Vec::new();
-            // The reference first: no cache, no sinks, eager, stage 0. Then the cache of every
-            // block or of the first half (the rest cast at each use), and stage 3, whose
-            // gathers land in pooled buffers (the cache is keyed by the parameter version).
+            // The reference first: no cache, no sinks, no kept input codes, eager, stage 0.
+            // Then the cache of every block or of the first half (the rest cast at each use),
+            // and stage 3, whose gathers land in pooled buffers (the cache is keyed by the
+            // parameter version); the inputs' codes kept from forward to backward, or not.
             let (all, half) = (cfg.n_layer, cfg.n_layer / 2);
             let variants = [
-                (0, false, false, 0u8),
-                (0, false, true, 0),
-                (all, false, true, 0),
-                (all, true, true, 0),
-                (0, true, true, 0),
-                (half, true, true, 0),
-                (all, true, true, 3),
-                (0, true, true, 3),
+                (0, false, false, 0u8, false),
+                (0, false, false, 0, true),
+                (0, false, true, 0, true),
+                (all, false, true, 0, true),
+                (all, true, true, 0, true),
+                (0, true, true, 0, false),
+                (half, true, true, 0, true),
+                (all, true, true, 3, true),
+                (0, true, true, 3, true),
             ];
-            for (cached_blocks, graphs, sinks, stage) in variants {
+            for (cached_blocks, graphs, sinks, stage, kept) in variants {
                 let name = format!(
-                    "{:?}: {cached_blocks} blocks cached, graphs {graphs}, sinks {sinks}, stage {stage}, {:?}",
-                    family, ckpt.activations
+                    "{:?}: {cached_blocks} blocks cached, graphs {graphs}, sinks {sinks}, stage {stage}, kept inputs \
+                     {kept}, {:?} keep_gelu {:?}",
+                    family, ckpt.activations, ckpt.keep_gelu
                 );
                 let l2 = layout.clone();
                 let mut init = move |u, r| Ok(family.init_range(&l2, u, seed, Default::default(), r));
@@ -747,6 +754,7 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
                     precision: Precision::Fp8,
                     fp8_cached_blocks: cached_blocks,
                     fp8_amax_sinks: sinks,
+                    fp8_kept_inputs: kept,
                     checkpointing: ckpt.clone(),
                     ..ModelOptions::batch(b)
                 };

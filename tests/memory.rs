@@ -301,11 +301,13 @@ fn an_undecided_keep_gelu_predicts_and_runs_as_recompute() {
 /// (`train.fp8_weight_cache` = true, 1, false; CPU ranks keep an input scale per layer and
 /// each cached layer's dequantized weight: `fp8::cpu_reserved`); for the CUDA backend it adds
 /// exactly the FP8 operand workspace with its per-layer scale slots (`CudaFp8Workspace`,
-/// workspace) and both layouts of each cached linear layer's weight in FP8
-/// (`CudaFp8WeightCache`, 2 bytes per parameter, params), at stage 3 too.
+/// workspace), both layouts of each cached linear layer's weight in FP8
+/// (`CudaFp8WeightCache`, 2 bytes per parameter, params) and the input codes the layers of
+/// blocks that are not checkpointed keep for their backward (`CudaFp8KeptInputs`, a byte per
+/// input value of qkv, proj and fc: activations), at stage 3 too.
 #[test]
 fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weight_cache() {
-    use trainer::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace};
+    use trainer::backend::fp8::{CudaFp8KeptInputs, CudaFp8WeightCache, CudaFp8Workspace};
     use trainer::backend::{Fp8Layers, LinearExtent};
     let dir = tempfile::tempdir().expect("tempdir");
     let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
@@ -322,6 +324,10 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     let workspace = CudaFp8Workspace::new(e, 8).bytes as u64;
     let cache = CudaFp8WeightCache::new(&layers.weights).bytes as u64;
     assert_eq!(cache, 2 * 2 * 12 * 32 * 32, "both layouts of 12·C² weights per block, 256-byte aligned");
+    // Without keep_gelu, fc2 recomputes its input: qkv's, proj's and fc's inputs (32 × C codes).
+    let kept_codes: Vec<usize> = (0..8).map(|i| if i % 4 == 3 { 0 } else { 2 * 16 * c }).collect();
+    let kept = CudaFp8KeptInputs::new(&kept_codes).bytes as u64;
+    assert_eq!(kept, 2 * 3 * 32 * 32);
     for stage in 0..=3u8 {
         for (on, cached) in [("true", cache), ("1", cache / 2), ("false", 0)] {
             let cfg = Config::from_toml_str(&toml(stage, "fp8", on), "test").expect("cfg");
@@ -337,7 +343,8 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
             let tag = format!("stage {stage}, fp8_weight_cache = {on}");
             assert_eq!(f.current.workspace - b.current.workspace, workspace, "{tag}");
             assert_eq!(f.current.params - b.current.params, cached, "{tag}");
-            assert_eq!(f.current.total() - b.current.total(), workspace + cached, "{tag}");
+            assert_eq!(f.current.activations - b.current.activations, kept, "{tag}");
+            assert_eq!(f.current.total() - b.current.total(), workspace + cached + kept, "{tag}");
         }
     }
     // A layer kept in bf16 (`train.fp8_bf16_layers`) has no cached weight: proj's C² of a
@@ -408,7 +415,9 @@ fn fp8_cache_document_mask_and_kept_gelu_together_are_predicted_exactly() {
             added(&cfg(stage, false, false, true)),
         );
         assert!(fp8 > 0 && mask > 0 && gelu > 0, "stage {stage}: each adds memory ({fp8}, {mask}, {gelu})");
-        assert_eq!(added(&all), fp8 + mask + gelu, "stage {stage}: together, the sum of each alone");
+        // In FP8 what keep_gelu keeps is fc2's e4m3 codes of the GELU output: half the bytes
+        // of the bf16 output kept in bf16 (each block's 32 × 4C, a multiple of 256 bytes).
+        assert_eq!(added(&all), fp8 + mask + gelu / 2, "stage {stage}: together, the sum of each alone");
     }
 }
 

@@ -247,12 +247,25 @@ pub struct Fp8Layer {
     /// The op that wrote the backward's output gradient left its amax in
     /// [`AmaxSink::Grad`] of this layer, so the backward only casts it.
     pub grad_amax_ready: bool,
+    /// The forward keeps its input's FP8 codes (e4m3, the forward's scale) for the backward's
+    /// weight gradient, which reads them instead of casting its input again
+    /// ([`Fp8Layers::kept_inputs`] reserved them): one pass over the input fewer, and the
+    /// model need not keep the input itself for it. The model sets it where every backward
+    /// of the layer follows a forward of the same micro-batch (blocks not checkpointed).
+    pub keeps_input: bool,
 }
 
 impl Fp8Layer {
-    /// Layer `index`, its backward's input the forward's, no amax left by a producer.
+    /// Layer `index`, its backward's input the forward's, no amax left by a producer, its
+    /// input not kept in FP8.
     pub const fn new(index: usize) -> Fp8Layer {
-        Fp8Layer { index, input_from_forward: true, input_amax_ready: false, grad_amax_ready: false }
+        Fp8Layer {
+            index,
+            input_from_forward: true,
+            input_amax_ready: false,
+            grad_amax_ready: false,
+            keeps_input: false,
+        }
     }
 }
 
@@ -367,6 +380,10 @@ pub struct Fp8Layers {
     pub cached_layers: usize,
     /// How every FP8 layer's backward runs.
     pub backward: Fp8Backward,
+    /// Per layer (by [`Fp8Layer::index`]; missing: false): whether its forward keeps its
+    /// input's FP8 codes for its backward ([`Fp8Layer::keeps_input`]): `rows × inputs`
+    /// bytes each, activations.
+    pub kept_inputs: Vec<bool>,
 }
 
 impl Fp8Layers {
@@ -376,7 +393,30 @@ impl Fp8Layers {
     pub fn blocks(rows: usize, linears: &[(usize, usize)], n_layer: usize, cached_blocks: usize) -> Fp8Layers {
         let weights = (0..n_layer).flat_map(|_| linears.iter().copied()).collect();
         let cached_layers = cached_blocks.min(n_layer) * linears.len();
-        Fp8Layers { largest: LinearExtent::of(rows, linears), weights, cached_layers, backward: Fp8Backward::default() }
+        Fp8Layers {
+            largest: LinearExtent::of(rows, linears),
+            weights,
+            cached_layers,
+            backward: Fp8Backward::default(),
+            kept_inputs: Vec::new(),
+        }
+    }
+
+    /// These layers, those `kept` says keeping their input's codes (by index).
+    pub fn with_kept_inputs(self, kept: Vec<bool>) -> Fp8Layers {
+        Fp8Layers { kept_inputs: kept, ..self }
+    }
+
+    /// Whether layer `i` keeps its input's codes.
+    pub fn keeps_input(&self, i: usize) -> bool {
+        self.kept_inputs.get(i).copied().unwrap_or(false)
+    }
+
+    /// The kept inputs' sizes in codes (`rows × inputs`), by layer (0 where not kept).
+    pub fn kept_input_codes(&self) -> Vec<usize> {
+        (0..self.weights.len())
+            .map(|i| if self.keeps_input(i) { self.largest.rows * self.weights[i].0 } else { 0 })
+            .collect()
     }
 
     /// These layers with `backward`'s recipe.
@@ -401,11 +441,13 @@ impl Fp8Layers {
 }
 
 /// Device bytes a backend reserved for FP8 GEMMs, by ledger category: the operand workspace
-/// and scales (`Workspace`), and the cached weights (`Params`: a copy of parameters).
+/// and scales (`Workspace`), the cached weights (`Params`: a copy of parameters), and the
+/// inputs' codes kept from forward to backward (`Activations`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fp8Bytes {
     pub workspace: usize,
     pub weight_cache: usize,
+    pub kept_inputs: usize,
 }
 
 /// Per-tensor scale slots of one linear op: one per operand role, each an amax (u32 bits)
@@ -529,19 +571,54 @@ impl CudaFp8WeightCache {
         CudaFp8WeightCache { regions, bytes: at }
     }
 
-    /// What the CUDA backend reserves for `l`: the workspace, and the cached layers' weight
-    /// cache (what `MatmulOps::prepare_fp8` returns and the planner predicts).
+    /// What the CUDA backend reserves for `l`: the workspace, the cached layers' weight
+    /// cache and the kept inputs' codes (what `MatmulOps::prepare_fp8` returns and the
+    /// planner predicts).
     pub fn reserved(l: &Fp8Layers) -> Fp8Bytes {
         let workspace = CudaFp8Workspace::new(l.largest, l.weights.len()).bytes;
-        Fp8Bytes { workspace, weight_cache: CudaFp8WeightCache::new(l.cached()).bytes }
+        let kept_inputs = CudaFp8KeptInputs::new(&l.kept_input_codes()).bytes;
+        Fp8Bytes { workspace, weight_cache: CudaFp8WeightCache::new(l.cached()).bytes, kept_inputs }
+    }
+}
+
+/// The CUDA backend's kept FP8 inputs ([`Fp8Layers::kept_inputs`]): per kept layer its
+/// input's e4m3 codes transposed (`[c, n]`, what the backward's dW GEMM reads), written by
+/// the forward's cast beside the row-major copy its own GEMM reads; each region 256-byte
+/// aligned. Their scale is the layer's input slot ([`CudaFp8Workspace::layer_input`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaFp8KeptInputs {
+    /// Per layer, the byte offset of its codes (`None`: not kept).
+    pub regions: Vec<Option<usize>>,
+    pub bytes: usize,
+}
+
+impl CudaFp8KeptInputs {
+    /// Regions for layers of `codes` codes each (0: not kept).
+    pub fn new(codes: &[usize]) -> CudaFp8KeptInputs {
+        let mut at = 0;
+        let regions = codes
+            .iter()
+            .map(|&n| {
+                (n > 0).then(|| {
+                    at += up(n);
+                    at - up(n)
+                })
+            })
+            .collect();
+        CudaFp8KeptInputs { regions, bytes: at }
     }
 }
 
 /// What the CPU reference reserves for `l`: per layer its forward input's amax and the two
-/// amaxes producers leave ([`AmaxSink`]), f32 each, and each cached layer's dequantized weight (f32, 4 bytes per parameter: the CPU multiplies values, not
-/// codes). Its operands' quantized copies are per-call scratch.
+/// amaxes producers leave ([`AmaxSink`]), f32 each, each cached layer's dequantized weight
+/// (f32, 4 bytes per parameter: the CPU multiplies values, not codes), and each kept input's
+/// codes (a byte each, as on the GPU). Its operands' quantized copies are per-call scratch.
 pub fn cpu_reserved(l: &Fp8Layers) -> Fp8Bytes {
-    Fp8Bytes { workspace: 12 * l.weights.len(), weight_cache: 4 * l.cached_elements() }
+    Fp8Bytes {
+        workspace: 12 * l.weights.len(),
+        weight_cache: 4 * l.cached_elements(),
+        kept_inputs: l.kept_input_codes().iter().sum(),
+    }
 }
 
 #[cfg(test)]
@@ -706,12 +783,29 @@ mod tests {
         assert_eq!(CudaFp8WeightCache::new(&[(16, 17)]).bytes, 2 * 512);
         let off = Fp8Layers { cached_layers: 0, ..layers.clone() };
         assert_eq!(CudaFp8WeightCache::reserved(&off).weight_cache, 0);
-        assert_eq!(cpu_reserved(&layers), Fp8Bytes { workspace: 48, weight_cache: 4 * layers.weight_elements() });
+        assert_eq!(
+            cpu_reserved(&layers),
+            Fp8Bytes { workspace: 48, weight_cache: 4 * layers.weight_elements(), kept_inputs: 0 }
+        );
         // The first block cached: its two layers' weights, not the second block's.
         let first = Fp8Layers::blocks(8192, &[(1600, 4800), (1600, 1600)], 2, 1);
         assert_eq!((first.cached_layers, first.cached().len()), (2, 2));
         assert_eq!(CudaFp8WeightCache::reserved(&first).weight_cache, c.bytes / 2);
         assert_eq!(cpu_reserved(&first).weight_cache, 2 * layers.weight_elements());
         assert_eq!(Fp8Layers::blocks(8192, &[(1600, 4800)], 2, 5).cached_layers, 2, "at most every block");
+    }
+
+    #[test]
+    fn kept_inputs_hold_the_codes_of_each_kept_layers_input() {
+        // Two blocks of (qkv, fc2)-like layers, the second block's not kept, 48 rows.
+        let layers = Fp8Layers::blocks(48, &[(16, 48), (64, 16)], 2, 0).with_kept_inputs(vec![true, true, false]);
+        assert_eq!(layers.kept_input_codes(), vec![48 * 16, 48 * 64, 0, 0], "missing entries are not kept");
+        let k = CudaFp8KeptInputs::new(&layers.kept_input_codes());
+        assert_eq!(k.regions, vec![Some(0), Some(768), None, None]);
+        assert_eq!(k.bytes, 768 + 3072);
+        assert_eq!(CudaFp8KeptInputs::new(&[100, 0, 20]).regions, vec![Some(0), None, Some(256)]);
+        assert_eq!(CudaFp8WeightCache::reserved(&layers).kept_inputs, k.bytes);
+        assert_eq!(cpu_reserved(&layers).kept_inputs, 48 * 16 + 48 * 64);
+        assert_eq!(CudaFp8WeightCache::reserved(&Fp8Layers::blocks(48, &[(16, 48)], 2, 0)).kept_inputs, 0);
     }
 }

@@ -91,6 +91,19 @@ impl LinearLocs {
         LinearLocs { fp8, ..self }
     }
 
+    /// The same layer, its forward keeping its input's FP8 codes for its backward where
+    /// `keep` and it has FP8 state ([`Fp8Layer::keeps_input`]; the model says so only for
+    /// layers [`Fp8Layers::kept_inputs`] reserved).
+    pub fn with_kept_input(self, keep: bool) -> LinearLocs {
+        let fp8 = self.fp8.map(|f| Fp8Layer { keeps_input: keep, ..f });
+        LinearLocs { fp8, ..self }
+    }
+
+    /// Whether the forward keeps this layer's input codes at shape `s` for its backward.
+    pub fn keeps_input(&self, s: MatShape) -> bool {
+        self.fp8(s) && self.fp8.is_some_and(|f| f.keeps_input)
+    }
+
     /// The same layer for a backward whose input the model made again otherwise than the
     /// forward did (see [`Fp8Layer::input_from_forward`]).
     pub fn input_recomputed(self) -> LinearLocs {
@@ -152,10 +165,12 @@ pub struct MatShape {
 }
 
 /// The input of a linear layer that follows a GELU: `act = GELU(pre)`, with `pre` kept
-/// from the forward. Both are only read. `dpre_amax`: where the backward leaves the amax
-/// of the `dpre` it writes, for the FP8 layer before the GELU.
+/// from the forward. Both are only read. `act` is `None` where the layer kept its input's
+/// FP8 codes from the forward ([`LinearLocs::keeps_input`]), which its weight gradient reads
+/// instead. `dpre_amax`: where the backward leaves the amax of the `dpre` it writes, for the
+/// FP8 layer before the GELU.
 pub struct GeluInput<'a, B: Device + ?Sized> {
-    pub act: &'a B::Buf,
+    pub act: Option<&'a B::Buf>,
     pub pre: &'a B::Buf,
     pub dpre_amax: Option<AmaxSink>,
 }
@@ -250,6 +265,24 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         s: MatShape,
     ) -> BResult<()>;
 
+    /// [`MatmulOps::matmul_bwd`] of an FP8 layer whose forward kept its input's codes
+    /// ([`LinearLocs::keeps_input`]): `dW` reads those, so the input is not needed. A layer
+    /// that kept none is a model bug, and an error; the default (a backend that keeps no
+    /// inputs) says so.
+    fn matmul_bwd_kept(
+        &self,
+        _dinp: &mut Self::Buf,
+        _g: WeightGrads<'_, Self, LinearLocs>,
+        _dout: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+    ) -> BResult<()> {
+        Err(super::BackendError::Device(format!(
+            "a linear backward without its input (layer {:?}), but this backend keeps no FP8 inputs (a bug)",
+            p.at.fp8.map(|f| f.index)
+        )))
+    }
+
     /// The MLP's first layer: `pre = inp · Wᵀ + bias` and `out = GELU(pre)`, both written
     /// (`pre` is saved for backward, `out` feeds the next layer, whose FP8 GEMM finds the
     /// amax of `out` in `out_amax` where set).
@@ -327,14 +360,19 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
-        if self.fused_matmul_bwd_dgelu(dpre, g.reborrow(), dout, x.act, x.pre, p, s)? {
+        let Some(act) = x.act else {
+            // The layer kept its input's FP8 codes: no fused variant reads those.
+            self.matmul_bwd_kept(dpre, g, dout, p, s)?;
+            return self.gelu_bwd(dpre, x.pre, s.n * s.c, x.dpre_amax);
+        };
+        if self.fused_matmul_bwd_dgelu(dpre, g.reborrow(), dout, act, x.pre, p, s)? {
             // GELU' ran in the GEMM's epilogue, which cannot leave an amax: a pass of its own.
             if let Some(sink) = x.dpre_amax {
                 self.fp8_amax_into(dpre, s.n * s.c, sink)?;
             }
             return Ok(());
         }
-        self.matmul_bwd(dpre, g, dout, x.act, p, s)?;
+        self.matmul_bwd(dpre, g, dout, act, p, s)?;
         self.gelu_bwd(dpre, x.pre, s.n * s.c, x.dpre_amax)
     }
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for

@@ -217,6 +217,16 @@ impl MatmulOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+    fn matmul_bwd_kept(
+        &self,
+        _: &mut MetaBuf,
+        _: WeightGrads<'_, Self, LinearLocs>,
+        _: &MetaBuf,
+        _: Weights<'_, Self, LinearLocs>,
+        _: MatShape,
+    ) -> BResult<()> {
+        Ok(())
+    }
 }
 
 impl super::Fp8GatherOps for MetaBackend {

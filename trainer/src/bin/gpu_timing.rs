@@ -307,7 +307,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
         let fc2 = LinearLocs::new(Loc::new(2 * c, 4 * c * c), Some(Loc::new(2 * c + 4 * c * c, c)));
         let mut dpre = newbuf(n * 4 * c, &chunk)?;
         tm.time("matmul_bwd_dgelu fc2 (fused epilogue)", 3, 20, tflops(2.0 * flop), || {
-            let gelu = GeluInput { act: &y4, pre: &pre, dpre_amax: None };
+            let gelu = GeluInput { act: Some(&y4), pre: &pre, dpre_amax: None };
             let ms = MatShape { n, c: 4 * c, oc: c };
             be.matmul_bwd_dgelu(
                 &mut dpre,
@@ -758,7 +758,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BRe
                     match fused {
                         Fused::ResidualDgelu => {
                             tm.time(&format!("{layer} {tag} bwd +GELU'"), 3, 20, tflops(2.0 * flop), || {
-                                let x = GeluInput { act: &inp, pre: &pre_in, dpre_amax: None };
+                                let x = GeluInput { act: Some(&inp), pre: &pre_in, dpre_amax: None };
                                 be.matmul_bwd_dgelu(&mut dinp, WeightGrads::new(&mut grads, at), &dout, x, w(), s)
                             })
                         }

@@ -27,7 +27,7 @@ pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{BResult, Backend, Fp8Backward, Fp8Layers, Loc, Precision};
+use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, Loc, MatShape, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
@@ -221,17 +221,23 @@ pub struct ModelOptions {
     /// (`AmaxSink`), which then skip their own amax passes; false (`SHARDTRAIN_FP8_AMAX_SINKS=0`)
     /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
     pub fp8_amax_sinks: bool,
+    /// FP8: the layers of blocks that are not checkpointed keep their input's codes from the
+    /// forward for the backward's weight gradient ([`fp8_kept_inputs`]), which then casts its
+    /// input no more; false (`SHARDTRAIN_FP8_KEPT_INPUTS=0`) casts it again in the backward:
+    /// the same bits, to measure or rule the kept codes out.
+    pub fp8_kept_inputs: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
 }
 
-/// `SHARDTRAIN_FP8_AMAX_SINKS`'s value (`None`: unset) as whether the sinks are on.
-fn amax_sinks_setting(v: Option<&str>) -> Result<bool, String> {
+/// An on/off switch's value (`None`: unset, on): `0` off, `1` or empty on, anything else an
+/// error naming `name`.
+fn switch_setting(name: &str, v: Option<&str>) -> Result<bool, String> {
     match v {
         None | Some("") | Some("1") => Ok(true),
         Some("0") => Ok(false),
-        Some(v) => Err(format!("SHARDTRAIN_FP8_AMAX_SINKS = {v:?}: expected 0 or 1 (or leave it unset)")),
+        Some(v) => Err(format!("{name} = {v:?}: expected 0 or 1 (or leave it unset)")),
     }
 }
 
@@ -246,15 +252,20 @@ impl ModelOptions {
             fp8_backward: Fp8Backward { grad: cfg.train.fp8_grad_format, weight_grad: cfg.train.fp8_weight_grad },
             fp8_bf16_layers: cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers),
             fp8_amax_sinks: true,
+            fp8_kept_inputs: true,
             document_mask: cfg.data.document_mask,
         }
     }
 
-    /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS` read: unset, empty or
-    /// `1` keep the sinks, `0` turns them off; any other value is an error.
+    /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS` and
+    /// `SHARDTRAIN_FP8_KEPT_INPUTS` read: unset, empty or `1` keep the sinks (the kept
+    /// inputs), `0` turns them off; any other value is an error. The planner reads them too,
+    /// so its prediction is the run's.
     pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
-        let fp8_amax_sinks = amax_sinks_setting(std::env::var("SHARDTRAIN_FP8_AMAX_SINKS").ok().as_deref())?;
-        Ok(ModelOptions { fp8_amax_sinks, ..ModelOptions::from_config(cfg) })
+        let env = |name: &str| switch_setting(name, std::env::var(name).ok().as_deref());
+        let fp8_amax_sinks = env("SHARDTRAIN_FP8_AMAX_SINKS")?;
+        let fp8_kept_inputs = env("SHARDTRAIN_FP8_KEPT_INPUTS")?;
+        Ok(ModelOptions { fp8_amax_sinks, fp8_kept_inputs, ..ModelOptions::from_config(cfg) })
     }
 
     /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
@@ -269,35 +280,72 @@ impl ModelOptions {
             fp8_backward: Fp8Backward::default(),
             fp8_bf16_layers: [false; 4],
             fp8_amax_sinks: true,
+            fp8_kept_inputs: true,
             document_mask: false,
         }
     }
 }
 
+/// In FP8 layer order, the block's layer whose input is the MLP's activation output (GPT-2's
+/// `fc2`, Llama's `down`): both families' fourth.
+const MLP_OUT: usize = 3;
+
+/// Per FP8 layer (`l · linears.len() + k`, as [`prepare_precision`] numbers them), whether its
+/// forward keeps its input's e4m3 codes for its backward's weight gradient
+/// ([`crate::backend::Fp8Layer::keeps_input`]): every layer in FP8 at an eligible shape of a
+/// block that is not checkpointed (its backward always follows its own forward; a
+/// checkpointed block's recompute stops before its last layer), with the FP8 dW
+/// (`train.fp8_weight_grad = "fp8"`), unless `opts.fp8_kept_inputs` is off. The MLP's last
+/// layer only where `checkpointing.keep_gelu` keeps its input: in FP8 the codes are what is
+/// kept (a byte a value instead of the bf16 activation's two), else the backward recomputes
+/// the activation as in bf16.
+pub(crate) fn fp8_kept_inputs(
+    opts: &ModelOptions,
+    rows: usize,
+    linears: &[(usize, usize)],
+    n_layer: usize,
+) -> Vec<bool> {
+    let on = opts.precision == Precision::Fp8 && opts.fp8_kept_inputs && opts.fp8_backward.weight_grad_in_fp8();
+    (0..n_layer)
+        .flat_map(|l| {
+            linears.iter().enumerate().map(move |(k, &(c, oc))| {
+                on && !opts.checkpointing.activations.is_checkpointed(l)
+                    && !opts.fp8_bf16_layers.get(k).copied().unwrap_or(false)
+                    && fp8::eligible(MatShape { n: rows, c, oc })
+                    && (k != MLP_OUT || opts.checkpointing.keep_gelu.keeps())
+            })
+        })
+        .collect()
+}
+
 /// Get `be` ready for the blocks' GEMMs in `opts.precision`: for FP8, the backend refuses a
 /// device without FP8 GEMMs (before any step) and reserves its operand workspace for the
 /// largest of `linears` (`(inputs, outputs)` of one block's layers, over `rows` rows), the
-/// `n_layer` blocks' per-layer scales and the first `opts.fp8_cached_blocks` blocks' cached
-/// weights: counted in `ledger` (the cache as parameters). Layer `k` of block `l` is FP8
-/// layer `l · linears.len() + k`; a layer kept in bf16 (`opts.fp8_bf16_layers`) keeps its
-/// number with nothing reserved for it (no weight, no workspace share). Every family calls
-/// it once from its constructor.
+/// `n_layer` blocks' per-layer scales, the first `opts.fp8_cached_blocks` blocks' cached
+/// weights and the inputs `kept` ([`fp8_kept_inputs`]) keeps: counted in `ledger` (the cache
+/// as parameters, the kept codes as activations). Layer `k` of block `l` is FP8 layer
+/// `l · linears.len() + k`; a layer kept in bf16 (`opts.fp8_bf16_layers`) keeps its number
+/// with nothing reserved for it (no weight, no workspace share). Every family calls it once
+/// from its constructor.
 pub(crate) fn prepare_precision<B: Backend>(
     be: &B,
     opts: &ModelOptions,
     rows: usize,
     linears: &[(usize, usize)],
     n_layer: usize,
+    kept: &[bool],
     ledger: &mut MemoryLedger,
 ) -> BResult<()> {
     if opts.precision == Precision::Fp8 {
         let linears: Vec<(usize, usize)> =
             linears.iter().zip(opts.fp8_bf16_layers).map(|(&l, kept)| if kept { (0, 0) } else { l }).collect();
-        let layers =
-            Fp8Layers::blocks(rows, &linears, n_layer, opts.fp8_cached_blocks).with_backward(opts.fp8_backward);
+        let layers = Fp8Layers::blocks(rows, &linears, n_layer, opts.fp8_cached_blocks)
+            .with_backward(opts.fp8_backward)
+            .with_kept_inputs(kept.to_vec());
         let got = be.prepare_fp8(&layers)?;
         ledger.alloc(Category::Workspace, got.workspace);
         ledger.alloc(Category::Params, got.weight_cache);
+        ledger.alloc(Category::Activations, got.kept_inputs);
     }
     Ok(())
 }
@@ -344,10 +392,11 @@ pub trait HfFormat: Sync {
 
 #[cfg(test)]
 mod tests {
-    use super::amax_sinks_setting;
+    use super::switch_setting;
 
     #[test]
-    fn the_amax_sinks_switch_takes_0_or_1_and_names_anything_else() {
+    fn the_fp8_switches_take_0_or_1_and_name_anything_else() {
+        let amax_sinks_setting = |v| switch_setting("SHARDTRAIN_FP8_AMAX_SINKS", v);
         assert_eq!(amax_sinks_setting(None), Ok(true));
         assert_eq!(amax_sinks_setting(Some("")), Ok(true));
         assert_eq!(amax_sinks_setting(Some("1")), Ok(true));

@@ -64,7 +64,9 @@ pub fn dry_run(
     // No initial values: the meta backend holds none, and making them would cost host
     // memory and time that grow with the model.
     let mut eng = Engine::new(&be, layout, EngineOptions::from_config(cfg), rank, world, None)?;
-    let mut model = cfg.model.family.build(&be, &eng.layout, &ModelOptions::from_config(cfg), &mut eng.ledger)?;
+    // The switches the ranks read from the environment too: the prediction is their run's.
+    let opts = ModelOptions::from_config_and_env(cfg).map_err(TrainError::Invalid)?;
+    let mut model = cfg.model.family.build(&be, &eng.layout, &opts, &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];
     // Zeros are valid document starts too (one document per sequence): the meta backend

@@ -14,7 +14,10 @@
 //! values are those of quantizing at every use; the structure is the GPU's, so the CPU runs
 //! test it: a backward that reuses the forward's scale checks that its input has the
 //! forward's amax, and a GEMM whose operand's amax a producer left ([`AmaxSink`]) checks
-//! that one was left, for this tensor; each errors (naming the model bug) where not.
+//! that one was left, for this tensor; each errors (naming the model bug) where not. A layer
+//! that keeps its input's codes ([`Fp8Layer::keeps_input`]) keeps them as the GPU does (a byte
+//! each, `Fp8Format::encode`) and its backward's dW reads them decoded; a backward that finds
+//! none kept by a forward since the last one is an error too.
 
 use std::borrow::Cow;
 
@@ -54,6 +57,9 @@ pub(super) struct Fp8State {
     /// Per layer, the amaxes producers left for it ([`AmaxSink`]): its forward input's and
     /// its output gradient's, each taken by the GEMM that quantizes the tensor.
     sinks: Vec<[Option<f32>; 2]>,
+    /// Per layer that keeps its input (`Fp8Layers::kept_inputs`): the codes its last forward
+    /// kept, and whether a backward may still read them (one backward per forward).
+    kept: Vec<Option<(Vec<u8>, bool)>>,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
     /// The backward's recipe (`Fp8Layers::backward`; the default before `prepare_fp8`).
@@ -87,6 +93,23 @@ impl Fp8State {
             None => Err(BackendError::Device(format!(
                 "FP8 layer {}: its {what}'s amax was to be left by the op that wrote it, but none was: a model bug \
                  (AmaxSink)",
+                l.index
+            ))),
+        }
+    }
+
+    /// Layer `l`'s kept input codes (`len` of them), or what is wrong: a layer that
+    /// `prepare_fp8` kept nothing for, or another size (each a bug).
+    fn kept_codes(&mut self, l: Fp8Layer, len: usize) -> BResult<&mut (Vec<u8>, bool)> {
+        match self.kept.get_mut(l.index).and_then(Option::as_mut) {
+            Some(k) if k.0.len() == len => Ok(k),
+            Some(k) => Err(BackendError::Device(format!(
+                "FP8 layer {}: its kept input holds {} codes, the GEMM has {len} (a bug)",
+                l.index,
+                k.0.len()
+            ))),
+            None => Err(BackendError::Device(format!(
+                "FP8 layer {} keeps its input, but prepare_fp8 reserved no codes for it (a bug)",
                 l.index
             ))),
         }
@@ -241,6 +264,7 @@ impl MatmulOps for CpuBackend {
         st.input_amax = vec![0.0; layers.weights.len()];
         st.sinks = vec![[None; 2]; layers.weights.len()];
         st.weights = layers.cached().iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect();
+        st.kept = layers.kept_input_codes().into_iter().map(|n| (n > 0).then(|| (vec![0u8; n], false))).collect();
         st.backward = layers.backward;
         Ok(cpu_reserved(layers))
     }
@@ -272,6 +296,13 @@ impl MatmulOps for CpuBackend {
                     st.take_sink(l, 0, ax)?;
                 }
                 st.input_amax[l.index] = ax;
+                if l.keeps_input {
+                    let kept = st.kept_codes(l, n * c)?;
+                    for (k, &x) in kept.0.iter_mut().zip(inp) {
+                        *k = Fp8Format::E4M3.encode(x * sx);
+                    }
+                    kept.1 = true;
+                }
             }
             let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w));
             matmul_forward(&mut out[..n * oc], &xq, &wq, bias, n, c, oc);
@@ -289,7 +320,42 @@ impl MatmulOps for CpuBackend {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
+        self.linear_bwd(dinp, g, dout, Some(inp), p, s)
+    }
+
+    fn matmul_bwd_kept(
+        &self,
+        dinp: &mut Vec<f32>,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dout: &Vec<f32>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        self.linear_bwd(dinp, g, dout, None, p, s)
+    }
+}
+
+impl CpuBackend {
+    /// `matmul_bwd`, or without its input (`None`) `matmul_bwd_kept`: an FP8 layer that
+    /// kept its input's codes reads those for dW (the input, where given, is checked to be
+    /// the forward's).
+    fn linear_bwd(
+        &self,
+        dinp: &mut [f32],
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dout: &[f32],
+        inp: Option<&Vec<f32>>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
+        let kept = p.at.fp8.filter(|_| p.at.keeps_input(s));
+        if inp.is_none() && kept.is_none() {
+            return Err(BackendError::Device(format!(
+                "a linear backward without its input, but its layer ({:?}) keeps no FP8 input (a model bug)",
+                p.at.fp8.map(|f| f.index)
+            )));
+        }
         let (dw, mut db) = match g.at.b {
             Some(b) => {
                 let (dw, db) = two_mut(g.buf, g.at.w, b);
@@ -302,7 +368,7 @@ impl MatmulOps for CpuBackend {
             dw.fill(0.0);
             db.iter_mut().for_each(|d| d.fill(0.0));
         }
-        let (dout, inp, w) = (&dout[..n * oc], &inp[..n * c], at(p.buf, p.at.w));
+        let (dout, inp, w) = (&dout[..n * oc], inp.map(|x| &x[..n * c]), at(p.buf, p.at.w));
         if p.at.fp8(s) {
             let mut st = self.fp8.borrow_mut();
             if let Some(l) = p.at.fp8.filter(|l| l.grad_amax_ready) {
@@ -314,13 +380,13 @@ impl MatmulOps for CpuBackend {
             // The forward's scale where the input is the forward's tensor. The reference
             // checks that promise (an amax is cheap beside the GEMMs): a model whose backward
             // input differs from its forward's would make the GPU's dW wrong unseen.
-            let ax = amax(inp);
-            if let Some(l) = p.at.fp8.filter(|l| !l.input_from_forward && l.input_amax_ready) {
+            let ax = inp.map(amax);
+            if let (Some(l), Some(ax)) = (p.at.fp8.filter(|l| !l.input_from_forward && l.input_amax_ready), ax) {
                 // A recomputed input whose producer left its amax.
                 st.layer(l)?;
                 st.take_sink(l, 0, ax)?;
             }
-            if let Some(l) = p.at.fp8.filter(|l| l.input_from_forward) {
+            if let (Some(l), Some(ax)) = (p.at.fp8.filter(|l| l.input_from_forward), ax) {
                 st.layer(l)?;
                 if st.input_amax[l.index].to_bits() != ax.to_bits() {
                     return Err(BackendError::Device(format!(
@@ -331,18 +397,38 @@ impl MatmulOps for CpuBackend {
                 }
             }
             backward_dinp(&mut dinp[..n * c], &gq, &st.weight(p.at.fp8, w), s);
-            if backward.weight_grad_in_fp8() {
-                let xq = quantized_with(inp, Fp8Format::E4M3, Fp8Format::E4M3.scale(ax));
+            if !backward.weight_grad_in_fp8() {
+                // `Fp8WeightGrad::Bf16`: dW from the unquantized operands (no layer keeps
+                // its input under this recipe: the model asks for none).
+                let inp = inp.ok_or_else(|| {
+                    BackendError::Device("fp8_weight_grad = \"bf16\" needs the backward's input (a bug)".into())
+                })?;
+                backward_dw(dw, dout, inp, s);
+            } else if let Some(l) = kept {
+                st.layer(l)?;
+                let inv = 1.0 / Fp8Format::E4M3.scale(st.input_amax[l.index]);
+                let codes = st.kept_codes(l, n * c)?;
+                if !std::mem::replace(&mut codes.1, false) {
+                    return Err(BackendError::Device(format!(
+                        "FP8 layer {}: its backward reads the input codes its forward keeps, but no forward \
+                         kept any since its last backward (a model bug: Fp8Layer::keeps_input)",
+                        l.index
+                    )));
+                }
+                let xq: Vec<f32> = codes.0.iter().map(|&q| Fp8Format::E4M3.decode(q) * inv).collect();
                 backward_dw(dw, &gq, &xq, s);
             } else {
-                // `Fp8WeightGrad::Bf16`: dW from the unquantized operands.
-                backward_dw(dw, dout, inp, s);
+                let inp =
+                    inp.ok_or_else(|| BackendError::Device("an FP8 backward without its input (a bug)".into()))?;
+                let xq = quantized_with(inp, Fp8Format::E4M3, Fp8Format::E4M3.scale(amax(inp)));
+                backward_dw(dw, &gq, &xq, s);
             }
             if let Some(db) = db {
                 backward_dbias(db, dout, oc);
             }
             return Ok(());
         }
+        let inp = inp.ok_or_else(|| BackendError::Device("a bf16 linear backward without its input (a bug)".into()))?;
         matmul_backward(&mut dinp[..n * c], dw, db, dout, inp, w, s);
         Ok(())
     }

@@ -56,7 +56,7 @@ use super::launch::{bad, cfg, to_i32, BLOCK};
 use super::matmul::BwdPtrs;
 use super::reduce::Split;
 use super::CudaBackend;
-use crate::backend::fp8::{CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
+use crate::backend::fp8::{CudaFp8KeptInputs, CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape,
 };
@@ -101,6 +101,8 @@ pub(super) struct Fp8Ws {
     extent: LinearExtent,
     layout: CudaFp8Workspace,
     cache: Option<WeightCache>,
+    /// The layers' kept input codes (`Fp8Layers::kept_inputs`; `None`: no layer keeps any).
+    kept: Option<(CudaSlice<u8>, CudaFp8KeptInputs)>,
     /// Without the cache: per layer, the parameter version whose weight's amax its weight
     /// slot holds (`None`: none yet).
     weight_amax: Vec<Option<u64>>,
@@ -294,9 +296,19 @@ impl CudaBackend {
             }
         };
         let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);
+        // Sized for the grown extent's rows: a model built later for fewer rows (an eval)
+        // must not shrink what an earlier one's forward writes.
+        let codes: Vec<usize> = layers.kept_input_codes().iter().map(|&k| k / largest.rows.max(1) * ext.rows).collect();
+        let kept_layout = CudaFp8KeptInputs::new(&codes);
+        let kept_inputs = kept_layout.bytes;
+        let kept = match kept_inputs {
+            0 => None,
+            bytes => Some((self.alloc::<u8>(bytes, "kept FP8 inputs")?, kept_layout)),
+        };
         let weight_amax = vec![None; layers.weights.len()];
-        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, weight_amax, version, backward: layers.backward });
-        Ok(Fp8Bytes { workspace: layout.bytes, weight_cache })
+        let backward = layers.backward;
+        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, kept, weight_amax, version, backward });
+        Ok(Fp8Bytes { workspace: layout.bytes, weight_cache, kept_inputs })
     }
 
     /// `MatmulOps::fp8_weights_changed`: a new parameter version.
@@ -366,6 +378,25 @@ impl CudaBackend {
             cache.made[l.index] = Some(version);
         }
         Ok(Some(codes))
+    }
+
+    /// Where layer `layer` keeps its input's codes (`[c, n]` e4m3) where it keeps them
+    /// (`Fp8Layer::keeps_input`), else `None`; a layer `prepare_fp8` reserved none for is
+    /// an error (a bug).
+    fn fp8_kept_input(&self, layer: Option<Fp8Layer>) -> BResult<Option<u64>> {
+        let Some(l) = layer.filter(|l| l.keeps_input) else { return Ok(None) };
+        let cell = self.fp8_ws.borrow();
+        let region = cell.as_ref().and_then(|ws| ws.kept.as_ref()).and_then(|(buf, k)| {
+            let at = k.regions.get(l.index).copied().flatten()?;
+            Some(self.ptr(buf, 0) + at as u64)
+        });
+        match region {
+            Some(r) => Ok(Some(r)),
+            None => Err(bad(format!(
+                "FP8 layer {} keeps its input, but prepare_fp8 reserved no codes for it (a bug)",
+                l.index
+            ))),
+        }
     }
 
     /// The amax of an uncached weight (`n` bf16 at `w`) into `slot` (its
@@ -585,15 +616,19 @@ impl CudaBackend {
         }
         // The op that wrote the input may have left its amax in the layer's input slot.
         let amax_left = layer.is_some_and(|l| l.input_amax_ready);
-        let x = Cast { x: inp, rows: n, cols: c, fmt: Fp8Format::E4M3, slot: in_slot, dst: Some(ws.a()), dst_t: None };
+        // A layer that keeps its input's codes for its backward gets them transposed from
+        // the same cast (the layout the backward's dW GEMM reads).
+        let kept = self.fp8_kept_input(layer)?;
+        let x = Cast { x: inp, rows: n, cols: c, fmt: Fp8Format::E4M3, slot: in_slot, dst: Some(ws.a()), dst_t: kept };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
-        // workspace's regions hold a layer of this shape (fp8_ws checked); the input slot
-        // holds the amax its producer left where that is said.
+        // workspace's regions hold a layer of this shape (fp8_ws checked), a kept region the
+        // layer's input (rows × inputs reserved); the input slot holds the amax its producer
+        // left where that is said.
         unsafe {
             self.fp8_cast_amax(x, amax_left, 0)?;
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
-                self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), ..x })?;
+                self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), dst_t: None, ..x })?;
             }
         }
         if fused {
@@ -674,6 +709,18 @@ impl CudaBackend {
             Some(_) => self.scratch_f32(n.div_ceil(COLSUM_ROWS) * oc)?,
             None => 0,
         };
+        // The input's codes for dW: kept by the forward (no cast here), or cast now into
+        // region a once the dX GEMM has read dY from it.
+        let kept = match self.fp8_kept_input(layer)? {
+            Some(k) if dw_fp8 => Some(k),
+            _ => None,
+        };
+        if kept.is_none() && ptr.inp == 0 {
+            return Err(bad(format!(
+                "an FP8 backward without its input, but layer {:?} kept no codes for its dW (a bug)",
+                layer.map(|l| l.index)
+            )));
+        }
         let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
@@ -694,12 +741,13 @@ impl CudaBackend {
                 self.fp8_cast(wc)?;
             }
             self.lt.gemm(&dx, stream)?;
-            if dw_fp8 {
+            if dw_fp8 && kept.is_none() {
                 self.fp8_cast_amax(x, reuse_input, 0)?;
             }
         }
         if dw_fp8 {
-            self.lt.gemm(&dw, stream)?;
+            let a = kept.unwrap_or(ws.a());
+            self.lt.gemm(&Gemm { a, ..dw }, stream)?;
         } else {
             // `Fp8WeightGrad::Bf16`: the bf16 path's dW GEMM on the unquantized operands
             // (an FP8-eligible shape needs no padded staging).

@@ -61,6 +61,7 @@ pub(super) struct BwdPtrs {
     /// Write dW and dbias instead of adding to them (`WeightGrads::fresh`).
     pub fresh: bool,
     pub dout: u64,
+    /// The layer's input; 0 where an FP8 layer kept its codes instead (`matmul_bwd_kept`).
     pub inp: u64,
     pub w: u64,
 }
@@ -248,13 +249,14 @@ impl CudaBackend {
         Ok((wp, bp))
     }
 
-    /// Check a linear backward's operands and resolve them to pointers.
+    /// Check a linear backward's operands and resolve them to pointers (`inp`: `None` where
+    /// an FP8 layer kept its input's codes; the caller checked it did).
     fn bwd_ptrs(
         &self,
         dinp: &mut CudaSlice<bf16>,
         g: WeightGrads<'_, Self, LinearLocs>,
         dout: &CudaSlice<bf16>,
-        inp: &CudaSlice<bf16>,
+        inp: Option<&CudaSlice<bf16>>,
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<BwdPtrs> {
@@ -262,7 +264,9 @@ impl CudaBackend {
         let (grads, dw, dbias, params, w) = (g.buf, g.at.w, g.at.b, p.buf, p.at.w);
         check("matmul_bwd dinp", dinp.len(), 0, n * c)?;
         check("matmul_bwd dout", dout.len(), 0, n * oc)?;
-        check("matmul_bwd inp", inp.len(), 0, n * c)?;
+        if let Some(inp) = inp {
+            check("matmul_bwd inp", inp.len(), 0, n * c)?;
+        }
         check_loc("matmul_bwd weight", params.len(), w)?;
         check_loc("matmul_bwd dw", grads.len(), dw)?;
         if w.len != oc * c || dw.len != oc * c {
@@ -280,7 +284,7 @@ impl CudaBackend {
             dbias: dbias.map(|b| self.ptr_mut(grads, b.off)),
             fresh: g.fresh,
             dout: self.ptr(dout, 0),
-            inp: self.ptr(inp, 0),
+            inp: inp.map_or(0, |x| self.ptr(x, 0)),
             w: self.ptr(params, w.off),
         })
     }
@@ -476,12 +480,31 @@ impl MatmulOps for CudaBackend {
         s: MatShape,
     ) -> BResult<()> {
         let (fp8, layer) = (p.at.fp8(s), p.at.fp8);
-        let ptr = self.bwd_ptrs(dinp, g, dout, inp, p, s)?;
+        let ptr = self.bwd_ptrs(dinp, g, dout, Some(inp), p, s)?;
         if fp8 {
             self.fp8_bwd(ptr, s, layer)?;
             return Ok(());
         }
         self.linear_bwd(ptr, s, None)
+    }
+
+    fn matmul_bwd_kept(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dout: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        if !p.at.keeps_input(s) {
+            return Err(bad(format!(
+                "a linear backward without its input, but its layer ({:?}) keeps no FP8 input (a model bug)",
+                p.at.fp8.map(|f| f.index)
+            )));
+        }
+        let layer = p.at.fp8;
+        let ptr = self.bwd_ptrs(dinp, g, dout, None, p, s)?;
+        self.fp8_bwd(ptr, s, layer)
     }
 
     /// `pre = inp·Wᵀ + bias`, `out = GELU(pre)` in one GEMM (GELU_AUX_BIAS epilogue).
@@ -600,7 +623,7 @@ impl MatmulOps for CudaBackend {
         if !self.lt.supports(&probe) {
             return Ok(false);
         }
-        let ptr = self.bwd_ptrs(dpre, g, dout, act, p, s)?;
+        let ptr = self.bwd_ptrs(dpre, g, dout, Some(act), p, s)?;
         self.linear_bwd(ptr, s, Some(pre_ptr))?;
         Ok(true)
     }

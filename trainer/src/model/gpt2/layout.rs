@@ -51,16 +51,14 @@ impl BlockLocs {
     }
 
     /// Block `layer`'s locations with its FP8 layers' state (`model::prepare_precision`
-    /// numbers them: qkv, proj, fc, fc2).
-    pub fn for_layer(self, layer: usize) -> BlockLocs {
+    /// numbers them: qkv, proj, fc, fc2); `kept`, per FP8 layer of the model, whether its forward keeps
+    /// its input's codes for its backward (`model::fp8_kept_inputs`; missing: no).
+    pub fn for_layer(self, layer: usize, kept: &[bool]) -> BlockLocs {
         let i = 4 * layer;
-        BlockLocs {
-            qkv: self.qkv.with_fp8_index(i),
-            proj: self.proj.with_fp8_index(i + 1),
-            fc: self.fc.with_fp8_index(i + 2),
-            fc2: self.fc2.with_fp8_index(i + 3),
-            ..self
-        }
+        let at = |l: LinearLocs, k: usize| {
+            l.with_fp8_index(i + k).with_kept_input(kept.get(i + k).copied().unwrap_or(false))
+        };
+        BlockLocs { qkv: at(self.qkv, 0), proj: at(self.proj, 1), fc: at(self.fc, 2), fc2: at(self.fc2, 3), ..self }
     }
 }
 

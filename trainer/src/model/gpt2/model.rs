@@ -21,7 +21,7 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
+use crate::model::{fp8_kept_inputs, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// The per-row statistics of one LayerNorm, kept from its forward for its backward.
@@ -52,7 +52,8 @@ struct BlockActs<B: Device> {
     /// MLP hidden pre-activation. GELU(fch) is not saved by default: backward recomputes it
     /// (one element-wise pass) to save 4·C values per token per layer.
     fch: B::Buf,
-    /// GELU(fch) as the forward made it (`checkpointing.keep_gelu`, blocks not checkpointed).
+    /// GELU(fch) as the forward made it (`checkpointing.keep_gelu`, blocks not checkpointed;
+    /// in FP8, where fc2 keeps the codes of it instead, not kept here).
     gelu: Option<B::Buf>,
 }
 
@@ -85,6 +86,8 @@ pub struct Gpt2<B: Backend> {
     /// blocks share the last set, which is recomputed in backward).
     acts: Vec<BlockActs<B>>,
     act_slot: Vec<usize>,
+    /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
+    fp8_kept: Vec<bool>,
     /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -130,6 +133,11 @@ impl<B: Backend> Gpt2<B> {
         let lnf_stats = NormStats { mean: f32buf(n, "layernorm stats")?, rstd: f32buf(n, "layernorm stats")? };
         let slots = ActSlots::new(ckpt, l);
         let saved_len = be.attention_saved_len(shape);
+        // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
+        let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
+        let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
+        // fc2 keeps its input's FP8 codes in every block that is not checkpointed, or in none.
+        let fc2_codes = fp8_kept.iter().skip(3).step_by(4).any(|&k| k);
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
@@ -142,7 +150,7 @@ impl<B: Backend> Gpt2<B> {
             let resid2 = bb(n * c, "residual")?;
             let ln2 = bb(n * c, "ln2")?;
             let fch = bb(n * 4 * c, "mlp hidden")?;
-            let keep_gelu = ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set);
+            let keep_gelu = ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set) && !fc2_codes;
             let gelu = if keep_gelu { Some(bb(n * 4 * c, "kept gelu output")?) } else { None };
             let mut ff = |len: usize, what: &str| -> BResult<B::F32> {
                 ledger.alloc(Category::Activations, len * sz.f32);
@@ -164,9 +172,7 @@ impl<B: Backend> Gpt2<B> {
         let kept = KeptAttention::for_blocks(be, ckpt_cfg, l, n * c, saved_len, ledger)?;
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         let tokens = BatchTokens::new(be, b, t, opts.document_mask, ledger)?;
-        // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
-        let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
-        prepare_precision(be, opts, n, &linears, l, ledger)?;
+        prepare_precision(be, opts, n, &linears, l, &fp8_kept, ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
             block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
@@ -175,6 +181,7 @@ impl<B: Backend> Gpt2<B> {
             resid,
             acts,
             act_slot: slots.slot,
+            fp8_kept,
             kept,
             scratch,
             lnf,
@@ -194,7 +201,12 @@ impl<B: Backend> Gpt2<B> {
     /// block 0.
     fn fc2_grad_sink(&self, layer: Option<usize>) -> Option<AmaxSink> {
         let (n, c) = (self.shape.b * self.shape.t, self.shape.c);
-        layer.and_then(|l| self.block.for_layer(l).fc2.grad_sink(MatShape { n, c: 4 * c, oc: c }))
+        layer.and_then(|l| self.locs(l).fc2.grad_sink(MatShape { n, c: 4 * c, oc: c }))
+    }
+
+    /// Block `layer`'s locations with its FP8 layers' state.
+    fn locs(&self, layer: usize) -> BlockLocs {
+        self.block.for_layer(layer, &self.fp8_kept)
     }
 }
 
@@ -210,9 +222,9 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     }
 
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
+        let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let k = &self.block.for_layer(layer);
         let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink: None };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
@@ -241,7 +253,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let (k, dres_sink) = (&self.block.for_layer(layer), self.fc2_grad_sink(layer.checked_sub(1)));
+        let (k, dres_sink) = (&self.locs(layer), self.fc2_grad_sink(layer.checked_sub(1)));
         let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -344,18 +356,19 @@ impl<B: Backend> Block<'_, B> {
         let (be, k, s) = (self.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
-        // MLP: GELU(fch), kept, or else recomputed into dbig2 (always with the element-wise
-        // kernel, never from a recompute's GEMM epilogue, so that checkpointing does not
-        // change the bits); then backprop through fc2 and GELU.
+        // MLP: GELU(fch), kept (in FP8 as fc2's codes of it), or else recomputed into dbig2
+        // (always with the element-wise kernel, never from a recompute's GEMM epilogue, so
+        // that checkpointing does not change the bits); then backprop through fc2 and GELU.
         // A recomputed GELU output may differ in its last bits from the forward's (the GEMM
         // epilogue's), so an FP8 fc2 takes its own scale of it, which the recompute leaves.
         let fc2 = MatShape { n, c: 4 * c, oc: c };
         let (act, fc2_at) = match a.gelu.as_ref() {
-            Some(kept) => (kept, k.fc2),
+            Some(kept) => (Some(kept), k.fc2),
+            None if k.fc2.keeps_input(fc2) => (None, k.fc2),
             None => {
                 let sink = k.fc2.input_sink(fc2);
                 be.gelu_fwd(&mut g.dbig2, &a.fch, n * 4 * c, sink)?;
-                (&g.dbig2, k.fc2.input_recomputed().input_amax_from(sink))
+                (Some(&g.dbig2), k.fc2.input_recomputed().input_amax_from(sink))
             }
         };
         // The GELU backward leaves dpre's amax for fc's FP8 backward.

@@ -61,14 +61,18 @@ impl BlockLocs {
     }
 
     /// Block `layer`'s locations with its FP8 layers' state (`model::prepare_precision`
-    /// numbers them: qkv, o, gate_up, down).
-    pub fn for_layer(self, layer: usize) -> BlockLocs {
+    /// numbers them: qkv, o, gate_up, down); `kept`, per FP8 layer of the model, whether its forward keeps
+    /// its input's codes for its backward (`model::fp8_kept_inputs`; missing: no).
+    pub fn for_layer(self, layer: usize, kept: &[bool]) -> BlockLocs {
         let i = 4 * layer;
+        let at = |l: LinearLocs, k: usize| {
+            l.with_fp8_index(i + k).with_kept_input(kept.get(i + k).copied().unwrap_or(false))
+        };
         BlockLocs {
-            qkv: self.qkv.with_fp8_index(i),
-            o: self.o.with_fp8_index(i + 1),
-            gate_up: self.gate_up.with_fp8_index(i + 2),
-            down: self.down.with_fp8_index(i + 3),
+            qkv: at(self.qkv, 0),
+            o: at(self.o, 1),
+            gate_up: at(self.gate_up, 2),
+            down: at(self.down, 3),
             ..self
         }
     }

@@ -23,7 +23,7 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
+use crate::model::{fp8_kept_inputs, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
 use crate::zero::{Category, MemoryLedger};
 
 /// Activations one block saves for its backward.
@@ -40,7 +40,7 @@ struct BlockActs<B: Device> {
     /// The MLP's gate and up projections, `[N, 2F]`.
     gate_up: B::Buf,
     /// SwiGLU(gate_up) as the forward made it (`checkpointing.keep_gelu`, blocks not
-    /// checkpointed).
+    /// checkpointed; in FP8, where down keeps the codes of it instead, not kept here).
     act: Option<B::Buf>,
 }
 
@@ -81,6 +81,8 @@ pub struct Llama<B: Backend> {
     resid: Vec<B::Buf>,
     acts: Vec<BlockActs<B>>,
     act_slot: Vec<usize>,
+    /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
+    fp8_kept: Vec<bool>,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
@@ -127,6 +129,11 @@ impl<B: Backend> Llama<B> {
         let rstdf = f32buf(n, "final norm rstd")?;
         let slots = ActSlots::new(ckpt, l);
         let saved_len = be.attention_saved_len(attn);
+        // qkv, o, gate/up, down (the head stays bf16: LossHead).
+        let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
+        let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
+        // down keeps its input's FP8 codes in every block that is not checkpointed, or in none.
+        let down_codes = fp8_kept.iter().skip(3).step_by(4).any(|&k| k);
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
@@ -136,7 +143,7 @@ impl<B: Backend> Llama<B> {
             let (ln1, qkv, atty, resid2) =
                 (bb(n * c, "rms1")?, bb(n * w, "qkv")?, bb(n * c, "attention output")?, bb(n * c, "residual")?);
             let (ln2, gate_up) = (bb(n * c, "rms2")?, bb(n * 2 * f, "gate/up")?);
-            let act = if ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set) {
+            let act = if ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set) && !down_codes {
                 Some(bb(n * f, "kept swiglu output")?)
             } else {
                 None
@@ -165,9 +172,7 @@ impl<B: Backend> Llama<B> {
         be.upload_f32(&table, &mut rope, 0)?;
         let head = LossHead::new(be, n, c, cfg.vocab_size, opts.loss_chunk_rows, ledger)?;
         let tokens = BatchTokens::new(be, b, t, opts.document_mask, ledger)?;
-        // qkv, o, gate/up, down (the head stays bf16: LossHead).
-        let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
-        prepare_precision(be, opts, n, &linears, l, ledger)?;
+        prepare_precision(be, opts, n, &linears, l, &fp8_kept, ledger)?;
         Ok(Llama {
             embed: locs.embed,
             block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
@@ -177,6 +182,7 @@ impl<B: Backend> Llama<B> {
             resid,
             acts,
             act_slot: slots.slot,
+            fp8_kept,
             kept,
             scratch,
             rope,
@@ -201,7 +207,12 @@ impl<B: Backend> Llama<B> {
     /// `None` below block 0.
     fn down_grad_sink(&self, layer: Option<usize>) -> Option<AmaxSink> {
         let (n, c) = (self.s.attn.b * self.s.attn.t, self.s.attn.c);
-        layer.and_then(|l| self.block.for_layer(l).down.grad_sink(MatShape { n, c: self.s.f, oc: c }))
+        layer.and_then(|l| self.locs(l).down.grad_sink(MatShape { n, c: self.s.f, oc: c }))
+    }
+
+    /// Block `layer`'s locations with its FP8 layers' state.
+    fn locs(&self, layer: usize) -> BlockLocs {
+        self.block.for_layer(layer, &self.fp8_kept)
     }
 
     /// The final norm of the last residual stream into `lnf`.
@@ -231,17 +242,10 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
     }
 
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
+        let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block {
-            be,
-            p,
-            k: &self.block.for_layer(layer),
-            s: self.s,
-            rope: &self.rope,
-            docs: self.tokens.docs.as_ref(),
-            dres_sink: None,
-        };
+        let blk = Block { be, p, k, s: self.s, rope: &self.rope, docs: self.tokens.docs.as_ref(), dres_sink: None };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -271,7 +275,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let blk = Block {
             be,
             p,
-            k: &self.block.for_layer(layer),
+            k: &self.locs(layer),
             s: self.s,
             rope: &self.rope,
             docs: self.tokens.docs.as_ref(),
@@ -378,19 +382,23 @@ impl<B: Backend> Block<'_, B> {
         let at = s.attn;
         let (n, c, f) = (at.b * at.t, at.c, s.f);
         let r = Rows { n, c };
-        // MLP: SwiGLU(gate_up), kept, or else recomputed (always by the element-wise
-        // kernel, so checkpointing does not change the bits).
-        let act = match a.act.as_ref() {
-            Some(kept) => kept,
-            None => {
-                be.swiglu_fwd(&mut sc.act, &a.gate_up, Rows { n, c: f }, None)?;
-                &sc.act
-            }
-        };
+        // MLP: SwiGLU(gate_up), kept (in FP8 as down's codes of it), or else recomputed
+        // (always by the element-wise kernel, so checkpointing does not change the bits).
         // dres's amax: left by the norm backward above (the head's, or the next block's rms1).
         let down = MatShape { n, c: f, oc: c };
         let down_at = k.down.grad_amax_from(k.down.grad_sink(down));
-        be.matmul_bwd(&mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?;
+        let act = match a.act.as_ref() {
+            Some(kept) => Some(kept),
+            None if k.down.keeps_input(down) => None,
+            None => {
+                be.swiglu_fwd(&mut sc.act, &a.gate_up, Rows { n, c: f }, None)?;
+                Some(&sc.act)
+            }
+        };
+        match act {
+            Some(act) => be.matmul_bwd(&mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?,
+            None => be.matmul_bwd_kept(&mut g.dact, gr.first(down_at), &g.dres, self.w(down_at), down)?,
+        }
         // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
         let sink = k.gate_up.grad_sink(gu);
