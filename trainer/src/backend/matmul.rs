@@ -335,6 +335,30 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         self.matmul_fwd(tmp, inp, p, s)?;
         self.residual_fwd(out, res, tmp, s.n * s.oc)
     }
+    /// The MLP's output layer from its first layer's pre-activation, in FP8:
+    /// `out = res + GELU(pre) · Wᵀ + bias`, GELU applied by the cast that quantizes the
+    /// layer's input as it reads `pre`, so GELU's output is never written (`tmp`, n·oc, is
+    /// scratch where the residual cannot be fused). Only for a layer that keeps its input's
+    /// codes ([`LinearLocs::keeps_input`]) and whose input amax GELU's producer left
+    /// ([`ActivationOps::gelu_amax`] into [`LinearLocs::input_sink`]); otherwise, and on a
+    /// backend without it (the default), an error: the model composes `gelu_fwd` and
+    /// [`MatmulOps::matmul_residual_fwd`] instead.
+    fn matmul_residual_fwd_of_gelu(
+        &self,
+        _out: &mut Self::Buf,
+        _res: &Self::Buf,
+        _pre: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+        _tmp: &mut Self::Buf,
+    ) -> BResult<()> {
+        Err(super::BackendError::Device(format!(
+            "an FP8 GEMM of GELU's output from its pre-activation (layer {:?}), which this backend does not run (a \
+             bug)",
+            p.at.fp8.map(|f| f.index)
+        )))
+    }
+
     /// [`MatmulOps::matmul_residual_fwd`] as one operation (the residual added in the GEMM's
     /// epilogue) where the backend has one for these shapes; `Ok(false)` (the default) runs
     /// the GEMM and the residual add instead.

@@ -23,10 +23,10 @@ use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
+use crate::backend::{ActivationOps, WeightGrads, Weights};
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps,
 };
-use crate::backend::{WeightGrads, Weights};
 
 /// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
 fn quantized(xs: &[f32], fmt: Fp8Format) -> Vec<f32> {
@@ -321,6 +321,31 @@ impl MatmulOps for CpuBackend {
         s: MatShape,
     ) -> BResult<()> {
         self.linear_bwd(dinp, g, dout, Some(inp), p, s)
+    }
+
+    fn matmul_residual_fwd_of_gelu(
+        &self,
+        out: &mut Vec<f32>,
+        res: &Vec<f32>,
+        pre: &Vec<f32>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+        tmp: &mut Vec<f32>,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        if !p.at.keeps_input(s) || !p.at.fp8.is_some_and(|f| f.input_amax_ready) {
+            return Err(BackendError::Device(format!(
+                "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} does not keep its input's \
+                 codes or has no amax of GELU's output left (a model bug)",
+                p.at.fp8.map(|f| f.index)
+            )));
+        }
+        // The GPU never writes GELU's output; here it is per-call scratch, quantized (with
+        // the amax its producer left, checked) as any FP8 input is.
+        let mut act = vec![0.0; n * c];
+        super::activation::gelu_forward(&mut act, &pre[..n * c]);
+        self.matmul_fwd(tmp, &act, p, s)?;
+        self.residual_fwd(out, res, tmp, n * oc)
     }
 
     fn matmul_bwd_kept(

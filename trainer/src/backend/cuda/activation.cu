@@ -2,12 +2,7 @@
 // GPT-2, SwiGLU as in Llama, and the residual add. 16-byte accesses when every pointer
 // allows it.
 
-#define GELU_K 0.7978845608f  // sqrt(2/pi)
-
-__device__ __forceinline__ float gelu_f(float x) {
-    const float cube = 0.044715f * x * x * x;
-    return 0.5f * x * (1.f + tanhf(GELU_K * (x + cube)));
-}
+// gelu_f and gelu8: common.cuh.
 
 __device__ __forceinline__ float gelu_grad(float x) {
     const float cube = 0.044715f * x * x * x;
@@ -16,23 +11,20 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
 }
 
-// The amax of out into *amax where it is not null (an FP8 amax sink).
+// The amax of out into *amax where it is not null (an FP8 amax sink). A null out writes
+// nothing: the amax alone, for an FP8 cast that applies GELU as it reads inp (fp8.cu).
 extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, unsigned* amax, long long n) {
     unsigned m = 0;
     grid_stride<8>(
         n, aligned16(out) && aligned16(inp),
         [&](long long i) {
-            float x[8];
-            unpack8(((const uint4*)inp)[i], x);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) x[k] = gelu_f(x[k]);
-            const uint4 y = pack8(x);
-            ((uint4*)out)[i] = y;
+            const uint4 y = gelu8(((const uint4*)inp)[i]);
+            if (out) ((uint4*)out)[i] = y;
             m = max_abs8(y, m);
         },
         [&](long long i) {
             const bf16_t y = f2bf(gelu_f(bf2f(inp[i])));
-            out[i] = y;
+            if (out) out[i] = y;
             m = max(m, abs_bits(y));
         });
     warp_amax_out(amax, m);

@@ -41,6 +41,25 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15) == 0; }
 
+// GELU, tanh approximation as in GPT-2 (twin of cpu/activation.rs): here so that the FP8 cast
+// that quantizes GELU's output as it reads the pre-activation (fp8.cu) computes the bits
+// gelu_fwd (activation.cu) would have written.
+#define GELU_K 0.7978845608f  // sqrt(2/pi)
+
+__device__ __forceinline__ float gelu_f(float x) {
+    const float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.f + tanhf(GELU_K * (x + cube)));
+}
+
+// GELU of 8 bf16 in one 16-byte word, each rounded to bf16 (gelu_fwd's outputs).
+__device__ __forceinline__ uint4 gelu8(uint4 v) {
+    float x[8];
+    unpack8(v, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = gelu_f(x[k]);
+    return pack8(x);
+}
+
 // |x| of a bf16 as the bits of its f32 value: non-negative floats order as their bits, and
 // a NaN's bits lie above infinity's, so an integer max propagates NaN (fmaxf would drop it).
 // The FP8 amax (fp8.cu) and the producers that leave one (an FP8 amax sink) keep maxima so.

@@ -110,6 +110,8 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale. rows and cols are multiples of 16 (fp8::eligible);
 // q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/128)), 256 threads.
+// With gelu set, x is a pre-activation and the values cast are GELU(x) rounded to bf16 (what
+// gelu_fwd writes; the slot holds their amax): the MLP's output layer's input, never written.
 // Unless colsum is null, also the column sums of x per tile, colsum[blockIdx.y, col] (f32,
 // [ceil(rows/128), cols]): the bias gradient of an output gradient without another pass over
 // it (reduce_partials adds the tiles in order). A tile's sum, in this order: each 4-row
@@ -124,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
                                                                           unsigned char* __restrict__ qt,
                                                                           const bf16_t* __restrict__ x, int rows,
                                                                           int cols, unsigned* slot, int e5m2,
-                                                                          float* __restrict__ colsum) {
+                                                                          float* __restrict__ colsum, int gelu) {
     __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     const float s = slot_scale(slot, e5m2);
@@ -139,6 +141,10 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
         uint4 v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = load8(src + (long long)i * cols, aligned);
+        if (gelu) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
+        }
         if (colsum) {
             float f[4][8];
 #pragma unroll

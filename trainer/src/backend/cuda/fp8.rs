@@ -206,6 +206,9 @@ struct Cast {
     slot: u64,
     dst: Option<u64>,
     dst_t: Option<u64>,
+    /// `x` is a pre-activation: the values cast are GELU(x) rounded to bf16 (the slot holds
+    /// their amax; transposing casts only).
+    gelu: bool,
 }
 
 /// A layer's weight as its GEMM reads it: the codes (`[oc, c]` for the forward, `[c, oc]`
@@ -242,6 +245,9 @@ pub(super) struct FwdEpilogue {
     pub bias: Option<u64>,
     /// Added to the product (cuBLASLt's C, beta 1).
     pub residual: Option<u64>,
+    /// The input is a pre-activation whose GELU the layer multiplies: its cast applies GELU
+    /// (the layer keeps its input's codes, and GELU's amax was left in its input slot).
+    pub gelu_input: bool,
 }
 
 impl CudaBackend {
@@ -370,6 +376,7 @@ impl CudaBackend {
                 slot,
                 dst: Some(codes.w),
                 dst_t: Some(codes.wt),
+                gelu: false,
             };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
@@ -515,13 +522,16 @@ impl CudaBackend {
     /// # Safety
     /// As [`CudaBackend::fp8_cast`]; `colsum` (unless 0) holds that many floats.
     unsafe fn fp8_cast_colsum(&self, c: Cast, colsum: u64) -> BResult<()> {
-        let Cast { x, rows, cols, fmt, slot, dst, dst_t } = c;
+        let Cast { x, rows, cols, fmt, slot, dst, dst_t, gelu } = c;
         let n = rows * cols;
         let ni = n as i64;
         let fmt_i = i32::from(fmt.is_e5m2());
         match dst_t {
             None => {
                 let q = dst.ok_or_else(|| bad("an FP8 cast without a destination (a bug)".into()))?;
+                if gelu {
+                    return Err(bad("a GELU-applying FP8 cast without its transpose (a bug)".into()));
+                }
                 if colsum != 0 {
                     return Err(bad("column sums asked of an FP8 cast without its transpose (a bug)".into()));
                 }
@@ -541,7 +551,8 @@ impl CudaBackend {
                 }
                 let f = self.f("fp8_cast_transpose_bf16")?;
                 let mut lb = self.stream.launch_builder(f);
-                lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum);
+                let gelu_i = i32::from(gelu);
+                lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&gelu_i);
                 // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16; the slot two
                 // words; colsum (unless 0) a float per column and tile of rows.
                 unsafe { lb.launch(cfg(grid, (256, 1, 1), 0)) }
@@ -619,7 +630,23 @@ impl CudaBackend {
         // A layer that keeps its input's codes for its backward gets them transposed from
         // the same cast (the layout the backward's dW GEMM reads).
         let kept = self.fp8_kept_input(layer)?;
-        let x = Cast { x: inp, rows: n, cols: c, fmt: Fp8Format::E4M3, slot: in_slot, dst: Some(ws.a()), dst_t: kept };
+        if epi.gelu_input && (kept.is_none() || !amax_left) {
+            return Err(bad(format!(
+                "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} keeps no input codes or no \
+                 amax of GELU's output was left (a bug)",
+                layer.map(|l| l.index)
+            )));
+        }
+        let x = Cast {
+            x: inp,
+            rows: n,
+            cols: c,
+            fmt: Fp8Format::E4M3,
+            slot: in_slot,
+            dst: Some(ws.a()),
+            dst_t: kept,
+            gelu: epi.gelu_input,
+        };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked), a kept region the
         // layer's input (rows × inputs reserved); the input slot holds the amax its producer
@@ -628,7 +655,9 @@ impl CudaBackend {
             self.fp8_cast_amax(x, amax_left, 0)?;
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
-                self.fp8_cast(Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), dst_t: None, ..x })?;
+                let wc =
+                    Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), dst_t: None, gelu: false, ..x };
+                self.fp8_cast(wc)?;
             }
         }
         if fused {
@@ -701,7 +730,8 @@ impl CudaBackend {
         let stream = self.lt_stream();
         // dY's transposed codes only for an FP8 dW.
         let gt = dw_fp8.then(|| ws.gt());
-        let g = Cast { x: ptr.dout, rows: n, cols: oc, fmt: gf, slot: g_slot, dst: Some(ws.a()), dst_t: gt };
+        let g =
+            Cast { x: ptr.dout, rows: n, cols: oc, fmt: gf, slot: g_slot, dst: Some(ws.a()), dst_t: gt, gelu: false };
         // The bias gradient from the column sums dY's transposing cast makes as it reads dY
         // (one pass over dY fewer); without that cast (dW in bf16), the bias kernel's pass.
         let fused_db = ptr.dbias.filter(|_| gt.is_some());
@@ -721,7 +751,8 @@ impl CudaBackend {
                 layer.map(|l| l.index)
             )));
         }
-        let x = Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()) };
+        let x =
+            Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()), gelu: false };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
         // overwrites region a (dY) only after the dX GEMM that reads it, in stream order. A
@@ -736,7 +767,16 @@ impl CudaBackend {
                 self.reduce_partials(split, colsum, n.div_ceil(COLSUM_ROWS), oc)?;
             }
             if cached.is_none() {
-                let wc = Cast { x: ptr.w, rows: oc, cols: c, fmt: e4, slot: w_slot, dst: None, dst_t: Some(ws.w()) };
+                let wc = Cast {
+                    x: ptr.w,
+                    rows: oc,
+                    cols: c,
+                    fmt: e4,
+                    slot: w_slot,
+                    dst: None,
+                    dst_t: Some(ws.w()),
+                    gelu: false,
+                };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
                 self.fp8_cast(wc)?;
             }
@@ -787,7 +827,16 @@ impl CudaBackend {
         let (x, g, wp) = (self.ptr(inp, 0), self.ptr(dout, 0), self.ptr(params, w));
         let (e4, e5) = (Fp8Format::E4M3, Fp8Format::E5M2);
         let slot = |k| ws.slot(k);
-        let xs = Cast { x, rows: n, cols: c, fmt: e4, slot: slot(ScaleSlot::Input), dst: Some(ws.a()), dst_t: None };
+        let xs = Cast {
+            x,
+            rows: n,
+            cols: c,
+            fmt: e4,
+            slot: slot(ScaleSlot::Input),
+            dst: Some(ws.a()),
+            dst_t: None,
+            gelu: false,
+        };
         let ws_ = Cast { x: wp, rows: oc, cols: c, slot: slot(ScaleSlot::Weight), dst: Some(ws.w()), ..xs };
         let gs = Cast {
             x: g,
@@ -797,6 +846,7 @@ impl CudaBackend {
             slot: slot(ScaleSlot::Grad),
             dst: Some(ws.a()),
             dst_t: Some(ws.gt()),
+            gelu: false,
         };
         let xt = Cast { dst: None, dst_t: Some(ws.a()), ..xs };
         let wt = Cast { dst: None, dst_t: Some(ws.w()), ..ws_ };
@@ -908,7 +958,7 @@ impl CudaBackend {
         // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
         // aligned allocations); the slot two zeroed words; sums a float per column and tile.
         unsafe {
-            let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None };
+            let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None, gelu: false };
             self.fp8_quantize(c)?;
             let r = cudarc::driver::result::memset_d8_async(sp + 4, 0, 4, self.stream.cu_stream());
             r.map_err(|e| self.err("zeroing the check slot", e))?;

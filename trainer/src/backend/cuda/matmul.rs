@@ -576,7 +576,7 @@ impl MatmulOps for CudaBackend {
             None => None,
         };
         if p.at.fp8(s) {
-            let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)) };
+            let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), gelu_input: false };
             return self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off)), s, epi, p.at.fp8);
         }
         let mut g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, None);
@@ -587,6 +587,45 @@ impl MatmulOps for CudaBackend {
         }
         self.lt.gemm(&g, self.lt_stream())?;
         Ok(true)
+    }
+
+    fn matmul_residual_fwd_of_gelu(
+        &self,
+        out: &mut Self::Buf,
+        res: &Self::Buf,
+        pre: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+        tmp: &mut Self::Buf,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
+        check("matmul_residual_fwd_of_gelu out", out.len(), 0, n * oc)?;
+        check("matmul_residual_fwd_of_gelu res", res.len(), 0, n * oc)?;
+        check("matmul_residual_fwd_of_gelu pre", pre.len(), 0, n * c)?;
+        check("matmul_residual_fwd_of_gelu tmp", tmp.len(), 0, n * oc)?;
+        check_linear("matmul_residual_fwd_of_gelu", params.len(), p.at, s)?;
+        if !p.at.keeps_input(s) || !p.at.fp8.is_some_and(|f| f.input_amax_ready) {
+            return Err(bad(format!(
+                "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} does not keep its input's \
+                 codes or has no amax of GELU's output left (a model bug)",
+                p.at.fp8.map(|f| f.index)
+            )));
+        }
+        self.bind()?;
+        let b = match bias {
+            Some(bl) => Some(self.aligned_bias(params, bl)?),
+            None => None,
+        };
+        let (ip, wp) = (self.ptr(pre, 0), self.ptr(params, w.off));
+        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), gelu_input: true };
+        if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
+            return Ok(());
+        }
+        // No FP8 algorithm with the residual in the epilogue: the GEMM, then the add.
+        let epi = FwdEpilogue { residual: None, ..epi };
+        self.fp8_fwd((self.ptr_mut(tmp, 0), ip, wp), s, epi, p.at.fp8)?;
+        crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, n * oc)
     }
 
     /// `matmul_bwd_dgelu` with GELU' in the dinp GEMM's epilogue (DGELU). `Ok(false)` where

@@ -335,8 +335,22 @@ impl<B: Backend> Block<'_, B> {
         // The GELU output's amax for fc2, where fc2 runs in this pass.
         let fc2 = MatShape { n, c: 4 * c, oc: c };
         let gelu_sink = if matches!(pass, Pass::Full(_)) { k.fc2.input_sink(fc2) } else { None };
+        let fc_at = k.fc.input_amax_from(sink);
+        // An FP8 fc2 that keeps its input's codes quantizes GELU's output as its cast reads
+        // the pre-activation: GELU's output is never written, only its amax found (the
+        // composed FP8 fc forward is this GEMM, then GELU).
+        let of_pre = gelu_sink.filter(|_| k.fc2.keeps_input(fc2) && k.fc.fp8(fc));
+        let pass = match (of_pre, pass) {
+            (Some(gs), Pass::Full(out)) => {
+                be.matmul_fwd(&mut a.fch, &a.ln2, self.w(fc_at), fc)?;
+                be.gelu_amax(&a.fch, n * 4 * c, gs)?;
+                let fc2_at = k.fc2.input_amax_from(gelu_sink);
+                return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.w(fc2_at), fc2, &mut sc.tmp);
+            }
+            (_, pass) => pass,
+        };
         let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
-        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(k.fc.input_amax_from(sink)), fc, gelu_sink)?;
+        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(fc_at), fc, gelu_sink)?;
         let Pass::Full(out) = pass else { return Ok(()) };
         let gelu = a.gelu.as_ref().unwrap_or(&sc.gelu_out);
         be.matmul_residual_fwd(out, &a.resid2, gelu, self.w(k.fc2.input_amax_from(gelu_sink)), fc2, &mut sc.tmp)?;
