@@ -4,11 +4,10 @@
 
 // gelu_f and gelu8: common.cuh.
 
+// d/dx x·s(x), s = sigmoid(2u): s + x·2s(1 - s)·u'(x) (0.5·(1 + tanh u) = s, sech² u = 4s(1 - s)).
 __device__ __forceinline__ float gelu_grad(float x) {
-    const float cube = 0.044715f * x * x * x;
-    const float th = tanhf(GELU_K * (x + cube));
-    const float sech2 = 1.f - th * th;
-    return 0.5f * (1.f + th) + x * 0.5f * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
+    const float s = gelu_sig(x);
+    return s + 2.f * x * s * (1.f - s) * GELU_K * (1.f + 3.f * 0.044715f * x * x);
 }
 
 // The amax of out into *amax where it is not null (an FP8 amax sink). A null out writes
