@@ -12,7 +12,7 @@
 // amax[0] = max(amax[0], max |x|) over n bf16. Any grid; blockDim a multiple of 32.
 extern "C" __global__ void fp8_amax_bf16(unsigned* amax, const bf16_t* x, long long n) {
     unsigned m = 0;
-    grid_stride<8>(
+    grid_stride_reads<8, 4>(
         n, aligned16(x),
         [&](long long i) {
             m = max_abs8(((const uint4*)x)[i], m);
