@@ -6,8 +6,9 @@
 #       # expects .carry/launcher, .carry/gpu-timing, .carry/fsdp_gpt2.py and, for parity,
 #       # the real-text shards .carry/text/shards (scripts/build-gpu.sh builds the rest)
 #
-# speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 with the
-#         attention projection kept in bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
+# speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 without the
+#         kept input codes: speed-1.5b-fp8-nokept; fp8 with the attention projection kept in
+#         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
 #         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
 #         4×1024, checkpointing + keep_attention, ZeRO-1) bf16 and fp8; the Llama-3-8B shape
@@ -31,7 +32,8 @@
 #         (SHARDTRAIN_FP8_AMAX_SINKS=0: same losses, the sinks' saving); the fused epilogues each
 #         run logged as composed;
 #         and, where ncu can read the GPU, every kernel of 3 steps of a 2-block model, bf16 and
-#         fp8, summed by kernel name ($OUT/gap-kernels.txt).
+#         fp8, summed by kernel name ($OUT/gap-kernels.txt), and fp8 with the layers' inputs'
+#         codes kept from forward to backward against without (gap-kept: $OUT/gap-kept.txt).
 #
 # ONLY=REGEX runs the matching rows (e.g. ONLY='1.5b' or ONLY='parity-124m'); each row is a
 # separate launch, so a device call's 10 minutes can take the rows a few at a time with the
@@ -104,6 +106,12 @@ ref() { # name args...
 
 if [[ $WHAT == speed || $WHAT == all ]]; then
     speed 1.5b configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 --set train.gemm_tuning='"timed"'
+    # The same fp8 row casting each layer's input again in the backward instead of keeping its
+    # codes from the forward (SHARDTRAIN_FP8_KEPT_INPUTS=0), on the fp8 row's stored algorithms:
+    # the same losses, bit for bit; the kept codes' saving.
+    SHARDTRAIN_FP8_KEPT_INPUTS=0 ours speed-1.5b-fp8-nokept configs/gpt2-1.5b.toml --set zero.stage=1 \
+        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
     # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
     ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
@@ -146,6 +154,45 @@ if [[ $WHAT == gap ]]; then
         --set train.steps=12 --set train.warmup_steps=2 --set zero.stage=1 --set train.micro_batch=8 \
         --set "train.gemm_tuning_from=\"$OUT/gap-L18-fp8\"" --set 'train.precision="fp8"'
     grep -h -A8 "no cuBLASLt algorithm" "$OUT"/gap-L*-fp8.log 2>/dev/null | sort -u | head -20
+    if command -v ncu > /dev/null && wanted gap-kept; then
+        # The kept input codes' share, kernel by kernel: fp8 with them and without
+        # (SHARDTRAIN_FP8_KEPT_INPUTS=0), keep_gelu on, each kernel's time and DRAM bytes.
+        for v in kept nokept; do
+            k=1; [[ $v == nokept ]] && k=0
+            SHARDTRAIN_FP8_KEPT_INPUTS=$k timeout 200 ncu --clock-control none --target-processes all \
+                --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
+                "$BIN/launcher" --gpus 1 configs/gpt2-1.5b.toml --set model.n_layer=2 --set train.steps=3 \
+                --set zero.stage=1 --set train.micro_batch=8 --set train.eval_every=0 --set checkpoint.every=0 \
+                --set train.cuda_graphs=false --set train.gemm_tuning='"heuristic"' --set checkpointing.keep_gelu=true \
+                --set watchdog.timeout_s=0 --set 'train.precision="fp8"' --set "output.dir=\"$OUT/gap-kept-$v\"" \
+                > "$OUT/gap-kept-$v.csv" 2> "$OUT/gap-kept-$v.err" || echo "ncu $v failed: see $OUT/gap-kept-$v.err"
+        done
+        python3 - "$OUT" <<'PY' | tee "$OUT/gap-kept.txt"
+import collections, csv, sys
+out = sys.argv[1]
+def load(v):
+    t, b, n = collections.Counter(), collections.Counter(), collections.Counter()
+    try:
+        lines = [l for l in open(f"{out}/gap-kept-{v}.csv") if l.startswith('"')]
+    except OSError:
+        return t, b, n
+    for row in csv.DictReader(lines):
+        k = row["Kernel Name"].split("(")[0][:70]
+        x = float(row["Metric Value"].replace(",", ""))
+        if row["Metric Name"] == "gpu__time_duration.sum":
+            t[k] += x / 1e6 / 3
+            n[k] += 1
+        else:
+            b[k] += x / 3
+    return t, b, n
+(ta, ba, na), (tb, bb, nb) = load("kept"), load("nokept")
+print(f"{'kernel (per step, 2 blocks)':72} {'kept ms':>8} {'nokept':>8} {'diff':>7} {'GB k/n':>12} {'calls k/n':>9}")
+for k in sorted(set(ta) | set(tb), key=lambda k: -abs(ta[k] - tb[k])):
+    if abs(ta[k] - tb[k]) >= 0.002:
+        print(f"{k:72} {ta[k]:8.3f} {tb[k]:8.3f} {ta[k]-tb[k]:7.3f} {ba[k]/1e9:5.2f}/{bb[k]/1e9:<5.2f} {na[k]//3:>4}/{nb[k]//3:<4}")
+print(f"{'total':72} {sum(ta.values()):8.3f} {sum(tb.values()):8.3f} {sum(ta.values())-sum(tb.values()):7.3f}")
+PY
+    fi
     if command -v ncu > /dev/null && wanted gap-ncu; then
         for p in bf16 fp8; do
             # Eager (no CUDA graphs) so ncu sees each kernel; the heuristic's algorithms (no timing
