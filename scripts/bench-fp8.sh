@@ -83,6 +83,18 @@ speed() { # name config extra...: STEPS steps, both precisions (and the OLD bina
         if [[ -n ${OLD:-} ]]; then run_ours "$OLD" "speed-old-$name-$p" "${args[@]}"; fi
     done
 }
+ncu_2blocks() { # name metrics launcher-args...: ncu's METRICS for every kernel of 3 steps of a
+    # 2-block model of GPT-2 1.5B's width (8×1024, ZeRO-1) into $OUT/name.csv. Eager (no CUDA
+    # graphs) so ncu sees each kernel; the heuristic's algorithms (no timing launches); no
+    # watchdog (ncu serialises and slows every kernel).
+    local name=$1 metrics=$2; shift 2
+    timeout 200 ncu --clock-control none --target-processes all --metrics "$metrics" --csv --print-units base \
+        "$BIN/launcher" --gpus 1 configs/gpt2-1.5b.toml --set model.n_layer=2 --set train.steps=3 \
+        --set zero.stage=1 --set train.micro_batch=8 --set train.eval_every=0 --set checkpoint.every=0 \
+        --set train.cuda_graphs=false --set train.gemm_tuning='"heuristic"' --set watchdog.timeout_s=0 \
+        --set "output.dir=\"$OUT/$name\"" "$@" > "$OUT/$name.csv" 2> "$OUT/$name.err" \
+        || echo "ncu $name failed: see $OUT/$name.err"
+}
 torchao() { # name args...: the reference with torchao's float8 layers (tensorwise), where its wheel was carried
     local name=$1 whl; shift
     wanted "$name" || return 0
@@ -159,13 +171,9 @@ if [[ $WHAT == gap ]]; then
         # (SHARDTRAIN_FP8_KEPT_INPUTS=0), keep_gelu on, each kernel's time and DRAM bytes.
         for v in kept nokept; do
             k=1; [[ $v == nokept ]] && k=0
-            SHARDTRAIN_FP8_KEPT_INPUTS=$k timeout 200 ncu --clock-control none --target-processes all \
-                --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
-                "$BIN/launcher" --gpus 1 configs/gpt2-1.5b.toml --set model.n_layer=2 --set train.steps=3 \
-                --set zero.stage=1 --set train.micro_batch=8 --set train.eval_every=0 --set checkpoint.every=0 \
-                --set train.cuda_graphs=false --set train.gemm_tuning='"heuristic"' --set checkpointing.keep_gelu=true \
-                --set watchdog.timeout_s=0 --set 'train.precision="fp8"' --set "output.dir=\"$OUT/gap-kept-$v\"" \
-                > "$OUT/gap-kept-$v.csv" 2> "$OUT/gap-kept-$v.err" || echo "ncu $v failed: see $OUT/gap-kept-$v.err"
+            SHARDTRAIN_FP8_KEPT_INPUTS=$k ncu_2blocks "gap-kept-$v" \
+                gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+                --set checkpointing.keep_gelu=true --set 'train.precision="fp8"'
         done
         python3 - "$OUT" <<'PY' | tee "$OUT/gap-kept.txt"
 import collections, csv, sys
@@ -195,14 +203,7 @@ PY
     fi
     if command -v ncu > /dev/null && wanted gap-ncu; then
         for p in bf16 fp8; do
-            # Eager (no CUDA graphs) so ncu sees each kernel; the heuristic's algorithms (no timing
-            # launches); no watchdog (ncu serialises and slows every kernel).
-            timeout 200 ncu --clock-control none --target-processes all --metrics gpu__time_duration.sum --csv \
-                --print-units base "$BIN/launcher" --gpus 1 configs/gpt2-1.5b.toml --set model.n_layer=2 \
-                --set train.steps=3 --set zero.stage=1 --set train.micro_batch=8 --set train.eval_every=0 \
-                --set checkpoint.every=0 --set train.cuda_graphs=false --set train.gemm_tuning='"heuristic"' \
-                --set watchdog.timeout_s=0 --set "train.precision=\"$p\"" --set "output.dir=\"$OUT/gap-ncu-$p\"" \
-                > "$OUT/gap-ncu-$p.csv" 2> "$OUT/gap-ncu-$p.err" || echo "ncu $p failed: see $OUT/gap-ncu-$p.err"
+            ncu_2blocks "gap-ncu-$p" gpu__time_duration.sum --set "train.precision=\"$p\""
         done
         python3 - "$OUT" <<'PY' | tee "$OUT/gap-kernels.txt"
 import collections, csv, sys

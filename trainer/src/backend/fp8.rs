@@ -414,9 +414,12 @@ impl Fp8Layers {
 
     /// The kept inputs' sizes in codes (`rows × inputs`), by layer (0 where not kept).
     pub fn kept_input_codes(&self) -> Vec<usize> {
-        (0..self.weights.len())
-            .map(|i| if self.keeps_input(i) { self.largest.rows * self.weights[i].0 } else { 0 })
-            .collect()
+        self.kept_input_codes_at(self.largest.rows)
+    }
+
+    /// [`Fp8Layers::kept_input_codes`] for `rows` rows instead of the layers' own.
+    pub fn kept_input_codes_at(&self, rows: usize) -> Vec<usize> {
+        (0..self.weights.len()).map(|i| if self.keeps_input(i) { rows * self.weights[i].0 } else { 0 }).collect()
     }
 
     /// These layers with `backward`'s recipe.

@@ -104,6 +104,32 @@ impl LinearLocs {
         self.fp8(s) && self.fp8.is_some_and(|f| f.keeps_input)
     }
 
+    /// `Ok` where a backward at shape `s` may run without the layer's input
+    /// ([`MatmulOps::matmul_bwd_kept`]): it keeps its input's codes; else the model bug, named.
+    pub fn check_kept_input(&self, s: MatShape) -> BResult<()> {
+        if self.keeps_input(s) {
+            return Ok(());
+        }
+        Err(super::BackendError::Device(format!(
+            "a linear backward without its input, but its layer ({:?}) keeps no FP8 input (a model bug)",
+            self.fp8.map(|f| f.index)
+        )))
+    }
+
+    /// `Ok` where the layer at shape `s` may take GELU's output from its pre-activation
+    /// ([`MatmulOps::matmul_residual_fwd_of_gelu`]): it keeps its input's codes and GELU's
+    /// amax was left for it; else the model bug, named.
+    pub fn check_gelu_of_pre(&self, s: MatShape) -> BResult<()> {
+        if self.keeps_input(s) && self.fp8.is_some_and(|f| f.input_amax_ready) {
+            return Ok(());
+        }
+        Err(super::BackendError::Device(format!(
+            "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} does not keep its input's codes \
+             or has no amax of GELU's output left (a model bug)",
+            self.fp8.map(|f| f.index)
+        )))
+    }
+
     /// The same layer for a backward whose input the model made again otherwise than the
     /// forward did (see [`Fp8Layer::input_from_forward`]).
     pub fn input_recomputed(self) -> LinearLocs {

@@ -318,6 +318,13 @@ pub(crate) fn fp8_kept_inputs(
         .collect()
 }
 
+/// Whether the MLP's last layer keeps its input's codes ([`fp8_kept_inputs`]' `kept`, of
+/// blocks of `per_block` linear layers): in every block that is not checkpointed, or in none.
+/// Where it does, the family keeps no copy of the activation of its own (`keep_gelu`'s).
+pub(crate) fn mlp_out_keeps_codes(kept: &[bool], per_block: usize) -> bool {
+    kept.iter().skip(MLP_OUT).step_by(per_block).any(|&k| k)
+}
+
 /// Get `be` ready for the blocks' GEMMs in `opts.precision`: for FP8, the backend refuses a
 /// device without FP8 GEMMs (before any step) and reserves its operand workspace for the
 /// largest of `linears` (`(inputs, outputs)` of one block's layers, over `rows` rows), the

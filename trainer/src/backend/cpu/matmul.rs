@@ -333,13 +333,7 @@ impl MatmulOps for CpuBackend {
         tmp: &mut Vec<f32>,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        if !p.at.keeps_input(s) || !p.at.fp8.is_some_and(|f| f.input_amax_ready) {
-            return Err(BackendError::Device(format!(
-                "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} does not keep its input's \
-                 codes or has no amax of GELU's output left (a model bug)",
-                p.at.fp8.map(|f| f.index)
-            )));
-        }
+        p.at.check_gelu_of_pre(s)?;
         // The GPU never writes GELU's output; here it is per-call scratch, quantized (with
         // the amax its producer left, checked) as any FP8 input is.
         let mut act = vec![0.0; n * c];
@@ -375,11 +369,8 @@ impl CpuBackend {
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
         let kept = p.at.fp8.filter(|_| p.at.keeps_input(s));
-        if inp.is_none() && kept.is_none() {
-            return Err(BackendError::Device(format!(
-                "a linear backward without its input, but its layer ({:?}) keeps no FP8 input (a model bug)",
-                p.at.fp8.map(|f| f.index)
-            )));
+        if inp.is_none() {
+            p.at.check_kept_input(s)?;
         }
         let (dw, mut db) = match g.at.b {
             Some(b) => {

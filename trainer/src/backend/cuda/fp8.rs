@@ -304,8 +304,7 @@ impl CudaBackend {
         let weight_cache = cache.as_ref().map_or(0, |c| c.layout.bytes);
         // Sized for the grown extent's rows: a model built later for fewer rows (an eval)
         // must not shrink what an earlier one's forward writes.
-        let codes: Vec<usize> = layers.kept_input_codes().iter().map(|&k| k / largest.rows.max(1) * ext.rows).collect();
-        let kept_layout = CudaFp8KeptInputs::new(&codes);
+        let kept_layout = CudaFp8KeptInputs::new(&layers.kept_input_codes_at(ext.rows));
         let kept_inputs = kept_layout.bytes;
         let kept = match kept_inputs {
             0 => None,

@@ -496,12 +496,7 @@ impl MatmulOps for CudaBackend {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
-        if !p.at.keeps_input(s) {
-            return Err(bad(format!(
-                "a linear backward without its input, but its layer ({:?}) keeps no FP8 input (a model bug)",
-                p.at.fp8.map(|f| f.index)
-            )));
-        }
+        p.at.check_kept_input(s)?;
         let layer = p.at.fp8;
         let ptr = self.bwd_ptrs(dinp, g, dout, None, p, s)?;
         self.fp8_bwd(ptr, s, layer)
@@ -605,13 +600,7 @@ impl MatmulOps for CudaBackend {
         check("matmul_residual_fwd_of_gelu pre", pre.len(), 0, n * c)?;
         check("matmul_residual_fwd_of_gelu tmp", tmp.len(), 0, n * oc)?;
         check_linear("matmul_residual_fwd_of_gelu", params.len(), p.at, s)?;
-        if !p.at.keeps_input(s) || !p.at.fp8.is_some_and(|f| f.input_amax_ready) {
-            return Err(bad(format!(
-                "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} does not keep its input's \
-                 codes or has no amax of GELU's output left (a model bug)",
-                p.at.fp8.map(|f| f.index)
-            )));
-        }
+        p.at.check_gelu_of_pre(s)?;
         self.bind()?;
         let b = match bias {
             Some(bl) => Some(self.aligned_bias(params, bl)?),

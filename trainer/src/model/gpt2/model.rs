@@ -21,7 +21,9 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{fp8_kept_inputs, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
+use crate::model::{
+    fp8_kept_inputs, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
+};
 use crate::zero::{Category, MemoryLedger};
 
 /// The per-row statistics of one LayerNorm, kept from its forward for its backward.
@@ -136,8 +138,7 @@ impl<B: Backend> Gpt2<B> {
         // qkv, proj, fc, fc2 (the tied head stays bf16: LossHead).
         let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
-        // fc2 keeps its input's FP8 codes in every block that is not checkpointed, or in none.
-        let fc2_codes = fp8_kept.iter().skip(3).step_by(4).any(|&k| k);
+        let fc2_codes = mlp_out_keeps_codes(&fp8_kept, linears.len());
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {

@@ -23,7 +23,9 @@ use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
-use crate::model::{fp8_kept_inputs, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions};
+use crate::model::{
+    fp8_kept_inputs, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
+};
 use crate::zero::{Category, MemoryLedger};
 
 /// Activations one block saves for its backward.
@@ -132,8 +134,7 @@ impl<B: Backend> Llama<B> {
         // qkv, o, gate/up, down (the head stays bf16: LossHead).
         let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
-        // down keeps its input's FP8 codes in every block that is not checkpointed, or in none.
-        let down_codes = fp8_kept.iter().skip(3).step_by(4).any(|&k| k);
+        let down_codes = mlp_out_keeps_codes(&fp8_kept, linears.len());
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
