@@ -7,7 +7,8 @@
 #       # the real-text shards .carry/text/shards (scripts/build-gpu.sh builds the rest)
 #
 # speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 without the
-#         kept input codes: speed-1.5b-fp8-nokept; fp8 with the attention projection kept in
+#         kept input codes: speed-1.5b-fp8-nokept; without the optimizer step's weight amaxes:
+#         speed-1.5b-fp8-nostepamax; fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
 #         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
@@ -122,6 +123,12 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     # codes from the forward (SHARDTRAIN_FP8_KEPT_INPUTS=0), on the fp8 row's stored algorithms:
     # the same losses, bit for bit; the kept codes' saving.
     SHARDTRAIN_FP8_KEPT_INPUTS=0 ours speed-1.5b-fp8-nokept configs/gpt2-1.5b.toml --set zero.stage=1 \
+        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    # The same fp8 row measuring each weight's amax at its first use in a step instead of
+    # taking the one the optimizer step left (SHARDTRAIN_FP8_STEP_AMAX=0), on the fp8 row's
+    # stored algorithms: the same losses, bit for bit; the step's amaxes' saving.
+    SHARDTRAIN_FP8_STEP_AMAX=0 ours speed-1.5b-fp8-nostepamax configs/gpt2-1.5b.toml --set zero.stage=1 \
         --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
         --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs

@@ -391,9 +391,14 @@ fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
     }
 }
 
-/// A hand-driven FP8 run (what `Trainer` does, with the model's options given): per step the
-/// loss, the parameters at the end, and the activations the ledger counted.
-fn run_with(cfg: &Config, world: usize, kept_inputs: bool, steps: usize) -> (Vec<f64>, Vec<Vec<f32>>, u64) {
+/// What [`run_with`] gives: per step the loss, the parameters at the end, the activations
+/// the ledger counted, and over the steps' first micro-steps how many FP8 weights used the
+/// amax the optimizer step left (rank 0).
+type Handmade = (Vec<f64>, Vec<Vec<f32>>, u64, usize);
+
+/// A hand-driven FP8 run (what `Trainer` does, with the model's kept inputs and the engine's
+/// step amaxes given).
+fn run_with(cfg: &Config, world: usize, kept_inputs: bool, step_amax: bool, steps: usize) -> Handmade {
     use trainer::model::{step_micro, ModelLayout, ModelOptions};
     use trainer::optim::Hyper;
     use trainer::zero::{Engine, EngineOptions};
@@ -403,12 +408,13 @@ fn run_with(cfg: &Config, world: usize, kept_inputs: bool, steps: usize) -> (Vec
         let layout = ModelLayout::new(&cfg.model);
         let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
         let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
-        let mut eng =
-            Engine::new(&be, layout, EngineOptions::from_config(&cfg), rank, world, Some(&mut init)).expect("engine");
+        let eopts = EngineOptions::from_config(&cfg);
+        let eopts = EngineOptions { fp8_step_amax: eopts.fp8_step_amax.filter(|_| step_amax), ..eopts };
+        let mut eng = Engine::new(&be, layout, eopts, rank, world, Some(&mut init)).expect("engine");
         let opts = ModelOptions { fp8_kept_inputs: kept_inputs, ..ModelOptions::from_config(&cfg) };
         let mut model = family.build(&be, &eng.layout, &opts, &mut eng.ledger).expect("model");
         let (accum, n) = (cfg.train.grad_accum, cfg.train.micro_batch * cfg.model.seq_len);
-        let mut losses = Vec::new();
+        let (mut losses, mut from_step) = (Vec::new(), 0);
         for step in 0..steps {
             eng.begin_step(&be).expect("begin");
             for micro in 0..accum {
@@ -418,13 +424,16 @@ fn run_with(cfg: &Config, world: usize, kept_inputs: bool, steps: usize) -> (Vec
                 let scale = Some(1.0 / (n * accum * world) as f32);
                 let batch = trainer::model::MicroBatch::plain(&x, &y);
                 step_micro(model.as_mut(), &be, &mut eng, &mut comm, &batch, scale).expect("micro");
+                if micro == 0 {
+                    from_step += be.fp8_weight_amaxes_from_step();
+                }
             }
             let h = Hyper { lr: 3e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
             eng.step(&be, &mut comm, h, step as u64 + 1).expect("step");
             losses.push(model.take_mean_loss(&be).expect("loss"));
         }
         let params = (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
-        (losses, params, eng.ledger.report().current.activations)
+        (losses, params, eng.ledger.report().current.activations, from_step)
     });
     results.swap_remove(0)
 }
@@ -446,8 +455,8 @@ fn kept_fp8_inputs_give_the_bits_of_casting_again() {
             for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
                 let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("config");
                 let tag = format!("{name} world {world} stage {stage} checkpointing {act:?}");
-                let (l0, p0, a0) = run_with(&cfg, world, false, 3);
-                let (l1, p1, a1) = run_with(&cfg, world, true, 3);
+                let (l0, p0, a0, _) = run_with(&cfg, world, false, true, 3);
+                let (l1, p1, a1, _) = run_with(&cfg, world, true, true, 3);
                 assert_eq!(l1, l0, "{tag}: losses");
                 assert_eq!(p1, p0, "{tag}: parameters");
                 assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
@@ -490,4 +499,111 @@ fn kept_fp8_inputs_are_refused_where_no_forward_kept_them() {
     assert!(e.to_string().contains("no forward kept"), "{e}");
     let e = cpu.matmul_bwd_kept(&mut dx, g(&mut grads, plain), &dy, Weights::new(&params, plain), s).unwrap_err();
     assert!(e.to_string().contains("keeps no FP8 input"), "{e}");
+}
+
+/// The optimizer step leaves the amax of each FP8 weight it writes whole
+/// (`AdamWSegment::fp8_layer`), and the next version's casts use it instead of measuring the
+/// weight: the bits of measuring it (`SHARDTRAIN_FP8_STEP_AMAX=0`), on GPT-2 and Llama, with
+/// the weights cached and cast at each use, on one rank and sharded (stage 1 and 2 on two
+/// ranks: each rank leaves the amaxes of the weights in its own shard, the others' are
+/// measured). It is used (every FP8 weight from the second step on, on one rank; some on
+/// two), not on ZeRO-3 (no step writes the compute weights there). The CPU reference checks
+/// each amax it uses against the weight's: a stale one is an error.
+#[test]
+fn fp8_weight_amaxes_left_by_the_step_give_the_bits_of_measuring_them() {
+    let gpt = |stage: u8| tiny_fp8_toml(stage, 2, "\"none\"", "fp8");
+    let llama = |stage: u8| tiny_llama_fp8_toml(stage, 1, "\"none\"", "fp8", false);
+    let steps = 3;
+    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8) -> String), ("llama", &llama)] {
+        for (world, stage) in [(1usize, 1u8), (2, 1), (2, 2), (2, 3)] {
+            for cache in ["true", "false"] {
+                let toml = toml(stage).replace("[train]\n", &format!("[train]\nfp8_weight_cache = {cache}\n"));
+                let cfg = Config::from_toml_str(&toml, "test").expect("config");
+                let tag = format!("{name} world {world} stage {stage} cached {cache}");
+                let (l0, p0, _, none) = run_with(&cfg, world, true, false, steps);
+                let (l1, p1, _, used) = run_with(&cfg, world, true, true, steps);
+                assert_eq!(l1, l0, "{tag}: losses");
+                assert_eq!(p1, p0, "{tag}: parameters");
+                assert!(l1[steps - 1] < l1[0], "{tag}: the loss falls: {l1:?}");
+                assert_eq!(none, 0, "{tag}: no amax from the step where it is off");
+                // Every FP8 weight, left by steps 1.. for steps 2..
+                let layout = trainer::model::ModelLayout::new(&cfg.model);
+                let (rows, bf16) = (cfg.train.micro_batch * cfg.model.seq_len, [false; 4]);
+                let weights: usize = cfg.model.family.fp8_weight_layers(&layout, rows, bf16).iter().map(Vec::len).sum();
+                let all = weights * (steps - 1);
+                match (world, stage) {
+                    (_, 3) => assert_eq!(used, 0, "{tag}: ZeRO-3's step writes no compute weights"),
+                    (1, _) => assert_eq!(used, all, "{tag}: every FP8 weight's amax from the step"),
+                    _ => assert!(used > 0 && used < all, "{tag}: rank 0's own weights only: {used} of {all}"),
+                }
+            }
+        }
+    }
+}
+
+/// A weight written after the optimizer step (a test's `set_param`, as a load would) is
+/// measured again, not quantized with the amax the step left: the next micro-step's loss is
+/// that of a run that never used the step's amaxes. And the CPU reference refuses a stale
+/// amax where a version claims the step's (the check that makes the GPU's bookkeeping
+/// testable here).
+#[test]
+fn a_weight_written_after_the_step_is_measured_again() {
+    use trainer::model::{step_micro, ModelLayout, ModelOptions};
+    use trainer::optim::Hyper;
+    use trainer::zero::{Engine, EngineOptions};
+    let cfg = Config::from_toml_str(&tiny_fp8_toml(0, 1, "\"none\"", "fp8"), "test").expect("config");
+    let run = |step_amax: bool| -> Vec<f64> {
+        let cfg = cfg.clone();
+        let mut got = common::run_ranks(1, move |_, mut comm| {
+            let be = CpuBackend::new();
+            let layout = ModelLayout::new(&cfg.model);
+            let (family, l2, seed) = (cfg.model.family, layout.clone(), cfg.train.seed);
+            let mut init = |u, r| Ok(family.init_range(&l2, u, seed, cfg.init.scheme, r));
+            let eopts = EngineOptions::from_config(&cfg);
+            let eopts = EngineOptions { fp8_step_amax: eopts.fp8_step_amax.filter(|_| step_amax), ..eopts };
+            let mut eng = Engine::new(&be, layout, eopts, 0, 1, Some(&mut init)).expect("engine");
+            let mut model =
+                family.build(&be, &eng.layout, &ModelOptions::from_config(&cfg), &mut eng.ledger).expect("model");
+            let n = cfg.train.micro_batch * cfg.model.seq_len;
+            let (x, y): (Vec<u32>, Vec<u32>) =
+                ((0..n).map(|i| (i * 7 % 97) as u32).collect(), (0..n).map(|i| ((i + 1) * 7 % 97) as u32).collect());
+            let h = Hyper { lr: 3e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+            let mut losses = Vec::new();
+            for step in 0..3u64 {
+                eng.begin_step(&be).expect("begin");
+                eng.set_final_micro(true);
+                let batch = trainer::model::MicroBatch::plain(&x, &y);
+                step_micro(model.as_mut(), &be, &mut eng, &mut comm, &batch, Some(1.0 / n as f32)).expect("micro");
+                eng.step(&be, &mut comm, h, step + 1).expect("step");
+                losses.push(model.take_mean_loss(&be).expect("loss"));
+                // Block 0's first weight (qkv's, an FP8 layer's) gets a new largest element.
+                let w = eng.layout.units[1].tensors.iter().find(|t| t.decay).expect("a weight").loc;
+                eng.set_param(&be, 1, w.off + 5, 2.5 + step as f32).expect("set_param");
+            }
+            losses
+        });
+        got.swap_remove(0)
+    };
+    assert_eq!(run(true), run(false), "the step's amaxes are dropped once a weight is written after it");
+
+    // The CPU reference's check: a version begun `by_step` whose weight changed since.
+    let cpu = CpuBackend::new();
+    let (n, c, oc) = (32usize, 48usize, 64usize);
+    cpu.prepare_fp8(&Fp8Layers::blocks(n, &[(c, oc)], 1, 0)).expect("prepare");
+    let mut params: Vec<f32> = (0..oc * c).map(|i| ((i % 13) as f32 - 6.0) / 40.0).collect();
+    let (mut master, mut m, mut v, grads) = (params.clone(), vec![0.0; oc * c], vec![0.0; oc * c], vec![0.01; oc * c]);
+    let seg = AdamWSegment { fp8_layer: Some(0), ..AdamWSegment::plain(0, 0, 0, oc * c, true) };
+    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, t: 1, grad_scale: 1.0 };
+    let t = AdamWTensors { params: Some(&mut params), master: &mut master, m: &mut m, v: &mut v, grads: &grads };
+    cpu.adamw(t, &[seg], h).expect("adamw");
+    let at = LinearLocs::new(Loc::new(0, oc * c), None).with_precision(Precision::Fp8).with_fp8_index(0);
+    let (x, mut out) = ((0..n * c).map(|i| ((i % 7) as f32 - 3.0) / 5.0).collect::<Vec<f32>>(), vec![0.0; n * oc]);
+    let s = MatShape { n, c, oc };
+    params[7] = 3.0;
+    cpu.fp8_weights_changed(true);
+    let e = cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).unwrap_err();
+    assert!(e.to_string().contains("the optimizer step left"), "{e}");
+    // Said by the version: measured again.
+    cpu.fp8_weights_changed(false);
+    cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).expect("a version not begun by the step");
 }

@@ -1081,12 +1081,26 @@ fn cross_entropy_chunk() {
 }
 
 /// AdamW over 21 segments (more than one launch takes: 16), with and without weight decay,
-/// one of them empty, at odd offsets and at offsets in multiples of 4 (both kernels).
+/// one of them empty, at odd offsets and at offsets in multiples of 4 (both kernels); three
+/// segments are FP8 layers' weights (two adjacent layers in the first launch, one in the
+/// second), whose amax the update leaves in their weight slots: that of the bf16 values it
+/// wrote, bit for bit.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn adamw() {
     gpu::check(|be, rng, rep| {
         let cpu = CpuBackend::new();
+        let fp8_segs = [(2usize, 0usize), (3, 1), (17, 2)];
+        let layers = Fp8Layers {
+            largest: LinearExtent::of(64, &[(64, 64)]),
+            weights: vec![(64, 64); 3],
+            ..Fp8Layers::default()
+        };
+        cpu.prepare_fp8(&layers)?;
+        let fp8 = be.fp8_support().is_ok();
+        if fp8 {
+            be.prepare_fp8(&layers)?;
+        }
         // Odd offsets and lengths (the one-element kernel), then offsets and lengths in
         // multiples of 4 (the four-element kernel).
         for (poff, moff, goff, step, tag) in [(5usize, 3usize, 7usize, 997usize, "odd"), (4, 8, 12, 996, "by 4")] {
@@ -1094,12 +1108,14 @@ fn adamw() {
             let mut at = 0usize;
             for k in 0..21usize {
                 let n = if k == 9 { 0 } else { 3_000 + (tag == "odd") as usize + step * k };
+                let fp8_layer = fp8_segs.iter().find(|s| s.0 == k).map(|s| s.1);
                 segs.push(AdamWSegment {
                     poff: poff + at,
                     moff: moff + at,
                     goff: goff + at,
                     len: n,
                     decay: k % 3 != 1,
+                    fp8_layer: fp8_layer.filter(|_| fp8),
                 });
                 at += n;
             }
@@ -1124,6 +1140,13 @@ fn adamw() {
             rep.cmp(&op, "m", &be.download_f32(&mg, r)?, &mc[moff..], 1e-5);
             rep.cmp(&op, "v", &be.download_f32(&vg, r)?, &vc[moff..], 1e-5);
             rep.cmp(&op, "params(bf16)", &be.download_buf(&pg, Loc::new(poff, len))?, &pc[poff..], TOL_BF16);
+            for (k, l) in fp8_segs.into_iter().filter(|_| fp8) {
+                let s = segs[k];
+                let want = trainer::backend::fp8::amax(&be.download_buf(&pg, Loc::new(s.poff, s.len))?);
+                let left = be.fp8_weight_slot_amax(l)?;
+                let what = format!("FP8 layer {l}'s weight amax left");
+                rep.check(&op, &what, left.to_bits() == want.to_bits(), &format!("{left:e} vs {want:e}"));
+            }
         }
         Ok(())
     });
@@ -1450,7 +1473,7 @@ fn matmul_fp8() {
                 // New weights in the same buffer: stale codes until the version changes.
                 let params2: Vec<f32> = params.iter().map(|x| -1.5 * x).collect();
                 be.upload_buf(&params2, &mut gp, 0)?;
-                be.fp8_weights_changed();
+                be.fp8_weights_changed(false);
                 let want2 = pass(at8, &gp, &gi)?;
                 rep.same_bits(&tag, "after a parameter change", &pass(at8c, &gp, &gi)?, &want2);
                 // Keyed by the version, not the buffer (stage 3 gathers into pooled ones).
@@ -1477,7 +1500,7 @@ fn matmul_fp8() {
                 rep.same_bits(&tag, "again, amax kept", &pass(at8c, &gp, &gi)?, &want2);
                 let params3: Vec<f32> = params.iter().map(|x| 0.25 * x).collect();
                 be.upload_buf(&params3, &mut gp, 0)?;
-                be.fp8_weights_changed();
+                be.fp8_weights_changed(false);
                 let want3 = pass(at8, &gp, &gi)?;
                 rep.same_bits(&tag, "after a parameter change", &pass(at8c, &gp, &gi)?, &want3);
                 let gp2 = up_buf(be, &params3)?;

@@ -102,7 +102,8 @@ impl<B: Backend> Trainer<B> {
             })?;
         }
         let layout = ModelLayout::new(&cfg.model);
-        let (family, opts, l2) = (cfg.model.family, EngineOptions::from_config(cfg), layout.clone());
+        let opts = EngineOptions::from_config_and_env(cfg).map_err(TrainError::Invalid)?;
+        let (family, l2) = (cfg.model.family, layout.clone());
         let mut engine = match &cfg.train.init_from {
             None => {
                 let (seed, scheme) = (cfg.train.seed, cfg.init.scheme);

@@ -61,6 +61,22 @@ pub struct AdamWSegment {
     pub goff: usize,
     pub len: usize,
     pub decay: bool,
+    /// The FP8 layer ([`Fp8Layer::index`](super::Fp8Layer::index)) whose weight this segment
+    /// is part of, when the update is to leave that weight's amax for its FP8 casts: the
+    /// largest |value| of the rounded parameters written goes into the layer's weight slot,
+    /// which then skips its own amax pass in the parameter version the step begins
+    /// ([`MatmulOps::fp8_weights_changed`](super::MatmulOps::fp8_weights_changed) with
+    /// `by_step`). The segments of one call naming a layer are its whole weight (one
+    /// tensor, or several fused: Llama's q, k, v). Only with `params` (the rounded values
+    /// are what the GEMMs read).
+    pub fp8_layer: Option<usize>,
+}
+
+impl AdamWSegment {
+    /// A segment that leaves no FP8 amax.
+    pub const fn plain(poff: usize, moff: usize, goff: usize, len: usize, decay: bool) -> AdamWSegment {
+        AdamWSegment { poff, moff, goff, len, decay, fp8_layer: None }
+    }
 }
 
 pub trait AdamWOps: Device {

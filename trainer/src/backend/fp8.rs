@@ -474,11 +474,12 @@ const SLOT: usize = 16;
 /// aligned). One linear op runs at a time, in stream order, so the operand regions serve
 /// every layer:
 ///
-/// - `scales`: the per-op [`ScaleSlot`]s, then three per [`Fp8Layer`] (its input's, kept
-///   from forward to backward, its weight's, and its output gradient's, where producers
-///   leave amaxes: [`AmaxSink`]), 16 bytes each: the inverse scale the
-///   GEMM reads (f32, 16-byte aligned, as cuBLASLt's scale pointers are kept), then the
-///   amax (u32 bits);
+/// - `scales`: the per-op [`ScaleSlot`]s, then two per [`Fp8Layer`] (its input's, kept
+///   from forward to backward, and its output gradient's, where producers leave amaxes:
+///   [`AmaxSink`]), then one per layer for its weight (adjacent, so an optimizer step that
+///   leaves the weights' amaxes clears a block's in one go), 16 bytes each: the inverse
+///   scale the GEMM reads (f32, 16-byte aligned, as cuBLASLt's scale pointers are kept),
+///   then the amax (u32 bits);
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
 ///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
 /// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
@@ -527,17 +528,18 @@ impl CudaFp8Workspace {
 
     /// Byte offset of layer `i`'s input slot (kept from its forward for its backward).
     pub fn layer_input(&self, i: usize) -> usize {
-        self.scales + SLOT * (3 + 3 * i)
-    }
-
-    /// Byte offset of layer `i`'s weight's slot (cached, or its amax kept for the version).
-    pub fn layer_weight(&self, i: usize) -> usize {
-        self.layer_input(i) + SLOT
+        self.scales + SLOT * (3 + 2 * i)
     }
 
     /// Byte offset of layer `i`'s output gradient's slot.
     pub fn layer_grad(&self, i: usize) -> usize {
-        self.layer_input(i) + 2 * SLOT
+        self.layer_input(i) + SLOT
+    }
+
+    /// Byte offset of layer `i`'s weight's slot (cached, or its amax kept for the version);
+    /// layer `i + 1`'s follows it.
+    pub fn layer_weight(&self, i: usize) -> usize {
+        self.scales + SLOT * (3 + 2 * self.layers + i)
     }
 
     /// Byte offset of the slot a sink names.
@@ -765,13 +767,15 @@ mod tests {
         // 48 layers: 3 + 3·48 slots of 16 bytes, rounded up to 256.
         let w48 = CudaFp8Workspace::new(e, 48);
         assert_eq!(w48.bytes - w.bytes, 2560 - 256);
-        assert_eq!((w48.layer_input(0), w48.layer_weight(0), w48.layer_grad(0)), (48, 64, 80));
-        assert_eq!(w48.layer_input(47), 48 + 16 * 141);
+        // Each layer's input and gradient slots side by side, then the weights' slots.
+        assert_eq!((w48.layer_input(0), w48.layer_grad(0)), (48, 64));
+        assert_eq!((w48.layer_input(47), w48.layer_grad(47)), (48 + 16 * 94, 48 + 16 * 95));
+        assert_eq!((w48.layer_weight(0), w48.layer_weight(1)), (48 + 16 * 96, 48 + 16 * 97));
         assert_eq!(
             (w48.sink(AmaxSink::Input(5)), w48.sink(AmaxSink::Grad(5))),
             (w48.layer_input(5), w48.layer_grad(5))
         );
-        assert!(w48.layer_grad(47) + 16 <= w48.a);
+        assert!(w48.layer_weight(47) + 16 <= w48.a);
     }
 
     #[test]

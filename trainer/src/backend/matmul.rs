@@ -256,11 +256,17 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         Ok(Fp8Bytes::default())
     }
 
-    /// The compute parameters may have changed (an optimizer step, a load): every cached
-    /// FP8 weight is cast again at its next use. The schedule calls it before the first
-    /// forward after a change (`model::run_micro`); a CUDA graph recorded there records the
-    /// casts with it. The default (no cache): nothing to do.
-    fn fp8_weights_changed(&self) {}
+    /// The compute parameters may have changed (an optimizer step, a load): a new parameter
+    /// version, in which every cached FP8 weight is cast again at its next use and every
+    /// weight's amax is found again, but where `by_step`: the last write of the parameters
+    /// was the optimizer step whose AdamW left the amax of the weights it wrote whole
+    /// ([`AdamWSegment::fp8_layer`](super::AdamWSegment::fp8_layer)), and those layers
+    /// use it (no amax pass of their own). Without `by_step` what any step left is
+    /// dropped: something else wrote the parameters after it (a load, a gather). The
+    /// schedule calls it before the first forward after a change (`model::run_micro`); a
+    /// CUDA graph recorded there records the casts with it. The default (no FP8 state):
+    /// nothing to do.
+    fn fp8_weights_changed(&self, _by_step: bool) {}
 
     /// The amax of the first `n` values of `x` into `sink`, as a pass of its own: for a
     /// producer that could not fuse it (a cuBLASLt epilogue), so the consumer finds it there.

@@ -409,7 +409,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     // The optimizer over all of them in one segment.
     tm.time(&format!("adamw ({mp} params)"), 3, 20, gbps((np * (4 * 7 + 2)) as f64), || {
         let t = AdamWTensors { params: Some(&mut p), master: &mut w, m: &mut m, v: &mut vv, grads: &g };
-        be.adamw(t, &[AdamWSegment { poff: 0, moff: 0, goff: 0, len: np, decay: true }], h)
+        be.adamw(t, &[AdamWSegment::plain(0, 0, 0, np, true)], h)
     });
     let t_adam = tm.rows.last().map_or(0.0, |r| r.1);
     let mut slots = be.alloc_f32(2, "")?;

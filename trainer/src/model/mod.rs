@@ -132,22 +132,33 @@ impl ModelFamily {
     /// kept in bf16 (`bf16`), what ZeRO-3's FP8 gathers send as FP8 (`zero.fp8_gather`);
     /// none in the other units.
     pub fn fp8_weights(self, layout: &ModelLayout, rows: usize, bf16: Bf16Layers) -> Vec<Vec<Loc>> {
+        self.fp8_weight_layers(layout, rows, bf16).into_iter().map(|ws| ws.into_iter().map(|w| w.0).collect()).collect()
+    }
+
+    /// [`ModelFamily::fp8_weights`], each with its FP8 layer (`l · linears + k` for layer
+    /// `k` of block `l`, as [`prepare_precision`] numbers them).
+    pub fn fp8_weight_layers(self, layout: &ModelLayout, rows: usize, bf16: Bf16Layers) -> Vec<Vec<(Loc, usize)>> {
         let cfg = &layout.cfg;
         // The linears the models give `prepare_precision`, and where their weights are.
         let linears = match self {
             ModelFamily::Gpt2 => gpt2::layout::layout(cfg).1.block.linears(cfg),
             ModelFamily::Llama => llama::layout::layout(cfg).1.block.linears(cfg),
         };
-        let eligible: Vec<Loc> = linears
+        let per_block = linears.len();
+        let eligible: Vec<(Loc, usize)> = linears
             .into_iter()
             .zip(bf16)
-            .filter(|&((_, c, oc), kept)| {
+            .enumerate()
+            .filter(|&(_, ((_, c, oc), kept))| {
                 !kept && crate::backend::fp8::eligible(crate::backend::MatShape { n: rows, c, oc })
             })
-            .map(|((w, ..), _)| w)
+            .map(|(k, ((w, ..), _))| (w, k))
             .collect();
         (0..layout.units.len())
-            .map(|u| if (1..=cfg.n_layer).contains(&u) { eligible.clone() } else { Vec::new() })
+            .map(|u| match u.checked_sub(1).filter(|&l| l < cfg.n_layer) {
+                Some(l) => eligible.iter().map(|&(w, k)| (w, l * per_block + k)).collect(),
+                None => Vec::new(),
+            })
             .collect()
     }
 
@@ -231,6 +242,11 @@ pub struct ModelOptions {
     pub document_mask: bool,
 }
 
+/// The on/off switch `name` from the environment ([`switch_setting`]).
+pub fn env_switch(name: &str) -> Result<bool, String> {
+    switch_setting(name, std::env::var(name).ok().as_deref())
+}
+
 /// An on/off switch's value (`None`: unset, on): `0` off, `1` or empty on, anything else an
 /// error naming `name`.
 fn switch_setting(name: &str, v: Option<&str>) -> Result<bool, String> {
@@ -262,9 +278,8 @@ impl ModelOptions {
     /// inputs), `0` turns them off; any other value is an error. The planner reads them too,
     /// so its prediction is the run's.
     pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
-        let env = |name: &str| switch_setting(name, std::env::var(name).ok().as_deref());
-        let fp8_amax_sinks = env("SHARDTRAIN_FP8_AMAX_SINKS")?;
-        let fp8_kept_inputs = env("SHARDTRAIN_FP8_KEPT_INPUTS")?;
+        let fp8_amax_sinks = env_switch("SHARDTRAIN_FP8_AMAX_SINKS")?;
+        let fp8_kept_inputs = env_switch("SHARDTRAIN_FP8_KEPT_INPUTS")?;
         Ok(ModelOptions { fp8_amax_sinks, fp8_kept_inputs, ..ModelOptions::from_config(cfg) })
     }
 

@@ -75,7 +75,7 @@ pub fn run_micro<B: Backend, C: EngineComm<B>>(
     // every step's first micro-step (recorded with its casts), and any evaluation before
     // it (which leaves the flag for the training micro-step, whose recording must match).
     if eng.params_changed() {
-        be.fp8_weights_changed();
+        be.fp8_weights_changed(eng.params_by_step());
         if dloss_scale.is_some() {
             eng.params_used();
         }

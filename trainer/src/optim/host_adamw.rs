@@ -253,14 +253,8 @@ mod tests {
     fn host_adamw_equals_the_cpu_reference_bit_for_bit() {
         let n = 3 * CHUNK + 1001;
         let segs = [
-            AdamWSegment { poff: 3, moff: 0, goff: 5, len: CHUNK + 17, decay: true },
-            AdamWSegment {
-                poff: 3 + CHUNK + 17,
-                moff: CHUNK + 17,
-                goff: 5 + CHUNK + 17,
-                len: n - CHUNK - 17,
-                decay: false,
-            },
+            AdamWSegment::plain(3, 0, 5, CHUNK + 17, true),
+            AdamWSegment::plain(3 + CHUNK + 17, CHUNK + 17, 5 + CHUNK + 17, n - CHUNK - 17, false),
         ];
         let h = AdamWStep { lr: 3e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 7, grad_scale: 0.6 };
         let (w0, m0) = (vals(n, 1, 0.5), vals(n, 2, 0.01));

@@ -167,6 +167,10 @@ pub struct UnitUpdate<'a, B: Backend> {
     /// `params`, which compute must wait for before it reads them (the engine orders each
     /// unit's first use after its own copy, so the next forward starts on the first unit).
     pub upload: Option<Arc<B::Event>>,
+    /// The unit's FP8 weights whose amaxes the device update leaves for their casts, with
+    /// their FP8 layer (`AdamWSegment::fp8_layer`): those whose every element this rank
+    /// updates and writes into `params` (the engine's choice; empty: none).
+    pub step_amax: &'a [(Loc, usize)],
 }
 
 /// AdamW state of every unit.
@@ -366,7 +370,7 @@ impl<B: Backend> Optimizer<B> {
                     Some((p, base)) => (Some(&mut **p), *base),
                     None => (None, 0),
                 };
-                let segs = segments(ts, st.off, st.len, base);
+                let segs = segments(ts, st.off, st.len, base, if params.is_some() { up.step_amax } else { &[] });
                 let t = AdamWTensors { params, master: &mut st.master, m: &mut st.m, v: &mut st.v, grads: up.grads };
                 be.adamw(t, &segs, h)?;
             }
@@ -401,7 +405,7 @@ impl<B: Backend> Optimizer<B> {
             be.wait_event(down[i].as_ref().expect("started above"))?;
             let mut guard = hs.units[i].lock()?;
             let unit = &mut *guard;
-            let segs = segments(tensors[i], off, len, 0);
+            let segs = segments(tensors[i], off, len, 0, &[]);
             let out = match unit.params.as_mut() {
                 Some(p) => Some(be.host_buf_mut(p)?),
                 None => {
@@ -490,7 +494,7 @@ impl<B: Backend> Optimizer<B> {
         }
         let Some(adamw) = hs.adamw.take() else { return Ok(()) }; // a backend without values
         let segs: Vec<Vec<AdamWSegment>> =
-            hs.ranges.iter().zip(tensors).map(|(&(off, len), ts)| segments(ts, off, len, 0)).collect();
+            hs.ranges.iter().zip(tensors).map(|(&(off, len), ts)| segments(ts, off, len, 0, &[])).collect();
         for cell in hs.units.iter() {
             if let Some(st) = cell.lock()?.staged.as_mut() {
                 st.pending = true;
@@ -688,18 +692,24 @@ fn write_rounded(dst: HostValues<'_>, values: &[f32]) {
 
 /// AdamW segments of the held elements `off..off + len` of a unit's tensors: state and
 /// gradient from 0, rounded parameters from `pbase`.
-fn segments(tensors: &[TensorSpec], off: usize, len: usize, pbase: usize) -> Vec<AdamWSegment> {
+fn segments(tensors: &[TensorSpec], off: usize, len: usize, pbase: usize, fp8: &[(Loc, usize)]) -> Vec<AdamWSegment> {
     let (lo, hi) = (off, off + len);
     tensors
         .iter()
         .filter_map(|ts| {
             let (a, b) = (ts.loc.off.max(lo), ts.loc.end().min(hi));
+            // An FP8 weight's amax where the whole weight is held: it may span several
+            // tensors (Llama's q, k, v), whose segments all max into its amax.
+            let held = |w: &Loc| w.off >= lo && w.end() <= hi;
+            let fp8_layer =
+                fp8.iter().find(|(w, _)| held(w) && ts.loc.off >= w.off && ts.loc.end() <= w.end()).map(|&(_, l)| l);
             (a < b).then_some(AdamWSegment {
                 poff: a - lo + pbase,
                 moff: a - lo,
                 goff: a - lo,
                 len: b - a,
                 decay: ts.decay,
+                fp8_layer,
             })
         })
         .collect()
@@ -736,7 +746,7 @@ mod tests {
         let mut p = init.clone();
         let mut expect = Vec::new();
         for (t, g) in grads.iter().enumerate() {
-            let mut up = [UnitUpdate { grads: g, params: Some((&mut p, 0)), upload: None }];
+            let mut up = [UnitUpdate { grads: g, params: Some((&mut p, 0)), upload: None, step_amax: &[] }];
             in_order.step(&be, &tensors, &mut up, step_of(t as u64 + 1)).expect("step");
             expect.push(p.clone());
         }
@@ -748,7 +758,7 @@ mod tests {
         assert_eq!(host.staging, n as u64 * 8, "a gradient and a rounded copy per element (f32 on the CPU)");
         let mut q = init.clone();
         for (t, g) in grads.iter().enumerate() {
-            let mut up = [UnitUpdate { grads: g, params: Some((&mut q, 0)), upload: None }];
+            let mut up = [UnitUpdate { grads: g, params: Some((&mut q, 0)), upload: None, step_amax: &[] }];
             delayed.step(&be, &tensors, &mut up, step_of(t as u64 + 1)).expect("step");
             assert!(delayed.update_in_flight());
             let want = if t == 0 { &init } else { &expect[t - 1] };

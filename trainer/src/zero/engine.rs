@@ -67,6 +67,13 @@ pub struct EngineOptions {
     /// (`train.fp8_bf16_layers`, gathered at full precision). Only where more than one rank
     /// gathers.
     pub fp8_gather: Option<(usize, crate::model::Bf16Layers)>,
+    /// `train.precision = "fp8"`: the optimizer step leaves the amax of each FP8 weight it
+    /// writes whole (stages 0-2, the optimizer on the device: `AdamWSegment::fp8_layer`),
+    /// so the next parameter version's casts run no amax pass over it; the rows of a
+    /// micro-batch and the layers kept in bf16, which decide the FP8 weights. `None`
+    /// (`SHARDTRAIN_FP8_STEP_AMAX=0`): each weight's amax is found at its first use in a
+    /// version, the same value.
+    pub fp8_step_amax: Option<(usize, crate::model::Bf16Layers)>,
 }
 
 impl EngineOptions {
@@ -81,24 +88,40 @@ impl EngineOptions {
         } else {
             Placement::Device
         };
+        let fp8 = cfg.train.precision == crate::backend::Precision::Fp8;
+        // The rows of a micro-batch and the layers kept in bf16: which weights are FP8's.
+        let weights =
+            (cfg.train.micro_batch * cfg.model.seq_len, cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers));
         EngineOptions {
             stage: cfg.zero.stage,
             prefetch: cfg.zero.prefetch_blocks,
             optimizer,
             checkpoint_copy: cfg.checkpoint.async_save && cfg.checkpoint.every > 0,
-            fp8_gather: (cfg.train.precision == crate::backend::Precision::Fp8
-                && cfg.zero.stage == 3
-                && cfg.zero.fp8_gather)
-                .then(|| {
-                    let rows = cfg.train.micro_batch * cfg.model.seq_len;
-                    (rows, cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers))
-                }),
+            fp8_gather: (fp8 && cfg.zero.stage == 3 && cfg.zero.fp8_gather).then_some(weights),
+            fp8_step_amax: fp8.then_some(weights),
         }
+    }
+
+    /// [`EngineOptions::from_config`] with `SHARDTRAIN_FP8_STEP_AMAX` read: unset, empty
+    /// or `1` let the optimizer step leave the FP8 weights' amaxes, `0` has each weight's
+    /// found at its first use (the same bits, to measure or rule it out); any other value
+    /// is an error.
+    pub fn from_config_and_env(cfg: &Config) -> Result<EngineOptions, String> {
+        let on = crate::model::env_switch("SHARDTRAIN_FP8_STEP_AMAX")?;
+        let o = EngineOptions::from_config(cfg);
+        Ok(EngineOptions { fp8_step_amax: o.fp8_step_amax.filter(|_| on), ..o })
     }
 
     /// Stage `stage` with the default prefetch, the optimizer on the device (tests, tools).
     pub fn stage(stage: u8) -> EngineOptions {
-        EngineOptions { stage, prefetch: 1, optimizer: Placement::Device, checkpoint_copy: false, fp8_gather: None }
+        EngineOptions {
+            stage,
+            prefetch: 1,
+            optimizer: Placement::Device,
+            checkpoint_copy: false,
+            fp8_gather: None,
+            fp8_step_amax: None,
+        }
     }
 }
 
@@ -112,6 +135,10 @@ pub struct MicroKey {
     pub first: bool,
     /// The step's last micro-step (several ranks).
     pub last: bool,
+    /// The parameters last changed by an optimizer step that left the FP8 weights' amaxes
+    /// ([`Engine::params_by_step`]): its recording casts them without amax passes, where
+    /// the first step's (after the build) or one after a load measures them.
+    pub by_step: bool,
 }
 
 /// The engine's host-side state after a micro-step (see [`Engine::micro_state`]).
@@ -121,6 +148,7 @@ pub struct MicroState {
     reduced: Vec<bool>,
     grads_fresh: Vec<bool>,
     params_changed: bool,
+    params_by_step: bool,
 }
 
 /// One unit's buffers and where they stand in the step (fields read by the sibling files).
@@ -156,6 +184,9 @@ pub(super) struct Unit<B: Backend> {
     /// The FP8 gather in flight: the pieces' buffer, expanded into `params` once the
     /// all-gather is waited for (`finish_gather`).
     pub(super) fp8_pieces: Option<B::Buf>,
+    /// The unit's FP8 weights (with their FP8 layer) whose amaxes this rank's optimizer
+    /// step leaves: those it updates whole into `params` (`EngineOptions::fp8_step_amax`).
+    pub(super) step_amax: Vec<(Loc, usize)>,
     /// `grads` holds nothing of this step yet and was not cleared: the next backward writes
     /// every element instead of adding (see [`UnitGrads`](crate::backend::UnitGrads)). Set
     /// by `begin_step` (and, where each micro-step takes a pooled buffer, by `ensure_grads`);
@@ -204,6 +235,9 @@ pub struct Engine<B: Backend> {
     /// The compute parameters changed (built, stepped, loaded) since a training micro-step
     /// last used them ([`Engine::params_changed`]).
     pub(super) params_changed: bool,
+    /// The last change was an optimizer step that left FP8 weights' amaxes
+    /// ([`Engine::params_by_step`]).
+    pub(super) params_by_step: bool,
     /// The FP8 gathers' amaxes are of an older parameter version (`refresh_fp8_amax`).
     pub(super) fp8_amax_stale: bool,
     /// Per-unit sums of squared gradients as [`F64Pair`](crate::backend::F64Pair)s, filled
@@ -286,6 +320,15 @@ impl<B: Backend> Engine<B> {
             }
             _ => None,
         };
+        // The optimizer step writes the compute parameters on stages 0-2 with the optimizer
+        // on the device (ZeRO-3's gathers round the master weights; the host optimizer's
+        // copies arrive by other paths).
+        let step_weights = match opts.fp8_step_amax {
+            Some((rows, bf16)) if !policy.shard_params && !opt.on_host() => {
+                Some(layout.cfg.family.fp8_weight_layers(&layout, rows, bf16))
+            }
+            _ => None,
+        };
         for (ui, ul) in layout.units.iter().enumerate() {
             let numel = ul.numel;
             let shard = round_up(numel.div_ceil(world).max(1), SHARD_ALIGN);
@@ -315,6 +358,14 @@ impl<B: Backend> Engine<B> {
                 None => None,
             };
             let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
+            // The weights this rank updates whole (where the optimizer is sharded, a weight
+            // cut by a shard boundary gets its amax at its first use instead).
+            let step_amax: Vec<(Loc, usize)> = step_weights
+                .as_ref()
+                .map(|w| {
+                    w[ui].iter().copied().filter(|(l, _)| l.off >= opt_off && l.end() <= opt_off + opt_len).collect()
+                })
+                .unwrap_or_default();
             let opt_init = host.as_ref().map(|h| &h[opt_off - base..opt_off - base + opt_len]);
             opt.add_unit(be, &ul.name, (opt_off, opt_len), opt_init, &mut ledger, &mut host_mem)?;
             let what = |s: &str| format!("{s} of unit {}", ul.name);
@@ -386,6 +437,7 @@ impl<B: Backend> Engine<B> {
                 fp8_amax,
                 fp8,
                 fp8_pieces: None,
+                step_amax,
             });
         }
         // Receive buffers are made on first use: only gradient accumulation over several
@@ -417,6 +469,7 @@ impl<B: Backend> Engine<B> {
             final_micro: false,
             clear_grads: false,
             params_changed: true,
+            params_by_step: false,
             fp8_amax_stale: true,
             norm_slots,
             ledger,
@@ -472,7 +525,7 @@ impl<B: Backend> Engine<B> {
     /// overwrites its shard, stage 2/3). Several ranks only: the last micro-step reduces
     /// during backward (one rank's reduction waits for `step`).
     pub fn micro_key(&self, first: bool, last: bool) -> MicroKey {
-        MicroKey { first, last: last && self.world > 1 }
+        MicroKey { first, last: last && self.world > 1, by_step: self.params_by_step() }
     }
 
     /// The host-side state a micro-step leaves behind (which shards a reduction has
@@ -485,6 +538,7 @@ impl<B: Backend> Engine<B> {
             reduced: self.units.iter().map(|u| u.reduced).collect(),
             grads_fresh: self.units.iter().map(|u| u.grads_fresh).collect(),
             params_changed: self.params_changed,
+            params_by_step: self.params_by_step,
         }
     }
 
@@ -496,6 +550,7 @@ impl<B: Backend> Engine<B> {
             u.grads_fresh = s.grads_fresh[k];
         }
         self.params_changed = s.params_changed;
+        self.params_by_step = s.params_by_step;
     }
 
     /// Whether the compute parameters changed (the engine was built, a step updated them, a
@@ -513,12 +568,22 @@ impl<B: Backend> Engine<B> {
     /// end (`refresh_fp8_amax`).
     pub(super) fn mark_params_changed(&mut self) {
         self.params_changed = true;
+        self.params_by_step = false;
         self.fp8_amax_stale = true;
+    }
+
+    /// Whether the parameters changed last by an optimizer step that left the amaxes of the
+    /// FP8 weights it wrote whole (`EngineOptions::fp8_step_amax`), nothing having written
+    /// them since: the casts of the version it begins use them
+    /// (`MatmulOps::fp8_weights_changed(by_step)`).
+    pub fn params_by_step(&self) -> bool {
+        self.params_changed && self.params_by_step
     }
 
     /// A training micro-step is using the parameters as they are now (`model::run_micro`).
     pub fn params_used(&mut self) {
         self.params_changed = false;
+        self.params_by_step = false;
     }
 
     /// End a micro-step that is being recorded: order the compute stream after every

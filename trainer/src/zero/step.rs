@@ -27,9 +27,10 @@ pub struct StepStats {
 impl<B: Backend> Unit<B> {
     /// Where the optimizer reads this unit's reduced gradient and writes its rounded update.
     fn update(&mut self, policy: Policy, rank: usize) -> UnitUpdate<'_, B> {
-        let Unit { grads, grad_shard, params, param_shard, shard, .. } = self;
+        let Unit { grads, grad_shard, params, param_shard, shard, step_amax, .. } = self;
         let grads = reduced_grads(grads, grad_shard, policy);
-        UnitUpdate { grads, params: update_target(params, param_shard, policy, rank * *shard), upload: None }
+        let params = update_target(params, param_shard, policy, rank * *shard);
+        UnitUpdate { grads, params, upload: None, step_amax }
     }
 }
 
@@ -123,6 +124,9 @@ impl<B: Backend> Engine<B> {
         self.await_uploads(uploads);
         self.publish(be, comm)?;
         self.mark_params_changed();
+        // The weights this rank wrote whole carry their amaxes into the next version (the
+        // publish writes only other ranks' pieces).
+        self.params_by_step = self.units.iter().any(|u| !u.step_amax.is_empty());
         self.refresh_fp8_amax(be, comm)?;
         Ok(StepStats { grad_norm, clip_scale })
     }

@@ -1,4 +1,5 @@
-//! AdamW with decoupled weight decay on the CPU (the fp32 master-weight update).
+//! AdamW with decoupled weight decay on the CPU (the fp32 master-weight update); a segment
+//! that is an FP8 layer's whole weight leaves its amax, as the GPU's does (`cpu/matmul.rs`).
 
 use super::CpuBackend;
 use crate::backend::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, BResult};
@@ -18,8 +19,19 @@ pub fn adamw_segment(master: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[
     }
 }
 
+/// The larger of two amaxes, a NaN winning (as `fp8::amax` keeps it).
+fn max_amax(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 impl AdamWOps for CpuBackend {
     fn adamw(&self, mut t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
+        // Each FP8 weight's amax over its segments (a fused weight spans several tensors).
+        let mut left: Vec<(usize, f32)> = Vec::new();
         for s in segs {
             let r = s.moff..s.moff + s.len;
             let wd = if s.decay { h.weight_decay } else { 0.0 };
@@ -32,8 +44,20 @@ impl AdamWOps for CpuBackend {
                 wd,
             );
             if let Some(p) = t.params.as_deref_mut() {
-                p[s.poff..s.poff + s.len].copy_from_slice(&t.master[r]);
+                let written = &mut p[s.poff..s.poff + s.len];
+                written.copy_from_slice(&t.master[r]);
+                if let Some(l) = s.fp8_layer {
+                    let a = crate::backend::fp8::amax(written);
+                    match left.iter_mut().find(|e| e.0 == l) {
+                        Some(e) => e.1 = max_amax(e.1, a),
+                        None => left.push((l, a)),
+                    }
+                }
             }
+        }
+        let mut st = self.fp8.borrow_mut();
+        for (l, a) in left {
+            st.leave_weight_amax(l, a)?;
         }
         Ok(())
     }

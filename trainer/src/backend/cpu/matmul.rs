@@ -17,7 +17,11 @@
 //! that one was left, for this tensor; each errors (naming the model bug) where not. A layer
 //! that keeps its input's codes ([`Fp8Layer::keeps_input`]) keeps them as the GPU does (a byte
 //! each, `Fp8Format::encode`) and its backward's dW reads them decoded; a backward that finds
-//! none kept by a forward since the last one is an error too.
+//! none kept by a forward since the last one is an error too. A weight whose amax the
+//! optimizer step left ([`AdamWSegment::fp8_layer`](crate::backend::AdamWSegment), in a
+//! version begun `by_step`) is quantized with that amax, checked to be the weight's: a
+//! stale one (the parameters written after the step without a version saying so) is an
+//! error naming the bug.
 
 use std::borrow::Cow;
 
@@ -60,6 +64,11 @@ pub(super) struct Fp8State {
     /// Per layer that keeps its input (`Fp8Layers::kept_inputs`): the codes its last forward
     /// kept, and whether a backward may still read them (one backward per forward).
     kept: Vec<Option<(Vec<u8>, bool)>>,
+    /// Per layer, the amax of its weight the last optimizer step left
+    /// (`AdamWSegment::fp8_layer`), for the version `fp8_weights_changed(by_step)` begins.
+    step_amax: Vec<Option<f32>>,
+    /// Per layer, the amax its weight has in a version (left by the step that began it).
+    known_amax: Vec<Option<(f32, u64)>>,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
     /// The backward's recipe (`Fp8Layers::backward`; the default before `prepare_fp8`).
@@ -116,10 +125,23 @@ impl Fp8State {
     }
 
     /// Layer `l`'s weight `w` quantized: the cached copy where the layer's weight is cached
-    /// (made now if the parameters changed since), else made for this call.
-    fn weight(&mut self, l: Option<Fp8Layer>, w: &[f32]) -> Cow<'_, [f32]> {
+    /// (made now if the parameters changed since), else made for this call; with the amax
+    /// the optimizer step left where it left one for this version, which must be `w`'s.
+    fn weight(&mut self, l: Option<Fp8Layer>, w: &[f32]) -> BResult<Cow<'_, [f32]>> {
         let version = self.version;
-        match l.and_then(|l| self.weights.get_mut(l.index)) {
+        let left = l.and_then(|l| self.known_amax.get(l.index).copied().flatten()).filter(|k| k.1 == version);
+        if let (Some((a, _)), Some(l)) = (left, l) {
+            let got = amax(w);
+            if got.to_bits() != a.to_bits() {
+                return Err(BackendError::Device(format!(
+                    "FP8 layer {}: the weight's amax the optimizer step left ({a:e}) is not the weight's ({got:e}): \
+                     the parameters changed after the step without a new version saying so (a bug: \
+                     MatmulOps::fp8_weights_changed)",
+                    l.index
+                )));
+            }
+        }
+        Ok(match l.and_then(|l| self.weights.get_mut(l.index)) {
             Some((cached, made)) => {
                 if *made != Some(version) {
                     fake_quant_into(cached, w, Fp8Format::E4M3);
@@ -128,11 +150,31 @@ impl Fp8State {
                 Cow::Borrowed(cached)
             }
             None => Cow::Owned(quantized(w, Fp8Format::E4M3)),
-        }
+        })
+    }
+
+    /// An optimizer step wrote layer `layer`'s whole weight, whose amax is `a`
+    /// (`AdamWSegment::fp8_layer`): for the version `fp8_weights_changed(by_step)` begins.
+    pub(super) fn leave_weight_amax(&mut self, layer: usize, a: f32) -> BResult<()> {
+        let layers = self.step_amax.len();
+        let slot = self.step_amax.get_mut(layer).ok_or_else(|| {
+            BackendError::Device(format!(
+                "an optimizer step leaves FP8 layer {layer}'s weight amax, but prepare_fp8 reserved {layers} (a bug)"
+            ))
+        })?;
+        *slot = Some(a);
+        Ok(())
     }
 }
 
 impl CpuBackend {
+    /// How many FP8 layers' weights use, in the current parameter version, the amax the
+    /// optimizer step that began it left (tests: the step's amaxes are used, not ignored).
+    pub fn fp8_weight_amaxes_from_step(&self) -> usize {
+        let st = self.fp8.borrow();
+        st.known_amax.iter().filter(|k| k.is_some_and(|k| k.1 == st.version)).count()
+    }
+
     /// A producer's amax of what it wrote (`xs`) into `sink` (nothing where `None`), for
     /// the FP8 GEMM that quantizes it next.
     pub(super) fn leave_amax(&self, sink: Option<AmaxSink>, xs: &[f32]) -> BResult<()> {
@@ -265,12 +307,24 @@ impl MatmulOps for CpuBackend {
         st.sinks = vec![[None; 2]; layers.weights.len()];
         st.weights = layers.cached().iter().map(|&(c, oc)| (vec![0.0; c * oc], None)).collect();
         st.kept = layers.kept_input_codes().into_iter().map(|n| (n > 0).then(|| (vec![0u8; n], false))).collect();
+        st.step_amax = vec![None; layers.weights.len()];
+        st.known_amax = vec![None; layers.weights.len()];
         st.backward = layers.backward;
         Ok(cpu_reserved(layers))
     }
 
-    fn fp8_weights_changed(&self) {
-        self.fp8.borrow_mut().version += 1;
+    fn fp8_weights_changed(&self, by_step: bool) {
+        let mut st = self.fp8.borrow_mut();
+        st.version += 1;
+        let version = st.version;
+        let Fp8State { step_amax, known_amax, .. } = &mut *st;
+        for (left, known) in step_amax.iter_mut().zip(known_amax.iter_mut()) {
+            match (*left, by_step) {
+                (_, false) => *left = None,
+                (Some(a), true) => *known = Some((a, version)),
+                (None, true) => {}
+            }
+        }
     }
 
     fn fp8_amax_into(&self, x: &Vec<f32>, n: usize, sink: AmaxSink) -> BResult<()> {
@@ -304,7 +358,7 @@ impl MatmulOps for CpuBackend {
                     kept.1 = true;
                 }
             }
-            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w));
+            let (xq, wq) = (quantized_with(inp, Fp8Format::E4M3, sx), st.weight(p.at.fp8, w)?);
             matmul_forward(&mut out[..n * oc], &xq, &wq, bias, n, c, oc);
             return Ok(());
         }
@@ -412,7 +466,7 @@ impl CpuBackend {
                     )));
                 }
             }
-            backward_dinp(&mut dinp[..n * c], &gq, &st.weight(p.at.fp8, w), s);
+            backward_dinp(&mut dinp[..n * c], &gq, &st.weight(p.at.fp8, w)?, s);
             if !backward.weight_grad_in_fp8() {
                 // `Fp8WeightGrad::Bf16`: dW from the unquantized operands (no layer keeps
                 // its input under this recipe: the model asks for none).

@@ -5,15 +5,38 @@
 // one per tensor). Segment s covers elements [start[s], start[s+1]) of the launch and sits
 // at poff[s] / moff[s] / goff[s] of the params / state / gradient arrays; `params` may be
 // null (no compute copy kept: ZeRO-3 rounds the master weights at gather time).
+// A segment whose amax[s] is not null is an FP8 layer's whole weight: the largest |value| of
+// the bf16 parameters it writes is max-ed into *amax[s] (the bits of |x|, as fp8.cu's amax
+// pass keeps them; the launch code zeroed it), so the layer's casts need no amax pass.
 
 struct AdamWSegs {
     long long start[ADAMW_SEGS + 1];
     long long poff[ADAMW_SEGS];
     long long moff[ADAMW_SEGS];
     long long goff[ADAMW_SEGS];
+    unsigned* amax[ADAMW_SEGS];
     float wd[ADAMW_SEGS];
     int n;
 };
+
+// A thread's running amax `m` of segment `s` into the block's slot for it (shared memory):
+// threads visit the segments in order, so each flushes once per segment it touched.
+__device__ __forceinline__ void adamw_flush_amax(unsigned* block_amax, int s, unsigned& m) {
+    if (m != 0) atomicMax(&block_amax[s], m);
+    m = 0;
+}
+
+// The block's amaxes into the segments' words, one atomic per segment a block touched.
+__device__ __forceinline__ void adamw_block_amax_out(unsigned* block_amax, const AdamWSegs& segs) {
+    __syncthreads();
+    if (threadIdx.x < segs.n && segs.amax[threadIdx.x] != nullptr && block_amax[threadIdx.x] != 0)
+        atomicMax(segs.amax[threadIdx.x], block_amax[threadIdx.x]);
+}
+
+__device__ __forceinline__ void adamw_block_amax_init(unsigned* block_amax) {
+    if (threadIdx.x < ADAMW_SEGS) block_amax[threadIdx.x] = 0;
+    __syncthreads();
+}
 
 // One element's update: the moments in place, the new master weight returned. Both kernels
 // below use it, so they compute the same bits.
@@ -30,12 +53,18 @@ __device__ __forceinline__ float adamw_update(float g, float& mi, float& vi, flo
 extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float* v, const float* grads,
                                  const AdamWSegs segs, float lr, float beta1, float beta2, float eps,
                                  float bc1, float bc2, float grad_scale) {
+    __shared__ unsigned block_amax[ADAMW_SEGS];
+    adamw_block_amax_init(block_amax);
     const long long total = segs.start[segs.n];
     int s = 0;
+    unsigned am = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         // A thread's elements only grow, and so does its segment.
-        while (i >= segs.start[s + 1]) s++;
+        if (i >= segs.start[s + 1]) {
+            adamw_flush_amax(block_amax, s, am);
+            while (i >= segs.start[s + 1]) s++;
+        }
         const long long k = i - segs.start[s];
         const long long j = segs.moff[s] + k;
         float mi = m[j], vi = v[j];
@@ -44,8 +73,14 @@ extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float*
         m[j] = mi;
         v[j] = vi;
         master[j] = w;
-        if (params) params[segs.poff[s] + k] = f2bf(w);
+        if (params) {
+            const bf16_t p = f2bf(w);
+            params[segs.poff[s] + k] = p;
+            if (segs.amax[s]) am = max(am, abs_bits(p));
+        }
     }
+    adamw_flush_amax(block_amax, s, am);
+    adamw_block_amax_out(block_amax, segs);
 }
 
 // The same update four elements at a time with 16-byte loads and stores (the step is bound
@@ -54,11 +89,17 @@ extern "C" __global__ void adamw(bf16_t* params, float* master, float* m, float*
 extern "C" __global__ void adamw4(bf16_t* params, float* master, float* m, float* v, const float* grads,
                                   const AdamWSegs segs, float lr, float beta1, float beta2, float eps,
                                   float bc1, float bc2, float grad_scale) {
+    __shared__ unsigned block_amax[ADAMW_SEGS];
+    adamw_block_amax_init(block_amax);
     const long long total = segs.start[segs.n];
     int s = 0;
+    unsigned am = 0;
     for (long long i = 4 * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < total;
          i += 4LL * gridDim.x * blockDim.x) {
-        while (i >= segs.start[s + 1]) s++;
+        if (i >= segs.start[s + 1]) {
+            adamw_flush_amax(block_amax, s, am);
+            while (i >= segs.start[s + 1]) s++;
+        }
         const long long k = i - segs.start[s];
         const long long j = segs.moff[s] + k;
         const float4 g = *(const float4*)(grads + segs.goff[s] + k);
@@ -75,6 +116,9 @@ extern "C" __global__ void adamw4(bf16_t* params, float* master, float* m, float
             const uint2 pb = {(unsigned)f2bf(w.x) | ((unsigned)f2bf(w.y) << 16),
                               (unsigned)f2bf(w.z) | ((unsigned)f2bf(w.w) << 16)};
             *(uint2*)(params + segs.poff[s] + k) = pb;
+            if (segs.amax[s]) am = max_abs_bits2(pb.x, max_abs_bits2(pb.y, am));
         }
     }
+    adamw_flush_amax(block_amax, s, am);
+    adamw_block_amax_out(block_amax, segs);
 }

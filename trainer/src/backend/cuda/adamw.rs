@@ -1,7 +1,10 @@
 //! AdamW on the GPU (twin of cpu/adamw.rs; kernel in adamw.cu): fp32 master weights and
 //! moments updated in place, the result rounded into the bf16 parameters. One launch takes
 //! up to 16 segments (a unit's tensors), so a step is one launch per unit, not per tensor;
-//! four elements a thread (16-byte accesses) wherever the segments' offsets allow it.
+//! four elements a thread (16-byte accesses) wherever the segments' offsets allow it. A
+//! segment that is an FP8 layer's whole weight (`AdamWSegment::fp8_layer`) also leaves the
+//! amax of the bf16 values it writes in the layer's weight slot (`fp8.rs`), so the next
+//! parameter version's casts of that weight run no amax pass.
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
@@ -29,6 +32,8 @@ struct SegTable {
     poff: [i64; SEGS],
     moff: [i64; SEGS],
     goff: [i64; SEGS],
+    /// Each segment's FP8 amax word (0: none).
+    amax: [u64; SEGS],
     wd: [f32; SEGS],
     n: i32,
 }
@@ -59,12 +64,18 @@ impl AdamWOps for CudaBackend {
         let (w, mp, vp, g) =
             (self.ptr_mut(t.master, 0), self.ptr_mut(t.m, 0), self.ptr_mut(t.v, 0), self.ptr(t.grads, 0));
         let nonempty: Vec<&AdamWSegment> = segs.iter().filter(|s| s.len > 0).collect();
+        // The FP8 weights' amax words (their slots zeroed first), where the rounded values
+        // are written; in `nonempty`'s order.
+        let fp8: Vec<usize> = nonempty.iter().filter_map(|s| s.fp8_layer).collect();
+        let mut words =
+            if p != 0 && !fp8.is_empty() { self.fp8_step_amax_words(&fp8)? } else { Vec::new() }.into_iter();
         for group in nonempty.chunks(SEGS) {
             let mut table = SegTable {
                 start: [0; SEGS + 1],
                 poff: [0; SEGS],
                 moff: [0; SEGS],
                 goff: [0; SEGS],
+                amax: [0; SEGS],
                 wd: [0.0; SEGS],
                 n: 0,
             };
@@ -73,6 +84,9 @@ impl AdamWOps for CudaBackend {
                 table.poff[k] = s.poff as i64;
                 table.moff[k] = s.moff as i64;
                 table.goff[k] = s.goff as i64;
+                if s.fp8_layer.is_some() && p != 0 {
+                    table.amax[k] = words.next().expect("one amax word per FP8 segment");
+                }
                 table.wd[k] = if s.decay { h.weight_decay } else { 0.0 };
             }
             table.n = group.len() as i32;

@@ -103,9 +103,13 @@ pub(super) struct Fp8Ws {
     cache: Option<WeightCache>,
     /// The layers' kept input codes (`Fp8Layers::kept_inputs`; `None`: no layer keeps any).
     kept: Option<(CudaSlice<u8>, CudaFp8KeptInputs)>,
-    /// Without the cache: per layer, the parameter version whose weight's amax its weight
-    /// slot holds (`None`: none yet).
+    /// Per layer, the parameter version whose weight's amax its weight slot holds (`None`:
+    /// none yet): found by the layer's first use in the version, or left by the optimizer
+    /// step that began it.
     weight_amax: Vec<Option<u64>>,
+    /// Per layer, whether the last optimizer step left its weight's amax in its slot
+    /// (`AdamWSegment::fp8_layer`), for the version `fp8_weights_changed(by_step)` begins.
+    step_amax: Vec<bool>,
     /// The parameter version: bumped by `fp8_weights_changed`.
     version: u64,
     /// How the layers' backward runs (`Fp8Layers::backward`).
@@ -310,17 +314,61 @@ impl CudaBackend {
             0 => None,
             bytes => Some((self.alloc::<u8>(bytes, "kept FP8 inputs")?, kept_layout)),
         };
-        let weight_amax = vec![None; layers.weights.len()];
+        // A new workspace holds no amax: every weight's is found again.
+        let (weight_amax, step_amax) = (vec![None; layers.weights.len()], vec![false; layers.weights.len()]);
         let backward = layers.backward;
-        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, kept, weight_amax, version, backward });
+        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, kept, weight_amax, step_amax, version, backward });
         Ok(Fp8Bytes { workspace: layout.bytes, weight_cache, kept_inputs })
     }
 
-    /// `MatmulOps::fp8_weights_changed`: a new parameter version.
-    pub(super) fn fp8_new_version(&self) {
+    /// `MatmulOps::fp8_weights_changed`: a new parameter version, whose weights' amaxes the
+    /// last optimizer step left where `by_step` (else they are dropped).
+    pub(super) fn fp8_new_version(&self, by_step: bool) {
         if let Some(ws) = self.fp8_ws.borrow_mut().as_mut() {
             ws.version += 1;
+            for (known, left) in ws.weight_amax.iter_mut().zip(ws.step_amax.iter_mut()) {
+                if !by_step {
+                    *left = false;
+                } else if *left {
+                    *known = Some(ws.version);
+                }
+            }
         }
+    }
+
+    /// For an optimizer step that leaves the amax of each of `layers`' weights
+    /// (`AdamWSegment::fp8_layer`): their weight slots zeroed in stream order (adjacent
+    /// ones together) and recorded as left by the step; returns each one's amax word, in
+    /// order, for the kernel to max into.
+    pub(super) fn fp8_step_amax_words(&self, layers: &[usize]) -> BResult<Vec<u64>> {
+        let mut cell = self.fp8_ws.borrow_mut();
+        let ws = cell.as_mut().ok_or_else(|| {
+            bad(format!("an optimizer step leaves FP8 layer amaxes ({layers:?}) before prepare_fp8 (a bug)"))
+        })?;
+        let base = self.ptr(&ws.buf, 0);
+        let mut sorted = layers.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if let Some(&l) = sorted.last().filter(|&&l| l >= ws.layout.layers) {
+            return Err(bad(format!(
+                "an optimizer step leaves FP8 layer {l}'s amax, but prepare_fp8 reserved {} (a bug)",
+                ws.layout.layers
+            )));
+        }
+        // Runs of adjacent layers: one clear each.
+        let mut k = 0;
+        while k < sorted.len() {
+            let mut e = k + 1;
+            while e < sorted.len() && sorted[e] == sorted[e - 1] + 1 {
+                e += 1;
+            }
+            self.fp8_clear(base + ws.layout.layer_weight(sorted[k]) as u64, e - k)?;
+            k = e;
+        }
+        for &l in &sorted {
+            ws.step_amax[l] = true;
+        }
+        Ok(layers.iter().map(|&l| base + ws.layout.layer_weight(l) as u64 + 4).collect())
     }
 
     /// The workspace's pointers, checked to hold a layer of shape `s`.
@@ -350,11 +398,12 @@ impl CudaBackend {
         let mut cell = self.fp8_ws.borrow_mut();
         let Some(ws) = cell.as_mut() else { return Ok(None) };
         let (version, layers) = (ws.version, ws.layout.layers);
-        let slot = self.ptr(&ws.buf, 0) + ws.layout.layer_weight(l.index) as u64;
-        let Some(cache) = ws.cache.as_mut() else { return Ok(None) };
         if l.index >= layers {
             return Err(bad(format!("FP8 layer {} used, but prepare_fp8 reserved {layers} (a bug)", l.index)));
         }
+        let slot = self.ptr(&ws.buf, 0) + ws.layout.layer_weight(l.index) as u64;
+        let amax_known = ws.weight_amax[l.index] == Some(version);
+        let Some(cache) = ws.cache.as_mut() else { return Ok(None) };
         // Layers past the cached ones cast at each use.
         let Some(&reserved) = cache.weights.get(l.index) else { return Ok(None) };
         if reserved != (s.c, s.oc) {
@@ -379,9 +428,10 @@ impl CudaBackend {
             };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
-            // layer's.
-            unsafe { self.fp8_cast_amax(cast, false, 0)? };
+            // layer's, and holds this version's amax where `amax_known`.
+            unsafe { self.fp8_cast_amax(cast, amax_known, 0)? };
             cache.made[l.index] = Some(version);
+            ws.weight_amax[l.index] = Some(version);
         }
         Ok(Some(codes))
     }
@@ -406,8 +456,9 @@ impl CudaBackend {
     }
 
     /// The amax of an uncached weight (`n` bf16 at `w`) into `slot` (its
-    /// `WsPtrs::weight_slot`), unless the slot already holds it: its layer's
-    /// weight was measured in this parameter version by an earlier use.
+    /// `WsPtrs::weight_slot`), unless the slot already holds it: its layer's weight was
+    /// measured in this parameter version by an earlier use, or the optimizer step that
+    /// began the version left it.
     ///
     /// # Safety
     /// `w` holds `n` bf16; `slot` is a scale slot.
@@ -902,9 +953,33 @@ impl CudaBackend {
     /// The amax a producer left in `sink` (`prepare_fp8` first), read back: what
     /// `tests/gpu_kernels.rs` compares with the amax of the tensor the producer wrote.
     pub fn fp8_sink_amax(&self, sink: AmaxSink) -> BResult<f32> {
+        let at = {
+            let cell = self.fp8_ws.borrow();
+            let Some(ws) = cell.as_ref() else { return Err(bad("fp8_sink_amax before prepare_fp8".into())) };
+            ws.sink_offset(sink)?
+        };
+        self.fp8_slot_amax(at)
+    }
+
+    /// The amax in layer `layer`'s weight slot (`prepare_fp8` first), read back: what
+    /// `tests/gpu_kernels.rs` compares with the amax of the weight an optimizer step wrote.
+    pub fn fp8_weight_slot_amax(&self, layer: usize) -> BResult<f32> {
+        let at = {
+            let cell = self.fp8_ws.borrow();
+            let Some(ws) = cell.as_ref() else { return Err(bad("fp8_weight_slot_amax before prepare_fp8".into())) };
+            if layer >= ws.layout.layers {
+                return Err(bad(format!("FP8 layer {layer}, but prepare_fp8 reserved {}", ws.layout.layers)));
+            }
+            ws.layout.layer_weight(layer)
+        };
+        self.fp8_slot_amax(at)
+    }
+
+    /// The amax word of the slot at byte `slot` of the workspace, read back.
+    fn fp8_slot_amax(&self, slot: usize) -> BResult<f32> {
         let cell = self.fp8_ws.borrow();
-        let Some(ws) = cell.as_ref() else { return Err(bad("fp8_sink_amax before prepare_fp8".into())) };
-        let at = ws.sink_offset(sink)? + 4;
+        let Some(ws) = cell.as_ref() else { return Err(bad("an FP8 slot read before prepare_fp8".into())) };
+        let at = slot + 4;
         let words =
             self.stream.clone_dtoh(&ws.buf.slice(at..at + 4)).map_err(|e| self.err("reading an amax sink", e))?;
         Ok(f32::from_bits(u32::from_le_bytes([words[0], words[1], words[2], words[3]])))

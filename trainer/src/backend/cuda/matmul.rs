@@ -408,8 +408,8 @@ impl MatmulOps for CudaBackend {
         self.fp8_prepare(layers)
     }
 
-    fn fp8_weights_changed(&self) {
-        self.fp8_new_version();
+    fn fp8_weights_changed(&self, by_step: bool) {
+        self.fp8_new_version(by_step);
     }
 
     fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()> {
