@@ -8,7 +8,8 @@
 #
 # speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 without the
 #         kept input codes: speed-1.5b-fp8-nokept; without the optimizer step's weight amaxes:
-#         speed-1.5b-fp8-nostepamax; fp8 with the attention projection kept in
+#         speed-1.5b-fp8-nostepamax; without the norms in the casts: speed-1.5b-fp8-nonormcast;
+#         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
 #         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
@@ -34,7 +35,8 @@
 #         run logged as composed;
 #         and, where ncu can read the GPU, every kernel of 3 steps of a 2-block model, bf16 and
 #         fp8, summed by kernel name ($OUT/gap-kernels.txt), and fp8 with the layers' inputs'
-#         codes kept from forward to backward against without (gap-kept: $OUT/gap-kept.txt).
+#         codes kept from forward to backward against without (gap-kept: $OUT/gap-kept.txt)
+#         and with the optimizer step's weight amaxes against without (gap-stepamax).
 #
 # ONLY=REGEX runs the matching rows (e.g. ONLY='1.5b' or ONLY='parity-124m'); each row is a
 # separate launch, so a device call's 10 minutes can take the rows a few at a time with the
@@ -131,6 +133,12 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     SHARDTRAIN_FP8_STEP_AMAX=0 ours speed-1.5b-fp8-nostepamax configs/gpt2-1.5b.toml --set zero.stage=1 \
         --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
         --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    # The same fp8 row writing the LayerNorms' outputs and casting them instead of applying the
+    # norms in qkv's and fc's casts (SHARDTRAIN_FP8_NORM_IN_CAST=0), on the fp8 row's stored
+    # algorithms: the same losses, bit for bit; the saving of never writing them.
+    SHARDTRAIN_FP8_NORM_IN_CAST=0 ours speed-1.5b-fp8-nonormcast configs/gpt2-1.5b.toml --set zero.stage=1 \
+        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
     # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
     ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
@@ -173,22 +181,25 @@ if [[ $WHAT == gap ]]; then
         --set train.steps=12 --set train.warmup_steps=2 --set zero.stage=1 --set train.micro_batch=8 \
         --set "train.gemm_tuning_from=\"$OUT/gap-L18-fp8\"" --set 'train.precision="fp8"'
     grep -h -A8 "no cuBLASLt algorithm" "$OUT"/gap-L*-fp8.log 2>/dev/null | sort -u | head -20
-    if command -v ncu > /dev/null && wanted gap-kept; then
-        # The kept input codes' share, kernel by kernel: fp8 with them and without
-        # (SHARDTRAIN_FP8_KEPT_INPUTS=0), keep_gelu on, each kernel's time and DRAM bytes.
-        for v in kept nokept; do
-            k=1; [[ $v == nokept ]] && k=0
-            SHARDTRAIN_FP8_KEPT_INPUTS=$k ncu_2blocks "gap-kept-$v" \
-                gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-                --set checkpointing.keep_gelu=true --set 'train.precision="fp8"'
+    # Two FP8 savings, kernel by kernel: fp8 with each and without (its switch at 0), keep_gelu
+    # on, each kernel's time and DRAM bytes: the layers' inputs' codes kept from forward to
+    # backward (gap-kept: SHARDTRAIN_FP8_KEPT_INPUTS) and the weights' amaxes the optimizer
+    # step leaves (gap-stepamax: SHARDTRAIN_FP8_STEP_AMAX).
+    for ab in kept:SHARDTRAIN_FP8_KEPT_INPUTS stepamax:SHARDTRAIN_FP8_STEP_AMAX; do
+        name=${ab%%:*} switch=${ab#*:}
+        command -v ncu > /dev/null && wanted "gap-$name" || continue
+        for v in on off; do
+            k=1; [[ $v == off ]] && k=0
+            (export "$switch=$k"; ncu_2blocks "gap-$name-$v" gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+                --set checkpointing.keep_gelu=true --set 'train.precision="fp8"')
         done
-        python3 - "$OUT" <<'PY' | tee "$OUT/gap-kept.txt"
+        python3 - "$OUT" "$name" <<'PY' | tee "$OUT/gap-$name.txt"
 import collections, csv, sys
-out = sys.argv[1]
+out, name = sys.argv[1], sys.argv[2]
 def load(v):
     t, b, n = collections.Counter(), collections.Counter(), collections.Counter()
     try:
-        lines = [l for l in open(f"{out}/gap-kept-{v}.csv") if l.startswith('"')]
+        lines = [l for l in open(f"{out}/gap-{name}-{v}.csv") if l.startswith('"')]
     except OSError:
         return t, b, n
     for row in csv.DictReader(lines):
@@ -200,14 +211,15 @@ def load(v):
         else:
             b[k] += x / 3
     return t, b, n
-(ta, ba, na), (tb, bb, nb) = load("kept"), load("nokept")
-print(f"{'kernel (per step, 2 blocks)':72} {'kept ms':>8} {'nokept':>8} {'diff':>7} {'GB k/n':>12} {'calls k/n':>9}")
+(ta, ba, na), (tb, bb, nb) = load("on"), load("off")
+print(f"{name}: with it (on) against without (off), 3 steps of 2 blocks")
+print(f"{'kernel (per step, 2 blocks)':72} {'on ms':>8} {'off':>8} {'diff':>7} {'GB on/off':>12} {'calls on/off':>9}")
 for k in sorted(set(ta) | set(tb), key=lambda k: -abs(ta[k] - tb[k])):
     if abs(ta[k] - tb[k]) >= 0.002:
         print(f"{k:72} {ta[k]:8.3f} {tb[k]:8.3f} {ta[k]-tb[k]:7.3f} {ba[k]/1e9:5.2f}/{bb[k]/1e9:<5.2f} {na[k]//3:>4}/{nb[k]//3:<4}")
 print(f"{'total':72} {sum(ta.values()):8.3f} {sum(tb.values()):8.3f} {sum(ta.values())-sum(tb.values()):7.3f}")
 PY
-    fi
+    done
     if command -v ncu > /dev/null && wanted gap-ncu; then
         for p in bf16 fp8; do
             ncu_2blocks "gap-ncu-$p" gpu__time_duration.sum --set "train.precision=\"$p\""

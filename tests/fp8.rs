@@ -392,13 +392,24 @@ fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
 }
 
 /// What [`run_with`] gives: per step the loss, the parameters at the end, the activations
-/// the ledger counted, and over the steps' first micro-steps how many FP8 weights used the
-/// amax the optimizer step left (rank 0).
-type Handmade = (Vec<f64>, Vec<Vec<f32>>, u64, usize);
+/// the ledger counted, over the steps' first micro-steps how many FP8 weights used the amax
+/// the optimizer step left, and how many FP8 GEMMs applied a norm in their cast (rank 0).
+type Handmade = (Vec<f64>, Vec<Vec<f32>>, u64, usize, usize);
 
-/// A hand-driven FP8 run (what `Trainer` does, with the model's kept inputs and the engine's
-/// step amaxes given).
-fn run_with(cfg: &Config, world: usize, kept_inputs: bool, step_amax: bool, steps: usize) -> Handmade {
+/// The FP8 savings a hand-driven run takes (each one's switch: `ModelOptions` and
+/// `EngineOptions`).
+#[derive(Clone, Copy)]
+struct Knobs {
+    kept_inputs: bool,
+    step_amax: bool,
+    norm_in_cast: bool,
+}
+
+const ALL: Knobs = Knobs { kept_inputs: true, step_amax: true, norm_in_cast: true };
+
+/// A hand-driven FP8 run (what `Trainer` does, with the savings `knobs` says).
+fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade {
+    let Knobs { kept_inputs, step_amax, norm_in_cast } = knobs;
     use trainer::model::{step_micro, ModelLayout, ModelOptions};
     use trainer::optim::Hyper;
     use trainer::zero::{Engine, EngineOptions};
@@ -411,7 +422,11 @@ fn run_with(cfg: &Config, world: usize, kept_inputs: bool, step_amax: bool, step
         let eopts = EngineOptions::from_config(&cfg);
         let eopts = EngineOptions { fp8_step_amax: eopts.fp8_step_amax.filter(|_| step_amax), ..eopts };
         let mut eng = Engine::new(&be, layout, eopts, rank, world, Some(&mut init)).expect("engine");
-        let opts = ModelOptions { fp8_kept_inputs: kept_inputs, ..ModelOptions::from_config(&cfg) };
+        let opts = ModelOptions {
+            fp8_kept_inputs: kept_inputs,
+            fp8_norm_in_cast: norm_in_cast,
+            ..ModelOptions::from_config(&cfg)
+        };
         let mut model = family.build(&be, &eng.layout, &opts, &mut eng.ledger).expect("model");
         let (accum, n) = (cfg.train.grad_accum, cfg.train.micro_batch * cfg.model.seq_len);
         let (mut losses, mut from_step) = (Vec::new(), 0);
@@ -433,7 +448,7 @@ fn run_with(cfg: &Config, world: usize, kept_inputs: bool, step_amax: bool, step
             losses.push(model.take_mean_loss(&be).expect("loss"));
         }
         let params = (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
-        (losses, params, eng.ledger.report().current.activations, from_step)
+        (losses, params, eng.ledger.report().current.activations, from_step, be.fp8_norms_applied_in_casts())
     });
     results.swap_remove(0)
 }
@@ -455,8 +470,8 @@ fn kept_fp8_inputs_give_the_bits_of_casting_again() {
             for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
                 let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("config");
                 let tag = format!("{name} world {world} stage {stage} checkpointing {act:?}");
-                let (l0, p0, a0, _) = run_with(&cfg, world, false, true, 3);
-                let (l1, p1, a1, _) = run_with(&cfg, world, true, true, 3);
+                let (l0, p0, a0, ..) = run_with(&cfg, world, Knobs { kept_inputs: false, ..ALL }, 3);
+                let (l1, p1, a1, ..) = run_with(&cfg, world, ALL, 3);
                 assert_eq!(l1, l0, "{tag}: losses");
                 assert_eq!(p1, p0, "{tag}: parameters");
                 assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
@@ -520,8 +535,8 @@ fn fp8_weight_amaxes_left_by_the_step_give_the_bits_of_measuring_them() {
                 let toml = toml(stage).replace("[train]\n", &format!("[train]\nfp8_weight_cache = {cache}\n"));
                 let cfg = Config::from_toml_str(&toml, "test").expect("config");
                 let tag = format!("{name} world {world} stage {stage} cached {cache}");
-                let (l0, p0, _, none) = run_with(&cfg, world, true, false, steps);
-                let (l1, p1, _, used) = run_with(&cfg, world, true, true, steps);
+                let (l0, p0, _, none, _) = run_with(&cfg, world, Knobs { step_amax: false, ..ALL }, steps);
+                let (l1, p1, _, used, _) = run_with(&cfg, world, ALL, steps);
                 assert_eq!(l1, l0, "{tag}: losses");
                 assert_eq!(p1, p0, "{tag}: parameters");
                 assert!(l1[steps - 1] < l1[0], "{tag}: the loss falls: {l1:?}");
@@ -606,4 +621,35 @@ fn a_weight_written_after_the_step_is_measured_again() {
     // Said by the version: measured again.
     cpu.fp8_weights_changed(false);
     cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).expect("a version not begun by the step");
+}
+
+/// GPT-2's qkv and fc, where they keep their input's codes, take the LayerNorm's output from
+/// the norm's input, the norm applied by their cast (`MatmulOps::matmul_fwd_of_ln`; the norm
+/// writes only its statistics and amax): the bits of writing the norm's output and casting it
+/// (`SHARDTRAIN_FP8_NORM_IN_CAST=0`), on one rank and ZeRO-3 on two, with no checkpointing,
+/// every second block checkpointed (those blocks keep no codes: the norms are written there)
+/// and keep_gelu; and the path runs (ln1 in every block that keeps codes, ln2 where fc2 takes
+/// GELU from the pre-activation too: keep_gelu). The CPU reference checks the statistics it is handed are the norm's.
+#[test]
+fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
+    for (world, stage) in [(1usize, 0u8), (2, 3)] {
+        for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
+            let cfg = Config::from_toml_str(&tiny_fp8_toml(stage, 2, act, "fp8"), "test").expect("config");
+            let tag = format!("world {world} stage {stage} checkpointing {act:?}");
+            let (l0, p0, .., off) = run_with(&cfg, world, Knobs { norm_in_cast: false, ..ALL }, 3);
+            let (l1, p1, .., on) = run_with(&cfg, world, ALL, 3);
+            assert_eq!(l1, l0, "{tag}: losses");
+            assert_eq!(p1, p0, "{tag}: parameters");
+            assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
+            assert_eq!(off, 0, "{tag}: no norm in a cast where it is off");
+            // 2 blocks, 2 norms each, 3 steps of 2 micro-steps: ln2 where fc2 takes GELU from
+            // the pre-activation (keep_gelu); fewer with checkpointing.
+            let all = 2 * 2 * 3 * 2;
+            match act {
+                "\"none\"" => assert_eq!(on, all / 2, "{tag}: ln1 of every forward in qkv's cast"),
+                common::KEEP_GELU => assert_eq!(on, all, "{tag}: both norms of every forward in their casts"),
+                _ => assert!(on > 0 && on < all, "{tag}: the blocks that keep codes: {on} of {all}"),
+            }
+        }
+    }
 }

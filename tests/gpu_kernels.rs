@@ -1080,6 +1080,40 @@ fn cross_entropy_chunk() {
     });
 }
 
+/// LayerNorm without its output (an FP8 cast applies the norm: `matmul_fwd_of_ln`): the
+/// statistics of `layernorm_fwd`, bit for bit, and the amax of the output it would write.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn layernorm_stats_amax() {
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("layernorm_stats_amax", "skipped", true, &why);
+            return Ok(());
+        }
+        let n = 64usize;
+        be.prepare_fp8(&Fp8Layers::blocks(n, &[(1600, 1600)], 1, 0))?;
+        for cc in [1600usize, 1004] {
+            let r = Rows { n, c: cc };
+            let (inp, params) = (rng.vec(n * cc, 2.0), rng.vec(2 * cc, 1.0));
+            let (gi, gp) = (up_buf(be, &inp)?, up_buf(be, &params)?);
+            let at = NormLocs { w: Loc::new(0, cc), b: Loc::new(cc, cc) };
+            let (mut o, mut m, mut rs) = (poisoned_buf(be, n * cc)?, poisoned_f32(be, n)?, poisoned_f32(be, n)?);
+            be.layernorm_fwd(&mut o, LnStats { mean: &mut m, rstd: &mut rs }, &gi, Weights::new(&gp, at), r, None)?;
+            let want = [be.download_f32(&m, Loc::all(n))?, be.download_f32(&rs, Loc::all(n))?].concat();
+            let out = be.download_buf(&o, Loc::all(n * cc))?;
+            let (mut m2, mut rs2) = (poisoned_f32(be, n)?, poisoned_f32(be, n)?);
+            let st = LnStats { mean: &mut m2, rstd: &mut rs2 };
+            be.layernorm_stats_amax(st, &gi, Weights::new(&gp, at), r, AmaxSink::Input(0))?;
+            let got = [be.download_f32(&m2, Loc::all(n))?, be.download_f32(&rs2, Loc::all(n))?].concat();
+            let tag = format!("layernorm_stats_amax C{cc}");
+            rep.same_bits(&tag, "mean and rstd", &got, &want);
+            let (left, amax) = (be.fp8_sink_amax(AmaxSink::Input(0))?, trainer::backend::fp8::amax(&out));
+            rep.check(&tag, "amax left", left.to_bits() == amax.to_bits(), &format!("{left:e} vs {amax:e}"));
+        }
+        Ok(())
+    });
+}
+
 /// AdamW over 21 segments (more than one launch takes: 16), with and without weight decay,
 /// one of them empty, at odd offsets and at offsets in multiples of 4 (both kernels); three
 /// segments are FP8 layers' weights (two adjacent layers in the first launch, one in the

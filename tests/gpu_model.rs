@@ -727,34 +727,40 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
             // The reference first: no cache, no sinks, no kept input codes, eager, stage 0.
             // Then the cache of every block or of the first half (the rest cast at each use),
             // and stage 3, whose gathers land in pooled buffers (the cache is keyed by the
-            // parameter version); the inputs' codes kept from forward to backward, or not.
+            // parameter version); the inputs' codes kept from forward to backward, or not; the
+            // norms applied in their layers' casts, or not; the weights' amaxes from the
+            // optimizer step (stages 0-2), or not.
             let (all, half) = (cfg.n_layer, cfg.n_layer / 2);
             let variants = [
-                (0, false, false, 0u8, false),
-                (0, false, false, 0, true),
-                (0, false, true, 0, true),
-                (all, false, true, 0, true),
-                (all, true, true, 0, true),
-                (0, true, true, 0, false),
-                (half, true, true, 0, true),
-                (all, true, true, 3, true),
-                (0, true, true, 3, true),
+                (0, false, false, 0u8, false, false, false),
+                (0, false, false, 0, true, false, false),
+                (0, false, true, 0, true, true, false),
+                (all, false, true, 0, true, true, true),
+                (all, true, true, 0, true, true, true),
+                (0, true, true, 0, false, false, true),
+                (half, true, true, 0, true, false, true),
+                (all, true, true, 3, true, true, false),
+                (0, true, true, 3, true, true, false),
             ];
-            for (cached_blocks, graphs, sinks, stage, kept) in variants {
+            for (cached_blocks, graphs, sinks, stage, kept, norm, step_amax) in variants {
                 let name = format!(
                     "{:?}: {cached_blocks} blocks cached, graphs {graphs}, sinks {sinks}, stage {stage}, kept inputs \
-                     {kept}, {:?} keep_gelu {:?}",
+                     {kept}, norms in casts {norm}, step amaxes {step_amax}, {:?} keep_gelu {:?}",
                     family, ckpt.activations, ckpt.keep_gelu
                 );
                 let l2 = layout.clone();
                 let mut init = move |u, r| Ok(family.init_range(&l2, u, seed, Default::default(), r));
-                let mut eng =
-                    Engine::new(be, layout.clone(), EngineOptions::stage(stage), 0, 1, Some(&mut init)).map_err(dev)?;
+                let eopts = EngineOptions {
+                    fp8_step_amax: step_amax.then_some((n, [false; 4])),
+                    ..EngineOptions::stage(stage)
+                };
+                let mut eng = Engine::new(be, layout.clone(), eopts, 0, 1, Some(&mut init)).map_err(dev)?;
                 let opts = ModelOptions {
                     precision: Precision::Fp8,
                     fp8_cached_blocks: cached_blocks,
                     fp8_amax_sinks: sinks,
                     fp8_kept_inputs: kept,
+                    fp8_norm_in_cast: norm,
                     checkpointing: ckpt.clone(),
                     ..ModelOptions::batch(b)
                 };

@@ -47,6 +47,18 @@ pub trait LayerNormOps: Device {
         r: Rows,
         amax: Option<AmaxSink>,
     ) -> BResult<()>;
+    /// [`LayerNormOps::layernorm_fwd`] without its output: the row statistics and the amax of
+    /// the output it would write, into `amax`, for an FP8 GEMM that applies the norm in the
+    /// cast of its input ([`MatmulOps::matmul_fwd_of_ln`](super::MatmulOps::matmul_fwd_of_ln)),
+    /// so the output is never written.
+    fn layernorm_stats_amax(
+        &self,
+        stats: LnStats<'_, Self>,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+        amax: AmaxSink,
+    ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..`, `db += ..`; leaves the amax of the updated `dinp` (the
     /// residual gradient, which an FP8 GEMM's backward reads next) in `amax` where set.
     #[allow(clippy::too_many_arguments)] // the norm's own six, and where its output's amax goes

@@ -130,6 +130,20 @@ impl LinearLocs {
         )))
     }
 
+    /// `Ok` where the layer at shape `s` may take a LayerNorm's output from the norm's input
+    /// ([`MatmulOps::matmul_fwd_of_ln`]): it keeps its input's codes and the norm's output's
+    /// amax was left for it; else the model bug, named.
+    pub fn check_norm_of_input(&self, s: MatShape) -> BResult<()> {
+        if self.keeps_input(s) && self.fp8.is_some_and(|f| f.input_amax_ready) {
+            return Ok(());
+        }
+        Err(super::BackendError::Device(format!(
+            "an FP8 GEMM of a LayerNorm's output from the norm's input, but layer {:?} does not keep its input's \
+             codes or has no amax of the norm's output left (a model bug)",
+            self.fp8.map(|f| f.index)
+        )))
+    }
+
     /// The same layer for a backward whose input the model made again otherwise than the
     /// forward did (see [`Fp8Layer::input_from_forward`]).
     pub fn input_recomputed(self) -> LinearLocs {
@@ -188,6 +202,17 @@ pub struct MatShape {
     pub n: usize,
     pub c: usize,
     pub oc: usize,
+}
+
+/// A LayerNorm's output as a linear layer's input, given as the norm's input and what
+/// [`LayerNormOps::layernorm_stats_amax`](super::LayerNormOps::layernorm_stats_amax) saved
+/// ([`MatmulOps::matmul_fwd_of_ln`]).
+pub struct NormOfInput<'a, B: Device + ?Sized> {
+    /// The rows' statistics `layernorm_stats_amax` saved.
+    pub mean: &'a B::F32,
+    pub rstd: &'a B::F32,
+    /// The norm's weight and bias, in the linear layer's parameter buffer.
+    pub at: super::NormLocs,
 }
 
 /// The input of a linear layer that follows a GELU: `act = GELU(pre)`, with `pre` kept
@@ -387,6 +412,30 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         Err(super::BackendError::Device(format!(
             "an FP8 GEMM of GELU's output from its pre-activation (layer {:?}), which this backend does not run (a \
              bug)",
+            p.at.fp8.map(|f| f.index)
+        )))
+    }
+
+    /// A linear layer of a LayerNorm's output, in FP8: `out = LN(x) · Wᵀ + bias`, the norm
+    /// applied by the cast that quantizes the layer's input as it reads `x`, with the
+    /// statistics and the output's amax [`LayerNormOps::layernorm_stats_amax`] left (into
+    /// [`LinearLocs::input_sink`]), so the norm's output is never written. The same bits as
+    /// `layernorm_fwd` then [`MatmulOps::matmul_fwd`]. Only for a layer that keeps its
+    /// input's codes ([`LinearLocs::check_norm_of_input`]); otherwise, and on a backend
+    /// without it (the default), an error: the model composes the two instead.
+    ///
+    /// [`LayerNormOps::layernorm_stats_amax`]: super::LayerNormOps::layernorm_stats_amax
+    fn matmul_fwd_of_ln(
+        &self,
+        _out: &mut Self::Buf,
+        _x: &Self::Buf,
+        _norm: NormOfInput<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+    ) -> BResult<()> {
+        Err(super::BackendError::Device(format!(
+            "an FP8 GEMM of a LayerNorm's output from the norm's input (layer {:?}), which this backend does not run \
+             (a bug)",
             p.at.fp8.map(|f| f.index)
         )))
     }

@@ -157,6 +157,16 @@ impl LayerNormOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+    fn layernorm_stats_amax(
+        &self,
+        _: LnStats<'_, Self>,
+        _: &MetaBuf,
+        _: Weights<'_, Self, NormLocs>,
+        _: Rows,
+        _: AmaxSink,
+    ) -> BResult<()> {
+        Ok(())
+    }
     fn layernorm_bwd(
         &self,
         _: &mut MetaBuf,
@@ -212,6 +222,16 @@ impl MatmulOps for MetaBackend {
         _: WeightGrads<'_, Self, LinearLocs>,
         _: &MetaBuf,
         _: &MetaBuf,
+        _: Weights<'_, Self, LinearLocs>,
+        _: MatShape,
+    ) -> BResult<()> {
+        Ok(())
+    }
+    fn matmul_fwd_of_ln(
+        &self,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: crate::backend::NormOfInput<'_, Self>,
         _: Weights<'_, Self, LinearLocs>,
         _: MatShape,
     ) -> BResult<()> {

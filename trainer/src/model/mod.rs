@@ -237,6 +237,12 @@ pub struct ModelOptions {
     /// input no more; false (`SHARDTRAIN_FP8_KEPT_INPUTS=0`) casts it again in the backward:
     /// the same bits, to measure or rule the kept codes out.
     pub fp8_kept_inputs: bool,
+    /// FP8: a layer that keeps its input's codes and reads a LayerNorm's output (GPT-2's qkv
+    /// and fc) takes it from the norm's input, the norm applied by its cast, so the norm's
+    /// output is never written (`MatmulOps::matmul_fwd_of_ln`); false
+    /// (`SHARDTRAIN_FP8_NORM_IN_CAST=0`) writes it and casts it: the same bits, to measure or
+    /// rule it out.
+    pub fp8_norm_in_cast: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
@@ -269,18 +275,21 @@ impl ModelOptions {
             fp8_bf16_layers: cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers),
             fp8_amax_sinks: true,
             fp8_kept_inputs: true,
+            fp8_norm_in_cast: true,
             document_mask: cfg.data.document_mask,
         }
     }
 
-    /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS` and
-    /// `SHARDTRAIN_FP8_KEPT_INPUTS` read: unset, empty or `1` keep the sinks (the kept
-    /// inputs), `0` turns them off; any other value is an error. The planner reads them too,
+    /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS`,
+    /// `SHARDTRAIN_FP8_KEPT_INPUTS` and `SHARDTRAIN_FP8_NORM_IN_CAST` read: unset, empty or
+    /// `1` keep the sinks (the kept inputs, the norms in the casts), `0` turns them off; any
+    /// other value is an error. The planner reads them too,
     /// so its prediction is the run's.
     pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
         let fp8_amax_sinks = env_switch("SHARDTRAIN_FP8_AMAX_SINKS")?;
         let fp8_kept_inputs = env_switch("SHARDTRAIN_FP8_KEPT_INPUTS")?;
-        Ok(ModelOptions { fp8_amax_sinks, fp8_kept_inputs, ..ModelOptions::from_config(cfg) })
+        let fp8_norm_in_cast = env_switch("SHARDTRAIN_FP8_NORM_IN_CAST")?;
+        Ok(ModelOptions { fp8_amax_sinks, fp8_kept_inputs, fp8_norm_in_cast, ..ModelOptions::from_config(cfg) })
     }
 
     /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
@@ -296,6 +305,7 @@ impl ModelOptions {
             fp8_bf16_layers: [false; 4],
             fp8_amax_sinks: true,
             fp8_kept_inputs: true,
+            fp8_norm_in_cast: true,
             document_mask: false,
         }
     }

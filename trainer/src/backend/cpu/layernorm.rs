@@ -122,6 +122,19 @@ impl LayerNormOps for CpuBackend {
         layernorm_forward(&mut out[..n * c], &mut stats.mean[..n], &mut stats.rstd[..n], &inp[..n * c], w, b);
         self.leave_amax(amax, &out[..n * c])
     }
+    fn layernorm_stats_amax(
+        &self,
+        stats: LnStats<'_, Self>,
+        inp: &Vec<f32>,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+        amax: AmaxSink,
+    ) -> BResult<()> {
+        // The forward into scratch: the GPU writes no output, only its statistics and amax.
+        let mut out = vec![0.0; r.n * r.c];
+        self.layernorm_fwd(&mut out, stats, inp, p, r, Some(amax))
+    }
+
     fn layernorm_bwd(
         &self,
         dinp: &mut Vec<f32>,

@@ -30,6 +30,7 @@ use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
 use crate::backend::{ActivationOps, WeightGrads, Weights};
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps,
+    NormOfInput,
 };
 
 /// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
@@ -69,6 +70,8 @@ pub(super) struct Fp8State {
     step_amax: Vec<Option<f32>>,
     /// Per layer, the amax its weight has in a version (left by the step that began it).
     known_amax: Vec<Option<(f32, u64)>>,
+    /// FP8 GEMMs that applied a norm to their input in its cast (`matmul_fwd_of_ln`), ever.
+    norms_in_casts: usize,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
     /// The backward's recipe (`Fp8Layers::backward`; the default before `prepare_fp8`).
@@ -173,6 +176,12 @@ impl CpuBackend {
     pub fn fp8_weight_amaxes_from_step(&self) -> usize {
         let st = self.fp8.borrow();
         st.known_amax.iter().filter(|k| k.is_some_and(|k| k.1 == st.version)).count()
+    }
+
+    /// How many FP8 GEMMs applied a LayerNorm in their input's cast (`matmul_fwd_of_ln`)
+    /// on this backend (tests: the path runs, not ignored).
+    pub fn fp8_norms_applied_in_casts(&self) -> usize {
+        self.fp8.borrow().norms_in_casts
     }
 
     /// A producer's amax of what it wrote (`xs`) into `sink` (nothing where `None`), for
@@ -394,6 +403,31 @@ impl MatmulOps for CpuBackend {
         super::activation::gelu_forward(&mut act, &pre[..n * c]);
         self.matmul_fwd(tmp, &act, p, s)?;
         self.residual_fwd(out, res, tmp, n * oc)
+    }
+
+    fn matmul_fwd_of_ln(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        norm: NormOfInput<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        let MatShape { n, c, .. } = s;
+        p.at.check_norm_of_input(s)?;
+        // The GPU never writes the norm's output; here it is per-call scratch, made again
+        // from the input with the statistics the forward saved (checked to be the same), and
+        // quantized (with the amax its producer left, checked) as any FP8 input is.
+        let (mut y, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+        let (w, b) = (at(p.buf, norm.at.w), at(p.buf, norm.at.b));
+        super::layernorm::layernorm_forward(&mut y, &mut mean, &mut rstd, &x[..n * c], w, b);
+        if mean[..] != norm.mean[..n] || rstd[..] != norm.rstd[..n] {
+            return Err(BackendError::Device(
+                "matmul_fwd_of_ln: the statistics given are not those of the norm's input (a model bug)".into(),
+            ));
+        }
+        self.fp8.borrow_mut().norms_in_casts += 1;
+        self.matmul_fwd(out, &y, p, s)
     }
 
     fn matmul_bwd_kept(

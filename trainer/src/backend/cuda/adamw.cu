@@ -26,11 +26,16 @@ __device__ __forceinline__ void adamw_flush_amax(unsigned* block_amax, int s, un
     m = 0;
 }
 
-// The block's amaxes into the segments' words, one atomic per segment a block touched.
+// The block's amaxes into the segments' words: an atomic per segment a block touched, where
+// the word does not already hold as much (it only grows), so few of the grid's blocks
+// contend for one address.
 __device__ __forceinline__ void adamw_block_amax_out(unsigned* block_amax, const AdamWSegs& segs) {
     __syncthreads();
-    if (threadIdx.x < segs.n && segs.amax[threadIdx.x] != nullptr && block_amax[threadIdx.x] != 0)
-        atomicMax(segs.amax[threadIdx.x], block_amax[threadIdx.x]);
+    if (threadIdx.x < segs.n && segs.amax[threadIdx.x] != nullptr) {
+        unsigned* word = segs.amax[threadIdx.x];
+        const unsigned m = block_amax[threadIdx.x];
+        if (m != 0 && m > *(volatile unsigned*)word) atomicMax(word, m);
+    }
 }
 
 __device__ __forceinline__ void adamw_block_amax_init(unsigned* block_amax) {

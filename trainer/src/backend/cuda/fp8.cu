@@ -112,6 +112,9 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/128)), 256 threads.
 // With gelu set, x is a pre-activation and the values cast are GELU(x) rounded to bf16 (what
 // gelu_fwd writes; the slot holds their amax): the MLP's output layer's input, never written.
+// With ln_mean set, x is a LayerNorm's input and the values cast are its output rounded to
+// bf16, (x - mean[row])·rstd[row]·w[col] + b[col] as layernorm_fwd computes it (the same
+// expression, so the same bits; the slot holds their amax): a norm's output, never written.
 // Unless colsum is null, also the column sums of x per tile, colsum[blockIdx.y, col] (f32,
 // [ceil(rows/128), cols]): the bias gradient of an output gradient without another pass over
 // it (reduce_partials adds the tiles in order). A tile's sum, in this order: each 4-row
@@ -126,7 +129,11 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
                                                                           unsigned char* __restrict__ qt,
                                                                           const bf16_t* __restrict__ x, int rows,
                                                                           int cols, unsigned* slot, int e5m2,
-                                                                          float* __restrict__ colsum, int gelu) {
+                                                                          float* __restrict__ colsum, int gelu,
+                                                                          const float* __restrict__ ln_mean,
+                                                                          const float* __restrict__ ln_rstd,
+                                                                          const bf16_t* __restrict__ ln_w,
+                                                                          const bf16_t* __restrict__ ln_b) {
     __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     const float s = slot_scale(slot, e5m2);
@@ -144,6 +151,20 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
         if (gelu) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
+        }
+        if (ln_mean) {
+            float ww[8], bb[8];
+            unpack8(load8(ln_w + gc, aligned16(ln_w)), ww);
+            unpack8(load8(ln_b + gc, aligned16(ln_b)), bb);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float m = ln_mean[gr + i], r = ln_rstd[gr + i];
+                float f[8];
+                unpack8(v[i], f);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
+                v[i] = pack8(f);
+            }
         }
         if (colsum) {
             float f[4][8];

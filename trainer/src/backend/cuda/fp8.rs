@@ -213,6 +213,19 @@ struct Cast {
     /// `x` is a pre-activation: the values cast are GELU(x) rounded to bf16 (the slot holds
     /// their amax; transposing casts only).
     gelu: bool,
+    /// `x` is a LayerNorm's input: the values cast are its output rounded to bf16, as
+    /// `layernorm_fwd` writes it (the slot holds their amax; transposing casts only).
+    norm: Option<NormPtrs>,
+}
+
+/// A LayerNorm a cast applies as it reads its input: the rows' statistics (f32, `rows`
+/// each) and the weight and bias (bf16, `cols` each).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NormPtrs {
+    pub mean: u64,
+    pub rstd: u64,
+    pub w: u64,
+    pub b: u64,
 }
 
 /// A layer's weight as its GEMM reads it: the codes (`[oc, c]` for the forward, `[c, oc]`
@@ -252,6 +265,10 @@ pub(super) struct FwdEpilogue {
     /// The input is a pre-activation whose GELU the layer multiplies: its cast applies GELU
     /// (the layer keeps its input's codes, and GELU's amax was left in its input slot).
     pub gelu_input: bool,
+    /// The input is a LayerNorm's input whose output the layer multiplies: its cast applies
+    /// the norm (the layer keeps its input's codes, and the norm's output's amax was left in
+    /// its input slot: `layernorm_stats_amax`).
+    pub norm: Option<NormPtrs>,
 }
 
 impl CudaBackend {
@@ -425,6 +442,7 @@ impl CudaBackend {
                 dst: Some(codes.w),
                 dst_t: Some(codes.wt),
                 gelu: false,
+                norm: None,
             };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
@@ -572,15 +590,15 @@ impl CudaBackend {
     /// # Safety
     /// As [`CudaBackend::fp8_cast`]; `colsum` (unless 0) holds that many floats.
     unsafe fn fp8_cast_colsum(&self, c: Cast, colsum: u64) -> BResult<()> {
-        let Cast { x, rows, cols, fmt, slot, dst, dst_t, gelu } = c;
+        let Cast { x, rows, cols, fmt, slot, dst, dst_t, gelu, norm } = c;
         let n = rows * cols;
         let ni = n as i64;
         let fmt_i = i32::from(fmt.is_e5m2());
         match dst_t {
             None => {
                 let q = dst.ok_or_else(|| bad("an FP8 cast without a destination (a bug)".into()))?;
-                if gelu {
-                    return Err(bad("a GELU-applying FP8 cast without its transpose (a bug)".into()));
+                if gelu || norm.is_some() {
+                    return Err(bad("a GELU- or norm-applying FP8 cast without its transpose (a bug)".into()));
                 }
                 if colsum != 0 {
                     return Err(bad("column sums asked of an FP8 cast without its transpose (a bug)".into()));
@@ -602,9 +620,12 @@ impl CudaBackend {
                 let f = self.f("fp8_cast_transpose_bf16")?;
                 let mut lb = self.stream.launch_builder(f);
                 let gelu_i = i32::from(gelu);
+                let NormPtrs { mean, rstd, w, b } = norm.unwrap_or(NormPtrs { mean: 0, rstd: 0, w: 0, b: 0 });
                 lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&gelu_i);
+                lb.arg(&mean).arg(&rstd).arg(&w).arg(&b);
                 // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16; the slot two
-                // words; colsum (unless 0) a float per column and tile of rows.
+                // words; colsum (unless 0) a float per column and tile of rows; a norm's
+                // statistics a float per row, its weight and bias a bf16 per column.
                 unsafe { lb.launch(cfg(grid, (256, 1, 1), 0)) }
                     .map_err(|e| self.launch_err("fp8_cast_transpose_bf16", e))?;
             }
@@ -680,10 +701,10 @@ impl CudaBackend {
         // A layer that keeps its input's codes for its backward gets them transposed from
         // the same cast (the layout the backward's dW GEMM reads).
         let kept = self.fp8_kept_input(layer)?;
-        if epi.gelu_input && (kept.is_none() || !amax_left) {
+        if (epi.gelu_input || epi.norm.is_some()) && (kept.is_none() || !amax_left) {
             return Err(bad(format!(
-                "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} keeps no input codes or no \
-                 amax of GELU's output was left (a bug)",
+                "an FP8 GEMM that applies GELU or a norm to its input in its cast, but layer {:?} keeps no input codes \
+                 or no amax of the applied input was left (a bug)",
                 layer.map(|l| l.index)
             )));
         }
@@ -696,6 +717,7 @@ impl CudaBackend {
             dst: Some(ws.a()),
             dst_t: kept,
             gelu: epi.gelu_input,
+            norm: epi.norm,
         };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked), a kept region the
@@ -705,8 +727,17 @@ impl CudaBackend {
             self.fp8_cast_amax(x, amax_left, 0)?;
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
-                let wc =
-                    Cast { x: w, rows: oc, cols: c, slot: w_slot, dst: Some(ws.w()), dst_t: None, gelu: false, ..x };
+                let wc = Cast {
+                    x: w,
+                    rows: oc,
+                    cols: c,
+                    slot: w_slot,
+                    dst: Some(ws.w()),
+                    dst_t: None,
+                    gelu: false,
+                    norm: None,
+                    ..x
+                };
                 self.fp8_cast(wc)?;
             }
         }
@@ -780,8 +811,17 @@ impl CudaBackend {
         let stream = self.lt_stream();
         // dY's transposed codes only for an FP8 dW.
         let gt = dw_fp8.then(|| ws.gt());
-        let g =
-            Cast { x: ptr.dout, rows: n, cols: oc, fmt: gf, slot: g_slot, dst: Some(ws.a()), dst_t: gt, gelu: false };
+        let g = Cast {
+            x: ptr.dout,
+            rows: n,
+            cols: oc,
+            fmt: gf,
+            slot: g_slot,
+            dst: Some(ws.a()),
+            dst_t: gt,
+            gelu: false,
+            norm: None,
+        };
         // The bias gradient from the column sums dY's transposing cast makes as it reads dY
         // (one pass over dY fewer); without that cast (dW in bf16), the bias kernel's pass.
         let fused_db = ptr.dbias.filter(|_| gt.is_some());
@@ -801,8 +841,17 @@ impl CudaBackend {
                 layer.map(|l| l.index)
             )));
         }
-        let x =
-            Cast { x: ptr.inp, rows: n, cols: c, fmt: e4, slot: in_slot, dst: None, dst_t: Some(ws.a()), gelu: false };
+        let x = Cast {
+            x: ptr.inp,
+            rows: n,
+            cols: c,
+            fmt: e4,
+            slot: in_slot,
+            dst: None,
+            dst_t: Some(ws.a()),
+            gelu: false,
+            norm: None,
+        };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
         // overwrites region a (dY) only after the dX GEMM that reads it, in stream order. A
@@ -826,6 +875,7 @@ impl CudaBackend {
                     dst: None,
                     dst_t: Some(ws.w()),
                     gelu: false,
+                    norm: None,
                 };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
                 self.fp8_cast(wc)?;
@@ -886,6 +936,7 @@ impl CudaBackend {
             dst: Some(ws.a()),
             dst_t: None,
             gelu: false,
+            norm: None,
         };
         let ws_ = Cast { x: wp, rows: oc, cols: c, slot: slot(ScaleSlot::Weight), dst: Some(ws.w()), ..xs };
         let gs = Cast {
@@ -897,6 +948,7 @@ impl CudaBackend {
             dst: Some(ws.a()),
             dst_t: Some(ws.gt()),
             gelu: false,
+            norm: None,
         };
         let xt = Cast { dst: None, dst_t: Some(ws.a()), ..xs };
         let wt = Cast { dst: None, dst_t: Some(ws.w()), ..ws_ };
@@ -1032,7 +1084,7 @@ impl CudaBackend {
         // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
         // aligned allocations); the slot two zeroed words; sums a float per column and tile.
         unsafe {
-            let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None, gelu: false };
+            let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None, gelu: false, norm: None };
             self.fp8_quantize(c)?;
             let r = cudarc::driver::result::memset_d8_async(sp + 4, 0, 4, self.stream.cu_stream());
             r.map_err(|e| self.err("zeroing the check slot", e))?;

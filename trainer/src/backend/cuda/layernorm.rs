@@ -239,6 +239,49 @@ impl LayerNormOps for CudaBackend {
         Ok(())
     }
 
+    fn layernorm_stats_amax(
+        &self,
+        stats: LnStats<'_, Self>,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+        amax: AmaxSink,
+    ) -> BResult<()> {
+        let (Rows { n, c }, LnStats { mean, rstd }, (params, NormLocs { w, b: bias })) = (r, stats, (p.buf, p.at));
+        check("layernorm_stats_amax inp", inp.len(), 0, n * c)?;
+        check("layernorm_stats_amax mean", mean.len(), 0, n)?;
+        check("layernorm_stats_amax rstd", rstd.len(), 0, n)?;
+        check_loc("layernorm_stats_amax weight", params.len(), w)?;
+        check_loc("layernorm_stats_amax bias", params.len(), bias)?;
+        if w.len != c || bias.len != c {
+            return Err(bad(format!(
+                "layernorm_stats_amax: weight and bias must have C = {c} elements, have {} and {}",
+                w.len, bias.len
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // layernorm_fwd's kernel with no output: the statistics and the amax only.
+        let (o, mp, rp, x, wp, bp) = (
+            0u64,
+            self.ptr_mut(mean, 0),
+            self.ptr_mut(rstd, 0),
+            self.ptr(inp, 0),
+            self.ptr(params, w.off),
+            self.ptr(params, bias.off),
+        );
+        let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
+        let am = self.fp8_sink(Some(amax))?;
+        let f = self.f("layernorm_fwd")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci).arg(&am);
+        // SAFETY: all ranges checked above; one warp per row, rows < n; no output written.
+        unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("layernorm_fwd", e))?;
+        Ok(())
+    }
+
     fn layernorm_bwd(
         &self,
         dinp: &mut Self::Buf,

@@ -17,14 +17,14 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
 
 use super::cublaslt::{Act, Gemm, OutType};
-use super::fp8::FwdEpilogue;
+use super::fp8::{FwdEpilogue, NormPtrs};
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable, LinearLocs,
-    Loc, MatShape, MatmulOps, OnMismatch, TunedGemm, WeightGrads, Weights,
+    Loc, MatShape, MatmulOps, NormOfInput, OnMismatch, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -571,7 +571,7 @@ impl MatmulOps for CudaBackend {
             None => None,
         };
         if p.at.fp8(s) {
-            let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), gelu_input: false };
+            let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), ..FwdEpilogue::default() };
             return self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(inp, 0), self.ptr(params, w.off)), s, epi, p.at.fp8);
         }
         let mut g = fwd_gemm(self.ptr(params, w.off), self.ptr(inp, 0), self.ptr_mut(out, 0), s, b, None);
@@ -607,7 +607,7 @@ impl MatmulOps for CudaBackend {
             None => None,
         };
         let (ip, wp) = (self.ptr(pre, 0), self.ptr(params, w.off));
-        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), gelu_input: true };
+        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), gelu_input: true, norm: None };
         if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
             return Ok(());
         }
@@ -615,6 +615,43 @@ impl MatmulOps for CudaBackend {
         let epi = FwdEpilogue { residual: None, ..epi };
         self.fp8_fwd((self.ptr_mut(tmp, 0), ip, wp), s, epi, p.at.fp8)?;
         crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, n * oc)
+    }
+
+    fn matmul_fwd_of_ln(
+        &self,
+        out: &mut Self::Buf,
+        x: &Self::Buf,
+        norm: NormOfInput<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
+        check("matmul_fwd_of_ln out", out.len(), 0, n * oc)?;
+        check("matmul_fwd_of_ln x", x.len(), 0, n * c)?;
+        check("matmul_fwd_of_ln mean", norm.mean.len(), 0, n)?;
+        check("matmul_fwd_of_ln rstd", norm.rstd.len(), 0, n)?;
+        check_loc("matmul_fwd_of_ln norm weight", params.len(), norm.at.w)?;
+        check_loc("matmul_fwd_of_ln norm bias", params.len(), norm.at.b)?;
+        if norm.at.w.len != c || norm.at.b.len != c {
+            return Err(bad(format!("matmul_fwd_of_ln: the norm's weight and bias must have C = {c} elements")));
+        }
+        check_linear("matmul_fwd_of_ln", params.len(), p.at, s)?;
+        p.at.check_norm_of_input(s)?;
+        self.bind()?;
+        let b = match bias {
+            Some(bl) => Some(self.aligned_bias(params, bl)?),
+            None => None,
+        };
+        let np = NormPtrs {
+            mean: self.ptr(norm.mean, 0),
+            rstd: self.ptr(norm.rstd, 0),
+            w: self.ptr(params, norm.at.w.off),
+            b: self.ptr(params, norm.at.b.off),
+        };
+        let epi = FwdEpilogue { bias: b, residual: None, gelu_input: false, norm: Some(np) };
+        self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(x, 0), self.ptr(params, w.off)), s, epi, p.at.fp8)?;
+        Ok(())
     }
 
     /// `matmul_bwd_dgelu` with GELU' in the dinp GEMM's epilogue (DGELU). `Ok(false)` where

@@ -14,8 +14,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LnSaved, LnStats, Loc, MatShape, Rows,
-    SeqShape, UnitGrads, Weights,
+    AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LinearLocs, LnSaved, LnStats, Loc, MatShape,
+    NormLocs, NormOfInput, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -35,6 +35,10 @@ struct NormStats<B: Device> {
 impl<B: Device> NormStats<B> {
     fn out(&mut self) -> LnStats<'_, B> {
         LnStats { mean: &mut self.mean, rstd: &mut self.rstd }
+    }
+    /// The norm of `at` as an FP8 layer's input, applied by its cast (`matmul_fwd_of_ln`).
+    fn of_input(&self, at: NormLocs) -> NormOfInput<'_, B> {
+        NormOfInput { mean: &self.mean, rstd: &self.rstd, at }
     }
     fn saved<'a>(&'a self, inp: &'a B::Buf) -> LnSaved<'a, B> {
         LnSaved { inp, mean: &self.mean, rstd: &self.rstd }
@@ -90,6 +94,9 @@ pub struct Gpt2<B: Backend> {
     act_slot: Vec<usize>,
     /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
     fp8_kept: Vec<bool>,
+    /// FP8 layers that keep their input's codes and read a LayerNorm's output (qkv, fc) take
+    /// it from the norm's input, the norm applied by their cast (`ModelOptions::fp8_norm_in_cast`).
+    norm_in_cast: bool,
     /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -183,6 +190,7 @@ impl<B: Backend> Gpt2<B> {
             acts,
             act_slot: slots.slot,
             fp8_kept,
+            norm_in_cast: opts.fp8_norm_in_cast,
             kept,
             scratch,
             lnf,
@@ -226,7 +234,15 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink: None };
+        let blk = Block {
+            be,
+            p,
+            k,
+            s: self.shape,
+            docs: self.tokens.docs.as_ref(),
+            dres_sink: None,
+            norm_in_cast: self.norm_in_cast,
+        };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -255,7 +271,8 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
         let (k, dres_sink) = (&self.locs(layer), self.fc2_grad_sink(layer.checked_sub(1)));
-        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink };
+        let norm_in_cast = self.norm_in_cast;
+        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink, norm_in_cast };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -304,11 +321,46 @@ struct Block<'a, B: Backend> {
     /// Where ln1's backward leaves the amax of the gradient it writes (the block below's fc2
     /// reads it first: `Gpt2::fc2_grad_sink`); `None` for block 0 and in the forward.
     dres_sink: Option<AmaxSink>,
+    /// `Gpt2::norm_in_cast`.
+    norm_in_cast: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
     fn w<L>(&self, at: L) -> Weights<'_, B, L> {
         Weights::new(self.p, at)
+    }
+
+    /// Whether the layer `lin` (at shape `s`) that reads a LayerNorm's output takes it from
+    /// the norm's input, the norm applied in its cast: then the norm's output is never
+    /// written, and its backward reads the codes it kept.
+    fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
+        self.norm_in_cast && lin.keeps_input(s) && lin.input_sink(s).is_some()
+    }
+
+    /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
+    /// layer that keeps its input's codes, the norm's statistics and output amax only, the
+    /// norm applied by the layer's cast (`matmul_fwd_of_ln`: the same bits, one pass less).
+    #[allow(clippy::too_many_arguments)] // the norm's four and the layer's three
+    fn norm_then_linear(
+        &self,
+        (ln, stats, norm): (&mut B::Buf, &mut NormStats<B>, NormLocs),
+        x: &B::Buf,
+        out: &mut B::Buf,
+        lin: LinearLocs,
+        s: MatShape,
+    ) -> BResult<()> {
+        let (be, r) = (self.be, Rows { n: s.n, c: s.c });
+        let sink = lin.input_sink(s);
+        match sink.filter(|_| self.norm_in_cast(lin, s)) {
+            Some(sk) => {
+                be.layernorm_stats_amax(stats.out(), x, self.w(norm), r, sk)?;
+                be.matmul_fwd_of_ln(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
+            }
+            None => {
+                be.layernorm_fwd(ln, stats.out(), x, self.w(norm), r, sink)?;
+                be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
+            }
+        }
     }
 
     /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`, or what `pass` says of it.
@@ -318,9 +370,7 @@ impl<B: Backend> Block<'_, B> {
         let r = Rows { n, c };
         // The norms leave their outputs' amaxes for the FP8 GEMMs that read them next.
         let qkv = MatShape { n, c, oc: 3 * c };
-        let sink = k.qkv.input_sink(qkv);
-        be.layernorm_fwd(&mut a.ln1, a.ln1_stats.out(), x, self.w(k.ln1), r, sink)?;
-        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv.input_amax_from(sink)), qkv)?;
+        self.norm_then_linear((&mut a.ln1, &mut a.ln1_stats, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
         // Attention leaves its output's amax for proj (where it runs in this pass: a kept
         // output is not rewritten, and proj then takes its own amax of it).
         let proj = MatShape { n, c, oc: c };
@@ -331,25 +381,25 @@ impl<B: Backend> Block<'_, B> {
         let proj_at = k.proj.input_amax_from(sink);
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(proj_at), proj, &mut sc.tmp)?;
         let fc = MatShape { n, c, oc: 4 * c };
-        let sink = k.fc.input_sink(fc);
-        be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
         // The GELU output's amax for fc2, where fc2 runs in this pass.
         let fc2 = MatShape { n, c: 4 * c, oc: c };
         let gelu_sink = if matches!(pass, Pass::Full(_)) { k.fc2.input_sink(fc2) } else { None };
-        let fc_at = k.fc.input_amax_from(sink);
         // An FP8 fc2 that keeps its input's codes quantizes GELU's output as its cast reads
         // the pre-activation: GELU's output is never written, only its amax found (the
         // composed FP8 fc forward is this GEMM, then GELU).
         let of_pre = gelu_sink.filter(|_| k.fc2.keeps_input(fc2) && k.fc.fp8(fc));
         let pass = match (of_pre, pass) {
             (Some(gs), Pass::Full(out)) => {
-                be.matmul_fwd(&mut a.fch, &a.ln2, self.w(fc_at), fc)?;
+                self.norm_then_linear((&mut a.ln2, &mut a.ln2_stats, k.ln2), &a.resid2, &mut a.fch, k.fc, fc)?;
                 be.gelu_amax(&a.fch, n * 4 * c, gs)?;
                 let fc2_at = k.fc2.input_amax_from(gelu_sink);
                 return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.w(fc2_at), fc2, &mut sc.tmp);
             }
             (_, pass) => pass,
         };
+        let sink = k.fc.input_sink(fc);
+        be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
+        let fc_at = k.fc.input_amax_from(sink);
         let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
         be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(fc_at), fc, gelu_sink)?;
         let Pass::Full(out) = pass else { return Ok(()) };
@@ -394,7 +444,12 @@ impl<B: Backend> Block<'_, B> {
         let fc2_at = fc2_at.grad_amax_from(k.fc2.grad_sink(fc2));
         be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
         let fc_at = k.fc.grad_amax_from(sink);
-        be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(fc_at), fc)?;
+        // Where ln2's output was never written (applied in fc's cast), fc's codes serve.
+        if self.norm_in_cast(k.fc, fc) {
+            be.matmul_bwd_kept(&mut g.dln, gr.first(k.fc), &g.dbig1, self.w(fc_at), fc)?;
+        } else {
+            be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(fc_at), fc)?;
+        }
         // dres += through ln2 (the residual branch already carries dres itself), leaving its
         // amax for proj's FP8 backward.
         let proj = MatShape { n, c, oc: c };
@@ -410,7 +465,11 @@ impl<B: Backend> Block<'_, B> {
         let sink = k.qkv.grad_sink(qkv);
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s, sink)?;
         let qkv_at = k.qkv.grad_amax_from(sink);
-        be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, &a.ln1, self.w(qkv_at), qkv)?;
+        if self.norm_in_cast(k.qkv, qkv) {
+            be.matmul_bwd_kept(&mut g.dln, gr.first(qkv_at), &g.dqkv, self.w(qkv_at), qkv)?;
+        } else {
+            be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, &a.ln1, self.w(qkv_at), qkv)?;
+        }
         let saved = a.ln1_stats.saved(x);
         be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
     }
