@@ -328,6 +328,9 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     let kept_codes: Vec<usize> = (0..8).map(|i| if i % 4 == 3 { 0 } else { 2 * 16 * c }).collect();
     let kept = CudaFp8KeptInputs::new(&kept_codes).bytes as u64;
     assert_eq!(kept, 2 * 3 * 32 * 32);
+    // qkv applies ln1 in its cast (`ModelOptions::fp8_norm_in_cast`): no block allocates ln1's
+    // output (bf16, 32 × C a block); ln2's stays (fc2 keeps no codes without keep_gelu).
+    let ln1 = 2 * 2 * 16 * c as u64 * 2;
     for stage in 0..=3u8 {
         for (on, cached) in [("true", cache), ("1", cache / 2), ("false", 0)] {
             let cfg = Config::from_toml_str(&toml(stage, "fp8", on), "test").expect("cfg");
@@ -343,8 +346,8 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
             let tag = format!("stage {stage}, fp8_weight_cache = {on}");
             assert_eq!(f.current.workspace - b.current.workspace, workspace, "{tag}");
             assert_eq!(f.current.params - b.current.params, cached, "{tag}");
-            assert_eq!(f.current.activations - b.current.activations, kept, "{tag}");
-            assert_eq!(f.current.total() - b.current.total(), workspace + cached + kept, "{tag}");
+            assert_eq!(f.current.activations + ln1 - b.current.activations, kept, "{tag}");
+            assert_eq!(f.current.total() + ln1 - b.current.total(), workspace + cached + kept, "{tag}");
         }
     }
     // A layer kept in bf16 (`train.fp8_bf16_layers`) has no cached weight: proj's C² of a
@@ -416,8 +419,16 @@ fn fp8_cache_document_mask_and_kept_gelu_together_are_predicted_exactly() {
         );
         assert!(fp8 > 0 && mask > 0 && gelu > 0, "stage {stage}: each adds memory ({fp8}, {mask}, {gelu})");
         // In FP8 what keep_gelu keeps is fc2's e4m3 codes of the GELU output: half the bytes
-        // of the bf16 output kept in bf16 (each block's 32 × 4C, a multiple of 256 bytes).
-        assert_eq!(added(&all), fp8 + mask + gelu / 2, "stage {stage}: together, the sum of each alone");
+        // of the bf16 output kept in bf16 (each block's 32 × 4C, a multiple of 256 bytes); and
+        // with every fc2 keeping codes, fc applies ln2 in its cast, so no block keeps ln2's
+        // bf16 output (32 × C a block), and fc2 takes GELU from the pre-activation, so the
+        // model holds no scratch for GELU's output (32 × 4C).
+        let (ln2, gelu_out) = (2 * 2 * 16 * 32 * 2, 2 * 16 * 4 * 32 * 2);
+        assert_eq!(
+            added(&all) + ln2 + gelu_out,
+            fp8 + mask + gelu / 2,
+            "stage {stage}: together, the sum of each alone"
+        );
     }
 }
 

@@ -47,13 +47,15 @@ impl<B: Device> NormStats<B> {
 
 /// Activations one block saves for its backward.
 struct BlockActs<B: Device> {
-    ln1: B::Buf,
+    /// The norms' outputs; `None` where every block of the set applies the norm in its FP8
+    /// layer's cast (`Gpt2::norm_in_cast`): nothing writes or reads them there.
+    ln1: Option<B::Buf>,
     ln1_stats: NormStats<B>,
     qkv: B::Buf,
     atty: B::Buf,
     att_saved: B::F32,
     resid2: B::Buf,
-    ln2: B::Buf,
+    ln2: Option<B::Buf>,
     ln2_stats: NormStats<B>,
     /// MLP hidden pre-activation. GELU(fch) is not saved by default: backward recomputes it
     /// (one element-wise pass) to save 4·C values per token per layer.
@@ -61,6 +63,26 @@ struct BlockActs<B: Device> {
     /// GELU(fch) as the forward made it (`checkpointing.keep_gelu`, blocks not checkpointed;
     /// in FP8, where fc2 keeps the codes of it instead, not kept here).
     gelu: Option<B::Buf>,
+}
+
+/// The error of a block that would write or read a norm's output the model decided it never
+/// writes (`Gpt2::new`'s and `Block::norm_in_cast`'s decisions disagree: a bug).
+fn no_norm_output() -> crate::backend::BackendError {
+    crate::backend::BackendError::Device(
+        "a GPT-2 block writes or reads a LayerNorm output that was not allocated because its FP8 layer applies the \
+         norm in its cast (a bug: Gpt2::new and Block::norm_in_cast disagree)"
+            .into(),
+    )
+}
+
+/// The error of a block that would write GELU's output where the model decided none does
+/// (every fc2 takes it from the pre-activation; `Gpt2::new` and `Block::forward` disagree).
+fn no_gelu_output() -> crate::backend::BackendError {
+    crate::backend::BackendError::Device(
+        "a GPT-2 block writes GELU's output, but no buffer was allocated for it because every fc2 takes GELU from the \
+         pre-activation in its FP8 cast (a bug: Gpt2::new and Block::forward disagree)"
+            .into(),
+    )
 }
 
 /// Backward scratch shared by all blocks.
@@ -76,8 +98,9 @@ struct GradScratch<B: Device> {
 /// Forward scratch shared by all blocks.
 struct Scratch<B: Device> {
     tmp: B::Buf,
-    /// GELU output of the block being computed.
-    gelu_out: B::Buf,
+    /// GELU output of the block being computed; `None` where every block's fc2 takes GELU
+    /// from the pre-activation in its cast (nothing writes it).
+    gelu_out: Option<B::Buf>,
 }
 
 /// GPT-2's activation memory for a fixed micro-batch, and its per-unit computations.
@@ -126,7 +149,7 @@ impl<B: Backend> Gpt2<B> {
             be.alloc_buf(len, what)
         };
         let resid = (0..=l).map(|_| buf(n * c, "residual stream")).collect::<BResult<Vec<_>>>()?;
-        let scratch = Scratch { tmp: buf(n * c, "block scratch")?, gelu_out: buf(n * 4 * c, "gelu output")? };
+        let tmp = buf(n * c, "block scratch")?;
         let lnf = buf(n * c, "final layernorm")?;
         let g = GradScratch {
             dres: buf(n * c, "residual gradient")?,
@@ -146,17 +169,40 @@ impl<B: Backend> Gpt2<B> {
         let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
         let fc2_codes = mlp_out_keeps_codes(&fp8_kept, linears.len());
+        // Where each block's qkv and fc apply their norm in their cast (`Block::norm_in_cast`:
+        // the layer keeps its input's codes and its producer leaves the amax; fc only where
+        // fc2 takes GELU from the pre-activation), that norm's output is never written.
+        let norm_cast = |layer: usize, k: usize| {
+            let kept = |i: usize| fp8_kept.get(layer * linears.len() + i).copied().unwrap_or(false);
+            opts.fp8_norm_in_cast && opts.fp8_amax_sinks && kept(k) && (k == 0 || kept(3))
+        };
+        let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
+        // fc2 takes GELU from the pre-activation (`Block::forward`'s `of_pre`) where it keeps
+        // its input's codes, the sinks are on and fc runs in FP8; elsewhere GELU's output is
+        // written, into the block's kept copy or this scratch.
+        let of_pre = |layer: usize| {
+            opts.fp8_amax_sinks
+                && fp8_kept.get(layer * linears.len() + 3).copied().unwrap_or(false)
+                && !opts.fp8_bf16_layers[2]
+        };
+        let gelu_out = if (0..l).all(of_pre) {
+            None
+        } else {
+            ledger.alloc(Category::Activations, n * 4 * c * sz.buf);
+            Some(be.alloc_buf(n * 4 * c, "gelu output")?)
+        };
+        let scratch = Scratch { tmp, gelu_out };
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
                 ledger.alloc(Category::Activations, len * sz.buf);
                 be.alloc_buf(len, what)
             };
-            let ln1 = bb(n * c, "ln1")?;
+            let ln1 = if set_needs(set, 0) { Some(bb(n * c, "ln1")?) } else { None };
             let qkv = bb(n * 3 * c, "qkv")?;
             let atty = bb(n * c, "attention output")?;
             let resid2 = bb(n * c, "residual")?;
-            let ln2 = bb(n * c, "ln2")?;
+            let ln2 = if set_needs(set, 2) { Some(bb(n * c, "ln2")?) } else { None };
             let fch = bb(n * 4 * c, "mlp hidden")?;
             let keep_gelu = ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set) && !fc2_codes;
             let gelu = if keep_gelu { Some(bb(n * 4 * c, "kept gelu output")?) } else { None };
@@ -340,10 +386,9 @@ impl<B: Backend> Block<'_, B> {
     /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
     /// layer that keeps its input's codes, the norm's statistics and output amax only, the
     /// norm applied by the layer's cast (`matmul_fwd_of_ln`: the same bits, one pass less).
-    #[allow(clippy::too_many_arguments)] // the norm's four and the layer's three
     fn norm_then_linear(
         &self,
-        (ln, stats, norm): (&mut B::Buf, &mut NormStats<B>, NormLocs),
+        (ln, stats, norm): (Option<&mut B::Buf>, &mut NormStats<B>, NormLocs),
         x: &B::Buf,
         out: &mut B::Buf,
         lin: LinearLocs,
@@ -357,6 +402,7 @@ impl<B: Backend> Block<'_, B> {
                 be.matmul_fwd_of_ln(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
             }
             None => {
+                let ln = ln.ok_or_else(no_norm_output)?;
                 be.layernorm_fwd(ln, stats.out(), x, self.w(norm), r, sink)?;
                 be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
             }
@@ -370,7 +416,7 @@ impl<B: Backend> Block<'_, B> {
         let r = Rows { n, c };
         // The norms leave their outputs' amaxes for the FP8 GEMMs that read them next.
         let qkv = MatShape { n, c, oc: 3 * c };
-        self.norm_then_linear((&mut a.ln1, &mut a.ln1_stats, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
+        self.norm_then_linear((a.ln1.as_mut(), &mut a.ln1_stats, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
         // Attention leaves its output's amax for proj (where it runs in this pass: a kept
         // output is not rewritten, and proj then takes its own amax of it).
         let proj = MatShape { n, c, oc: c };
@@ -390,7 +436,7 @@ impl<B: Backend> Block<'_, B> {
         let of_pre = gelu_sink.filter(|_| k.fc2.keeps_input(fc2) && k.fc.fp8(fc));
         let pass = match (of_pre, pass) {
             (Some(gs), Pass::Full(out)) => {
-                self.norm_then_linear((&mut a.ln2, &mut a.ln2_stats, k.ln2), &a.resid2, &mut a.fch, k.fc, fc)?;
+                self.norm_then_linear((a.ln2.as_mut(), &mut a.ln2_stats, k.ln2), &a.resid2, &mut a.fch, k.fc, fc)?;
                 be.gelu_amax(&a.fch, n * 4 * c, gs)?;
                 let fc2_at = k.fc2.input_amax_from(gelu_sink);
                 return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.w(fc2_at), fc2, &mut sc.tmp);
@@ -398,12 +444,19 @@ impl<B: Backend> Block<'_, B> {
             (_, pass) => pass,
         };
         let sink = k.fc.input_sink(fc);
-        be.layernorm_fwd(&mut a.ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
+        let ln2 = a.ln2.as_mut().ok_or_else(no_norm_output)?;
+        be.layernorm_fwd(ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
         let fc_at = k.fc.input_amax_from(sink);
-        let gelu = a.gelu.as_mut().unwrap_or(&mut sc.gelu_out);
-        be.matmul_gelu_fwd(&mut a.fch, gelu, &a.ln2, self.w(fc_at), fc, gelu_sink)?;
+        let gelu = match a.gelu.as_mut() {
+            Some(kept) => kept,
+            None => sc.gelu_out.as_mut().ok_or_else(no_gelu_output)?,
+        };
+        be.matmul_gelu_fwd(&mut a.fch, gelu, ln2, self.w(fc_at), fc, gelu_sink)?;
         let Pass::Full(out) = pass else { return Ok(()) };
-        let gelu = a.gelu.as_ref().unwrap_or(&sc.gelu_out);
+        let gelu = match a.gelu.as_ref() {
+            Some(kept) => kept,
+            None => sc.gelu_out.as_ref().ok_or_else(no_gelu_output)?,
+        };
         be.matmul_residual_fwd(out, &a.resid2, gelu, self.w(k.fc2.input_amax_from(gelu_sink)), fc2, &mut sc.tmp)?;
         Ok(())
     }
@@ -448,7 +501,8 @@ impl<B: Backend> Block<'_, B> {
         if self.norm_in_cast(k.fc, fc) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(k.fc), &g.dbig1, self.w(fc_at), fc)?;
         } else {
-            be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, &a.ln2, self.w(fc_at), fc)?;
+            let ln2 = a.ln2.as_ref().ok_or_else(no_norm_output)?;
+            be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, ln2, self.w(fc_at), fc)?;
         }
         // dres += through ln2 (the residual branch already carries dres itself), leaving its
         // amax for proj's FP8 backward.
@@ -468,7 +522,8 @@ impl<B: Backend> Block<'_, B> {
         if self.norm_in_cast(k.qkv, qkv) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(qkv_at), &g.dqkv, self.w(qkv_at), qkv)?;
         } else {
-            be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, &a.ln1, self.w(qkv_at), qkv)?;
+            let ln1 = a.ln1.as_ref().ok_or_else(no_norm_output)?;
+            be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, ln1, self.w(qkv_at), qkv)?;
         }
         let saved = a.ln1_stats.saved(x);
         be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
