@@ -293,6 +293,17 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// nothing to do.
     fn fp8_weights_changed(&self, _by_step: bool) {}
 
+    /// The amax sinks of FP8 layers `layers` (their input's and output gradient's slots,
+    /// [`AmaxSink`]) are zeroed now, together, for the producers of this forward and the
+    /// backward after it, which then zero nothing of their own (each sink still zeroed
+    /// once before each producer's write: one that writes again finds it written and zeroes
+    /// it first). The model calls it at the start of a block's forward (not a recompute:
+    /// the output gradients' sinks may hold amaxes by then). The default (no FP8 slots, or
+    /// a backend whose producers need no zeroing): nothing.
+    fn fp8_clear_sinks(&self, _layers: std::ops::Range<usize>) -> BResult<()> {
+        Ok(())
+    }
+
     /// The amax of the first `n` values of `x` into `sink`, as a pass of its own: for a
     /// producer that could not fuse it (a cuBLASLt epilogue), so the consumer finds it there.
     fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()>;

@@ -315,6 +315,17 @@ impl ModelOptions {
 /// `fc2`, Llama's `down`): both families' fourth.
 const MLP_OUT: usize = 3;
 
+/// Linear layers per block in both families (qkv, the attention's output projection, the
+/// MLP's input and output layers): block `l`'s FP8 layers are `l · 4 .. l · 4 + 4`.
+pub(crate) const LINEARS_PER_BLOCK: usize = 4;
+
+/// Before block `layer`'s forward (not a recompute): its FP8 layers' amax sinks zeroed
+/// together (`MatmulOps::fp8_clear_sinks`) instead of one by one by their producers.
+pub(crate) fn clear_block_sinks<B: Backend>(be: &B, layer: usize) -> BResult<()> {
+    let first = layer * LINEARS_PER_BLOCK;
+    be.fp8_clear_sinks(first..first + LINEARS_PER_BLOCK)
+}
+
 /// Per FP8 layer (`l · linears.len() + k`, as [`prepare_precision`] numbers them), whether its
 /// forward keeps its input's e4m3 codes for its backward's weight gradient
 /// ([`crate::backend::Fp8Layer::keeps_input`]): every layer in FP8 at an eligible shape of a

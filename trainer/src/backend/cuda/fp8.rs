@@ -114,6 +114,10 @@ pub(super) struct Fp8Ws {
     version: u64,
     /// How the layers' backward runs (`Fp8Layers::backward`).
     backward: Fp8Backward,
+    /// Sink slots zeroed together (`fp8_clear_sinks`) and not written since: the next
+    /// producer to max into one zeroes nothing. Host-side, in stream order; a CUDA graph's
+    /// replay repeats the recording's zeroing and writes, so leaves it as the recording did.
+    zeroed: std::collections::HashSet<u64>,
 }
 
 impl Fp8Ws {
@@ -334,7 +338,9 @@ impl CudaBackend {
         // A new workspace holds no amax: every weight's is found again.
         let (weight_amax, step_amax) = (vec![None; layers.weights.len()], vec![false; layers.weights.len()]);
         let backward = layers.backward;
-        *cell = Some(Fp8Ws { buf, extent: ext, layout, cache, kept, weight_amax, step_amax, version, backward });
+        let zeroed = Default::default();
+        *cell =
+            Some(Fp8Ws { buf, extent: ext, layout, cache, kept, weight_amax, step_amax, version, backward, zeroed });
         Ok(Fp8Bytes { workspace: layout.bytes, weight_cache, kept_inputs })
     }
 
@@ -500,12 +506,41 @@ impl CudaBackend {
     }
 
     /// The amax word of the slot `sink` names, zeroed in stream order for a producer kernel
-    /// to max into; 0 (the kernels' "none") without a sink.
+    /// to max into (by `fp8_clear_sinks` where it zeroed the slot and nothing wrote it since,
+    /// else now); 0 (the kernels' "none") without a sink.
     pub(super) fn fp8_sink(&self, sink: Option<AmaxSink>) -> BResult<u64> {
         let Some(s) = sink else { return Ok(0) };
         let slot = self.fp8_sink_slot(s)?;
-        self.fp8_clear(slot, 1)?;
+        let zeroed = self.fp8_ws.borrow_mut().as_mut().is_some_and(|ws| ws.zeroed.remove(&slot));
+        if !zeroed {
+            self.fp8_clear(slot, 1)?;
+        }
         Ok(slot + 4)
+    }
+
+    /// `MatmulOps::fp8_clear_sinks`: layers `layers`' input and output-gradient slots
+    /// (adjacent: `CudaFp8Workspace::layer_input`) zeroed in one go and recorded as zeroed.
+    pub(super) fn fp8_clear_layer_sinks(&self, layers: std::ops::Range<usize>) -> BResult<()> {
+        let (first, count) = {
+            let mut cell = self.fp8_ws.borrow_mut();
+            let Some(ws) = cell.as_mut() else { return Ok(()) };
+            if layers.is_empty() {
+                return Ok(());
+            }
+            if layers.end > ws.layout.layers {
+                return Err(bad(format!(
+                    "FP8 sinks of layers {layers:?} zeroed, but prepare_fp8 reserved {} (a bug)",
+                    ws.layout.layers
+                )));
+            }
+            let base = self.ptr(&ws.buf, 0);
+            for i in layers.clone() {
+                ws.zeroed.insert(base + ws.layout.layer_input(i) as u64);
+                ws.zeroed.insert(base + ws.layout.layer_grad(i) as u64);
+            }
+            (base + ws.layout.layer_input(layers.start) as u64, 2 * layers.len())
+        };
+        self.fp8_clear(first, count)
     }
 
     /// The device address of the slot `s` names.
@@ -561,6 +596,10 @@ impl CudaBackend {
     /// # Safety
     /// `x` holds `n` bf16; `slot` is a scale slot.
     pub(super) unsafe fn fp8_amax(&self, x: u64, n: usize, slot: u64) -> BResult<()> {
+        // The slot is written now: a producer after it must zero it again.
+        if let Some(ws) = self.fp8_ws.borrow_mut().as_mut() {
+            ws.zeroed.remove(&slot);
+        }
         let ni = n as i64;
         let f = self.f("fp8_amax_bf16")?;
         let mut lb = self.stream.launch_builder(f);

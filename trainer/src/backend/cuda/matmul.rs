@@ -412,6 +412,10 @@ impl MatmulOps for CudaBackend {
         self.fp8_new_version(by_step);
     }
 
+    fn fp8_clear_sinks(&self, layers: std::ops::Range<usize>) -> BResult<()> {
+        self.fp8_clear_layer_sinks(layers)
+    }
+
     fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()> {
         check("fp8_amax_into x", x.len(), 0, n)?;
         self.fp8_amax_into_sink(self.ptr(x, 0), n, sink)

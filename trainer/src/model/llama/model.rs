@@ -24,7 +24,8 @@ use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
-    fp8_kept_inputs, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
+    clear_block_sinks, fp8_kept_inputs, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch, ModelLayout,
+    ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
 
@@ -243,6 +244,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
     }
 
     fn block_fwd(&mut self, be: &B, layer: usize, p: &B::Buf) -> BResult<()> {
+        clear_block_sinks(be, layer)?;
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
