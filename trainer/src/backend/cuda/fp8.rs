@@ -596,9 +596,12 @@ impl CudaBackend {
     /// # Safety
     /// `x` holds `n` bf16; `slot` is a scale slot.
     pub(super) unsafe fn fp8_amax(&self, x: u64, n: usize, slot: u64) -> BResult<()> {
-        // The slot is written now: a producer after it must zero it again.
-        if let Some(ws) = self.fp8_ws.borrow_mut().as_mut() {
-            ws.zeroed.remove(&slot);
+        // The slot is written now: a producer after it must zero it again. (The weight cache's
+        // fill calls this holding the state: its slot is a weight's, never a zeroed sink.)
+        if let Ok(mut cell) = self.fp8_ws.try_borrow_mut() {
+            if let Some(ws) = cell.as_mut() {
+                ws.zeroed.remove(&slot);
+            }
         }
         let ni = n as i64;
         let f = self.f("fp8_amax_bf16")?;
