@@ -136,7 +136,7 @@ impl ModelFamily {
     }
 
     /// [`ModelFamily::fp8_weights`], each with its FP8 layer (`l · linears + k` for layer
-    /// `k` of block `l`, as [`prepare_precision`] numbers them).
+    /// `k` of block `l`, as `prepare_precision` numbers them).
     pub fn fp8_weight_layers(self, layout: &ModelLayout, rows: usize, bf16: Bf16Layers) -> Vec<Vec<(Loc, usize)>> {
         let cfg = &layout.cfg;
         // The linears the models give `prepare_precision`, and where their weights are.
@@ -248,7 +248,7 @@ pub struct ModelOptions {
     pub document_mask: bool,
 }
 
-/// The on/off switch `name` from the environment ([`switch_setting`]).
+/// The on/off switch `name` from the environment (`switch_setting`: `0` off, `1` or empty or unset on).
 pub fn env_switch(name: &str) -> Result<bool, String> {
     switch_setting(name, std::env::var(name).ok().as_deref())
 }

@@ -46,7 +46,15 @@
 //!   only cast: one amax pass over each weight a step instead of one per use, the same
 //!   scale, so the same codes. Keyed by the version alone, not the buffer: stage 3 gathers a
 //!   unit into whichever pooled buffer is free, and within a version every gather of a
-//!   layer holds the same values (a parameter change always starts a new version).
+//!   layer holds the same values (a parameter change always starts a new version);
+//! - cached or not, where the optimizer step that began the version wrote the whole weight,
+//!   the step's AdamW left its amax in the weight slot (`fp8_step_amax_words`, `adamw.cu`),
+//!   and the first use only casts (`fp8_weights_changed(by_step)` says so);
+//! - its sinks are zeroed with the rest of its block's by the block's forward
+//!   (`fp8_clear_sinks`, one memset), each producer then finding its own zeroed (`zeroed`).
+//!
+//! GPT-2's qkv and fc may apply their LayerNorm in their input's transposing cast
+//! (`matmul_fwd_of_ln`: the norm's output is never written), as fc2 may apply GELU.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
