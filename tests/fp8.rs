@@ -623,33 +623,40 @@ fn a_weight_written_after_the_step_is_measured_again() {
     cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).expect("a version not begun by the step");
 }
 
-/// GPT-2's qkv and fc, where they keep their input's codes, take the LayerNorm's output from
-/// the norm's input, the norm applied by their cast (`MatmulOps::matmul_fwd_of_ln`; the norm
-/// writes only its statistics and amax): the bits of writing the norm's output and casting it
-/// (`SHARDTRAIN_FP8_NORM_IN_CAST=0`), on one rank and ZeRO-3 on two, with no checkpointing,
-/// every second block checkpointed (those blocks keep no codes: the norms are written there)
-/// and keep_gelu; and the path runs (ln1 in every block that keeps codes, ln2 where fc2 takes
-/// GELU from the pre-activation too: keep_gelu), and those norms' outputs are not held. The CPU reference checks the statistics it is handed are the norm's.
+/// The layers that read a norm's output (GPT-2's qkv and fc, Llama's qkv and gate/up), where
+/// they keep their input's codes, take it from the norm's input, the norm applied by their
+/// cast (`MatmulOps::matmul_fwd_of_norm`; the norm writes only its statistics and amax): the
+/// bits of writing the norm's output and casting it (`SHARDTRAIN_FP8_NORM_IN_CAST=0`), on
+/// GPT-2 and Llama, one rank and ZeRO-3 on two, with no checkpointing, every second block
+/// checkpointed (those blocks keep no codes: the norms are written there) and keep_gelu; the
+/// path runs (both norms of every block that keeps codes, but GPT-2's ln2 only where fc2
+/// takes GELU from the pre-activation: keep_gelu), and those norms' outputs are not held.
+/// The CPU reference checks the statistics it is handed are the norm's.
 #[test]
 fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
-    for (world, stage) in [(1usize, 0u8), (2, 3)] {
-        for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
-            let cfg = Config::from_toml_str(&tiny_fp8_toml(stage, 2, act, "fp8"), "test").expect("config");
-            let tag = format!("world {world} stage {stage} checkpointing {act:?}");
-            let (l0, p0, a0, _, off) = run_with(&cfg, world, Knobs { norm_in_cast: false, ..ALL }, 3);
-            let (l1, p1, a1, _, on) = run_with(&cfg, world, ALL, 3);
-            assert!(a1 < a0, "{tag}: the norms' outputs applied in casts are not held ({a1} vs {a0})");
-            assert_eq!(l1, l0, "{tag}: losses");
-            assert_eq!(p1, p0, "{tag}: parameters");
-            assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
-            assert_eq!(off, 0, "{tag}: no norm in a cast where it is off");
-            // 2 blocks, 2 norms each, 3 steps of 2 micro-steps: ln2 where fc2 takes GELU from
-            // the pre-activation (keep_gelu); fewer with checkpointing.
-            let all = 2 * 2 * 3 * 2;
-            match act {
-                "\"none\"" => assert_eq!(on, all / 2, "{tag}: ln1 of every forward in qkv's cast"),
-                common::KEEP_GELU => assert_eq!(on, all, "{tag}: both norms of every forward in their casts"),
-                _ => assert!(on > 0 && on < all, "{tag}: the blocks that keep codes: {on} of {all}"),
+    let gpt = |stage: u8, act: &str| tiny_fp8_toml(stage, 2, act, "fp8");
+    let llama = |stage: u8, act: &str| tiny_llama_fp8_toml(stage, 2, act, "fp8", false);
+    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8, &str) -> String), ("llama", &llama)] {
+        for (world, stage) in [(1usize, 0u8), (2, 3)] {
+            for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
+                let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("config");
+                let tag = format!("{name} world {world} stage {stage} checkpointing {act:?}");
+                let (l0, p0, a0, _, off) = run_with(&cfg, world, Knobs { norm_in_cast: false, ..ALL }, 3);
+                let (l1, p1, a1, _, on) = run_with(&cfg, world, ALL, 3);
+                assert!(a1 < a0, "{tag}: the norms' outputs applied in casts are not held ({a1} vs {a0})");
+                assert_eq!(l1, l0, "{tag}: losses");
+                assert_eq!(p1, p0, "{tag}: parameters");
+                assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
+                assert_eq!(off, 0, "{tag}: no norm in a cast where it is off");
+                // 2 blocks, 2 norms each, 3 steps of 2 micro-steps; fewer with checkpointing.
+                let all = 2 * 2 * 3 * 2;
+                match (name, act) {
+                    ("gpt2", "\"none\"") => assert_eq!(on, all / 2, "{tag}: ln1 of every forward in qkv's cast"),
+                    (_, "\"none\"") | (_, common::KEEP_GELU) => {
+                        assert_eq!(on, all, "{tag}: both norms of every forward in their casts")
+                    }
+                    _ => assert!(on > 0 && on < all, "{tag}: the blocks that keep codes: {on} of {all}"),
+                }
             }
         }
     }

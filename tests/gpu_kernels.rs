@@ -1080,8 +1080,9 @@ fn cross_entropy_chunk() {
     });
 }
 
-/// LayerNorm without its output (an FP8 cast applies the norm: `matmul_fwd_of_ln`): the
-/// statistics of `layernorm_fwd`, bit for bit, and the amax of the output it would write.
+/// LayerNorm and RMSNorm without their output (an FP8 cast applies the norm:
+/// `matmul_fwd_of_norm`): the statistics of their forwards, bit for bit, and the amax of the
+/// output they would write.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn layernorm_stats_amax() {
@@ -1108,6 +1109,22 @@ fn layernorm_stats_amax() {
             let tag = format!("layernorm_stats_amax C{cc}");
             rep.same_bits(&tag, "mean and rstd", &got, &want);
             let (left, amax) = (be.fp8_sink_amax(AmaxSink::Input(0))?, trainer::backend::fp8::amax(&out));
+            rep.check(&tag, "amax left", left.to_bits() == amax.to_bits(), &format!("{left:e} vs {amax:e}"));
+        }
+        // RMSNorm (C = 2048: a fast kernel; C = 1004: the general one).
+        for cc in [2048usize, 1004] {
+            let r = Rows { n, c: cc };
+            let (inp, params) = (rng.vec(n * cc, 2.0), rng.vec(cc, 1.0));
+            let (gi, gp) = (up_buf(be, &inp)?, up_buf(be, &params)?);
+            let w = Loc::new(0, cc);
+            let (mut o, mut rs) = (poisoned_buf(be, n * cc)?, poisoned_f32(be, n)?);
+            be.rmsnorm_fwd(&mut o, &mut rs, &gi, Weights::new(&gp, w), r, 1e-5, None)?;
+            let (want, out) = (be.download_f32(&rs, Loc::all(n))?, be.download_buf(&o, Loc::all(n * cc))?);
+            let mut rs2 = poisoned_f32(be, n)?;
+            be.rmsnorm_stats_amax(&mut rs2, &gi, Weights::new(&gp, w), r, 1e-5, AmaxSink::Grad(0))?;
+            let tag = format!("rmsnorm_stats_amax C{cc}");
+            rep.same_bits(&tag, "rstd", &be.download_f32(&rs2, Loc::all(n))?, &want);
+            let (left, amax) = (be.fp8_sink_amax(AmaxSink::Grad(0))?, trainer::backend::fp8::amax(&out));
             rep.check(&tag, "amax left", left.to_bits() == amax.to_bits(), &format!("{left:e} vs {amax:e}"));
         }
         Ok(())

@@ -49,7 +49,7 @@ pub trait LayerNormOps: Device {
     ) -> BResult<()>;
     /// [`LayerNormOps::layernorm_fwd`] without its output: the row statistics and the amax of
     /// the output it would write, into `amax`, for an FP8 GEMM that applies the norm in the
-    /// cast of its input ([`MatmulOps::matmul_fwd_of_ln`](super::MatmulOps::matmul_fwd_of_ln)),
+    /// cast of its input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)),
     /// so the output is never written.
     fn layernorm_stats_amax(
         &self,
@@ -85,6 +85,19 @@ pub trait LayerNormOps: Device {
         r: Rows,
         eps: f32,
         amax: Option<AmaxSink>,
+    ) -> BResult<()>;
+    /// [`LayerNormOps::rmsnorm_fwd`] without its output: `rstd` and the amax of the output it
+    /// would write, into `amax`, for an FP8 GEMM that applies the norm in the cast of its
+    /// input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)).
+    #[allow(clippy::too_many_arguments)] // the norm's own five, and where its output's amax goes
+    fn rmsnorm_stats_amax(
+        &self,
+        rstd: &mut Self::F32,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+        eps: f32,
+        amax: AmaxSink,
     ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..` (written when `g.fresh`); the amax of the updated `dinp` in
     /// `amax` where set.

@@ -130,15 +130,15 @@ impl LinearLocs {
         )))
     }
 
-    /// `Ok` where the layer at shape `s` may take a LayerNorm's output from the norm's input
-    /// ([`MatmulOps::matmul_fwd_of_ln`]): it keeps its input's codes and the norm's output's
+    /// `Ok` where the layer at shape `s` may take a norm's output from the norm's input
+    /// ([`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and the norm's output's
     /// amax was left for it; else the model bug, named.
     pub fn check_norm_of_input(&self, s: MatShape) -> BResult<()> {
         if self.keeps_input(s) && self.fp8.is_some_and(|f| f.input_amax_ready) {
             return Ok(());
         }
         Err(super::BackendError::Device(format!(
-            "an FP8 GEMM of a LayerNorm's output from the norm's input, but layer {:?} does not keep its input's \
+            "an FP8 GEMM of a norm's output from the norm's input, but layer {:?} does not keep its input's \
              codes or has no amax of the norm's output left (a model bug)",
             self.fp8.map(|f| f.index)
         )))
@@ -204,15 +204,32 @@ pub struct MatShape {
     pub oc: usize,
 }
 
-/// A LayerNorm's output as a linear layer's input, given as the norm's input and what
-/// [`LayerNormOps::layernorm_stats_amax`](super::LayerNormOps::layernorm_stats_amax) saved
-/// ([`MatmulOps::matmul_fwd_of_ln`]).
-pub struct NormOfInput<'a, B: Device + ?Sized> {
-    /// The rows' statistics `layernorm_stats_amax` saved.
-    pub mean: &'a B::F32,
-    pub rstd: &'a B::F32,
-    /// The norm's weight and bias, in the linear layer's parameter buffer.
-    pub at: super::NormLocs,
+/// A norm's output as a linear layer's input, given as the norm's input and the statistics
+/// [`LayerNormOps::layernorm_stats_amax`](super::LayerNormOps::layernorm_stats_amax) or
+/// [`LayerNormOps::rmsnorm_stats_amax`](super::LayerNormOps::rmsnorm_stats_amax) saved
+/// ([`MatmulOps::matmul_fwd_of_norm`]); the norm's parameters are in the linear layer's
+/// parameter buffer.
+pub enum NormOfInput<'a, B: Device + ?Sized> {
+    /// `(x − mean)·rstd·w + b` per row (GPT-2).
+    LayerNorm { mean: &'a B::F32, rstd: &'a B::F32, at: super::NormLocs },
+    /// `x·rstd·w` per row, `rstd = 1/sqrt(mean(x²) + eps)` (Llama).
+    RmsNorm { rstd: &'a B::F32, w: Loc, eps: f32 },
+}
+
+impl<B: Device + ?Sized> NormOfInput<'_, B> {
+    /// The rows' `rstd`.
+    pub fn rstd(&self) -> &B::F32 {
+        match self {
+            NormOfInput::LayerNorm { rstd, .. } | NormOfInput::RmsNorm { rstd, .. } => rstd,
+        }
+    }
+    /// The norm's weight.
+    pub fn weight(&self) -> Loc {
+        match self {
+            NormOfInput::LayerNorm { at, .. } => at.w,
+            NormOfInput::RmsNorm { w, .. } => *w,
+        }
+    }
 }
 
 /// The input of a linear layer that follows a GELU: `act = GELU(pre)`, with `pre` kept
@@ -427,16 +444,14 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         )))
     }
 
-    /// A linear layer of a LayerNorm's output, in FP8: `out = LN(x) · Wᵀ + bias`, the norm
+    /// A linear layer of a norm's output, in FP8: `out = norm(x) · Wᵀ + bias`, the norm
     /// applied by the cast that quantizes the layer's input as it reads `x`, with the
-    /// statistics and the output's amax [`LayerNormOps::layernorm_stats_amax`] left (into
+    /// statistics and the output's amax the norm's `*_stats_amax` left (into
     /// [`LinearLocs::input_sink`]), so the norm's output is never written. The same bits as
-    /// `layernorm_fwd` then [`MatmulOps::matmul_fwd`]. Only for a layer that keeps its
+    /// the norm's forward then [`MatmulOps::matmul_fwd`]. Only for a layer that keeps its
     /// input's codes ([`LinearLocs::check_norm_of_input`]); otherwise, and on a backend
     /// without it (the default), an error: the model composes the two instead.
-    ///
-    /// [`LayerNormOps::layernorm_stats_amax`]: super::LayerNormOps::layernorm_stats_amax
-    fn matmul_fwd_of_ln(
+    fn matmul_fwd_of_norm(
         &self,
         _out: &mut Self::Buf,
         _x: &Self::Buf,
@@ -445,8 +460,8 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         _s: MatShape,
     ) -> BResult<()> {
         Err(super::BackendError::Device(format!(
-            "an FP8 GEMM of a LayerNorm's output from the norm's input (layer {:?}), which this backend does not run \
-             (a bug)",
+            "an FP8 GEMM of a norm's output from the norm's input (layer {:?}), which this backend does not run (a \
+             bug)",
             p.at.fp8.map(|f| f.index)
         )))
     }

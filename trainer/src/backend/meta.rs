@@ -167,6 +167,17 @@ impl LayerNormOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+    fn rmsnorm_stats_amax(
+        &self,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: Weights<'_, Self, Loc>,
+        _: Rows,
+        _: f32,
+        _: AmaxSink,
+    ) -> BResult<()> {
+        Ok(())
+    }
     fn layernorm_bwd(
         &self,
         _: &mut MetaBuf,
@@ -227,7 +238,7 @@ impl MatmulOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
-    fn matmul_fwd_of_ln(
+    fn matmul_fwd_of_norm(
         &self,
         _: &mut MetaBuf,
         _: &MetaBuf,

@@ -239,7 +239,7 @@ pub struct ModelOptions {
     pub fp8_kept_inputs: bool,
     /// FP8: a layer that keeps its input's codes and reads a LayerNorm's output (GPT-2's qkv
     /// and fc) takes it from the norm's input, the norm applied by its cast, so the norm's
-    /// output is never written (`MatmulOps::matmul_fwd_of_ln`); false
+    /// output is never written (`MatmulOps::matmul_fwd_of_norm`); false
     /// (`SHARDTRAIN_FP8_NORM_IN_CAST=0`) writes it and casts it: the same bits, to measure or
     /// rule it out.
     pub fp8_norm_in_cast: bool,

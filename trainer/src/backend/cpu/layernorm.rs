@@ -173,6 +173,20 @@ impl LayerNormOps for CpuBackend {
         rmsnorm_forward(&mut out[..n * c], &mut rstd[..n], &inp[..n * c], w, eps);
         self.leave_amax(amax, &out[..n * c])
     }
+    fn rmsnorm_stats_amax(
+        &self,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+        eps: f32,
+        amax: AmaxSink,
+    ) -> BResult<()> {
+        // The forward into scratch: the GPU writes no output, only rstd and the amax.
+        let mut out = vec![0.0; r.n * r.c];
+        self.rmsnorm_fwd(&mut out, rstd, inp, p, r, eps, Some(amax))
+    }
+
     fn rmsnorm_bwd(
         &self,
         dinp: &mut Vec<f32>,

@@ -70,7 +70,7 @@ pub(super) struct Fp8State {
     step_amax: Vec<Option<f32>>,
     /// Per layer, the amax its weight has in a version (left by the step that began it).
     known_amax: Vec<Option<(f32, u64)>>,
-    /// FP8 GEMMs that applied a norm to their input in its cast (`matmul_fwd_of_ln`), ever.
+    /// FP8 GEMMs that applied a norm to their input in its cast (`matmul_fwd_of_norm`), ever.
     norms_in_casts: usize,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
@@ -178,7 +178,7 @@ impl CpuBackend {
         st.known_amax.iter().filter(|k| k.is_some_and(|k| k.1 == st.version)).count()
     }
 
-    /// How many FP8 GEMMs applied a LayerNorm in their input's cast (`matmul_fwd_of_ln`)
+    /// How many FP8 GEMMs applied a LayerNorm in their input's cast (`matmul_fwd_of_norm`)
     /// on this backend (tests: the path runs, not ignored).
     pub fn fp8_norms_applied_in_casts(&self) -> usize {
         self.fp8.borrow().norms_in_casts
@@ -405,7 +405,7 @@ impl MatmulOps for CpuBackend {
         self.residual_fwd(out, res, tmp, n * oc)
     }
 
-    fn matmul_fwd_of_ln(
+    fn matmul_fwd_of_norm(
         &self,
         out: &mut Vec<f32>,
         x: &Vec<f32>,
@@ -416,14 +416,25 @@ impl MatmulOps for CpuBackend {
         let MatShape { n, c, .. } = s;
         p.at.check_norm_of_input(s)?;
         // The GPU never writes the norm's output; here it is per-call scratch, made again
-        // from the input with the statistics the forward saved (checked to be the same), and
-        // quantized (with the amax its producer left, checked) as any FP8 input is.
-        let (mut y, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
-        let (w, b) = (at(p.buf, norm.at.w), at(p.buf, norm.at.b));
-        super::layernorm::layernorm_forward(&mut y, &mut mean, &mut rstd, &x[..n * c], w, b);
-        if mean[..] != norm.mean[..n] || rstd[..] != norm.rstd[..n] {
+        // from the input (its statistics checked to be those given), and quantized (with the
+        // amax its producer left, checked) as any FP8 input is.
+        let (mut y, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+        let same = match &norm {
+            NormOfInput::LayerNorm { mean, rstd: given, at: locs } => {
+                let mut m = vec![0.0; n];
+                let (w, b) = (at(p.buf, locs.w), at(p.buf, locs.b));
+                super::layernorm::layernorm_forward(&mut y, &mut m, &mut rstd, &x[..n * c], w, b);
+                m[..] == mean[..n] && rstd[..] == given[..n]
+            }
+            NormOfInput::RmsNorm { rstd: given, w, eps } => {
+                let w = at(p.buf, *w);
+                super::layernorm::rmsnorm_forward(&mut y, &mut rstd, &x[..n * c], w, *eps);
+                rstd[..] == given[..n]
+            }
+        };
+        if !same {
             return Err(BackendError::Device(
-                "matmul_fwd_of_ln: the statistics given are not those of the norm's input (a model bug)".into(),
+                "matmul_fwd_of_norm: the statistics given are not those of the norm's input (a model bug)".into(),
             ));
         }
         self.fp8.borrow_mut().norms_in_casts += 1;

@@ -112,9 +112,11 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/128)), 256 threads.
 // With gelu set, x is a pre-activation and the values cast are GELU(x) rounded to bf16 (what
 // gelu_fwd writes; the slot holds their amax): the MLP's output layer's input, never written.
-// With ln_mean set, x is a LayerNorm's input and the values cast are its output rounded to
-// bf16, (x - mean[row])·rstd[row]·w[col] + b[col] as layernorm_fwd computes it (the same
-// expression, so the same bits; the slot holds their amax): a norm's output, never written.
+// With ln_rstd set, x is a norm's input and the values cast are its output rounded to bf16:
+// a LayerNorm's (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col] as
+// layernorm_fwd computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as
+// rmsnorm_fwd computes it (the same expressions, so the same bits; the slot holds their
+// amax): a norm's output, never written.
 // Unless colsum is null, also the column sums of x per tile, colsum[blockIdx.y, col] (f32,
 // [ceil(rows/128), cols]): the bias gradient of an output gradient without another pass over
 // it (reduce_partials adds the tiles in order). A tile's sum, in this order: each 4-row
@@ -152,17 +154,23 @@ extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsign
 #pragma unroll
             for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
         }
-        if (ln_mean) {
+        if (ln_rstd) {
             float ww[8], bb[8];
             unpack8(load8(ln_w + gc, aligned16(ln_w)), ww);
-            unpack8(load8(ln_b + gc, aligned16(ln_b)), bb);
+            if (ln_mean) unpack8(load8(ln_b + gc, aligned16(ln_b)), bb);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float m = ln_mean[gr + i], r = ln_rstd[gr + i];
+                const float r = ln_rstd[gr + i];
                 float f[8];
                 unpack8(v[i], f);
+                if (ln_mean) {
+                    const float m = ln_mean[gr + i];
 #pragma unroll
-                for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
+                    for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) f[k] = f[k] * r * ww[k];
+                }
                 v[i] = pack8(f);
             }
         }

@@ -54,7 +54,7 @@
 //!   (`fp8_clear_sinks`, one memset), each producer then finding its own zeroed (`zeroed`).
 //!
 //! GPT-2's qkv and fc may apply their LayerNorm in their input's transposing cast
-//! (`matmul_fwd_of_ln`: the norm's output is never written), as fc2 may apply GELU.
+//! (`matmul_fwd_of_norm`: the norm's output is never written), as fc2 may apply GELU.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 

@@ -398,7 +398,8 @@ LN_BWD_BLOCKS(rmsnorm, true)
 
 // RMSNorm forward, general: one warp per row (blockDim.x = 256, 8 rows per block), any C
 // and alignment; the row is read twice (the mean square, then the output). The amax of out
-// into *amax where it is not null (an FP8 amax sink), here and in the fast instances.
+// into *amax where it is not null (an FP8 amax sink), here and in the fast instances; a null
+// out writes only rstd and the amax (rmsnorm_stats_amax: an FP8 cast applies the norm).
 extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C,
                                        float eps, unsigned* amax) {
     const int lane = threadIdx.x & 31;
@@ -415,7 +416,7 @@ extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* i
     unsigned am = 0;
     for (int c = lane; c < C; c += 32) {
         const bf16_t y = f2bf(bf2f(x[c]) * s * bf2f(w[c]));
-        o[c] = y;
+        if (out) o[c] = y;
         am = max(am, abs_bits(y));
     }
     warp_amax_out(amax, am);
@@ -476,7 +477,7 @@ __device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf1
 #pragma unroll
             for (int k = 0; k < 8; ++k) f[k] = f[k] * s * ww[k];
             const uint4 y = pack8(f);
-            *(uint4*)(o + c) = y;
+            if (out) *(uint4*)(o + c) = y;
             am = max_abs8(y, am);
         }
     }

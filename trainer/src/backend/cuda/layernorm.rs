@@ -13,7 +13,7 @@ use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::cpu::LN_EPS;
 use crate::backend::{
-    AmaxSink, BResult, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights,
+    AmaxSink, BResult, Device, LayerNormOps, LnSaved, LnStats, Loc, NormLocs, RmsSaved, Rows, WeightGrads, Weights,
 };
 
 /// Rows per block in the general backward. A constant (not derived from the GPU), so
@@ -332,35 +332,23 @@ impl LayerNormOps for CudaBackend {
         eps: f32,
         amax: Option<AmaxSink>,
     ) -> BResult<()> {
-        let (Rows { n, c }, (params, w)) = (r, (p.buf, p.at));
-        check("rmsnorm_fwd out", out.len(), 0, n * c)?;
-        check("rmsnorm_fwd inp", inp.len(), 0, n * c)?;
-        check("rmsnorm_fwd rstd", rstd.len(), 0, n)?;
-        check_loc("rmsnorm_fwd weight", params.len(), w)?;
-        if w.len != c {
-            return Err(bad(format!("rmsnorm_fwd: the weight must have C = {c} elements, has {}", w.len)));
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (o, rp, x, wp) = (self.ptr_mut(out, 0), self.ptr_mut(rstd, 0), self.ptr(inp, 0), self.ptr(params, w.off));
-        let aligned = c.is_multiple_of(8) && [o, x, wp].iter().all(|p| p.is_multiple_of(16));
-        let fast = RMS_FWD_FAST.iter().find(|(_, j, w)| 256 * j * w >= c);
-        // (kernel, rows per block of 256 threads)
-        let (name, rows) = match (aligned, fast) {
-            (true, Some(&(name, _, warps))) => (name, RMS_FWD_THREADS / (32 * warps)),
-            _ => ("rmsnorm_fwd", 8),
-        };
-        let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
-        let am = self.fp8_sink(amax)?;
-        let f = self.f(name)?;
-        let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&rp).arg(&x).arg(&wp).arg(&ni).arg(&ci).arg(&eps).arg(&am);
-        // SAFETY: all ranges checked above (and, for the 16-byte variants, alignment); each
-        // row's warps write only that row (< n) and its rstd.
-        unsafe { lb.launch(cfg((n.div_ceil(rows) as u32, 1, 1), (RMS_FWD_THREADS as u32, 1, 1), 0)) }
-            .map_err(|e| self.launch_err(name, e))?;
-        Ok(())
+        check("rmsnorm_fwd out", out.len(), 0, r.n * r.c)?;
+        let o = self.ptr_mut(out, 0);
+        self.rms_fwd(o, rstd, inp, p, r, eps, amax)
+    }
+
+    fn rmsnorm_stats_amax(
+        &self,
+        rstd: &mut Self::F32,
+        inp: &Self::Buf,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+        eps: f32,
+        amax: AmaxSink,
+    ) -> BResult<()> {
+        // rmsnorm_fwd's kernels with no output: rstd and the amax only (a null output is
+        // 16-byte aligned: the same kernel as with the output, so the same rstd).
+        self.rms_fwd(0, rstd, inp, p, r, eps, Some(amax))
     }
 
     fn rmsnorm_bwd(
@@ -414,4 +402,49 @@ struct LnBwdKernel {
     /// Dynamic shared memory, and a bound on the kernel's static shared memory beside it.
     smem: usize,
     static_smem: usize,
+}
+
+impl CudaBackend {
+    /// RMSNorm's forward into the output at `o` (0: none, only `rstd` and the amax), the
+    /// kernel picked by the shape and alignment (the same with and without an output).
+    #[allow(clippy::too_many_arguments)] // rmsnorm_fwd's, the output as a pointer
+    fn rms_fwd(
+        &self,
+        o: u64,
+        rstd: &mut <Self as Device>::F32,
+        inp: &<Self as Device>::Buf,
+        p: Weights<'_, Self, Loc>,
+        r: Rows,
+        eps: f32,
+        amax: Option<AmaxSink>,
+    ) -> BResult<()> {
+        let (Rows { n, c }, (params, w)) = (r, (p.buf, p.at));
+        check("rmsnorm_fwd inp", inp.len(), 0, n * c)?;
+        check("rmsnorm_fwd rstd", rstd.len(), 0, n)?;
+        check_loc("rmsnorm_fwd weight", params.len(), w)?;
+        if w.len != c {
+            return Err(bad(format!("rmsnorm_fwd: the weight must have C = {c} elements, has {}", w.len)));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (rp, x, wp) = (self.ptr_mut(rstd, 0), self.ptr(inp, 0), self.ptr(params, w.off));
+        let aligned = c.is_multiple_of(8) && [o, x, wp].iter().all(|p| p.is_multiple_of(16));
+        let fast = RMS_FWD_FAST.iter().find(|(_, j, w)| 256 * j * w >= c);
+        // (kernel, rows per block of 256 threads)
+        let (name, rows) = match (aligned, fast) {
+            (true, Some(&(name, _, warps))) => (name, RMS_FWD_THREADS / (32 * warps)),
+            _ => ("rmsnorm_fwd", 8),
+        };
+        let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
+        let am = self.fp8_sink(amax)?;
+        let f = self.f(name)?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&o).arg(&rp).arg(&x).arg(&wp).arg(&ni).arg(&ci).arg(&eps).arg(&am);
+        // SAFETY: all ranges checked above (and, for the 16-byte variants, alignment); each
+        // row's warps write only that row (< n) and its rstd.
+        unsafe { lb.launch(cfg((n.div_ceil(rows) as u32, 1, 1), (RMS_FWD_THREADS as u32, 1, 1), 0)) }
+            .map_err(|e| self.launch_err(name, e))?;
+        Ok(())
+    }
 }

@@ -621,7 +621,7 @@ impl MatmulOps for CudaBackend {
         crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, n * oc)
     }
 
-    fn matmul_fwd_of_ln(
+    fn matmul_fwd_of_norm(
         &self,
         out: &mut Self::Buf,
         x: &Self::Buf,
@@ -631,16 +631,23 @@ impl MatmulOps for CudaBackend {
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
         let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
-        check("matmul_fwd_of_ln out", out.len(), 0, n * oc)?;
-        check("matmul_fwd_of_ln x", x.len(), 0, n * c)?;
-        check("matmul_fwd_of_ln mean", norm.mean.len(), 0, n)?;
-        check("matmul_fwd_of_ln rstd", norm.rstd.len(), 0, n)?;
-        check_loc("matmul_fwd_of_ln norm weight", params.len(), norm.at.w)?;
-        check_loc("matmul_fwd_of_ln norm bias", params.len(), norm.at.b)?;
-        if norm.at.w.len != c || norm.at.b.len != c {
-            return Err(bad(format!("matmul_fwd_of_ln: the norm's weight and bias must have C = {c} elements")));
+        check("matmul_fwd_of_norm out", out.len(), 0, n * oc)?;
+        check("matmul_fwd_of_norm x", x.len(), 0, n * c)?;
+        check("matmul_fwd_of_norm rstd", norm.rstd().len(), 0, n)?;
+        let (mean, nb) = match &norm {
+            NormOfInput::LayerNorm { mean, at, .. } => {
+                check("matmul_fwd_of_norm mean", mean.len(), 0, n)?;
+                (self.ptr(mean, 0), Some(at.b))
+            }
+            NormOfInput::RmsNorm { .. } => (0, None),
+        };
+        for l in [Some(norm.weight()), nb].into_iter().flatten() {
+            check_loc("matmul_fwd_of_norm norm parameters", params.len(), l)?;
+            if l.len != c {
+                return Err(bad(format!("matmul_fwd_of_norm: the norm's parameters must have C = {c} elements")));
+            }
         }
-        check_linear("matmul_fwd_of_ln", params.len(), p.at, s)?;
+        check_linear("matmul_fwd_of_norm", params.len(), p.at, s)?;
         p.at.check_norm_of_input(s)?;
         self.bind()?;
         let b = match bias {
@@ -648,10 +655,10 @@ impl MatmulOps for CudaBackend {
             None => None,
         };
         let np = NormPtrs {
-            mean: self.ptr(norm.mean, 0),
-            rstd: self.ptr(norm.rstd, 0),
-            w: self.ptr(params, norm.at.w.off),
-            b: self.ptr(params, norm.at.b.off),
+            mean,
+            rstd: self.ptr(norm.rstd(), 0),
+            w: self.ptr(params, norm.weight().off),
+            b: nb.map_or(0, |l| self.ptr(params, l.off)),
         };
         let epi = FwdEpilogue { bias: b, residual: None, gelu_input: false, norm: Some(np) };
         self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(x, 0), self.ptr(params, w.off)), s, epi, p.at.fp8)?;

@@ -37,9 +37,9 @@ impl<B: Device> NormStats<B> {
     fn out(&mut self) -> LnStats<'_, B> {
         LnStats { mean: &mut self.mean, rstd: &mut self.rstd }
     }
-    /// The norm of `at` as an FP8 layer's input, applied by its cast (`matmul_fwd_of_ln`).
+    /// The norm of `at` as an FP8 layer's input, applied by its cast (`matmul_fwd_of_norm`).
     fn of_input(&self, at: NormLocs) -> NormOfInput<'_, B> {
-        NormOfInput { mean: &self.mean, rstd: &self.rstd, at }
+        NormOfInput::LayerNorm { mean: &self.mean, rstd: &self.rstd, at }
     }
     fn saved<'a>(&'a self, inp: &'a B::Buf) -> LnSaved<'a, B> {
         LnSaved { inp, mean: &self.mean, rstd: &self.rstd }
@@ -387,7 +387,7 @@ impl<B: Backend> Block<'_, B> {
 
     /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
     /// layer that keeps its input's codes, the norm's statistics and output amax only, the
-    /// norm applied by the layer's cast (`matmul_fwd_of_ln`: the same bits, one pass less).
+    /// norm applied by the layer's cast (`matmul_fwd_of_norm`: the same bits, one pass less).
     fn norm_then_linear(
         &self,
         (ln, stats, norm): (Option<&mut B::Buf>, &mut NormStats<B>, NormLocs),
@@ -401,7 +401,7 @@ impl<B: Backend> Block<'_, B> {
         match sink.filter(|_| self.norm_in_cast(lin, s)) {
             Some(sk) => {
                 be.layernorm_stats_amax(stats.out(), x, self.w(norm), r, sk)?;
-                be.matmul_fwd_of_ln(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
+                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
             }
             None => {
                 let ln = ln.ok_or_else(no_norm_output)?;

@@ -16,8 +16,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, Loc, MatShape, RmsSaved, Rows, SeqShape,
-    UnitGrads, Weights,
+    rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, LinearLocs, Loc, MatShape, NormOfInput,
+    RmsSaved, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -31,20 +31,32 @@ use crate::zero::{Category, MemoryLedger};
 
 /// Activations one block saves for its backward.
 struct BlockActs<B: Device> {
-    ln1: B::Buf,
+    /// The norms' outputs; `None` where every block of the set applies the norm in its FP8
+    /// layer's cast (`Llama::norm_in_cast`): nothing writes or reads them there.
+    ln1: Option<B::Buf>,
     rstd1: B::F32,
     /// `[N, (nh + 2·nkv)·hs]`, query and key heads rotated.
     qkv: B::Buf,
     atty: B::Buf,
     att_saved: B::F32,
     resid2: B::Buf,
-    ln2: B::Buf,
+    ln2: Option<B::Buf>,
     rstd2: B::F32,
     /// The MLP's gate and up projections, `[N, 2F]`.
     gate_up: B::Buf,
     /// SwiGLU(gate_up) as the forward made it (`checkpointing.keep_gelu`, blocks not
     /// checkpointed; in FP8, where down keeps the codes of it instead, not kept here).
     act: Option<B::Buf>,
+}
+
+/// The error of a block that would write or read a norm's output the model decided it never
+/// writes (`Llama::new`'s and `Block::norm_in_cast`'s decisions disagree: a bug).
+fn no_norm_output() -> crate::backend::BackendError {
+    crate::backend::BackendError::Device(
+        "a Llama block writes or reads an RMSNorm output that was not allocated because its FP8 layer applies the \
+         norm in its cast (a bug: Llama::new and Block::norm_in_cast disagree)"
+            .into(),
+    )
 }
 
 /// Scratch shared by all blocks: the forward's and, in the backward, the recomputed
@@ -86,6 +98,10 @@ pub struct Llama<B: Backend> {
     act_slot: Vec<usize>,
     /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
     fp8_kept: Vec<bool>,
+    /// FP8 layers that keep their input's codes and read an RMSNorm's output (qkv, gate/up)
+    /// take it from the norm's input, the norm applied by their cast
+    /// (`ModelOptions::fp8_norm_in_cast`).
+    norm_in_cast: bool,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
@@ -136,15 +152,25 @@ impl<B: Backend> Llama<B> {
         let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
         let down_codes = mlp_out_keeps_codes(&fp8_kept, linears.len());
+        // Where each block's qkv and gate/up apply their norm in their cast (`Block::norm_in_cast`:
+        // the layer keeps its input's codes and its producer leaves the amax), that norm's
+        // output is never written.
+        let norm_cast = |layer: usize, k: usize| {
+            opts.fp8_norm_in_cast
+                && opts.fp8_amax_sinks
+                && fp8_kept.get(layer * linears.len() + k).copied().unwrap_or(false)
+        };
+        let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
             let mut bb = |len: usize, what: &str| -> BResult<B::Buf> {
                 ledger.alloc(Category::Activations, len * sz.buf);
                 be.alloc_buf(len, what)
             };
-            let (ln1, qkv, atty, resid2) =
-                (bb(n * c, "rms1")?, bb(n * w, "qkv")?, bb(n * c, "attention output")?, bb(n * c, "residual")?);
-            let (ln2, gate_up) = (bb(n * c, "rms2")?, bb(n * 2 * f, "gate/up")?);
+            let ln1 = if set_needs(set, 0) { Some(bb(n * c, "rms1")?) } else { None };
+            let (qkv, atty, resid2) = (bb(n * w, "qkv")?, bb(n * c, "attention output")?, bb(n * c, "residual")?);
+            let ln2 = if set_needs(set, 2) { Some(bb(n * c, "rms2")?) } else { None };
+            let gate_up = bb(n * 2 * f, "gate/up")?;
             let act = if ckpt_cfg.keep_gelu.keeps() && !slots.is_shared(set) && !down_codes {
                 Some(bb(n * f, "kept swiglu output")?)
             } else {
@@ -185,6 +211,7 @@ impl<B: Backend> Llama<B> {
             acts,
             act_slot: slots.slot,
             fp8_kept,
+            norm_in_cast: opts.fp8_norm_in_cast,
             kept,
             scratch,
             rope,
@@ -248,7 +275,16 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block { be, p, k, s: self.s, rope: &self.rope, docs: self.tokens.docs.as_ref(), dres_sink: None };
+        let blk = Block {
+            be,
+            p,
+            k,
+            s: self.s,
+            rope: &self.rope,
+            docs: self.tokens.docs.as_ref(),
+            dres_sink: None,
+            norm_in_cast: self.norm_in_cast,
+        };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -283,6 +319,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             rope: &self.rope,
             docs: self.tokens.docs.as_ref(),
             dres_sink: self.down_grad_sink(layer.checked_sub(1)),
+            norm_in_cast: self.norm_in_cast,
         };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -331,6 +368,8 @@ struct Block<'a, B: Backend> {
     /// Where rms1's backward leaves the amax of the gradient it writes (the block below's down
     /// projection reads it first: `Llama::down_grad_sink`); `None` for block 0 and in the forward.
     dres_sink: Option<AmaxSink>,
+    /// `Llama::norm_in_cast`.
+    norm_in_cast: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -338,17 +377,48 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
+    /// Whether the layer `lin` (at shape `s`) that reads an RMSNorm's output takes it from
+    /// the norm's input, the norm applied in its cast: then the norm's output is never
+    /// written, and its backward reads the codes it kept.
+    fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
+        self.norm_in_cast && lin.keeps_input(s) && lin.input_sink(s).is_some()
+    }
+
+    /// `out = RMSNorm(x) · Wᵀ`: the norm's output written, then the layer; or, for an FP8
+    /// layer that keeps its input's codes, the norm's rstd and output amax only, the norm
+    /// applied by the layer's cast (`matmul_fwd_of_norm`: the same bits, one pass less).
+    fn norm_then_linear(
+        &self,
+        (ln, rstd, norm): (Option<&mut B::Buf>, &mut B::F32, Loc),
+        x: &B::Buf,
+        out: &mut B::Buf,
+        lin: LinearLocs,
+        s: MatShape,
+    ) -> BResult<()> {
+        let (be, r, eps) = (self.be, Rows { n: s.n, c: s.c }, self.s.eps);
+        let sink = lin.input_sink(s);
+        match sink.filter(|_| self.norm_in_cast(lin, s)) {
+            Some(sk) => {
+                be.rmsnorm_stats_amax(rstd, x, self.w(norm), r, eps, sk)?;
+                let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
+                be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(sink)), s)
+            }
+            None => {
+                let ln = ln.ok_or_else(no_norm_output)?;
+                be.rmsnorm_fwd(ln, rstd, x, self.w(norm), r, eps, sink)?;
+                be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
+            }
+        }
+    }
+
     /// Forward, or what `pass` says of it.
     fn forward(&self, x: &B::Buf, pass: Pass<'_, B>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
         let (be, k, s) = (self.be, self.k, self.s);
         let at = s.attn;
         let (n, c, f) = (at.b * at.t, at.c, s.f);
-        let r = Rows { n, c };
         // The norms and SwiGLU leave their outputs' amaxes for the FP8 GEMMs that read them next.
         let qkv = MatShape { n, c, oc: at.qkv_width() };
-        let sink = k.qkv.input_sink(qkv);
-        be.rmsnorm_fwd(&mut a.ln1, &mut a.rstd1, x, self.w(k.ln1), r, s.eps, sink)?;
-        be.matmul_fwd(&mut a.qkv, &a.ln1, self.w(k.qkv.input_amax_from(sink)), qkv)?;
+        self.norm_then_linear((a.ln1.as_mut(), &mut a.rstd1, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
         be.rope_fwd(&mut a.qkv, self.rope, self.docs, at)?;
         // Attention leaves its output's amax for o (where it runs in this pass: a kept output
         // is not rewritten, and o then takes its own amax of it).
@@ -359,9 +429,7 @@ impl<B: Backend> Block<'_, B> {
         }
         be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o.input_amax_from(sink)), o, &mut sc.tmp)?;
         let gu = MatShape { n, c, oc: 2 * f };
-        let sink = k.gate_up.input_sink(gu);
-        be.rmsnorm_fwd(&mut a.ln2, &mut a.rstd2, &a.resid2, self.w(k.ln2), r, s.eps, sink)?;
-        be.matmul_fwd(&mut a.gate_up, &a.ln2, self.w(k.gate_up.input_amax_from(sink)), gu)?;
+        self.norm_then_linear((a.ln2.as_mut(), &mut a.rstd2, k.ln2), &a.resid2, &mut a.gate_up, k.gate_up, gu)?;
         let Pass::Full(out) = pass else { return Ok(()) };
         let down = MatShape { n, c: f, oc: c };
         let sink = k.down.input_sink(down);
@@ -407,7 +475,13 @@ impl<B: Backend> Block<'_, B> {
         let sink = k.gate_up.grad_sink(gu);
         be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f }, sink)?;
         let gu_at = k.gate_up.grad_amax_from(sink);
-        be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, &a.ln2, self.w(gu_at), gu)?;
+        // Where rms2's output was never written (applied in gate/up's cast), its codes serve.
+        if self.norm_in_cast(k.gate_up, gu) {
+            be.matmul_bwd_kept(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, self.w(gu_at), gu)?;
+        } else {
+            let ln2 = a.ln2.as_ref().ok_or_else(no_norm_output)?;
+            be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, ln2, self.w(gu_at), gu)?;
+        }
         // dres += through rms2 (the residual branch already carries dres itself), leaving its
         // amax for o's FP8 backward.
         let o = MatShape { n, c, oc: c };
@@ -422,7 +496,12 @@ impl<B: Backend> Block<'_, B> {
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at, None)?;
         be.rope_bwd(&mut g.dqkv, self.rope, self.docs, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
-        be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, &a.ln1, self.w(k.qkv), qkv)?;
+        if self.norm_in_cast(k.qkv, qkv) {
+            be.matmul_bwd_kept(&mut g.dln, gr.first(k.qkv), &g.dqkv, self.w(k.qkv), qkv)?;
+        } else {
+            let ln1 = a.ln1.as_ref().ok_or_else(no_norm_output)?;
+            be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, ln1, self.w(k.qkv), qkv)?;
+        }
         let saved = RmsSaved { inp: x, rstd: &a.rstd1 };
         be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
     }
