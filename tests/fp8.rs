@@ -463,22 +463,43 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
 /// bytes and refuses a backward that reads codes no forward kept.
 #[test]
 fn kept_fp8_inputs_give_the_bits_of_casting_again() {
+    for v in saving_variants() {
+        let tag = &v.tag;
+        let (l0, p0, a0, ..) = run_with(&v.cfg, v.world, Knobs { kept_inputs: false, ..ALL }, 3);
+        let (l1, p1, a1, ..) = run_with(&v.cfg, v.world, ALL, 3);
+        assert_eq!(l1, l0, "{tag}: losses");
+        assert_eq!(p1, p0, "{tag}: parameters");
+        assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
+        assert_ne!(a1, a0, "{tag}: the kept codes change the activations held");
+    }
+}
+
+/// One configuration of the FP8 savings' on/off tests.
+struct SavingVariant {
+    family: &'static str,
+    world: usize,
+    /// `checkpointing.activations` as the TOML gives it (with keep_gelu where said).
+    act: &'static str,
+    tag: String,
+    cfg: Config,
+}
+
+/// GPT-2 and Llama (2 micro-steps a step), one rank at stage 0 and ZeRO-3 on two, with no
+/// checkpointing, keep_gelu, and every second block checkpointed with keep_gelu.
+fn saving_variants() -> Vec<SavingVariant> {
     let gpt = |stage: u8, act: &str| tiny_fp8_toml(stage, 2, act, "fp8");
     let llama = |stage: u8, act: &str| tiny_llama_fp8_toml(stage, 2, act, "fp8", false);
-    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8, &str) -> String), ("llama", &llama)] {
+    let mut out = Vec::new();
+    for (family, toml) in [("gpt2", &gpt as &dyn Fn(u8, &str) -> String), ("llama", &llama)] {
         for (world, stage) in [(1usize, 0u8), (2, 3)] {
             for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
                 let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("config");
-                let tag = format!("{name} world {world} stage {stage} checkpointing {act:?}");
-                let (l0, p0, a0, ..) = run_with(&cfg, world, Knobs { kept_inputs: false, ..ALL }, 3);
-                let (l1, p1, a1, ..) = run_with(&cfg, world, ALL, 3);
-                assert_eq!(l1, l0, "{tag}: losses");
-                assert_eq!(p1, p0, "{tag}: parameters");
-                assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
-                assert_ne!(a1, a0, "{tag}: the kept codes change the activations held");
+                let tag = format!("{family} world {world} stage {stage} checkpointing {act:?}");
+                out.push(SavingVariant { family, world, act, tag, cfg });
             }
         }
     }
+    out
 }
 
 /// The CPU reference refuses what would make the GPU's kept codes wrong unseen: a backward
@@ -634,30 +655,23 @@ fn a_weight_written_after_the_step_is_measured_again() {
 /// The CPU reference checks the statistics it is handed are the norm's.
 #[test]
 fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
-    let gpt = |stage: u8, act: &str| tiny_fp8_toml(stage, 2, act, "fp8");
-    let llama = |stage: u8, act: &str| tiny_llama_fp8_toml(stage, 2, act, "fp8", false);
-    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8, &str) -> String), ("llama", &llama)] {
-        for (world, stage) in [(1usize, 0u8), (2, 3)] {
-            for act in ["\"none\"", common::KEEP_GELU, "2\nkeep_gelu = true"] {
-                let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("config");
-                let tag = format!("{name} world {world} stage {stage} checkpointing {act:?}");
-                let (l0, p0, a0, _, off) = run_with(&cfg, world, Knobs { norm_in_cast: false, ..ALL }, 3);
-                let (l1, p1, a1, _, on) = run_with(&cfg, world, ALL, 3);
-                assert!(a1 < a0, "{tag}: the norms' outputs applied in casts are not held ({a1} vs {a0})");
-                assert_eq!(l1, l0, "{tag}: losses");
-                assert_eq!(p1, p0, "{tag}: parameters");
-                assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
-                assert_eq!(off, 0, "{tag}: no norm in a cast where it is off");
-                // 2 blocks, 2 norms each, 3 steps of 2 micro-steps; fewer with checkpointing.
-                let all = 2 * 2 * 3 * 2;
-                match (name, act) {
-                    ("gpt2", "\"none\"") => assert_eq!(on, all / 2, "{tag}: ln1 of every forward in qkv's cast"),
-                    (_, "\"none\"") | (_, common::KEEP_GELU) => {
-                        assert_eq!(on, all, "{tag}: both norms of every forward in their casts")
-                    }
-                    _ => assert!(on > 0 && on < all, "{tag}: the blocks that keep codes: {on} of {all}"),
-                }
+    for v in saving_variants() {
+        let (tag, name, act) = (&v.tag, v.family, v.act);
+        let (l0, p0, a0, _, off) = run_with(&v.cfg, v.world, Knobs { norm_in_cast: false, ..ALL }, 3);
+        let (l1, p1, a1, _, on) = run_with(&v.cfg, v.world, ALL, 3);
+        assert!(a1 < a0, "{tag}: the norms' outputs applied in casts are not held ({a1} vs {a0})");
+        assert_eq!(l1, l0, "{tag}: losses");
+        assert_eq!(p1, p0, "{tag}: parameters");
+        assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
+        assert_eq!(off, 0, "{tag}: no norm in a cast where it is off");
+        // 2 blocks, 2 norms each, 3 steps of 2 micro-steps; fewer with checkpointing.
+        let all = 2 * 2 * 3 * 2;
+        match (name, act) {
+            ("gpt2", "\"none\"") => assert_eq!(on, all / 2, "{tag}: ln1 of every forward in qkv's cast"),
+            (_, "\"none\"") | (_, common::KEEP_GELU) => {
+                assert_eq!(on, all, "{tag}: both norms of every forward in their casts")
             }
+            _ => assert!(on > 0 && on < all, "{tag}: the blocks that keep codes: {on} of {all}"),
         }
     }
 }

@@ -27,7 +27,7 @@ pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, Loc, MatShape, Precision};
+use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, LinearLocs, Loc, MatShape, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
@@ -318,6 +318,34 @@ const MLP_OUT: usize = 3;
 /// Linear layers per block in both families (qkv, the attention's output projection, the
 /// MLP's input and output layers): block `l`'s FP8 layers are `l · 4 .. l · 4 + 4`.
 pub(crate) const LINEARS_PER_BLOCK: usize = 4;
+
+/// Whether block `layer`'s FP8 layer `k` keeps its input's codes (`kept`: [`fp8_kept_inputs`]).
+pub(crate) fn keeps_codes(kept: &[bool], layer: usize, k: usize) -> bool {
+    kept.get(layer * LINEARS_PER_BLOCK + k).copied().unwrap_or(false)
+}
+
+/// Whether block `layer`'s FP8 layer `k`, which reads a norm's output, applies the norm in its
+/// input's cast, as a family's constructor plans it ([`norm_in_cast`] at run time): the
+/// switch and the amax sinks on, and the layer keeping its input's codes.
+pub(crate) fn norm_in_cast_planned(opts: &ModelOptions, kept: &[bool], layer: usize, k: usize) -> bool {
+    opts.fp8_norm_in_cast && opts.fp8_amax_sinks && keeps_codes(kept, layer, k)
+}
+
+/// Whether the layer `lin` (at shape `s`), which reads a norm's output, takes it from the
+/// norm's input, the norm applied in its cast (`on`: `ModelOptions::fp8_norm_in_cast`): then
+/// the norm's output is never written, and the layer's backward reads the codes it kept.
+pub(crate) fn norm_in_cast(on: bool, lin: LinearLocs, s: MatShape) -> bool {
+    on && lin.keeps_input(s) && lin.input_sink(s).is_some()
+}
+
+/// The error of a `family` block that would write or read a norm's output its constructor
+/// did not allocate ([`norm_in_cast_planned`] and [`norm_in_cast`] disagree: a bug).
+pub(crate) fn no_norm_output(family: &str) -> crate::backend::BackendError {
+    crate::backend::BackendError::Device(format!(
+        "a {family} block writes or reads a norm's output that was not allocated because its FP8 layer applies the \
+         norm in its cast (a bug: the model's constructor and its blocks disagree on model::norm_in_cast)"
+    ))
+}
 
 /// Before block `layer`'s forward (not a recompute): its FP8 layers' amax sinks zeroed
 /// together (`MatmulOps::fp8_clear_sinks`) instead of one by one by their producers.

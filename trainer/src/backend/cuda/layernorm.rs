@@ -204,39 +204,9 @@ impl LayerNormOps for CudaBackend {
         r: Rows,
         amax: Option<AmaxSink>,
     ) -> BResult<()> {
-        let (Rows { n, c }, LnStats { mean, rstd }, (params, NormLocs { w, b: bias })) = (r, stats, (p.buf, p.at));
-        check("layernorm_fwd out", out.len(), 0, n * c)?;
-        check("layernorm_fwd inp", inp.len(), 0, n * c)?;
-        check("layernorm_fwd mean", mean.len(), 0, n)?;
-        check("layernorm_fwd rstd", rstd.len(), 0, n)?;
-        check_loc("layernorm_fwd weight", params.len(), w)?;
-        check_loc("layernorm_fwd bias", params.len(), bias)?;
-        if w.len != c || bias.len != c {
-            return Err(bad(format!(
-                "layernorm_fwd: weight and bias must have C = {c} elements, have {} and {}",
-                w.len, bias.len
-            )));
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (o, mp, rp, x, wp, bp) = (
-            self.ptr_mut(out, 0),
-            self.ptr_mut(mean, 0),
-            self.ptr_mut(rstd, 0),
-            self.ptr(inp, 0),
-            self.ptr(params, w.off),
-            self.ptr(params, bias.off),
-        );
-        let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
-        let am = self.fp8_sink(amax)?;
-        let f = self.f("layernorm_fwd")?;
-        let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci).arg(&am);
-        // SAFETY: all ranges checked above; one warp per row, rows < n.
-        unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
-            .map_err(|e| self.launch_err("layernorm_fwd", e))?;
-        Ok(())
+        check("layernorm_fwd out", out.len(), 0, r.n * r.c)?;
+        let o = self.ptr_mut(out, 0);
+        self.ln_fwd(o, stats, inp, p, r, amax)
     }
 
     fn layernorm_stats_amax(
@@ -247,39 +217,8 @@ impl LayerNormOps for CudaBackend {
         r: Rows,
         amax: AmaxSink,
     ) -> BResult<()> {
-        let (Rows { n, c }, LnStats { mean, rstd }, (params, NormLocs { w, b: bias })) = (r, stats, (p.buf, p.at));
-        check("layernorm_stats_amax inp", inp.len(), 0, n * c)?;
-        check("layernorm_stats_amax mean", mean.len(), 0, n)?;
-        check("layernorm_stats_amax rstd", rstd.len(), 0, n)?;
-        check_loc("layernorm_stats_amax weight", params.len(), w)?;
-        check_loc("layernorm_stats_amax bias", params.len(), bias)?;
-        if w.len != c || bias.len != c {
-            return Err(bad(format!(
-                "layernorm_stats_amax: weight and bias must have C = {c} elements, have {} and {}",
-                w.len, bias.len
-            )));
-        }
-        if n == 0 {
-            return Ok(());
-        }
         // layernorm_fwd's kernel with no output: the statistics and the amax only.
-        let (o, mp, rp, x, wp, bp) = (
-            0u64,
-            self.ptr_mut(mean, 0),
-            self.ptr_mut(rstd, 0),
-            self.ptr(inp, 0),
-            self.ptr(params, w.off),
-            self.ptr(params, bias.off),
-        );
-        let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
-        let am = self.fp8_sink(Some(amax))?;
-        let f = self.f("layernorm_fwd")?;
-        let mut lb = self.stream.launch_builder(f);
-        lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci).arg(&am);
-        // SAFETY: all ranges checked above; one warp per row, rows < n; no output written.
-        unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
-            .map_err(|e| self.launch_err("layernorm_fwd", e))?;
-        Ok(())
+        self.ln_fwd(0, stats, inp, p, r, Some(amax))
     }
 
     fn layernorm_bwd(
@@ -405,6 +344,52 @@ struct LnBwdKernel {
 }
 
 impl CudaBackend {
+    /// LayerNorm's forward into the output at `o` (0: none, only the statistics and the
+    /// amax: `layernorm_stats_amax`).
+    #[allow(clippy::too_many_arguments)] // layernorm_fwd's, the output as a pointer
+    fn ln_fwd(
+        &self,
+        o: u64,
+        stats: LnStats<'_, Self>,
+        inp: &<Self as Device>::Buf,
+        p: Weights<'_, Self, NormLocs>,
+        r: Rows,
+        amax: Option<AmaxSink>,
+    ) -> BResult<()> {
+        let (Rows { n, c }, LnStats { mean, rstd }, (params, NormLocs { w, b: bias })) = (r, stats, (p.buf, p.at));
+        check("layernorm_fwd inp", inp.len(), 0, n * c)?;
+        check("layernorm_fwd mean", mean.len(), 0, n)?;
+        check("layernorm_fwd rstd", rstd.len(), 0, n)?;
+        check_loc("layernorm_fwd weight", params.len(), w)?;
+        check_loc("layernorm_fwd bias", params.len(), bias)?;
+        if w.len != c || bias.len != c {
+            return Err(bad(format!(
+                "layernorm_fwd: weight and bias must have C = {c} elements, have {} and {}",
+                w.len, bias.len
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (mp, rp, x, wp, bp) = (
+            self.ptr_mut(mean, 0),
+            self.ptr_mut(rstd, 0),
+            self.ptr(inp, 0),
+            self.ptr(params, w.off),
+            self.ptr(params, bias.off),
+        );
+        let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
+        let am = self.fp8_sink(amax)?;
+        let f = self.f("layernorm_fwd")?;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci).arg(&am);
+        // SAFETY: all ranges checked above; one warp per row, rows < n; the output (unless 0)
+        // was checked by the caller to hold n·c.
+        unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
+            .map_err(|e| self.launch_err("layernorm_fwd", e))?;
+        Ok(())
+    }
+
     /// RMSNorm's forward into the output at `o` (0: none, only `rstd` and the amax), the
     /// kernel picked by the shape and alignment (the same with and without an output).
     #[allow(clippy::too_many_arguments)] // rmsnorm_fwd's, the output as a pointer

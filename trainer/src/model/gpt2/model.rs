@@ -22,8 +22,8 @@ use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
-    clear_block_sinks, fp8_kept_inputs, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch, ModelLayout,
-    ModelOptions,
+    clear_block_sinks, fp8_kept_inputs, keeps_codes, mlp_out_keeps_codes, no_norm_output, norm_in_cast,
+    norm_in_cast_planned, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
 
@@ -64,16 +64,6 @@ struct BlockActs<B: Device> {
     /// GELU(fch) as the forward made it (`checkpointing.keep_gelu`, blocks not checkpointed;
     /// in FP8, where fc2 keeps the codes of it instead, not kept here).
     gelu: Option<B::Buf>,
-}
-
-/// The error of a block that would write or read a norm's output the model decided it never
-/// writes (`Gpt2::new`'s and `Block::norm_in_cast`'s decisions disagree: a bug).
-fn no_norm_output() -> crate::backend::BackendError {
-    crate::backend::BackendError::Device(
-        "a GPT-2 block writes or reads a LayerNorm output that was not allocated because its FP8 layer applies the \
-         norm in its cast (a bug: Gpt2::new and Block::norm_in_cast disagree)"
-            .into(),
-    )
 }
 
 /// The error of a block that would write GELU's output where the model decided none does
@@ -170,22 +160,17 @@ impl<B: Backend> Gpt2<B> {
         let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
         let fc2_codes = mlp_out_keeps_codes(&fp8_kept, linears.len());
-        // Where each block's qkv and fc apply their norm in their cast (`Block::norm_in_cast`:
-        // the layer keeps its input's codes and its producer leaves the amax; fc only where
-        // fc2 takes GELU from the pre-activation), that norm's output is never written.
+        // Where each block's qkv and fc apply their norm in their cast (`model::norm_in_cast`;
+        // fc only where fc2 takes GELU from the pre-activation), that norm's output is never
+        // written.
         let norm_cast = |layer: usize, k: usize| {
-            let kept = |i: usize| fp8_kept.get(layer * linears.len() + i).copied().unwrap_or(false);
-            opts.fp8_norm_in_cast && opts.fp8_amax_sinks && kept(k) && (k == 0 || kept(3))
+            norm_in_cast_planned(opts, &fp8_kept, layer, k) && (k == 0 || keeps_codes(&fp8_kept, layer, 3))
         };
         let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         // fc2 takes GELU from the pre-activation (`Block::forward`'s `of_pre`) where it keeps
         // its input's codes, the sinks are on and fc runs in FP8; elsewhere GELU's output is
         // written, into the block's kept copy or this scratch.
-        let of_pre = |layer: usize| {
-            opts.fp8_amax_sinks
-                && fp8_kept.get(layer * linears.len() + 3).copied().unwrap_or(false)
-                && !opts.fp8_bf16_layers[2]
-        };
+        let of_pre = |layer: usize| opts.fp8_amax_sinks && keeps_codes(&fp8_kept, layer, 3) && !opts.fp8_bf16_layers[2];
         let gelu_out = if (0..l).all(of_pre) {
             None
         } else {
@@ -378,11 +363,9 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
-    /// Whether the layer `lin` (at shape `s`) that reads a LayerNorm's output takes it from
-    /// the norm's input, the norm applied in its cast: then the norm's output is never
-    /// written, and its backward reads the codes it kept.
+    /// `model::norm_in_cast` with this model's switch.
     fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
-        self.norm_in_cast && lin.keeps_input(s) && lin.input_sink(s).is_some()
+        norm_in_cast(self.norm_in_cast, lin, s)
     }
 
     /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
@@ -404,7 +387,7 @@ impl<B: Backend> Block<'_, B> {
                 be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
             }
             None => {
-                let ln = ln.ok_or_else(no_norm_output)?;
+                let ln = ln.ok_or_else(|| no_norm_output("GPT-2"))?;
                 be.layernorm_fwd(ln, stats.out(), x, self.w(norm), r, sink)?;
                 be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
             }
@@ -446,7 +429,7 @@ impl<B: Backend> Block<'_, B> {
             (_, pass) => pass,
         };
         let sink = k.fc.input_sink(fc);
-        let ln2 = a.ln2.as_mut().ok_or_else(no_norm_output)?;
+        let ln2 = a.ln2.as_mut().ok_or_else(|| no_norm_output("GPT-2"))?;
         be.layernorm_fwd(ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
         let fc_at = k.fc.input_amax_from(sink);
         let gelu = match a.gelu.as_mut() {
@@ -503,7 +486,7 @@ impl<B: Backend> Block<'_, B> {
         if self.norm_in_cast(k.fc, fc) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(k.fc), &g.dbig1, self.w(fc_at), fc)?;
         } else {
-            let ln2 = a.ln2.as_ref().ok_or_else(no_norm_output)?;
+            let ln2 = a.ln2.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?;
             be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, ln2, self.w(fc_at), fc)?;
         }
         // dres += through ln2 (the residual branch already carries dres itself), leaving its
@@ -524,7 +507,7 @@ impl<B: Backend> Block<'_, B> {
         if self.norm_in_cast(k.qkv, qkv) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(qkv_at), &g.dqkv, self.w(qkv_at), qkv)?;
         } else {
-            let ln1 = a.ln1.as_ref().ok_or_else(no_norm_output)?;
+            let ln1 = a.ln1.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?;
             be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, ln1, self.w(qkv_at), qkv)?;
         }
         let saved = a.ln1_stats.saved(x);

@@ -24,8 +24,8 @@ use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
-    clear_block_sinks, fp8_kept_inputs, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch, ModelLayout,
-    ModelOptions,
+    clear_block_sinks, fp8_kept_inputs, mlp_out_keeps_codes, no_norm_output, norm_in_cast, norm_in_cast_planned,
+    prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
 
@@ -47,16 +47,6 @@ struct BlockActs<B: Device> {
     /// SwiGLU(gate_up) as the forward made it (`checkpointing.keep_gelu`, blocks not
     /// checkpointed; in FP8, where down keeps the codes of it instead, not kept here).
     act: Option<B::Buf>,
-}
-
-/// The error of a block that would write or read a norm's output the model decided it never
-/// writes (`Llama::new`'s and `Block::norm_in_cast`'s decisions disagree: a bug).
-fn no_norm_output() -> crate::backend::BackendError {
-    crate::backend::BackendError::Device(
-        "a Llama block writes or reads an RMSNorm output that was not allocated because its FP8 layer applies the \
-         norm in its cast (a bug: Llama::new and Block::norm_in_cast disagree)"
-            .into(),
-    )
 }
 
 /// Scratch shared by all blocks: the forward's and, in the backward, the recomputed
@@ -152,14 +142,10 @@ impl<B: Backend> Llama<B> {
         let linears = locs.block.linears(cfg).map(|(_, c, oc)| (c, oc));
         let fp8_kept = fp8_kept_inputs(opts, n, &linears, l);
         let down_codes = mlp_out_keeps_codes(&fp8_kept, linears.len());
-        // Where each block's qkv and gate/up apply their norm in their cast (`Block::norm_in_cast`:
+        // Where each block's qkv and gate/up apply their norm in their cast (`model::norm_in_cast`:
         // the layer keeps its input's codes and its producer leaves the amax), that norm's
         // output is never written.
-        let norm_cast = |layer: usize, k: usize| {
-            opts.fp8_norm_in_cast
-                && opts.fp8_amax_sinks
-                && fp8_kept.get(layer * linears.len() + k).copied().unwrap_or(false)
-        };
+        let norm_cast = |layer: usize, k: usize| norm_in_cast_planned(opts, &fp8_kept, layer, k);
         let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
@@ -377,11 +363,9 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
-    /// Whether the layer `lin` (at shape `s`) that reads an RMSNorm's output takes it from
-    /// the norm's input, the norm applied in its cast: then the norm's output is never
-    /// written, and its backward reads the codes it kept.
+    /// `model::norm_in_cast` with this model's switch.
     fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
-        self.norm_in_cast && lin.keeps_input(s) && lin.input_sink(s).is_some()
+        norm_in_cast(self.norm_in_cast, lin, s)
     }
 
     /// `out = RMSNorm(x) · Wᵀ`: the norm's output written, then the layer; or, for an FP8
@@ -404,7 +388,7 @@ impl<B: Backend> Block<'_, B> {
                 be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(sink)), s)
             }
             None => {
-                let ln = ln.ok_or_else(no_norm_output)?;
+                let ln = ln.ok_or_else(|| no_norm_output("Llama"))?;
                 be.rmsnorm_fwd(ln, rstd, x, self.w(norm), r, eps, sink)?;
                 be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
             }
@@ -479,7 +463,7 @@ impl<B: Backend> Block<'_, B> {
         if self.norm_in_cast(k.gate_up, gu) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, self.w(gu_at), gu)?;
         } else {
-            let ln2 = a.ln2.as_ref().ok_or_else(no_norm_output)?;
+            let ln2 = a.ln2.as_ref().ok_or_else(|| no_norm_output("Llama"))?;
             be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, ln2, self.w(gu_at), gu)?;
         }
         // dres += through rms2 (the residual branch already carries dres itself), leaving its
@@ -499,7 +483,7 @@ impl<B: Backend> Block<'_, B> {
         if self.norm_in_cast(k.qkv, qkv) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(k.qkv), &g.dqkv, self.w(k.qkv), qkv)?;
         } else {
-            let ln1 = a.ln1.as_ref().ok_or_else(no_norm_output)?;
+            let ln1 = a.ln1.as_ref().ok_or_else(|| no_norm_output("Llama"))?;
             be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, ln1, self.w(k.qkv), qkv)?;
         }
         let saved = RmsSaved { inp: x, rstd: &a.rstd1 };
