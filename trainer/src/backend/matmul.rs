@@ -116,30 +116,21 @@ impl LinearLocs {
         )))
     }
 
-    /// `Ok` where the layer at shape `s` may take GELU's output from its pre-activation
-    /// ([`MatmulOps::matmul_residual_fwd_of_gelu`]): it keeps its input's codes and GELU's
-    /// amax was left for it; else the model bug, named.
-    pub fn check_gelu_of_pre(&self, s: MatShape) -> BResult<()> {
+    /// `Ok` where the layer at shape `s` may have its input made by the cast that quantizes it
+    /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; a norm of
+    /// the norm's input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and
+    /// the amax of the input so made was left for it; else the model bug, named after `what`.
+    pub fn check_input_made_in_cast(&self, s: MatShape, what: InputMadeInCast) -> BResult<()> {
         if self.keeps_input(s) && self.fp8.is_some_and(|f| f.input_amax_ready) {
             return Ok(());
         }
+        let (of, from) = match what {
+            InputMadeInCast::Gelu => ("GELU's output", "its pre-activation"),
+            InputMadeInCast::Norm => ("the norm's output", "the norm's input"),
+        };
         Err(super::BackendError::Device(format!(
-            "an FP8 GEMM of GELU's output from its pre-activation, but layer {:?} does not keep its input's codes \
-             or has no amax of GELU's output left (a model bug)",
-            self.fp8.map(|f| f.index)
-        )))
-    }
-
-    /// `Ok` where the layer at shape `s` may take a norm's output from the norm's input
-    /// ([`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and the norm's output's
-    /// amax was left for it; else the model bug, named.
-    pub fn check_norm_of_input(&self, s: MatShape) -> BResult<()> {
-        if self.keeps_input(s) && self.fp8.is_some_and(|f| f.input_amax_ready) {
-            return Ok(());
-        }
-        Err(super::BackendError::Device(format!(
-            "an FP8 GEMM of a norm's output from the norm's input, but layer {:?} does not keep its input's \
-             codes or has no amax of the norm's output left (a model bug)",
+            "an FP8 GEMM of {of} from {from}, but layer {:?} does not keep its input's codes or has no amax of {of} \
+             left (a model bug)",
             self.fp8.map(|f| f.index)
         )))
     }
@@ -202,6 +193,16 @@ pub struct MatShape {
     pub n: usize,
     pub c: usize,
     pub oc: usize,
+}
+
+/// What an FP8 layer's input cast makes of what it reads
+/// ([`LinearLocs::check_input_made_in_cast`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputMadeInCast {
+    /// GELU of the MLP's pre-activation (GPT-2's fc2).
+    Gelu,
+    /// A norm's output from the norm's input (qkv, GPT-2's fc, Llama's gate/up).
+    Norm,
 }
 
 /// A norm's output as a linear layer's input, given as the norm's input and the statistics
@@ -449,7 +450,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// statistics and the output's amax the norm's `*_stats_amax` left (into
     /// [`LinearLocs::input_sink`]), so the norm's output is never written. The same bits as
     /// the norm's forward then [`MatmulOps::matmul_fwd`]. Only for a layer that keeps its
-    /// input's codes ([`LinearLocs::check_norm_of_input`]); otherwise, and on a backend
+    /// input's codes ([`LinearLocs::check_input_made_in_cast`]); otherwise, and on a backend
     /// without it (the default), an error: the model composes the two instead.
     fn matmul_fwd_of_norm(
         &self,

@@ -72,7 +72,9 @@ pub use fp8_gather::{Fp8GatherLayout, Fp8GatherOps};
 pub use gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
-pub use matmul::{GeluInput, GemmTuning, LinearLocs, MatShape, MatmulOps, NormOfInput, Precision, TunedGemm};
+pub use matmul::{
+    GeluInput, GemmTuning, InputMadeInCast, LinearLocs, MatShape, MatmulOps, NormOfInput, Precision, TunedGemm,
+};
 pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;
 pub use transfer::{HostRead, HostValues, HostWait, HostWrite, TransferOps};

@@ -29,8 +29,8 @@ use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
 use crate::backend::{ActivationOps, WeightGrads, Weights};
 use crate::backend::{
-    AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, LinearLocs, MatShape, MatmulOps,
-    NormOfInput,
+    AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, InputMadeInCast, LinearLocs, MatShape,
+    MatmulOps, NormOfInput,
 };
 
 /// `xs` quantized per tensor to `fmt` and dequantized (the FP8 GEMM's operand values).
@@ -396,7 +396,7 @@ impl MatmulOps for CpuBackend {
         tmp: &mut Vec<f32>,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        p.at.check_gelu_of_pre(s)?;
+        p.at.check_input_made_in_cast(s, InputMadeInCast::Gelu)?;
         // The GPU never writes GELU's output; here it is per-call scratch, quantized (with
         // the amax its producer left, checked) as any FP8 input is.
         let mut act = vec![0.0; n * c];
@@ -414,7 +414,7 @@ impl MatmulOps for CpuBackend {
         s: MatShape,
     ) -> BResult<()> {
         let MatShape { n, c, .. } = s;
-        p.at.check_norm_of_input(s)?;
+        p.at.check_input_made_in_cast(s, InputMadeInCast::Norm)?;
         // The GPU never writes the norm's output; here it is per-call scratch, made again
         // from the input (its statistics checked to be those given), and quantized (with the
         // amax its producer left, checked) as any FP8 input is.

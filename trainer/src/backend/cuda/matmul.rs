@@ -23,8 +23,8 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable, LinearLocs,
-    Loc, MatShape, MatmulOps, NormOfInput, OnMismatch, TunedGemm, WeightGrads, Weights,
+    AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable,
+    InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -604,7 +604,7 @@ impl MatmulOps for CudaBackend {
         check("matmul_residual_fwd_of_gelu pre", pre.len(), 0, n * c)?;
         check("matmul_residual_fwd_of_gelu tmp", tmp.len(), 0, n * oc)?;
         check_linear("matmul_residual_fwd_of_gelu", params.len(), p.at, s)?;
-        p.at.check_gelu_of_pre(s)?;
+        p.at.check_input_made_in_cast(s, InputMadeInCast::Gelu)?;
         self.bind()?;
         let b = match bias {
             Some(bl) => Some(self.aligned_bias(params, bl)?),
@@ -648,7 +648,7 @@ impl MatmulOps for CudaBackend {
             }
         }
         check_linear("matmul_fwd_of_norm", params.len(), p.at, s)?;
-        p.at.check_norm_of_input(s)?;
+        p.at.check_input_made_in_cast(s, InputMadeInCast::Norm)?;
         self.bind()?;
         let b = match bias {
             Some(bl) => Some(self.aligned_bias(params, bl)?),
