@@ -9,6 +9,7 @@
 # speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 without the
 #         kept input codes: speed-1.5b-fp8-nokept; without the optimizer step's weight amaxes:
 #         speed-1.5b-fp8-nostepamax; without the norms in the casts: speed-1.5b-fp8-nonormcast;
+#         finding GELU's amaxes first instead of predicting scales: speed-1.5b-fp8-nopredicted;
 #         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
@@ -137,6 +138,13 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     # norms in qkv's and fc's casts (SHARDTRAIN_FP8_NORM_IN_CAST=0), on the fp8 row's stored
     # algorithms: the same losses, bit for bit; the saving of never writing them.
     SHARDTRAIN_FP8_NORM_IN_CAST=0 ours speed-1.5b-fp8-nonormcast configs/gpt2-1.5b.toml --set zero.stage=1 \
+        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    # The same fp8 row finding the amaxes of GELU's output and gradient before their casts
+    # instead of predicting their scales (SHARDTRAIN_FP8_PREDICTED_SCALES=0: a GELU amax pass
+    # in the forward, GELU's gradient written in bf16 and cast), on the fp8 row's stored
+    # algorithms: the same losses, bit for bit; the predicted scales' saving.
+    SHARDTRAIN_FP8_PREDICTED_SCALES=0 ours speed-1.5b-fp8-nopredicted configs/gpt2-1.5b.toml --set zero.stage=1 \
         --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
         --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs

@@ -393,8 +393,9 @@ fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
 
 /// What [`run_with`] gives: per step the loss, the parameters at the end, the activations
 /// the ledger counted, over the steps' first micro-steps how many FP8 weights used the amax
-/// the optimizer step left, and how many FP8 GEMMs applied a norm in their cast (rank 0).
-type Handmade = (Vec<f64>, Vec<Vec<f32>>, u64, usize, usize);
+/// the optimizer step left, how many FP8 GEMMs applied a norm in their cast, and how many
+/// FP8 casts found their amax themselves (predicted scales; rank 0).
+type Handmade = (Vec<f64>, Vec<Vec<f32>>, u64, usize, usize, usize);
 
 /// The FP8 savings a hand-driven run takes (each one's switch: `ModelOptions` and
 /// `EngineOptions`).
@@ -403,13 +404,14 @@ struct Knobs {
     kept_inputs: bool,
     step_amax: bool,
     norm_in_cast: bool,
+    predicted_scales: bool,
 }
 
-const ALL: Knobs = Knobs { kept_inputs: true, step_amax: true, norm_in_cast: true };
+const ALL: Knobs = Knobs { kept_inputs: true, step_amax: true, norm_in_cast: true, predicted_scales: true };
 
 /// A hand-driven FP8 run (what `Trainer` does, with the savings `knobs` says).
 fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade {
-    let Knobs { kept_inputs, step_amax, norm_in_cast } = knobs;
+    let Knobs { kept_inputs, step_amax, norm_in_cast, predicted_scales } = knobs;
     use trainer::model::{step_micro, ModelLayout, ModelOptions};
     use trainer::optim::Hyper;
     use trainer::zero::{Engine, EngineOptions};
@@ -425,6 +427,7 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
         let opts = ModelOptions {
             fp8_kept_inputs: kept_inputs,
             fp8_norm_in_cast: norm_in_cast,
+            fp8_predicted_scales: predicted_scales,
             ..ModelOptions::from_config(&cfg)
         };
         let mut model = family.build(&be, &eng.layout, &opts, &mut eng.ledger).expect("model");
@@ -448,7 +451,8 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
             losses.push(model.take_mean_loss(&be).expect("loss"));
         }
         let params = (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
-        (losses, params, eng.ledger.report().current.activations, from_step, be.fp8_norms_applied_in_casts())
+        let activations = eng.ledger.report().current.activations;
+        (losses, params, activations, from_step, be.fp8_norms_applied_in_casts(), be.fp8_casts_without_amax())
     });
     results.swap_remove(0)
 }
@@ -556,8 +560,8 @@ fn fp8_weight_amaxes_left_by_the_step_give_the_bits_of_measuring_them() {
                 let toml = toml(stage).replace("[train]\n", &format!("[train]\nfp8_weight_cache = {cache}\n"));
                 let cfg = Config::from_toml_str(&toml, "test").expect("config");
                 let tag = format!("{name} world {world} stage {stage} cached {cache}");
-                let (l0, p0, _, none, _) = run_with(&cfg, world, Knobs { step_amax: false, ..ALL }, steps);
-                let (l1, p1, _, used, _) = run_with(&cfg, world, ALL, steps);
+                let (l0, p0, _, none, ..) = run_with(&cfg, world, Knobs { step_amax: false, ..ALL }, steps);
+                let (l1, p1, _, used, ..) = run_with(&cfg, world, ALL, steps);
                 assert_eq!(l1, l0, "{tag}: losses");
                 assert_eq!(p1, p0, "{tag}: parameters");
                 assert!(l1[steps - 1] < l1[0], "{tag}: the loss falls: {l1:?}");
@@ -657,8 +661,8 @@ fn a_weight_written_after_the_step_is_measured_again() {
 fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
     for v in saving_variants() {
         let (tag, name, act) = (&v.tag, v.family, v.act);
-        let (l0, p0, a0, _, off) = run_with(&v.cfg, v.world, Knobs { norm_in_cast: false, ..ALL }, 3);
-        let (l1, p1, a1, _, on) = run_with(&v.cfg, v.world, ALL, 3);
+        let (l0, p0, a0, _, off, _) = run_with(&v.cfg, v.world, Knobs { norm_in_cast: false, ..ALL }, 3);
+        let (l1, p1, a1, _, on, _) = run_with(&v.cfg, v.world, ALL, 3);
         assert!(a1 < a0, "{tag}: the norms' outputs applied in casts are not held ({a1} vs {a0})");
         assert_eq!(l1, l0, "{tag}: losses");
         assert_eq!(p1, p0, "{tag}: parameters");
@@ -673,5 +677,37 @@ fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
             }
             _ => assert!(on > 0 && on < all, "{tag}: the blocks that keep codes: {on} of {all}"),
         }
+    }
+}
+
+/// GPT-2's casts of GELU's output into fc2 and of GELU's gradient into fc's backward make
+/// what they cast from what they read and find its amax themselves (on CUDA with a predicted
+/// scale, checked and cast again where it moved; the gradient's never written in bf16:
+/// `MatmulOps::matmul_bwd_of_dgelu`): the bits of finding every amax first
+/// (`SHARDTRAIN_FP8_PREDICTED_SCALES=0`), on one rank and ZeRO-3 on two, with no
+/// checkpointing, keep_gelu, and every second block checkpointed; and the path runs (the
+/// backward's in every block, the forward's where fc2 takes GELU from the pre-activation).
+/// Llama has no GELU: nothing changes there.
+#[test]
+fn predicted_fp8_scales_give_the_bits_of_finding_amaxes_first() {
+    for v in saving_variants() {
+        let (tag, name, act) = (&v.tag, v.family, v.act);
+        let (l0, p0, a0, .., off) = run_with(&v.cfg, v.world, Knobs { predicted_scales: false, ..ALL }, 3);
+        let (l1, p1, a1, .., on) = run_with(&v.cfg, v.world, ALL, 3);
+        assert_eq!(l1, l0, "{tag}: losses");
+        assert_eq!(p1, p0, "{tag}: parameters");
+        assert_eq!(a1, a0, "{tag}: the same activations held");
+        assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
+        assert_eq!(off, 0, "{tag}: no cast finds its own amax where it is off");
+        // 2 blocks, 3 steps of 2 micro-steps: a backward per block, and with keep_gelu a
+        // forward too (every second block checkpointed: that block's forward keeps no codes).
+        let backwards = 2 * 3 * 2;
+        let want = match (name, act) {
+            ("llama", _) => 0,
+            (_, "\"none\"") => backwards,
+            (_, common::KEEP_GELU) => 2 * backwards,
+            _ => backwards + backwards / 2,
+        };
+        assert_eq!(on, want, "{tag}: casts that found their own amax");
     }
 }

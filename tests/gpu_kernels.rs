@@ -1346,6 +1346,75 @@ fn fp8_casts() {
     });
 }
 
+/// The transposing cast that predicts its scale (`cuda/fp8.rs`, `Cast::predicted`: the cast
+/// with the predicted scale, finding the amax as it goes, then the check that casts again
+/// with the scale of that amax where the prediction was wrong) gives the bits of the GPU's
+/// own composition: the op that writes the tensor (nothing, `gelu_fwd`, `gelu_bwd`), then
+/// its amax and the cast of it (`fp8_cast_check`): the amax, the inverse scale, both layouts'
+/// codes and the column sums; for a prediction right, twice and half the scale (wrong both
+/// ways: codes saturated or too coarse until cast again), and none; e4m3 and e5m2, whole and
+/// ragged tiles. The prediction left is the scale found, and the right/wrong counts move.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn fp8_predicted_casts() {
+    use trainer::backend::cuda::PredictedInput;
+    gpu::check(|be, rng, rep| {
+        if let Err(why) = be.fp8_support() {
+            rep.check("fp8 predicted casts", "skipped", true, &why);
+            return Ok(());
+        }
+        for fmt in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for (rows, cols) in [(256usize, 768usize), (272, 1616)] {
+                let n = rows * cols;
+                let (x, pre) = (rng.vec(n, 1.0), rng.vec(n, 2.0));
+                let (xb, preb) = (up_buf(be, &x)?, up_buf(be, &pre)?);
+                for what in ["plain", "gelu", "dgelu"] {
+                    // The composition: the tensor written, then cast with its amax.
+                    let written = match what {
+                        "plain" => up_buf(be, &x)?,
+                        "gelu" => {
+                            let mut out = up_buf(be, &vec![0.0; n])?;
+                            be.gelu_fwd(&mut out, &xb, n, None)?;
+                            out
+                        }
+                        _ => {
+                            let mut d = up_buf(be, &x)?;
+                            be.gelu_bwd(&mut d, &preb, n, None)?;
+                            d
+                        }
+                    };
+                    let want = be.fp8_cast_check(&written, 0, rows, cols, fmt)?;
+                    let s = fmt.scale(want.amax);
+                    let made = match what {
+                        "plain" => PredictedInput::Plain,
+                        "gelu" => PredictedInput::Gelu,
+                        _ => PredictedInput::Dgelu(&preb),
+                    };
+                    for (p, pname) in [(s, "right"), (2.0 * s, "twice"), (0.5 * s, "half"), (0.0, "none")] {
+                        let tag = format!("fp8 predicted cast {fmt:?} {rows}x{cols} {what}, prediction {pname}");
+                        let (got, after) = be.fp8_predicted_cast_check(&xb, made, (rows, cols), fmt, p)?;
+                        rep.same_bits(&tag, "amax", &[got.amax], &[want.amax]);
+                        rep.same_bits(&tag, "inverse scale", &[got.inv_scale], &[want.inv_scale]);
+                        let bad = got.codes_beside_t.iter().zip(&want.codes_beside_t).filter(|(a, b)| a != b).count();
+                        rep.check(&tag, "codes", bad == 0, &format!("{bad} of {n} differ"));
+                        let bad_t = got.codes_t.iter().zip(&want.codes_t).filter(|(a, b)| a != b).count();
+                        rep.check(&tag, "transposed codes", bad_t == 0, &format!("{bad_t} of {n} differ"));
+                        rep.same_bits(&tag, "column sums", &got.col_sums, &want.col_sums);
+                        let right = u32::from(p == s);
+                        rep.check(
+                            &tag,
+                            "prediction left, counts",
+                            after == [s.to_bits(), right, 1 - right],
+                            &format!("{after:?} vs [{}, {right}, {}]", s.to_bits(), 1 - right),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
 /// The FP8 GEMMs of a linear layer (`Precision::Fp8`) against the CPU's simulation of the
 /// same rounding (`cpu/matmul.rs`): forward with and without bias, with the residual and
 /// with GELU in the epilogue (or composed where cuBLASLt has no FP8 epilogue), both backward

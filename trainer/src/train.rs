@@ -294,6 +294,9 @@ impl<B: Backend> Trainer<B> {
         if self.step >= tc.steps {
             // The run's last step ends with every update applied (a delayed one included).
             self.engine.settle(be, comm)?;
+            if rank == 0 {
+                report_fp8_predictions(be.fp8_prediction_counts()?);
+            }
         }
         let by_source = if eval_due { self.evaluate_sources(be, comm)? } else { Vec::new() };
         let val_loss = eval_due.then(|| self.mean_val_loss(&by_source));
@@ -572,6 +575,16 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
 /// After the first step: the fused GEMMs that ran as a GEMM and a separate kernel (no
 /// cuBLASLt algorithm for their epilogue here, e.g. some FP8 epilogues), so a slower step
 /// than expected says why.
+/// How often the FP8 casts that predict their scale were right (a wrong one casts again).
+fn report_fp8_predictions(counts: Option<(u64, u64)>) {
+    let Some((right, wrong)) = counts.filter(|&(r, w)| r + w > 0) else { return };
+    crate::log_line!(
+        "rank 0: FP8 predicted scales right {right} of {} times ({:.1}%; each wrong one cast its tensor again)",
+        right + wrong,
+        100.0 * right as f64 / (right + wrong) as f64
+    );
+}
+
 fn report_unfused_gemms(unfused: &[String]) {
     if unfused.is_empty() {
         return;

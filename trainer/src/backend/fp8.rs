@@ -467,7 +467,7 @@ pub enum ScaleSlot {
 }
 
 /// Bytes of a scale slot: the inverse scale (16-byte aligned, as cuBLASLt's scale
-/// pointers are kept), then the amax.
+/// pointers are kept), then the amax, then the scale a predicted cast used.
 const SLOT: usize = 16;
 
 /// The CUDA backend's FP8 operand workspace, in bytes from its start (each region 256-byte
@@ -479,7 +479,10 @@ const SLOT: usize = 16;
 ///   [`AmaxSink`]), then one per layer for its weight (adjacent, so an optimizer step that
 ///   leaves the weights' amaxes clears a block's in one go), 16 bytes each: the inverse
 ///   scale the GEMM reads (f32, 16-byte aligned, as cuBLASLt's scale pointers are kept),
-///   then the amax (u32 bits);
+///   then the amax (u32 bits), then the scale a predicted cast used (`fp8.cu`:
+///   `FP8_SCALE_PREDICTED`); then two more per layer, never cleared, for its input's and
+///   output gradient's predicted scales: the scale each had the last time (f32 bits), and how
+///   often the prediction was right and wrong (u32 each);
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
 ///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
 /// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
@@ -509,7 +512,7 @@ impl CudaFp8Workspace {
     /// The workspace for layers up to `e`, with slots for `layers` layers.
     pub fn new(e: LinearExtent, layers: usize) -> CudaFp8Workspace {
         let scales = 0;
-        let a = up((3 + 3 * layers) * SLOT);
+        let a = up((3 + 5 * layers) * SLOT);
         let gt = a + up(e.rows * e.inputs.max(e.outputs));
         let w = gt + up(e.rows * e.outputs);
         let bytes = w + up(e.weight);
@@ -540,6 +543,17 @@ impl CudaFp8Workspace {
     /// layer `i + 1`'s follows it.
     pub fn layer_weight(&self, i: usize) -> usize {
         self.scales + SLOT * (3 + 2 * self.layers + i)
+    }
+
+    /// Byte offset of the prediction of the scale of the tensor a sink names (layer `i`'s
+    /// input or output gradient): the scale it had the last time, then the counts of right
+    /// and wrong predictions. Never cleared (a new workspace starts with none: 0).
+    pub fn prediction(&self, s: AmaxSink) -> usize {
+        let (i, k) = match s {
+            AmaxSink::Input(i) => (i, 0),
+            AmaxSink::Grad(i) => (i, 1),
+        };
+        self.scales + SLOT * (3 + 3 * self.layers + 2 * i + k)
     }
 
     /// Byte offset of the slot a sink names.
@@ -764,9 +778,10 @@ mod tests {
         }
         assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
         assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
-        // 48 layers: 3 + 3·48 slots of 16 bytes, rounded up to 256.
+        // 48 layers: 3 + 5·48 slots of 16 bytes (input, gradient, weight, two predictions),
+        // rounded up to 256.
         let w48 = CudaFp8Workspace::new(e, 48);
-        assert_eq!(w48.bytes - w.bytes, 2560 - 256);
+        assert_eq!(w48.bytes - w.bytes, 4096 - 256);
         // Each layer's input and gradient slots side by side, then the weights' slots.
         assert_eq!((w48.layer_input(0), w48.layer_grad(0)), (48, 64));
         assert_eq!((w48.layer_input(47), w48.layer_grad(47)), (48 + 16 * 94, 48 + 16 * 95));
@@ -775,7 +790,10 @@ mod tests {
             (w48.sink(AmaxSink::Input(5)), w48.sink(AmaxSink::Grad(5))),
             (w48.layer_input(5), w48.layer_grad(5))
         );
-        assert!(w48.layer_weight(47) + 16 <= w48.a);
+        // The predictions after the weights' slots, never inside a run a clear zeroes.
+        assert_eq!(w48.prediction(AmaxSink::Input(0)), w48.layer_weight(47) + 16);
+        assert_eq!(w48.prediction(AmaxSink::Grad(47)), 48 + 16 * (144 + 95));
+        assert!(w48.prediction(AmaxSink::Grad(47)) + 16 <= w48.a);
     }
 
     #[test]

@@ -118,10 +118,12 @@ impl LinearLocs {
 
     /// `Ok` where the layer at shape `s` may have its input made by the cast that quantizes it
     /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; a norm of
-    /// the norm's input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and
-    /// the amax of the input so made was left for it; else the model bug, named after `what`.
+    /// the norm's input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and,
+    /// for a norm, the amax of the input so made was left for it (GELU's may be, or the op
+    /// finds it: a predicted scale); else the model bug, named after `what`.
     pub fn check_input_made_in_cast(&self, s: MatShape, what: InputMadeInCast) -> BResult<()> {
-        if self.keeps_input(s) && self.fp8.is_some_and(|f| f.input_amax_ready) {
+        let amax_needed = what == InputMadeInCast::Norm;
+        if self.keeps_input(s) && (!amax_needed || self.fp8.is_some_and(|f| f.input_amax_ready)) {
             return Ok(());
         }
         let (of, from) = match what {
@@ -326,6 +328,13 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// producer that could not fuse it (a cuBLASLt epilogue), so the consumer finds it there.
     fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()>;
 
+    /// How often the FP8 casts that predict their scale (the MLP's: `ModelOptions::
+    /// fp8_predicted_scales`) predicted it right and wrong so far, over every layer; `None`
+    /// where no cast predicts (the CPU: its casts find every amax first).
+    fn fp8_prediction_counts(&self) -> BResult<Option<(u64, u64)>> {
+        Ok(None)
+    }
+
     /// Why this device cannot run FP8 GEMMs (naming it), or `Ok` where it can. Asked before
     /// training starts, so `train.precision = "fp8"` on an older GPU is a config error.
     fn fp8_support(&self) -> Result<(), String> {
@@ -425,10 +434,11 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// `out = res + GELU(pre) · Wᵀ + bias`, GELU applied by the cast that quantizes the
     /// layer's input as it reads `pre`, so GELU's output is never written (`tmp`, n·oc, is
     /// scratch where the residual cannot be fused). Only for a layer that keeps its input's
-    /// codes ([`LinearLocs::keeps_input`]) and whose input amax GELU's producer left
-    /// ([`ActivationOps::gelu_amax`] into [`LinearLocs::input_sink`]); otherwise, and on a
-    /// backend without it (the default), an error: the model composes `gelu_fwd` and
-    /// [`MatmulOps::matmul_residual_fwd`] instead.
+    /// codes ([`LinearLocs::keeps_input`]). Where GELU's amax was left
+    /// ([`ActivationOps::gelu_amax`] into [`LinearLocs::input_sink`]) the cast uses it;
+    /// otherwise the op finds it (CUDA: the cast predicts its scale, see `cuda/fp8.rs`): the
+    /// same bits. Otherwise, and on a backend without it (the default), an error: the model
+    /// composes `gelu_fwd` and [`MatmulOps::matmul_residual_fwd`] instead.
     fn matmul_residual_fwd_of_gelu(
         &self,
         _out: &mut Self::Buf,
@@ -507,6 +517,26 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         self.matmul_bwd(dpre, g, dout, act, p, s)?;
         self.gelu_bwd(dpre, x.pre, s.n * s.c, x.dpre_amax)
     }
+    /// Backward of the MLP's first layer from the gradient of GELU's output `dact` (what the
+    /// output layer's plain backward wrote) and the pre-activation `pre` this layer's forward
+    /// wrote: `dpre = dact ⊙ GELU'(pre)`, then this layer's backward with `dout = dpre`
+    /// (its input `inp`, or `None` where it kept its input's codes). `dact` may be
+    /// overwritten. The default writes `dpre` over `dact` with `gelu_bwd` (its amax into the
+    /// layer's [`LinearLocs::grad_sink`]) and runs the backward: [`dgelu_then_bwd`]. CUDA, for
+    /// an FP8 layer, makes `dpre` in dY's transposing cast instead, with a predicted scale, so
+    /// `dpre` is never written (`ModelOptions::fp8_predicted_scales`): the same bits.
+    fn matmul_bwd_of_dgelu(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dact: &mut Self::Buf,
+        x: DgeluOf<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        dgelu_then_bwd(self, dinp, g, dact, x, p, s)
+    }
+
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
     /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.
     #[allow(clippy::too_many_arguments)] // the one hook with both halves of a GeluInput apart
@@ -521,5 +551,33 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         _s: MatShape,
     ) -> BResult<bool> {
         Ok(false)
+    }
+}
+
+/// What [`MatmulOps::matmul_bwd_of_dgelu`] reads besides GELU's output gradient: the
+/// pre-activation, and the layer's input (`None` where it kept its input's codes).
+pub struct DgeluOf<'a, B: Device + ?Sized> {
+    pub pre: &'a B::Buf,
+    pub inp: Option<&'a B::Buf>,
+}
+
+/// [`MatmulOps::matmul_bwd_of_dgelu`] composed: `gelu_bwd` over `dact` (leaving its amax for
+/// the layer's backward where the layer has a sink), then `matmul_bwd` (or, without an
+/// input, `matmul_bwd_kept`).
+pub fn dgelu_then_bwd<B: MatmulOps + ?Sized>(
+    be: &B,
+    dinp: &mut B::Buf,
+    g: WeightGrads<'_, B, LinearLocs>,
+    dact: &mut B::Buf,
+    x: DgeluOf<'_, B>,
+    p: Weights<'_, B, LinearLocs>,
+    s: MatShape,
+) -> BResult<()> {
+    let sink = p.at.grad_sink(s);
+    be.gelu_bwd(dact, x.pre, s.n * s.oc, sink)?;
+    let p = Weights::new(p.buf, p.at.grad_amax_from(sink));
+    match x.inp {
+        Some(inp) => be.matmul_bwd(dinp, g, dact, inp, p, s),
+        None => be.matmul_bwd_kept(dinp, g, dact, p, s),
     }
 }

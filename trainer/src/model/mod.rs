@@ -243,6 +243,14 @@ pub struct ModelOptions {
     /// (`SHARDTRAIN_FP8_NORM_IN_CAST=0`) writes it and casts it: the same bits, to measure or
     /// rule it out.
     pub fp8_norm_in_cast: bool,
+    /// FP8: the casts of GPT-2's GELU output into fc2 and of GELU's gradient into fc's
+    /// backward, which make what they cast from what they read, predict their scale (the one
+    /// the tensor had the last time) instead of having its amax found first, then check it
+    /// and cast again where it moved (CUDA; see `cuda/fp8.rs`): no amax pass over GELU's
+    /// output, and GELU's gradient never written in bf16. False
+    /// (`SHARDTRAIN_FP8_PREDICTED_SCALES=0`) finds each amax first: the same bits, to measure
+    /// or rule it out.
+    pub fp8_predicted_scales: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
@@ -276,20 +284,29 @@ impl ModelOptions {
             fp8_amax_sinks: true,
             fp8_kept_inputs: true,
             fp8_norm_in_cast: true,
+            fp8_predicted_scales: true,
             document_mask: cfg.data.document_mask,
         }
     }
 
     /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS`,
-    /// `SHARDTRAIN_FP8_KEPT_INPUTS` and `SHARDTRAIN_FP8_NORM_IN_CAST` read: unset, empty or
-    /// `1` keep the sinks (the kept inputs, the norms in the casts), `0` turns them off; any
+    /// `SHARDTRAIN_FP8_KEPT_INPUTS`, `SHARDTRAIN_FP8_NORM_IN_CAST` and
+    /// `SHARDTRAIN_FP8_PREDICTED_SCALES` read: unset, empty or `1` keep the sinks (the kept
+    /// inputs, the norms in the casts, the predicted scales), `0` turns them off; any
     /// other value is an error. The planner reads them too,
     /// so its prediction is the run's.
     pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
         let fp8_amax_sinks = env_switch("SHARDTRAIN_FP8_AMAX_SINKS")?;
         let fp8_kept_inputs = env_switch("SHARDTRAIN_FP8_KEPT_INPUTS")?;
         let fp8_norm_in_cast = env_switch("SHARDTRAIN_FP8_NORM_IN_CAST")?;
-        Ok(ModelOptions { fp8_amax_sinks, fp8_kept_inputs, fp8_norm_in_cast, ..ModelOptions::from_config(cfg) })
+        let fp8_predicted_scales = env_switch("SHARDTRAIN_FP8_PREDICTED_SCALES")?;
+        Ok(ModelOptions {
+            fp8_amax_sinks,
+            fp8_kept_inputs,
+            fp8_norm_in_cast,
+            fp8_predicted_scales,
+            ..ModelOptions::from_config(cfg)
+        })
     }
 
     /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
@@ -306,6 +323,7 @@ impl ModelOptions {
             fp8_amax_sinks: true,
             fp8_kept_inputs: true,
             fp8_norm_in_cast: true,
+            fp8_predicted_scales: true,
             document_mask: false,
         }
     }

@@ -27,7 +27,7 @@ use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
-use crate::backend::{ActivationOps, WeightGrads, Weights};
+use crate::backend::{dgelu_then_bwd, ActivationOps, DgeluOf, WeightGrads, Weights};
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, InputMadeInCast, LinearLocs, MatShape,
     MatmulOps, NormOfInput,
@@ -72,6 +72,10 @@ pub(super) struct Fp8State {
     known_amax: Vec<Option<(f32, u64)>>,
     /// FP8 GEMMs that applied a norm to their input in its cast (`matmul_fwd_of_norm`), ever.
     norms_in_casts: usize,
+    /// FP8 casts handed no amax, which make what they cast and find its amax themselves
+    /// (GELU's output, `matmul_residual_fwd_of_gelu`; GELU's gradient,
+    /// `matmul_bwd_of_dgelu`), ever: on CUDA the casts that predict their scale.
+    casts_without_amax: usize,
     /// Bumped by `fp8_weights_changed`.
     version: u64,
     /// The backward's recipe (`Fp8Layers::backward`; the default before `prepare_fp8`).
@@ -182,6 +186,12 @@ impl CpuBackend {
     /// on this backend (tests: the path runs, not ignored).
     pub fn fp8_norms_applied_in_casts(&self) -> usize {
         self.fp8.borrow().norms_in_casts
+    }
+
+    /// How many FP8 casts were handed no amax and made their input and its amax themselves
+    /// (on CUDA: predicted their scale; tests: the path runs, not ignored).
+    pub fn fp8_casts_without_amax(&self) -> usize {
+        self.fp8.borrow().casts_without_amax
     }
 
     /// A producer's amax of what it wrote (`xs`) into `sink` (nothing where `None`), for
@@ -397,8 +407,11 @@ impl MatmulOps for CpuBackend {
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
         p.at.check_input_made_in_cast(s, InputMadeInCast::Gelu)?;
+        if !p.at.fp8.is_some_and(|l| l.input_amax_ready) {
+            self.fp8.borrow_mut().casts_without_amax += 1;
+        }
         // The GPU never writes GELU's output; here it is per-call scratch, quantized (with
-        // the amax its producer left, checked) as any FP8 input is.
+        // the amax its producer left, checked, or found here) as any FP8 input is.
         let mut act = vec![0.0; n * c];
         super::activation::gelu_forward(&mut act, &pre[..n * c]);
         self.matmul_fwd(tmp, &act, p, s)?;
@@ -439,6 +452,22 @@ impl MatmulOps for CpuBackend {
         }
         self.fp8.borrow_mut().norms_in_casts += 1;
         self.matmul_fwd(out, &y, p, s)
+    }
+
+    fn matmul_bwd_of_dgelu(
+        &self,
+        dinp: &mut Vec<f32>,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dact: &mut Vec<f32>,
+        x: DgeluOf<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        // The composition (GELU' written, its amax left) is what CUDA's cast computes.
+        if p.at.fp8(s) && p.at.fp8.is_some() {
+            self.fp8.borrow_mut().casts_without_amax += 1;
+        }
+        dgelu_then_bwd(self, dinp, g, dact, x, p, s)
     }
 
     fn matmul_bwd_kept(

@@ -4,11 +4,7 @@
 
 // gelu_f and gelu8: common.cuh.
 
-// d/dx x·s(x), s = sigmoid(2u): s + x·2s(1 - s)·u'(x) (0.5·(1 + tanh u) = s, sech² u = 4s(1 - s)).
-__device__ __forceinline__ float gelu_grad(float x) {
-    const float s = gelu_sig(x);
-    return s + 2.f * x * s * (1.f - s) * GELU_K * (1.f + 3.f * 0.044715f * x * x);
-}
+// gelu_grad and dgelu8: common.cuh.
 
 // The amax of out into *amax where it is not null (an FP8 amax sink). A null out writes
 // nothing: the amax alone, for an FP8 cast that applies GELU as it reads inp (fp8.cu).
@@ -43,12 +39,7 @@ extern "C" __global__ void gelu_bwd(bf16_t* d, const bf16_t* inp, unsigned* amax
     grid_stride<8>(
         n, aligned16(d) && aligned16(inp),
         [&](long long i) {
-            float x[8], g[8];
-            unpack8(((const uint4*)inp)[i], x);
-            unpack8(((const uint4*)d)[i], g);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) x[k] = gelu_grad(x[k]) * g[k];
-            const uint4 y = pack8(x);
+            const uint4 y = dgelu8(((const uint4*)inp)[i], ((const uint4*)d)[i]);
             ((uint4*)d)[i] = y;
             m = max_abs8(y, m);
         },

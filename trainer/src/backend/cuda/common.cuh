@@ -68,6 +68,22 @@ __device__ __forceinline__ uint4 gelu8(uint4 v) {
     return pack8(x);
 }
 
+// d/dx x·s(x), s = sigmoid(2u): s + x·2s(1 - s)·u'(x) (0.5·(1 + tanh u) = s, sech² u = 4s(1 - s)).
+__device__ __forceinline__ float gelu_grad(float x) {
+    const float s = gelu_sig(x);
+    return s + 2.f * x * s * (1.f - s) * GELU_K * (1.f + 3.f * 0.044715f * x * x);
+}
+
+// GELU'(pre)·d of 8 bf16 pairs, each rounded to bf16 (gelu_bwd's outputs).
+__device__ __forceinline__ uint4 dgelu8(uint4 pre, uint4 d) {
+    float x[8], g[8];
+    unpack8(pre, x);
+    unpack8(d, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = gelu_grad(x[k]) * g[k];
+    return pack8(x);
+}
+
 // |x| of a bf16 as the bits of its f32 value: non-negative floats order as their bits, and
 // a NaN's bits lie above infinity's, so an integer max propagates NaN (fmaxf would drop it).
 // The FP8 amax (fp8.cu) and the producers that leave one (an FP8 amax sink) keep maxima so.

@@ -3,9 +3,10 @@
 // power-of-two scale, and the casts cuBLASLt's FP8 GEMMs read, row-major and transposed
 // (Hopper's FP8 GEMMs want both operands with the inner dimension contiguous).
 //
-// A scale slot is two words: the inverse scale the GEMM applies, which the cast writes (the
-// first: 16-byte aligned, as cuBLASLt's scale pointers are kept), and the amax as the bits
-// of |x| (zeroed by the launch code before fp8_amax_bf16 adds to it).
+// A scale slot is four words: the inverse scale the GEMM applies, which the cast writes (the
+// first: 16-byte aligned, as cuBLASLt's scale pointers are kept), the amax as the bits of |x|
+// (zeroed by the launch code before fp8_amax_bf16 adds to it), and the scale a predicted cast
+// used (see FP8_SCALE_PREDICTED; the fourth is unused).
 
 // abs_bits, max_abs_bits2, max_abs8 (|x| as ordered bits): common.cuh.
 
@@ -107,119 +108,181 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 #define FP8_TILE_C 64   // columns of x in a tile (rows of qt)
 #define FP8_TILE_R 128  // rows of x in a tile: 32 groups of 4 rows, one per 8 threads
 
+// How a transposing cast finds its scale (`mode`):
+// - FP8_SCALE_OF_AMAX: from the amax in the slot (found before the cast).
+// - FP8_SCALE_PREDICTED: from the prediction word `pred[0]` (the scale this tensor had the
+//   last time, written by FP8_SCALE_CHECK), no amax known yet: the cast also maxes the amax
+//   of the values it casts into the slot (zeroed by the launch code) and records the scale it
+//   used in the slot's third word.
+// - FP8_SCALE_CHECK, after it: the scale of the amax now in the slot. Where it is the scale
+//   used, what the predicted cast wrote stands (the same codes a cast of the amax would write:
+//   the same scale) and nothing is cast; otherwise the whole cast again with it. Either way
+//   block 0 writes the inverse scale, the next prediction and one count: pred[1] right,
+//   pred[2] wrong.
+// So a producer whose tensor's scale changes seldom needs no amax pass before its cast (and
+// the cast can make what it casts, which is never written in bf16), at the cost of a cast
+// again when the power-of-two scale moves.
+#define FP8_SCALE_OF_AMAX 0
+#define FP8_SCALE_PREDICTED 1
+#define FP8_SCALE_CHECK 2
+
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
-// is null, scaled by the slot's scale. rows and cols are multiples of 16 (fp8::eligible);
-// q and qt are 16-byte aligned. Grid (ceil(cols/64), ceil(rows/128)), 256 threads.
-// With gelu set, x is a pre-activation and the values cast are GELU(x) rounded to bf16 (what
-// gelu_fwd writes; the slot holds their amax): the MLP's output layer's input, never written.
-// With ln_rstd set, x is a norm's input and the values cast are its output rounded to bf16:
-// a LayerNorm's (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col] as
-// layernorm_fwd computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as
-// rmsnorm_fwd computes it (the same expressions, so the same bits; the slot holds their
-// amax): a norm's output, never written.
-// Unless colsum is null, also the column sums of x per tile, colsum[blockIdx.y, col] (f32,
-// [ceil(rows/128), cols]): the bias gradient of an output gradient without another pass over
-// it (reduce_partials adds the tiles in order). A tile's sum, in this order: each 4-row
-// group's ((x0 + x1) + x2) + x3, then the 32 groups from 0 up (0 for groups past the rows).
+// is null, scaled by the slot's scale (found as `mode` says). rows and cols are multiples of
+// 16 (fp8::eligible); q and qt are 16-byte aligned. Any 1-D grid: block b takes tiles
+// b, b + gridDim.x, ... of the (ceil(cols/64) × ceil(rows/128)) tiles in row-major order;
+// 256 threads.
+// What is cast, from what is read (each rounded to bf16 as the op named writes it):
+// - with gelu set, x is a pre-activation and the values cast are GELU(x) (gelu_fwd's): the
+//   MLP's output layer's input, never written;
+// - with dgelu_pre set, x is the gradient of GELU's output and the values cast are
+//   GELU'(dgelu_pre)·x (gelu_bwd's): the MLP's input layer's output gradient, never written;
+// - with ln_rstd set, x is a norm's input and the values cast are its output: a LayerNorm's
+//   (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col] as layernorm_fwd
+//   computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as rmsnorm_fwd computes
+//   it: a norm's output, never written.
+// (The same expressions as those ops', so the same bits; the slot holds their amax, or the
+// predicted cast finds it.)
+// Unless colsum is null, also the column sums of the values cast per tile, colsum[tile row,
+// col] (f32, [ceil(rows/128), cols]): the bias gradient of an output gradient without another
+// pass over it (reduce_partials adds the tiles in order). A tile's sum, in this order: each
+// 4-row group's ((x0 + x1) + x2) + x3, then the 32 groups from 0 up (0 for groups past the
+// rows).
 //
 // Each thread loads a 4-row × 8-column patch (four 16-byte loads in flight: bandwidth needs
 // bytes in flight), casts it, writes q's rows from registers, and turns its 4×8 codes into
 // 8 words of 4 rows each with byte permutes, so shared memory moves words, not bytes. The
 // stores then write 16 consecutive rows of one of qt's rows per 16-byte word. The +1 word of
 // padding per column keeps the word writes to 2-way bank conflicts and the reads to none.
-extern "C" __global__ void __launch_bounds__(256) fp8_cast_transpose_bf16(unsigned char* __restrict__ q,
-                                                                          unsigned char* __restrict__ qt,
-                                                                          const bf16_t* __restrict__ x, int rows,
-                                                                          int cols, unsigned* slot, int e5m2,
-                                                                          float* __restrict__ colsum, int gelu,
-                                                                          const float* __restrict__ ln_mean,
-                                                                          const float* __restrict__ ln_rstd,
-                                                                          const bf16_t* __restrict__ ln_w,
-                                                                          const bf16_t* __restrict__ ln_b) {
+extern "C" __global__ void __launch_bounds__(256)
+    fp8_cast_transpose_bf16(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                            const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot, int e5m2,
+                            float* __restrict__ colsum, int gelu, const float* __restrict__ ln_mean,
+                            const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
+                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ dgelu_pre, int mode,
+                            unsigned* pred) {
     __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
-    const float s = slot_scale(slot, e5m2);
-    const int r0 = blockIdx.y * FP8_TILE_R, c0 = blockIdx.x * FP8_TILE_C;
-    const bool aligned = aligned16(x);
+    __shared__ unsigned warp_max[8];
+    float s;
+    if (mode == FP8_SCALE_CHECK) {
+        s = fp8_scale(slot[1], e5m2);
+        const bool right = __float_as_uint(s) == slot[2];
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            ((float*)slot)[0] = 1.f / s;
+            pred[0] = __float_as_uint(s);
+            pred[right ? 1 : 2] += 1u;
+        }
+        if (right) return;
+    } else if (mode == FP8_SCALE_PREDICTED) {
+        s = __uint_as_float(pred[0]);
+        if (blockIdx.x == 0 && threadIdx.x == 0) slot[2] = pred[0];
+    } else {
+        s = slot_scale(slot, e5m2);
+    }
+    const bool aligned = aligned16(x), pre_aligned = aligned16(dgelu_pre);
+    const int tiles_c = (cols + FP8_TILE_C - 1) / FP8_TILE_C;
+    const long long tiles = (long long)tiles_c * ((rows + FP8_TILE_R - 1) / FP8_TILE_R);
     // The 8 threads of a row group read its rows' 128 contiguous bytes; rows % 16 == 0 and
     // cols % 16 == 0 put a group's rows and a thread's columns all in or all out.
     const int cg = threadIdx.x & 7, g = threadIdx.x >> 3;
-    const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
-    if (gr < rows && gc < cols) {
-        const bf16_t* src = x + (long long)gr * cols + gc;
-        uint4 v[4];
+    unsigned m = 0;  // FP8_SCALE_PREDICTED: the amax of this thread's values
+    for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int tr = (int)(tile / tiles_c), r0 = tr * FP8_TILE_R, c0 = (int)(tile % tiles_c) * FP8_TILE_C;
+        const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
+        if (gr < rows && gc < cols) {
+            const long long at = (long long)gr * cols + gc;
+            uint4 v[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = load8(src + (long long)i * cols, aligned);
-        if (gelu) {
+            for (int i = 0; i < 4; ++i) v[i] = load8(x + at + (long long)i * cols, aligned);
+            if (gelu) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
-        }
-        if (ln_rstd) {
-            float ww[8], bb[8];
-            unpack8(load8(ln_w + gc, aligned16(ln_w)), ww);
-            if (ln_mean) unpack8(load8(ln_b + gc, aligned16(ln_b)), bb);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float r = ln_rstd[gr + i];
-                float f[8];
-                unpack8(v[i], f);
-                if (ln_mean) {
-                    const float m = ln_mean[gr + i];
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) f[k] = f[k] * r * ww[k];
-                }
-                v[i] = pack8(f);
+                for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
             }
+            if (dgelu_pre) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) v[i] = dgelu8(load8(dgelu_pre + at + (long long)i * cols, pre_aligned), v[i]);
+            }
+            if (ln_rstd) {
+                float ww[8], bb[8];
+                unpack8(load8(ln_w + gc, aligned16(ln_w)), ww);
+                if (ln_mean) unpack8(load8(ln_b + gc, aligned16(ln_b)), bb);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float r = ln_rstd[gr + i];
+                    float f[8];
+                    unpack8(v[i], f);
+                    if (ln_mean) {
+                        const float mu = ln_mean[gr + i];
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) f[k] = (f[k] - mu) * r * ww[k] + bb[k];
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) f[k] = f[k] * r * ww[k];
+                    }
+                    v[i] = pack8(f);
+                }
+            }
+            if (mode == FP8_SCALE_PREDICTED) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) m = max_abs8(v[i], m);
+            }
+            if (colsum) {
+                float f[4][8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) unpack8(v[i], f[i]);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = ((f[0][j] + f[1][j]) + f[2][j]) + f[3][j];
+            }
+            uint2 b[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b[i] = cvt8(v[i], s, e5m2);
+            if (q) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) *(uint2*)(q + at + (long long)i * cols) = b[i];
+            }
+            // Byte k of b[i].x is (row i, column k): interleave rows 0,1 and 2,3, then the
+            // pairs, so that word k holds column k's rows 0..3 in byte order (qt's layout).
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned w0 = h ? b[0].y : b[0].x, w1 = h ? b[1].y : b[1].x;
+                const unsigned w2 = h ? b[2].y : b[2].x, w3 = h ? b[3].y : b[3].x;
+                const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+                const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+                const int c = 8 * cg + 4 * h;
+                t[c + 0][g] = __byte_perm(lo01, lo23, 0x5410);
+                t[c + 1][g] = __byte_perm(lo01, lo23, 0x7632);
+                t[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
+                t[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
+            }
+        } else if (colsum && gc < cols) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = 0.f;
         }
-        if (colsum) {
-            float f[4][8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) unpack8(v[i], f[i]);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = ((f[0][j] + f[1][j]) + f[2][j]) + f[3][j];
+        __syncthreads();
+        // Store: 64 of qt's rows × 8 chunks of 16 codes, two per thread (all in or all out).
+        for (int k = threadIdx.x; k < FP8_TILE_C * (FP8_TILE_R / 16); k += blockDim.x) {
+            const int c = k >> 3, ch = k & 7;
+            const int oc = c0 + c, orow = r0 + 16 * ch;
+            if (oc < cols && orow < rows)
+                *(uint4*)(qt + (long long)oc * rows + orow) =
+                    make_uint4(t[c][4 * ch], t[c][4 * ch + 1], t[c][4 * ch + 2], t[c][4 * ch + 3]);
         }
-        uint2 b[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) b[i] = cvt8(v[i], s, e5m2);
-        if (q) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) *(uint2*)(q + (long long)(gr + i) * cols + gc) = b[i];
-        }
-        // Byte k of b[i].x is (row i, column k): interleave rows 0,1 and 2,3, then the pairs,
-        // so that word k holds column k's rows 0..3 in byte order (the layout qt wants).
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const unsigned w0 = h ? b[0].y : b[0].x, w1 = h ? b[1].y : b[1].x;
-            const unsigned w2 = h ? b[2].y : b[2].x, w3 = h ? b[3].y : b[3].x;
-            const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-            const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-            const int c = 8 * cg + 4 * h;
-            t[c + 0][g] = __byte_perm(lo01, lo23, 0x5410);
-            t[c + 1][g] = __byte_perm(lo01, lo23, 0x7632);
-            t[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
-            t[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
-        }
-    } else if (colsum && gc < cols) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = 0.f;
-    }
-    __syncthreads();
-    // Store: 64 of qt's rows × 8 chunks of 16 codes, two per thread (all in or all out).
-    for (int k = threadIdx.x; k < FP8_TILE_C * (FP8_TILE_R / 16); k += blockDim.x) {
-        const int c = k >> 3, ch = k & 7;
-        const int oc = c0 + c, orow = r0 + 16 * ch;
-        if (oc < cols && orow < rows)
-            *(uint4*)(qt + (long long)oc * rows + orow) =
-                make_uint4(t[c][4 * ch], t[c][4 * ch + 1], t[c][4 * ch + 2], t[c][4 * ch + 3]);
-    }
-    if (colsum && threadIdx.x < FP8_TILE_C && c0 + (int)threadIdx.x < cols) {
-        float acc = 0.f;
+        if (colsum && threadIdx.x < FP8_TILE_C && c0 + (int)threadIdx.x < cols) {
+            float acc = 0.f;
 #pragma unroll 8
-        for (int k = 0; k < FP8_TILE_R / 4; ++k) acc += sums[threadIdx.x][k];
-        colsum[(long long)blockIdx.y * cols + c0 + threadIdx.x] = acc;
+            for (int k = 0; k < FP8_TILE_R / 4; ++k) acc += sums[threadIdx.x][k];
+            colsum[(long long)tr * cols + c0 + threadIdx.x] = acc;
+        }
+        __syncthreads();  // the next tile writes t and sums
+    }
+    if (mode == FP8_SCALE_PREDICTED) {
+        m = __reduce_max_sync(0xffffffffu, m);
+        if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            m = __reduce_max_sync(0xffffffffu, threadIdx.x < (blockDim.x >> 5) ? warp_max[threadIdx.x] : 0u);
+            if (threadIdx.x == 0 && m != 0 && m > *(volatile unsigned*)(slot + 1)) atomicMax(slot + 1, m);
+        }
     }
 }
 

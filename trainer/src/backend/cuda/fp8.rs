@@ -88,6 +88,10 @@ const TILE_C: usize = 64;
 const TILE_R: usize = 128;
 /// The rows of one of the transposing cast's column sums (a tile's).
 pub const COLSUM_ROWS: usize = TILE_R;
+/// How the transposing cast finds its scale (`FP8_SCALE_*` in fp8.cu).
+const SCALE_OF_AMAX: i32 = 0;
+const SCALE_PREDICTED: i32 = 1;
+const SCALE_CHECK: i32 = 2;
 
 /// `SHARDTRAIN_FP8_FAST_ACCUM`: `0` (or unset) has the FP8 forward GEMMs promote their partial
 /// sums to fp32 like the backward's; `1` lets them use cuBLASLt's fast accumulation (as
@@ -228,6 +232,13 @@ struct Cast {
     /// `x` is a LayerNorm's input: the values cast are its output rounded to bf16, as
     /// `layernorm_fwd` writes it (the slot holds their amax; transposing casts only).
     norm: Option<NormPtrs>,
+    /// `x` is the gradient of GELU's output and this its pre-activation: the values cast are
+    /// GELU'(pre)·x rounded to bf16, as `gelu_bwd` writes them (transposing casts only).
+    dgelu_pre: Option<u64>,
+    /// The scale is predicted, from the prediction at this address (`fp8.cu`:
+    /// `FP8_SCALE_PREDICTED`, then `FP8_SCALE_CHECK`): the slot's amax is zeroed and found by
+    /// the cast itself (transposing casts only). `None`: the slot holds the amax.
+    predicted: Option<u64>,
 }
 
 /// A LayerNorm a cast applies as it reads its input: the rows' statistics (f32, `rows`
@@ -402,6 +413,12 @@ impl CudaBackend {
         Ok(layers.iter().map(|&l| base + ws.layout.layer_weight(l) as u64 + 4).collect())
     }
 
+    /// Whether the FP8 layers' dW GEMMs read FP8 codes (`Fp8Layers::backward`; false
+    /// before `prepare_fp8`).
+    pub(super) fn fp8_weight_grad_in_fp8(&self) -> bool {
+        self.fp8_ws.borrow().as_ref().is_some_and(|ws| ws.backward.weight_grad_in_fp8())
+    }
+
     /// The workspace's pointers, checked to hold a layer of shape `s`.
     fn fp8_ws(&self, s: MatShape) -> BResult<WsPtrs> {
         let cell = self.fp8_ws.borrow();
@@ -457,6 +474,8 @@ impl CudaBackend {
                 dst_t: Some(codes.wt),
                 gelu: false,
                 norm: None,
+                dgelu_pre: None,
+                predicted: None,
             };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
@@ -526,6 +545,46 @@ impl CudaBackend {
         Ok(slot + 4)
     }
 
+    /// For a cast that predicts its scale (`Cast::predicted`) into the slot `sink` names: the
+    /// slot zeroed in stream order (as for a producer: the cast maxes its amax into it), and
+    /// the address of the tensor's prediction.
+    fn fp8_predict(&self, sink: AmaxSink) -> BResult<u64> {
+        self.fp8_sink(Some(sink))?;
+        let cell = self.fp8_ws.borrow();
+        let ws = cell
+            .as_ref()
+            .ok_or_else(|| bad(format!("an FP8 predicted scale ({sink:?}) before prepare_fp8 (a bug)")))?;
+        ws.sink_offset(sink)?;
+        Ok(self.ptr(&ws.buf, 0) + ws.layout.prediction(sink) as u64)
+    }
+
+    /// How often the FP8 casts that predict their scale (`Cast::predicted`) predicted it
+    /// right and wrong since `prepare_fp8`, over every layer (a device read: the stream
+    /// waits); `None` without FP8 layers.
+    pub(super) fn fp8_prediction_counts(&self) -> BResult<Option<(u64, u64)>> {
+        let cell = self.fp8_ws.borrow();
+        let Some(ws) = cell.as_ref() else { return Ok(None) };
+        let layers = ws.layout.layers;
+        if layers == 0 {
+            return Ok(None);
+        }
+        let start = ws.layout.prediction(AmaxSink::Input(0));
+        let words = 2 * layers * 4;
+        let view = ws.buf.slice(start..start + 4 * words);
+        let mut bytes = vec![0u8; 4 * words];
+        self.stream.memcpy_dtoh(&view, &mut bytes).map_err(|e| self.err("reading FP8 prediction counts", e))?;
+        self.stream.synchronize().map_err(|e| self.err("reading FP8 prediction counts", e))?;
+        let word = |i: usize| {
+            u64::from(u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]))
+        };
+        let (mut right, mut wrong) = (0, 0);
+        for p in 0..2 * layers {
+            right += word(4 * p + 1);
+            wrong += word(4 * p + 2);
+        }
+        Ok(Some((right, wrong)))
+    }
+
     /// `MatmulOps::fp8_clear_sinks`: layers `layers`' input and output-gradient slots
     /// (adjacent: `CudaFp8Workspace::layer_input`) zeroed in one go and recorded as zeroed.
     pub(super) fn fp8_clear_layer_sinks(&self, layers: std::ops::Range<usize>) -> BResult<()> {
@@ -584,7 +643,8 @@ impl CudaBackend {
     unsafe fn fp8_cast_amax(&self, c: Cast, known: bool, colsum: u64) -> BResult<()> {
         // SAFETY: the caller's promises.
         unsafe {
-            if !known {
+            // A predicted cast finds the amax itself.
+            if !known && c.predicted.is_none() {
                 self.fp8_fresh_amax(c.x, c.rows * c.cols, c.slot)?;
             }
             self.fp8_cast_colsum(c, colsum)
@@ -640,15 +700,17 @@ impl CudaBackend {
     /// # Safety
     /// As [`CudaBackend::fp8_cast`]; `colsum` (unless 0) holds that many floats.
     unsafe fn fp8_cast_colsum(&self, c: Cast, colsum: u64) -> BResult<()> {
-        let Cast { x, rows, cols, fmt, slot, dst, dst_t, gelu, norm } = c;
+        let Cast { x, rows, cols, fmt, slot, dst, dst_t, gelu, norm, dgelu_pre, predicted } = c;
         let n = rows * cols;
         let ni = n as i64;
         let fmt_i = i32::from(fmt.is_e5m2());
         match dst_t {
             None => {
                 let q = dst.ok_or_else(|| bad("an FP8 cast without a destination (a bug)".into()))?;
-                if gelu || norm.is_some() {
-                    return Err(bad("a GELU- or norm-applying FP8 cast without its transpose (a bug)".into()));
+                if gelu || norm.is_some() || dgelu_pre.is_some() || predicted.is_some() {
+                    return Err(bad(
+                        "a GELU-, GELU'- or norm-applying or predicted FP8 cast without its transpose (a bug)".into(),
+                    ));
                 }
                 if colsum != 0 {
                     return Err(bad("column sums asked of an FP8 cast without its transpose (a bug)".into()));
@@ -663,21 +725,32 @@ impl CudaBackend {
             Some(qt) => {
                 let q = dst.unwrap_or(0);
                 let (ri, ci) = (to_i32("rows", rows)?, to_i32("columns", cols)?);
-                let grid = (cols.div_ceil(TILE_C) as u32, rows.div_ceil(TILE_R) as u32, 1);
-                if grid.1 > 65_535 {
-                    return Err(bad(format!("FP8 transposing cast: {rows} rows exceed the grid (128 × 65535)")));
-                }
-                let f = self.f("fp8_cast_transpose_bf16")?;
-                let mut lb = self.stream.launch_builder(f);
+                let tiles = cols.div_ceil(TILE_C) * rows.div_ceil(TILE_R);
+                let tiles = u32::try_from(tiles)
+                    .map_err(|_| bad(format!("FP8 transposing cast: {rows} × {cols} has too many tiles")))?;
                 let gelu_i = i32::from(gelu);
                 let NormPtrs { mean, rstd, w, b } = norm.unwrap_or(NormPtrs { mean: 0, rstd: 0, w: 0, b: 0 });
-                lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&gelu_i);
-                lb.arg(&mean).arg(&rstd).arg(&w).arg(&b);
-                // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16; the slot two
-                // words; colsum (unless 0) a float per column and tile of rows; a norm's
-                // statistics a float per row, its weight and bias a bf16 per column.
-                unsafe { lb.launch(cfg(grid, (256, 1, 1), 0)) }
-                    .map_err(|e| self.launch_err("fp8_cast_transpose_bf16", e))?;
+                let pre = dgelu_pre.unwrap_or(0);
+                let pred = predicted.unwrap_or(0);
+                // A predicted cast (one tile a block), then its check: most often it finds the
+                // prediction right and every block returns at once, so it gets a grid of a few
+                // blocks per SM, which loop over the tiles where the cast runs again.
+                let passes: &[(i32, u32)] = match predicted {
+                    None => &[(SCALE_OF_AMAX, tiles)],
+                    Some(_) => &[(SCALE_PREDICTED, tiles), (SCALE_CHECK, tiles.min(8 * self.sm_count as u32).max(1))],
+                };
+                for &(mode, grid) in passes {
+                    let f = self.f("fp8_cast_transpose_bf16")?;
+                    let mut lb = self.stream.launch_builder(f);
+                    lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&gelu_i);
+                    lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&pre).arg(&mode).arg(&pred);
+                    // SAFETY: q (unless 0) and qt hold rows·cols bytes, x (and a GELU's
+                    // pre-activation) as many bf16; the slot four words, the prediction three;
+                    // colsum (unless 0) a float per column and tile of rows; a norm's
+                    // statistics a float per row, its weight and bias a bf16 per column.
+                    unsafe { lb.launch(cfg((grid, 1, 1), (256, 1, 1), 0)) }
+                        .map_err(|e| self.launch_err("fp8_cast_transpose_bf16", e))?;
+                }
             }
         }
         Ok(())
@@ -751,7 +824,15 @@ impl CudaBackend {
         // A layer that keeps its input's codes for its backward gets them transposed from
         // the same cast (the layout the backward's dW GEMM reads).
         let kept = self.fp8_kept_input(layer)?;
-        if (epi.gelu_input || epi.norm.is_some()) && (kept.is_none() || !amax_left) {
+        // GELU applied in the cast with no amax of GELU's output left: the cast predicts its
+        // scale and finds the amax itself (the same codes: see `Cast::predicted`).
+        let predicted = match layer {
+            Some(l) if epi.gelu_input && !amax_left && kept.is_some() => {
+                Some(self.fp8_predict(AmaxSink::Input(l.index))?)
+            }
+            _ => None,
+        };
+        if (epi.gelu_input || epi.norm.is_some()) && (kept.is_none() || !(amax_left || predicted.is_some())) {
             return Err(bad(format!(
                 "an FP8 GEMM that applies GELU or a norm to its input in its cast, but layer {:?} keeps no input codes \
                  or no amax of the applied input was left (a bug)",
@@ -768,11 +849,13 @@ impl CudaBackend {
             dst_t: kept,
             gelu: epi.gelu_input,
             norm: epi.norm,
+            dgelu_pre: None,
+            predicted,
         };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked), a kept region the
         // layer's input (rows × inputs reserved); the input slot holds the amax its producer
-        // left where that is said.
+        // left where that is said, or is zeroed for a predicted cast.
         unsafe {
             self.fp8_cast_amax(x, amax_left, 0)?;
             if cached.is_none() {
@@ -786,6 +869,8 @@ impl CudaBackend {
                     dst_t: None,
                     gelu: false,
                     norm: None,
+                    dgelu_pre: None,
+                    predicted: None,
                     ..x
                 };
                 self.fp8_cast(wc)?;
@@ -861,6 +946,23 @@ impl CudaBackend {
         let stream = self.lt_stream();
         // dY's transposed codes only for an FP8 dW.
         let gt = dw_fp8.then(|| ws.gt());
+        // dY made by its cast from GELU's output gradient (`BwdPtrs::dgelu_pre`): only where
+        // the cast is transposing (it alone applies GELU'), and with its scale predicted where
+        // no amax of dY was left (there is no dY to take one of).
+        let dgelu_pre = (ptr.dgelu_pre != 0).then_some(ptr.dgelu_pre);
+        let predicted = match (dgelu_pre, layer) {
+            (None, _) => None,
+            (Some(_), Some(l)) if gt.is_some() => {
+                (!amax_left).then(|| self.fp8_predict(AmaxSink::Grad(l.index))).transpose()?
+            }
+            (Some(_), _) => {
+                return Err(bad(format!(
+                    "an FP8 backward that makes dY from GELU's output gradient in its cast, but layer {:?} has no FP8 \
+                     state or dW is not in FP8 (a bug)",
+                    layer.map(|l| l.index)
+                )))
+            }
+        };
         let g = Cast {
             x: ptr.dout,
             rows: n,
@@ -871,6 +973,8 @@ impl CudaBackend {
             dst_t: gt,
             gelu: false,
             norm: None,
+            dgelu_pre,
+            predicted,
         };
         // The bias gradient from the column sums dY's transposing cast makes as it reads dY
         // (one pass over dY fewer); without that cast (dW in bf16), the bias kernel's pass.
@@ -901,6 +1005,8 @@ impl CudaBackend {
             dst_t: Some(ws.a()),
             gelu: false,
             norm: None,
+            dgelu_pre: None,
+            predicted: None,
         };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
         // workspace's regions hold a layer of this shape (fp8_ws checked). The input's cast
@@ -926,6 +1032,8 @@ impl CudaBackend {
                     dst_t: Some(ws.w()),
                     gelu: false,
                     norm: None,
+                    dgelu_pre: None,
+                    predicted: None,
                 };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
                 self.fp8_cast(wc)?;
@@ -987,6 +1095,8 @@ impl CudaBackend {
             dst_t: None,
             gelu: false,
             norm: None,
+            dgelu_pre: None,
+            predicted: None,
         };
         let ws_ = Cast { x: wp, rows: oc, cols: c, slot: slot(ScaleSlot::Weight), dst: Some(ws.w()), ..xs };
         let gs = Cast {
@@ -999,6 +1109,8 @@ impl CudaBackend {
             dst_t: Some(ws.gt()),
             gelu: false,
             norm: None,
+            dgelu_pre: None,
+            predicted: None,
         };
         let xt = Cast { dst: None, dst_t: Some(ws.a()), ..xs };
         let wt = Cast { dst: None, dst_t: Some(ws.w()), ..ws_ };
@@ -1123,7 +1235,7 @@ impl CudaBackend {
         if !(rows.is_multiple_of(16) && cols.is_multiple_of(16)) {
             return Err(bad(format!("fp8_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
         }
-        let mut slot = self.alloc::<u32>(2, "FP8 check slot")?;
+        let mut slot = self.alloc::<u32>(4, "FP8 check slot")?;
         let mut sums = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
         let sums_p = self.ptr_mut(&mut sums, 0);
         let (mut q, mut qt, mut q2) =
@@ -1134,7 +1246,19 @@ impl CudaBackend {
         // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
         // aligned allocations); the slot two zeroed words; sums a float per column and tile.
         unsafe {
-            let c = Cast { x: xp, rows, cols, fmt, slot: sp, dst: Some(qp), dst_t: None, gelu: false, norm: None };
+            let c = Cast {
+                x: xp,
+                rows,
+                cols,
+                fmt,
+                slot: sp,
+                dst: Some(qp),
+                dst_t: None,
+                gelu: false,
+                norm: None,
+                dgelu_pre: None,
+                predicted: None,
+            };
             self.fp8_quantize(c)?;
             let r = cudarc::driver::result::memset_d8_async(sp + 4, 0, 4, self.stream.cu_stream());
             r.map_err(|e| self.err("zeroing the check slot", e))?;
@@ -1153,4 +1277,82 @@ impl CudaBackend {
             col_sums: self.stream.clone_dtoh(&sums).map_err(|e| self.err("reading the column sums", e))?,
         })
     }
+
+    /// `rows × cols` bf16 of `x` (from element 0) quantized to `fmt` by one transposing cast
+    /// that predicts its scale (`Cast::predicted`: the predicted pass, then its check) from
+    /// `prediction` (0: none), of what `made` says (x itself, GELU of x, or GELU'(pre)·x),
+    /// with column sums, and read back: the amax it found, the inverse scale, both layouts'
+    /// codes (`codes_beside_t`, `codes_t`; `codes` empty) and the sums, then the prediction's
+    /// three words after (the next prediction's bits, right count, wrong count). What
+    /// `tests/gpu_kernels.rs` compares with the GPU's own composition (the op writing the
+    /// tensor, then the cast of its amax). Allocates its own buffers: for checks.
+    pub fn fp8_predicted_cast_check(
+        &self,
+        x: &CudaSlice<half::bf16>,
+        made: PredictedInput<'_>,
+        (rows, cols): (usize, usize),
+        fmt: Fp8Format,
+        prediction: f32,
+    ) -> BResult<(Fp8Cast, [u32; 3])> {
+        let n = rows * cols;
+        super::launch::check("fp8_predicted_cast_check x", x.len(), 0, n)?;
+        if !(rows.is_multiple_of(16) && cols.is_multiple_of(16)) {
+            return Err(bad(format!("fp8_predicted_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
+        }
+        let (gelu, dgelu_pre) = match made {
+            PredictedInput::Plain => (false, None),
+            PredictedInput::Gelu => (true, None),
+            PredictedInput::Dgelu(pre) => {
+                super::launch::check("fp8_predicted_cast_check pre", pre.len(), 0, n)?;
+                (false, Some(self.ptr(pre, 0)))
+            }
+        };
+        let mut slot = self.alloc::<u32>(4, "FP8 check slot")?;
+        let mut pred = self.alloc::<u32>(4, "FP8 check prediction")?;
+        self.stream
+            .memcpy_htod(&[prediction.to_bits(), 0, 0, 0], &mut pred)
+            .map_err(|e| self.err("writing the prediction", e))?;
+        let mut sums = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
+        let (mut q, mut qt) = (self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?);
+        let c = Cast {
+            x: self.ptr(x, 0),
+            rows,
+            cols,
+            fmt,
+            slot: self.ptr_mut(&mut slot, 0),
+            dst: Some(self.ptr_mut(&mut q, 0)),
+            dst_t: Some(self.ptr_mut(&mut qt, 0)),
+            gelu,
+            norm: None,
+            dgelu_pre,
+            predicted: Some(self.ptr_mut(&mut pred, 0)),
+        };
+        // SAFETY: x (and pre) hold n bf16 (checked); q and qt n bytes each (256-byte aligned
+        // allocations); the slot and the prediction four zeroed or written words; sums a
+        // float per column and tile.
+        unsafe { self.fp8_cast_colsum(c, self.ptr_mut(&mut sums, 0))? };
+        let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
+        let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;
+        let after = self.stream.clone_dtoh(&pred).map_err(|e| self.err("reading the prediction", e))?;
+        let cast = Fp8Cast {
+            amax: f32::from_bits(words[1]),
+            inv_scale: f32::from_bits(words[0]),
+            codes: Vec::new(),
+            codes_t: down(&qt)?,
+            codes_beside_t: down(&q)?,
+            col_sums: self.stream.clone_dtoh(&sums).map_err(|e| self.err("reading the column sums", e))?,
+        };
+        Ok((cast, [after[0], after[1], after[2]]))
+    }
+}
+
+/// What a predicted cast checked by [`CudaBackend::fp8_predicted_cast_check`] casts.
+#[derive(Debug, Clone, Copy)]
+pub enum PredictedInput<'a> {
+    /// The tensor read.
+    Plain,
+    /// GELU of it (a pre-activation).
+    Gelu,
+    /// GELU'(pre)·it (the gradient of GELU's output), with the pre-activation.
+    Dgelu(&'a CudaSlice<half::bf16>),
 }

@@ -23,8 +23,9 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    AmaxSink, BResult, BackendError, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning, GemmTuningTable,
-    InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch, TunedGemm, WeightGrads, Weights,
+    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning,
+    GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch, TunedGemm,
+    WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -64,6 +65,10 @@ pub(super) struct BwdPtrs {
     /// The layer's input; 0 where an FP8 layer kept its codes instead (`matmul_bwd_kept`).
     pub inp: u64,
     pub w: u64,
+    /// An FP8 layer after a GELU (`matmul_bwd_of_dgelu`): `dout` is the gradient of GELU's
+    /// output and this its pre-activation; dY = GELU'(pre)·dout is made by dY's cast and
+    /// never written. 0 otherwise.
+    pub dgelu_pre: u64,
 }
 
 /// The padded output size and rows per chunk to stage a linear layer with `oc` outputs
@@ -286,6 +291,7 @@ impl CudaBackend {
             dout: self.ptr(dout, 0),
             inp: inp.map_or(0, |x| self.ptr(x, 0)),
             w: self.ptr(params, w.off),
+            dgelu_pre: 0,
         })
     }
 
@@ -423,6 +429,34 @@ impl MatmulOps for CudaBackend {
 
     fn fp8_support(&self) -> Result<(), String> {
         self.fp8_supported()
+    }
+
+    fn fp8_prediction_counts(&self) -> BResult<Option<(u64, u64)>> {
+        self.fp8_prediction_counts()
+    }
+
+    fn matmul_bwd_of_dgelu(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dact: &mut Self::Buf,
+        x: DgeluOf<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        // An FP8 layer with its state whose dW is in FP8: dY made by its transposing cast from
+        // dact and pre (GELU' applied as it reads them), never written in bf16.
+        let layer = p.at.fp8.filter(|_| p.at.fp8(s));
+        if layer.is_none() || !self.fp8_weight_grad_in_fp8() {
+            return dgelu_then_bwd(self, dinp, g, dact, x, p, s);
+        }
+        check("matmul_bwd_of_dgelu pre", x.pre.len(), 0, s.n * s.oc)?;
+        if x.inp.is_none() {
+            p.at.check_kept_input(s)?;
+        }
+        let mut ptr = self.bwd_ptrs(dinp, g, dact, x.inp, p, s)?;
+        ptr.dgelu_pre = self.ptr(x.pre, 0);
+        self.fp8_bwd(ptr, s, layer)
     }
 
     fn matmul_fwd(

@@ -14,8 +14,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, GeluInput, LinearLocs, LnSaved, LnStats, Loc, MatShape,
-    NormLocs, NormOfInput, Rows, SeqShape, UnitGrads, Weights,
+    AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DgeluOf, GeluInput, LinearLocs, LnSaved, LnStats, Loc,
+    MatShape, NormLocs, NormOfInput, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -111,6 +111,9 @@ pub struct Gpt2<B: Backend> {
     /// FP8 layers that keep their input's codes and read a LayerNorm's output (qkv, fc) take
     /// it from the norm's input, the norm applied by their cast (`ModelOptions::fp8_norm_in_cast`).
     norm_in_cast: bool,
+    /// FP8 casts of the MLP's GELU output (into fc2) and of GELU's gradient (into fc's
+    /// backward) predict their scale (`ModelOptions::fp8_predicted_scales`).
+    predicted_scales: bool,
     /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -223,6 +226,7 @@ impl<B: Backend> Gpt2<B> {
             act_slot: slots.slot,
             fp8_kept,
             norm_in_cast: opts.fp8_norm_in_cast,
+            predicted_scales: opts.fp8_predicted_scales,
             kept,
             scratch,
             lnf,
@@ -275,6 +279,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
             docs: self.tokens.docs.as_ref(),
             dres_sink: None,
             norm_in_cast: self.norm_in_cast,
+            predicted_scales: self.predicted_scales,
         };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
@@ -304,8 +309,9 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
         let (k, dres_sink) = (&self.locs(layer), self.fc2_grad_sink(layer.checked_sub(1)));
-        let norm_in_cast = self.norm_in_cast;
-        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink, norm_in_cast };
+        let (norm_in_cast, predicted_scales) = (self.norm_in_cast, self.predicted_scales);
+        let docs = self.tokens.docs.as_ref();
+        let blk = Block { be, p, k, s: self.shape, docs, dres_sink, norm_in_cast, predicted_scales };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -356,6 +362,8 @@ struct Block<'a, B: Backend> {
     dres_sink: Option<AmaxSink>,
     /// `Gpt2::norm_in_cast`.
     norm_in_cast: bool,
+    /// `Gpt2::predicted_scales`.
+    predicted_scales: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -422,8 +430,13 @@ impl<B: Backend> Block<'_, B> {
         let pass = match (of_pre, pass) {
             (Some(gs), Pass::Full(out)) => {
                 self.norm_then_linear((a.ln2.as_mut(), &mut a.ln2_stats, k.ln2), &a.resid2, &mut a.fch, k.fc, fc)?;
-                be.gelu_amax(&a.fch, n * 4 * c, gs)?;
-                let fc2_at = k.fc2.input_amax_from(gelu_sink);
+                // With predicted scales fc2's cast finds GELU's amax itself: no pass before it.
+                let fc2_at = if self.predicted_scales {
+                    k.fc2.input_amax_from(None)
+                } else {
+                    be.gelu_amax(&a.fch, n * 4 * c, gs)?;
+                    k.fc2.input_amax_from(gelu_sink)
+                };
                 return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.w(fc2_at), fc2, &mut sc.tmp);
             }
             (_, pass) => pass,
@@ -477,17 +490,31 @@ impl<B: Backend> Block<'_, B> {
         // The GELU backward leaves dpre's amax for fc's FP8 backward.
         let fc = MatShape { n, c, oc: 4 * c };
         let sink = k.fc.grad_sink(fc);
-        let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
         // dres's amax: left by the norm backward above (the head's, or the next block's ln1).
         let fc2_at = fc2_at.grad_amax_from(k.fc2.grad_sink(fc2));
-        be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
-        let fc_at = k.fc.grad_amax_from(sink);
         // Where ln2's output was never written (applied in fc's cast), fc's codes serve.
-        if self.norm_in_cast(k.fc, fc) {
-            be.matmul_bwd_kept(&mut g.dln, gr.first(k.fc), &g.dbig1, self.w(fc_at), fc)?;
+        let fc_inp = match self.norm_in_cast(k.fc, fc) {
+            true => None,
+            false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?),
+        };
+        if self.predicted_scales && sink.is_some() {
+            // GELU' belongs to fc's backward, whose dY cast applies it (with a predicted
+            // scale): fc2's backward writes the gradient of GELU's output, and dpre is never
+            // written (`MatmulOps::matmul_bwd_of_dgelu`).
+            match act {
+                Some(act) => be.matmul_bwd(&mut g.dbig1, gr.first(fc2_at), &g.dres, act, self.w(fc2_at), fc2)?,
+                None => be.matmul_bwd_kept(&mut g.dbig1, gr.first(fc2_at), &g.dres, self.w(fc2_at), fc2)?,
+            }
+            let x = DgeluOf { pre: &a.fch, inp: fc_inp };
+            be.matmul_bwd_of_dgelu(&mut g.dln, gr.first(k.fc), &mut g.dbig1, x, self.w(k.fc), fc)?;
         } else {
-            let ln2 = a.ln2.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?;
-            be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, ln2, self.w(fc_at), fc)?;
+            let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
+            be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
+            let fc_at = k.fc.grad_amax_from(sink);
+            match fc_inp {
+                None => be.matmul_bwd_kept(&mut g.dln, gr.first(k.fc), &g.dbig1, self.w(fc_at), fc)?,
+                Some(ln2) => be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, ln2, self.w(fc_at), fc)?,
+            }
         }
         // dres += through ln2 (the residual branch already carries dres itself), leaving its
         // amax for proj's FP8 backward.
