@@ -576,13 +576,17 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
 /// cuBLASLt algorithm for their epilogue here, e.g. some FP8 epilogues), so a slower step
 /// than expected says why.
 /// How often the FP8 casts that predict their scale were right (a wrong one casts again).
-fn report_fp8_predictions(counts: Option<(u64, u64)>) {
-    let Some((right, wrong)) = counts.filter(|&(r, w)| r + w > 0) else { return };
-    crate::log_line!(
-        "rank 0: FP8 predicted scales right {right} of {} times ({:.1}%; each wrong one cast its tensor again)",
-        right + wrong,
-        100.0 * right as f64 / (right + wrong) as f64
-    );
+fn report_fp8_predictions(counts: Option<crate::backend::Fp8Predictions>) {
+    let Some(c) = counts else { return };
+    let part = |what: &str, (right, wrong): (u64, u64)| {
+        (right + wrong > 0).then(|| format!("{what} {right} of {}", right + wrong))
+    };
+    let parts: Vec<String> =
+        [part("activations", c.inputs), part("gradients", c.grads)].into_iter().flatten().collect();
+    if parts.is_empty() {
+        return;
+    }
+    crate::log_line!("rank 0: FP8 predicted scales right: {} (each wrong one cast its tensor again)", parts.join(", "));
 }
 
 fn report_unfused_gemms(unfused: &[String]) {

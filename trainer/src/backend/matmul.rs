@@ -175,6 +175,14 @@ impl LinearLocs {
     }
 }
 
+/// How often FP8 casts predicted their scale right and wrong ([`MatmulOps::fp8_prediction_counts`]):
+/// `(right, wrong)` for the layers' inputs' casts and for their output gradients'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fp8Predictions {
+    pub inputs: (u64, u64),
+    pub grads: (u64, u64),
+}
+
 /// One GEMM shape as timed tuning measured it (`MatmulOps::gemm_tuning_report`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TunedGemm {
@@ -331,7 +339,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// How often the FP8 casts that predict their scale (the MLP's: `ModelOptions::
     /// fp8_predicted_scales`) predicted it right and wrong so far, over every layer; `None`
     /// where no cast predicts (the CPU: its casts find every amax first).
-    fn fp8_prediction_counts(&self) -> BResult<Option<(u64, u64)>> {
+    fn fp8_prediction_counts(&self) -> BResult<Option<Fp8Predictions>> {
         Ok(None)
     }
 

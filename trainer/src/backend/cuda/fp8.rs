@@ -66,7 +66,8 @@ use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::fp8::{CudaFp8KeptInputs, CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
 use crate::backend::{
-    AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, LinearExtent, MatShape,
+    AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Format, Fp8Layer, Fp8Layers, Fp8Predictions,
+    LinearExtent, MatShape,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -559,9 +560,10 @@ impl CudaBackend {
     }
 
     /// How often the FP8 casts that predict their scale (`Cast::predicted`) predicted it
-    /// right and wrong since `prepare_fp8`, over every layer (a device read: the stream
-    /// waits); `None` without FP8 layers.
-    pub(super) fn fp8_prediction_counts(&self) -> BResult<Option<(u64, u64)>> {
+    /// right and wrong since `prepare_fp8`, over every layer, the layers' inputs' casts and
+    /// their output gradients' apart (a device read: the stream waits); `None` without FP8
+    /// layers.
+    pub(super) fn fp8_prediction_counts(&self) -> BResult<Option<Fp8Predictions>> {
         let cell = self.fp8_ws.borrow();
         let Some(ws) = cell.as_ref() else { return Ok(None) };
         let layers = ws.layout.layers;
@@ -577,12 +579,14 @@ impl CudaBackend {
         let word = |i: usize| {
             u64::from(u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]))
         };
-        let (mut right, mut wrong) = (0, 0);
+        // Per layer its input's prediction, then its output gradient's.
+        let mut counts = Fp8Predictions::default();
         for p in 0..2 * layers {
-            right += word(4 * p + 1);
-            wrong += word(4 * p + 2);
+            let kind = if p % 2 == 0 { &mut counts.inputs } else { &mut counts.grads };
+            kind.0 += word(4 * p + 1);
+            kind.1 += word(4 * p + 2);
         }
-        Ok(Some((right, wrong)))
+        Ok(Some(counts))
     }
 
     /// `MatmulOps::fp8_clear_sinks`: layers `layers`' input and output-gradient slots

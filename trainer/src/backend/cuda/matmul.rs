@@ -23,9 +23,9 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, GemmEnvironment, GemmTuning,
-    GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch, TunedGemm,
-    WeightGrads, Weights,
+    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, Fp8Predictions, GemmEnvironment,
+    GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch,
+    TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -431,7 +431,7 @@ impl MatmulOps for CudaBackend {
         self.fp8_supported()
     }
 
-    fn fp8_prediction_counts(&self) -> BResult<Option<(u64, u64)>> {
+    fn fp8_prediction_counts(&self) -> BResult<Option<Fp8Predictions>> {
         self.fp8_prediction_counts()
     }
 
