@@ -1351,13 +1351,14 @@ fn fp8_casts() {
 /// with the scale of that amax where the prediction was wrong) gives the bits of the GPU's
 /// own composition: the op that writes the tensor (nothing, `gelu_fwd`, `gelu_bwd`), then
 /// its amax and the cast of it (`fp8_cast_check`): the amax, the inverse scale, both layouts'
-/// codes and the column sums; for a prediction right, twice and half the scale (wrong both
-/// ways: codes saturated or too coarse until cast again), and none; e4m3 and e5m2, whole and
-/// ragged tiles. The prediction left is the scale found, and the right/wrong counts move.
+/// codes and the column sums; for a prediction right, 4× and ¼ the scale (wrong both ways:
+/// codes saturated or too coarse until cast again), none, and through a reference amax (one
+/// that moved as the tensor did, one that did not); e4m3 and e5m2, whole and ragged tiles.
+/// The prediction left is the amax found (and the reference's), and the counts move.
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn fp8_predicted_casts() {
-    use trainer::backend::cuda::PredictedInput;
+    use trainer::backend::cuda::{CheckedPrediction, PredictedInput};
     gpu::check(|be, rng, rep| {
         if let Err(why) = be.fp8_support() {
             rep.check("fp8 predicted casts", "skipped", true, &why);
@@ -1390,8 +1391,21 @@ fn fp8_predicted_casts() {
                         "gelu" => PredictedInput::Gelu,
                         _ => PredictedInput::Dgelu(&preb),
                     };
-                    for (p, pname) in [(s, "right"), (2.0 * s, "twice"), (0.5 * s, "half"), (0.0, "none")] {
+                    // (the amax last time, the reference's then, and now): right, the scale
+                    // 4× too large and 4× too small, none, and through a reference that moved
+                    // as the tensor did (right) and one that moved 16× more (wrong).
+                    let a = want.amax;
+                    let cases = [
+                        ("right", a, 0.0, None),
+                        ("4x scale", a / 4.0, 0.0, None),
+                        ("scale / 4", a * 4.0, 0.0, None),
+                        ("none", 0.0, 0.0, None),
+                        ("by a reference", a * 8.0, 8.0, Some(1.0f32)),
+                        ("by a reference that moved more", a, 1.0, Some(16.0f32)),
+                    ];
+                    for (pname, last_amax, last_ref, ref_now) in cases {
                         let tag = format!("fp8 predicted cast {fmt:?} {rows}x{cols} {what}, prediction {pname}");
+                        let p = CheckedPrediction { last_amax, last_ref, ref_now };
                         let (got, after) = be.fp8_predicted_cast_check(&xb, made, (rows, cols), fmt, p)?;
                         rep.same_bits(&tag, "amax", &[got.amax], &[want.amax]);
                         rep.same_bits(&tag, "inverse scale", &[got.inv_scale], &[want.inv_scale]);
@@ -1400,12 +1414,20 @@ fn fp8_predicted_casts() {
                         let bad_t = got.codes_t.iter().zip(&want.codes_t).filter(|(a, b)| a != b).count();
                         rep.check(&tag, "transposed codes", bad_t == 0, &format!("{bad_t} of {n} differ"));
                         rep.same_bits(&tag, "column sums", &got.col_sums, &want.col_sums);
-                        let right = u32::from(p == s);
+                        // The kernel's prediction, in its order of operations.
+                        let predicted = match ref_now {
+                            Some(now) if last_ref > 0.0 => last_amax * (now / last_ref),
+                            _ => last_amax,
+                        };
+                        let right = u32::from(fmt.scale(predicted).to_bits() == s.to_bits());
+                        let expect_right = matches!(pname, "right" | "by a reference");
+                        rep.check(&tag, "prediction as meant", (right == 1) == expect_right, &format!("right {right}"));
+                        let want_after = [a.to_bits(), right, 1 - right, ref_now.map_or(0, f32::to_bits)];
                         rep.check(
                             &tag,
                             "prediction left, counts",
-                            after == [s.to_bits(), right, 1 - right],
-                            &format!("{after:?} vs [{}, {right}, {}]", s.to_bits(), 1 - right),
+                            after == want_after,
+                            &format!("{after:?} vs {want_after:?}"),
                         );
                     }
                 }

@@ -563,10 +563,14 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
 }
 
 /// What [`MatmulOps::matmul_bwd_of_dgelu`] reads besides GELU's output gradient: the
-/// pre-activation, and the layer's input (`None` where it kept its input's codes).
+/// pre-activation, the layer's input (`None` where it kept its input's codes), and where an
+/// amax of this step lies that the gradient's scales with (`scale_ref`: the output layer's
+/// output gradient's sink; a backend that predicts the gradient's scale predicts it from
+/// how that one moved, and never reads it otherwise).
 pub struct DgeluOf<'a, B: Device + ?Sized> {
     pub pre: &'a B::Buf,
     pub inp: Option<&'a B::Buf>,
+    pub scale_ref: Option<AmaxSink>,
 }
 
 /// [`MatmulOps::matmul_bwd_of_dgelu`] composed: `gelu_bwd` over `dact` (leaving its amax for

@@ -110,15 +110,17 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 
 // How a transposing cast finds its scale (`mode`):
 // - FP8_SCALE_OF_AMAX: from the amax in the slot (found before the cast).
-// - FP8_SCALE_PREDICTED: from the prediction word `pred[0]` (the scale this tensor had the
-//   last time, written by FP8_SCALE_CHECK), no amax known yet: the cast also maxes the amax
-//   of the values it casts into the slot (zeroed by the launch code) and records the scale it
-//   used in the slot's third word.
+// - FP8_SCALE_PREDICTED: from a predicted amax, no amax known yet: the tensor's amax the last
+//   time (pred[0], written by FP8_SCALE_CHECK), or where `ref` is set (the amax of a tensor
+//   of this step that this one's scales with, e.g. the gradient the layer above received),
+//   that times how ref moved since (pred[3]: ref's amax the last time). The cast also maxes
+//   the amax of the values it casts into the slot (zeroed by the launch code) and records
+//   the scale it used in the slot's third word.
 // - FP8_SCALE_CHECK, after it: the scale of the amax now in the slot. Where it is the scale
 //   used, what the predicted cast wrote stands (the same codes a cast of the amax would write:
 //   the same scale) and nothing is cast; otherwise the whole cast again with it. Either way
-//   block 0 writes the inverse scale, the next prediction and one count: pred[1] right,
-//   pred[2] wrong.
+//   block 0 writes the inverse scale, the next prediction (pred[0], pred[3]) and one count:
+//   pred[1] right, pred[2] wrong.
 // So a producer whose tensor's scale changes seldom needs no amax pass before its cast (and
 // the cast can make what it casts, which is never written in bf16), at the cost of a cast
 // again when the power-of-two scale moves.
@@ -159,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(256)
                             float* __restrict__ colsum, int gelu, const float* __restrict__ ln_mean,
                             const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
                             const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ dgelu_pre, int mode,
-                            unsigned* pred) {
+                            unsigned* pred, const unsigned* ref) {
     __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     __shared__ unsigned warp_max[8];
@@ -169,13 +171,17 @@ extern "C" __global__ void __launch_bounds__(256)
         const bool right = __float_as_uint(s) == slot[2];
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             ((float*)slot)[0] = 1.f / s;
-            pred[0] = __float_as_uint(s);
+            pred[0] = slot[1];
+            pred[3] = ref ? *ref : 0u;
             pred[right ? 1 : 2] += 1u;
         }
         if (right) return;
     } else if (mode == FP8_SCALE_PREDICTED) {
-        s = __uint_as_float(pred[0]);
-        if (blockIdx.x == 0 && threadIdx.x == 0) slot[2] = pred[0];
+        float a = __uint_as_float(pred[0]);
+        const float r = __uint_as_float(pred[3]);
+        if (ref && r > 0.f) a = a * (__uint_as_float(*ref) / r);
+        s = fp8_scale(__float_as_uint(a) & 0x7fffffffu, e5m2);
+        if (blockIdx.x == 0 && threadIdx.x == 0) slot[2] = __float_as_uint(s);
     } else {
         s = slot_scale(slot, e5m2);
     }

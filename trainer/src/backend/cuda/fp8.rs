@@ -236,10 +236,19 @@ struct Cast {
     /// `x` is the gradient of GELU's output and this its pre-activation: the values cast are
     /// GELU'(pre)·x rounded to bf16, as `gelu_bwd` writes them (transposing casts only).
     dgelu_pre: Option<u64>,
-    /// The scale is predicted, from the prediction at this address (`fp8.cu`:
-    /// `FP8_SCALE_PREDICTED`, then `FP8_SCALE_CHECK`): the slot's amax is zeroed and found by
-    /// the cast itself (transposing casts only). `None`: the slot holds the amax.
-    predicted: Option<u64>,
+    /// The scale is predicted (`fp8.cu`: `FP8_SCALE_PREDICTED`, then `FP8_SCALE_CHECK`): the
+    /// slot's amax is zeroed and found by the cast itself (transposing casts only). `None`:
+    /// the slot holds the amax.
+    predicted: Option<Prediction>,
+}
+
+/// Where a predicted cast's prediction lives (`CudaFp8Workspace::prediction`: the amax the
+/// tensor had the last time, the counts, the reference's amax then) and the amax word of its
+/// reference (0: none), an amax of this step the tensor's scales with.
+#[derive(Debug, Clone, Copy)]
+struct Prediction {
+    at: u64,
+    reference: u64,
 }
 
 /// A LayerNorm a cast applies as it reads its input: the rows' statistics (f32, `rows`
@@ -546,17 +555,22 @@ impl CudaBackend {
         Ok(slot + 4)
     }
 
-    /// For a cast that predicts its scale (`Cast::predicted`) into the slot `sink` names: the
-    /// slot zeroed in stream order (as for a producer: the cast maxes its amax into it), and
-    /// the address of the tensor's prediction.
-    fn fp8_predict(&self, sink: AmaxSink) -> BResult<u64> {
+    /// For a cast that predicts its scale (`Cast::predicted`) into the slot `sink` names,
+    /// scaling with the amax in `reference`'s slot where set: the slot zeroed in stream order
+    /// (as for a producer: the cast maxes its amax into it), and where the prediction is.
+    fn fp8_predict(&self, sink: AmaxSink, reference: Option<AmaxSink>) -> BResult<Prediction> {
         self.fp8_sink(Some(sink))?;
         let cell = self.fp8_ws.borrow();
         let ws = cell
             .as_ref()
             .ok_or_else(|| bad(format!("an FP8 predicted scale ({sink:?}) before prepare_fp8 (a bug)")))?;
+        let base = self.ptr(&ws.buf, 0);
         ws.sink_offset(sink)?;
-        Ok(self.ptr(&ws.buf, 0) + ws.layout.prediction(sink) as u64)
+        let reference = match reference {
+            Some(r) => base + ws.sink_offset(r)? as u64 + 4,
+            None => 0,
+        };
+        Ok(Prediction { at: base + ws.layout.prediction(sink) as u64, reference })
     }
 
     /// How often the FP8 casts that predict their scale (`Cast::predicted`) predicted it
@@ -735,7 +749,7 @@ impl CudaBackend {
                 let gelu_i = i32::from(gelu);
                 let NormPtrs { mean, rstd, w, b } = norm.unwrap_or(NormPtrs { mean: 0, rstd: 0, w: 0, b: 0 });
                 let pre = dgelu_pre.unwrap_or(0);
-                let pred = predicted.unwrap_or(0);
+                let Prediction { at: pred, reference } = predicted.unwrap_or(Prediction { at: 0, reference: 0 });
                 // A predicted cast (one tile a block), then its check: most often it finds the
                 // prediction right and every block returns at once, so it gets a grid of a few
                 // blocks per SM, which loop over the tiles where the cast runs again.
@@ -747,7 +761,7 @@ impl CudaBackend {
                     let f = self.f("fp8_cast_transpose_bf16")?;
                     let mut lb = self.stream.launch_builder(f);
                     lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&gelu_i);
-                    lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&pre).arg(&mode).arg(&pred);
+                    lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&pre).arg(&mode).arg(&pred).arg(&reference);
                     // SAFETY: q (unless 0) and qt hold rows·cols bytes, x (and a GELU's
                     // pre-activation) as many bf16; the slot four words, the prediction three;
                     // colsum (unless 0) a float per column and tile of rows; a norm's
@@ -832,7 +846,7 @@ impl CudaBackend {
         // scale and finds the amax itself (the same codes: see `Cast::predicted`).
         let predicted = match layer {
             Some(l) if epi.gelu_input && !amax_left && kept.is_some() => {
-                Some(self.fp8_predict(AmaxSink::Input(l.index))?)
+                Some(self.fp8_predict(AmaxSink::Input(l.index), None)?)
             }
             _ => None,
         };
@@ -957,7 +971,7 @@ impl CudaBackend {
         let predicted = match (dgelu_pre, layer) {
             (None, _) => None,
             (Some(_), Some(l)) if gt.is_some() => {
-                (!amax_left).then(|| self.fp8_predict(AmaxSink::Grad(l.index))).transpose()?
+                (!amax_left).then(|| self.fp8_predict(AmaxSink::Grad(l.index), ptr.dgelu_ref)).transpose()?
             }
             (Some(_), _) => {
                 return Err(bad(format!(
@@ -1283,11 +1297,11 @@ impl CudaBackend {
     }
 
     /// `rows × cols` bf16 of `x` (from element 0) quantized to `fmt` by one transposing cast
-    /// that predicts its scale (`Cast::predicted`: the predicted pass, then its check) from
-    /// `prediction` (0: none), of what `made` says (x itself, GELU of x, or GELU'(pre)·x),
-    /// with column sums, and read back: the amax it found, the inverse scale, both layouts'
-    /// codes (`codes_beside_t`, `codes_t`; `codes` empty) and the sums, then the prediction's
-    /// three words after (the next prediction's bits, right count, wrong count). What
+    /// that predicts its scale (`Cast::predicted`: the predicted pass, then its check) as
+    /// `prediction` says, of what `made` says (x itself, GELU of x, or GELU'(pre)·x), with
+    /// column sums, and read back: the amax it found, the inverse scale, both layouts' codes
+    /// (`codes_beside_t`, `codes_t`; `codes` empty) and the sums, then the prediction's four
+    /// words after (the amax found, right count, wrong count, the reference's amax). What
     /// `tests/gpu_kernels.rs` compares with the GPU's own composition (the op writing the
     /// tensor, then the cast of its amax). Allocates its own buffers: for checks.
     pub fn fp8_predicted_cast_check(
@@ -1296,8 +1310,8 @@ impl CudaBackend {
         made: PredictedInput<'_>,
         (rows, cols): (usize, usize),
         fmt: Fp8Format,
-        prediction: f32,
-    ) -> BResult<(Fp8Cast, [u32; 3])> {
+        prediction: CheckedPrediction,
+    ) -> BResult<(Fp8Cast, [u32; 4])> {
         let n = rows * cols;
         super::launch::check("fp8_predicted_cast_check x", x.len(), 0, n)?;
         if !(rows.is_multiple_of(16) && cols.is_multiple_of(16)) {
@@ -1313,8 +1327,18 @@ impl CudaBackend {
         };
         let mut slot = self.alloc::<u32>(4, "FP8 check slot")?;
         let mut pred = self.alloc::<u32>(4, "FP8 check prediction")?;
+        let mut ref_slot = self.alloc::<u32>(1, "FP8 check reference")?;
+        let reference = match prediction.ref_now {
+            Some(a) => {
+                self.stream
+                    .memcpy_htod(&[a.to_bits()], &mut ref_slot)
+                    .map_err(|e| self.err("writing the reference amax", e))?;
+                self.ptr_mut(&mut ref_slot, 0)
+            }
+            None => 0,
+        };
         self.stream
-            .memcpy_htod(&[prediction.to_bits(), 0, 0, 0], &mut pred)
+            .memcpy_htod(&[prediction.last_amax.to_bits(), 0, 0, prediction.last_ref.to_bits()], &mut pred)
             .map_err(|e| self.err("writing the prediction", e))?;
         let mut sums = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
         let (mut q, mut qt) = (self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?);
@@ -1329,7 +1353,7 @@ impl CudaBackend {
             gelu,
             norm: None,
             dgelu_pre,
-            predicted: Some(self.ptr_mut(&mut pred, 0)),
+            predicted: Some(Prediction { at: self.ptr_mut(&mut pred, 0), reference }),
         };
         // SAFETY: x (and pre) hold n bf16 (checked); q and qt n bytes each (256-byte aligned
         // allocations); the slot and the prediction four zeroed or written words; sums a
@@ -1346,8 +1370,18 @@ impl CudaBackend {
             codes_beside_t: down(&q)?,
             col_sums: self.stream.clone_dtoh(&sums).map_err(|e| self.err("reading the column sums", e))?,
         };
-        Ok((cast, [after[0], after[1], after[2]]))
+        Ok((cast, [after[0], after[1], after[2], after[3]]))
     }
+}
+
+/// The prediction a predicted cast checked by [`CudaBackend::fp8_predicted_cast_check`]
+/// starts from: the tensor's amax the last time (0: none), and where it scales with a
+/// reference, the reference's amax then and now.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedPrediction {
+    pub last_amax: f32,
+    pub last_ref: f32,
+    pub ref_now: Option<f32>,
 }
 
 /// What a predicted cast checked by [`CudaBackend::fp8_predicted_cast_check`] casts.

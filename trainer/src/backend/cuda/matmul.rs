@@ -69,6 +69,9 @@ pub(super) struct BwdPtrs {
     /// output and this its pre-activation; dY = GELU'(pre)·dout is made by dY's cast and
     /// never written. 0 otherwise.
     pub dgelu_pre: u64,
+    /// With `dgelu_pre`: the sink holding an amax of this step dY's scales with
+    /// (`DgeluOf::scale_ref`), for its predicted scale.
+    pub dgelu_ref: Option<AmaxSink>,
 }
 
 /// The padded output size and rows per chunk to stage a linear layer with `oc` outputs
@@ -292,6 +295,7 @@ impl CudaBackend {
             inp: inp.map_or(0, |x| self.ptr(x, 0)),
             w: self.ptr(params, w.off),
             dgelu_pre: 0,
+            dgelu_ref: None,
         })
     }
 
@@ -456,6 +460,7 @@ impl MatmulOps for CudaBackend {
         }
         let mut ptr = self.bwd_ptrs(dinp, g, dact, x.inp, p, s)?;
         ptr.dgelu_pre = self.ptr(x.pre, 0);
+        ptr.dgelu_ref = x.scale_ref;
         self.fp8_bwd(ptr, s, layer)
     }
 

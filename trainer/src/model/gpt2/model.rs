@@ -505,7 +505,9 @@ impl<B: Backend> Block<'_, B> {
                 Some(act) => be.matmul_bwd(&mut g.dbig1, gr.first(fc2_at), &g.dres, act, self.w(fc2_at), fc2)?,
                 None => be.matmul_bwd_kept(&mut g.dbig1, gr.first(fc2_at), &g.dres, self.w(fc2_at), fc2)?,
             }
-            let x = DgeluOf { pre: &a.fch, inp: fc_inp };
+            // dpre = GELU'(pre)·(dres·W2): its scale moves with dres's, whose amax fc2's
+            // output-gradient slot holds (left by the norm backward above).
+            let x = DgeluOf { pre: &a.fch, inp: fc_inp, scale_ref: k.fc2.grad_sink(fc2) };
             be.matmul_bwd_of_dgelu(&mut g.dln, gr.first(k.fc), &mut g.dbig1, x, self.w(k.fc), fc)?;
         } else {
             let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
