@@ -54,7 +54,17 @@
 //!   (`fp8_clear_sinks`, one memset), each producer then finding its own zeroed (`zeroed`).
 //!
 //! GPT-2's qkv and fc may apply their LayerNorm in their input's transposing cast
-//! (`matmul_fwd_of_norm`: the norm's output is never written), as fc2 may apply GELU.
+//! (`matmul_fwd_of_norm`: the norm's output is never written), as fc2 may apply GELU, and
+//! fc's backward GELU' to the gradient fc2's backward wrote (`matmul_bwd_of_dgelu`).
+//!
+//! Those two GELU casts *predict* their scale (`Cast::predicted`; `fp8.cu`:
+//! `FP8_SCALE_PREDICTED`): no amax of what they make exists before they make it, so each casts
+//! with the scale of a predicted amax (the tensor's last one, or for the gradient that times
+//! how a reference amax of this step moved since), maxes the true amax into the slot as it
+//! goes, and a check pass (`FP8_SCALE_CHECK`) casts again with the true scale where the two
+//! differ: the codes of current scaling always, an amax pass (or a bf16 tensor written and
+//! read) saved where the power-of-two scale held. The predictions and their right/wrong
+//! counts persist in the workspace (`CudaFp8Workspace::prediction`).
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
