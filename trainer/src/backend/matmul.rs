@@ -117,10 +117,11 @@ impl LinearLocs {
     }
 
     /// `Ok` where the layer at shape `s` may have its input made by the cast that quantizes it
-    /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; a norm of
-    /// the norm's input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and,
-    /// for a norm, the amax of the input so made was left for it (GELU's may be, or the op
-    /// finds it: a predicted scale); else the model bug, named after `what`.
+    /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; SwiGLU of
+    /// gate/up's output: [`MatmulOps::matmul_residual_fwd_of_swiglu`]; a norm of the norm's
+    /// input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and, for a norm,
+    /// the amax of the input so made was left for it (an activation's may be, or the op finds
+    /// it: a predicted scale); else the model bug, named after `what`.
     pub fn check_input_made_in_cast(&self, s: MatShape, what: InputMadeInCast) -> BResult<()> {
         let amax_needed = what == InputMadeInCast::Norm;
         if self.keeps_input(s) && (!amax_needed || self.fp8.is_some_and(|f| f.input_amax_ready)) {
@@ -128,6 +129,7 @@ impl LinearLocs {
         }
         let (of, from) = match what {
             InputMadeInCast::Gelu => ("GELU's output", "its pre-activation"),
+            InputMadeInCast::Swiglu => ("SwiGLU's output", "its input"),
             InputMadeInCast::Norm => ("the norm's output", "the norm's input"),
         };
         Err(super::BackendError::Device(format!(
@@ -211,6 +213,8 @@ pub struct MatShape {
 pub enum InputMadeInCast {
     /// GELU of the MLP's pre-activation (GPT-2's fc2).
     Gelu,
+    /// SwiGLU of the MLP's `[gate | up]` (Llama's down).
+    Swiglu,
     /// A norm's output from the norm's input (qkv, GPT-2's fc, Llama's gate/up).
     Norm,
 }
@@ -463,6 +467,29 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         )))
     }
 
+    /// Llama's MLP output layer from gate/up's output, in FP8: `out = res + SwiGLU(gate_up) ·
+    /// Wᵀ` (`gate_up` rows `[gate | up]`, `s.c` = F), SwiGLU applied by the cast that quantizes
+    /// the layer's input as it reads `gate_up`, with the amax found by the op (CUDA: a
+    /// predicted scale), so SwiGLU's output is never written (`tmp`, n·oc, is scratch where
+    /// the residual cannot be fused). The same bits as `swiglu_fwd` then
+    /// [`MatmulOps::matmul_residual_fwd`]. Only for a layer that keeps its input's codes;
+    /// otherwise, and on a backend without it (the default), an error: the model composes the
+    /// two instead.
+    fn matmul_residual_fwd_of_swiglu(
+        &self,
+        _out: &mut Self::Buf,
+        _res: &Self::Buf,
+        _gate_up: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        _s: MatShape,
+        _tmp: &mut Self::Buf,
+    ) -> BResult<()> {
+        Err(super::BackendError::Device(format!(
+            "an FP8 GEMM of SwiGLU's output from its input (layer {:?}), which this backend does not run (a bug)",
+            p.at.fp8.map(|f| f.index)
+        )))
+    }
+
     /// A linear layer of a norm's output, in FP8: `out = norm(x) · Wᵀ + bias`, the norm
     /// applied by the cast that quantizes the layer's input as it reads `x`, with the
     /// statistics and the output's amax the norm's `*_stats_amax` left (into
@@ -545,6 +572,25 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         dgelu_then_bwd(self, dinp, g, dact, x, p, s)
     }
 
+    /// Backward of Llama's gate/up layer from the gradient of SwiGLU's output `dact` (what
+    /// down's backward wrote) and SwiGLU's input `x.gate_up` (this layer's output):
+    /// `dY = [dgate | dup]` (SwiGLU's backward), then this layer's backward with `dout = dY`.
+    /// The default writes dY into `x.dy` with `swiglu_bwd` (its amax into the layer's
+    /// [`LinearLocs::grad_sink`]) and runs the backward: [`dswiglu_then_bwd`]. CUDA, for an FP8
+    /// layer, makes dY in its transposing cast instead, with a predicted scale, so dY is never
+    /// written (`ModelOptions::fp8_predicted_scales`): the same bits.
+    fn matmul_bwd_of_dswiglu(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dact: &Self::Buf,
+        x: DswigluOf<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        dswiglu_then_bwd(self, dinp, g, dact, x, p, s)
+    }
+
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
     /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.
     #[allow(clippy::too_many_arguments)] // the one hook with both halves of a GeluInput apart
@@ -591,5 +637,38 @@ pub fn dgelu_then_bwd<B: MatmulOps + ?Sized>(
     match x.inp {
         Some(inp) => be.matmul_bwd(dinp, g, dact, inp, p, s),
         None => be.matmul_bwd_kept(dinp, g, dact, p, s),
+    }
+}
+
+/// What [`MatmulOps::matmul_bwd_of_dswiglu`] reads besides SwiGLU's output gradient:
+/// SwiGLU's input (`[n, 2F]`, rows `[gate | up]`), the layer's input (`None` where it kept
+/// its input's codes), where an amax of this step lies that dY's scales with (`scale_ref`,
+/// as [`DgeluOf::scale_ref`]), and where the composition writes dY (`[n, 2F]`; a backend
+/// that makes dY in its cast leaves it untouched).
+pub struct DswigluOf<'a, B: Device + ?Sized> {
+    pub gate_up: &'a B::Buf,
+    pub inp: Option<&'a B::Buf>,
+    pub scale_ref: Option<AmaxSink>,
+    pub dy: &'a mut B::Buf,
+}
+
+/// [`MatmulOps::matmul_bwd_of_dswiglu`] composed: `swiglu_bwd` into `x.dy` (leaving its amax
+/// for the layer's backward where the layer has a sink), then `matmul_bwd` (or, without an
+/// input, `matmul_bwd_kept`).
+pub fn dswiglu_then_bwd<B: MatmulOps + ?Sized>(
+    be: &B,
+    dinp: &mut B::Buf,
+    g: WeightGrads<'_, B, LinearLocs>,
+    dact: &B::Buf,
+    x: DswigluOf<'_, B>,
+    p: Weights<'_, B, LinearLocs>,
+    s: MatShape,
+) -> BResult<()> {
+    let sink = p.at.grad_sink(s);
+    be.swiglu_bwd(x.dy, x.gate_up, dact, super::Rows { n: s.n, c: s.oc / 2 }, sink)?;
+    let p = Weights::new(p.buf, p.at.grad_amax_from(sink));
+    match x.inp {
+        Some(inp) => be.matmul_bwd(dinp, g, x.dy, inp, p, s),
+        None => be.matmul_bwd_kept(dinp, g, x.dy, p, s),
     }
 }

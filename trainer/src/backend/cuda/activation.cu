@@ -66,10 +66,8 @@ extern "C" __global__ void residual_fwd(bf16_t* out, const bf16_t* a, const bf16
         [&](long long i) { out[i] = f2bf(bf2f(a[i]) + bf2f(b[i])); });
 }
 
-// SwiGLU over rows [gate | up] of inp[N, 2F]: out[N, F] = silu(gate) * up, silu(x) = x * sigmoid(x).
-// sigmoid through __expf: its error (a few ulp of fp32) is far below the bf16 output's.
-// exp(-x) overflowing (x < -88) gives sigmoid 0 and silu -0, as the exact function rounds.
-__device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+// SwiGLU over rows [gate | up] of inp[N, 2F]: out[N, F] = silu(gate) * up, silu(x) = x * sigmoid(x)
+// (swiglu_f, swiglu_grads: common.cuh).
 
 // n = N * F outputs. With F % 8 == 0 and 16-byte aligned pointers every row is whole 16-byte
 // words: word i of out is row i / (F / 8), and its gate and up words sit at the same column
@@ -86,7 +84,7 @@ extern "C" __global__ void swiglu_fwd(bf16_t* out, const bf16_t* inp, unsigned* 
             unpack8(g[0], a);
             unpack8(g[fv], u);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) a[k] = a[k] * sigmoid_f(a[k]) * u[k];
+            for (int k = 0; k < 8; ++k) a[k] = swiglu_f(a[k], u[k]);
             const uint4 y = pack8(a);
             ((uint4*)out)[i] = y;
             m = max_abs8(y, m);
@@ -95,7 +93,7 @@ extern "C" __global__ void swiglu_fwd(bf16_t* out, const bf16_t* inp, unsigned* 
             const long long r = i / F, j = i - r * F;
             const bf16_t* x = inp + r * 2 * F + j;
             const float a = bf2f(x[0]);
-            const bf16_t y = f2bf(a * sigmoid_f(a) * bf2f(x[F]));
+            const bf16_t y = f2bf(swiglu_f(a, bf2f(x[F])));
             out[i] = y;
             m = max(m, abs_bits(y));
         });
@@ -120,11 +118,7 @@ extern "C" __global__ void swiglu_bwd(bf16_t* dinp, const bf16_t* inp, const bf1
             unpack8(x[fv], u);
             unpack8(((const uint4*)dout)[i], dy);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const float s = sigmoid_f(a[k]);
-                dg[k] = dy[k] * u[k] * s * (1.f + a[k] * (1.f - s));
-                u[k] = dy[k] * a[k] * s;
-            }
+            for (int k = 0; k < 8; ++k) swiglu_grads(a[k], u[k], dy[k], dg[k], u[k]);
             uint4* d = (uint4*)dinp + o;
             const uint4 yg = pack8(dg), yu = pack8(u);
             d[0] = yg;
@@ -135,8 +129,9 @@ extern "C" __global__ void swiglu_bwd(bf16_t* dinp, const bf16_t* inp, const bf1
             const long long r = i / F, j = i - r * F;
             const long long o = r * 2 * F + j;
             const float a = bf2f(inp[o]), u = bf2f(inp[o + F]), dy = bf2f(dout[i]);
-            const float s = sigmoid_f(a);
-            const bf16_t yg = f2bf(dy * u * s * (1.f + a * (1.f - s))), yu = f2bf(dy * a * s);
+            float dg, du;
+            swiglu_grads(a, u, dy, dg, du);
+            const bf16_t yg = f2bf(dg), yu = f2bf(du);
             dinp[o] = yg;
             dinp[o + F] = yu;
             m = max(m, max(abs_bits(yg), abs_bits(yu)));

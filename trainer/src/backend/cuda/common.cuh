@@ -74,6 +74,23 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return s + 2.f * x * s * (1.f - s) * GELU_K * (1.f + 3.f * 0.044715f * x * x);
 }
 
+// SwiGLU (activation.cu's swiglu_fwd/swiglu_bwd and the FP8 casts that apply them, fp8.cu:
+// one expression each, so the same bits). sigmoid through __expf: its error (a few ulp of
+// fp32) is far below the bf16 output's. exp(-x) overflowing (x < -88) gives sigmoid 0 and
+// silu -0, as the exact function rounds.
+__device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+
+// silu(gate)·up.
+__device__ __forceinline__ float swiglu_f(float a, float u) { return a * sigmoid_f(a) * u; }
+
+// The gradients of silu(a)·u given dy: dgate = dy·u·silu'(a), silu'(a) = s(1 + a(1 - s)), and
+// dup = dy·silu(a).
+__device__ __forceinline__ void swiglu_grads(float a, float u, float dy, float& dg, float& du) {
+    const float s = sigmoid_f(a);
+    dg = dy * u * s * (1.f + a * (1.f - s));
+    du = dy * a * s;
+}
+
 // GELU'(pre)·d of 8 bf16 pairs, each rounded to bf16 (gelu_bwd's outputs).
 __device__ __forceinline__ uint4 dgelu8(uint4 pre, uint4 d) {
     float x[8], g[8];

@@ -128,17 +128,29 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 #define FP8_SCALE_PREDICTED 1
 #define FP8_SCALE_CHECK 2
 
+#define FP8_OP_NONE 0
+#define FP8_OP_GELU 1
+#define FP8_OP_DGELU 2
+#define FP8_OP_SWIGLU 3
+#define FP8_OP_DSWIGLU 4
+
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale (found as `mode` says). rows and cols are multiples of
 // 16 (fp8::eligible); q and qt are 16-byte aligned. Any 1-D grid: block b takes tiles
 // b, b + gridDim.x, ... of the (ceil(cols/64) × ceil(rows/128)) tiles in row-major order;
 // 256 threads.
-// What is cast, from what is read (each rounded to bf16 as the op named writes it):
-// - with gelu set, x is a pre-activation and the values cast are GELU(x) (gelu_fwd's): the
-//   MLP's output layer's input, never written;
-// - with dgelu_pre set, x is the gradient of GELU's output and the values cast are
-//   GELU'(dgelu_pre)·x (gelu_bwd's): the MLP's input layer's output gradient, never written;
-// - with ln_rstd set, x is a norm's input and the values cast are its output: a LayerNorm's
+// What is cast, from what is read (each rounded to bf16 as the op named writes it), by `op`:
+// - FP8_OP_GELU: x is a pre-activation and the values cast are GELU(x) (gelu_fwd's): the MLP's
+//   output layer's input, never written;
+// - FP8_OP_DGELU: x is the gradient of GELU's output and the values cast are GELU'(aux)·x,
+//   aux the pre-activation (gelu_bwd's): the MLP's input layer's output gradient, never
+//   written;
+// - FP8_OP_SWIGLU: x is [rows, 2·cols], rows of [gate | up], and the values cast are
+//   silu(gate)·up (swiglu_fwd's): Llama's down's input, never written;
+// - FP8_OP_DSWIGLU: x is [rows, cols] of [gate | up] (cols = 2F), aux [rows, F] the gradient
+//   of SwiGLU's output, and the values cast are SwiGLU's input gradient [dgate | dup]
+//   (swiglu_bwd's): Llama's gate/up's output gradient, never written (F % 8 == 0);
+// - with ln_rstd set (op FP8_OP_NONE), x is a norm's input and the values cast are its output: a LayerNorm's
 //   (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col] as layernorm_fwd
 //   computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as rmsnorm_fwd computes
 //   it: a norm's output, never written.
@@ -158,9 +170,9 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 extern "C" __global__ void __launch_bounds__(256)
     fp8_cast_transpose_bf16(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
                             const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot, int e5m2,
-                            float* __restrict__ colsum, int gelu, const float* __restrict__ ln_mean,
+                            float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
                             const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
-                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ dgelu_pre, int mode,
+                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
                             unsigned* pred, const unsigned* ref) {
     __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
@@ -185,7 +197,10 @@ extern "C" __global__ void __launch_bounds__(256)
     } else {
         s = slot_scale(slot, e5m2);
     }
-    const bool aligned = aligned16(x), pre_aligned = aligned16(dgelu_pre);
+    const bool aligned = aligned16(x), aux_aligned = aligned16(aux);
+    // x's row length: SwiGLU's forward reads rows of [gate | up] for cols outputs.
+    const long long ld = op == FP8_OP_SWIGLU ? 2ll * cols : (long long)cols;
+    const int half = cols / 2;  // FP8_OP_DSWIGLU: F
     const int tiles_c = (cols + FP8_TILE_C - 1) / FP8_TILE_C;
     const long long tiles = (long long)tiles_c * ((rows + FP8_TILE_R - 1) / FP8_TILE_R);
     // The 8 threads of a row group read its rows' 128 contiguous bytes; rows % 16 == 0 and
@@ -196,17 +211,41 @@ extern "C" __global__ void __launch_bounds__(256)
         const int tr = (int)(tile / tiles_c), r0 = tr * FP8_TILE_R, c0 = (int)(tile % tiles_c) * FP8_TILE_C;
         const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
         if (gr < rows && gc < cols) {
-            const long long at = (long long)gr * cols + gc;
+            const long long at = (long long)gr * cols + gc, xat = (long long)gr * ld + gc;
             uint4 v[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = load8(x + at + (long long)i * cols, aligned);
-            if (gelu) {
+            for (int i = 0; i < 4; ++i) v[i] = load8(x + xat + (long long)i * ld, aligned);
+            if (op == FP8_OP_GELU) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
-            }
-            if (dgelu_pre) {
+            } else if (op == FP8_OP_DGELU) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) v[i] = dgelu8(load8(dgelu_pre + at + (long long)i * cols, pre_aligned), v[i]);
+                for (int i = 0; i < 4; ++i) v[i] = dgelu8(load8(aux + at + (long long)i * cols, aux_aligned), v[i]);
+            } else if (op == FP8_OP_SWIGLU) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float a[8], u[8];
+                    unpack8(v[i], a);
+                    unpack8(load8(x + xat + (long long)i * ld + cols, aligned), u);
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) a[k] = swiglu_f(a[k], u[k]);
+                    v[i] = pack8(a);
+                }
+            } else if (op == FP8_OP_DSWIGLU) {
+                // This thread's 8 columns lie in one half (F % 8 == 0): gate's (dgate) or up's.
+                const bool gate = gc < half;
+                const int j = gate ? gc : gc - half;  // the column of SwiGLU's output
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float a[8], u[8], dy[8], dg[8], du[8];
+                    const long long row = (long long)(gr + i) * cols;
+                    unpack8(load8(x + row + j, aligned), a);
+                    unpack8(load8(x + row + half + j, aligned), u);
+                    unpack8(load8(aux + (long long)(gr + i) * half + j, aux_aligned), dy);
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) swiglu_grads(a[k], u[k], dy[k], dg[k], du[k]);
+                    v[i] = pack8(gate ? dg : du);
+                }
             }
             if (ln_rstd) {
                 float ww[8], bb[8];

@@ -237,19 +237,47 @@ struct Cast {
     slot: u64,
     dst: Option<u64>,
     dst_t: Option<u64>,
-    /// `x` is a pre-activation: the values cast are GELU(x) rounded to bf16 (the slot holds
-    /// their amax; transposing casts only).
-    gelu: bool,
+    /// What the cast makes of what it reads (`CastOp::None`: x itself; the others, and a
+    /// norm, transposing casts only).
+    op: CastOp,
     /// `x` is a LayerNorm's input: the values cast are its output rounded to bf16, as
     /// `layernorm_fwd` writes it (the slot holds their amax; transposing casts only).
     norm: Option<NormPtrs>,
-    /// `x` is the gradient of GELU's output and this its pre-activation: the values cast are
-    /// GELU'(pre)·x rounded to bf16, as `gelu_bwd` writes them (transposing casts only).
-    dgelu_pre: Option<u64>,
     /// The scale is predicted (`fp8.cu`: `FP8_SCALE_PREDICTED`, then `FP8_SCALE_CHECK`): the
     /// slot's amax is zeroed and found by the cast itself (transposing casts only). `None`:
     /// the slot holds the amax.
     predicted: Option<Prediction>,
+}
+
+/// What a transposing cast makes of what it reads (`FP8_OP_*` in fp8.cu), each value rounded
+/// to bf16 as the op named writes it; the slot holds the amax of those values, or the cast
+/// predicts its scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CastOp {
+    /// The tensor read.
+    None,
+    /// GELU of a pre-activation (`gelu_fwd`'s outputs).
+    Gelu,
+    /// GELU'(pre)·x, x the gradient of GELU's output (`gelu_bwd`'s).
+    Dgelu { pre: u64 },
+    /// silu(gate)·up, x being rows `[gate | up]` twice the cast's columns (`swiglu_fwd`'s).
+    Swiglu,
+    /// SwiGLU's input gradient `[dgate | dup]`, x being its input `[gate | up]` and `dact`
+    /// (`[rows, cols / 2]`) its output's gradient (`swiglu_bwd`'s).
+    Dswiglu { dact: u64 },
+}
+
+impl CastOp {
+    /// The kernel's `op` and `aux` arguments.
+    fn args(self) -> (i32, u64) {
+        match self {
+            CastOp::None => (0, 0),
+            CastOp::Gelu => (1, 0),
+            CastOp::Dgelu { pre } => (2, pre),
+            CastOp::Swiglu => (3, 0),
+            CastOp::Dswiglu { dact } => (4, dact),
+        }
+    }
 }
 
 /// Where a predicted cast's prediction lives (`CudaFp8Workspace::prediction`: the amax the
@@ -299,15 +327,19 @@ pub enum Fp8Casts {
 }
 
 /// Where a linear forward's epilogue takes its extra operands. No GELU: an FP8 layer's
-/// GELU and GELU' run as kernels of their own (see `fused_matmul_gelu_fwd` in matmul.rs).
+/// GELU and GELU' run as kernels of their own or in its casts (see `fused_matmul_gelu_fwd` in
+/// matmul.rs).
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct FwdEpilogue {
     pub bias: Option<u64>,
     /// Added to the product (cuBLASLt's C, beta 1).
     pub residual: Option<u64>,
-    /// The input is a pre-activation whose GELU the layer multiplies: its cast applies GELU
-    /// (the layer keeps its input's codes, and GELU's amax was left in its input slot).
-    pub gelu_input: bool,
+    /// The input is what the layer's activation reads (a pre-activation whose GELU, or rows
+    /// `[gate | up]` whose SwiGLU, the layer multiplies): its cast applies it (`CastOp::Gelu`,
+    /// `CastOp::Swiglu`; the layer keeps its input's codes, and the amax of the activation's
+    /// output was left in its input slot, or the cast predicts its scale). `CastOp::None`: the
+    /// input is what the layer multiplies.
+    pub input_op: Option<CastOp>,
     /// The input is a LayerNorm's input whose output the layer multiplies: its cast applies
     /// the norm (the layer keeps its input's codes, and the norm's output's amax was left in
     /// its input slot: `layernorm_stats_amax`).
@@ -492,9 +524,8 @@ impl CudaBackend {
                 slot,
                 dst: Some(codes.w),
                 dst_t: Some(codes.wt),
-                gelu: false,
+                op: CastOp::None,
                 norm: None,
-                dgelu_pre: None,
                 predicted: None,
             };
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
@@ -728,16 +759,16 @@ impl CudaBackend {
     /// # Safety
     /// As [`CudaBackend::fp8_cast`]; `colsum` (unless 0) holds that many floats.
     unsafe fn fp8_cast_colsum(&self, c: Cast, colsum: u64) -> BResult<()> {
-        let Cast { x, rows, cols, fmt, slot, dst, dst_t, gelu, norm, dgelu_pre, predicted } = c;
+        let Cast { x, rows, cols, fmt, slot, dst, dst_t, op, norm, predicted } = c;
         let n = rows * cols;
         let ni = n as i64;
         let fmt_i = i32::from(fmt.is_e5m2());
         match dst_t {
             None => {
                 let q = dst.ok_or_else(|| bad("an FP8 cast without a destination (a bug)".into()))?;
-                if gelu || norm.is_some() || dgelu_pre.is_some() || predicted.is_some() {
+                if op != CastOp::None || norm.is_some() || predicted.is_some() {
                     return Err(bad(
-                        "a GELU-, GELU'- or norm-applying or predicted FP8 cast without its transpose (a bug)".into(),
+                        "an activation- or norm-applying or predicted FP8 cast without its transpose (a bug)".into(),
                     ));
                 }
                 if colsum != 0 {
@@ -756,9 +787,13 @@ impl CudaBackend {
                 let tiles = cols.div_ceil(TILE_C) * rows.div_ceil(TILE_R);
                 let tiles = u32::try_from(tiles)
                     .map_err(|_| bad(format!("FP8 transposing cast: {rows} × {cols} has too many tiles")))?;
-                let gelu_i = i32::from(gelu);
+                let (op_i, aux) = op.args();
+                if matches!(op, CastOp::Dswiglu { .. }) && !cols.is_multiple_of(16) {
+                    return Err(bad(format!(
+                        "an FP8 cast of SwiGLU's gradient of {cols} columns, not 2·F with F % 8 == 0 (a bug)"
+                    )));
+                }
                 let NormPtrs { mean, rstd, w, b } = norm.unwrap_or(NormPtrs { mean: 0, rstd: 0, w: 0, b: 0 });
-                let pre = dgelu_pre.unwrap_or(0);
                 let Prediction { at: pred, reference } = predicted.unwrap_or(Prediction { at: 0, reference: 0 });
                 // A predicted cast (one tile a block), then its check: most often it finds the
                 // prediction right and every block returns at once, so it gets a grid of a few
@@ -770,10 +805,11 @@ impl CudaBackend {
                 for &(mode, grid) in passes {
                     let f = self.f("fp8_cast_transpose_bf16")?;
                     let mut lb = self.stream.launch_builder(f);
-                    lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&gelu_i);
-                    lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&pre).arg(&mode).arg(&pred).arg(&reference);
-                    // SAFETY: q (unless 0) and qt hold rows·cols bytes, x (and a GELU's
-                    // pre-activation) as many bf16; the slot four words, the prediction three;
+                    lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&op_i);
+                    lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&aux).arg(&mode).arg(&pred).arg(&reference);
+                    // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16 (SwiGLU's
+                    // forward twice as many), aux (a pre-activation, rows·cols, or SwiGLU's
+                    // output gradient, half) its bf16; the slot and the prediction four words;
                     // colsum (unless 0) a float per column and tile of rows; a norm's
                     // statistics a float per row, its weight and bias a bf16 per column.
                     unsafe { lb.launch(cfg((grid, 1, 1), (256, 1, 1), 0)) }
@@ -852,18 +888,19 @@ impl CudaBackend {
         // A layer that keeps its input's codes for its backward gets them transposed from
         // the same cast (the layout the backward's dW GEMM reads).
         let kept = self.fp8_kept_input(layer)?;
-        // GELU applied in the cast with no amax of GELU's output left: the cast predicts its
-        // scale and finds the amax itself (the same codes: see `Cast::predicted`).
+        // An activation applied in the cast with no amax of its output left: the cast predicts
+        // its scale and finds the amax itself (the same codes: see `Cast::predicted`).
+        let op = epi.input_op.unwrap_or(CastOp::None);
         let predicted = match layer {
-            Some(l) if epi.gelu_input && !amax_left && kept.is_some() => {
+            Some(l) if op != CastOp::None && !amax_left && kept.is_some() => {
                 Some(self.fp8_predict(AmaxSink::Input(l.index), None)?)
             }
             _ => None,
         };
-        if (epi.gelu_input || epi.norm.is_some()) && (kept.is_none() || !(amax_left || predicted.is_some())) {
+        if (op != CastOp::None || epi.norm.is_some()) && (kept.is_none() || !(amax_left || predicted.is_some())) {
             return Err(bad(format!(
-                "an FP8 GEMM that applies GELU or a norm to its input in its cast, but layer {:?} keeps no input codes \
-                 or no amax of the applied input was left (a bug)",
+                "an FP8 GEMM that applies an activation or a norm to its input in its cast, but layer {:?} keeps no \
+                 input codes or no amax of the applied input was left (a bug)",
                 layer.map(|l| l.index)
             )));
         }
@@ -875,9 +912,8 @@ impl CudaBackend {
             slot: in_slot,
             dst: Some(ws.a()),
             dst_t: kept,
-            gelu: epi.gelu_input,
+            op,
             norm: epi.norm,
-            dgelu_pre: None,
             predicted,
         };
         // SAFETY: inp holds n·c and the weight oc·c bf16 (the callers checked); the
@@ -895,9 +931,8 @@ impl CudaBackend {
                     slot: w_slot,
                     dst: Some(ws.w()),
                     dst_t: None,
-                    gelu: false,
+                    op: CastOp::None,
                     norm: None,
-                    dgelu_pre: None,
                     predicted: None,
                     ..x
                 };
@@ -974,19 +1009,18 @@ impl CudaBackend {
         let stream = self.lt_stream();
         // dY's transposed codes only for an FP8 dW.
         let gt = dw_fp8.then(|| ws.gt());
-        // dY made by its cast from GELU's output gradient (`BwdPtrs::dgelu_pre`): only where
-        // the cast is transposing (it alone applies GELU'), and with its scale predicted where
-        // no amax of dY was left (there is no dY to take one of).
-        let dgelu_pre = (ptr.dgelu_pre != 0).then_some(ptr.dgelu_pre);
-        let predicted = match (dgelu_pre, layer) {
-            (None, _) => None,
-            (Some(_), Some(l)) if gt.is_some() => {
-                (!amax_left).then(|| self.fp8_predict(AmaxSink::Grad(l.index), ptr.dgelu_ref)).transpose()?
+        // dY made by its cast from an activation's output gradient (`BwdPtrs::dy_op`): only
+        // where the cast is transposing (it alone applies GELU' or SwiGLU's backward), and with
+        // its scale predicted where no amax of dY was left (there is no dY to take one of).
+        let predicted = match (ptr.dy_op, layer) {
+            (CastOp::None, _) => None,
+            (_, Some(l)) if gt.is_some() => {
+                (!amax_left).then(|| self.fp8_predict(AmaxSink::Grad(l.index), ptr.dy_ref)).transpose()?
             }
-            (Some(_), _) => {
+            (_, _) => {
                 return Err(bad(format!(
-                    "an FP8 backward that makes dY from GELU's output gradient in its cast, but layer {:?} has no FP8 \
-                     state or dW is not in FP8 (a bug)",
+                    "an FP8 backward that makes dY from an activation's output gradient in its cast, but layer {:?} \
+                     has no FP8 state or dW is not in FP8 (a bug)",
                     layer.map(|l| l.index)
                 )))
             }
@@ -999,9 +1033,8 @@ impl CudaBackend {
             slot: g_slot,
             dst: Some(ws.a()),
             dst_t: gt,
-            gelu: false,
+            op: ptr.dy_op,
             norm: None,
-            dgelu_pre,
             predicted,
         };
         // The bias gradient from the column sums dY's transposing cast makes as it reads dY
@@ -1031,9 +1064,8 @@ impl CudaBackend {
             slot: in_slot,
             dst: None,
             dst_t: Some(ws.a()),
-            gelu: false,
+            op: CastOp::None,
             norm: None,
-            dgelu_pre: None,
             predicted: None,
         };
         // SAFETY: dout holds n·oc, the weight oc·c, inp n·c bf16 (bwd_ptrs checked); the
@@ -1058,9 +1090,8 @@ impl CudaBackend {
                     slot: w_slot,
                     dst: None,
                     dst_t: Some(ws.w()),
-                    gelu: false,
+                    op: CastOp::None,
                     norm: None,
-                    dgelu_pre: None,
                     predicted: None,
                 };
                 self.fp8_weight_amax(layer, ptr.w, oc * c, w_slot)?;
@@ -1121,9 +1152,8 @@ impl CudaBackend {
             slot: slot(ScaleSlot::Input),
             dst: Some(ws.a()),
             dst_t: None,
-            gelu: false,
+            op: CastOp::None,
             norm: None,
-            dgelu_pre: None,
             predicted: None,
         };
         let ws_ = Cast { x: wp, rows: oc, cols: c, slot: slot(ScaleSlot::Weight), dst: Some(ws.w()), ..xs };
@@ -1135,9 +1165,8 @@ impl CudaBackend {
             slot: slot(ScaleSlot::Grad),
             dst: Some(ws.a()),
             dst_t: Some(ws.gt()),
-            gelu: false,
+            op: CastOp::None,
             norm: None,
-            dgelu_pre: None,
             predicted: None,
         };
         let xt = Cast { dst: None, dst_t: Some(ws.a()), ..xs };
@@ -1282,9 +1311,8 @@ impl CudaBackend {
                 slot: sp,
                 dst: Some(qp),
                 dst_t: None,
-                gelu: false,
+                op: CastOp::None,
                 norm: None,
-                dgelu_pre: None,
                 predicted: None,
             };
             self.fp8_quantize(c)?;
@@ -1308,7 +1336,9 @@ impl CudaBackend {
 
     /// `rows × cols` bf16 of `x` (from element 0) quantized to `fmt` by one transposing cast
     /// that predicts its scale (`Cast::predicted`: the predicted pass, then its check) as
-    /// `prediction` says, of what `made` says (x itself, GELU of x, or GELU'(pre)·x), with
+    /// `prediction` says, of what `made` says (x itself, GELU of x, GELU'(pre)·x, SwiGLU of x's
+    /// rows `[gate | up]` (x then `rows × 2·cols`), or SwiGLU's input gradient from x = its
+    /// input and its output's gradient (`rows × cols / 2`)), with
     /// column sums, and read back: the amax it found, the inverse scale, both layouts' codes
     /// (`codes_beside_t`, `codes_t`; `codes` empty) and the sums, then the prediction's four
     /// words after (the amax found, right count, wrong count, the reference's amax). What
@@ -1323,16 +1353,22 @@ impl CudaBackend {
         prediction: CheckedPrediction,
     ) -> BResult<(Fp8Cast, [u32; 4])> {
         let n = rows * cols;
-        super::launch::check("fp8_predicted_cast_check x", x.len(), 0, n)?;
+        let x_len = if matches!(made, PredictedInput::Swiglu) { 2 * n } else { n };
+        super::launch::check("fp8_predicted_cast_check x", x.len(), 0, x_len)?;
         if !(rows.is_multiple_of(16) && cols.is_multiple_of(16)) {
             return Err(bad(format!("fp8_predicted_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
         }
-        let (gelu, dgelu_pre) = match made {
-            PredictedInput::Plain => (false, None),
-            PredictedInput::Gelu => (true, None),
+        let op = match made {
+            PredictedInput::Plain => CastOp::None,
+            PredictedInput::Gelu => CastOp::Gelu,
             PredictedInput::Dgelu(pre) => {
                 super::launch::check("fp8_predicted_cast_check pre", pre.len(), 0, n)?;
-                (false, Some(self.ptr(pre, 0)))
+                CastOp::Dgelu { pre: self.ptr(pre, 0) }
+            }
+            PredictedInput::Swiglu => CastOp::Swiglu,
+            PredictedInput::Dswiglu(dact) => {
+                super::launch::check("fp8_predicted_cast_check dact", dact.len(), 0, n / 2)?;
+                CastOp::Dswiglu { dact: self.ptr(dact, 0) }
             }
         };
         let mut slot = self.alloc::<u32>(4, "FP8 check slot")?;
@@ -1360,9 +1396,8 @@ impl CudaBackend {
             slot: self.ptr_mut(&mut slot, 0),
             dst: Some(self.ptr_mut(&mut q, 0)),
             dst_t: Some(self.ptr_mut(&mut qt, 0)),
-            gelu,
+            op,
             norm: None,
-            dgelu_pre,
             predicted: Some(Prediction { at: self.ptr_mut(&mut pred, 0), reference }),
         };
         // SAFETY: x (and pre) hold n bf16 (checked); q and qt n bytes each (256-byte aligned
@@ -1403,4 +1438,8 @@ pub enum PredictedInput<'a> {
     Gelu,
     /// GELU'(pre)·it (the gradient of GELU's output), with the pre-activation.
     Dgelu(&'a CudaSlice<half::bf16>),
+    /// silu(gate)·up of its rows `[gate | up]`.
+    Swiglu,
+    /// SwiGLU's input gradient, it being SwiGLU's input, with its output's gradient.
+    Dswiglu(&'a CudaSlice<half::bf16>),
 }

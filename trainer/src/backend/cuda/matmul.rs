@@ -17,15 +17,15 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
 
 use super::cublaslt::{Act, Gemm, OutType};
-use super::fp8::{FwdEpilogue, NormPtrs};
+use super::fp8::{CastOp, FwdEpilogue, NormPtrs};
 use super::kernels::{no_big_smem, no_defines, KernelFile};
 use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, Fp8Predictions, GemmEnvironment,
-    GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch,
-    TunedGemm, WeightGrads, Weights,
+    dgelu_then_bwd, dswiglu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, DswigluOf, Fp8Bytes, Fp8Layers,
+    Fp8Predictions, GemmEnvironment, GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape,
+    MatmulOps, NormOfInput, OnMismatch, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -65,13 +65,14 @@ pub(super) struct BwdPtrs {
     /// The layer's input; 0 where an FP8 layer kept its codes instead (`matmul_bwd_kept`).
     pub inp: u64,
     pub w: u64,
-    /// An FP8 layer after a GELU (`matmul_bwd_of_dgelu`): `dout` is the gradient of GELU's
-    /// output and this its pre-activation; dY = GELU'(pre)·dout is made by dY's cast and
-    /// never written. 0 otherwise.
-    pub dgelu_pre: u64,
-    /// With `dgelu_pre`: the sink holding an amax of this step dY's scales with
-    /// (`DgeluOf::scale_ref`), for its predicted scale.
-    pub dgelu_ref: Option<AmaxSink>,
+    /// An FP8 layer after an activation: dY is made by dY's cast (and never written) from
+    /// `dout` and what this names: GELU'(pre)·dout (`matmul_bwd_of_dgelu`: `dout` is the
+    /// gradient of GELU's output) or SwiGLU's input gradient (`matmul_bwd_of_dswiglu`: `dout`
+    /// is SwiGLU's input). `CastOp::None`: `dout` is dY.
+    pub dy_op: CastOp,
+    /// With `dy_op`: the sink holding an amax of this step dY's scales with (`scale_ref`),
+    /// for its predicted scale.
+    pub dy_ref: Option<AmaxSink>,
 }
 
 /// The padded output size and rows per chunk to stage a linear layer with `oc` outputs
@@ -294,8 +295,8 @@ impl CudaBackend {
             dout: self.ptr(dout, 0),
             inp: inp.map_or(0, |x| self.ptr(x, 0)),
             w: self.ptr(params, w.off),
-            dgelu_pre: 0,
-            dgelu_ref: None,
+            dy_op: CastOp::None,
+            dy_ref: None,
         })
     }
 
@@ -439,6 +440,31 @@ impl MatmulOps for CudaBackend {
         self.fp8_prediction_counts()
     }
 
+    fn matmul_bwd_of_dswiglu(
+        &self,
+        dinp: &mut Self::Buf,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        dact: &Self::Buf,
+        x: DswigluOf<'_, Self>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        // As `matmul_bwd_of_dgelu`: dY = [dgate | dup] made by its transposing cast from
+        // SwiGLU's input and dact, never written in bf16.
+        let layer = p.at.fp8.filter(|_| p.at.fp8(s));
+        if layer.is_none() || !self.fp8_weight_grad_in_fp8() {
+            return dswiglu_then_bwd(self, dinp, g, dact, x, p, s);
+        }
+        check("matmul_bwd_of_dswiglu dact", dact.len(), 0, s.n * s.oc / 2)?;
+        if x.inp.is_none() {
+            p.at.check_kept_input(s)?;
+        }
+        let mut ptr = self.bwd_ptrs(dinp, g, x.gate_up, x.inp, p, s)?;
+        ptr.dy_op = CastOp::Dswiglu { dact: self.ptr(dact, 0) };
+        ptr.dy_ref = x.scale_ref;
+        self.fp8_bwd(ptr, s, layer)
+    }
+
     fn matmul_bwd_of_dgelu(
         &self,
         dinp: &mut Self::Buf,
@@ -459,8 +485,8 @@ impl MatmulOps for CudaBackend {
             p.at.check_kept_input(s)?;
         }
         let mut ptr = self.bwd_ptrs(dinp, g, dact, x.inp, p, s)?;
-        ptr.dgelu_pre = self.ptr(x.pre, 0);
-        ptr.dgelu_ref = x.scale_ref;
+        ptr.dy_op = CastOp::Dgelu { pre: self.ptr(x.pre, 0) };
+        ptr.dy_ref = x.scale_ref;
         self.fp8_bwd(ptr, s, layer)
     }
 
@@ -650,7 +676,40 @@ impl MatmulOps for CudaBackend {
             None => None,
         };
         let (ip, wp) = (self.ptr(pre, 0), self.ptr(params, w.off));
-        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), gelu_input: true, norm: None };
+        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: Some(CastOp::Gelu), norm: None };
+        if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
+            return Ok(());
+        }
+        // No FP8 algorithm with the residual in the epilogue: the GEMM, then the add.
+        let epi = FwdEpilogue { residual: None, ..epi };
+        self.fp8_fwd((self.ptr_mut(tmp, 0), ip, wp), s, epi, p.at.fp8)?;
+        crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, n * oc)
+    }
+
+    fn matmul_residual_fwd_of_swiglu(
+        &self,
+        out: &mut Self::Buf,
+        res: &Self::Buf,
+        gate_up: &Self::Buf,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+        tmp: &mut Self::Buf,
+    ) -> BResult<()> {
+        let MatShape { n, c, oc } = s;
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
+        check("matmul_residual_fwd_of_swiglu out", out.len(), 0, n * oc)?;
+        check("matmul_residual_fwd_of_swiglu res", res.len(), 0, n * oc)?;
+        check("matmul_residual_fwd_of_swiglu gate_up", gate_up.len(), 0, 2 * n * c)?;
+        check("matmul_residual_fwd_of_swiglu tmp", tmp.len(), 0, n * oc)?;
+        check_linear("matmul_residual_fwd_of_swiglu", params.len(), p.at, s)?;
+        p.at.check_input_made_in_cast(s, InputMadeInCast::Swiglu)?;
+        self.bind()?;
+        let b = match bias {
+            Some(bl) => Some(self.aligned_bias(params, bl)?),
+            None => None,
+        };
+        let (ip, wp) = (self.ptr(gate_up, 0), self.ptr(params, w.off));
+        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: Some(CastOp::Swiglu), norm: None };
         if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
             return Ok(());
         }
@@ -699,7 +758,7 @@ impl MatmulOps for CudaBackend {
             w: self.ptr(params, norm.weight().off),
             b: nb.map_or(0, |l| self.ptr(params, l.off)),
         };
-        let epi = FwdEpilogue { bias: b, residual: None, gelu_input: false, norm: Some(np) };
+        let epi = FwdEpilogue { bias: b, residual: None, input_op: None, norm: Some(np) };
         self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(x, 0), self.ptr(params, w.off)), s, epi, p.at.fp8)?;
         Ok(())
     }

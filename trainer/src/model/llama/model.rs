@@ -16,8 +16,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, LinearLocs, Loc, MatShape, NormOfInput,
-    RmsSaved, Rows, SeqShape, UnitGrads, Weights,
+    rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DswigluOf, LinearLocs, Loc, MatShape,
+    NormOfInput, RmsSaved, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -92,6 +92,9 @@ pub struct Llama<B: Backend> {
     /// take it from the norm's input, the norm applied by their cast
     /// (`ModelOptions::fp8_norm_in_cast`).
     norm_in_cast: bool,
+    /// FP8 casts of SwiGLU's output (into down) and of its input gradient (into gate/up's
+    /// backward) predict their scale (`ModelOptions::fp8_predicted_scales`).
+    predicted_scales: bool,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
@@ -198,6 +201,7 @@ impl<B: Backend> Llama<B> {
             act_slot: slots.slot,
             fp8_kept,
             norm_in_cast: opts.fp8_norm_in_cast,
+            predicted_scales: opts.fp8_predicted_scales,
             kept,
             scratch,
             rope,
@@ -270,6 +274,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             docs: self.tokens.docs.as_ref(),
             dres_sink: None,
             norm_in_cast: self.norm_in_cast,
+            predicted_scales: self.predicted_scales,
         };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
@@ -306,6 +311,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             docs: self.tokens.docs.as_ref(),
             dres_sink: self.down_grad_sink(layer.checked_sub(1)),
             norm_in_cast: self.norm_in_cast,
+            predicted_scales: self.predicted_scales,
         };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -356,6 +362,8 @@ struct Block<'a, B: Backend> {
     dres_sink: Option<AmaxSink>,
     /// `Llama::norm_in_cast`.
     norm_in_cast: bool,
+    /// `Llama::predicted_scales`.
+    predicted_scales: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -417,6 +425,12 @@ impl<B: Backend> Block<'_, B> {
         let Pass::Full(out) = pass else { return Ok(()) };
         let down = MatShape { n, c: f, oc: c };
         let sink = k.down.input_sink(down);
+        if self.predicted_scales && sink.is_some() && k.down.keeps_input(down) && a.act.is_none() {
+            // down keeps its input's codes: its cast applies SwiGLU as it reads gate_up, with a
+            // predicted scale, so SwiGLU's output is never written.
+            let down_at = k.down.input_amax_from(None);
+            return be.matmul_residual_fwd_of_swiglu(out, &a.resid2, &a.gate_up, self.w(down_at), down, &mut sc.tmp);
+        }
         let act = a.act.as_mut().unwrap_or(&mut sc.act);
         be.swiglu_fwd(act, &a.gate_up, Rows { n, c: f }, sink)?;
         let act = a.act.as_ref().unwrap_or(&sc.act);
@@ -457,14 +471,25 @@ impl<B: Backend> Block<'_, B> {
         // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
         let sink = k.gate_up.grad_sink(gu);
-        be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f }, sink)?;
-        let gu_at = k.gate_up.grad_amax_from(sink);
         // Where rms2's output was never written (applied in gate/up's cast), its codes serve.
-        if self.norm_in_cast(k.gate_up, gu) {
-            be.matmul_bwd_kept(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, self.w(gu_at), gu)?;
+        let gu_inp = match self.norm_in_cast(k.gate_up, gu) {
+            true => None,
+            false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("Llama"))?),
+        };
+        if self.predicted_scales && sink.is_some() {
+            // gate/up's dY cast applies SwiGLU's backward to dact as it reads gate_up (with a
+            // predicted scale whose reference is dres's amax, which down's output-gradient slot
+            // holds): dY is never written (`MatmulOps::matmul_bwd_of_dswiglu`).
+            let scale_ref = k.down.grad_sink(down);
+            let x = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, scale_ref, dy: &mut g.dgate_up };
+            be.matmul_bwd_of_dswiglu(&mut g.dln, gr.first(k.gate_up), &g.dact, x, self.w(k.gate_up), gu)?;
         } else {
-            let ln2 = a.ln2.as_ref().ok_or_else(|| no_norm_output("Llama"))?;
-            be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, ln2, self.w(gu_at), gu)?;
+            be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f }, sink)?;
+            let gu_at = k.gate_up.grad_amax_from(sink);
+            match gu_inp {
+                None => be.matmul_bwd_kept(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, self.w(gu_at), gu)?,
+                Some(ln2) => be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, ln2, self.w(gu_at), gu)?,
+            }
         }
         // dres += through rms2 (the residual branch already carries dres itself), leaving its
         // amax for o's FP8 backward.
