@@ -376,6 +376,37 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     assert_eq!(CudaFp8WeightCache::new(&l.weights).bytes, 2 * 48 * 12 * 1600 * 1600);
 }
 
+/// FP8 with both families' MLP activations applied in their output layer's cast (keep_gelu:
+/// GPT-2's fc2 of GELU, Llama's down of SwiGLU, each with a predicted scale on CUDA) and
+/// without (no checkpointing, every block checkpointed): the planner runs the same ops as a
+/// real run (the meta backend has each of them) and predicts every byte, on every stage.
+#[test]
+fn fp8_activations_in_casts_are_planned_and_predicted_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = common::write_synthetic_shard(dir.path(), 97, 20_000);
+    let gpt2 = |stage: u8, act: &str| {
+        common::tiny_toml(stage, 2, act)
+            .replace("n_head = 3\nn_embd = 36\n", "n_head = 2\nn_embd = 32\n")
+            .replace("[train]\n", "[train]\nprecision = \"fp8\"\n")
+    };
+    let llama = |stage: u8, act: &str| {
+        common::tiny_llama_toml(stage, 2, act, false)
+            .replace("intermediate_size = 40", "intermediate_size = 48")
+            .replace("[train]\n", "[train]\nprecision = \"fp8\"\n")
+    };
+    for (family, toml) in [("gpt2", &gpt2 as &dyn Fn(u8, &str) -> String), ("llama", &llama)] {
+        for stage in [0u8, 3] {
+            for act in [KEEP_GELU, "\"every_layer\""] {
+                let cfg = Config::from_toml_str(&toml(stage, act), "test").expect("cfg");
+                for (rank, m) in measured(&cfg, 2, &data).iter().enumerate() {
+                    let p = predict(&cfg, 2, rank, DeviceModel::cpu()).expect("predict");
+                    assert_eq!(&p, m, "{family} fp8 stage {stage} {act} rank {rank}: predicted vs measured");
+                }
+            }
+        }
+    }
+}
+
 /// Every feature that adds memory at once — the FP8 weight cache and operand workspace
 /// (`train.precision = "fp8"`), document starts (`data.document_mask`), kept GELU outputs
 /// (`checkpointing.keep_gelu`, what `"auto"` decides with these predictions) — predicted

@@ -259,6 +259,17 @@ impl MatmulOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
+    fn matmul_residual_fwd_of_swiglu(
+        &self,
+        _: &mut MetaBuf,
+        _: &MetaBuf,
+        _: &MetaBuf,
+        _: Weights<'_, Self, LinearLocs>,
+        _: MatShape,
+        _: &mut MetaBuf,
+    ) -> BResult<()> {
+        Ok(())
+    }
     fn matmul_bwd_kept(
         &self,
         _: &mut MetaBuf,
