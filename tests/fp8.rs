@@ -428,6 +428,7 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
             fp8_kept_inputs: kept_inputs,
             fp8_norm_in_cast: norm_in_cast,
             fp8_predicted_scales: predicted_scales,
+            fp8_predicted_swiglu: predicted_scales,
             ..ModelOptions::from_config(&cfg)
         };
         let mut model = family.build(&be, &eng.layout, &opts, &mut eng.ledger).expect("model");

@@ -578,7 +578,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// The default writes dY into `x.dy` with `swiglu_bwd` (its amax into the layer's
     /// [`LinearLocs::grad_sink`]) and runs the backward: [`dswiglu_then_bwd`]. CUDA, for an FP8
     /// layer, makes dY in its transposing cast instead, with a predicted scale, so dY is never
-    /// written (`ModelOptions::fp8_predicted_scales`): the same bits.
+    /// written (`ModelOptions::fp8_predicted_swiglu`): the same bits.
     fn matmul_bwd_of_dswiglu(
         &self,
         dinp: &mut Self::Buf,

@@ -251,6 +251,12 @@ pub struct ModelOptions {
     /// (`SHARDTRAIN_FP8_PREDICTED_SCALES=0`) finds each amax first: the same bits, to measure
     /// or rule it out.
     pub fp8_predicted_scales: bool,
+    /// FP8: the same for Llama's SwiGLU casts, down's of SwiGLU's output and gate/up's
+    /// backward's of SwiGLU's input gradient (never written in bf16), with
+    /// `fp8_predicted_scales`. Opt-in (`SHARDTRAIN_FP8_PREDICTED_SWIGLU=1`) until measured
+    /// faster: tested to give the same bits (CPU and GPU), timed only once at Llama-3-8B
+    /// (BENCHMARKS.md run 25, inside the machines' spread).
+    pub fp8_predicted_swiglu: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
@@ -259,6 +265,20 @@ pub struct ModelOptions {
 /// The on/off switch `name` from the environment (`switch_setting`: `0` off, `1` or empty or unset on).
 pub fn env_switch(name: &str) -> Result<bool, String> {
     switch_setting(name, std::env::var(name).ok().as_deref())
+}
+
+/// The opt-in switch `name` from the environment: `1` or empty on, `0` or unset off, anything
+/// else an error naming it.
+pub fn env_opt_in(name: &str) -> Result<bool, String> {
+    opt_in_setting(name, std::env::var(name).ok().as_deref())
+}
+
+/// An opt-in switch's value (`None`: unset, off): otherwise as [`switch_setting`].
+fn opt_in_setting(name: &str, v: Option<&str>) -> Result<bool, String> {
+    match v {
+        None => Ok(false),
+        v => switch_setting(name, v),
+    }
 }
 
 /// An on/off switch's value (`None`: unset, on): `0` off, `1` or empty on, anything else an
@@ -285,6 +305,7 @@ impl ModelOptions {
             fp8_kept_inputs: true,
             fp8_norm_in_cast: true,
             fp8_predicted_scales: true,
+            fp8_predicted_swiglu: false,
             document_mask: cfg.data.document_mask,
         }
     }
@@ -292,7 +313,8 @@ impl ModelOptions {
     /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS`,
     /// `SHARDTRAIN_FP8_KEPT_INPUTS`, `SHARDTRAIN_FP8_NORM_IN_CAST` and
     /// `SHARDTRAIN_FP8_PREDICTED_SCALES` read: unset, empty or `1` keep the sinks (the kept
-    /// inputs, the norms in the casts, the predicted scales), `0` turns them off; any
+    /// inputs, the norms in the casts, the predicted scales), `0` turns them off; and the
+    /// opt-in `SHARDTRAIN_FP8_PREDICTED_SWIGLU` (`1` on, unset or `0` off); any
     /// other value is an error. The planner reads them too,
     /// so its prediction is the run's.
     pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
@@ -300,11 +322,13 @@ impl ModelOptions {
         let fp8_kept_inputs = env_switch("SHARDTRAIN_FP8_KEPT_INPUTS")?;
         let fp8_norm_in_cast = env_switch("SHARDTRAIN_FP8_NORM_IN_CAST")?;
         let fp8_predicted_scales = env_switch("SHARDTRAIN_FP8_PREDICTED_SCALES")?;
+        let fp8_predicted_swiglu = env_opt_in("SHARDTRAIN_FP8_PREDICTED_SWIGLU")?;
         Ok(ModelOptions {
             fp8_amax_sinks,
             fp8_kept_inputs,
             fp8_norm_in_cast,
             fp8_predicted_scales,
+            fp8_predicted_swiglu,
             ..ModelOptions::from_config(cfg)
         })
     }
@@ -324,6 +348,7 @@ impl ModelOptions {
             fp8_kept_inputs: true,
             fp8_norm_in_cast: true,
             fp8_predicted_scales: true,
+            fp8_predicted_swiglu: false,
             document_mask: false,
         }
     }
@@ -481,7 +506,7 @@ pub trait HfFormat: Sync {
 
 #[cfg(test)]
 mod tests {
-    use super::switch_setting;
+    use super::{opt_in_setting, switch_setting};
 
     #[test]
     fn the_fp8_switches_take_0_or_1_and_name_anything_else() {
@@ -492,5 +517,13 @@ mod tests {
         assert_eq!(amax_sinks_setting(Some("0")), Ok(false));
         let e = amax_sinks_setting(Some("off")).unwrap_err();
         assert!(e.contains("SHARDTRAIN_FP8_AMAX_SINKS") && e.contains("\"off\"") && e.contains("0 or 1"), "{e}");
+        // An opt-in switch is off unset, and otherwise reads the same.
+        let swiglu = |v| opt_in_setting("SHARDTRAIN_FP8_PREDICTED_SWIGLU", v);
+        assert_eq!(swiglu(None), Ok(false));
+        assert_eq!(swiglu(Some("0")), Ok(false));
+        assert_eq!(swiglu(Some("1")), Ok(true));
+        assert_eq!(swiglu(Some("")), Ok(true));
+        let e = swiglu(Some("yes")).unwrap_err();
+        assert!(e.contains("SHARDTRAIN_FP8_PREDICTED_SWIGLU") && e.contains("0 or 1"), "{e}");
     }
 }

@@ -93,7 +93,8 @@ pub struct Llama<B: Backend> {
     /// (`ModelOptions::fp8_norm_in_cast`).
     norm_in_cast: bool,
     /// FP8 casts of SwiGLU's output (into down) and of its input gradient (into gate/up's
-    /// backward) predict their scale (`ModelOptions::fp8_predicted_scales`).
+    /// backward) predict their scale (`ModelOptions::fp8_predicted_swiglu`, with
+    /// `fp8_predicted_scales`).
     predicted_scales: bool,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -201,7 +202,7 @@ impl<B: Backend> Llama<B> {
             act_slot: slots.slot,
             fp8_kept,
             norm_in_cast: opts.fp8_norm_in_cast,
-            predicted_scales: opts.fp8_predicted_scales,
+            predicted_scales: opts.fp8_predicted_scales && opts.fp8_predicted_swiglu,
             kept,
             scratch,
             rope,
