@@ -150,10 +150,13 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // - FP8_OP_DSWIGLU: x is [rows, cols] of [gate | up] (cols = 2F), aux [rows, F] the gradient
 //   of SwiGLU's output, and the values cast are SwiGLU's input gradient [dgate | dup]
 //   (swiglu_bwd's): Llama's gate/up's output gradient, never written (F % 8 == 0);
-// - with ln_rstd set (op FP8_OP_NONE), x is a norm's input and the values cast are its output: a LayerNorm's
-//   (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col] as layernorm_fwd
-//   computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as rmsnorm_fwd computes
-//   it: a norm's output, never written.
+// - with ln_rstd set (op FP8_OP_NONE), x is a norm's input and the values cast are its
+//   output: a LayerNorm's (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col]
+//   as layernorm_fwd computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as
+//   rmsnorm_fwd computes it: a norm's output, never written.
+// (FP8_OP_DSWIGLU loads each thread's x patch, then both halves it needs: the first load reads
+// the address of one of the two after it, which then hit in L1; kept to leave the common path
+// one shape.)
 // (The same expressions as those ops', so the same bits; the slot holds their amax, or the
 // predicted cast finds it.)
 // Unless colsum is null, also the column sums of the values cast per tile, colsum[tile row,

@@ -64,7 +64,10 @@
 //! goes, and a check pass (`FP8_SCALE_CHECK`) casts again with the true scale where the two
 //! differ: the codes of current scaling always, an amax pass (or a bf16 tensor written and
 //! read) saved where the power-of-two scale held. The predictions and their right/wrong
-//! counts persist in the workspace (`CudaFp8Workspace::prediction`).
+//! counts persist in the workspace (`CudaFp8Workspace::prediction`). Llama's SwiGLU casts
+//! (down's of SwiGLU's output, gate/up's backward's of SwiGLU's input gradient:
+//! `CastOp::Swiglu`, `CastOp::Dswiglu`) do the same where the model asks
+//! (`ModelOptions::fp8_predicted_swiglu`, opt-in).
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
