@@ -10,6 +10,7 @@
 #         kept input codes: speed-1.5b-fp8-nokept; without the optimizer step's weight amaxes:
 #         speed-1.5b-fp8-nostepamax; without the norms in the casts: speed-1.5b-fp8-nonormcast;
 #         finding GELU's amaxes first instead of predicting scales: speed-1.5b-fp8-nopredicted;
+#         Llama's SwiGLU casts predicting (opt-in): speed-llama-{8b,1b}-fp8-swiglupred;
 #         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
@@ -164,8 +165,19 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     ours speed-llama-8b-fp8-percast configs/llama-3-8b.toml --set train.grad_accum=1 --set train.steps="$STEPS" \
         --set train.warmup_steps=5 --set 'train.precision="fp8"' --set train.fp8_weight_cache=false \
         --set "train.gemm_tuning_from=\"$OUT/speed-llama-8b-fp8\""
+    # The same fp8 row with Llama's SwiGLU casts predicting their scales (opt-in:
+    # SHARDTRAIN_FP8_PREDICTED_SWIGLU=1; the 8B is checkpointed: gate/up's backward only), on
+    # the speed row's stored algorithms: the same losses, bit for bit; whether it is faster.
+    SHARDTRAIN_FP8_PREDICTED_SWIGLU=1 ours speed-llama-8b-fp8-swiglupred configs/llama-3-8b.toml \
+        --set train.grad_accum=1 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-llama-8b-fp8\""
     # The Llama-3.2-1B shape at 8×2048, ZeRO-1 (its bf16 row beside HF + torch.compile: run 15).
     speed llama-1b configs/llama-3.2-1b.toml
+    # ... and with the SwiGLU casts predicting (keep_gelu kept: down's forward cast and
+    # gate/up's backward's).
+    SHARDTRAIN_FP8_PREDICTED_SWIGLU=1 ours speed-llama-1b-fp8-swiglupred configs/llama-3.2-1b.toml \
+        --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-llama-1b-fp8\""
 fi
 if [[ $WHAT == gemm || $WHAT == all ]] && wanted gemm; then
     "$BIN/gpu-timing" fp8 8 1024 > "$OUT/gemm.log" 2>&1 || echo "gpu-timing fp8 failed: see $OUT/gemm.log"
