@@ -633,10 +633,23 @@ pub fn dgelu_then_bwd<B: MatmulOps + ?Sized>(
 ) -> BResult<()> {
     let sink = p.at.grad_sink(s);
     be.gelu_bwd(dact, x.pre, s.n * s.oc, sink)?;
-    let p = Weights::new(p.buf, p.at.grad_amax_from(sink));
-    match x.inp {
-        Some(inp) => be.matmul_bwd(dinp, g, dact, inp, p, s),
-        None => be.matmul_bwd_kept(dinp, g, dact, p, s),
+    matmul_bwd_or_kept(be, dinp, g, dact, x.inp, Weights::new(p.buf, p.at.grad_amax_from(sink)), s)
+}
+
+/// [`MatmulOps::matmul_bwd`] given the layer's input, or without it (`None`: the layer kept
+/// its input's FP8 codes) [`MatmulOps::matmul_bwd_kept`].
+pub fn matmul_bwd_or_kept<B: MatmulOps + ?Sized>(
+    be: &B,
+    dinp: &mut B::Buf,
+    g: WeightGrads<'_, B, LinearLocs>,
+    dout: &B::Buf,
+    inp: Option<&B::Buf>,
+    p: Weights<'_, B, LinearLocs>,
+    s: MatShape,
+) -> BResult<()> {
+    match inp {
+        Some(inp) => be.matmul_bwd(dinp, g, dout, inp, p, s),
+        None => be.matmul_bwd_kept(dinp, g, dout, p, s),
     }
 }
 
@@ -666,9 +679,5 @@ pub fn dswiglu_then_bwd<B: MatmulOps + ?Sized>(
 ) -> BResult<()> {
     let sink = p.at.grad_sink(s);
     be.swiglu_bwd(x.dy, x.gate_up, dact, super::Rows { n: s.n, c: s.oc / 2 }, sink)?;
-    let p = Weights::new(p.buf, p.at.grad_amax_from(sink));
-    match x.inp {
-        Some(inp) => be.matmul_bwd(dinp, g, x.dy, inp, p, s),
-        None => be.matmul_bwd_kept(dinp, g, x.dy, p, s),
-    }
+    matmul_bwd_or_kept(be, dinp, g, x.dy, x.inp, Weights::new(p.buf, p.at.grad_amax_from(sink)), s)
 }

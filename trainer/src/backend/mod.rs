@@ -73,8 +73,8 @@ pub use gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
 pub use matmul::{
-    dgelu_then_bwd, dswiglu_then_bwd, DgeluOf, DswigluOf, Fp8Predictions, GeluInput, GemmTuning, InputMadeInCast,
-    LinearLocs, MatShape, MatmulOps, NormOfInput, Precision, TunedGemm,
+    dgelu_then_bwd, dswiglu_then_bwd, matmul_bwd_or_kept, DgeluOf, DswigluOf, Fp8Predictions, GeluInput, GemmTuning,
+    InputMadeInCast, LinearLocs, MatShape, MatmulOps, NormOfInput, Precision, TunedGemm,
 };
 pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;

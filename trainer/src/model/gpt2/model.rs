@@ -14,8 +14,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DgeluOf, GeluInput, LinearLocs, LnSaved, LnStats, Loc,
-    MatShape, NormLocs, NormOfInput, Rows, SeqShape, UnitGrads, Weights,
+    matmul_bwd_or_kept, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DgeluOf, GeluInput, LinearLocs,
+    LnSaved, LnStats, Loc, MatShape, NormLocs, NormOfInput, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -501,10 +501,7 @@ impl<B: Backend> Block<'_, B> {
             // GELU' belongs to fc's backward, whose dY cast applies it (with a predicted
             // scale): fc2's backward writes the gradient of GELU's output, and dpre is never
             // written (`MatmulOps::matmul_bwd_of_dgelu`).
-            match act {
-                Some(act) => be.matmul_bwd(&mut g.dbig1, gr.first(fc2_at), &g.dres, act, self.w(fc2_at), fc2)?,
-                None => be.matmul_bwd_kept(&mut g.dbig1, gr.first(fc2_at), &g.dres, self.w(fc2_at), fc2)?,
-            }
+            matmul_bwd_or_kept(be, &mut g.dbig1, gr.first(fc2_at), &g.dres, act, self.w(fc2_at), fc2)?;
             // dpre = GELU'(pre)·(dres·W2): its scale moves with dres's, whose amax fc2's
             // output-gradient slot holds (left by the norm backward above).
             let x = DgeluOf { pre: &a.fch, inp: fc_inp, scale_ref: k.fc2.grad_sink(fc2) };
@@ -513,10 +510,7 @@ impl<B: Backend> Block<'_, B> {
             let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
             be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
             let fc_at = k.fc.grad_amax_from(sink);
-            match fc_inp {
-                None => be.matmul_bwd_kept(&mut g.dln, gr.first(k.fc), &g.dbig1, self.w(fc_at), fc)?,
-                Some(ln2) => be.matmul_bwd(&mut g.dln, gr.first(k.fc), &g.dbig1, ln2, self.w(fc_at), fc)?,
-            }
+            matmul_bwd_or_kept(be, &mut g.dln, gr.first(k.fc), &g.dbig1, fc_inp, self.w(fc_at), fc)?;
         }
         // dres += through ln2 (the residual branch already carries dres itself), leaving its
         // amax for proj's FP8 backward.

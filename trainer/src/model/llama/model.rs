@@ -16,8 +16,8 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DswigluOf, LinearLocs, Loc, MatShape,
-    NormOfInput, RmsSaved, Rows, SeqShape, UnitGrads, Weights,
+    dswiglu_then_bwd, matmul_bwd_or_kept, rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device,
+    DswigluOf, LinearLocs, Loc, MatShape, NormOfInput, RmsSaved, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
@@ -465,10 +465,7 @@ impl<B: Backend> Block<'_, B> {
                 Some(&sc.act)
             }
         };
-        match act {
-            Some(act) => be.matmul_bwd(&mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?,
-            None => be.matmul_bwd_kept(&mut g.dact, gr.first(down_at), &g.dres, self.w(down_at), down)?,
-        }
+        matmul_bwd_or_kept(be, &mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?;
         // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
         let sink = k.gate_up.grad_sink(gu);
@@ -477,20 +474,17 @@ impl<B: Backend> Block<'_, B> {
             true => None,
             false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("Llama"))?),
         };
+        // With predicted scales, gate/up's dY cast applies SwiGLU's backward to dact as it reads
+        // gate_up (with a predicted scale whose reference is dres's amax, which down's
+        // output-gradient slot holds): dY is never written (`MatmulOps::matmul_bwd_of_dswiglu`).
+        // Otherwise the composition: SwiGLU's backward writes dY and its amax, then the layer.
+        let scale_ref = k.down.grad_sink(down);
+        let swiglu = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, scale_ref, dy: &mut g.dgate_up };
+        let (gu_g, gu_w) = (gr.first(k.gate_up), self.w(k.gate_up));
         if self.predicted_scales && sink.is_some() {
-            // gate/up's dY cast applies SwiGLU's backward to dact as it reads gate_up (with a
-            // predicted scale whose reference is dres's amax, which down's output-gradient slot
-            // holds): dY is never written (`MatmulOps::matmul_bwd_of_dswiglu`).
-            let scale_ref = k.down.grad_sink(down);
-            let x = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, scale_ref, dy: &mut g.dgate_up };
-            be.matmul_bwd_of_dswiglu(&mut g.dln, gr.first(k.gate_up), &g.dact, x, self.w(k.gate_up), gu)?;
+            be.matmul_bwd_of_dswiglu(&mut g.dln, gu_g, &g.dact, swiglu, gu_w, gu)?;
         } else {
-            be.swiglu_bwd(&mut g.dgate_up, &a.gate_up, &g.dact, Rows { n, c: f }, sink)?;
-            let gu_at = k.gate_up.grad_amax_from(sink);
-            match gu_inp {
-                None => be.matmul_bwd_kept(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, self.w(gu_at), gu)?,
-                Some(ln2) => be.matmul_bwd(&mut g.dln, gr.first(k.gate_up), &g.dgate_up, ln2, self.w(gu_at), gu)?,
-            }
+            dswiglu_then_bwd(be, &mut g.dln, gu_g, &g.dact, swiglu, gu_w, gu)?;
         }
         // dres += through rms2 (the residual branch already carries dres itself), leaving its
         // amax for o's FP8 backward.
