@@ -300,6 +300,61 @@ impl CudaBackend {
         })
     }
 
+    /// `matmul_residual_fwd_of_gelu` / `_of_swiglu` on checked buffers: `out = res +
+    /// act(x) · Wᵀ + bias` in FP8, the activation `op` applied by the input's cast as it reads
+    /// `x` (the residual in the GEMM's epilogue, or where cuBLASLt has no FP8 algorithm for
+    /// that, the GEMM into `tmp` and the add).
+    fn fp8_residual_fwd_of_act(
+        &self,
+        (out, res, x, tmp): (&mut CudaSlice<bf16>, &CudaSlice<bf16>, &CudaSlice<bf16>, &mut CudaSlice<bf16>),
+        op: CastOp,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
+        self.bind()?;
+        let b = match bias {
+            Some(bl) => Some(self.aligned_bias(params, bl)?),
+            None => None,
+        };
+        let (ip, wp) = (self.ptr(x, 0), self.ptr(params, w.off));
+        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: Some(op), norm: None };
+        if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
+            return Ok(());
+        }
+        // No FP8 algorithm with the residual in the epilogue: the GEMM, then the add.
+        let epi = FwdEpilogue { residual: None, ..epi };
+        self.fp8_fwd((self.ptr_mut(tmp, 0), ip, wp), s, epi, p.at.fp8)?;
+        crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, s.n * s.oc)
+    }
+
+    /// Whether a layer at shape `s` has dY made by its backward's cast
+    /// (`matmul_bwd_of_dgelu`, `_of_dswiglu`): an FP8 layer with its state whose dW is in
+    /// FP8 (the cast alone applies the activation's backward; a bf16 dW would need dY written).
+    fn fp8_dy_in_cast(&self, at: LinearLocs, s: MatShape) -> bool {
+        at.fp8.is_some() && at.fp8(s) && self.fp8_weight_grad_in_fp8()
+    }
+
+    /// The backward of a layer whose dY its cast makes (never written in bf16) from `x` (read
+    /// where dY would be) as `dy_op` says, its scale predicted with `dy_ref`
+    /// (`fp8_dy_in_cast` holds); `inp` the layer's input, `None` where it kept its codes.
+    fn fp8_bwd_of_act(
+        &self,
+        dinp: &mut CudaSlice<bf16>,
+        g: WeightGrads<'_, Self, LinearLocs>,
+        (x, dy_op, dy_ref): (&CudaSlice<bf16>, CastOp, Option<AmaxSink>),
+        inp: Option<&CudaSlice<bf16>>,
+        p: Weights<'_, Self, LinearLocs>,
+        s: MatShape,
+    ) -> BResult<()> {
+        if inp.is_none() {
+            p.at.check_kept_input(s)?;
+        }
+        let layer = p.at.fp8;
+        let ptr = BwdPtrs { dy_op, dy_ref, ..self.bwd_ptrs(dinp, g, x, inp, p, s)? };
+        self.fp8_bwd(ptr, s, layer)
+    }
+
     /// The linear backward on checked pointers, optionally with `dinp ⊙= GELU'(pre)` in the
     /// dinp GEMM's epilogue (`dgelu_pre`; only on the unpadded path, which the caller checked).
     fn linear_bwd(&self, ptr: BwdPtrs, s: MatShape, dgelu_pre: Option<u64>) -> BResult<()> {
@@ -449,20 +504,13 @@ impl MatmulOps for CudaBackend {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
-        // As `matmul_bwd_of_dgelu`: dY = [dgate | dup] made by its transposing cast from
-        // SwiGLU's input and dact, never written in bf16.
-        let layer = p.at.fp8.filter(|_| p.at.fp8(s));
-        if layer.is_none() || !self.fp8_weight_grad_in_fp8() {
+        // dY = [dgate | dup] made by its transposing cast from SwiGLU's input and dact.
+        if !self.fp8_dy_in_cast(p.at, s) {
             return dswiglu_then_bwd(self, dinp, g, dact, x, p, s);
         }
         check("matmul_bwd_of_dswiglu dact", dact.len(), 0, s.n * s.oc / 2)?;
-        if x.inp.is_none() {
-            p.at.check_kept_input(s)?;
-        }
-        let mut ptr = self.bwd_ptrs(dinp, g, x.gate_up, x.inp, p, s)?;
-        ptr.dy_op = CastOp::Dswiglu { dact: self.ptr(dact, 0) };
-        ptr.dy_ref = x.scale_ref;
-        self.fp8_bwd(ptr, s, layer)
+        let dy_op = CastOp::Dswiglu { dact: self.ptr(dact, 0) };
+        self.fp8_bwd_of_act(dinp, g, (x.gate_up, dy_op, x.scale_ref), x.inp, p, s)
     }
 
     fn matmul_bwd_of_dgelu(
@@ -474,20 +522,13 @@ impl MatmulOps for CudaBackend {
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<()> {
-        // An FP8 layer with its state whose dW is in FP8: dY made by its transposing cast from
-        // dact and pre (GELU' applied as it reads them), never written in bf16.
-        let layer = p.at.fp8.filter(|_| p.at.fp8(s));
-        if layer.is_none() || !self.fp8_weight_grad_in_fp8() {
+        // dY made by its transposing cast from dact and pre (GELU' applied as it reads them).
+        if !self.fp8_dy_in_cast(p.at, s) {
             return dgelu_then_bwd(self, dinp, g, dact, x, p, s);
         }
         check("matmul_bwd_of_dgelu pre", x.pre.len(), 0, s.n * s.oc)?;
-        if x.inp.is_none() {
-            p.at.check_kept_input(s)?;
-        }
-        let mut ptr = self.bwd_ptrs(dinp, g, dact, x.inp, p, s)?;
-        ptr.dy_op = CastOp::Dgelu { pre: self.ptr(x.pre, 0) };
-        ptr.dy_ref = x.scale_ref;
-        self.fp8_bwd(ptr, s, layer)
+        let dy_op = CastOp::Dgelu { pre: self.ptr(x.pre, 0) };
+        self.fp8_bwd_of_act(dinp, g, (dact, dy_op, x.scale_ref), x.inp, p, s)
     }
 
     fn matmul_fwd(
@@ -663,27 +704,13 @@ impl MatmulOps for CudaBackend {
         tmp: &mut Self::Buf,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
         check("matmul_residual_fwd_of_gelu out", out.len(), 0, n * oc)?;
         check("matmul_residual_fwd_of_gelu res", res.len(), 0, n * oc)?;
         check("matmul_residual_fwd_of_gelu pre", pre.len(), 0, n * c)?;
         check("matmul_residual_fwd_of_gelu tmp", tmp.len(), 0, n * oc)?;
-        check_linear("matmul_residual_fwd_of_gelu", params.len(), p.at, s)?;
+        check_linear("matmul_residual_fwd_of_gelu", p.buf.len(), p.at, s)?;
         p.at.check_input_made_in_cast(s, InputMadeInCast::Gelu)?;
-        self.bind()?;
-        let b = match bias {
-            Some(bl) => Some(self.aligned_bias(params, bl)?),
-            None => None,
-        };
-        let (ip, wp) = (self.ptr(pre, 0), self.ptr(params, w.off));
-        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: Some(CastOp::Gelu), norm: None };
-        if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
-            return Ok(());
-        }
-        // No FP8 algorithm with the residual in the epilogue: the GEMM, then the add.
-        let epi = FwdEpilogue { residual: None, ..epi };
-        self.fp8_fwd((self.ptr_mut(tmp, 0), ip, wp), s, epi, p.at.fp8)?;
-        crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, n * oc)
+        self.fp8_residual_fwd_of_act((out, res, pre, tmp), CastOp::Gelu, p, s)
     }
 
     fn matmul_residual_fwd_of_swiglu(
@@ -696,27 +723,13 @@ impl MatmulOps for CudaBackend {
         tmp: &mut Self::Buf,
     ) -> BResult<()> {
         let MatShape { n, c, oc } = s;
-        let (params, LinearLocs { w, b: bias, .. }) = (p.buf, p.at);
         check("matmul_residual_fwd_of_swiglu out", out.len(), 0, n * oc)?;
         check("matmul_residual_fwd_of_swiglu res", res.len(), 0, n * oc)?;
         check("matmul_residual_fwd_of_swiglu gate_up", gate_up.len(), 0, 2 * n * c)?;
         check("matmul_residual_fwd_of_swiglu tmp", tmp.len(), 0, n * oc)?;
-        check_linear("matmul_residual_fwd_of_swiglu", params.len(), p.at, s)?;
+        check_linear("matmul_residual_fwd_of_swiglu", p.buf.len(), p.at, s)?;
         p.at.check_input_made_in_cast(s, InputMadeInCast::Swiglu)?;
-        self.bind()?;
-        let b = match bias {
-            Some(bl) => Some(self.aligned_bias(params, bl)?),
-            None => None,
-        };
-        let (ip, wp) = (self.ptr(gate_up, 0), self.ptr(params, w.off));
-        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: Some(CastOp::Swiglu), norm: None };
-        if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
-            return Ok(());
-        }
-        // No FP8 algorithm with the residual in the epilogue: the GEMM, then the add.
-        let epi = FwdEpilogue { residual: None, ..epi };
-        self.fp8_fwd((self.ptr_mut(tmp, 0), ip, wp), s, epi, p.at.fp8)?;
-        crate::backend::ActivationOps::residual_fwd(self, out, res, tmp, n * oc)
+        self.fp8_residual_fwd_of_act((out, res, gate_up, tmp), CastOp::Swiglu, p, s)
     }
 
     fn matmul_fwd_of_norm(
