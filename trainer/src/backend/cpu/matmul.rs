@@ -27,7 +27,7 @@ use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
-use crate::backend::{dgelu_then_bwd, dswiglu_then_bwd, ActivationOps, DgeluOf, DswigluOf, Rows, WeightGrads, Weights};
+use crate::backend::{dgelu_then_bwd, dswiglu_then_bwd, DgeluOf, DswigluOf, Rows, WeightGrads, Weights};
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, InputMadeInCast, LinearLocs, MatShape,
     MatmulOps, NormOfInput,
@@ -405,7 +405,7 @@ impl MatmulOps for CpuBackend {
         s: MatShape,
         tmp: &mut Vec<f32>,
     ) -> BResult<()> {
-        let MatShape { n, c, oc } = s;
+        let MatShape { n, c, .. } = s;
         p.at.check_input_made_in_cast(s, InputMadeInCast::Gelu)?;
         if !p.at.fp8.is_some_and(|l| l.input_amax_ready) {
             self.fp8.borrow_mut().casts_without_amax += 1;
@@ -414,8 +414,7 @@ impl MatmulOps for CpuBackend {
         // the amax its producer left, checked, or found here) as any FP8 input is.
         let mut act = vec![0.0; n * c];
         super::activation::gelu_forward(&mut act, &pre[..n * c]);
-        self.matmul_fwd(tmp, &act, p, s)?;
-        self.residual_fwd(out, res, tmp, n * oc)
+        self.matmul_residual_fwd(out, res, &act, p, s, tmp)
     }
 
     fn matmul_fwd_of_norm(
@@ -463,15 +462,14 @@ impl MatmulOps for CpuBackend {
         s: MatShape,
         tmp: &mut Vec<f32>,
     ) -> BResult<()> {
-        let MatShape { n, c, oc } = s;
+        let MatShape { n, c, .. } = s;
         p.at.check_input_made_in_cast(s, InputMadeInCast::Swiglu)?;
         self.fp8.borrow_mut().casts_without_amax += 1;
         // The GPU never writes SwiGLU's output; here it is per-call scratch, quantized (with
         // its amax found here) as any FP8 input is.
         let mut act = vec![0.0; n * c];
         super::activation::swiglu_forward(&mut act, &gate_up[..2 * n * c], Rows { n, c });
-        self.matmul_fwd(tmp, &act, p, s)?;
-        self.residual_fwd(out, res, tmp, n * oc)
+        self.matmul_residual_fwd(out, res, &act, p, s, tmp)
     }
 
     fn matmul_bwd_of_dswiglu(
