@@ -255,9 +255,10 @@ struct Cast {
 /// What a transposing cast makes of what it reads (`FP8_OP_*` in fp8.cu), each value rounded
 /// to bf16 as the op named writes it; the slot holds the amax of those values, or the cast
 /// predicts its scale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum CastOp {
     /// The tensor read.
+    #[default]
     None,
     /// GELU of a pre-activation (`gelu_fwd`'s outputs).
     Gelu,
@@ -342,7 +343,7 @@ pub(super) struct FwdEpilogue {
     /// `CastOp::Swiglu`; the layer keeps its input's codes, and the amax of the activation's
     /// output was left in its input slot, or the cast predicts its scale). `CastOp::None`: the
     /// input is what the layer multiplies.
-    pub input_op: Option<CastOp>,
+    pub input_op: CastOp,
     /// The input is a LayerNorm's input whose output the layer multiplies: its cast applies
     /// the norm (the layer keeps its input's codes, and the norm's output's amax was left in
     /// its input slot: `layernorm_stats_amax`).
@@ -893,7 +894,7 @@ impl CudaBackend {
         let kept = self.fp8_kept_input(layer)?;
         // An activation applied in the cast with no amax of its output left: the cast predicts
         // its scale and finds the amax itself (the same codes: see `Cast::predicted`).
-        let op = epi.input_op.unwrap_or(CastOp::None);
+        let op = epi.input_op;
         let predicted = match layer {
             Some(l) if op != CastOp::None && !amax_left && kept.is_some() => {
                 Some(self.fp8_predict(AmaxSink::Input(l.index), None)?)

@@ -318,7 +318,7 @@ impl CudaBackend {
             None => None,
         };
         let (ip, wp) = (self.ptr(x, 0), self.ptr(params, w.off));
-        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: Some(op), norm: None };
+        let epi = FwdEpilogue { bias: b, residual: Some(self.ptr(res, 0)), input_op: op, norm: None };
         if self.fp8_fwd((self.ptr_mut(out, 0), ip, wp), s, epi, p.at.fp8)? {
             return Ok(());
         }
@@ -771,7 +771,7 @@ impl MatmulOps for CudaBackend {
             w: self.ptr(params, norm.weight().off),
             b: nb.map_or(0, |l| self.ptr(params, l.off)),
         };
-        let epi = FwdEpilogue { bias: b, residual: None, input_op: None, norm: Some(np) };
+        let epi = FwdEpilogue { bias: b, residual: None, input_op: CastOp::None, norm: Some(np) };
         self.fp8_fwd((self.ptr_mut(out, 0), self.ptr(x, 0), self.ptr(params, w.off)), s, epi, p.at.fp8)?;
         Ok(())
     }
