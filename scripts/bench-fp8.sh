@@ -10,6 +10,8 @@
 #         kept input codes: speed-1.5b-fp8-nokept; without the optimizer step's weight amaxes:
 #         speed-1.5b-fp8-nostepamax; without the norms in the casts: speed-1.5b-fp8-nonormcast;
 #         finding GELU's amaxes first instead of predicting scales: speed-1.5b-fp8-nopredicted;
+#         casting the cached weights after the step instead of the step writing their codes:
+#         speed-1.5b-fp8-nostepcodes;
 #         Llama's SwiGLU casts predicting (opt-in): speed-llama-{8b,1b}-fp8-swiglupred;
 #         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
@@ -146,6 +148,12 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     # in the forward, GELU's gradient written in bf16 and cast), on the fp8 row's stored
     # algorithms: the same losses, bit for bit; the predicted scales' saving.
     SHARDTRAIN_FP8_PREDICTED_SCALES=0 ours speed-1.5b-fp8-nopredicted configs/gpt2-1.5b.toml --set zero.stage=1 \
+        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    # The same fp8 row casting each cached weight after the optimizer step instead of having
+    # the step write its codes (SHARDTRAIN_FP8_STEP_CODES=0), on the fp8 row's stored
+    # algorithms: the same losses, bit for bit; the step's codes' saving.
+    SHARDTRAIN_FP8_STEP_CODES=0 ours speed-1.5b-fp8-nostepcodes configs/gpt2-1.5b.toml --set zero.stage=1 \
         --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
         --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs

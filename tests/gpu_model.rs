@@ -731,23 +731,26 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
             // norms applied in their layers' casts, or not; the weights' amaxes from the
             // optimizer step (stages 0-2), or not.
             let (all, half) = (cfg.n_layer, cfg.n_layer / 2);
-            // And GPT-2's GELU casts predicting their scales (with sinks), or not.
+            // And GPT-2's GELU casts predicting their scales (with sinks), or not; and the
+            // optimizer step writing the cached weights' codes (where it leaves their amaxes), or
+            // not.
             let variants = [
-                (0, false, false, 0u8, false, false, false, false),
-                (0, false, false, 0, true, false, false, false),
-                (0, false, true, 0, true, true, false, false),
-                (all, false, true, 0, true, true, true, true),
-                (all, true, true, 0, true, true, true, true),
-                (0, true, true, 0, false, false, true, true),
-                (half, true, true, 0, true, false, true, true),
-                (all, true, true, 3, true, true, false, true),
-                (0, true, true, 3, true, true, false, false),
+                (0, false, false, 0u8, false, false, false, false, false),
+                (0, false, false, 0, true, false, false, false, false),
+                (0, false, true, 0, true, true, false, false, false),
+                (all, false, true, 0, true, true, true, true, true),
+                (all, true, true, 0, true, true, true, true, true),
+                (all, true, true, 0, true, true, true, true, false),
+                (0, true, true, 0, false, false, true, true, true),
+                (half, true, true, 0, true, false, true, true, true),
+                (all, true, true, 3, true, true, false, true, true),
+                (0, true, true, 3, true, true, false, false, false),
             ];
-            for (cached_blocks, graphs, sinks, stage, kept, norm, step_amax, predicted) in variants {
+            for (cached_blocks, graphs, sinks, stage, kept, norm, step_amax, predicted, step_codes) in variants {
                 let name = format!(
                     "{:?}: {cached_blocks} blocks cached, graphs {graphs}, sinks {sinks}, stage {stage}, kept inputs \
-                     {kept}, norms in casts {norm}, step amaxes {step_amax}, predicted scales {predicted}, {:?} \
-                     keep_gelu {:?}",
+                     {kept}, norms in casts {norm}, step amaxes {step_amax}, predicted scales {predicted}, step codes \
+                     {step_codes}, {:?} keep_gelu {:?}",
                     family, ckpt.activations, ckpt.keep_gelu
                 );
                 let l2 = layout.clone();
@@ -765,6 +768,7 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
                     fp8_norm_in_cast: norm,
                     fp8_predicted_scales: predicted,
                     fp8_predicted_swiglu: predicted,
+                    fp8_step_codes: step_codes,
                     checkpointing: ckpt.clone(),
                     ..ModelOptions::batch(b)
                 };

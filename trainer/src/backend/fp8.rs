@@ -384,6 +384,12 @@ pub struct Fp8Layers {
     /// input's FP8 codes for its backward ([`Fp8Layer::keeps_input`]): `rows × inputs`
     /// bytes each, activations.
     pub kept_inputs: Vec<bool>,
+    /// Where an optimizer step writes a cached layer's whole weight (and leaves its amax:
+    /// [`AdamWSegment::fp8_layer`](super::AdamWSegment::fp8_layer)), it writes the cache's
+    /// codes too (CUDA: `adamw_fp8`, with a predicted scale and a check), and the version it
+    /// begins casts that weight no more: the same codes. Nothing to reserve; the CPU's cache
+    /// holds values, made at first use as before.
+    pub step_codes: bool,
 }
 
 impl Fp8Layers {
@@ -399,7 +405,14 @@ impl Fp8Layers {
             cached_layers,
             backward: Fp8Backward::default(),
             kept_inputs: Vec::new(),
+            step_codes: false,
         }
+    }
+
+    /// These layers, the optimizer step writing the cached weights' codes where `on`
+    /// ([`Fp8Layers::step_codes`]).
+    pub fn with_step_codes(self, on: bool) -> Fp8Layers {
+        Fp8Layers { step_codes: on, ..self }
     }
 
     /// These layers, those `kept` says keeping their input's codes (by index).
@@ -482,7 +495,8 @@ const SLOT: usize = 16;
 ///   then the amax (u32 bits), then the scale a predicted cast used (`fp8.cu`:
 ///   `FP8_SCALE_PREDICTED`); then two more per layer, never cleared, for its input's and
 ///   output gradient's predicted scales: the scale each had the last time (f32 bits), and how
-///   often the prediction was right and wrong (u32 each);
+///   often the prediction was right and wrong (u32 each); then one per layer, never cleared,
+///   for its cached weight's codes as the optimizer step writes them (the same words);
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
 ///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
 /// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
@@ -512,7 +526,7 @@ impl CudaFp8Workspace {
     /// The workspace for layers up to `e`, with slots for `layers` layers.
     pub fn new(e: LinearExtent, layers: usize) -> CudaFp8Workspace {
         let scales = 0;
-        let a = up((3 + 5 * layers) * SLOT);
+        let a = up((3 + 6 * layers) * SLOT);
         let gt = a + up(e.rows * e.inputs.max(e.outputs));
         let w = gt + up(e.rows * e.outputs);
         let bytes = w + up(e.weight);
@@ -554,6 +568,13 @@ impl CudaFp8Workspace {
             AmaxSink::Grad(i) => (i, 1),
         };
         self.scales + SLOT * (3 + 3 * self.layers + 2 * i + k)
+    }
+
+    /// Byte offset of the prediction of layer `i`'s weight's scale, as the optimizer step
+    /// that writes its cached codes uses it (the same words as [`CudaFp8Workspace::prediction`]'s),
+    /// after the others.
+    pub fn weight_prediction(&self, i: usize) -> usize {
+        self.scales + SLOT * (3 + 5 * self.layers + i)
     }
 
     /// Byte offset of the slot a sink names.
@@ -778,10 +799,10 @@ mod tests {
         }
         assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
         assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
-        // 48 layers: 3 + 5·48 slots of 16 bytes (input, gradient, weight, two predictions),
+        // 48 layers: 3 + 6·48 slots of 16 bytes (input, gradient, weight, three predictions),
         // rounded up to 256.
         let w48 = CudaFp8Workspace::new(e, 48);
-        assert_eq!(w48.bytes - w.bytes, 4096 - 256);
+        assert_eq!(w48.bytes - w.bytes, 4864 - 256);
         // Each layer's input and gradient slots side by side, then the weights' slots.
         assert_eq!((w48.layer_input(0), w48.layer_grad(0)), (48, 64));
         assert_eq!((w48.layer_input(47), w48.layer_grad(47)), (48 + 16 * 94, 48 + 16 * 95));
@@ -793,7 +814,8 @@ mod tests {
         // The predictions after the weights' slots, never inside a run a clear zeroes.
         assert_eq!(w48.prediction(AmaxSink::Input(0)), w48.layer_weight(47) + 16);
         assert_eq!(w48.prediction(AmaxSink::Grad(47)), 48 + 16 * (144 + 95));
-        assert!(w48.prediction(AmaxSink::Grad(47)) + 16 <= w48.a);
+        assert_eq!(w48.weight_prediction(0), w48.prediction(AmaxSink::Grad(47)) + 16);
+        assert!(w48.weight_prediction(47) + 16 <= w48.a);
     }
 
     #[test]

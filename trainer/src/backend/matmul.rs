@@ -178,11 +178,13 @@ impl LinearLocs {
 }
 
 /// How often FP8 casts predicted their scale right and wrong ([`MatmulOps::fp8_prediction_counts`]):
-/// `(right, wrong)` for the layers' inputs' casts and for their output gradients'.
+/// `(right, wrong)` for the layers' inputs' casts, for their output gradients', and for the
+/// cached weights' codes the optimizer step wrote (`Fp8Layers::step_codes`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fp8Predictions {
     pub inputs: (u64, u64),
     pub grads: (u64, u64),
+    pub weights: (u64, u64),
 }
 
 /// One GEMM shape as timed tuning measured it (`MatmulOps::gemm_tuning_report`).

@@ -257,6 +257,12 @@ pub struct ModelOptions {
     /// faster: tested to give the same bits (CPU and GPU), timed only once at Llama-3-8B
     /// (BENCHMARKS.md run 25, inside the machines' spread).
     pub fp8_predicted_swiglu: bool,
+    /// FP8: where the optimizer step writes a cached layer's whole weight, it writes the
+    /// cache's codes too (CUDA: the update by tiles of the weight, with a predicted scale and a
+    /// check; see `cuda/adamw.rs`), and the version casts that weight no more; false
+    /// (`SHARDTRAIN_FP8_STEP_CODES=0`) casts it at its first use: the same bits, to measure or
+    /// rule it out.
+    pub fp8_step_codes: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
@@ -306,14 +312,16 @@ impl ModelOptions {
             fp8_norm_in_cast: true,
             fp8_predicted_scales: true,
             fp8_predicted_swiglu: false,
+            fp8_step_codes: true,
             document_mask: cfg.data.document_mask,
         }
     }
 
     /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS`,
-    /// `SHARDTRAIN_FP8_KEPT_INPUTS`, `SHARDTRAIN_FP8_NORM_IN_CAST` and
-    /// `SHARDTRAIN_FP8_PREDICTED_SCALES` read: unset, empty or `1` keep the sinks (the kept
-    /// inputs, the norms in the casts, the predicted scales), `0` turns them off; and the
+    /// `SHARDTRAIN_FP8_KEPT_INPUTS`, `SHARDTRAIN_FP8_NORM_IN_CAST`,
+    /// `SHARDTRAIN_FP8_PREDICTED_SCALES` and `SHARDTRAIN_FP8_STEP_CODES` read: unset, empty or
+    /// `1` keep the sinks (the kept inputs, the norms in the casts, the predicted scales, the
+    /// step's codes), `0` turns them off; and the
     /// opt-in `SHARDTRAIN_FP8_PREDICTED_SWIGLU` (`1` on, unset or `0` off); any
     /// other value is an error. The planner reads them too,
     /// so its prediction is the run's.
@@ -323,12 +331,14 @@ impl ModelOptions {
         let fp8_norm_in_cast = env_switch("SHARDTRAIN_FP8_NORM_IN_CAST")?;
         let fp8_predicted_scales = env_switch("SHARDTRAIN_FP8_PREDICTED_SCALES")?;
         let fp8_predicted_swiglu = env_opt_in("SHARDTRAIN_FP8_PREDICTED_SWIGLU")?;
+        let fp8_step_codes = env_switch("SHARDTRAIN_FP8_STEP_CODES")?;
         Ok(ModelOptions {
             fp8_amax_sinks,
             fp8_kept_inputs,
             fp8_norm_in_cast,
             fp8_predicted_scales,
             fp8_predicted_swiglu,
+            fp8_step_codes,
             ..ModelOptions::from_config(cfg)
         })
     }
@@ -349,6 +359,7 @@ impl ModelOptions {
             fp8_norm_in_cast: true,
             fp8_predicted_scales: true,
             fp8_predicted_swiglu: false,
+            fp8_step_codes: true,
             document_mask: false,
         }
     }
@@ -455,7 +466,8 @@ pub(crate) fn prepare_precision<B: Backend>(
             linears.iter().zip(opts.fp8_bf16_layers).map(|(&l, kept)| if kept { (0, 0) } else { l }).collect();
         let layers = Fp8Layers::blocks(rows, &linears, n_layer, opts.fp8_cached_blocks)
             .with_backward(opts.fp8_backward)
-            .with_kept_inputs(kept.to_vec());
+            .with_kept_inputs(kept.to_vec())
+            .with_step_codes(opts.fp8_step_codes);
         let got = be.prepare_fp8(&layers)?;
         ledger.alloc(Category::Workspace, got.workspace);
         ledger.alloc(Category::Params, got.weight_cache);

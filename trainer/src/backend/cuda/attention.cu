@@ -395,6 +395,31 @@ extern "C" __global__ void attn_bwd_d(float* D, const bf16_t* dout, const bf16_t
     if (lane == 0) D[((long long)b * NH + h) * T + t] = acc;
 }
 
+// The same, HS / 8 threads a row (HS % 8 == 0, HS / 8 a power of two up to 32: attention.rs),
+// each summing its 8 consecutive d of one 16-byte load of each (dO, O 16-byte aligned), then
+// the row's threads' sums by shuffles within the warp; the launch code's grid covers the rows.
+extern "C" __global__ void attn_bwd_d8(float* D, const bf16_t* dout, const bf16_t* out, int B, int T, int NH,
+                                       int HS) {
+    const int per = HS / 8;
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long r = i / per, rows = (long long)B * T * NH;
+    float acc = 0.f;
+    if (r < rows) {
+        const long long off = r * HS + 8 * (i % per);  // rows are (b, t, h) in order: [B, T, NH, HS]
+        float a[8], o[8];
+        unpack8(*(const uint4*)(dout + off), a);
+        unpack8(*(const uint4*)(out + off), o);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc += a[k] * o[k];
+    }
+    for (int s = per / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (r < rows && i % per == 0) {
+        const int h = (int)(r % NH);
+        const long long bt = r / NH;
+        D[((long long)(bt / T) * NH + h) * T + bt % T] = acc;
+    }
+}
+
 // Loads, for query rows q0.., the scalars lse and D into shared arrays (0 past T), and
 // with DOCS their document starts (docs_b: the batch's) into ds_s.
 template <bool DOCS>

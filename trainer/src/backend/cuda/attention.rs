@@ -95,23 +95,34 @@ const TABLE: [(Pass, Variant, &str, &str); 27] = [
     (Pass::Dq, Variant::Wg(128), "attn_bwd_dq_wg128", "attn_bwd_dq_wg128_docs"),
 ];
 
-/// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant).
+/// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant): a warp a row,
+/// or (`BWD_D8`, where the head size allows: [`bwd_d8_threads`]) 8 values a thread.
 const BWD_D: &str = "attn_bwd_d";
+const BWD_D8: &str = "attn_bwd_d8";
 /// The sum of a split grouped dK/dV pass's partial sums (shared by every variant).
 const DKV_REDUCE: &str = "attn_dkv_reduce";
 
-const fn function_names() -> [&'static str; 2 * TABLE.len() + 2] {
-    let mut out = [BWD_D; 2 * TABLE.len() + 2];
+const fn function_names() -> [&'static str; 2 * TABLE.len() + 3] {
+    let mut out = [BWD_D; 2 * TABLE.len() + 3];
     out[1] = DKV_REDUCE;
+    out[2] = BWD_D8;
     let mut i = 0;
     while i < TABLE.len() {
-        out[2 * i + 2] = TABLE[i].2;
-        out[2 * i + 3] = TABLE[i].3;
+        out[2 * i + 3] = TABLE[i].2;
+        out[2 * i + 4] = TABLE[i].3;
         i += 1;
     }
     out
 }
-const FUNCTIONS: [&str; 2 * TABLE.len() + 2] = function_names();
+const FUNCTIONS: [&str; 2 * TABLE.len() + 3] = function_names();
+
+/// Threads per (b, t, h) row of `attn_bwd_d8` (8 values each, 16-byte loads, the row's sum
+/// by shuffles within a warp), where head size `hs` allows it: a multiple of 8 whose eighth
+/// is a power of two up to 32.
+fn bwd_d8_threads(hs: usize) -> Option<usize> {
+    let per = hs / 8;
+    (hs.is_multiple_of(8) && per.is_power_of_two() && per <= 32).then_some(per)
+}
 
 /// Every tiled kernel carves its tiles out of dynamic shared memory, more than 48 KiB at
 /// the larger head sizes.
@@ -417,12 +428,18 @@ impl AttentionOps for CudaBackend {
         let am = if fused { self.fp8_sink(amax)? } else { 0 };
         let (dq, dy, q, o, l) =
             (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(x.qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
-        let f = self.f(BWD_D)?;
+        // 16-byte loads where the head size and the pointers allow them.
+        let per = bwd_d8_threads(hs).filter(|_| dy.is_multiple_of(16) && o.is_multiple_of(16));
+        let (name, grid) = match per {
+            Some(per) => (BWD_D8, (rows * per).div_ceil(256)),
+            None => (BWD_D, rows.div_ceil(8)),
+        };
+        let f = self.f(name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
-        // SAFETY: one warp per (b, t, h) row, rows < B*T*NH; D holds that many floats.
-        unsafe { lb.launch(cfg((rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
-            .map_err(|e| self.launch_err(BWD_D, e))?;
+        // SAFETY: one warp (attn_bwd_d8: HS / 8 threads) per (b, t, h) row, rows < B*T*NH; D
+        // holds that many floats.
+        unsafe { lb.launch(cfg((grid as u32, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err(name, e))?;
         {
             let f = self.f(dkv_name)?;
             let mut lb = self.stream.launch_builder(f);

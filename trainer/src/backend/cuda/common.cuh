@@ -230,3 +230,107 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
+
+// ---- FP8 codes (fp8.cu's casts; adamw.cu's step writing an FP8 layer's cached weight) ----
+
+// Fp8Format::scale of backend/fp8.rs on the bits: the largest 2^e, e in -126..126, with
+// amax·2^e <= max (448 = 1.75·2^8 for e4m3, 57344 = 1.75·2^15 for e5m2); 1 for amax = 0,
+// NaN for a non-finite amax.
+__device__ __forceinline__ float fp8_scale(unsigned amax, int e5m2) {
+    if (amax >= 0x7f800000u) return __int_as_float(0x7fffffff);
+    if (amax == 0) return 1.f;
+    int ea;
+    unsigned ma = amax & 0x7fffffu;
+    const int field = (int)(amax >> 23);
+    if (field == 0) {
+        const int lz = __clz(ma) - 8;
+        ma = (ma << lz) & 0x7fffffu;
+        ea = 1 - lz - 127;
+    } else {
+        ea = field - 127;
+    }
+    const int ef = e5m2 ? 15 : 8;
+    const unsigned mf = 0x600000u;  // the fraction bits of 1.75
+    int e = ef - ea - (ma > mf ? 1 : 0);
+    e = min(max(e, -126), 126);
+    return __int_as_float((e + 127) << 23);
+}
+
+// Two floats to two FP8 codes (lo in the low byte): round to nearest even, saturating to the
+// largest finite value (what Fp8Format::encode does). Hopper and Ada have the instruction;
+// elsewhere FP8 is refused before any kernel runs (fp8.rs), so the kernels trap there.
+__device__ __forceinline__ unsigned cvt2(float lo, float hi, int e5m2) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    if (e5m2)
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    asm volatile("trap;");
+    return 0u * (unsigned)(lo + hi + e5m2);
+#endif
+}
+
+// 8 bf16 (one 16-byte word) scaled by s into 8 codes (one 8-byte word).
+__device__ __forceinline__ uint2 cvt8(uint4 v, float s, int e5m2) {
+    float f[8];
+    unpack8(v, f);
+    const unsigned b0 = cvt2(f[0] * s, f[1] * s, e5m2), b1 = cvt2(f[2] * s, f[3] * s, e5m2);
+    const unsigned b2 = cvt2(f[4] * s, f[5] * s, e5m2), b3 = cvt2(f[6] * s, f[7] * s, e5m2);
+    return make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
+}
+
+// The transposing FP8 casts' tile: FP8_TILE_R rows × FP8_TILE_C columns of x, 256 threads,
+// thread (g = tid / 8, cg = tid % 8) taking rows 4g..4g+3 × columns 8cg..8cg+7.
+#define FP8_TILE_C 64   // columns of x in a tile (rows of qt)
+#define FP8_TILE_R 128  // rows of x in a tile: 32 groups of 4 rows, one per 8 threads
+
+// A transposing tile of TC columns × TR rows for 256 threads, each taking 4 rows × 8 columns:
+// TC / 8 threads a row group, 256 / (TC / 8) groups of 4 rows (TR of them).
+template <int TC, int TR>
+struct Fp8TileOf {
+    static constexpr int per_row = TC / 8;
+    static constexpr int groups = 256 / per_row;
+    static_assert(4 * groups == TR, "a tile is 256 threads of 4 rows x 8 columns");
+    // The codes in shared memory for the transposed store: t[c][g] is column c's codes of
+    // rows 4g..4g+3 (one word of padding per column: fewer bank conflicts).
+    typedef unsigned Words[TC][groups + 1];
+};
+typedef Fp8TileOf<FP8_TILE_C, FP8_TILE_R>::Words Fp8TileWords;
+
+// A thread's 4 rows × 8 columns of codes (b[i]: row i's 8 bytes) into t, as words of one
+// column's 4 rows: byte k of b[i].x is (row i, column k); interleave rows 0,1 and 2,3, then the
+// pairs, so that word k holds column k's rows 0..3 in byte order (qt's layout).
+template <int TC = FP8_TILE_C, int TR = FP8_TILE_R>
+__device__ __forceinline__ void fp8_tile_words(typename Fp8TileOf<TC, TR>::Words& t, const uint2* b, int cg, int g) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned w0 = h ? b[0].y : b[0].x, w1 = h ? b[1].y : b[1].x;
+        const unsigned w2 = h ? b[2].y : b[2].x, w3 = h ? b[3].y : b[3].x;
+        const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+        const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+        const int c = 8 * cg + 4 * h;
+        t[c + 0][g] = __byte_perm(lo01, lo23, 0x5410);
+        t[c + 1][g] = __byte_perm(lo01, lo23, 0x7632);
+        t[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
+        t[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
+    }
+}
+
+// The tile at (r0, c0) of x [rows, cols] from t into qt [cols, rows]: TC of qt's rows × TR / 16
+// chunks of 16 codes (all in or all out: rows, cols % 16 == 0). The block synchronizes between
+// fp8_tile_words and this.
+template <int TC = FP8_TILE_C, int TR = FP8_TILE_R>
+__device__ __forceinline__ void fp8_tile_store_t(unsigned char* qt, const typename Fp8TileOf<TC, TR>::Words& t, int r0,
+                                                 int c0, int rows, int cols) {
+    constexpr int chunks = TR / 16;
+    for (int k = threadIdx.x; k < TC * chunks; k += blockDim.x) {
+        const int c = k / chunks, ch = k % chunks;
+        const int oc = c0 + c, orow = r0 + 16 * ch;
+        if (oc < cols && orow < rows)
+            *(uint4*)(qt + (long long)oc * rows + orow) =
+                make_uint4(t[c][4 * ch], t[c][4 * ch + 1], t[c][4 * ch + 2], t[c][4 * ch + 3]);
+    }
+}

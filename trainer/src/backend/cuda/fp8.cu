@@ -8,7 +8,8 @@
 // (zeroed by the launch code before fp8_amax_bf16 adds to it), and the scale a predicted cast
 // used (see FP8_SCALE_PREDICTED; the fourth is unused).
 
-// abs_bits, max_abs_bits2, max_abs8 (|x| as ordered bits): common.cuh.
+// abs_bits, max_abs_bits2, max_abs8 (|x| as ordered bits), fp8_scale, cvt2, cvt8 and the
+// transposing tile (FP8_TILE_*, fp8_tile_words, fp8_tile_store_t): common.cuh.
 
 // amax[0] = max(amax[0], max |x|) over n bf16. Any grid; blockDim a multiple of 32.
 extern "C" __global__ void fp8_amax_bf16(unsigned* amax, const bf16_t* x, long long n) {
@@ -28,55 +29,6 @@ extern "C" __global__ void fp8_amax_bf16(unsigned* amax, const bf16_t* x, long l
         m = __reduce_max_sync(0xffffffffu, lane < nw ? sh[lane] : 0u);
         if (lane == 0 && m != 0) atomicMax(amax, m);
     }
-}
-
-// Fp8Format::scale of backend/fp8.rs on the bits: the largest 2^e, e in -126..126, with
-// amax·2^e <= max (448 = 1.75·2^8 for e4m3, 57344 = 1.75·2^15 for e5m2); 1 for amax = 0,
-// NaN for a non-finite amax.
-__device__ __forceinline__ float fp8_scale(unsigned amax, int e5m2) {
-    if (amax >= 0x7f800000u) return __int_as_float(0x7fffffff);
-    if (amax == 0) return 1.f;
-    int ea;
-    unsigned ma = amax & 0x7fffffu;
-    const int field = (int)(amax >> 23);
-    if (field == 0) {
-        const int lz = __clz(ma) - 8;
-        ma = (ma << lz) & 0x7fffffu;
-        ea = 1 - lz - 127;
-    } else {
-        ea = field - 127;
-    }
-    const int ef = e5m2 ? 15 : 8;
-    const unsigned mf = 0x600000u;  // the fraction bits of 1.75
-    int e = ef - ea - (ma > mf ? 1 : 0);
-    e = min(max(e, -126), 126);
-    return __int_as_float((e + 127) << 23);
-}
-
-// Two floats to two FP8 codes (lo in the low byte): round to nearest even, saturating to the
-// largest finite value (what Fp8Format::encode does). Hopper and Ada have the instruction;
-// elsewhere FP8 is refused before any kernel runs (fp8.rs), so the kernels trap there.
-__device__ __forceinline__ unsigned cvt2(float lo, float hi, int e5m2) {
-#if __CUDA_ARCH__ >= 890
-    unsigned short r;
-    if (e5m2)
-        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    else
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    asm volatile("trap;");
-    return 0u * (unsigned)(lo + hi + e5m2);
-#endif
-}
-
-// 8 bf16 (one 16-byte word) scaled by s into 8 codes (one 8-byte word).
-__device__ __forceinline__ uint2 cvt8(uint4 v, float s, int e5m2) {
-    float f[8];
-    unpack8(v, f);
-    const unsigned b0 = cvt2(f[0] * s, f[1] * s, e5m2), b1 = cvt2(f[2] * s, f[3] * s, e5m2);
-    const unsigned b2 = cvt2(f[4] * s, f[5] * s, e5m2), b3 = cvt2(f[6] * s, f[7] * s, e5m2);
-    return make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
 }
 
 // 8 bf16 from `p`, one 16-byte load when `aligned`.
@@ -104,9 +56,6 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
         [&](long long i) { ((uint2*)q)[i] = cvt8(((const uint4*)x)[i], s, e5m2); },
         [&](long long i) { q[i] = (unsigned char)(cvt2(bf2f(x[i]) * s, 0.f, e5m2) & 0xffu); });
 }
-
-#define FP8_TILE_C 64   // columns of x in a tile (rows of qt)
-#define FP8_TILE_R 128  // rows of x in a tile: 32 groups of 4 rows, one per 8 threads
 
 // How a transposing cast finds its scale (`mode`):
 // - FP8_SCALE_OF_AMAX: from the amax in the slot (found before the cast).
@@ -170,14 +119,17 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // 8 words of 4 rows each with byte permutes, so shared memory moves words, not bytes. The
 // stores then write 16 consecutive rows of one of qt's rows per 16-byte word. The +1 word of
 // padding per column keeps the word writes to 2-way bank conflicts and the reads to none.
-extern "C" __global__ void __launch_bounds__(256)
-    fp8_cast_transpose_bf16(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
-                            const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot, int e5m2,
-                            float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
-                            const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
-                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
-                            unsigned* pred, const unsigned* ref) {
-    __shared__ unsigned t[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // t[c][g]: column c's codes of rows 4g..4g+3
+//
+// PIPE: a block loads the next tile's x patch (and GELU's gradient's aux) as soon as it has
+// taken this tile's, so the loads fly while this tile is cast and stored (a grid of a few
+// blocks an SM then loops over several tiles each).
+template <bool PIPE>
+__device__ __forceinline__ void fp8_cast_transpose_body(
+    unsigned char* __restrict__ q, unsigned char* __restrict__ qt, const bf16_t* __restrict__ x, int rows, int cols,
+    unsigned* slot, int e5m2, float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
+    const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w, const bf16_t* __restrict__ ln_b,
+    const bf16_t* __restrict__ aux, int mode, unsigned* pred, const unsigned* ref) {
+    __shared__ Fp8TileWords t;
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     __shared__ unsigned warp_max[8];
     float s;
@@ -210,20 +162,42 @@ extern "C" __global__ void __launch_bounds__(256)
     // cols % 16 == 0 put a group's rows and a thread's columns all in or all out.
     const int cg = threadIdx.x & 7, g = threadIdx.x >> 3;
     unsigned m = 0;  // FP8_SCALE_PREDICTED: the amax of this thread's values
+    // A tile's x patch of this thread (and DGELU's aux patch), where the thread's rows and
+    // columns are in.
+    const bool dgelu = op == FP8_OP_DGELU;
+    auto fetch = [&](long long tl, uint4* xv, uint4* av) {
+        const int gr = (int)(tl / tiles_c) * FP8_TILE_R + 4 * g, gc = (int)(tl % tiles_c) * FP8_TILE_C + 8 * cg;
+        if (gr < rows && gc < cols) {
+            const long long at = (long long)gr * cols + gc, xat = (long long)gr * ld + gc;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xv[i] = load8(x + xat + (long long)i * ld, aligned);
+            if (dgelu) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) av[i] = load8(aux + at + (long long)i * cols, aux_aligned);
+            }
+        }
+    };
+    uint4 nv[4], na[4];  // PIPE: the next tile's
+    if (PIPE && blockIdx.x < tiles) fetch(blockIdx.x, nv, na);
     for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int tr = (int)(tile / tiles_c), r0 = tr * FP8_TILE_R, c0 = (int)(tile % tiles_c) * FP8_TILE_C;
         const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
+        uint4 v[4], av[4];
+        if (PIPE) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = nv[i], av[i] = na[i];
+            if (tile + gridDim.x < tiles) fetch(tile + gridDim.x, nv, na);
+        } else {
+            fetch(tile, v, av);
+        }
         if (gr < rows && gc < cols) {
             const long long at = (long long)gr * cols + gc, xat = (long long)gr * ld + gc;
-            uint4 v[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = load8(x + xat + (long long)i * ld, aligned);
             if (op == FP8_OP_GELU) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
-            } else if (op == FP8_OP_DGELU) {
+            } else if (dgelu) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) v[i] = dgelu8(load8(aux + at + (long long)i * cols, aux_aligned), v[i]);
+                for (int i = 0; i < 4; ++i) v[i] = dgelu8(av[i], v[i]);
             } else if (op == FP8_OP_SWIGLU) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -288,33 +262,13 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) *(uint2*)(q + at + (long long)i * cols) = b[i];
             }
-            // Byte k of b[i].x is (row i, column k): interleave rows 0,1 and 2,3, then the
-            // pairs, so that word k holds column k's rows 0..3 in byte order (qt's layout).
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const unsigned w0 = h ? b[0].y : b[0].x, w1 = h ? b[1].y : b[1].x;
-                const unsigned w2 = h ? b[2].y : b[2].x, w3 = h ? b[3].y : b[3].x;
-                const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-                const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-                const int c = 8 * cg + 4 * h;
-                t[c + 0][g] = __byte_perm(lo01, lo23, 0x5410);
-                t[c + 1][g] = __byte_perm(lo01, lo23, 0x7632);
-                t[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
-                t[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
-            }
+            fp8_tile_words(t, b, cg, g);
         } else if (colsum && gc < cols) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) sums[8 * cg + j][g] = 0.f;
         }
         __syncthreads();
-        // Store: 64 of qt's rows × 8 chunks of 16 codes, two per thread (all in or all out).
-        for (int k = threadIdx.x; k < FP8_TILE_C * (FP8_TILE_R / 16); k += blockDim.x) {
-            const int c = k >> 3, ch = k & 7;
-            const int oc = c0 + c, orow = r0 + 16 * ch;
-            if (oc < cols && orow < rows)
-                *(uint4*)(qt + (long long)oc * rows + orow) =
-                    make_uint4(t[c][4 * ch], t[c][4 * ch + 1], t[c][4 * ch + 2], t[c][4 * ch + 3]);
-        }
+        fp8_tile_store_t(qt, t, r0, c0, rows, cols);
         if (colsum && threadIdx.x < FP8_TILE_C && c0 + (int)threadIdx.x < cols) {
             float acc = 0.f;
 #pragma unroll 8
@@ -332,6 +286,17 @@ extern "C" __global__ void __launch_bounds__(256)
             if (threadIdx.x == 0 && m != 0 && m > *(volatile unsigned*)(slot + 1)) atomicMax(slot + 1, m);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    fp8_cast_transpose_bf16(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                            const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot, int e5m2,
+                            float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
+                            const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
+                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
+                            unsigned* pred, const unsigned* ref) {
+    fp8_cast_transpose_body<FP8_CAST_PIPE != 0>(q, qt, x, rows, cols, slot, e5m2, colsum, op, ln_mean, ln_rstd, ln_w,
+                                               ln_b, aux, mode, pred, ref);
 }
 
 // ---- ZeRO-3's FP8 weight gathers (backend/fp8_gather.rs: the layout and the CPU twin;

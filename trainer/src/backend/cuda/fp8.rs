@@ -91,10 +91,18 @@ pub(super) const KERNELS: KernelFile = KernelFile {
     defines: fp8_defines,
 };
 
-/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`).
+/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`), and whether
+/// the transposing cast loads a tile ahead (`CAST_PIPE`).
 fn fp8_defines() -> Vec<(&'static str, String)> {
-    vec![("FP8G_SEGS", crate::backend::fp8_gather::MAX_SEGMENTS.to_string())]
+    vec![
+        ("FP8G_SEGS", crate::backend::fp8_gather::MAX_SEGMENTS.to_string()),
+        ("FP8_CAST_PIPE", i32::from(CAST_PIPE).to_string()),
+    ]
 }
+
+/// Whether `fp8_cast_transpose_bf16` loads each block's next tile while it casts this one
+/// (fp8.cu: `PIPE`), the grid then a few blocks an SM.
+const CAST_PIPE: bool = false;
 
 /// Columns and rows of the transposing cast's tile (`FP8_TILE_C`, `FP8_TILE_R` in fp8.cu,
 /// whose 256 threads each take 4 rows × 8 columns).
@@ -136,6 +144,11 @@ pub(super) struct Fp8Ws {
     /// Per layer, whether the last optimizer step left its weight's amax in its slot
     /// (`AdamWSegment::fp8_layer`), for the version `fp8_weights_changed(by_step)` begins.
     step_amax: Vec<bool>,
+    /// Whether the optimizer step writes the cached weights' codes (`Fp8Layers::step_codes`).
+    step_codes_on: bool,
+    /// Per layer, whether the last optimizer step wrote its cached weight's codes (`adamw.rs`:
+    /// `adamw_fp8`), for the version `fp8_weights_changed(by_step)` begins.
+    step_codes: Vec<bool>,
     /// The parameter version: bumped by `fp8_weights_changed`.
     version: u64,
     /// How the layers' backward runs (`Fp8Layers::backward`).
@@ -303,6 +316,19 @@ pub(super) struct NormPtrs {
     pub b: u64,
 }
 
+/// Where the optimizer step writes a cached weight's codes (`adamw.rs`: `adamw_fp8`): its two
+/// layouts' regions, its weight slot and its prediction (`CudaFp8Workspace::weight_prediction`),
+/// and its shape (`rows` = outputs, `cols` = inputs).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepCodes {
+    pub q: u64,
+    pub qt: u64,
+    pub slot: u64,
+    pub pred: u64,
+    pub rows: usize,
+    pub cols: usize,
+}
+
 /// A layer's weight as its GEMM reads it: the codes (`[oc, c]` for the forward, `[c, oc]`
 /// for the backward) and the slot whose inverse scale applies.
 #[derive(Debug, Clone, Copy)]
@@ -412,10 +438,23 @@ impl CudaBackend {
         };
         // A new workspace holds no amax: every weight's is found again.
         let (weight_amax, step_amax) = (vec![None; layers.weights.len()], vec![false; layers.weights.len()]);
+        let step_codes = vec![false; layers.weights.len()];
         let backward = layers.backward;
         let zeroed = Default::default();
-        *cell =
-            Some(Fp8Ws { buf, extent: ext, layout, cache, kept, weight_amax, step_amax, version, backward, zeroed });
+        *cell = Some(Fp8Ws {
+            buf,
+            extent: ext,
+            layout,
+            cache,
+            kept,
+            weight_amax,
+            step_amax,
+            step_codes_on: layers.step_codes,
+            step_codes,
+            version,
+            backward,
+            zeroed,
+        });
         Ok(Fp8Bytes { workspace: layout.bytes, weight_cache, kept_inputs })
     }
 
@@ -431,7 +470,61 @@ impl CudaBackend {
                     *known = Some(ws.version);
                 }
             }
+            // The codes the step wrote are this version's (nothing wrote the parameters since).
+            for (l, coded) in ws.step_codes.iter_mut().enumerate() {
+                if !by_step {
+                    *coded = false;
+                } else if *coded {
+                    if let Some(made) = ws.cache.as_mut().and_then(|c| c.made.get_mut(l)) {
+                        *made = Some(ws.version);
+                    }
+                }
+            }
         }
+    }
+
+    /// Where an optimizer step that writes layer `l`'s whole weight writes its cached codes
+    /// (`adamw_fp8`), or `None` where it does not: FP8 not prepared, the step's codes off
+    /// (`Fp8Layers::step_codes`), or the layer not cached.
+    pub(super) fn fp8_step_codes_target(&self, l: usize) -> BResult<Option<StepCodes>> {
+        let cell = self.fp8_ws.borrow();
+        let Some(ws) = cell.as_ref().filter(|ws| ws.step_codes_on) else { return Ok(None) };
+        let Some(cache) = ws.cache.as_ref() else { return Ok(None) };
+        let Some(&(c, oc)) = cache.weights.get(l) else { return Ok(None) };
+        if l >= ws.layout.layers {
+            return Err(bad(format!(
+                "an optimizer step writes FP8 layer {l}, but prepare_fp8 reserved {} (a bug)",
+                ws.layout.layers
+            )));
+        }
+        if c * oc == 0 {
+            return Ok(None);
+        }
+        let (base, cbase) = (self.ptr(&ws.buf, 0), self.ptr(&cache.buf, 0));
+        let (rw, rwt) = cache.layout.regions[l];
+        Ok(Some(StepCodes {
+            q: cbase + rw as u64,
+            qt: cbase + rwt as u64,
+            slot: base + ws.layout.layer_weight(l) as u64,
+            pred: base + ws.layout.weight_prediction(l) as u64,
+            rows: oc,
+            cols: c,
+        }))
+    }
+
+    /// An optimizer step updated the weights of `layers` (`AdamWSegment::fp8_layer`), writing
+    /// the cached codes of those marked true: for the version `fp8_weights_changed(by_step)`
+    /// begins.
+    pub(super) fn fp8_step_codes_written(&self, layers: &[(usize, bool)]) -> BResult<()> {
+        let mut cell = self.fp8_ws.borrow_mut();
+        let Some(ws) = cell.as_mut() else { return Ok(()) };
+        for &(l, coded) in layers {
+            let n = ws.step_codes.len();
+            *ws.step_codes.get_mut(l).ok_or_else(|| {
+                bad(format!("an optimizer step wrote FP8 layer {l}, but prepare_fp8 reserved {n} (a bug)"))
+            })? = coded;
+        }
+        Ok(())
     }
 
     /// For an optimizer step that leaves the amax of each of `layers`' weights
@@ -630,7 +723,8 @@ impl CudaBackend {
             return Ok(None);
         }
         let start = ws.layout.prediction(AmaxSink::Input(0));
-        let words = 2 * layers * 4;
+        // The inputs' and gradients' predictions, then the weights' (adjacent).
+        let words = 3 * layers * 4;
         let view = ws.buf.slice(start..start + 4 * words);
         let mut bytes = vec![0u8; 4 * words];
         self.stream.memcpy_dtoh(&view, &mut bytes).map_err(|e| self.err("reading FP8 prediction counts", e))?;
@@ -638,10 +732,14 @@ impl CudaBackend {
         let word = |i: usize| {
             u64::from(u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]))
         };
-        // Per layer its input's prediction, then its output gradient's.
+        // Per layer its input's prediction, then its output gradient's; then each weight's.
         let mut counts = Fp8Predictions::default();
-        for p in 0..2 * layers {
-            let kind = if p % 2 == 0 { &mut counts.inputs } else { &mut counts.grads };
+        for p in 0..3 * layers {
+            let kind = match p {
+                p if p >= 2 * layers => &mut counts.weights,
+                p if p % 2 == 0 => &mut counts.inputs,
+                _ => &mut counts.grads,
+            };
             kind.0 += word(4 * p + 1);
             kind.1 += word(4 * p + 2);
         }
@@ -1250,6 +1348,34 @@ impl CudaBackend {
         self.fp8_slot_amax(at)
     }
 
+    /// Layer `layer`'s cached weight as it stands (`prepare_fp8` first, the layer cached), read
+    /// back: its codes in both layouts, its weight slot's inverse scale and amax, and whether
+    /// they are the current parameter version's (made by a cast, or by the optimizer step
+    /// that began it: `adamw_fp8`). What `tests/gpu_kernels.rs` compares with a cast of the
+    /// weight the step wrote.
+    pub fn fp8_cached_weight_read(&self, layer: usize) -> BResult<CachedWeightRead> {
+        let cell = self.fp8_ws.borrow();
+        let Some(ws) = cell.as_ref() else { return Err(bad("fp8_cached_weight_read before prepare_fp8".into())) };
+        let Some(cache) = ws.cache.as_ref().filter(|c| layer < c.weights.len()) else {
+            return Err(bad(format!("FP8 layer {layer}'s weight is not cached")));
+        };
+        let (c, oc) = cache.weights[layer];
+        let (rw, rwt) = cache.layout.regions[layer];
+        let down = |at: usize, n: usize| {
+            self.stream.clone_dtoh(&cache.buf.slice(at..at + n)).map_err(|e| self.err("reading cached FP8 codes", e))
+        };
+        let at = ws.layout.layer_weight(layer);
+        let w = self.stream.clone_dtoh(&ws.buf.slice(at..at + 8)).map_err(|e| self.err("reading an FP8 slot", e))?;
+        let word = |k: usize| f32::from_bits(u32::from_le_bytes([w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]]));
+        Ok(CachedWeightRead {
+            codes: down(rw, c * oc)?,
+            codes_t: down(rwt, c * oc)?,
+            inv_scale: word(0),
+            amax: word(1),
+            current: cache.made[layer] == Some(ws.version),
+        })
+    }
+
     /// The amax word of the slot at byte `slot` of the workspace, read back.
     fn fp8_slot_amax(&self, slot: usize) -> BResult<f32> {
         let cell = self.fp8_ws.borrow();
@@ -1259,6 +1385,18 @@ impl CudaBackend {
             self.stream.clone_dtoh(&ws.buf.slice(at..at + 4)).map_err(|e| self.err("reading an amax sink", e))?;
         Ok(f32::from_bits(u32::from_le_bytes([words[0], words[1], words[2], words[3]])))
     }
+}
+
+/// A cached FP8 weight read back (`CudaBackend::fp8_cached_weight_read`).
+#[derive(Debug, Clone)]
+pub struct CachedWeightRead {
+    /// `[oc, c]` e4m3 codes, and `[c, oc]`.
+    pub codes: Vec<u8>,
+    pub codes_t: Vec<u8>,
+    pub inv_scale: f32,
+    pub amax: f32,
+    /// Whether the codes are the current parameter version's.
+    pub current: bool,
 }
 
 /// One tensor quantized by the kernels the FP8 GEMMs use, read back (`CudaBackend::fp8_cast_check`).

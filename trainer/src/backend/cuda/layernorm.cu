@@ -11,17 +11,81 @@
 // LN_EPS (cpu::LN_EPS), LN_BWD_SLOTS, LN_BWD_MAX_ROWS and RMS_FWD_THREADS come from the
 // launch code as -D options.
 
+// A row of C <= 256·NV values (C % 8 == 0, 16-byte aligned) held in a warp's registers: lane
+// `lane` loads its 16-byte words c = 8·lane + 256·j for every j < NV at once (all the row's
+// loads in flight, one read of it), then sums, centres and normalizes from the registers in
+// the order the loop below takes them (the same bits).
+template <int NV>
+__device__ __forceinline__ void layernorm_fwd_regs(bf16_t* o, float* mean, float* rstd, const bf16_t* x,
+                                                   const bf16_t* w, const bf16_t* b, int row, int C, unsigned* amax,
+                                                   int lane) {
+    uint4 xv[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        const int c = lane * 8 + 256 * j;
+        if (c < C) xv[j] = *(const uint4*)(x + c);
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        if (lane * 8 + 256 * j < C) {
+            float f[8];
+            unpack8(xv[j], f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) s += f[k];
+        }
+    }
+    const float m = warp_sum(s) / C;
+    float v = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        if (lane * 8 + 256 * j < C) {
+            float f[8];
+            unpack8(xv[j], f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v += (f[k] - m) * (f[k] - m);
+        }
+    }
+    const float r = 1.f / sqrtf(warp_sum(v) / C + LN_EPS);
+    unsigned am = 0;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        const int c = lane * 8 + 256 * j;
+        if (c < C) {
+            float f[8], ww[8], bb[8];
+            unpack8(xv[j], f);
+            unpack8(*(const uint4*)(w + c), ww);
+            unpack8(*(const uint4*)(b + c), bb);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = (f[k] - m) * r * ww[k] + bb[k];
+            const uint4 y = pack8(f);
+            if (o) *(uint4*)(o + c) = y;
+            am = max_abs8(y, am);
+        }
+    }
+    warp_amax_out(amax, am);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
 // One warp per row; blockDim.x = 256 (8 rows per block). The amax of out into *amax where it
 // is not null (an FP8 amax sink: the next GEMM's input). A null out writes only the
 // statistics and the amax (layernorm_stats_amax: an FP8 cast applies the norm itself).
+// Rows of up to 4096 aligned values are held in registers (layernorm_fwd_regs), longer or
+// unaligned ones read three times (from L1 after the first).
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
                                          const bf16_t* w, const bf16_t* b, int N, int C, unsigned* amax) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
     const bf16_t* x = inp + (long long)row * C;
-    bf16_t* o = out + (long long)row * C;
+    bf16_t* o = out ? out + (long long)row * C : nullptr;
     const bool vec = (C % 8 == 0) && aligned16(x) && aligned16(o) && aligned16(w) && aligned16(b);
+    if (vec && C <= 1024) return layernorm_fwd_regs<4>(o, mean, rstd, x, w, b, row, C, amax, lane);
+    if (vec && C <= 2048) return layernorm_fwd_regs<8>(o, mean, rstd, x, w, b, row, C, amax, lane);
+    if (vec && C <= 4096) return layernorm_fwd_regs<16>(o, mean, rstd, x, w, b, row, C, amax, lane);
     float s = 0.f;
     if (vec) {
         for (int c = lane * 8; c < C; c += 256) {

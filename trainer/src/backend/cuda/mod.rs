@@ -43,7 +43,7 @@ mod transfer;
 
 pub use attention::AttentionImpl;
 pub use cublaslt::GemmSweep;
-pub use fp8::{CheckedPrediction, Fp8Cast, Fp8Casts, PredictedInput, COLSUM_ROWS as FP8_COLSUM_ROWS};
+pub use fp8::{CachedWeightRead, CheckedPrediction, Fp8Cast, Fp8Casts, PredictedInput, COLSUM_ROWS as FP8_COLSUM_ROWS};
 pub use kernels::compile_all;
 
 use std::cell::{Cell, RefCell};

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The optimizer step's FP8 codes (adamw_fp8) against the flat update and the cast after it, at
+# one GPT-2 1.5B block's weights, outside the trainer (scripts/adamw_fp8_bench.cu: each variant
+# from the same state, checksums that must agree, the median of 30). Builds with nvcc (the GPU
+# machine's, or any CUDA 13 nvcc: BENCH=path runs a binary built elsewhere) and runs it:
+#   scripts/adamw-fp8-variants.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${BENCH:-}
+if [[ -z $bin ]]; then
+    work=$(mktemp -d)
+    cp scripts/adamw_fp8_bench.cu trainer/src/backend/cuda/{common.cuh,adamw.cu,fp8.cu} "$work/"
+    (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -DADAMW_SEGS=16 -DADAMW_FP8_WEIGHTS=8 -DADAMW_FP8_TILE_C=64 \
+        -DADAMW_FP8_TILE_R=128 -DFP8G_SEGS=16 adamw_fp8_bench.cu -o adamw_fp8_bench)
+    bin=$work/adamw_fp8_bench
+fi
+"$bin"

@@ -1,0 +1,125 @@
+// The transposing FP8 cast (fp8.cu's fp8_cast_transpose_bf16) at GPT-2 1.5B's shapes (8192
+// rows), timed outside the trainer on the GPU machine's nvcc, as the trainer launches it (one
+// tile a block) and with PIPE (each block loading its next tile while it casts this one) at
+// grids of 1-8 blocks an SM: the bytes it must move, its median time of 50, the TB/s, and a
+// checksum of its codes that every variant of a row must share. A device-to-device copy of
+// 210 MB gives the machine's bandwidth beside it. Built by scripts/fp8-cast-variants.sh.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+#include <cuda_runtime.h>
+#include "common.cuh"
+#include "fp8.cu"
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+
+template <bool PIPE>
+__global__ void __launch_bounds__(256) cast_variant(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                                                    const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot,
+                                                    int e5m2, float* __restrict__ colsum, int op,
+                                                    const bf16_t* __restrict__ aux) {
+    fp8_cast_transpose_body<PIPE>(q, qt, x, rows, cols, slot, e5m2, colsum, op, nullptr, nullptr, nullptr, nullptr, aux,
+                                  FP8_SCALE_OF_AMAX, nullptr, nullptr);
+}
+
+// PIPE capped at 85 registers (3 blocks an SM).
+__global__ void __launch_bounds__(256, 3) cast_pipe3(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                                                     const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot,
+                                                     int e5m2, float* __restrict__ colsum, int op,
+                                                     const bf16_t* __restrict__ aux) {
+    fp8_cast_transpose_body<true>(q, qt, x, rows, cols, slot, e5m2, colsum, op, nullptr, nullptr, nullptr, nullptr, aux,
+                                  FP8_SCALE_OF_AMAX, nullptr, nullptr);
+}
+
+__global__ void fill_bf16(bf16_t* x, long long n, unsigned seed) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+        x[i] = f2bf(((h >> 8) * (1.f / 16777216.f) - 0.5f) * 4.f);
+    }
+}
+
+static unsigned long long sum_bytes(const void* d, size_t n) {
+    std::vector<unsigned char> h(n);
+    CK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+    unsigned long long s = 1469598103934665603ull;
+    for (size_t i = 0; i < n; ++i) s = (s ^ h[i]) * 1099511628211ull;
+    return s;
+}
+
+int main() {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const long long big = 8192LL * 6400;
+    bf16_t *x, *aux;
+    unsigned char *q, *qt;
+    float* colsum;
+    unsigned* slot;
+    CK(cudaMalloc(&x, big * 2)); CK(cudaMalloc(&aux, big * 2));
+    CK(cudaMalloc(&q, big)); CK(cudaMalloc(&qt, big));
+    CK(cudaMalloc(&colsum, 64 * 6400 * 4)); CK(cudaMalloc(&slot, 16));
+    fill_bf16<<<1024, 256>>>(x, big, 1);
+    fill_bf16<<<1024, 256>>>(aux, big, 2);
+    const unsigned amax_bits = 0x40000000u;  // 2.0: |values| < 2 (GELU' may exceed it: saturates, the same for all)
+    CK(cudaMemcpy(slot + 1, &amax_bits, 4, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    auto time = [&](const std::function<void()>& f) {
+        f();
+        std::vector<float> ms;
+        for (int it = 0; it < 53; ++it) {
+            CK(cudaEventRecord(e0)); f(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+            float t; CK(cudaEventElapsedTime(&t, e0, e1));
+            if (it >= 3) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[ms.size() / 2];
+    };
+    {
+        const double t = time([&] { CK(cudaMemcpyAsync(aux, x, big * 2 * 2 / 5, cudaMemcpyDeviceToDevice)); });
+        printf("copy 210 MB (read + write %.0f MB): %.3f ms, %.2f TB/s\n", 2 * big * 2 * 2 / 5 / 1e6, t, 2 * big * 2 * 2 / 5 / (t * 1e9));
+        fill_bf16<<<1024, 256>>>(aux, big, 2);
+    }
+    struct Row { const char* name; int rows, cols, op, e5m2; bool q, colsum; double reads; };
+    // (what, rows, cols, op, e5m2, q too, column sums, bf16 arrays read)
+    const Row rowsv[] = {
+        {"proj/fc2 dY 8192x1600 (q, qt, colsum, e5m2)", 8192, 1600, FP8_OP_NONE, 1, true, true, 1},
+        {"qkv dY 8192x4800 (q, qt, colsum, e5m2)", 8192, 4800, FP8_OP_NONE, 1, true, true, 1},
+        {"input 8192x1600 (q, qt)", 8192, 1600, FP8_OP_NONE, 0, true, false, 1},
+        {"GELU 8192x6400 (q, qt)", 8192, 6400, FP8_OP_GELU, 0, true, false, 1},
+        {"GELU' 8192x6400 (q, qt, colsum, e5m2)", 8192, 6400, FP8_OP_DGELU, 1, true, true, 2},
+        {"weight 6400x1600 (q, qt)", 6400, 1600, FP8_OP_NONE, 0, true, false, 1},
+        {"weight 1600x6400 (q, qt)", 1600, 6400, FP8_OP_NONE, 0, true, false, 1},
+    };
+    printf("%d SMs; per row: bytes moved, then each variant's median ms, TB/s, codes checksum\n", sms);
+    for (const Row& r : rowsv) {
+        const long long n = (long long)r.rows * r.cols;
+        const int tiles = ((r.rows + 127) / 128) * ((r.cols + 63) / 64);
+        const double bytes = n * (2.0 * r.reads + 1 + (r.q ? 1 : 0)) + (r.colsum ? (r.rows / 128.0) * r.cols * 4 : 0);
+        printf("%s: %.0f MB, %d tiles\n", r.name, bytes / 1e6, tiles);
+        float* cs = r.colsum ? colsum : nullptr;
+        auto run = [&](int pipe, int grid) {
+            return [=] {
+                if (pipe == 3) cast_pipe3<<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op, aux);
+                else if (pipe) cast_variant<true><<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op, aux);
+                else cast_variant<false><<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op, aux);
+            };
+        };
+        std::vector<std::pair<std::string, std::function<void()>>> vs;
+        vs.push_back({"now (a tile a block)", run(0, tiles)});
+        for (int b : {2, 4, 8}) vs.push_back({"now, " + std::to_string(b) + "/SM", run(0, std::min(tiles, b * sms))});
+        for (int b : {1, 2, 4}) vs.push_back({"PIPE, " + std::to_string(b) + "/SM", run(1, std::min(tiles, b * sms))});
+        for (int b : {3, 6}) vs.push_back({"PIPE<=85reg, " + std::to_string(b) + "/SM", run(3, std::min(tiles, b * sms))});
+        for (auto& [name, f] : vs) {
+            CK(cudaMemset(qt, 0, n));
+            const double t = time(f);
+            CK(cudaDeviceSynchronize());
+            printf("  %-22s %.4f ms  %.2f TB/s  qt %016llx q %016llx\n", name.c_str(), t, bytes / (t * 1e9), sum_bytes(qt, n),
+                   r.q ? sum_bytes(q, n) : 0ull);
+        }
+    }
+    return 0;
+}
