@@ -1,9 +1,10 @@
 // The transposing FP8 cast (fp8.cu's fp8_cast_transpose_bf16) at GPT-2 1.5B's shapes (8192
 // rows), timed outside the trainer on the GPU machine's nvcc, as the trainer launches it (one
-// tile a block) and with PIPE (each block loading its next tile while it casts this one) at
-// grids of 1-8 blocks an SM: the bytes it must move, its median time of 50, the TB/s, and a
-// checksum of its codes that every variant of a row must share. A device-to-device copy of
-// 210 MB gives the machine's bandwidth beside it. Built by scripts/fp8-cast-variants.sh.
+// tile a block) and at grids of 2-8 blocks an SM: the bytes it must move, its median time of 50,
+// the TB/s, and a checksum of its codes that every grid of a row must share. A device-to-device
+// copy gives the machine's bandwidth beside it. Built by scripts/fp8-cast-variants.sh. (The
+// commit that added this file also timed a variant loading each block's next tile ahead: no
+// gain, BENCHMARKS.md run 26.)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -15,24 +16,6 @@
 #include "fp8.cu"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
-
-template <bool PIPE>
-__global__ void __launch_bounds__(256) cast_variant(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
-                                                    const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot,
-                                                    int e5m2, float* __restrict__ colsum, int op,
-                                                    const bf16_t* __restrict__ aux) {
-    fp8_cast_transpose_body<PIPE>(q, qt, x, rows, cols, slot, e5m2, colsum, op, nullptr, nullptr, nullptr, nullptr, aux,
-                                  FP8_SCALE_OF_AMAX, nullptr, nullptr);
-}
-
-// PIPE capped at 85 registers (3 blocks an SM).
-__global__ void __launch_bounds__(256, 3) cast_pipe3(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
-                                                     const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot,
-                                                     int e5m2, float* __restrict__ colsum, int op,
-                                                     const bf16_t* __restrict__ aux) {
-    fp8_cast_transpose_body<true>(q, qt, x, rows, cols, slot, e5m2, colsum, op, nullptr, nullptr, nullptr, nullptr, aux,
-                                  FP8_SCALE_OF_AMAX, nullptr, nullptr);
-}
 
 __global__ void fill_bf16(bf16_t* x, long long n, unsigned seed) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -101,18 +84,16 @@ int main() {
         const double bytes = n * (2.0 * r.reads + 1 + (r.q ? 1 : 0)) + (r.colsum ? (r.rows / 128.0) * r.cols * 4 : 0);
         printf("%s: %.0f MB, %d tiles\n", r.name, bytes / 1e6, tiles);
         float* cs = r.colsum ? colsum : nullptr;
-        auto run = [&](int pipe, int grid) {
+        auto run = [&](int grid) {
             return [=] {
-                if (pipe == 3) cast_pipe3<<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op, aux);
-                else if (pipe) cast_variant<true><<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op, aux);
-                else cast_variant<false><<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op, aux);
+                fp8_cast_transpose_bf16<<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op,
+                                                       nullptr, nullptr, nullptr, nullptr, aux, FP8_SCALE_OF_AMAX,
+                                                       nullptr, nullptr);
             };
         };
         std::vector<std::pair<std::string, std::function<void()>>> vs;
-        vs.push_back({"now (a tile a block)", run(0, tiles)});
-        for (int b : {2, 4, 8}) vs.push_back({"now, " + std::to_string(b) + "/SM", run(0, std::min(tiles, b * sms))});
-        for (int b : {1, 2, 4}) vs.push_back({"PIPE, " + std::to_string(b) + "/SM", run(1, std::min(tiles, b * sms))});
-        for (int b : {3, 6}) vs.push_back({"PIPE<=85reg, " + std::to_string(b) + "/SM", run(3, std::min(tiles, b * sms))});
+        vs.push_back({"a tile a block", run(tiles)});
+        for (int b : {2, 4, 8}) vs.push_back({std::to_string(b) + " blocks/SM", run(std::min(tiles, b * sms))});
         for (auto& [name, f] : vs) {
             CK(cudaMemset(qt, 0, n));
             const double t = time(f);

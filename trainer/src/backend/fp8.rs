@@ -386,7 +386,7 @@ pub struct Fp8Layers {
     pub kept_inputs: Vec<bool>,
     /// Where an optimizer step writes a cached layer's whole weight (and leaves its amax:
     /// [`AdamWSegment::fp8_layer`](super::AdamWSegment::fp8_layer)), it writes the cache's
-    /// codes too (CUDA: `adamw_fp8`, with a predicted scale and a check), and the version it
+    /// codes too (CUDA: `adamw.rs`, with a predicted scale and a check), and the version it
     /// begins casts that weight no more: the same codes. Nothing to reserve; the CPU's cache
     /// holds values, made at first use as before.
     pub step_codes: bool,

@@ -258,8 +258,8 @@ pub struct ModelOptions {
     /// (BENCHMARKS.md run 25, inside the machines' spread).
     pub fp8_predicted_swiglu: bool,
     /// FP8: where the optimizer step writes a cached layer's whole weight, it writes the
-    /// cache's codes too (CUDA: the update by tiles of the weight, with a predicted scale and a
-    /// check; see `cuda/adamw.rs`), and the version casts that weight no more; false
+    /// cache's codes too (CUDA: with a predicted scale, then a check that makes the transposed
+    /// codes from them; see `cuda/adamw.rs`), and the version casts that weight no more; false
     /// (`SHARDTRAIN_FP8_STEP_CODES=0`) casts it at its first use: the same bits, to measure or
     /// rule it out.
     pub fp8_step_codes: bool,

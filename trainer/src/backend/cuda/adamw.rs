@@ -5,9 +5,13 @@
 //! segment that is an FP8 layer's whole weight (`AdamWSegment::fp8_layer`) also leaves the
 //! amax of the bf16 values it writes in the layer's weight slot (`fp8.rs`), so the next
 //! parameter version's casts of that weight run no amax pass; where that layer's weight is
-//! cached in FP8 (`Fp8Layers::step_codes`), its update runs by tiles of the weight and writes
-//! the cache's codes too (`adamw_fp8`, with a predicted scale and a check: the codes of a cast
-//! with the weight's own amax), so the version needs no cast of it at all.
+//! cached in FP8 (`Fp8Layers::step_codes`), the update also writes the cache's codes as laid
+//! out (with a predicted scale), and one transposing pass after it checks the scale and makes
+//! the transposed codes from them (`fp8.rs`: `fp8_step_codes_check`; the codes of a cast with
+//! the weight's own amax, bit for bit), so the version reads the weight no more: 31 bytes an
+//! element and 2 for the transpose, where casting after the step reads the bf16 weight again
+//! (4 bytes an element with both layouts written). An update by tiles of the weight that wrote
+//! both layouts itself ran slower than that (BENCHMARKS.md run 26).
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
@@ -19,29 +23,12 @@ use crate::backend::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, BResult};
 
 /// Segments one launch updates (a GPT-2 block has 12 tensors: one launch per unit).
 const SEGS: usize = 16;
-/// FP8 weights one `adamw_fp8` launch updates (a block has 4).
-const FP8_WEIGHTS: usize = 8;
-/// `adamw_fp8`'s modes (`ADAMW_FP8_*` in adamw.cu).
-const FP8_UPDATE: i32 = 0;
-const FP8_CHECK: i32 = 1;
-/// The tile of `adamw_fp8`: rows and columns of a weight (`Fp8TileOf` in common.cuh: 256
-/// threads of 4 rows × 8 columns, so `TILE_R · TILE_C / 32 = 256`).
-const TILE_R: usize = 128;
-const TILE_C: usize = 64;
-
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "adamw",
     src: include_str!("adamw.cu"),
-    functions: &["adamw", "adamw4", "adamw_fp8"],
+    functions: &["adamw", "adamw4"],
     big_smem: no_big_smem,
-    defines: || {
-        vec![
-            ("ADAMW_SEGS", SEGS.to_string()),
-            ("ADAMW_FP8_WEIGHTS", FP8_WEIGHTS.to_string()),
-            ("ADAMW_FP8_TILE_C", TILE_C.to_string()),
-            ("ADAMW_FP8_TILE_R", TILE_R.to_string()),
-        ]
-    },
+    defines: || vec![("ADAMW_SEGS", SEGS.to_string())],
 };
 
 /// The kernel's `AdamWSegs`, passed by value (same layout: `repr(C)`, the same field order).
@@ -54,6 +41,9 @@ struct SegTable {
     goff: [i64; SEGS],
     /// Each segment's FP8 amax word (0: none).
     amax: [u64; SEGS],
+    /// Where each segment writes its values' FP8 codes (0: none), and its weight's prediction.
+    codes: [u64; SEGS],
+    pred: [u64; SEGS],
     wd: [f32; SEGS],
     n: i32,
 }
@@ -66,58 +56,29 @@ fn total_of(t: &SegTable) -> usize {
 // SAFETY: plain numbers in C layout, as the kernel declares them.
 unsafe impl DeviceRepr for SegTable {}
 
-/// The kernel's `AdamWFp8` (same layout: `repr(C)`, the same field order): up to
-/// `FP8_WEIGHTS` weights updated by tiles, with their codes.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Fp8Table {
-    tile_start: [i64; FP8_WEIGHTS + 1],
-    poff: [i64; FP8_WEIGHTS],
-    moff: [i64; FP8_WEIGHTS],
-    goff: [i64; FP8_WEIGHTS],
-    q: [u64; FP8_WEIGHTS],
-    qt: [u64; FP8_WEIGHTS],
-    slot: [u64; FP8_WEIGHTS],
-    pred: [u64; FP8_WEIGHTS],
-    rows: [i32; FP8_WEIGHTS],
-    cols: [i32; FP8_WEIGHTS],
-    wd: [f32; FP8_WEIGHTS],
-    n: i32,
-}
-
-// SAFETY: plain numbers in C layout, as the kernel declares them.
-unsafe impl DeviceRepr for Fp8Table {}
-
-/// One FP8 weight the step updates by tiles and writes the codes of: where its cache is, and
-/// where its elements start in the params, state and gradient arrays.
+/// A cached FP8 weight whose codes the step writes: where they go, and where the weight starts
+/// in the parameters.
 #[derive(Debug, Clone, Copy)]
 struct CodedWeight {
     layer: usize,
     codes: StepCodes,
     poff: usize,
-    moff: usize,
-    goff: usize,
-    decay: bool,
 }
 
-/// Whether `segs` (the segments of one FP8 layer's weight, in any order) are its `rows × cols`
-/// weight as one run in every array with one weight decay and offsets that allow the
-/// tiles' 16-byte accesses (8 bf16, 4 fp32); the run's offsets where they are.
-fn one_run(segs: &[&AdamWSegment], rows: usize, cols: usize) -> Option<(usize, usize, usize, bool)> {
+/// Where `segs` (the segments of one FP8 layer's weight, in any order) are its `len` values
+/// as one run of the parameters (the matrix the transposing pass reads): its start there.
+fn one_run(segs: &[&AdamWSegment], len: usize) -> Option<usize> {
     let mut sorted = segs.to_vec();
-    sorted.sort_by_key(|s| s.moff);
-    let first = sorted.first()?;
-    let mut end = (first.poff, first.moff, first.goff);
+    sorted.sort_by_key(|s| s.poff);
+    let first = sorted.first()?.poff;
+    let mut end = first;
     for s in &sorted {
-        if (s.poff, s.moff, s.goff) != end || s.decay != first.decay {
+        if s.poff != end {
             return None;
         }
-        end = (s.poff + s.len, s.moff + s.len, s.goff + s.len);
+        end += s.len;
     }
-    let whole = end.1 - first.moff == rows * cols;
-    let aligned = first.poff.is_multiple_of(8) && first.moff.is_multiple_of(4) && first.goff.is_multiple_of(4);
-    let shape = rows.is_multiple_of(16) && cols.is_multiple_of(16);
-    (whole && aligned && shape).then_some((first.poff, first.moff, first.goff, first.decay))
+    (end - first == len).then_some(first)
 }
 
 impl AdamWOps for CudaBackend {
@@ -153,25 +114,20 @@ impl AdamWOps for CudaBackend {
                 (s, word)
             })
             .collect();
-        // The cached FP8 weights this step writes the codes of (by tiles), and the rest.
-        let aligned = [w, mp, vp, g, p].iter().all(|&a| a.is_multiple_of(16));
-        let coded = if p != 0 && aligned { self.coded_weights(&nonempty)? } else { Vec::new() };
-        let flat: Vec<(&AdamWSegment, u64)> = paired
-            .into_iter()
-            .filter(|(s, _)| !s.fp8_layer.is_some_and(|l| coded.iter().any(|c| c.layer == l)))
-            .collect();
+        // The cached FP8 weights whose codes this step writes.
+        let coded = if p != 0 { self.coded_weights(&nonempty)? } else { Vec::new() };
+        let coded_of = |s: &AdamWSegment| s.fp8_layer.and_then(|l| coded.iter().find(|c| c.layer == l));
         let fp8_layers: Vec<(usize, bool)> = fp8.iter().map(|&l| (l, coded.iter().any(|c| c.layer == l))).collect();
         self.fp8_step_codes_written(&fp8_layers)?;
-        for group in coded.chunks(FP8_WEIGHTS) {
-            self.adamw_fp8_launch(group, (p, w, mp, vp, g), h)?;
-        }
-        for group in flat.chunks(SEGS) {
+        for group in paired.chunks(SEGS) {
             let mut table = SegTable {
                 start: [0; SEGS + 1],
                 poff: [0; SEGS],
                 moff: [0; SEGS],
                 goff: [0; SEGS],
                 amax: [0; SEGS],
+                codes: [0; SEGS],
+                pred: [0; SEGS],
                 wd: [0.0; SEGS],
                 n: 0,
             };
@@ -181,6 +137,11 @@ impl AdamWOps for CudaBackend {
                 table.moff[k] = s.moff as i64;
                 table.goff[k] = s.goff as i64;
                 table.amax[k] = word;
+                if let Some(c) = coded_of(s) {
+                    // The segment's place in its weight's codes.
+                    table.codes[k] = c.codes.q + (s.poff - c.poff) as u64;
+                    table.pred[k] = c.codes.pred;
+                }
                 table.wd[k] = if s.decay { h.weight_decay } else { 0.0 };
             }
             table.n = group.len() as i32;
@@ -214,15 +175,20 @@ impl AdamWOps for CudaBackend {
             unsafe { lb.launch(cfg((self.grid_for(threads), 1, 1), (BLOCK, 1, 1), 0)) }
                 .map_err(|e| self.launch_err(name, e))?;
         }
+        // The coded weights' checks and transposed codes (or their casts again).
+        let checks: Vec<_> = coded.iter().map(|c| (c.codes, p + 2 * c.poff as u64)).collect();
+        // SAFETY: each weight's rows·cols bf16 lie at its start in the parameters (`one_run` over
+        // checked segments); its codes' regions hold as many bytes, its slot and prediction four
+        // words (`fp8_step_codes_target`).
+        unsafe { self.fp8_step_codes_check(&checks)? };
         Ok(())
     }
 }
 
 impl CudaBackend {
-    /// The FP8 layers among `segs` whose weight the step may update by tiles and write the
-    /// cached codes of (`fp8_step_codes_target`): each layer's segments one run of its whole
-    /// weight ([`one_run`]); the others are updated as plain segments (their amax left all the
-    /// same) and cast at their first use.
+    /// The FP8 layers among `segs` whose weight's codes the step writes
+    /// (`fp8_step_codes_target`): each layer's segments one run of its whole weight in the
+    /// parameters ([`one_run`]); the others are cast at their first use.
     fn coded_weights(&self, segs: &[&AdamWSegment]) -> BResult<Vec<CodedWeight>> {
         let mut layers: Vec<usize> = segs.iter().filter_map(|s| s.fp8_layer).collect();
         layers.sort_unstable();
@@ -231,75 +197,10 @@ impl CudaBackend {
         for layer in layers {
             let Some(codes) = self.fp8_step_codes_target(layer)? else { continue };
             let mine: Vec<&AdamWSegment> = segs.iter().copied().filter(|s| s.fp8_layer == Some(layer)).collect();
-            if let Some((poff, moff, goff, decay)) = one_run(&mine, codes.rows, codes.cols) {
-                coded.push(CodedWeight { layer, codes, poff, moff, goff, decay });
+            if let Some(poff) = one_run(&mine, codes.rows * codes.cols) {
+                coded.push(CodedWeight { layer, codes, poff });
             }
         }
         Ok(coded)
-    }
-
-    /// `adamw_fp8` over `group`'s weights: the update by tiles writing their codes with the
-    /// predicted scale, then the check (cast again where the scale moved).
-    fn adamw_fp8_launch(
-        &self,
-        group: &[CodedWeight],
-        (p, w, mp, vp, g): (u64, u64, u64, u64, u64),
-        h: AdamWStep,
-    ) -> BResult<()> {
-        let (bc1, bc2) = h.bias_corrections();
-        let mut table = Fp8Table {
-            tile_start: [0; FP8_WEIGHTS + 1],
-            poff: [0; FP8_WEIGHTS],
-            moff: [0; FP8_WEIGHTS],
-            goff: [0; FP8_WEIGHTS],
-            q: [0; FP8_WEIGHTS],
-            qt: [0; FP8_WEIGHTS],
-            slot: [0; FP8_WEIGHTS],
-            pred: [0; FP8_WEIGHTS],
-            rows: [0; FP8_WEIGHTS],
-            cols: [0; FP8_WEIGHTS],
-            wd: [0.0; FP8_WEIGHTS],
-            n: group.len() as i32,
-        };
-        for (k, c) in group.iter().enumerate() {
-            let StepCodes { q, qt, slot, pred, rows, cols } = c.codes;
-            let tiles = rows.div_ceil(TILE_R) * cols.div_ceil(TILE_C);
-            table.tile_start[k + 1] = table.tile_start[k] + tiles as i64;
-            (table.poff[k], table.moff[k], table.goff[k]) = (c.poff as i64, c.moff as i64, c.goff as i64);
-            (table.q[k], table.qt[k], table.slot[k], table.pred[k]) = (q, qt, slot, pred);
-            table.rows[k] =
-                i32::try_from(rows).map_err(|_| super::launch::bad(format!("an FP8 weight of {rows} rows")))?;
-            table.cols[k] =
-                i32::try_from(cols).map_err(|_| super::launch::bad(format!("an FP8 weight of {cols} columns")))?;
-            table.wd[k] = if c.decay { h.weight_decay } else { 0.0 };
-        }
-        let tiles = table.tile_start[group.len()];
-        let tiles = u32::try_from(tiles).map_err(|_| super::launch::bad(format!("adamw_fp8: {tiles} tiles")))?;
-        // The update a tile a block; the check a few blocks an SM (they return at once where
-        // every prediction held).
-        for (mode, grid) in [(FP8_UPDATE, tiles), (FP8_CHECK, tiles.min(8 * self.sm_count as u32).max(1))] {
-            let f = self.f("adamw_fp8")?;
-            let mut lb = self.stream.launch_builder(f);
-            lb.arg(&p)
-                .arg(&w)
-                .arg(&mp)
-                .arg(&vp)
-                .arg(&g)
-                .arg(&table)
-                .arg(&mode)
-                .arg(&h.lr)
-                .arg(&h.beta1)
-                .arg(&h.beta2)
-                .arg(&h.eps)
-                .arg(&bc1)
-                .arg(&bc2)
-                .arg(&h.grad_scale);
-            // SAFETY: each weight's rows·cols elements lie in the arrays (the segments were
-            // checked, and are one run of them: `one_run`), at offsets the 16-byte accesses
-            // allow; its codes' regions hold rows·cols bytes each, its slot and prediction
-            // four words (`fp8_step_codes_target`).
-            unsafe { lb.launch(cfg((grid, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err("adamw_fp8", e))?;
-        }
-        Ok(())
     }
 }

@@ -119,16 +119,13 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // 8 words of 4 rows each with byte permutes, so shared memory moves words, not bytes. The
 // stores then write 16 consecutive rows of one of qt's rows per 16-byte word. The +1 word of
 // padding per column keeps the word writes to 2-way bank conflicts and the reads to none.
-//
-// PIPE: a block loads the next tile's x patch (and GELU's gradient's aux) as soon as it has
-// taken this tile's, so the loads fly while this tile is cast and stored (a grid of a few
-// blocks an SM then loops over several tiles each).
-template <bool PIPE>
-__device__ __forceinline__ void fp8_cast_transpose_body(
-    unsigned char* __restrict__ q, unsigned char* __restrict__ qt, const bf16_t* __restrict__ x, int rows, int cols,
-    unsigned* slot, int e5m2, float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
-    const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w, const bf16_t* __restrict__ ln_b,
-    const bf16_t* __restrict__ aux, int mode, unsigned* pred, const unsigned* ref) {
+extern "C" __global__ void __launch_bounds__(256)
+    fp8_cast_transpose_bf16(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
+                            const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot, int e5m2,
+                            float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
+                            const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
+                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
+                            unsigned* pred, const unsigned* ref) {
     __shared__ Fp8TileWords t;
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     __shared__ unsigned warp_max[8];
@@ -162,42 +159,20 @@ __device__ __forceinline__ void fp8_cast_transpose_body(
     // cols % 16 == 0 put a group's rows and a thread's columns all in or all out.
     const int cg = threadIdx.x & 7, g = threadIdx.x >> 3;
     unsigned m = 0;  // FP8_SCALE_PREDICTED: the amax of this thread's values
-    // A tile's x patch of this thread (and DGELU's aux patch), where the thread's rows and
-    // columns are in.
-    const bool dgelu = op == FP8_OP_DGELU;
-    auto fetch = [&](long long tl, uint4* xv, uint4* av) {
-        const int gr = (int)(tl / tiles_c) * FP8_TILE_R + 4 * g, gc = (int)(tl % tiles_c) * FP8_TILE_C + 8 * cg;
-        if (gr < rows && gc < cols) {
-            const long long at = (long long)gr * cols + gc, xat = (long long)gr * ld + gc;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xv[i] = load8(x + xat + (long long)i * ld, aligned);
-            if (dgelu) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) av[i] = load8(aux + at + (long long)i * cols, aux_aligned);
-            }
-        }
-    };
-    uint4 nv[4], na[4];  // PIPE: the next tile's
-    if (PIPE && blockIdx.x < tiles) fetch(blockIdx.x, nv, na);
     for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int tr = (int)(tile / tiles_c), r0 = tr * FP8_TILE_R, c0 = (int)(tile % tiles_c) * FP8_TILE_C;
         const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
-        uint4 v[4], av[4];
-        if (PIPE) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = nv[i], av[i] = na[i];
-            if (tile + gridDim.x < tiles) fetch(tile + gridDim.x, nv, na);
-        } else {
-            fetch(tile, v, av);
-        }
         if (gr < rows && gc < cols) {
             const long long at = (long long)gr * cols + gc, xat = (long long)gr * ld + gc;
+            uint4 v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = load8(x + xat + (long long)i * ld, aligned);
             if (op == FP8_OP_GELU) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) v[i] = gelu8(v[i]);
-            } else if (dgelu) {
+            } else if (op == FP8_OP_DGELU) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) v[i] = dgelu8(av[i], v[i]);
+                for (int i = 0; i < 4; ++i) v[i] = dgelu8(load8(aux + at + (long long)i * cols, aux_aligned), v[i]);
             } else if (op == FP8_OP_SWIGLU) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -288,15 +263,95 @@ __device__ __forceinline__ void fp8_cast_transpose_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    fp8_cast_transpose_bf16(unsigned char* __restrict__ q, unsigned char* __restrict__ qt,
-                            const bf16_t* __restrict__ x, int rows, int cols, unsigned* slot, int e5m2,
-                            float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
-                            const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
-                            const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
-                            unsigned* pred, const unsigned* ref) {
-    fp8_cast_transpose_body<FP8_CAST_PIPE != 0>(q, qt, x, rows, cols, slot, e5m2, colsum, op, ln_mean, ln_rstd, ln_w,
-                                               ln_b, aux, mode, pred, ref);
+// ---- The cached weights whose codes the optimizer step wrote (adamw.cu; fp8.rs:
+// `fp8_step_codes_check`), up to FP8_STEP_WEIGHTS of them a launch (a block's). For each: the
+// scale of the amax the step found in its slot (slot[1]) against the one its codes were
+// written with (slot[2]). Where they agree, qt is made from q (the transposed codes: the same
+// a cast with that amax writes); otherwise x (the bf16 weight the step wrote) is cast again
+// into both. The block that takes a weight's first tile writes its inverse scale, its next
+// prediction and one count (pred[1] right, pred[2] wrong), as FP8_SCALE_CHECK does.
+// Tiles of 256 rows × 64 columns, thread (g = tid / 4, c4 = tid % 4) taking rows 4g..4g+3 and
+// columns 16·c4.. 16·c4+15: one 16-byte load of codes a row (a byte an element moves each way,
+// so the loads are made wide); rows and cols are multiples of 16.
+struct Fp8StepCodes {
+    long long tile_start[FP8_STEP_WEIGHTS + 1];
+    unsigned char* q[FP8_STEP_WEIGHTS];
+    unsigned char* qt[FP8_STEP_WEIGHTS];
+    const bf16_t* x[FP8_STEP_WEIGHTS];
+    unsigned* slot[FP8_STEP_WEIGHTS];
+    unsigned* pred[FP8_STEP_WEIGHTS];
+    int rows[FP8_STEP_WEIGHTS];
+    int cols[FP8_STEP_WEIGHTS];
+    int n;
+};
+
+#define FP8_SC_TILE_R 256
+
+extern "C" __global__ void __launch_bounds__(256) fp8_step_codes(const Fp8StepCodes t) {
+    __shared__ unsigned words[FP8_TILE_C][FP8_SC_TILE_R / 4 + 1];  // words[c][g]: column c's codes, rows 4g..4g+3
+    const int c4 = threadIdx.x & 3, g = threadIdx.x >> 2;
+    int w = 0;
+    for (long long tile = blockIdx.x; tile < t.tile_start[t.n]; tile += gridDim.x) {
+        while (tile >= t.tile_start[w + 1]) ++w;
+        const int rows = t.rows[w], cols = t.cols[w];
+        unsigned* slot = t.slot[w];
+        const float s = fp8_scale(slot[1], 0);
+        const bool right = __float_as_uint(s) == slot[2];
+        const long long k = tile - t.tile_start[w];
+        if (k == 0 && threadIdx.x == 0) {
+            ((float*)slot)[0] = 1.f / s;
+            t.pred[w][0] = slot[1];
+            t.pred[w][3] = 0u;
+            t.pred[w][right ? 1 : 2] += 1u;
+        }
+        const int tiles_c = (cols + FP8_TILE_C - 1) / FP8_TILE_C;
+        const int r0 = (int)(k / tiles_c) * FP8_SC_TILE_R, c0 = (int)(k % tiles_c) * FP8_TILE_C;
+        const int gr = r0 + 4 * g, gc = c0 + 16 * c4;
+        if (gr < rows && gc < cols) {
+            unsigned char* q = t.q[w];
+            uint4 b[4];  // row i's 16 codes
+            if (right) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) b[i] = *(const uint4*)(q + (long long)(gr + i) * cols + gc);
+            } else {
+                const bf16_t* x = t.x[w];
+                const bool aligned = aligned16(x);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const long long at = (long long)(gr + i) * cols + gc;
+                    const uint2 lo = cvt8(load8(x + at, aligned), s, 0), hi = cvt8(load8(x + at + 8, aligned), s, 0);
+                    b[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                    *(uint4*)(q + at) = b[i];
+                }
+            }
+            // As fp8_tile_words, for 16 columns: word h of each row holds columns 4h..4h+3.
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const unsigned w0 = h == 0 ? b[0].x : h == 1 ? b[0].y : h == 2 ? b[0].z : b[0].w;
+                const unsigned w1 = h == 0 ? b[1].x : h == 1 ? b[1].y : h == 2 ? b[1].z : b[1].w;
+                const unsigned w2 = h == 0 ? b[2].x : h == 1 ? b[2].y : h == 2 ? b[2].z : b[2].w;
+                const unsigned w3 = h == 0 ? b[3].x : h == 1 ? b[3].y : h == 2 ? b[3].z : b[3].w;
+                const unsigned lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+                const unsigned lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+                const int c = 16 * c4 + 4 * h;
+                words[c + 0][g] = __byte_perm(lo01, lo23, 0x5410);
+                words[c + 1][g] = __byte_perm(lo01, lo23, 0x7632);
+                words[c + 2][g] = __byte_perm(hi01, hi23, 0x5410);
+                words[c + 3][g] = __byte_perm(hi01, hi23, 0x7632);
+            }
+        }
+        __syncthreads();
+        // 64 of qt's rows × 16 chunks of 16 codes (256 rows), four per thread.
+        unsigned char* qt = t.qt[w];
+        for (int j = threadIdx.x; j < FP8_TILE_C * (FP8_SC_TILE_R / 16); j += blockDim.x) {
+            const int c = j >> 4, ch = j & 15;
+            const int oc = c0 + c, orow = r0 + 16 * ch;
+            if (oc < cols && orow < rows)
+                *(uint4*)(qt + (long long)oc * rows + orow) =
+                    make_uint4(words[c][4 * ch], words[c][4 * ch + 1], words[c][4 * ch + 2], words[c][4 * ch + 3]);
+        }
+        __syncthreads();  // the next tile writes words
+    }
 }
 
 // ---- ZeRO-3's FP8 weight gathers (backend/fp8_gather.rs: the layout and the CPU twin;

@@ -86,23 +86,26 @@ use crate::backend::{
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "fp8",
     src: include_str!("fp8.cu"),
-    functions: &["fp8_amax_bf16", "fp8_cast_bf16", "fp8_cast_transpose_bf16", "fp8_gather_pack", "fp8_gather_unpack"],
+    functions: &[
+        "fp8_amax_bf16",
+        "fp8_cast_bf16",
+        "fp8_cast_transpose_bf16",
+        "fp8_step_codes",
+        "fp8_gather_pack",
+        "fp8_gather_unpack",
+    ],
     big_smem: no_big_smem,
     defines: fp8_defines,
 };
 
-/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`), and whether
-/// the transposing cast loads a tile ahead (`CAST_PIPE`).
+/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`), and the
+/// step codes' (`STEP_WEIGHTS`).
 fn fp8_defines() -> Vec<(&'static str, String)> {
     vec![
         ("FP8G_SEGS", crate::backend::fp8_gather::MAX_SEGMENTS.to_string()),
-        ("FP8_CAST_PIPE", i32::from(CAST_PIPE).to_string()),
+        ("FP8_STEP_WEIGHTS", STEP_WEIGHTS.to_string()),
     ]
 }
-
-/// Whether `fp8_cast_transpose_bf16` loads each block's next tile while it casts this one
-/// (fp8.cu: `PIPE`), the grid then a few blocks an SM.
-const CAST_PIPE: bool = false;
 
 /// Columns and rows of the transposing cast's tile (`FP8_TILE_C`, `FP8_TILE_R` in fp8.cu,
 /// whose 256 threads each take 4 rows × 8 columns).
@@ -114,6 +117,28 @@ pub const COLSUM_ROWS: usize = TILE_R;
 const SCALE_OF_AMAX: i32 = 0;
 const SCALE_PREDICTED: i32 = 1;
 const SCALE_CHECK: i32 = 2;
+/// Weights one `fp8_step_codes` launch takes (a block's four, with room).
+const STEP_WEIGHTS: usize = 8;
+/// Rows of `fp8_step_codes`'s tile (`FP8_SC_TILE_R`; its columns: `TILE_C`).
+const STEP_TILE_R: usize = 256;
+
+/// The kernel's `Fp8StepCodes` (same layout: `repr(C)`, the same field order).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StepCodesTable {
+    tile_start: [i64; STEP_WEIGHTS + 1],
+    q: [u64; STEP_WEIGHTS],
+    qt: [u64; STEP_WEIGHTS],
+    x: [u64; STEP_WEIGHTS],
+    slot: [u64; STEP_WEIGHTS],
+    pred: [u64; STEP_WEIGHTS],
+    rows: [i32; STEP_WEIGHTS],
+    cols: [i32; STEP_WEIGHTS],
+    n: i32,
+}
+
+// SAFETY: plain numbers in C layout, as the kernel declares them.
+unsafe impl cudarc::driver::DeviceRepr for StepCodesTable {}
 
 /// `SHARDTRAIN_FP8_FAST_ACCUM`: `0` (or unset) has the FP8 forward GEMMs promote their partial
 /// sums to fp32 like the backward's; `1` lets them use cuBLASLt's fast accumulation (as
@@ -146,8 +171,8 @@ pub(super) struct Fp8Ws {
     step_amax: Vec<bool>,
     /// Whether the optimizer step writes the cached weights' codes (`Fp8Layers::step_codes`).
     step_codes_on: bool,
-    /// Per layer, whether the last optimizer step wrote its cached weight's codes (`adamw.rs`:
-    /// `adamw_fp8`), for the version `fp8_weights_changed(by_step)` begins.
+    /// Per layer, whether the last optimizer step wrote its cached weight's codes (`adamw.rs`),
+    /// for the version `fp8_weights_changed(by_step)` begins.
     step_codes: Vec<bool>,
     /// The parameter version: bumped by `fp8_weights_changed`.
     version: u64,
@@ -316,9 +341,9 @@ pub(super) struct NormPtrs {
     pub b: u64,
 }
 
-/// Where the optimizer step writes a cached weight's codes (`adamw.rs`: `adamw_fp8`): its two
-/// layouts' regions, its weight slot and its prediction (`CudaFp8Workspace::weight_prediction`),
-/// and its shape (`rows` = outputs, `cols` = inputs).
+/// Where the optimizer step writes a cached weight's codes (`adamw.rs`): its two layouts'
+/// regions, its weight slot and its prediction (`CudaFp8Workspace::weight_prediction`), and its
+/// shape (`rows` = outputs, `cols` = inputs).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StepCodes {
     pub q: u64,
@@ -484,7 +509,7 @@ impl CudaBackend {
     }
 
     /// Where an optimizer step that writes layer `l`'s whole weight writes its cached codes
-    /// (`adamw_fp8`), or `None` where it does not: FP8 not prepared, the step's codes off
+    /// (`adamw.rs`), or `None` where it does not: FP8 not prepared, the step's codes off
     /// (`Fp8Layers::step_codes`), or the layer not cached.
     pub(super) fn fp8_step_codes_target(&self, l: usize) -> BResult<Option<StepCodes>> {
         let cell = self.fp8_ws.borrow();
@@ -510,6 +535,52 @@ impl CudaBackend {
             rows: oc,
             cols: c,
         }))
+    }
+
+    /// After an optimizer step wrote cached weights' codes as laid out with a predicted scale
+    /// (`adamw.rs`; each weight's bf16 values at its `x`, its amax in its slot): for each, the
+    /// check of the scale, and the transposed codes made from them where it held, else the
+    /// weight cast again, both layouts (fp8.cu: `fp8_step_codes`, a few weights a launch); the
+    /// inverse scale, the next prediction and a count written either way.
+    ///
+    /// # Safety
+    /// Each `x` holds its `codes.rows · codes.cols` bf16; each `codes` is `fp8_step_codes_target`'s.
+    pub(super) unsafe fn fp8_step_codes_check(&self, weights: &[(StepCodes, u64)]) -> BResult<()> {
+        for group in weights.chunks(STEP_WEIGHTS) {
+            let mut t = StepCodesTable {
+                tile_start: [0; STEP_WEIGHTS + 1],
+                q: [0; STEP_WEIGHTS],
+                qt: [0; STEP_WEIGHTS],
+                x: [0; STEP_WEIGHTS],
+                slot: [0; STEP_WEIGHTS],
+                pred: [0; STEP_WEIGHTS],
+                rows: [0; STEP_WEIGHTS],
+                cols: [0; STEP_WEIGHTS],
+                n: group.len() as i32,
+            };
+            for (k, &(c, x)) in group.iter().enumerate() {
+                let tiles = c.cols.div_ceil(TILE_C) * c.rows.div_ceil(STEP_TILE_R);
+                t.tile_start[k + 1] = t.tile_start[k] + tiles as i64;
+                (t.q[k], t.qt[k], t.x[k], t.slot[k], t.pred[k]) = (c.q, c.qt, x, c.slot, c.pred);
+                (t.rows[k], t.cols[k]) = (to_i32("rows", c.rows)?, to_i32("columns", c.cols)?);
+                if !(c.rows.is_multiple_of(16) && c.cols.is_multiple_of(16)) {
+                    return Err(bad(format!(
+                        "FP8 step codes of a {} × {} weight, not multiples of 16 (a bug)",
+                        c.rows, c.cols
+                    )));
+                }
+            }
+            let tiles = u32::try_from(t.tile_start[group.len()])
+                .map_err(|_| bad("FP8 step codes: too many tiles in one launch".into()))?;
+            let f = self.f("fp8_step_codes")?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&t);
+            // SAFETY: the caller's promises: each x holds rows·cols bf16, q and qt as many bytes
+            // (the layer's cache regions), the slot and the prediction four words each.
+            unsafe { lb.launch(cfg((tiles.max(1), 1, 1), (256, 1, 1), 0)) }
+                .map_err(|e| self.launch_err("fp8_step_codes", e))?;
+        }
+        Ok(())
     }
 
     /// An optimizer step updated the weights of `layers` (`AdamWSegment::fp8_layer`), writing
@@ -1351,7 +1422,7 @@ impl CudaBackend {
     /// Layer `layer`'s cached weight as it stands (`prepare_fp8` first, the layer cached), read
     /// back: its codes in both layouts, its weight slot's inverse scale and amax, and whether
     /// they are the current parameter version's (made by a cast, or by the optimizer step
-    /// that began it: `adamw_fp8`). What `tests/gpu_kernels.rs` compares with a cast of the
+    /// that began it: `adamw.rs`). What `tests/gpu_kernels.rs` compares with a cast of the
     /// weight the step wrote.
     pub fn fp8_cached_weight_read(&self, layer: usize) -> BResult<CachedWeightRead> {
         let cell = self.fp8_ws.borrow();
