@@ -12,7 +12,7 @@
 #         finding GELU's amaxes first instead of predicting scales: speed-1.5b-fp8-nopredicted;
 #         casting the cached weights after the step instead of the step writing their codes:
 #         speed-1.5b-fp8-nostepcodes;
-#         Llama's SwiGLU casts predicting (opt-in): speed-llama-{8b,1b}-fp8-swiglupred;
+#         Llama's SwiGLU casts predicting (opt-in; slower in run 26): speed-llama-{8b,1b}-fp8-swiglupred;
 #         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
@@ -93,9 +93,13 @@ speed() { # name config extra...: STEPS steps, both precisions (and the OLD bina
 ncu_2blocks() { # name metrics launcher-args...: ncu's METRICS for every kernel of 3 steps of a
     # 2-block model of GPT-2 1.5B's width (8×1024, ZeRO-1) into $OUT/name.csv. Eager (no CUDA
     # graphs) so ncu sees each kernel; the heuristic's algorithms (no timing launches); no
-    # watchdog (ncu serialises and slows every kernel).
+    # watchdog (ncu serialises and slows every kernel). Caches are not flushed between kernels
+    # (--cache-control none): a step's small kernels read what the kernel before just wrote;
+    # with ncu's default flush, kernels it timed at 1-1.3 TB/s (attention's D, the LayerNorm
+    # statistics) were rewritten with wide loads and the step did not measurably move
+    # (BENCHMARKS.md run 26).
     local name=$1 metrics=$2; shift 2
-    timeout 200 ncu --clock-control none --target-processes all --metrics "$metrics" --csv --print-units base \
+    timeout 200 ncu --clock-control none --cache-control none --target-processes all --metrics "$metrics" --csv --print-units base \
         "$BIN/launcher" --gpus 1 configs/gpt2-1.5b.toml --set model.n_layer=2 --set train.steps=3 \
         --set zero.stage=1 --set train.micro_batch=8 --set train.eval_every=0 --set checkpoint.every=0 \
         --set train.cuda_graphs=false --set train.gemm_tuning='"heuristic"' --set watchdog.timeout_s=0 \

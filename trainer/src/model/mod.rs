@@ -253,9 +253,9 @@ pub struct ModelOptions {
     pub fp8_predicted_scales: bool,
     /// FP8: the same for Llama's SwiGLU casts, down's of SwiGLU's output and gate/up's
     /// backward's of SwiGLU's input gradient (never written in bf16), with
-    /// `fp8_predicted_scales`. Opt-in (`SHARDTRAIN_FP8_PREDICTED_SWIGLU=1`) until measured
-    /// faster: tested to give the same bits (CPU and GPU), timed only once at Llama-3-8B
-    /// (BENCHMARKS.md run 25, inside the machines' spread).
+    /// `fp8_predicted_scales`. Opt-in (`SHARDTRAIN_FP8_PREDICTED_SWIGLU=1`): tested to give the
+    /// same bits (CPU and GPU), but measured slower (Llama-3.2-1B +2.3–2.7% a step, Llama-3-8B
+    /// +1.3%: BENCHMARKS.md run 26), unlike GPT-2's GELU casts.
     pub fp8_predicted_swiglu: bool,
     /// FP8: where the optimizer step writes a cached layer's whole weight, it writes the
     /// cache's codes too (CUDA: with a predicted scale, then a check that makes the transposed
