@@ -391,11 +391,23 @@ fn layers_kept_in_bf16_under_fp8_run_unquantized_and_shard_the_same() {
     }
 }
 
-/// What [`run_with`] gives: per step the loss, the parameters at the end, the activations
-/// the ledger counted, over the steps' first micro-steps how many FP8 weights used the amax
-/// the optimizer step left, how many FP8 GEMMs applied a norm in their cast, and how many
-/// FP8 casts found their amax themselves (predicted scales; rank 0).
-type Handmade = (Vec<f64>, Vec<Vec<f32>>, u64, usize, usize, usize);
+/// What [`run_with`] gives (rank 0's).
+struct Handmade {
+    /// Per step, the loss.
+    losses: Vec<f64>,
+    /// The parameters at the end, per unit.
+    params: Vec<Vec<f32>>,
+    /// The activations the ledger counted.
+    activations: u64,
+    /// Over the steps' first micro-steps, how many FP8 weights used the amax the optimizer
+    /// step left, and how many cached FP8 weights were the ones the step wrote.
+    amaxes_from_step: usize,
+    coded_by_step: usize,
+    /// How many FP8 GEMMs applied a norm in their cast, and how many FP8 casts found their
+    /// amax themselves (predicted scales).
+    norms_in_casts: usize,
+    casts_without_amax: usize,
+}
 
 /// The FP8 savings a hand-driven run takes (each one's switch: `ModelOptions` and
 /// `EngineOptions`).
@@ -405,13 +417,15 @@ struct Knobs {
     step_amax: bool,
     norm_in_cast: bool,
     predicted_scales: bool,
+    step_codes: bool,
 }
 
-const ALL: Knobs = Knobs { kept_inputs: true, step_amax: true, norm_in_cast: true, predicted_scales: true };
+const ALL: Knobs =
+    Knobs { kept_inputs: true, step_amax: true, norm_in_cast: true, predicted_scales: true, step_codes: true };
 
 /// A hand-driven FP8 run (what `Trainer` does, with the savings `knobs` says).
 fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade {
-    let Knobs { kept_inputs, step_amax, norm_in_cast, predicted_scales } = knobs;
+    let Knobs { kept_inputs, step_amax, norm_in_cast, predicted_scales, step_codes } = knobs;
     use trainer::model::{step_micro, ModelLayout, ModelOptions};
     use trainer::optim::Hyper;
     use trainer::zero::{Engine, EngineOptions};
@@ -429,11 +443,12 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
             fp8_norm_in_cast: norm_in_cast,
             fp8_predicted_scales: predicted_scales,
             fp8_predicted_swiglu: predicted_scales,
+            fp8_step_codes: step_codes,
             ..ModelOptions::from_config(&cfg)
         };
         let mut model = family.build(&be, &eng.layout, &opts, &mut eng.ledger).expect("model");
         let (accum, n) = (cfg.train.grad_accum, cfg.train.micro_batch * cfg.model.seq_len);
-        let (mut losses, mut from_step) = (Vec::new(), 0);
+        let (mut losses, mut from_step, mut coded) = (Vec::new(), 0, 0);
         for step in 0..steps {
             eng.begin_step(&be).expect("begin");
             for micro in 0..accum {
@@ -445,6 +460,7 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
                 step_micro(model.as_mut(), &be, &mut eng, &mut comm, &batch, scale).expect("micro");
                 if micro == 0 {
                     from_step += be.fp8_weight_amaxes_from_step();
+                    coded += be.fp8_weights_coded_by_step();
                 }
             }
             let h = Hyper { lr: 3e-3, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
@@ -453,7 +469,15 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
         }
         let params = (0..eng.num_units()).map(|u| eng.full_params_host(&be, &mut comm, u).expect("params")).collect();
         let activations = eng.ledger.report().current.activations;
-        (losses, params, activations, from_step, be.fp8_norms_applied_in_casts(), be.fp8_casts_without_amax())
+        Handmade {
+            losses,
+            params,
+            activations,
+            amaxes_from_step: from_step,
+            coded_by_step: coded,
+            norms_in_casts: be.fp8_norms_applied_in_casts(),
+            casts_without_amax: be.fp8_casts_without_amax(),
+        }
     });
     results.swap_remove(0)
 }
@@ -470,8 +494,9 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
 fn kept_fp8_inputs_give_the_bits_of_casting_again() {
     for v in saving_variants() {
         let tag = &v.tag;
-        let (l0, p0, a0, ..) = run_with(&v.cfg, v.world, Knobs { kept_inputs: false, ..ALL }, 3);
-        let (l1, p1, a1, ..) = run_with(&v.cfg, v.world, ALL, 3);
+        let Handmade { losses: l0, params: p0, activations: a0, .. } =
+            run_with(&v.cfg, v.world, Knobs { kept_inputs: false, ..ALL }, 3);
+        let Handmade { losses: l1, params: p1, activations: a1, .. } = run_with(&v.cfg, v.world, ALL, 3);
         assert_eq!(l1, l0, "{tag}: losses");
         assert_eq!(p1, p0, "{tag}: parameters");
         assert!(l1[2] < l1[0], "{tag}: the loss falls: {l1:?}");
@@ -561,8 +586,9 @@ fn fp8_weight_amaxes_left_by_the_step_give_the_bits_of_measuring_them() {
                 let toml = toml(stage).replace("[train]\n", &format!("[train]\nfp8_weight_cache = {cache}\n"));
                 let cfg = Config::from_toml_str(&toml, "test").expect("config");
                 let tag = format!("{name} world {world} stage {stage} cached {cache}");
-                let (l0, p0, _, none, ..) = run_with(&cfg, world, Knobs { step_amax: false, ..ALL }, steps);
-                let (l1, p1, _, used, ..) = run_with(&cfg, world, ALL, steps);
+                let Handmade { losses: l0, params: p0, amaxes_from_step: none, .. } =
+                    run_with(&cfg, world, Knobs { step_amax: false, ..ALL }, steps);
+                let Handmade { losses: l1, params: p1, amaxes_from_step: used, .. } = run_with(&cfg, world, ALL, steps);
                 assert_eq!(l1, l0, "{tag}: losses");
                 assert_eq!(p1, p0, "{tag}: parameters");
                 assert!(l1[steps - 1] < l1[0], "{tag}: the loss falls: {l1:?}");
@@ -580,6 +606,69 @@ fn fp8_weight_amaxes_left_by_the_step_give_the_bits_of_measuring_them() {
             }
         }
     }
+}
+
+/// Where the optimizer step writes a cached FP8 layer's whole weight it writes the cache too
+/// (`Fp8Layers::step_codes`; on CUDA the codes, with a predicted scale and a check), and the
+/// version it begins casts that weight no more: the bits of casting it at its first use
+/// (`SHARDTRAIN_FP8_STEP_CODES=0`), on GPT-2 and Llama, on one rank and sharded (stage 1 and 2
+/// on two ranks: each rank writes the cache of the weights in its own shard, the others' are
+/// cast at first use), not on ZeRO-3 (no step writes the compute weights there). The CPU
+/// reference checks the cache the step wrote against the weight at each use: a stale one is an
+/// error (below).
+#[test]
+fn fp8_weight_caches_written_by_the_step_give_the_bits_of_casting_them() {
+    let gpt = |stage: u8| tiny_fp8_toml(stage, 2, "\"none\"", "fp8");
+    let llama = |stage: u8| tiny_llama_fp8_toml(stage, 1, "\"none\"", "fp8", false);
+    let steps = 3;
+    for (name, toml) in [("gpt2", &gpt as &dyn Fn(u8) -> String), ("llama", &llama)] {
+        for (world, stage) in [(1usize, 1u8), (2, 2), (2, 3)] {
+            let toml = toml(stage).replace("[train]\n", "[train]\nfp8_weight_cache = true\n");
+            let cfg = Config::from_toml_str(&toml, "test").expect("config");
+            let tag = format!("{name} world {world} stage {stage}");
+            let off = run_with(&cfg, world, Knobs { step_codes: false, ..ALL }, steps);
+            let on = run_with(&cfg, world, ALL, steps);
+            assert_eq!(on.losses, off.losses, "{tag}: losses");
+            assert_eq!(on.params, off.params, "{tag}: parameters");
+            assert!(on.losses[steps - 1] < on.losses[0], "{tag}: the loss falls: {:?}", on.losses);
+            assert_eq!(off.coded_by_step, 0, "{tag}: no cache from the step where it is off");
+            // Every FP8 weight (all cached), written by steps 1.. for steps 2..
+            let layout = trainer::model::ModelLayout::new(&cfg.model);
+            let (rows, bf16) = (cfg.train.micro_batch * cfg.model.seq_len, [false; 4]);
+            let weights: usize = cfg.model.family.fp8_weight_layers(&layout, rows, bf16).iter().map(Vec::len).sum();
+            let (all, coded) = (weights * (steps - 1), on.coded_by_step);
+            match (world, stage) {
+                (_, 3) => assert_eq!(coded, 0, "{tag}: ZeRO-3's step writes no compute weights"),
+                (1, _) => assert_eq!(coded, all, "{tag}: every cached weight from the step"),
+                _ => assert!(coded > 0 && coded < all, "{tag}: rank 0's own weights only: {coded} of {all}"),
+            }
+        }
+    }
+
+    // The CPU reference's check: a version begun `by_step` whose weight changed since the step
+    // wrote its cache (its amax unchanged, so the amax's check passes).
+    let cpu = CpuBackend::new();
+    let (n, c, oc) = (32usize, 48usize, 64usize);
+    cpu.prepare_fp8(&Fp8Layers::blocks(n, &[(c, oc)], 1, 1).with_step_codes(true)).expect("prepare");
+    let mut params: Vec<f32> = (0..oc * c).map(|i| ((i % 13) as f32 - 6.0) / 40.0).collect();
+    let (mut master, mut m, mut v, grads) = (params.clone(), vec![0.0; oc * c], vec![0.0; oc * c], vec![0.01; oc * c]);
+    let seg = AdamWSegment { fp8_layer: Some(0), ..AdamWSegment::plain(0, 0, 0, oc * c, true) };
+    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, t: 1, grad_scale: 1.0 };
+    let t = AdamWTensors { params: Some(&mut params), master: &mut master, m: &mut m, v: &mut v, grads: &grads };
+    cpu.adamw(t, &[seg], h).expect("adamw");
+    let at = LinearLocs::new(Loc::new(0, oc * c), None).with_precision(Precision::Fp8).with_fp8_index(0);
+    let (x, mut out) = ((0..n * c).map(|i| ((i % 7) as f32 - 3.0) / 5.0).collect::<Vec<f32>>(), vec![0.0; n * oc]);
+    let s = MatShape { n, c, oc };
+    cpu.fp8_weights_changed(true);
+    assert_eq!(cpu.fp8_weights_coded_by_step(), 1, "the step wrote the cache");
+    cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).expect("the step's cache, as it is");
+    params[7] = 0.1; // below the amax (0.15): only the cache's check can see it
+    let e = cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).unwrap_err();
+    assert!(e.to_string().contains("the cached weight the optimizer step wrote"), "{e}");
+    // Said by the version: cast again.
+    cpu.fp8_weights_changed(false);
+    assert_eq!(cpu.fp8_weights_coded_by_step(), 0);
+    cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).expect("a version not begun by the step");
 }
 
 /// A weight written after the optimizer step (a test's `set_param`, as a load would) is
@@ -662,8 +751,10 @@ fn a_weight_written_after_the_step_is_measured_again() {
 fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
     for v in saving_variants() {
         let (tag, name, act) = (&v.tag, v.family, v.act);
-        let (l0, p0, a0, _, off, _) = run_with(&v.cfg, v.world, Knobs { norm_in_cast: false, ..ALL }, 3);
-        let (l1, p1, a1, _, on, _) = run_with(&v.cfg, v.world, ALL, 3);
+        let Handmade { losses: l0, params: p0, activations: a0, norms_in_casts: off, .. } =
+            run_with(&v.cfg, v.world, Knobs { norm_in_cast: false, ..ALL }, 3);
+        let Handmade { losses: l1, params: p1, activations: a1, norms_in_casts: on, .. } =
+            run_with(&v.cfg, v.world, ALL, 3);
         assert!(a1 < a0, "{tag}: the norms' outputs applied in casts are not held ({a1} vs {a0})");
         assert_eq!(l1, l0, "{tag}: losses");
         assert_eq!(p1, p0, "{tag}: parameters");
@@ -694,8 +785,10 @@ fn norms_in_fp8_casts_give_the_bits_of_writing_them() {
 fn predicted_fp8_scales_give_the_bits_of_finding_amaxes_first() {
     for v in saving_variants() {
         let (tag, act) = (&v.tag, v.act);
-        let (l0, p0, a0, .., off) = run_with(&v.cfg, v.world, Knobs { predicted_scales: false, ..ALL }, 3);
-        let (l1, p1, a1, .., on) = run_with(&v.cfg, v.world, ALL, 3);
+        let Handmade { losses: l0, params: p0, activations: a0, casts_without_amax: off, .. } =
+            run_with(&v.cfg, v.world, Knobs { predicted_scales: false, ..ALL }, 3);
+        let Handmade { losses: l1, params: p1, activations: a1, casts_without_amax: on, .. } =
+            run_with(&v.cfg, v.world, ALL, 3);
         assert_eq!(l1, l0, "{tag}: losses");
         assert_eq!(p1, p0, "{tag}: parameters");
         assert_eq!(a1, a0, "{tag}: the same activations held");

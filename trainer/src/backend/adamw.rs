@@ -77,6 +77,25 @@ impl AdamWSegment {
     pub const fn plain(poff: usize, moff: usize, goff: usize, len: usize, decay: bool) -> AdamWSegment {
         AdamWSegment { poff, moff, goff, len, decay, fp8_layer: None }
     }
+
+    /// Where the segments of `segs` naming FP8 layer `layer` are its `len` values as one run
+    /// of the parameters (in any order): that run's start. Where the step writes the layer's
+    /// cached weight ([`Fp8Layers::step_codes`](super::Fp8Layers::step_codes)), it is the
+    /// matrix the backends quantize; `None` (pieces apart, or not all of it) leaves the cache to
+    /// the weight's first use.
+    pub fn fp8_weight_run(segs: &[AdamWSegment], layer: usize, len: usize) -> Option<usize> {
+        let mut mine: Vec<&AdamWSegment> = segs.iter().filter(|s| s.len > 0 && s.fp8_layer == Some(layer)).collect();
+        mine.sort_by_key(|s| s.poff);
+        let first = mine.first()?.poff;
+        let mut end = first;
+        for s in mine {
+            if s.poff != end {
+                return None;
+            }
+            end += s.len;
+        }
+        (end - first == len).then_some(first)
+    }
 }
 
 pub trait AdamWOps: Device {

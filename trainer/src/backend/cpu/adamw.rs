@@ -1,5 +1,6 @@
 //! AdamW with decoupled weight decay on the CPU (the fp32 master-weight update); a segment
-//! that is an FP8 layer's whole weight leaves its amax, as the GPU's does (`cpu/matmul.rs`).
+//! that is an FP8 layer's whole weight leaves its amax, and where the step writes the cached
+//! weights, the layer's cache, as the GPU's does (`cpu/matmul.rs`).
 
 use super::CpuBackend;
 use crate::backend::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, BResult};
@@ -58,6 +59,13 @@ impl AdamWOps for CpuBackend {
         let mut st = self.fp8.borrow_mut();
         for (l, a) in left {
             st.leave_weight_amax(l, a)?;
+            // The weight whole, where its segments are one run of the parameters (as on CUDA).
+            let params = t.params.as_deref();
+            let run = params.and_then(|p| {
+                let len: usize = segs.iter().filter(|s| s.fp8_layer == Some(l)).map(|s| s.len).sum();
+                AdamWSegment::fp8_weight_run(segs, l, len).map(|at| &p[at..at + len])
+            });
+            st.leave_weight_codes(l, run);
         }
         Ok(())
     }

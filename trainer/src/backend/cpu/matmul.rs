@@ -21,7 +21,9 @@
 //! optimizer step left ([`AdamWSegment::fp8_layer`](crate::backend::AdamWSegment), in a
 //! version begun `by_step`) is quantized with that amax, checked to be the weight's: a
 //! stale one (the parameters written after the step without a version saying so) is an
-//! error naming the bug.
+//! error naming the bug. Where that step also wrote a cached layer's weight
+//! ([`Fp8Layers::step_codes`]: on CUDA, the codes), the version takes it without a cast at
+//! first use, checked the same way against the weight at each use.
 
 use std::borrow::Cow;
 
@@ -70,6 +72,14 @@ pub(super) struct Fp8State {
     step_amax: Vec<Option<f32>>,
     /// Per layer, the amax its weight has in a version (left by the step that began it).
     known_amax: Vec<Option<(f32, u64)>>,
+    /// Whether the optimizer step writes the cached weights ([`Fp8Layers::step_codes`]).
+    step_codes: bool,
+    /// Per cached layer, whether the last optimizer step wrote its cached weight, for the
+    /// version `fp8_weights_changed(by_step)` begins.
+    step_coded: Vec<bool>,
+    /// Per cached layer, whether its cached weight is the one the step that began the current
+    /// version wrote (checked against the weight at each use).
+    made_by_step: Vec<bool>,
     /// FP8 GEMMs that applied a norm to their input in its cast (`matmul_fwd_of_norm`), ever.
     norms_in_casts: usize,
     /// FP8 casts handed no amax, which make what they cast and find its amax themselves
@@ -148,16 +158,40 @@ impl Fp8State {
                 )));
             }
         }
-        Ok(match l.and_then(|l| self.weights.get_mut(l.index)) {
-            Some((cached, made)) => {
-                if *made != Some(version) {
-                    fake_quant_into(cached, w, Fp8Format::E4M3);
-                    *made = Some(version);
-                }
-                Cow::Borrowed(cached)
+        let Some(i) = l.map(|l| l.index).filter(|&i| i < self.weights.len()) else {
+            return Ok(Cow::Owned(quantized(w, Fp8Format::E4M3)));
+        };
+        let (cached, made) = &mut self.weights[i];
+        if *made != Some(version) {
+            fake_quant_into(cached, w, Fp8Format::E4M3);
+            *made = Some(version);
+            self.made_by_step[i] = false;
+        } else if self.made_by_step[i] {
+            let fresh = quantized(w, Fp8Format::E4M3);
+            if fresh.iter().zip(cached.iter()).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(BackendError::Device(format!(
+                    "FP8 layer {i}: the cached weight the optimizer step wrote is not the weight's: the parameters \
+                     changed after the step without a new version saying so (a bug: MatmulOps::fp8_weights_changed)"
+                )));
             }
-            None => Cow::Owned(quantized(w, Fp8Format::E4M3)),
-        })
+        }
+        Ok(Cow::Borrowed(&self.weights[i].0))
+    }
+
+    /// An optimizer step wrote layer `layer`'s whole weight `w` (the run of the parameters its
+    /// segments make, `None` where they make none): where the step writes the cached weights
+    /// ([`Fp8Layers::step_codes`]) and the layer is cached, its cache is made now, for the
+    /// version `fp8_weights_changed(by_step)` begins.
+    pub(super) fn leave_weight_codes(&mut self, layer: usize, w: Option<&[f32]>) {
+        let Some(i) = (layer < self.weights.len()).then_some(layer) else { return };
+        let coded = match w {
+            Some(w) if self.step_codes && w.len() == self.weights[i].0.len() => {
+                fake_quant_into(&mut self.weights[i].0, w, Fp8Format::E4M3);
+                true
+            }
+            _ => false,
+        };
+        self.step_coded[i] = coded;
     }
 
     /// An optimizer step wrote layer `layer`'s whole weight, whose amax is `a`
@@ -180,6 +214,13 @@ impl CpuBackend {
     pub fn fp8_weight_amaxes_from_step(&self) -> usize {
         let st = self.fp8.borrow();
         st.known_amax.iter().filter(|k| k.is_some_and(|k| k.1 == st.version)).count()
+    }
+
+    /// How many cached FP8 weights are, in the current parameter version, those the optimizer
+    /// step that began it wrote ([`Fp8Layers::step_codes`]; tests: the path runs, not ignored).
+    pub fn fp8_weights_coded_by_step(&self) -> usize {
+        let st = self.fp8.borrow();
+        st.weights.iter().zip(&st.made_by_step).filter(|((_, made), &by)| by && *made == Some(st.version)).count()
     }
 
     /// How many FP8 GEMMs applied a LayerNorm in their input's cast (`matmul_fwd_of_norm`)
@@ -328,6 +369,9 @@ impl MatmulOps for CpuBackend {
         st.kept = layers.kept_input_codes().into_iter().map(|n| (n > 0).then(|| (vec![0u8; n], false))).collect();
         st.step_amax = vec![None; layers.weights.len()];
         st.known_amax = vec![None; layers.weights.len()];
+        st.step_codes = layers.step_codes;
+        st.step_coded = vec![false; st.weights.len()];
+        st.made_by_step = vec![false; st.weights.len()];
         st.backward = layers.backward;
         Ok(cpu_reserved(layers))
     }
@@ -336,12 +380,22 @@ impl MatmulOps for CpuBackend {
         let mut st = self.fp8.borrow_mut();
         st.version += 1;
         let version = st.version;
-        let Fp8State { step_amax, known_amax, .. } = &mut *st;
+        let Fp8State { step_amax, known_amax, weights, step_coded, made_by_step, .. } = &mut *st;
         for (left, known) in step_amax.iter_mut().zip(known_amax.iter_mut()) {
             match (*left, by_step) {
                 (_, false) => *left = None,
                 (Some(a), true) => *known = Some((a, version)),
                 (None, true) => {}
+            }
+        }
+        // The cached weights the step wrote are this version's (nothing wrote the parameters since).
+        for ((w, coded), by) in weights.iter_mut().zip(step_coded.iter_mut()).zip(made_by_step.iter_mut()) {
+            if !by_step {
+                *coded = false;
+            }
+            *by = *coded;
+            if *coded {
+                w.1 = Some(version);
             }
         }
     }

@@ -65,22 +65,6 @@ struct CodedWeight {
     poff: usize,
 }
 
-/// Where `segs` (the segments of one FP8 layer's weight, in any order) are its `len` values
-/// as one run of the parameters (the matrix the transposing pass reads): its start there.
-fn one_run(segs: &[&AdamWSegment], len: usize) -> Option<usize> {
-    let mut sorted = segs.to_vec();
-    sorted.sort_by_key(|s| s.poff);
-    let first = sorted.first()?.poff;
-    let mut end = first;
-    for s in &sorted {
-        if s.poff != end {
-            return None;
-        }
-        end += s.len;
-    }
-    (end - first == len).then_some(first)
-}
-
 impl AdamWOps for CudaBackend {
     fn adamw(&self, mut t: AdamWTensors<'_, Self>, segs: &[AdamWSegment], h: AdamWStep) -> BResult<()> {
         // Exactly as cpu/adamw.rs computes them.
@@ -115,7 +99,7 @@ impl AdamWOps for CudaBackend {
             })
             .collect();
         // The cached FP8 weights whose codes this step writes.
-        let coded = if p != 0 { self.coded_weights(&nonempty)? } else { Vec::new() };
+        let coded = if p != 0 { self.coded_weights(segs)? } else { Vec::new() };
         let coded_of = |s: &AdamWSegment| s.fp8_layer.and_then(|l| coded.iter().find(|c| c.layer == l));
         let fp8_layers: Vec<(usize, bool)> = fp8.iter().map(|&l| (l, coded.iter().any(|c| c.layer == l))).collect();
         self.fp8_step_codes_written(&fp8_layers)?;
@@ -177,7 +161,7 @@ impl AdamWOps for CudaBackend {
         }
         // The coded weights' checks and transposed codes (or their casts again).
         let checks: Vec<_> = coded.iter().map(|c| (c.codes, p + 2 * c.poff as u64)).collect();
-        // SAFETY: each weight's rows·cols bf16 lie at its start in the parameters (`one_run` over
+        // SAFETY: each weight's rows·cols bf16 lie at its start in the parameters (one run of
         // checked segments); its codes' regions hold as many bytes, its slot and prediction four
         // words (`fp8_step_codes_target`).
         unsafe { self.fp8_step_codes_check(&checks)? };
@@ -188,16 +172,15 @@ impl AdamWOps for CudaBackend {
 impl CudaBackend {
     /// The FP8 layers among `segs` whose weight's codes the step writes
     /// (`fp8_step_codes_target`): each layer's segments one run of its whole weight in the
-    /// parameters ([`one_run`]); the others are cast at their first use.
-    fn coded_weights(&self, segs: &[&AdamWSegment]) -> BResult<Vec<CodedWeight>> {
+    /// parameters (`AdamWSegment::fp8_weight_run`); the others are cast at their first use.
+    fn coded_weights(&self, segs: &[AdamWSegment]) -> BResult<Vec<CodedWeight>> {
         let mut layers: Vec<usize> = segs.iter().filter_map(|s| s.fp8_layer).collect();
         layers.sort_unstable();
         layers.dedup();
         let mut coded = Vec::new();
         for layer in layers {
             let Some(codes) = self.fp8_step_codes_target(layer)? else { continue };
-            let mine: Vec<&AdamWSegment> = segs.iter().copied().filter(|s| s.fp8_layer == Some(layer)).collect();
-            if let Some(poff) = one_run(&mine, codes.rows * codes.cols) {
+            if let Some(poff) = AdamWSegment::fp8_weight_run(segs, layer, codes.rows * codes.cols) {
                 coded.push(CodedWeight { layer, codes, poff });
             }
         }
