@@ -386,9 +386,9 @@ pub struct Fp8Layers {
     pub kept_inputs: Vec<bool>,
     /// Where an optimizer step writes a cached layer's whole weight (and leaves its amax:
     /// [`AdamWSegment::fp8_layer`](super::AdamWSegment::fp8_layer)), it writes the cache's
-    /// codes too (CUDA: `adamw.rs`, with a predicted scale and a check), and the version it
-    /// begins casts that weight no more: the same codes. Nothing to reserve; the CPU's cache
-    /// holds values, made at first use as before.
+    /// codes too (CUDA: `adamw.rs`, with a predicted scale and a check; the CPU: its cache's
+    /// values, checked against the weight at each use), and the version it begins casts that
+    /// weight no more: the same codes. Nothing more to reserve.
     pub step_codes: bool,
 }
 
