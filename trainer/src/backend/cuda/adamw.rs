@@ -23,6 +23,7 @@ use crate::backend::{AdamWOps, AdamWSegment, AdamWStep, AdamWTensors, BResult};
 
 /// Segments one launch updates (a GPT-2 block has 12 tensors: one launch per unit).
 const SEGS: usize = 16;
+
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "adamw",
     src: include_str!("adamw.cu"),
