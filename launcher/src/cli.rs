@@ -170,7 +170,7 @@ pub struct PrepareDataArgs {
     #[arg(long, value_name = "gpt2|PATH", default_value = "gpt2")]
     pub tokenizer: String,
     /// The token placed before every document (default: the eos_token of a tokenizer_config.json beside the
-    /// tokenizer.json, else <|endoftext|>, <|end_of_text|>, </s> or <eos>, whichever it has).
+    /// tokenizer.json, else `<|endoftext|>`, `<|end_of_text|>`, `</s>` or `<eos>`, whichever it has).
     #[arg(long, value_name = "TOKEN")]
     pub eot: Option<String>,
     /// The field of a .jsonl line, and the column of a .parquet file, that holds the text.

@@ -50,7 +50,7 @@ pub fn line(r: &CollectiveRecord, units: &[String], now_us: u64) -> String {
     line_as_of(r, units, Some(now_us))
 }
 
-/// [`line`] of a record known as of some earlier moment (`now_us: None`: a heartbeat's).
+/// [`line`](fn@line) of a record known as of some earlier moment (`now_us: None`: a heartbeat's).
 fn line_as_of(r: &CollectiveRecord, units: &[String], now_us: Option<u64>) -> String {
     let took = |a: u64, b: u64| {
         let s = b.saturating_sub(a) as f64 / 1e6;

@@ -2,7 +2,7 @@
 //!
 //! A rank's stderr is its `logs/rank<r>.log` (the launcher points it there), and
 //! `eprintln!` panics when the write fails: a full disk would kill the rank (exit 101) and
-//! lose the panic message with it. [`line`] (or the [`log_line!`](crate::log_line) macro)
+//! lose the panic message with it. [`line`](fn@line) (or the [`log_line!`](crate::log_line) macro)
 //! writes one whole line instead and, when that fails, counts the line as lost and keeps
 //! the first error; [`lost`] reads both back for the run summary.
 

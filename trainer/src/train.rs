@@ -484,7 +484,7 @@ impl<B: Backend> Trainer<B> {
         by_source.iter().map(|(n, l)| weight(n) * l).sum::<f64>() / total.max(f64::MIN_POSITIVE)
     }
 
-    /// Each source's validation loss (see [`Self::evaluate_split`]), in source order.
+    /// Each source's validation loss (see `Self::evaluate_split`), in source order.
     pub fn evaluate_sources<C: EngineComm<B>>(
         &mut self,
         be: &B,

@@ -1,5 +1,5 @@
 //! Writing a sharded checkpoint: all ranks in parallel, manifest last, atomic rename. The
-//! pieces ([`make_partial`], [`write_shard`], [`publish`]) serve the synchronous save here,
+//! pieces (`make_partial`, `write_shard`, `publish`) serve the synchronous save here,
 //! which runs them between barriers, and the background one (`background.rs`).
 
 use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};

@@ -233,7 +233,7 @@ pub struct ModelOptions {
     /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
     pub fp8_amax_sinks: bool,
     /// FP8: the layers of blocks that are not checkpointed keep their input's codes from the
-    /// forward for the backward's weight gradient ([`fp8_kept_inputs`]), which then casts its
+    /// forward for the backward's weight gradient (`fp8_kept_inputs`), which then casts its
     /// input no more; false (`SHARDTRAIN_FP8_KEPT_INPUTS=0`) casts it again in the backward:
     /// the same bits, to measure or rule the kept codes out.
     pub fp8_kept_inputs: bool,
