@@ -608,6 +608,35 @@ fn fp8_weight_amaxes_left_by_the_step_give_the_bits_of_measuring_them() {
     }
 }
 
+/// One FP8 layer on the CPU reference after an optimizer step that wrote its whole weight
+/// (`AdamWSegment::fp8_layer`): its weight cached and written by the step where `cached`
+/// (`Fp8Layers::step_codes`), else cast at each use; with an input and an output for its
+/// forward. The new version is the caller's to begin.
+struct AfterAStep {
+    cpu: CpuBackend,
+    params: Vec<f32>,
+    at: LinearLocs,
+    x: Vec<f32>,
+    out: Vec<f32>,
+    s: MatShape,
+}
+
+fn cpu_fp8_layer_after_a_step(cached: bool) -> AfterAStep {
+    let cpu = CpuBackend::new();
+    let (n, c, oc) = (32usize, 48usize, 64usize);
+    let layers = Fp8Layers::blocks(n, &[(c, oc)], 1, usize::from(cached)).with_step_codes(cached);
+    cpu.prepare_fp8(&layers).expect("prepare");
+    let mut params: Vec<f32> = (0..oc * c).map(|i| ((i % 13) as f32 - 6.0) / 40.0).collect();
+    let (mut master, mut m, mut v, grads) = (params.clone(), vec![0.0; oc * c], vec![0.0; oc * c], vec![0.01; oc * c]);
+    let seg = AdamWSegment { fp8_layer: Some(0), ..AdamWSegment::plain(0, 0, 0, oc * c, true) };
+    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, t: 1, grad_scale: 1.0 };
+    let t = AdamWTensors { params: Some(&mut params), master: &mut master, m: &mut m, v: &mut v, grads: &grads };
+    cpu.adamw(t, &[seg], h).expect("adamw");
+    let at = LinearLocs::new(Loc::new(0, oc * c), None).with_precision(Precision::Fp8).with_fp8_index(0);
+    let x = (0..n * c).map(|i| ((i % 7) as f32 - 3.0) / 5.0).collect();
+    AfterAStep { cpu, params, at, x, out: vec![0.0; n * oc], s: MatShape { n, c, oc } }
+}
+
 /// Where the optimizer step writes a cached FP8 layer's whole weight it writes the cache too
 /// (`Fp8Layers::step_codes`; on CUDA the codes, with a predicted scale and a check), and the
 /// version it begins casts that weight no more: the bits of casting it at its first use
@@ -647,18 +676,7 @@ fn fp8_weight_caches_written_by_the_step_give_the_bits_of_casting_them() {
 
     // The CPU reference's check: a version begun `by_step` whose weight changed since the step
     // wrote its cache (its amax unchanged, so the amax's check passes).
-    let cpu = CpuBackend::new();
-    let (n, c, oc) = (32usize, 48usize, 64usize);
-    cpu.prepare_fp8(&Fp8Layers::blocks(n, &[(c, oc)], 1, 1).with_step_codes(true)).expect("prepare");
-    let mut params: Vec<f32> = (0..oc * c).map(|i| ((i % 13) as f32 - 6.0) / 40.0).collect();
-    let (mut master, mut m, mut v, grads) = (params.clone(), vec![0.0; oc * c], vec![0.0; oc * c], vec![0.01; oc * c]);
-    let seg = AdamWSegment { fp8_layer: Some(0), ..AdamWSegment::plain(0, 0, 0, oc * c, true) };
-    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, t: 1, grad_scale: 1.0 };
-    let t = AdamWTensors { params: Some(&mut params), master: &mut master, m: &mut m, v: &mut v, grads: &grads };
-    cpu.adamw(t, &[seg], h).expect("adamw");
-    let at = LinearLocs::new(Loc::new(0, oc * c), None).with_precision(Precision::Fp8).with_fp8_index(0);
-    let (x, mut out) = ((0..n * c).map(|i| ((i % 7) as f32 - 3.0) / 5.0).collect::<Vec<f32>>(), vec![0.0; n * oc]);
-    let s = MatShape { n, c, oc };
+    let AfterAStep { cpu, mut params, at, x, mut out, s } = cpu_fp8_layer_after_a_step(true);
     cpu.fp8_weights_changed(true);
     assert_eq!(cpu.fp8_weights_coded_by_step(), 1, "the step wrote the cache");
     cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).expect("the step's cache, as it is");
@@ -717,18 +735,7 @@ fn a_weight_written_after_the_step_is_measured_again() {
     assert_eq!(run(true), run(false), "the step's amaxes are dropped once a weight is written after it");
 
     // The CPU reference's check: a version begun `by_step` whose weight changed since.
-    let cpu = CpuBackend::new();
-    let (n, c, oc) = (32usize, 48usize, 64usize);
-    cpu.prepare_fp8(&Fp8Layers::blocks(n, &[(c, oc)], 1, 0)).expect("prepare");
-    let mut params: Vec<f32> = (0..oc * c).map(|i| ((i % 13) as f32 - 6.0) / 40.0).collect();
-    let (mut master, mut m, mut v, grads) = (params.clone(), vec![0.0; oc * c], vec![0.0; oc * c], vec![0.01; oc * c]);
-    let seg = AdamWSegment { fp8_layer: Some(0), ..AdamWSegment::plain(0, 0, 0, oc * c, true) };
-    let h = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, t: 1, grad_scale: 1.0 };
-    let t = AdamWTensors { params: Some(&mut params), master: &mut master, m: &mut m, v: &mut v, grads: &grads };
-    cpu.adamw(t, &[seg], h).expect("adamw");
-    let at = LinearLocs::new(Loc::new(0, oc * c), None).with_precision(Precision::Fp8).with_fp8_index(0);
-    let (x, mut out) = ((0..n * c).map(|i| ((i % 7) as f32 - 3.0) / 5.0).collect::<Vec<f32>>(), vec![0.0; n * oc]);
-    let s = MatShape { n, c, oc };
+    let AfterAStep { cpu, mut params, at, x, mut out, s } = cpu_fp8_layer_after_a_step(false);
     params[7] = 3.0;
     cpu.fp8_weights_changed(true);
     let e = cpu.matmul_fwd(&mut out, &x, Weights::new(&params, at), s).unwrap_err();
