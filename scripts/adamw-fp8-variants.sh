@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bin=${BENCH:-}
 if [[ -z $bin ]]; then
     work=$(mktemp -d)
-    cp scripts/adamw_fp8_bench.cu trainer/src/backend/cuda/{common.cuh,adamw.cu,fp8.cu} "$work/"
+    cp scripts/adamw_fp8_bench.cu scripts/bench_util.cuh trainer/src/backend/cuda/{common.cuh,adamw.cu,fp8.cu} "$work/"
     (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -DADAMW_SEGS=16 -DFP8_STEP_WEIGHTS=8 \
         -DFP8G_SEGS=16 adamw_fp8_bench.cu -o adamw_fp8_bench)
     bin=$work/adamw_fp8_bench

@@ -13,33 +13,15 @@
 // Built by scripts/adamw-fp8-variants.sh; the kernels are the trainer's own files. (The commit
 // before this file's current form also timed an update by tiles writing both layouts itself:
 // BENCHMARKS.md run 26.)
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
 #include <cstring>
-#include <functional>
-#include <cuda_runtime.h>
+#include "bench_util.cuh"
 #include "common.cuh"
 #include "adamw.cu"
 #include "fp8.cu"
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
-
 __global__ void fill(float* x, long long n, unsigned seed, float lo, float hi) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-        x[i] = lo + (hi - lo) * (h >> 8) * (1.f / 16777216.f);
-    }
-}
-
-static unsigned long long sum_bytes(const void* d, size_t n) {
-    std::vector<unsigned char> h(n);
-    CK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
-    unsigned long long s = 1469598103934665603ull;
-    for (size_t i = 0; i < n; ++i) s = (s ^ h[i]) * 1099511628211ull;
-    return s;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = lo + (hi - lo) * bench_unit(i, seed);
 }
 
 int main() {
@@ -114,8 +96,6 @@ int main() {
         {"flat", [&](bool) { base(false); }},
         {"codes", with_codes},
     };
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     printf("one 1.5B block's four weights, %lld elements, %d SMs\n", n, sms);
     for (auto& var : vs) {
         CK(cudaMemcpy(master, w0, n * 4, cudaMemcpyDeviceToDevice));
@@ -125,21 +105,11 @@ int main() {
         var.run(true);
         CK(cudaDeviceSynchronize());
         const unsigned long long sp = sum_bytes(params, n * 2), sw = sum_bytes(master, n * 4), sq = sum_bytes(q, n), sqt = sum_bytes(qt, n);
-        std::vector<float> ms;
-        for (int it = 0; it < 33; ++it) {
-            CK(cudaEventRecord(e0));
-            var.run(true);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float x;
-            CK(cudaEventElapsedTime(&x, e0, e1));
-            if (it >= 3) ms.push_back(x);
-        }
-        std::sort(ms.begin(), ms.end());
+        const BenchTimes t = time_ms([&] { var.run(true); }, 30);
         const int per = strcmp(var.name, "flat") == 0 ? 30 : 32;
         const double bytes = (double)n * per;
         printf("%-8s median %.3f ms (min %.3f)  %.2f TB/s at %d B/elem  params %016llx master %016llx q %016llx qt %016llx\n",
-               var.name, ms[ms.size() / 2], ms[0], bytes / (ms[ms.size() / 2] * 1e-3) / 1e12,
+               var.name, t.median, t.min, bytes / (t.median * 1e-3) / 1e12,
                per, sp, sw, sq, sqt);
     }
     return 0;

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bin=${BENCH:-}
 if [[ -z $bin ]]; then
     work=$(mktemp -d)
-    cp scripts/fp8_cast_bench.cu trainer/src/backend/cuda/{common.cuh,fp8.cu} "$work/"
+    cp scripts/fp8_cast_bench.cu scripts/bench_util.cuh trainer/src/backend/cuda/{common.cuh,fp8.cu} "$work/"
     (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -DFP8G_SEGS=16 -DFP8_STEP_WEIGHTS=8 fp8_cast_bench.cu -o fp8_cast_bench)
     bin=$work/fp8_cast_bench
 fi

@@ -5,32 +5,14 @@
 // copy gives the machine's bandwidth beside it. Built by scripts/fp8-cast-variants.sh. (The
 // commit that added this file also timed a variant loading each block's next tile ahead: no
 // gain, BENCHMARKS.md run 26.)
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <string>
-#include <vector>
-#include <cuda_runtime.h>
+#include "bench_util.cuh"
 #include "common.cuh"
 #include "fp8.cu"
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
-
 __global__ void fill_bf16(bf16_t* x, long long n, unsigned seed) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-        x[i] = f2bf(((h >> 8) * (1.f / 16777216.f) - 0.5f) * 4.f);
-    }
-}
-
-static unsigned long long sum_bytes(const void* d, size_t n) {
-    std::vector<unsigned char> h(n);
-    CK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
-    unsigned long long s = 1469598103934665603ull;
-    for (size_t i = 0; i < n; ++i) s = (s ^ h[i]) * 1099511628211ull;
-    return s;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = f2bf((bench_unit(i, seed) - 0.5f) * 4.f);
 }
 
 int main() {
@@ -48,21 +30,8 @@ int main() {
     fill_bf16<<<1024, 256>>>(aux, big, 2);
     const unsigned amax_bits = 0x40000000u;  // 2.0: |values| < 2 (GELU' may exceed it: saturates, the same for all)
     CK(cudaMemcpy(slot + 1, &amax_bits, 4, cudaMemcpyHostToDevice));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    auto time = [&](const std::function<void()>& f) {
-        f();
-        std::vector<float> ms;
-        for (int it = 0; it < 53; ++it) {
-            CK(cudaEventRecord(e0)); f(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-            float t; CK(cudaEventElapsedTime(&t, e0, e1));
-            if (it >= 3) ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        return ms[ms.size() / 2];
-    };
     {
-        const double t = time([&] { CK(cudaMemcpyAsync(aux, x, big * 2 * 2 / 5, cudaMemcpyDeviceToDevice)); });
+        const double t = time_ms([&] { CK(cudaMemcpyAsync(aux, x, big * 2 * 2 / 5, cudaMemcpyDeviceToDevice)); }, 50).median;
         printf("copy of %.0f MB (%.0f MB moved): %.3f ms, %.2f TB/s\n", big * 2 * 2 / 5 / 1e6, 2 * big * 2 * 2 / 5 / 1e6, t,
                2 * big * 2 * 2 / 5 / (t * 1e9));
         fill_bf16<<<1024, 256>>>(aux, big, 2);
@@ -97,7 +66,7 @@ int main() {
         for (int b : {2, 4, 8}) vs.push_back({std::to_string(b) + " blocks/SM", run(std::min(tiles, b * sms))});
         for (auto& [name, f] : vs) {
             CK(cudaMemset(qt, 0, n));
-            const double t = time(f);
+            const double t = time_ms(f, 50).median;
             CK(cudaDeviceSynchronize());
             printf("  %-22s %.4f ms  %.2f TB/s  qt %016llx q %016llx\n", name.c_str(), t, bytes / (t * 1e9), sum_bytes(qt, n),
                    r.q ? sum_bytes(q, n) : 0ull);
