@@ -73,8 +73,26 @@ __device__ __forceinline__ void layernorm_fwd_regs(bf16_t* o, float* mean, float
 // One warp per row; blockDim.x = 256 (8 rows per block). The amax of out into *amax where it
 // is not null (an FP8 amax sink: the next GEMM's input). A null out writes only the
 // statistics and the amax (layernorm_stats_amax: an FP8 cast applies the norm itself).
-// Rows of up to 4096 aligned values are held in registers (layernorm_fwd_regs), longer or
-// unaligned ones read three times (from L1 after the first).
+// Aligned rows (C % 8 == 0, 16-byte aligned rows, output, weight and bias) of up to 4096
+// values take layernorm_fwd_r{4,8,16} (layernorm.rs picks), which hold the row in registers
+// (layernorm_fwd_regs); longer or unaligned ones this kernel, which reads the row three times
+// (from L1 after the first). Each at most the registers that let its blocks fill an SM: the
+// compiler gave one kernel holding every width 96 registers (2 blocks an SM), and GPT-2
+// 1.5B's 8192 × 1600 took 23.0 µs without the output and 28.1 with it, where the 64-register
+// r8 takes 18.5 and 23.6 (scripts/layernorm-variants.sh): the same code, the same bits.
+#define LN_FWD_REGS(NV, MIN_BLOCKS)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                            \
+        layernorm_fwd_r##NV(bf16_t* out, float* mean, float* rstd, const bf16_t* inp, const bf16_t* w,       \
+                            const bf16_t* b, int N, int C, unsigned* amax) {                                 \
+        const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                                 \
+        if (row >= N) return;                                                                                \
+        layernorm_fwd_regs<NV>(out ? out + (long long)row * C : nullptr, mean, rstd, inp + (long long)row * C, \
+                               w, b, row, C, amax, threadIdx.x & 31);                                        \
+    }
+LN_FWD_REGS(4, 4)
+LN_FWD_REGS(8, 4)
+LN_FWD_REGS(16, 2)
+
 extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, const bf16_t* inp,
                                          const bf16_t* w, const bf16_t* b, int N, int C, unsigned* amax) {
     const int lane = threadIdx.x & 31;
@@ -83,9 +101,6 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
     const bf16_t* x = inp + (long long)row * C;
     bf16_t* o = out ? out + (long long)row * C : nullptr;
     const bool vec = (C % 8 == 0) && aligned16(x) && aligned16(o) && aligned16(w) && aligned16(b);
-    if (vec && C <= 1024) return layernorm_fwd_regs<4>(o, mean, rstd, x, w, b, row, C, amax, lane);
-    if (vec && C <= 2048) return layernorm_fwd_regs<8>(o, mean, rstd, x, w, b, row, C, amax, lane);
-    if (vec && C <= 4096) return layernorm_fwd_regs<16>(o, mean, rstd, x, w, b, row, C, amax, lane);
     float s = 0.f;
     if (vec) {
         for (int c = lane * 8; c < C; c += 256) {

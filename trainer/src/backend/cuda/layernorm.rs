@@ -65,21 +65,35 @@ fn ln_fast_rows_per_block(n: usize) -> usize {
     (n / 512).next_power_of_two().clamp(8, LN_BWD_MAX_ROWS)
 }
 
-const N_FUNCTIONS: usize = 4 + 2 * LN_BWD_FAST.len() + RMS_FWD_FAST.len();
+/// The register-resident LayerNorm forwards (`layernorm_fwd_r{NV}`: aligned rows of up to
+/// 256·NV values held in a warp's registers); wider or unaligned rows take `layernorm_fwd`.
+const LN_FWD_REGS: [(&str, usize); 3] =
+    [("layernorm_fwd_r4", 1024), ("layernorm_fwd_r8", 2048), ("layernorm_fwd_r16", 4096)];
+
+const N_FUNCTIONS: usize = 4 + LN_FWD_REGS.len() + 2 * LN_BWD_FAST.len() + RMS_FWD_FAST.len();
 const FUNCTIONS: [&str; N_FUNCTIONS] = {
     let mut f = ["layernorm_fwd"; N_FUNCTIONS];
     f[1] = "layernorm_bwd";
     f[2] = "rmsnorm_fwd";
     f[3] = "rmsnorm_bwd";
+    let mut at = 4;
+    let mut i = 0;
+    while i < LN_FWD_REGS.len() {
+        f[at] = LN_FWD_REGS[i].0;
+        at += 1;
+        i += 1;
+    }
     let mut i = 0;
     while i < LN_BWD_FAST.len() {
-        f[4 + 2 * i] = LN_BWD_FAST[i].0;
-        f[5 + 2 * i] = LN_BWD_FAST[i].1;
+        f[at] = LN_BWD_FAST[i].0;
+        f[at + 1] = LN_BWD_FAST[i].1;
+        at += 2;
         i += 1;
     }
     let mut i = 0;
     while i < RMS_FWD_FAST.len() {
-        f[4 + 2 * LN_BWD_FAST.len() + i] = RMS_FWD_FAST[i].0;
+        f[at] = RMS_FWD_FAST[i].0;
+        at += 1;
         i += 1;
     }
     f
@@ -380,13 +394,20 @@ impl CudaBackend {
         );
         let (ni, ci) = (to_i32("N", n)?, to_i32("C", c)?);
         let am = self.fp8_sink(amax)?;
-        let f = self.f("layernorm_fwd")?;
+        // Aligned rows (no output counts as aligned) that fit a warp's registers take the
+        // register-resident instance; the rest the general kernel.
+        let aligned = c.is_multiple_of(8) && [o, x, wp, bp].iter().all(|p| p.is_multiple_of(16));
+        let name = match LN_FWD_REGS.iter().find(|&&(_, max_c)| c <= max_c) {
+            Some(&(name, _)) if aligned => name,
+            _ => "layernorm_fwd",
+        };
+        let f = self.f(name)?;
         let mut lb = self.stream.launch_builder(f);
         lb.arg(&o).arg(&mp).arg(&rp).arg(&x).arg(&wp).arg(&bp).arg(&ni).arg(&ci).arg(&am);
         // SAFETY: all ranges checked above; one warp per row, rows < n; the output (unless 0)
         // was checked by the caller to hold n·c.
         unsafe { lb.launch(cfg((n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0)) }
-            .map_err(|e| self.launch_err("layernorm_fwd", e))?;
+            .map_err(|e| self.launch_err(name, e))?;
         Ok(())
     }
 
