@@ -2,16 +2,14 @@
 // rows), timed outside the trainer on the GPU machine's nvcc, as the trainer launches it (one
 // tile a block) and at grids of 2-8 blocks an SM: the bytes it must move, its median time of 50,
 // the TB/s, and a checksum of its codes that every grid of a row must share. A device-to-device
-// copy gives the machine's bandwidth beside it. Output gradients (with column sums: the bias
-// gradient) are timed with the sums added up by a reduce_partials launch after the cast, and
-// by the cast itself (column_total: the last block of each column of tiles), whose totals must
-// have the same checksum. Built by scripts/fp8-cast-variants.sh. (The commit that added this
-// file also timed a variant loading each block's next tile ahead: no gain, BENCHMARKS.md run 26.)
+// copy gives the machine's bandwidth beside it. Built by scripts/fp8-cast-variants.sh. (The
+// commit that added this file also timed a variant loading each block's next tile ahead: no
+// gain, BENCHMARKS.md run 26; 5b49108 timed the output gradients' bias sums added up by the
+// cast itself against a reduce launch after it: slower at every shape, run 27.)
 #include <string>
 #include "bench_util.cuh"
 #include "common.cuh"
 #include "fp8.cu"
-#include "reduce.cu"
 
 __global__ void fill_bf16(bf16_t* x, long long n, unsigned seed) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
@@ -24,12 +22,11 @@ int main() {
     const long long big = 8192LL * 6400;
     bf16_t *x, *aux;
     unsigned char *q, *qt;
-    float *colsum, *total;
-    unsigned *slot, *tickets;
+    float* colsum;
+    unsigned* slot;
     CK(cudaMalloc(&x, big * 2)); CK(cudaMalloc(&aux, big * 2));
     CK(cudaMalloc(&q, big)); CK(cudaMalloc(&qt, big));
     CK(cudaMalloc(&colsum, 64 * 6400 * 4)); CK(cudaMalloc(&slot, 16));
-    CK(cudaMalloc(&total, 6400 * 4)); CK(cudaMalloc(&tickets, 100 * 4)); CK(cudaMemset(tickets, 0, 100 * 4));
     fill_bf16<<<1024, 256>>>(x, big, 1);
     fill_bf16<<<1024, 256>>>(aux, big, 2);
     const unsigned amax_bits = 0x40000000u;  // 2.0: |values| < 2 (GELU' may exceed it: saturates, the same for all)
@@ -58,33 +55,22 @@ int main() {
         const double bytes = n * (2.0 * r.reads + 1 + (r.q ? 1 : 0)) + (r.colsum ? (r.rows / 128.0) * r.cols * 4 : 0);
         printf("%s: %.0f MB, %d tiles\n", r.name, bytes / 1e6, tiles);
         float* cs = r.colsum ? colsum : nullptr;
-        // in_cast: the cast adds the column sums up into `total` (else a reduce_partials launch
-        // does, where there are sums).
-        auto run = [&](int grid, bool in_cast) {
+        auto run = [&](int grid) {
             return [=] {
                 fp8_cast_transpose_bf16<<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op,
                                                        nullptr, nullptr, nullptr, nullptr, aux, FP8_SCALE_OF_AMAX,
-                                                       nullptr, nullptr, in_cast ? total : nullptr, 0,
-                                                       in_cast ? tickets : nullptr);
-                if (cs && !in_cast)
-                    reduce_partials<<<(r.cols + 31) / 32, dim3(32, RP_ROWS)>>>(total, total, r.cols, cs, r.rows / 128,
-                                                                               r.cols, 1);
+                                                       nullptr, nullptr);
             };
         };
         std::vector<std::pair<std::string, std::function<void()>>> vs;
-        vs.push_back({r.colsum ? "a tile a block + reduce" : "a tile a block", run(tiles, false)});
-        for (int b : {2, 4, 8}) vs.push_back({std::to_string(b) + " blocks/SM", run(std::min(tiles, b * sms), false)});
-        if (r.colsum) {
-            vs.push_back({"a tile a block, in cast", run(tiles, true)});
-            for (int b : {2, 8}) vs.push_back({std::to_string(b) + " blocks/SM, in cast", run(std::min(tiles, b * sms), true)});
-        }
+        vs.push_back({"a tile a block", run(tiles)});
+        for (int b : {2, 4, 8}) vs.push_back({std::to_string(b) + " blocks/SM", run(std::min(tiles, b * sms))});
         for (auto& [name, f] : vs) {
             CK(cudaMemset(qt, 0, n));
-            CK(cudaMemset(total, 0xff, r.cols * 4));
             const double t = time_ms(f, 50).median;
             CK(cudaDeviceSynchronize());
-            printf("  %-30s %.4f ms  %.2f TB/s  qt %016llx q %016llx total %016llx\n", name.c_str(), t, bytes / (t * 1e9),
-                   sum_bytes(qt, n), r.q ? sum_bytes(q, n) : 0ull, cs ? sum_bytes(total, r.cols * 4) : 0ull);
+            printf("  %-22s %.4f ms  %.2f TB/s  qt %016llx q %016llx\n", name.c_str(), t, bytes / (t * 1e9), sum_bytes(qt, n),
+                   r.q ? sum_bytes(q, n) : 0ull);
         }
     }
     return 0;

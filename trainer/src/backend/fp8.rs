@@ -483,10 +483,6 @@ pub enum ScaleSlot {
 /// pointers are kept), then the amax, then the scale a predicted cast used.
 const SLOT: usize = 16;
 
-/// Columns of the CUDA transposing cast's tile (`fp8.cu`'s `FP8_TILE_C`): the workspace
-/// holds a bias-gradient ticket per this many output columns.
-pub const CAST_TILE_COLUMNS: usize = 64;
-
 /// The CUDA backend's FP8 operand workspace, in bytes from its start (each region 256-byte
 /// aligned). One linear op runs at a time, in stream order, so the operand regions serve
 /// every layer:
@@ -501,10 +497,6 @@ pub const CAST_TILE_COLUMNS: usize = 64;
 ///   output gradient's predicted scales: the scale each had the last time (f32 bits), and how
 ///   often the prediction was right and wrong (u32 each); then one per layer, never cleared,
 ///   for its cached weight's codes as the optimizer step writes them (the same words);
-/// - `tickets`: a u32 per [`CAST_TILE_COLUMNS`] output columns, zero between casts: the
-///   output gradient's transposing cast counts the tiles of each column of tiles done in them,
-///   so that the block finishing a column's last tile adds the column's bias-gradient sums
-///   (`fp8.cu`: `column_total`), and zeroes its ticket again;
 /// - `a`: the input `X` (forward, `[n, c]` e4m3); in the backward first the output gradient
 ///   `dY` (`[n, oc]` e5m2, for dX), then — once dX's GEMM is queued — `Xᵀ` (`[c, n]`, for dW);
 /// - `gt`: `dYᵀ` (`[oc, n]` e5m2, for dW);
@@ -516,7 +508,6 @@ pub const CAST_TILE_COLUMNS: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaFp8Workspace {
     pub scales: usize,
-    pub tickets: usize,
     pub a: usize,
     pub gt: usize,
     pub w: usize,
@@ -535,12 +526,11 @@ impl CudaFp8Workspace {
     /// The workspace for layers up to `e`, with slots for `layers` layers.
     pub fn new(e: LinearExtent, layers: usize) -> CudaFp8Workspace {
         let scales = 0;
-        let tickets = (3 + 6 * layers) * SLOT;
-        let a = up(tickets + 4 * e.outputs.div_ceil(CAST_TILE_COLUMNS));
+        let a = up((3 + 6 * layers) * SLOT);
         let gt = a + up(e.rows * e.inputs.max(e.outputs));
         let w = gt + up(e.rows * e.outputs);
         let bytes = w + up(e.weight);
-        CudaFp8Workspace { scales, tickets, a, gt, w, bytes, layers }
+        CudaFp8Workspace { scales, a, gt, w, bytes, layers }
     }
 
     /// Byte offset of a per-op slot, which starts with its inverse scale.
@@ -807,15 +797,12 @@ mod tests {
         for off in [w.a, w.gt, w.w, w.bytes] {
             assert_eq!(off % 256, 0);
         }
-        // Three slots of 16 bytes, then a ticket per 64 of the 6400 outputs, rounded up to 256.
-        assert_eq!((w.tickets, w.a), (48, 512));
-        assert_eq!(w.bytes, 512 + 2 * 8192 * 6400 + 6400 * 1600);
+        assert_eq!(w.bytes, 256 + 2 * 8192 * 6400 + 6400 * 1600);
         assert_eq!(w.inv_scale(ScaleSlot::Grad), 32);
         // 48 layers: 3 + 6·48 slots of 16 bytes (input, gradient, weight, three predictions),
-        // then the tickets, rounded up to 256.
+        // rounded up to 256.
         let w48 = CudaFp8Workspace::new(e, 48);
-        assert_eq!(w48.tickets, 16 * 291);
-        assert_eq!(w48.bytes - w.bytes, 5120 - 512);
+        assert_eq!(w48.bytes - w.bytes, 4864 - 256);
         // Each layer's input and gradient slots side by side, then the weights' slots.
         assert_eq!((w48.layer_input(0), w48.layer_grad(0)), (48, 64));
         assert_eq!((w48.layer_input(47), w48.layer_grad(47)), (48 + 16 * 94, 48 + 16 * 95));
@@ -828,7 +815,7 @@ mod tests {
         assert_eq!(w48.prediction(AmaxSink::Input(0)), w48.layer_weight(47) + 16);
         assert_eq!(w48.prediction(AmaxSink::Grad(47)), 48 + 16 * (144 + 95));
         assert_eq!(w48.weight_prediction(0), w48.prediction(AmaxSink::Grad(47)) + 16);
-        assert!(w48.weight_prediction(47) + 16 <= w48.tickets);
+        assert!(w48.weight_prediction(47) + 16 <= w48.a);
     }
 
     #[test]

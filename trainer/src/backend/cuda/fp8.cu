@@ -83,42 +83,6 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 #define FP8_OP_SWIGLU 3
 #define FP8_OP_DSWIGLU 4
 
-// The fused bias gradient of fp8_cast_transpose_bf16 (see there), after a tile's column sums
-// are written: every thread fences its write, one takes the column of tiles' ticket, and the
-// block that took the last one adds the column's tile sums up (4 threads a column, 8 of the
-// FP8_RP_ROWS strided sums each, then one thread a column adds those in order) and zeroes the
-// ticket for the next cast. The sums of other blocks are read through L2 (__ldcg): their
-// fence came before their ticket.
-__device__ __forceinline__ void column_total(const float* colsum, float* total, int total_add, unsigned* counters,
-                                             float (*sums)[FP8_TILE_R / 4 + 1], int& last, int tiles_r, int cols,
-                                             int c0) {
-    static_assert(FP8_RP_ROWS % 4 == 0 && FP8_RP_ROWS <= FP8_TILE_R / 4 + 1, "a column's strided sums fit sums[c]");
-    __threadfence();
-    __syncthreads();  // every thread's sums written and fenced; sums (shared) read
-    const int tc = c0 / FP8_TILE_C;
-    if (threadIdx.x == 0) last = atomicAdd(counters + tc, 1u) == (unsigned)(tiles_r - 1);
-    __syncthreads();
-    if (!last) return;
-    const int j = threadIdx.x & (FP8_TILE_C - 1), y0 = (threadIdx.x / FP8_TILE_C) * (FP8_RP_ROWS / 4);
-    if (c0 + j < cols) {
-#pragma unroll
-        for (int y = y0; y < y0 + FP8_RP_ROWS / 4; ++y) {
-            float s = 0.f;
-            for (int k = y; k < tiles_r; k += FP8_RP_ROWS) s += __ldcg(colsum + (long long)k * cols + c0 + j);
-            sums[j][y] = s;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < FP8_TILE_C && c0 + j < cols) {
-        float acc = 0.f;
-#pragma unroll
-        for (int y = 0; y < FP8_RP_ROWS; ++y) acc += sums[j][y];
-        float* d = total + c0 + j;
-        *d = total_add ? *d + acc : acc;
-    }
-    if (threadIdx.x == 0) counters[tc] = 0u;
-}
-
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale (found as `mode` says). rows and cols are multiples of
 // 16 (fp8::eligible); q and qt are 16-byte aligned. Any 1-D grid: block b takes tiles
@@ -146,13 +110,9 @@ __device__ __forceinline__ void column_total(const float* colsum, float* total, 
 // predicted cast finds it.)
 // Unless colsum is null, also the column sums of the values cast per tile, colsum[tile row,
 // col] (f32, [ceil(rows/128), cols]): the bias gradient of an output gradient without another
-// pass over it. A tile's sum, in this order: each 4-row group's ((x0 + x1) + x2) + x3, then
-// the 32 groups from 0 up (0 for groups past the rows). Unless total is null too, the tiles'
-// sums are then added up here, not by a reduce_partials launch: the block that finishes the
-// last tile of a column of tiles (a ticket per column of tiles in `counters`: zero before,
-// left zero) adds that column's tile sums in reduce_partials' order (reduce.cu: tile row k
-// into sum k % FP8_RP_ROWS in row order, then those sums in order), so with its bits, into
-// total[col] (total_add: added to what is there; else written).
+// pass over it (reduce_partials adds the tiles in order). A tile's sum, in this order: each
+// 4-row group's ((x0 + x1) + x2) + x3, then the 32 groups from 0 up (0 for groups past the
+// rows).
 //
 // Each thread loads a 4-row × 8-column patch (four 16-byte loads in flight: bandwidth needs
 // bytes in flight), casts it, writes q's rows from registers, and turns its 4×8 codes into
@@ -165,14 +125,10 @@ extern "C" __global__ void __launch_bounds__(256)
                             float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
                             const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
                             const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
-                            unsigned* pred, const unsigned* ref, float* __restrict__ total, int total_add,
-                            unsigned* counters) {
+                            unsigned* pred, const unsigned* ref) {
     __shared__ Fp8TileWords t;
-    // sums[c][g]: column c over rows 4g..4g+3; then, in the block adding a column of tiles
-    // up, sums[c][y]: column c's tile rows y, y + FP8_RP_ROWS, ... (FP8_RP_ROWS <= 32).
-    __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];
+    __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     __shared__ unsigned warp_max[8];
-    __shared__ int last_of_column;
     float s;
     if (mode == FP8_SCALE_CHECK) {
         s = fp8_scale(slot[1], e5m2);
@@ -197,8 +153,8 @@ extern "C" __global__ void __launch_bounds__(256)
     // x's row length: SwiGLU's forward reads rows of [gate | up] for cols outputs.
     const long long ld = op == FP8_OP_SWIGLU ? 2ll * cols : (long long)cols;
     const int half = cols / 2;  // FP8_OP_DSWIGLU: F
-    const int tiles_c = (cols + FP8_TILE_C - 1) / FP8_TILE_C, tiles_r = (rows + FP8_TILE_R - 1) / FP8_TILE_R;
-    const long long tiles = (long long)tiles_c * tiles_r;
+    const int tiles_c = (cols + FP8_TILE_C - 1) / FP8_TILE_C;
+    const long long tiles = (long long)tiles_c * ((rows + FP8_TILE_R - 1) / FP8_TILE_R);
     // The 8 threads of a row group read its rows' 128 contiguous bytes; rows % 16 == 0 and
     // cols % 16 == 0 put a group's rows and a thread's columns all in or all out.
     const int cg = threadIdx.x & 7, g = threadIdx.x >> 3;
@@ -294,7 +250,6 @@ extern "C" __global__ void __launch_bounds__(256)
             for (int k = 0; k < FP8_TILE_R / 4; ++k) acc += sums[threadIdx.x][k];
             colsum[(long long)tr * cols + c0 + threadIdx.x] = acc;
         }
-        if (total) column_total(colsum, total, total_add, counters, sums, last_of_column, tiles_r, cols, c0);
         __syncthreads();  // the next tile writes t and sums
     }
     if (mode == FP8_SCALE_PREDICTED) {

@@ -75,6 +75,7 @@ use super::cublaslt::{Act, Fp8Gemm, Gemm, OutType};
 use super::kernels::{no_big_smem, KernelFile};
 use super::launch::{bad, cfg, to_i32, BLOCK};
 use super::matmul::BwdPtrs;
+use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::fp8::{CudaFp8KeptInputs, CudaFp8WeightCache, CudaFp8Workspace, ScaleSlot};
 use crate::backend::{
@@ -97,20 +98,18 @@ pub(super) const KERNELS: KernelFile = KernelFile {
     defines: fp8_defines,
 };
 
-/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`), the
-/// step codes' (`STEP_WEIGHTS`), and `reduce_partials`' order, which the casts' bias
-/// gradients keep (`RP_ROWS`).
+/// The FP8 gathers' segment table size, shared with the kernels (`fp8_gather.rs`), and the
+/// step codes' (`STEP_WEIGHTS`).
 fn fp8_defines() -> Vec<(&'static str, String)> {
     vec![
         ("FP8G_SEGS", crate::backend::fp8_gather::MAX_SEGMENTS.to_string()),
         ("FP8_STEP_WEIGHTS", STEP_WEIGHTS.to_string()),
-        ("FP8_RP_ROWS", super::reduce::RP_ROWS.to_string()),
     ]
 }
 
 /// Columns and rows of the transposing cast's tile (`FP8_TILE_C`, `FP8_TILE_R` in fp8.cu,
 /// whose 256 threads each take 4 rows × 8 columns).
-const TILE_C: usize = crate::backend::fp8::CAST_TILE_COLUMNS;
+const TILE_C: usize = 64;
 const TILE_R: usize = 128;
 /// The rows of one of the transposing cast's column sums (a tile's).
 pub const COLSUM_ROWS: usize = TILE_R;
@@ -230,9 +229,6 @@ impl WsPtrs {
     fn w(&self) -> u64 {
         self.base + self.layout.w as u64
     }
-    fn tickets(&self) -> u64 {
-        self.base + self.layout.tickets as u64
-    }
     /// A per-op slot's start: its inverse scale (what the GEMM reads), then its amax (what
     /// the casts take).
     fn slot(&self, s: ScaleSlot) -> u64 {
@@ -292,20 +288,6 @@ struct Cast {
     /// slot's amax is zeroed and found by the cast itself (transposing casts only). `None`:
     /// the slot holds the amax.
     predicted: Option<Prediction>,
-}
-
-/// The column sums of the values a transposing cast casts (an output gradient's: its bias
-/// gradient without a pass of its own; `fp8.cu`: `colsum`, `total`).
-#[derive(Debug, Clone, Copy)]
-struct ColSums {
-    /// The sums per [`COLSUM_ROWS`] rows: f32 `[rows.div_ceil(COLSUM_ROWS), cols]`.
-    partial: u64,
-    /// Where the cast also adds those up (`reduce_partials`' order and bits), and whether
-    /// it adds to what is there (else writes: a fresh gradient); `None`: the partial sums only.
-    total: Option<(u64, bool)>,
-    /// A u32 ticket per [`TILE_C`] columns, zero (the cast leaves them zero): the workspace's
-    /// ([`CudaFp8Workspace::tickets`]).
-    tickets: u64,
 }
 
 /// What a transposing cast makes of what it reads (`FP8_OP_*` in fp8.cu), each value rounded
@@ -717,7 +699,7 @@ impl CudaBackend {
             // SAFETY: the weight holds oc·c bf16 (the callers checked); the cache's regions
             // hold oc·c bytes each for this layer (its shape checked above); the slot is the
             // layer's, and holds this version's amax where `amax_known`.
-            unsafe { self.fp8_cast_amax(cast, amax_known, None)? };
+            unsafe { self.fp8_cast_amax(cast, amax_known, 0)? };
             cache.made[l.index] = Some(version);
             ws.weight_amax[l.index] = Some(version);
         }
@@ -886,18 +868,18 @@ impl CudaBackend {
 
     /// Cast `c` with its amax found now (the slot zeroed, an amax pass), or, where `known`,
     /// with the amax its slot already holds (the forward's, or the one its producer left);
-    /// with its column sums where `sums` says (see [`CudaBackend::fp8_cast_colsum`]).
+    /// with its column sums into `colsum` unless 0 (see [`CudaBackend::fp8_cast_colsum`]).
     ///
     /// # Safety
     /// As [`CudaBackend::fp8_cast_colsum`].
-    unsafe fn fp8_cast_amax(&self, c: Cast, known: bool, sums: Option<ColSums>) -> BResult<()> {
+    unsafe fn fp8_cast_amax(&self, c: Cast, known: bool, colsum: u64) -> BResult<()> {
         // SAFETY: the caller's promises.
         unsafe {
             // A predicted cast finds the amax itself.
             if !known && c.predicted.is_none() {
                 self.fp8_fresh_amax(c.x, c.rows * c.cols, c.slot)?;
             }
-            self.fp8_cast_colsum(c, sums)
+            self.fp8_cast_colsum(c, colsum)
         }
     }
 
@@ -940,17 +922,16 @@ impl CudaBackend {
     /// slot holds the tensor's amax.
     unsafe fn fp8_cast(&self, c: Cast) -> BResult<()> {
         // SAFETY: the caller's promises; no column sums.
-        unsafe { self.fp8_cast_colsum(c, None) }
+        unsafe { self.fp8_cast_colsum(c, 0) }
     }
 
-    /// [`CudaBackend::fp8_cast`], and for a transposing cast with `sums` also the column sums
-    /// of the values cast per [`COLSUM_ROWS`] rows, and their total where it says (see
-    /// [`ColSums`] and `fp8_cast_transpose_bf16`).
+    /// [`CudaBackend::fp8_cast`], and for a transposing cast with `colsum` not 0 also the
+    /// column sums of `c.x` per [`COLSUM_ROWS`] rows into `colsum` (f32,
+    /// `[rows.div_ceil(COLSUM_ROWS), cols]`; see `fp8_cast_transpose_bf16`).
     ///
     /// # Safety
-    /// As [`CudaBackend::fp8_cast`]; `sums.partial` holds `[rows.div_ceil(COLSUM_ROWS),
-    /// cols]` floats, a total `cols`, the tickets `cols.div_ceil(TILE_C)` zeroed words.
-    unsafe fn fp8_cast_colsum(&self, c: Cast, sums: Option<ColSums>) -> BResult<()> {
+    /// As [`CudaBackend::fp8_cast`]; `colsum` (unless 0) holds that many floats.
+    unsafe fn fp8_cast_colsum(&self, c: Cast, colsum: u64) -> BResult<()> {
         let Cast { x, rows, cols, fmt, slot, dst, dst_t, op, norm, predicted } = c;
         let n = rows * cols;
         let ni = n as i64;
@@ -963,7 +944,7 @@ impl CudaBackend {
                         "an activation- or norm-applying or predicted FP8 cast without its transpose (a bug)".into(),
                     ));
                 }
-                if sums.is_some() {
+                if colsum != 0 {
                     return Err(bad("column sums asked of an FP8 cast without its transpose (a bug)".into()));
                 }
                 let f = self.f("fp8_cast_bf16")?;
@@ -994,23 +975,15 @@ impl CudaBackend {
                     None => &[(SCALE_OF_AMAX, tiles)],
                     Some(_) => &[(SCALE_PREDICTED, tiles), (SCALE_CHECK, tiles.min(8 * self.sm_count as u32).max(1))],
                 };
-                let ColSums { partial, total, tickets } =
-                    sums.unwrap_or(ColSums { partial: 0, total: None, tickets: 0 });
-                let (total, total_add) = total.map_or((0, 0), |(t, add)| (t, i32::from(add)));
                 for &(mode, grid) in passes {
-                    // The sums do not depend on the scale: a check that casts again leaves them.
-                    let (colsum, total, tickets) =
-                        if mode == SCALE_CHECK { (0, 0, 0) } else { (partial, total, tickets) };
                     let f = self.f("fp8_cast_transpose_bf16")?;
                     let mut lb = self.stream.launch_builder(f);
                     lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&op_i);
                     lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&aux).arg(&mode).arg(&pred).arg(&reference);
-                    lb.arg(&total).arg(&total_add).arg(&tickets);
                     // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16 (SwiGLU's
                     // forward twice as many), aux (a pre-activation, rows·cols, or SwiGLU's
                     // output gradient, half) its bf16; the slot and the prediction four words;
-                    // colsum (unless 0) a float per column and tile of rows, total (unless 0) a
-                    // float per column, the tickets a zeroed word per TILE_C columns; a norm's
+                    // colsum (unless 0) a float per column and tile of rows; a norm's
                     // statistics a float per row, its weight and bias a bf16 per column.
                     unsafe { lb.launch(cfg((grid, 1, 1), (256, 1, 1), 0)) }
                         .map_err(|e| self.launch_err("fp8_cast_transpose_bf16", e))?;
@@ -1121,7 +1094,7 @@ impl CudaBackend {
         // layer's input (rows × inputs reserved); the input slot holds the amax its producer
         // left where that is said, or is zeroed for a predicted cast.
         unsafe {
-            self.fp8_cast_amax(x, amax_left, None)?;
+            self.fp8_cast_amax(x, amax_left, 0)?;
             if cached.is_none() {
                 self.fp8_weight_amax(layer, w, oc * c, w_slot)?;
                 let wc = Cast {
@@ -1238,16 +1211,11 @@ impl CudaBackend {
             predicted,
         };
         // The bias gradient from the column sums dY's transposing cast makes as it reads dY
-        // (one pass over dY fewer), added up by the cast's last block per column of tiles (no
-        // reduction launch); without that cast (dW in bf16), the bias kernel's pass.
+        // (one pass over dY fewer); without that cast (dW in bf16), the bias kernel's pass.
         let fused_db = ptr.dbias.filter(|_| gt.is_some());
-        let sums = match fused_db {
-            Some(db) => Some(ColSums {
-                partial: self.scratch_f32(n.div_ceil(COLSUM_ROWS) * oc)?,
-                total: Some((db, !ptr.fresh)),
-                tickets: ws.tickets(),
-            }),
-            None => None,
+        let colsum = match fused_db {
+            Some(_) => self.scratch_f32(n.div_ceil(COLSUM_ROWS) * oc)?,
+            None => 0,
         };
         // The input's codes for dW: kept by the forward (no cast here), or cast now into
         // region a once the dX GEMM has read dY from it.
@@ -1280,7 +1248,12 @@ impl CudaBackend {
         // or its producer's); the gradient slot holds the amax dY's producer left where that
         // is said.
         unsafe {
-            self.fp8_cast_amax(g, amax_left, sums)?;
+            self.fp8_cast_amax(g, amax_left, colsum)?;
+            if let Some(db) = fused_db {
+                // Right after the cast: the scratch holds the sums until another op takes it.
+                let split = Split { dst0: db, dst1: db, split: oc, overwrite: ptr.fresh };
+                self.reduce_partials(split, colsum, n.div_ceil(COLSUM_ROWS), oc)?;
+            }
             if cached.is_none() {
                 let wc = Cast {
                     x: ptr.w,
@@ -1299,7 +1272,7 @@ impl CudaBackend {
             }
             self.lt.gemm(&dx, stream)?;
             if dw_fp8 && kept.is_none() {
-                self.fp8_cast_amax(x, reuse_input, None)?;
+                self.fp8_cast_amax(x, reuse_input, 0)?;
             }
         }
         if dw_fp8 {
@@ -1512,52 +1485,6 @@ pub struct Fp8Cast {
     pub codes_beside_t: Vec<u8>,
     /// The transposing cast's column sums, `[rows.div_ceil(COLSUM_ROWS), cols]`.
     pub col_sums: Vec<f32>,
-    /// Their total per column as the cast added it up (the bias gradient): written by
-    /// [`CudaBackend::fp8_cast_check`], added to 1.0 each by
-    /// [`CudaBackend::fp8_predicted_cast_check`].
-    pub col_total: Vec<f32>,
-    /// Whether the cast left its tickets zero (the next cast's, and a graph's replay, need it).
-    pub tickets_zero: bool,
-}
-
-impl CudaBackend {
-    /// A check's column sums: the partial sums, a total holding `init` per column (which the
-    /// cast adds to where `add`, else writes over), zeroed tickets (what [`ColSums`] points
-    /// into), for `rows × cols`.
-    fn check_col_sums(&self, rows: usize, cols: usize, init: f32, add: bool) -> BResult<CheckColSums> {
-        let partial = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
-        let mut total = self.alloc::<f32>(cols, "FP8 check column totals")?;
-        self.stream.memcpy_htod(&vec![init; cols], &mut total).map_err(|e| self.err("writing the totals", e))?;
-        let tickets = self.alloc::<u32>(cols.div_ceil(TILE_C), "FP8 check tickets")?;
-        Ok(CheckColSums { partial, total, tickets, add })
-    }
-
-    /// Read back what a check's cast left in its column sums: (partial, total, tickets zero).
-    fn read_col_sums(&self, c: &CheckColSums) -> BResult<(Vec<f32>, Vec<f32>, bool)> {
-        let partial = self.stream.clone_dtoh(&c.partial).map_err(|e| self.err("reading the column sums", e))?;
-        let total = self.stream.clone_dtoh(&c.total).map_err(|e| self.err("reading the column totals", e))?;
-        let tickets = self.stream.clone_dtoh(&c.tickets).map_err(|e| self.err("reading the tickets", e))?;
-        Ok((partial, total, tickets.iter().all(|&t| t == 0)))
-    }
-}
-
-/// The device buffers of a check's column sums (see [`CudaBackend::check_col_sums`]).
-struct CheckColSums {
-    partial: CudaSlice<f32>,
-    total: CudaSlice<f32>,
-    tickets: CudaSlice<u32>,
-    /// Add to the totals' initial values (else write over them).
-    add: bool,
-}
-
-impl CheckColSums {
-    fn ptrs(&mut self, be: &CudaBackend) -> ColSums {
-        ColSums {
-            partial: be.ptr_mut(&mut self.partial, 0),
-            total: Some((be.ptr_mut(&mut self.total, 0), self.add)),
-            tickets: be.ptr_mut(&mut self.tickets, 0),
-        }
-    }
 }
 
 impl CudaBackend {
@@ -1579,17 +1506,15 @@ impl CudaBackend {
             return Err(bad(format!("fp8_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
         }
         let mut slot = self.alloc::<u32>(4, "FP8 check slot")?;
-        // The totals start as NaN: the cast writes them.
-        let mut sums = self.check_col_sums(rows, cols, f32::NAN, false)?;
-        let sums_p = sums.ptrs(self);
+        let mut sums = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
+        let sums_p = self.ptr_mut(&mut sums, 0);
         let (mut q, mut qt, mut q2) =
             (self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?);
         let xp = self.ptr(x, off);
         let (sp, qp, qtp, q2p) =
             (self.ptr_mut(&mut slot, 0), self.ptr_mut(&mut q, 0), self.ptr_mut(&mut qt, 0), self.ptr_mut(&mut q2, 0));
         // SAFETY: x holds n bf16 from off (checked); q, qt, q2 n bytes each (256-byte
-        // aligned allocations); the slot two zeroed words; sums a float per column and tile,
-        // totals a float per column, tickets a zeroed word per TILE_C columns.
+        // aligned allocations); the slot two zeroed words; sums a float per column and tile.
         unsafe {
             let c = Cast {
                 x: xp,
@@ -1608,20 +1533,17 @@ impl CudaBackend {
             r.map_err(|e| self.err("zeroing the check slot", e))?;
             let ct = Cast { dst: Some(q2p), dst_t: Some(qtp), ..c };
             self.fp8_amax(ct.x, n, ct.slot)?;
-            self.fp8_cast_colsum(ct, Some(sums_p))?;
+            self.fp8_cast_colsum(ct, sums_p)?;
         }
         let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
         let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;
-        let (col_sums, col_total, tickets_zero) = self.read_col_sums(&sums)?;
         Ok(Fp8Cast {
             amax: f32::from_bits(words[1]),
             inv_scale: f32::from_bits(words[0]),
             codes: down(&q)?,
             codes_t: down(&qt)?,
             codes_beside_t: down(&q2)?,
-            col_sums,
-            col_total,
-            tickets_zero,
+            col_sums: self.stream.clone_dtoh(&sums).map_err(|e| self.err("reading the column sums", e))?,
         })
     }
 
@@ -1677,8 +1599,7 @@ impl CudaBackend {
         self.stream
             .memcpy_htod(&[prediction.last_amax.to_bits(), 0, 0, prediction.last_ref.to_bits()], &mut pred)
             .map_err(|e| self.err("writing the prediction", e))?;
-        // The totals start at 1.0: the cast adds to them (once, whether or not its check casts again).
-        let mut sums = self.check_col_sums(rows, cols, 1.0, true)?;
+        let mut sums = self.alloc::<f32>(rows.div_ceil(COLSUM_ROWS) * cols, "FP8 check column sums")?;
         let (mut q, mut qt) = (self.alloc::<u8>(n, "FP8 check")?, self.alloc::<u8>(n, "FP8 check")?);
         let c = Cast {
             x: self.ptr(x, 0),
@@ -1694,23 +1615,18 @@ impl CudaBackend {
         };
         // SAFETY: x (and pre) hold n bf16 (checked); q and qt n bytes each (256-byte aligned
         // allocations); the slot and the prediction four zeroed or written words; sums a
-        // float per column and tile, totals a float per column, tickets a zeroed word per
-        // TILE_C columns.
-        let sums_p = sums.ptrs(self);
-        unsafe { self.fp8_cast_colsum(c, Some(sums_p))? };
+        // float per column and tile.
+        unsafe { self.fp8_cast_colsum(c, self.ptr_mut(&mut sums, 0))? };
         let down = |b: &CudaSlice<u8>| self.stream.clone_dtoh(b).map_err(|e| self.err("reading FP8 codes", e));
         let words = self.stream.clone_dtoh(&slot).map_err(|e| self.err("reading the FP8 slot", e))?;
         let after = self.stream.clone_dtoh(&pred).map_err(|e| self.err("reading the prediction", e))?;
-        let (col_sums, col_total, tickets_zero) = self.read_col_sums(&sums)?;
         let cast = Fp8Cast {
             amax: f32::from_bits(words[1]),
             inv_scale: f32::from_bits(words[0]),
             codes: Vec::new(),
             codes_t: down(&qt)?,
             codes_beside_t: down(&q)?,
-            col_sums,
-            col_total,
-            tickets_zero,
+            col_sums: self.stream.clone_dtoh(&sums).map_err(|e| self.err("reading the column sums", e))?,
         };
         Ok((cast, [after[0], after[1], after[2], after[3]]))
     }

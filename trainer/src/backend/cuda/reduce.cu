@@ -8,26 +8,14 @@
 // and one warp combines the per-block partials in a fixed order.
 
 // partial[blockIdx.x] = sum over this block's share of x[i] (square != 0: x[i]^2), in f64.
-// 16-byte loads where x is aligned, four in flight a thread (grid_stride_reads: with one
-// 4-byte load in flight it read a block's gradients at ~3.2 TB/s on an H200); each thread
-// adds its values in index order.
 extern "C" __global__ void sum_partial(double* partial, const float* x, long long n, int square) {
     __shared__ double sh[32];
     double acc = 0.0;
-    const auto add = [&](float f) {
-        const double v = f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const double v = x[i];
         acc += square ? v * v : v;
-    };
-    grid_stride_reads<4, 4>(
-        n, aligned16(x),
-        [&](long long i) {
-            const float4 v = ((const float4*)x)[i];
-            add(v.x);
-            add(v.y);
-            add(v.z);
-            add(v.w);
-        },
-        [&](long long i) { add(x[i]); });
+    }
     acc = block_sum_d(acc, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }

@@ -19,7 +19,7 @@ pub(super) const KERNELS: KernelFile = KernelFile {
 
 /// Threads per column in `reduce_partials` (each sums every RP_ROWS-th partial row): fixed,
 /// so the summation order is the same on every GPU.
-pub(super) const RP_ROWS: usize = 32;
+const RP_ROWS: usize = 32;
 
 /// Blocks of the sum kernel: fixed, not derived from the GPU, so results are the same
 /// bits on every GPU.
