@@ -11,7 +11,8 @@
 #         speed-1.5b-fp8-nostepamax; without the norms in the casts: speed-1.5b-fp8-nonormcast;
 #         finding GELU's amaxes first instead of predicting scales: speed-1.5b-fp8-nopredicted;
 #         casting the cached weights after the step instead of the step writing their codes:
-#         speed-1.5b-fp8-nostepcodes;
+#         speed-1.5b-fp8-nostepcodes; the norms finding their outputs' amaxes instead of the
+#         casts that apply them predicting their scales: speed-{1.5b,llama-1b}-fp8-nonormpred;
 #         Llama's SwiGLU casts predicting (opt-in; slower in run 26): speed-llama-{8b,1b}-fp8-swiglupred;
 #         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
@@ -160,6 +161,12 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     SHARDTRAIN_FP8_STEP_CODES=0 ours speed-1.5b-fp8-nostepcodes configs/gpt2-1.5b.toml --set zero.stage=1 \
         --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
         --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    # The same fp8 row with the LayerNorms finding their outputs' amaxes for the casts that
+    # apply them (SHARDTRAIN_FP8_PREDICTED_NORMS=0) instead of those casts predicting their
+    # scales, on the fp8 row's stored algorithms: the same losses, bit for bit; the saving.
+    SHARDTRAIN_FP8_PREDICTED_NORMS=0 ours speed-1.5b-fp8-nonormpred configs/gpt2-1.5b.toml --set zero.stage=1 \
+        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
     # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
     ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
@@ -185,6 +192,10 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
         --set "train.gemm_tuning_from=\"$OUT/speed-llama-8b-fp8\""
     # The Llama-3.2-1B shape at 8×2048, ZeRO-1 (its bf16 row beside HF + torch.compile: run 15).
     speed llama-1b configs/llama-3.2-1b.toml
+    # ... and with the RMSNorms finding their outputs' amaxes (SHARDTRAIN_FP8_PREDICTED_NORMS=0).
+    SHARDTRAIN_FP8_PREDICTED_NORMS=0 ours speed-llama-1b-fp8-nonormpred configs/llama-3.2-1b.toml \
+        --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+        --set "train.gemm_tuning_from=\"$OUT/speed-llama-1b-fp8\""
     # ... and with the SwiGLU casts predicting (keep_gelu kept: down's forward cast and
     # gate/up's backward's).
     SHARDTRAIN_FP8_PREDICTED_SWIGLU=1 ours speed-llama-1b-fp8-swiglupred configs/llama-3.2-1b.toml \

@@ -443,6 +443,7 @@ fn run_with(cfg: &Config, world: usize, knobs: Knobs, steps: usize) -> Handmade 
             fp8_norm_in_cast: norm_in_cast,
             fp8_predicted_scales: predicted_scales,
             fp8_predicted_swiglu: predicted_scales,
+            fp8_predicted_norms: predicted_scales,
             fp8_step_codes: step_codes,
             ..ModelOptions::from_config(&cfg)
         };

@@ -768,6 +768,7 @@ fn fp8_weight_cache_matches_per_use_casts_through_graphs_and_steps() {
                     fp8_norm_in_cast: norm,
                     fp8_predicted_scales: predicted,
                     fp8_predicted_swiglu: predicted,
+                    fp8_predicted_norms: predicted,
                     fp8_step_codes: step_codes,
                     checkpointing: ckpt.clone(),
                     ..ModelOptions::batch(b)

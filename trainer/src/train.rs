@@ -582,7 +582,7 @@ fn report_fp8_predictions(counts: Option<crate::backend::Fp8Predictions>) {
         (right + wrong > 0).then(|| format!("{what} {right} of {}", right + wrong))
     };
     let parts: Vec<String> =
-        [part("activations", c.inputs), part("gradients", c.grads), part("weights (the step's codes)", c.weights)]
+        [part("inputs", c.inputs), part("gradients", c.grads), part("weights (the step's codes)", c.weights)]
             .into_iter()
             .flatten()
             .collect();

@@ -47,17 +47,18 @@ pub trait LayerNormOps: Device {
         r: Rows,
         amax: Option<AmaxSink>,
     ) -> BResult<()>;
-    /// [`LayerNormOps::layernorm_fwd`] without its output: the row statistics and the amax of
-    /// the output it would write, into `amax`, for an FP8 GEMM that applies the norm in the
-    /// cast of its input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)),
-    /// so the output is never written.
-    fn layernorm_stats_amax(
+    /// [`LayerNormOps::layernorm_fwd`] without its output: the row statistics, and where
+    /// `amax` is set the amax of the output it would write, for an FP8 GEMM that applies the
+    /// norm in the cast of its input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)),
+    /// so the output is never written (without `amax`, that cast finds the amax itself: CUDA
+    /// predicts its scale).
+    fn layernorm_stats(
         &self,
         stats: LnStats<'_, Self>,
         inp: &Self::Buf,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
-        amax: AmaxSink,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..`, `db += ..`; leaves the amax of the updated `dinp` (the
     /// residual gradient, which an FP8 GEMM's backward reads next) in `amax` where set.
@@ -86,18 +87,18 @@ pub trait LayerNormOps: Device {
         eps: f32,
         amax: Option<AmaxSink>,
     ) -> BResult<()>;
-    /// [`LayerNormOps::rmsnorm_fwd`] without its output: `rstd` and the amax of the output it
-    /// would write, into `amax`, for an FP8 GEMM that applies the norm in the cast of its
-    /// input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)).
+    /// [`LayerNormOps::rmsnorm_fwd`] without its output: `rstd`, and where `amax` is set the
+    /// amax of the output it would write, for an FP8 GEMM that applies the norm in the cast of
+    /// its input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)).
     #[allow(clippy::too_many_arguments)] // the norm's own five, and where its output's amax goes
-    fn rmsnorm_stats_amax(
+    fn rmsnorm_stats(
         &self,
         rstd: &mut Self::F32,
         inp: &Self::Buf,
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
-        amax: AmaxSink,
+        amax: Option<AmaxSink>,
     ) -> BResult<()>;
     /// `dinp += ..`, `dw += ..` (written when `g.fresh`); the amax of the updated `dinp` in
     /// `amax` where set.

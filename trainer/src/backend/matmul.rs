@@ -119,12 +119,11 @@ impl LinearLocs {
     /// `Ok` where the layer at shape `s` may have its input made by the cast that quantizes it
     /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; SwiGLU of
     /// gate/up's output: [`MatmulOps::matmul_residual_fwd_of_swiglu`]; a norm of the norm's
-    /// input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes and, for a norm,
-    /// the amax of the input so made was left for it (an activation's may be, or the op finds
-    /// it: a predicted scale); else the model bug, named after `what`.
+    /// input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes (the amax of the
+    /// input so made may have been left for it, or the op finds it: CUDA predicts the scale);
+    /// else the model bug, named after `what`.
     pub fn check_input_made_in_cast(&self, s: MatShape, what: InputMadeInCast) -> BResult<()> {
-        let amax_needed = what == InputMadeInCast::Norm;
-        if self.keeps_input(s) && (!amax_needed || self.fp8.is_some_and(|f| f.input_amax_ready)) {
+        if self.keeps_input(s) {
             return Ok(());
         }
         let (of, from) = match what {
@@ -133,8 +132,7 @@ impl LinearLocs {
             InputMadeInCast::Norm => ("the norm's output", "the norm's input"),
         };
         Err(super::BackendError::Device(format!(
-            "an FP8 GEMM of {of} from {from}, but layer {:?} does not keep its input's codes or has no amax of {of} \
-             left (a model bug)",
+            "an FP8 GEMM of {of} from {from}, but layer {:?} does not keep its input's codes (a model bug)",
             self.fp8.map(|f| f.index)
         )))
     }
@@ -222,8 +220,8 @@ pub enum InputMadeInCast {
 }
 
 /// A norm's output as a linear layer's input, given as the norm's input and the statistics
-/// [`LayerNormOps::layernorm_stats_amax`](super::LayerNormOps::layernorm_stats_amax) or
-/// [`LayerNormOps::rmsnorm_stats_amax`](super::LayerNormOps::rmsnorm_stats_amax) saved
+/// [`LayerNormOps::layernorm_stats`](super::LayerNormOps::layernorm_stats) or
+/// [`LayerNormOps::rmsnorm_stats`](super::LayerNormOps::rmsnorm_stats) saved
 /// ([`MatmulOps::matmul_fwd_of_norm`]); the norm's parameters are in the linear layer's
 /// parameter buffer.
 pub enum NormOfInput<'a, B: Device + ?Sized> {
@@ -494,8 +492,9 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
 
     /// A linear layer of a norm's output, in FP8: `out = norm(x) · Wᵀ + bias`, the norm
     /// applied by the cast that quantizes the layer's input as it reads `x`, with the
-    /// statistics and the output's amax the norm's `*_stats_amax` left (into
-    /// [`LinearLocs::input_sink`]), so the norm's output is never written. The same bits as
+    /// statistics the norm's `*_stats` left and, where it left it too (into
+    /// [`LinearLocs::input_sink`]: `input_amax_ready`), the output's amax, which otherwise the
+    /// op finds (CUDA: the cast predicts its scale), so the norm's output is never written. The same bits as
     /// the norm's forward then [`MatmulOps::matmul_fwd`]. Only for a layer that keeps its
     /// input's codes ([`LinearLocs::check_input_made_in_cast`]); otherwise, and on a backend
     /// without it (the default), an error: the model composes the two instead.

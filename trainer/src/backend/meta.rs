@@ -157,24 +157,24 @@ impl LayerNormOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
-    fn layernorm_stats_amax(
+    fn layernorm_stats(
         &self,
         _: LnStats<'_, Self>,
         _: &MetaBuf,
         _: Weights<'_, Self, NormLocs>,
         _: Rows,
-        _: AmaxSink,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }
-    fn rmsnorm_stats_amax(
+    fn rmsnorm_stats(
         &self,
         _: &mut MetaBuf,
         _: &MetaBuf,
         _: Weights<'_, Self, Loc>,
         _: Rows,
         _: f32,
-        _: AmaxSink,
+        _: Option<AmaxSink>,
     ) -> BResult<()> {
         Ok(())
     }

@@ -257,6 +257,13 @@ pub struct ModelOptions {
     /// same bits (CPU and GPU), but measured slower (Llama-3.2-1B +2.3–2.7% a step, Llama-3-8B
     /// +1.3%: BENCHMARKS.md run 26), unlike GPT-2's GELU casts.
     pub fp8_predicted_swiglu: bool,
+    /// FP8: the casts that apply a norm as they read its input (`fp8_norm_in_cast`: GPT-2's
+    /// qkv and fc, Llama's qkv and gate/up) predict their scale too, with
+    /// `fp8_predicted_scales`, so the norm's kernel finds only its statistics, not the amax of
+    /// the output it never writes (the output's computation, a third of that kernel's work
+    /// at C = 1600); false (`SHARDTRAIN_FP8_PREDICTED_NORMS=0`) has the norm find it: the
+    /// same bits, to measure or rule it out.
+    pub fp8_predicted_norms: bool,
     /// FP8: where the optimizer step writes a cached layer's whole weight, it writes the
     /// cache's codes too (CUDA: with a predicted scale, then a check that makes the transposed
     /// codes from them; see `cuda/adamw.rs`), and the version casts that weight no more; false
@@ -312,6 +319,7 @@ impl ModelOptions {
             fp8_norm_in_cast: true,
             fp8_predicted_scales: true,
             fp8_predicted_swiglu: false,
+            fp8_predicted_norms: true,
             fp8_step_codes: true,
             document_mask: cfg.data.document_mask,
         }
@@ -319,9 +327,10 @@ impl ModelOptions {
 
     /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS`,
     /// `SHARDTRAIN_FP8_KEPT_INPUTS`, `SHARDTRAIN_FP8_NORM_IN_CAST`,
-    /// `SHARDTRAIN_FP8_PREDICTED_SCALES` and `SHARDTRAIN_FP8_STEP_CODES` read: unset, empty or
-    /// `1` keep the sinks (the kept inputs, the norms in the casts, the predicted scales, the
-    /// step's codes), `0` turns them off; and the
+    /// `SHARDTRAIN_FP8_PREDICTED_SCALES`, `SHARDTRAIN_FP8_PREDICTED_NORMS` and
+    /// `SHARDTRAIN_FP8_STEP_CODES` read: unset, empty or `1` keep the sinks (the kept inputs,
+    /// the norms in the casts, the predicted scales, the norms' predicted scales, the step's
+    /// codes), `0` turns them off; and the
     /// opt-in `SHARDTRAIN_FP8_PREDICTED_SWIGLU` (`1` on, unset or `0` off); any
     /// other value is an error. The planner reads them too,
     /// so its prediction is the run's.
@@ -331,6 +340,7 @@ impl ModelOptions {
         let fp8_norm_in_cast = env_switch("SHARDTRAIN_FP8_NORM_IN_CAST")?;
         let fp8_predicted_scales = env_switch("SHARDTRAIN_FP8_PREDICTED_SCALES")?;
         let fp8_predicted_swiglu = env_opt_in("SHARDTRAIN_FP8_PREDICTED_SWIGLU")?;
+        let fp8_predicted_norms = env_switch("SHARDTRAIN_FP8_PREDICTED_NORMS")?;
         let fp8_step_codes = env_switch("SHARDTRAIN_FP8_STEP_CODES")?;
         Ok(ModelOptions {
             fp8_amax_sinks,
@@ -338,6 +348,7 @@ impl ModelOptions {
             fp8_norm_in_cast,
             fp8_predicted_scales,
             fp8_predicted_swiglu,
+            fp8_predicted_norms,
             fp8_step_codes,
             ..ModelOptions::from_config(cfg)
         })
@@ -359,6 +370,7 @@ impl ModelOptions {
             fp8_norm_in_cast: true,
             fp8_predicted_scales: true,
             fp8_predicted_swiglu: false,
+            fp8_predicted_norms: true,
             fp8_step_codes: true,
             document_mask: false,
         }

@@ -122,17 +122,17 @@ impl LayerNormOps for CpuBackend {
         layernorm_forward(&mut out[..n * c], &mut stats.mean[..n], &mut stats.rstd[..n], &inp[..n * c], w, b);
         self.leave_amax(amax, &out[..n * c])
     }
-    fn layernorm_stats_amax(
+    fn layernorm_stats(
         &self,
         stats: LnStats<'_, Self>,
         inp: &Vec<f32>,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
-        amax: AmaxSink,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
-        // The forward into scratch: the GPU writes no output, only its statistics and amax.
+        // The forward into scratch: the GPU writes no output, only its statistics (and amax).
         let mut out = vec![0.0; r.n * r.c];
-        self.layernorm_fwd(&mut out, stats, inp, p, r, Some(amax))
+        self.layernorm_fwd(&mut out, stats, inp, p, r, amax)
     }
 
     fn layernorm_bwd(
@@ -173,18 +173,18 @@ impl LayerNormOps for CpuBackend {
         rmsnorm_forward(&mut out[..n * c], &mut rstd[..n], &inp[..n * c], w, eps);
         self.leave_amax(amax, &out[..n * c])
     }
-    fn rmsnorm_stats_amax(
+    fn rmsnorm_stats(
         &self,
         rstd: &mut Vec<f32>,
         inp: &Vec<f32>,
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
-        amax: AmaxSink,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
-        // The forward into scratch: the GPU writes no output, only rstd and the amax.
+        // The forward into scratch: the GPU writes no output, only rstd (and the amax).
         let mut out = vec![0.0; r.n * r.c];
-        self.rmsnorm_fwd(&mut out, rstd, inp, p, r, eps, Some(amax))
+        self.rmsnorm_fwd(&mut out, rstd, inp, p, r, eps, amax)
     }
 
     fn rmsnorm_bwd(

@@ -483,7 +483,7 @@ impl MatmulOps for CpuBackend {
         p.at.check_input_made_in_cast(s, InputMadeInCast::Norm)?;
         // The GPU never writes the norm's output; here it is per-call scratch, made again
         // from the input (its statistics checked to be those given), and quantized (with the
-        // amax its producer left, checked) as any FP8 input is.
+        // amax its producer left, checked, or found here) as any FP8 input is.
         let (mut y, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
         let same = match &norm {
             NormOfInput::LayerNorm { mean, rstd: given, at: locs } => {

@@ -57,7 +57,9 @@
 //! (`matmul_fwd_of_norm`: the norm's output is never written), as fc2 may apply GELU, and
 //! fc's backward GELU' to the gradient fc2's backward wrote (`matmul_bwd_of_dgelu`).
 //!
-//! Those two GELU casts *predict* their scale (`Cast::predicted`; `fp8.cu`:
+//! Those two GELU casts, and the casts that apply a norm where the norm left no amax
+//! (`ModelOptions::fp8_predicted_norms`: its kernel then finds only its statistics),
+//! *predict* their scale (`Cast::predicted`; `fp8.cu`:
 //! `FP8_SCALE_PREDICTED`): no amax of what they make exists before they make it, so each casts
 //! with the scale of a predicted amax (the tensor's last one, or for the gradient that times
 //! how a reference amax of this step moved since), maxes the true amax into the slot as it
@@ -397,7 +399,7 @@ pub(super) struct FwdEpilogue {
     pub input_op: CastOp,
     /// The input is a LayerNorm's input whose output the layer multiplies: its cast applies
     /// the norm (the layer keeps its input's codes, and the norm's output's amax was left in
-    /// its input slot: `layernorm_stats_amax`).
+    /// its input slot: `layernorm_stats`).
     pub norm: Option<NormPtrs>,
 }
 
@@ -1061,11 +1063,11 @@ impl CudaBackend {
         // A layer that keeps its input's codes for its backward gets them transposed from
         // the same cast (the layout the backward's dW GEMM reads).
         let kept = self.fp8_kept_input(layer)?;
-        // An activation applied in the cast with no amax of its output left: the cast predicts
-        // its scale and finds the amax itself (the same codes: see `Cast::predicted`).
+        // An activation or a norm applied in the cast with no amax of its output left: the cast
+        // predicts its scale and finds the amax itself (the same codes: see `Cast::predicted`).
         let op = epi.input_op;
         let predicted = match layer {
-            Some(l) if op != CastOp::None && !amax_left && kept.is_some() => {
+            Some(l) if (op != CastOp::None || epi.norm.is_some()) && !amax_left && kept.is_some() => {
                 Some(self.fp8_predict(AmaxSink::Input(l.index), None)?)
             }
             _ => None,

@@ -11,6 +11,16 @@
 // LN_EPS (cpu::LN_EPS), LN_BWD_SLOTS, LN_BWD_MAX_ROWS and RMS_FWD_THREADS come from the
 // launch code as -D options.
 
+// A LayerNorm row's statistics, written by its warp's first lane. Without an output and an
+// amax sink (an FP8 cast that applies the norm and predicts its scale) they are all a forward
+// writes: the output's computation is skipped.
+__device__ __forceinline__ void ln_stats_out(float* mean, float* rstd, int row, float m, float r, int lane) {
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
 // A row of C <= 256·NV values (C % 8 == 0, 16-byte aligned) held in a warp's registers: lane
 // `lane` loads its 16-byte words c = 8·lane + 256·j for every j < NV at once (all the row's
 // loads in flight, one read of it), then sums, centres and normalizes from the registers in
@@ -47,6 +57,7 @@ __device__ __forceinline__ void layernorm_fwd_regs(bf16_t* o, float* mean, float
         }
     }
     const float r = 1.f / sqrtf(warp_sum(v) / C + LN_EPS);
+    if (!o && !amax) return ln_stats_out(mean, rstd, row, m, r, lane);
     unsigned am = 0;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
@@ -64,15 +75,12 @@ __device__ __forceinline__ void layernorm_fwd_regs(bf16_t* o, float* mean, float
         }
     }
     warp_amax_out(amax, am);
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = r;
-    }
+    ln_stats_out(mean, rstd, row, m, r, lane);
 }
 
 // One warp per row; blockDim.x = 256 (8 rows per block). The amax of out into *amax where it
 // is not null (an FP8 amax sink: the next GEMM's input). A null out writes only the
-// statistics and the amax (layernorm_stats_amax: an FP8 cast applies the norm itself).
+// statistics and the amax (layernorm_stats: an FP8 cast applies the norm itself).
 // Aligned rows (C % 8 == 0, 16-byte aligned rows, output, weight and bias) of up to 4096
 // values take layernorm_fwd_r{4,8,16} (layernorm.rs picks), which hold the row in registers
 // (layernorm_fwd_regs); longer or unaligned ones this kernel, which reads the row three times
@@ -128,6 +136,7 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
         }
     }
     const float r = 1.f / sqrtf(warp_sum(v) / C + LN_EPS);
+    if (!out && !amax) return ln_stats_out(mean, rstd, row, m, r, lane);
     unsigned am = 0;
     if (vec) {
         for (int c = lane * 8; c < C; c += 256) {
@@ -149,10 +158,7 @@ extern "C" __global__ void layernorm_fwd(bf16_t* out, float* mean, float* rstd, 
         }
     }
     warp_amax_out(amax, am);
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = r;
-    }
+    ln_stats_out(mean, rstd, row, m, r, lane);
 }
 
 // Block k handles rows [k*rows_per_block, ...). dinp += (overwritten with the sum),
@@ -478,7 +484,7 @@ LN_BWD_BLOCKS(rmsnorm, true)
 // RMSNorm forward, general: one warp per row (blockDim.x = 256, 8 rows per block), any C
 // and alignment; the row is read twice (the mean square, then the output). The amax of out
 // into *amax where it is not null (an FP8 amax sink), here and in the fast instances; a null
-// out writes only rstd and the amax (rmsnorm_stats_amax: an FP8 cast applies the norm).
+// out writes only rstd and the amax (rmsnorm_stats: an FP8 cast applies the norm).
 extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C,
                                        float eps, unsigned* amax) {
     const int lane = threadIdx.x & 31;
@@ -492,6 +498,10 @@ extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* i
         ss += v * v;
     }
     const float s = 1.f / sqrtf(warp_sum(ss) / C + eps);
+    if (!out && !amax) {  // rstd alone (an FP8 cast applies the norm and predicts its scale)
+        if (lane == 0) rstd[row] = s;
+        return;
+    }
     unsigned am = 0;
     for (int c = lane; c < C; c += 32) {
         const bf16_t y = f2bf(bf2f(x[c]) * s * bf2f(w[c]));
@@ -544,6 +554,10 @@ __device__ __forceinline__ void rms_fwd_impl(bf16_t* out, float* rstd, const bf1
     }
     if (!live) return;
     const float s = 1.f / sqrtf(ss / C + eps);
+    if (!out && !amax) {  // rstd alone (an FP8 cast applies the norm and predicts its scale)
+        if (t == 0) rstd[row] = s;
+        return;
+    }
     bf16_t* o = out + (long long)row * C;
     unsigned am = 0;
 #pragma unroll

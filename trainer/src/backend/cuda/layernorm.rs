@@ -223,16 +223,16 @@ impl LayerNormOps for CudaBackend {
         self.ln_fwd(o, stats, inp, p, r, amax)
     }
 
-    fn layernorm_stats_amax(
+    fn layernorm_stats(
         &self,
         stats: LnStats<'_, Self>,
         inp: &Self::Buf,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
-        amax: AmaxSink,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
-        // layernorm_fwd's kernel with no output: the statistics and the amax only.
-        self.ln_fwd(0, stats, inp, p, r, Some(amax))
+        // layernorm_fwd's kernel with no output: the statistics (and the amax) only.
+        self.ln_fwd(0, stats, inp, p, r, amax)
     }
 
     fn layernorm_bwd(
@@ -290,18 +290,18 @@ impl LayerNormOps for CudaBackend {
         self.rms_fwd(o, rstd, inp, p, r, eps, amax)
     }
 
-    fn rmsnorm_stats_amax(
+    fn rmsnorm_stats(
         &self,
         rstd: &mut Self::F32,
         inp: &Self::Buf,
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
-        amax: AmaxSink,
+        amax: Option<AmaxSink>,
     ) -> BResult<()> {
-        // rmsnorm_fwd's kernels with no output: rstd and the amax only (a null output is
+        // rmsnorm_fwd's kernels with no output: rstd (and the amax) only (a null output is
         // 16-byte aligned: the same kernel as with the output, so the same rstd).
-        self.rms_fwd(0, rstd, inp, p, r, eps, Some(amax))
+        self.rms_fwd(0, rstd, inp, p, r, eps, amax)
     }
 
     fn rmsnorm_bwd(
@@ -359,7 +359,7 @@ struct LnBwdKernel {
 
 impl CudaBackend {
     /// LayerNorm's forward into the output at `o` (0: none, only the statistics and the
-    /// amax: `layernorm_stats_amax`).
+    /// amax: `layernorm_stats`).
     #[allow(clippy::too_many_arguments)] // layernorm_fwd's, the output as a pointer
     fn ln_fwd(
         &self,

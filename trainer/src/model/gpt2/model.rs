@@ -114,6 +114,9 @@ pub struct Gpt2<B: Backend> {
     /// FP8 casts of the MLP's GELU output (into fc2) and of GELU's gradient (into fc's
     /// backward) predict their scale (`ModelOptions::fp8_predicted_scales`).
     predicted_scales: bool,
+    /// FP8 casts that apply a LayerNorm predict their scale: the norm finds only its
+    /// statistics (`ModelOptions::fp8_predicted_norms`).
+    predicted_norms: bool,
     /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -227,6 +230,7 @@ impl<B: Backend> Gpt2<B> {
             fp8_kept,
             norm_in_cast: opts.fp8_norm_in_cast,
             predicted_scales: opts.fp8_predicted_scales,
+            predicted_norms: opts.fp8_predicted_scales && opts.fp8_predicted_norms,
             kept,
             scratch,
             lnf,
@@ -280,6 +284,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
             dres_sink: None,
             norm_in_cast: self.norm_in_cast,
             predicted_scales: self.predicted_scales,
+            predicted_norms: self.predicted_norms,
         };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
@@ -309,9 +314,10 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
         let (k, dres_sink) = (&self.locs(layer), self.fc2_grad_sink(layer.checked_sub(1)));
-        let (norm_in_cast, predicted_scales) = (self.norm_in_cast, self.predicted_scales);
+        let (norm_in_cast, predicted_scales, predicted_norms) =
+            (self.norm_in_cast, self.predicted_scales, self.predicted_norms);
         let docs = self.tokens.docs.as_ref();
-        let blk = Block { be, p, k, s: self.shape, docs, dres_sink, norm_in_cast, predicted_scales };
+        let blk = Block { be, p, k, s: self.shape, docs, dres_sink, norm_in_cast, predicted_scales, predicted_norms };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -364,6 +370,8 @@ struct Block<'a, B: Backend> {
     norm_in_cast: bool,
     /// `Gpt2::predicted_scales`.
     predicted_scales: bool,
+    /// `Gpt2::predicted_norms`.
+    predicted_norms: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -377,8 +385,9 @@ impl<B: Backend> Block<'_, B> {
     }
 
     /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
-    /// layer that keeps its input's codes, the norm's statistics and output amax only, the
-    /// norm applied by the layer's cast (`matmul_fwd_of_norm`: the same bits, one pass less).
+    /// layer that keeps its input's codes, the norm's statistics (and its output's amax, unless
+    /// the cast predicts its scale: `predicted_norms`) only, the norm applied by the layer's
+    /// cast (`matmul_fwd_of_norm`: the same bits, one pass less).
     fn norm_then_linear(
         &self,
         (ln, stats, norm): (Option<&mut B::Buf>, &mut NormStats<B>, NormLocs),
@@ -390,8 +399,12 @@ impl<B: Backend> Block<'_, B> {
         let (be, r) = (self.be, Rows { n: s.n, c: s.c });
         let sink = lin.input_sink(s);
         match sink.filter(|_| self.norm_in_cast(lin, s)) {
+            Some(_) if self.predicted_norms => {
+                be.layernorm_stats(stats.out(), x, self.w(norm), r, None)?;
+                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin), s)
+            }
             Some(sk) => {
-                be.layernorm_stats_amax(stats.out(), x, self.w(norm), r, sk)?;
+                be.layernorm_stats(stats.out(), x, self.w(norm), r, Some(sk))?;
                 be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
             }
             None => {

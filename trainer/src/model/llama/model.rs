@@ -96,6 +96,9 @@ pub struct Llama<B: Backend> {
     /// backward) predict their scale (`ModelOptions::fp8_predicted_swiglu`, with
     /// `fp8_predicted_scales`).
     predicted_scales: bool,
+    /// FP8 casts that apply an RMSNorm predict their scale: the norm finds only rstd
+    /// (`ModelOptions::fp8_predicted_norms`).
+    predicted_norms: bool,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
@@ -203,6 +206,7 @@ impl<B: Backend> Llama<B> {
             fp8_kept,
             norm_in_cast: opts.fp8_norm_in_cast,
             predicted_scales: opts.fp8_predicted_scales && opts.fp8_predicted_swiglu,
+            predicted_norms: opts.fp8_predicted_scales && opts.fp8_predicted_norms,
             kept,
             scratch,
             rope,
@@ -276,6 +280,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             dres_sink: None,
             norm_in_cast: self.norm_in_cast,
             predicted_scales: self.predicted_scales,
+            predicted_norms: self.predicted_norms,
         };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
@@ -313,6 +318,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             dres_sink: self.down_grad_sink(layer.checked_sub(1)),
             norm_in_cast: self.norm_in_cast,
             predicted_scales: self.predicted_scales,
+            predicted_norms: self.predicted_norms,
         };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -365,6 +371,8 @@ struct Block<'a, B: Backend> {
     norm_in_cast: bool,
     /// `Llama::predicted_scales`.
     predicted_scales: bool,
+    /// `Llama::predicted_norms`.
+    predicted_norms: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -378,8 +386,9 @@ impl<B: Backend> Block<'_, B> {
     }
 
     /// `out = RMSNorm(x) · Wᵀ`: the norm's output written, then the layer; or, for an FP8
-    /// layer that keeps its input's codes, the norm's rstd and output amax only, the norm
-    /// applied by the layer's cast (`matmul_fwd_of_norm`: the same bits, one pass less).
+    /// layer that keeps its input's codes, the norm's rstd (and its output's amax, unless the
+    /// cast predicts its scale: `predicted_norms`) only, the norm applied by the layer's cast
+    /// (`matmul_fwd_of_norm`: the same bits, one pass less).
     fn norm_then_linear(
         &self,
         (ln, rstd, norm): (Option<&mut B::Buf>, &mut B::F32, Loc),
@@ -391,8 +400,13 @@ impl<B: Backend> Block<'_, B> {
         let (be, r, eps) = (self.be, Rows { n: s.n, c: s.c }, self.s.eps);
         let sink = lin.input_sink(s);
         match sink.filter(|_| self.norm_in_cast(lin, s)) {
+            Some(_) if self.predicted_norms => {
+                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, None)?;
+                let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
+                be.matmul_fwd_of_norm(out, x, of, self.w(lin), s)
+            }
             Some(sk) => {
-                be.rmsnorm_stats_amax(rstd, x, self.w(norm), r, eps, sk)?;
+                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, Some(sk))?;
                 let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
                 be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(sink)), s)
             }
