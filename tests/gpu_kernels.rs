@@ -232,62 +232,6 @@ fn layernorm() {
     });
 }
 
-/// The partial-sum reductions a unit's backward holds back (`ReduceOps::begin_deferred_sums`:
-/// one `reduce_partials_batch` launch at the end) give the bits of running each as its op
-/// comes: nine LayerNorm backwards (more than one launch takes) and two bias gradients of
-/// the bf16 linear backward into one gradient buffer, the first of each written (fresh), the
-/// rest added, at two widths; the second window reuses the arena the first grew.
-#[test]
-#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
-fn deferred_partial_sums() {
-    gpu::check(|be, rng, rep| {
-        let (n, c) = (300usize, 1600usize);
-        let r = Rows { n, c };
-        let at = NormLocs { w: Loc::new(0, c), b: Loc::new(c, c) };
-        let lin = MatShape { n, c, oc: 64 };
-        let la = LinearLocs::new(Loc::new(2 * c, 64 * c), Some(Loc::new(2 * c + 64 * c, 64)));
-        let params = rng.vec(2 * c + 64 * c + 64, 0.3);
-        let (inp, dout, douts) = (rng.vec(n * c, 1.0), rng.vec(n * c, 1.0), rng.vec(n * 64, 1.0));
-        let (mean, rstd) = (rng.vec(n, 0.1), rng.vec(n, 1.0).iter().map(|x| 1.0 + x.abs()).collect::<Vec<_>>());
-        let (gp, gi, gdo, gm, gr, gds) = (
-            up_buf(be, &params)?,
-            up_buf(be, &inp)?,
-            up_buf(be, &dout)?,
-            up_f32(be, &mean)?,
-            up_f32(be, &rstd)?,
-            up_buf(be, &douts)?,
-        );
-        let run = |deferred: bool| -> BResult<(Vec<f32>, Vec<f32>)> {
-            let mut gg = up_grad(be, &vec![f32::NAN; params.len()])?;
-            let mut dig = up_buf(be, &vec![0.0; n * c])?;
-            let mut dlin = up_buf(be, &vec![0.0; n * c])?;
-            for window in 0..2 {
-                if deferred {
-                    be.begin_deferred_sums()?;
-                }
-                for k in 0..9 {
-                    let saved = LnSaved { inp: &gi, mean: &gm, rstd: &gr };
-                    let wg = WeightGrads { buf: &mut gg, at, fresh: window == 0 && k == 0 };
-                    be.layernorm_bwd(&mut dig, wg, &gdo, saved, Weights::new(&gp, at), r, None)?;
-                }
-                for k in 0..2 {
-                    let wg = WeightGrads { buf: &mut gg, at: la, fresh: window == 0 && k == 0 };
-                    be.matmul_bwd(&mut dlin, wg, &gds, &gi, Weights::new(&gp, la), lin)?;
-                }
-                if deferred {
-                    be.end_deferred_sums()?;
-                }
-            }
-            Ok((be.download_grad(&gg, Loc::all(params.len()))?, be.download_buf(&dig, Loc::all(n * c))?))
-        };
-        let (now, later) = (run(false)?, run(true)?);
-        rep.same_bits("deferred partial sums", "dw, db, bias gradient", &later.0, &now.0);
-        rep.same_bits("deferred partial sums", "dinp", &later.1, &now.1);
-        rep.check("deferred partial sums", "every gradient written", now.0.iter().all(|v| v.is_finite()), "");
-        Ok(())
-    });
-}
-
 /// RMSNorm forward and backward against the CPU: Llama's widths (2048, 3072, 4096, 8192)
 /// and an odd one (777: C % 8 != 0, only the general kernels), every instance of the fast
 /// forward (registers: 64 .. 12288 columns, ragged last chunks at 1600, 5120, 12288) and of

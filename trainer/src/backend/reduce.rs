@@ -10,17 +10,4 @@ pub trait ReduceOps: Device {
     fn grad_sumsq_into(&self, buf: &Self::Grad, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()>;
     /// `Σ src[at]` (f64) added to the `F64Pair` at `dst[2·slot..2·slot+2]`.
     fn sum_into(&self, src: &Self::F32, at: Loc, dst: &mut Self::F32, slot: usize) -> BResult<()>;
-    /// From here until [`ReduceOps::end_deferred_sums`], a backend may hold back the ordered
-    /// reductions of its ops' partial column sums (the norms' and biases' weight gradients)
-    /// and run them together at the end: the schedule brackets each unit's backward with the
-    /// two, so every gradient is complete before the engine reads it. The same sums in the
-    /// same order (CUDA: one launch for a block's six instead of six). The default does
-    /// nothing: the reductions run as the ops come.
-    fn begin_deferred_sums(&self) -> BResult<()> {
-        Ok(())
-    }
-    /// Run what [`ReduceOps::begin_deferred_sums`] held back, and stop holding back.
-    fn end_deferred_sums(&self) -> BResult<()> {
-        Ok(())
-    }
 }

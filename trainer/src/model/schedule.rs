@@ -101,7 +101,7 @@ pub fn run_micro<B: Backend, C: EngineComm<B>>(
     // ---- the head's forward and backward, then the blocks' backward ----
     {
         let (p, g) = eng.params_and_grads(be, head)?;
-        deferring_sums(be, || model.head_fwd_bwd(be, p, scale, g))?;
+        model.head_fwd_bwd(be, p, scale, g)?;
     }
     if head != embed {
         eng.unit_backward_done(be, comm, head)?;
@@ -111,23 +111,13 @@ pub fn run_micro<B: Backend, C: EngineComm<B>>(
         let u = ModelLayout::block_unit(layer);
         gather_at(be, eng, comm, &order, &mut pos)?;
         let (p, g) = eng.params_and_grads(be, u)?;
-        deferring_sums(be, || model.block_bwd(be, layer, p, g))?;
+        model.block_bwd(be, layer, p, g)?;
         eng.unit_backward_done(be, comm, u)?;
         eng.release(u);
     }
     model.embed_bwd(be, eng.grads(be, embed)?)?;
     eng.unit_backward_done(be, comm, embed)?;
     Ok(())
-}
-
-/// One unit's backward with its ops' partial-sum reductions held back and run together at its
-/// end ([`ReduceOps::begin_deferred_sums`](crate::backend::ReduceOps::begin_deferred_sums)),
-/// before the engine reads its gradient; ended even where the backward failed.
-fn deferring_sums<B: Backend>(be: &B, bwd: impl FnOnce() -> BResult<()>) -> BResult<()> {
-    be.begin_deferred_sums()?;
-    let r = bwd();
-    let end = be.end_deferred_sums();
-    r.and(end)
 }
 
 /// [`step_micro`], then its mean loss (waits for the device: evaluation and tests).

@@ -1216,7 +1216,7 @@ impl CudaBackend {
         // (one pass over dY fewer); without that cast (dW in bf16), the bias kernel's pass.
         let fused_db = ptr.dbias.filter(|_| gt.is_some());
         let colsum = match fused_db {
-            Some(_) => self.partial_sums_buf(n.div_ceil(COLSUM_ROWS) * oc)?,
+            Some(_) => self.scratch_f32(n.div_ceil(COLSUM_ROWS) * oc)?,
             None => 0,
         };
         // The input's codes for dW: kept by the forward (no cast here), or cast now into

@@ -190,7 +190,7 @@ impl CudaBackend {
             )));
         }
         let nparts = n.div_ceil(k.rows_per_part);
-        let partial = self.partial_sums_buf(nparts * width)?;
+        let partial = self.scratch_f32(nparts * width)?;
         let (ni, ci, rpp) = (to_i32("N", n)?, to_i32("C", c)?, k.rows_per_part as i32);
         let mp = a.mean.unwrap_or(0);
         let f = self.f(k.name)?;

@@ -422,7 +422,7 @@ impl CudaBackend {
     /// `db (+)= Σ_rows dout` (`dout` n × oc bf16, checked by the caller), in a fixed order.
     pub(super) fn bias_grad(&self, db: u64, dout: u64, n: usize, oc: usize, fresh: bool) -> BResult<()> {
         let nchunks = n.div_ceil(BIAS_ROWS_PER_CHUNK);
-        let partial = self.partial_sums_buf(nchunks * oc)?;
+        let partial = self.scratch_f32(nchunks * oc)?;
         let (ni, oci, rpc) = (to_i32("N", n)?, to_i32("OC", oc)?, BIAS_ROWS_PER_CHUNK as i32);
         let f = self.f("bias_grad_partial")?;
         let mut lb = self.stream.launch_builder(f);

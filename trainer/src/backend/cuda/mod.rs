@@ -88,11 +88,6 @@ pub struct CudaBackend {
     /// time uses each, in stream order, so sharing them is safe.
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
     scratch_f64: RefCell<Option<CudaSlice<f64>>>,
-    /// The partial column sums of a unit's backward whose reductions wait for the unit's end
-    /// (`ReduceOps::begin_deferred_sums`), each in a region of its own (reported with the
-    /// scratch), and those reductions (`None`: not deferring).
-    sums_arena: RefCell<Option<CudaSlice<f32>>>,
-    deferred: RefCell<Option<reduce::Deferred>>,
     /// Device bytes of the token buffers' embedding-backward plans (`DeviceTokens::plan`),
     /// reported with the scratch.
     plan_bytes: Cell<u64>,
@@ -223,8 +218,6 @@ impl CudaBackend {
             fp8_fast_accum: fp8::fast_accum_from_env()?,
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
-            sums_arena: RefCell::new(None),
-            deferred: RefCell::new(None),
             plan_bytes: Cell::new(0),
             scratch_bf16: RefCell::new(None),
             scratch_bf16_w: RefCell::new(None),
@@ -353,7 +346,6 @@ impl CudaBackend {
         LT_WORKSPACE as u64
             + held(&self.scratch_f32)
             + held(&self.scratch_f64)
-            + held(&self.sums_arena)
             + self.plan_bytes.get()
             + held(&self.scratch_bf16)
             + held(&self.scratch_bf16_w)

@@ -43,12 +43,11 @@ extern "C" __global__ void sum_finish(float* dst, const double* partial, int nb,
 // ... of column x (a warp reads 128 contiguous bytes per chunk), then row y = 0 adds the
 // RP_ROWS sums in y order. RP_ROWS (reduce.rs) is a constant, not derived from the GPU: the
 // same order, and the same bits, on every GPU. (One thread per column, the earlier kernel,
-// left the LayerNorm backward's thousands of partial rows to a few SMs.) `block`: which 32
-// columns this block owns.
-__device__ __forceinline__ void reduce_partials_cols(float* dst0, float* dst1, int split, const float* partial,
-                                                     int nchunks, int W, int overwrite, int block) {
+// left the LayerNorm backward's thousands of partial rows to a few SMs.)
+extern "C" __global__ void reduce_partials(float* dst0, float* dst1, int split, const float* partial,
+                                           int nchunks, int W, int overwrite) {
     __shared__ float sh[RP_ROWS][33];
-    const int j = block * 32 + threadIdx.x;
+    const int j = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
     if (j < W) {
 #pragma unroll 4
@@ -63,32 +62,4 @@ __device__ __forceinline__ void reduce_partials_cols(float* dst0, float* dst1, i
         float* d = j < split ? dst0 + j : dst1 + (j - split);
         *d = overwrite ? t : *d + t;
     }
-}
-
-extern "C" __global__ void reduce_partials(float* dst0, float* dst1, int split, const float* partial,
-                                           int nchunks, int W, int overwrite) {
-    reduce_partials_cols(dst0, dst1, split, partial, nchunks, W, overwrite, blockIdx.x);
-}
-
-// Up to RP_JOBS of reduce_partials' reductions in one launch (reduce.rs: a unit's backward
-// defers its reductions, then launches them together): job j owns blocks
-// block_start[j]..block_start[j + 1], each as reduce_partials' block of that index. The same
-// sums in the same order: the same bits.
-struct PartialSums {
-    int block_start[RP_JOBS + 1];
-    float* dst0[RP_JOBS];
-    float* dst1[RP_JOBS];
-    const float* partial[RP_JOBS];
-    int split[RP_JOBS];
-    int nchunks[RP_JOBS];
-    int W[RP_JOBS];
-    int overwrite[RP_JOBS];
-    int n;
-};
-
-extern "C" __global__ void reduce_partials_batch(const PartialSums t) {
-    int j = 0;
-    while (j + 1 < t.n && (int)blockIdx.x >= t.block_start[j + 1]) ++j;
-    reduce_partials_cols(t.dst0[j], t.dst1[j], t.split[j], t.partial[j], t.nchunks[j], t.W[j], t.overwrite[j],
-                         blockIdx.x - t.block_start[j]);
 }
