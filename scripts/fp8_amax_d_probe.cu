@@ -4,6 +4,10 @@
 // e5m2 dY). If it can, fc's output gradient GELU'(pre)·dX could get its exact amax from the
 // GEMM instead of a predicted scale and a recast where the prediction misses.
 // Build: nvcc -arch=sm_90 -O3 -std=c++17 -I<cublas include> fp8_amax_d_probe.cu -L<lib> -lcublasLt
+// (here: PyPI's nvidia-cublas headers). On an H200 with CUDA 13.0 (BENCHMARKS.md run 27) the
+// heuristic refused AMAX_D with a bf16 D (CUBLAS_STATUS_INVALID_VALUE, no algorithm), plain
+// and with DGELU; the probe's own GEMM launches failed there (NOT_SUPPORTED: built against
+// 13.10's headers, run on 13.0's library), so read only the heuristic's answers.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include "bench_util.cuh"

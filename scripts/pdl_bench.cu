@@ -4,7 +4,9 @@
 // (each kernel then waits on its predecessor with griddepcontrol.wait and lets its successor
 // launch with griddepcontrol.launch_dependents), at the sizes the step's small kernels have.
 // Prints the time per kernel each way and the saving per boundary. Build (scripts/ holds
-// bench_util.cuh): nvcc -arch=sm_90 -O3 -std=c++17 pdl_bench.cu -o pdl_bench
+// bench_util.cuh): nvcc -arch=sm_90 -O3 -std=c++17 pdl_bench.cu -o pdl_bench. On an H200
+// (BENCHMARKS.md run 27) it saved 0.07-0.23 µs a boundary at best and lost up to 0.7 µs at
+// some sizes, so the trainer does not use PDL.
 #include "bench_util.cuh"
 
 // a[i] = a[i]·k + 1 over n floats (16-byte loads), `blocks` blocks of 256 threads striding.
