@@ -80,14 +80,15 @@ __device__ __forceinline__ void layernorm_fwd_regs(bf16_t* o, float* mean, float
 
 // One warp per row; blockDim.x = 256 (8 rows per block). The amax of out into *amax where it
 // is not null (an FP8 amax sink: the next GEMM's input). A null out writes only the
-// statistics and the amax (layernorm_stats: an FP8 cast applies the norm itself).
-// Aligned rows (C % 8 == 0, 16-byte aligned rows, output, weight and bias) of up to 4096
+// statistics, and the amax where that is set (layernorm_stats: an FP8 cast applies the norm
+// itself). Aligned rows (C % 8 == 0, 16-byte aligned rows, output, weight and bias) of up to 4096
 // values take layernorm_fwd_r{4,8,16} (layernorm.rs picks), which hold the row in registers
 // (layernorm_fwd_regs); longer or unaligned ones this kernel, which reads the row three times
 // (from L1 after the first). Each at most the registers that let its blocks fill an SM: the
 // compiler gave one kernel holding every width 96 registers (2 blocks an SM), and GPT-2
 // 1.5B's 8192 × 1600 took 23.0 µs without the output and 28.1 with it, where the 64-register
-// r8 takes 18.5 and 23.6 (scripts/layernorm-variants.sh): the same code, the same bits.
+// r8 takes 18.5–20.0 and 23.6–24.4 (scripts/layernorm-variants.sh, BENCHMARKS.md run 27): the
+// same code, the same bits.
 #define LN_FWD_REGS(NV, MIN_BLOCKS)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                            \
         layernorm_fwd_r##NV(bf16_t* out, float* mean, float* rstd, const bf16_t* inp, const bf16_t* w,       \
@@ -484,7 +485,8 @@ LN_BWD_BLOCKS(rmsnorm, true)
 // RMSNorm forward, general: one warp per row (blockDim.x = 256, 8 rows per block), any C
 // and alignment; the row is read twice (the mean square, then the output). The amax of out
 // into *amax where it is not null (an FP8 amax sink), here and in the fast instances; a null
-// out writes only rstd and the amax (rmsnorm_stats: an FP8 cast applies the norm).
+// out writes only rstd, and the amax where that is set (rmsnorm_stats: an FP8 cast applies
+// the norm).
 extern "C" __global__ void rmsnorm_fwd(bf16_t* out, float* rstd, const bf16_t* inp, const bf16_t* w, int N, int C,
                                        float eps, unsigned* amax) {
     const int lane = threadIdx.x & 31;
