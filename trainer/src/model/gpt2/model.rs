@@ -399,13 +399,11 @@ impl<B: Backend> Block<'_, B> {
         let (be, r) = (self.be, Rows { n: s.n, c: s.c });
         let sink = lin.input_sink(s);
         match sink.filter(|_| self.norm_in_cast(lin, s)) {
-            Some(_) if self.predicted_norms => {
-                be.layernorm_stats(stats.out(), x, self.w(norm), r, None)?;
-                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin), s)
-            }
             Some(sk) => {
-                be.layernorm_stats(stats.out(), x, self.w(norm), r, Some(sk))?;
-                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(sink)), s)
+                // Where the cast predicts its scale, the norm leaves no amax.
+                let amax = Some(sk).filter(|_| !self.predicted_norms);
+                be.layernorm_stats(stats.out(), x, self.w(norm), r, amax)?;
+                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(amax)), s)
             }
             None => {
                 let ln = ln.ok_or_else(|| no_norm_output("GPT-2"))?;

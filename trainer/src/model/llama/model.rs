@@ -400,15 +400,12 @@ impl<B: Backend> Block<'_, B> {
         let (be, r, eps) = (self.be, Rows { n: s.n, c: s.c }, self.s.eps);
         let sink = lin.input_sink(s);
         match sink.filter(|_| self.norm_in_cast(lin, s)) {
-            Some(_) if self.predicted_norms => {
-                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, None)?;
-                let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
-                be.matmul_fwd_of_norm(out, x, of, self.w(lin), s)
-            }
             Some(sk) => {
-                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, Some(sk))?;
+                // Where the cast predicts its scale, the norm leaves no amax.
+                let amax = Some(sk).filter(|_| !self.predicted_norms);
+                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, amax)?;
                 let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
-                be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(sink)), s)
+                be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(amax)), s)
             }
             None => {
                 let ln = ln.ok_or_else(|| no_norm_output("Llama"))?;
