@@ -6,12 +6,5 @@
 #   scripts/adamw-fp8-variants.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${BENCH:-}
-if [[ -z $bin ]]; then
-    work=$(mktemp -d)
-    cp scripts/adamw_fp8_bench.cu scripts/bench_util.cuh trainer/src/backend/cuda/{common.cuh,adamw.cu,fp8.cu} "$work/"
-    (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -DADAMW_SEGS=16 -DFP8_STEP_WEIGHTS=8 \
-        -DFP8G_SEGS=16 adamw_fp8_bench.cu -o adamw_fp8_bench)
-    bin=$work/adamw_fp8_bench
-fi
-"$bin"
+source scripts/bench_util.sh
+run_cuda_bench adamw_fp8_bench "adamw.cu fp8.cu" -DADAMW_SEGS=16 -DFP8_STEP_WEIGHTS=8 -DFP8G_SEGS=16

@@ -91,6 +91,16 @@ speed() { # name config extra...: STEPS steps, both precisions (and the OLD bina
         if [[ -n ${OLD:-} ]]; then run_ours "$OLD" "speed-old-$name-$p" "${args[@]}"; fi
     done
 }
+fp8_1_5b_without() { # name SWITCH: GPT-2 1.5B's fp8 speed row with SWITCH=0 (speed-1.5b-fp8-name),
+    # on the fp8 row's stored algorithms: the same losses, bit for bit; what SWITCH saves.
+    local name=$1 switch=$2
+    (
+        export "$switch=0"
+        ours "speed-1.5b-fp8-$name" configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
+            --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
+            --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    )
+}
 ncu_2blocks() { # name metrics launcher-args...: ncu's METRICS for every kernel of 3 steps of a
     # 2-block model of GPT-2 1.5B's width (8×1024, ZeRO-1) into $OUT/name.csv. Eager (no CUDA
     # graphs) so ncu sees each kernel; the heuristic's algorithms (no timing launches); no
@@ -133,40 +143,28 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     # The same fp8 row casting each layer's input again in the backward instead of keeping its
     # codes from the forward (SHARDTRAIN_FP8_KEPT_INPUTS=0), on the fp8 row's stored algorithms:
     # the same losses, bit for bit; the kept codes' saving.
-    SHARDTRAIN_FP8_KEPT_INPUTS=0 ours speed-1.5b-fp8-nokept configs/gpt2-1.5b.toml --set zero.stage=1 \
-        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    fp8_1_5b_without nokept SHARDTRAIN_FP8_KEPT_INPUTS
     # The same fp8 row measuring each weight's amax at its first use in a step instead of
     # taking the one the optimizer step left (SHARDTRAIN_FP8_STEP_AMAX=0), on the fp8 row's
     # stored algorithms: the same losses, bit for bit; the step's amaxes' saving.
-    SHARDTRAIN_FP8_STEP_AMAX=0 ours speed-1.5b-fp8-nostepamax configs/gpt2-1.5b.toml --set zero.stage=1 \
-        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    fp8_1_5b_without nostepamax SHARDTRAIN_FP8_STEP_AMAX
     # The same fp8 row writing the LayerNorms' outputs and casting them instead of applying the
     # norms in qkv's and fc's casts (SHARDTRAIN_FP8_NORM_IN_CAST=0), on the fp8 row's stored
     # algorithms: the same losses, bit for bit; the saving of never writing them.
-    SHARDTRAIN_FP8_NORM_IN_CAST=0 ours speed-1.5b-fp8-nonormcast configs/gpt2-1.5b.toml --set zero.stage=1 \
-        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    fp8_1_5b_without nonormcast SHARDTRAIN_FP8_NORM_IN_CAST
     # The same fp8 row finding the amaxes of GELU's output and gradient before their casts
     # instead of predicting their scales (SHARDTRAIN_FP8_PREDICTED_SCALES=0: a GELU amax pass
     # in the forward, GELU's gradient written in bf16 and cast), on the fp8 row's stored
     # algorithms: the same losses, bit for bit; the predicted scales' saving.
-    SHARDTRAIN_FP8_PREDICTED_SCALES=0 ours speed-1.5b-fp8-nopredicted configs/gpt2-1.5b.toml --set zero.stage=1 \
-        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    fp8_1_5b_without nopredicted SHARDTRAIN_FP8_PREDICTED_SCALES
     # The same fp8 row casting each cached weight after the optimizer step instead of having
     # the step write its codes (SHARDTRAIN_FP8_STEP_CODES=0), on the fp8 row's stored
     # algorithms: the same losses, bit for bit; the step's codes' saving.
-    SHARDTRAIN_FP8_STEP_CODES=0 ours speed-1.5b-fp8-nostepcodes configs/gpt2-1.5b.toml --set zero.stage=1 \
-        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    fp8_1_5b_without nostepcodes SHARDTRAIN_FP8_STEP_CODES
     # The same fp8 row with the LayerNorms finding their outputs' amaxes for the casts that
     # apply them (SHARDTRAIN_FP8_PREDICTED_NORMS=0) instead of those casts predicting their
     # scales, on the fp8 row's stored algorithms: the same losses, bit for bit; the saving.
-    SHARDTRAIN_FP8_PREDICTED_NORMS=0 ours speed-1.5b-fp8-nonormpred configs/gpt2-1.5b.toml --set zero.stage=1 \
-        --set train.micro_batch=8 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
+    fp8_1_5b_without nonormpred SHARDTRAIN_FP8_PREDICTED_NORMS
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
     # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
     ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \

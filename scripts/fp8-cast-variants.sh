@@ -5,11 +5,5 @@
 #   scripts/fp8-cast-variants.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${BENCH:-}
-if [[ -z $bin ]]; then
-    work=$(mktemp -d)
-    cp scripts/fp8_cast_bench.cu scripts/bench_util.cuh trainer/src/backend/cuda/{common.cuh,fp8.cu} "$work/"
-    (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -DFP8G_SEGS=16 -DFP8_STEP_WEIGHTS=8 fp8_cast_bench.cu -o fp8_cast_bench)
-    bin=$work/fp8_cast_bench
-fi
-"$bin"
+source scripts/bench_util.sh
+run_cuda_bench fp8_cast_bench "fp8.cu" -DFP8G_SEGS=16 -DFP8_STEP_WEIGHTS=8

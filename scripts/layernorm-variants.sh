@@ -6,12 +6,5 @@
 #   scripts/layernorm-variants.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${BENCH:-}
-if [[ -z $bin ]]; then
-    work=$(mktemp -d)
-    cp scripts/layernorm_bench.cu scripts/bench_util.cuh trainer/src/backend/cuda/{common.cuh,layernorm.cu,reduce.cu} "$work/"
-    (cd "$work" && nvcc -arch=sm_90 -O3 -std=c++17 -DLN_EPS=1e-5f -DLN_BWD_SLOTS=4 -DLN_BWD_MAX_ROWS=64 \
-        -DRMS_FWD_THREADS=256 -DRP_ROWS=32 layernorm_bench.cu -o layernorm_bench)
-    bin=$work/layernorm_bench
-fi
-"$bin"
+source scripts/bench_util.sh
+run_cuda_bench layernorm_bench "layernorm.cu reduce.cu" -DLN_EPS=1e-5f -DLN_BWD_SLOTS=4 -DLN_BWD_MAX_ROWS=64 -DRMS_FWD_THREADS=256 -DRP_ROWS=32
