@@ -65,7 +65,7 @@ int main() {
             const int tiles = ((R[w] + 127) / 128) * ((C[w] + 63) / 64);
             fp8_cast_transpose_bf16<<<tiles, 256>>>(q + off[w], qt + off[w], params + off[w], R[w], C[w], slots + 4 * w, 0,
                                                     nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr, mode,
-                                                    preds + 4 * w, nullptr);
+                                                    preds + 4 * w, nullptr, 0);
         }
     };
     auto base = [&](bool casts) {

@@ -13,6 +13,7 @@
 #         casting the cached weights after the step instead of the step writing their codes:
 #         speed-1.5b-fp8-nostepcodes; the norms finding their outputs' amaxes instead of the
 #         casts that apply them predicting their scales: speed-{1.5b,llama-1b}-fp8-nonormpred;
+#         the casts reading their tiles from the first: speed-1.5b-fp8-noreverse;
 #         Llama's SwiGLU casts predicting (opt-in; slower in run 26): speed-llama-{8b,1b}-fp8-swiglupred;
 #         fp8 with the attention projection kept in
 #         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
@@ -165,6 +166,10 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     # apply them (SHARDTRAIN_FP8_PREDICTED_NORMS=0) instead of those casts predicting their
     # scales, on the fp8 row's stored algorithms: the same losses, bit for bit; the saving.
     fp8_1_5b_without nonormpred SHARDTRAIN_FP8_PREDICTED_NORMS
+    # ... with the transposing casts reading their tiles from the first instead of the last
+    # (SHARDTRAIN_FP8_CAST_REVERSE=0): the same losses; what reading the just-written rows
+    # first (from L2) saves.
+    fp8_1_5b_without noreverse SHARDTRAIN_FP8_CAST_REVERSE
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
     # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
     ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \

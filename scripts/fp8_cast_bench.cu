@@ -59,7 +59,7 @@ int main() {
             return [=] {
                 fp8_cast_transpose_bf16<<<grid, 256>>>(r.q ? q : nullptr, qt, x, r.rows, r.cols, slot, r.e5m2, cs, r.op,
                                                        nullptr, nullptr, nullptr, nullptr, aux, FP8_SCALE_OF_AMAX,
-                                                       nullptr, nullptr);
+                                                       nullptr, nullptr, 0);
             };
         };
         std::vector<std::pair<std::string, std::function<void()>>> vs;

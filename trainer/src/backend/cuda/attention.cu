@@ -395,9 +395,22 @@ extern "C" __global__ void attn_bwd_d(float* D, const bf16_t* dout, const bf16_t
     if (lane == 0) D[((long long)b * NH + h) * T + t] = acc;
 }
 
+// The sum of the products of 8 bf16 pairs (a 16-byte load of each), in order: the chunk
+// sums D's two kernels (attn_bwd_d8, the wgmma dQ pass: d_row_quad) start from.
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    float x[8], y[8];
+    unpack8(a, x);
+    unpack8(b, y);
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc = __fmaf_rn(x[k], y[k], acc);
+    return acc;
+}
+
 // The same, HS / 8 threads a row (HS % 8 == 0, HS / 8 a power of two up to 32: attention.rs),
 // each summing its 8 consecutive d of one 16-byte load of each (dO, O 16-byte aligned), then
-// the row's threads' sums by shuffles within the warp; the launch code's grid covers the rows.
+// the row's threads' sums by shuffles within the warp, strides HS / 16 down to 1 (d_row_quad
+// adds in this order too); the launch code's grid covers the rows.
 extern "C" __global__ void attn_bwd_d8(float* D, const bf16_t* dout, const bf16_t* out, int B, int T, int NH,
                                        int HS) {
     const int per = HS / 8;
@@ -406,11 +419,7 @@ extern "C" __global__ void attn_bwd_d8(float* D, const bf16_t* dout, const bf16_
     float acc = 0.f;
     if (r < rows) {
         const long long off = r * HS + 8 * (i % per);  // rows are (b, t, h) in order: [B, T, NH, HS]
-        float a[8], o[8];
-        unpack8(*(const uint4*)(dout + off), a);
-        unpack8(*(const uint4*)(out + off), o);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc += a[k] * o[k];
+        acc = dot8(*(const uint4*)(dout + off), *(const uint4*)(out + off));
     }
     for (int s = per / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
     if (r < rows && i % per == 0) {
@@ -1891,11 +1900,39 @@ __device__ __forceinline__ void attn_bwd_dkv_wg_impl(bf16_t* dqkv, const bf16_t*
     warp_amax_out(amax, am);
 }
 
-// Block per (query tile, query head): dQ of dqkv (its amax into amax where set).
+// D of one row, what attn_bwd_d8 computes to the bit, by the four threads of a quad (lanes
+// 4g .. 4g + 3, t = lane & 3; dorow, orow the row's dO and O, 16-byte aligned): thread t takes
+// chunks t, t + 4, ... of 8 values (dot8) and adds them as attn_bwd_d8's shuffles of stride 4
+// and more would (chunk m + k into chunk m, k = HS / 64 .. 1 in steps of four chunks), then
+// the quad's strides 2 and 1 by shuffles. Every lane of the warp calls it (valid false: 0).
+template <int HS>
+__device__ __forceinline__ float d_row_quad(const bf16_t* dorow, const bf16_t* orow, int t, bool valid) {
+    constexpr int NC = HS / 32;  // chunks a thread
+    float c[NC];
+#pragma unroll
+    for (int m = 0; m < NC; ++m) {
+        const int off = 8 * (t + 4 * m);
+        c[m] = valid ? dot8(*(const uint4*)(dorow + off), *(const uint4*)(orow + off)) : 0.f;
+    }
+#pragma unroll
+    for (int k = NC / 2; k >= 1; k >>= 1)
+#pragma unroll
+        for (int m = 0; m < k; ++m) c[m] += c[m + k];
+    float acc = c[0];
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    return acc;
+}
+
+// Block per (query tile, query head): dQ of dqkv (its amax into amax where set). With `out`
+// (O, 16-byte aligned) the block also computes its rows' D = rowsum(dO ⊙ O) and writes them
+// for the dK/dV pass, which then runs after it (attention.rs): no D kernel, whose reads of
+// dO and O (the whole of both) took ~5% of the backward; without, it reads D.
 template <int HS, bool DOCS>
-__device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                                                    const float* lse, const float* D, int T, int NH, int NKV,
-                                                    float scale, unsigned* amax, const unsigned* docs) {
+__device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* out,
+                                                    const bf16_t* qkv, const float* lse, float* D, int T,
+                                                    int NH, int NKV, float scale, unsigned* amax,
+                                                    const unsigned* docs) {
     static_assert(HS == 64 || HS == 128, "the wgmma backward covers head sizes 64 and 128");
     constexpr int NA = HS / 64, TB = 8192 * NA;
     extern __shared__ __align__(16) bf16_t smem_mma[];
@@ -1929,7 +1966,13 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
     for (int r = 0; r < 2; ++r) {
         const int q = qrow + 8 * r;
         lr[r] = q < T ? lse[bh * T + q] : 0.f;
-        dr[r] = q < T ? D[bh * T + q] : 0.f;
+        if (out) {  // (uniform: every lane of the warp takes this branch or none)
+            const long long at = (long long)b * T * C + (long long)q * C + h * HS;
+            dr[r] = d_row_quad<HS>(dout + at, out + at, t, q < T);
+            if (q < T && t == 0) D[bh * T + q] = dr[r];
+        } else {
+            dr[r] = q < T ? D[bh * T + q] : 0.f;
+        }
     }
     float dq[NA][8][4];
 #pragma unroll
@@ -1997,10 +2040,10 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
         attn_bwd_dkv_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, part, S, amax, DOCS_ARG);  \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        attn_bwd_dq_wg##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,        \
-                                const float* D, int T, int NH, int NKV, float scale,                          \
+        attn_bwd_dq_wg##HS##SUF(bf16_t* dqkv, const bf16_t* dout, const bf16_t* out, const bf16_t* qkv,       \
+                                const float* lse, float* D, int T, int NH, int NKV, float scale,              \
                                 unsigned* amax DOCS_PARAM) {                                                  \
-        attn_bwd_dq_wg_impl<HS, DOCS>(dqkv, dout, qkv, lse, D, T, NH, NKV, scale, amax, DOCS_ARG);            \
+        attn_bwd_dq_wg_impl<HS, DOCS>(dqkv, dout, out, qkv, lse, D, T, NH, NKV, scale, amax, DOCS_ARG);       \
     }
 #else
 // (not sm_90a: entry points with the same parameters that trap; attention.rs never launches them)
@@ -2014,8 +2057,8 @@ __device__ __forceinline__ void attn_bwd_dq_wg_impl(bf16_t* dqkv, const bf16_t* 
                                                         unsigned* DOCS_PARAM) {                               \
         __trap();                                                                                             \
     }                                                                                                         \
-    extern "C" __global__ void attn_bwd_dq_wg##HS##SUF(bf16_t*, const bf16_t*, const bf16_t*, const float*,  \
-                                                       const float*, int, int, int, float,                    \
+    extern "C" __global__ void attn_bwd_dq_wg##HS##SUF(bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, \
+                                                       const float*, float*, int, int, int, float,            \
                                                        unsigned* DOCS_PARAM) {                                \
         __trap();                                                                                             \
     }

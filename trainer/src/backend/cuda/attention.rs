@@ -429,17 +429,45 @@ impl AttentionOps for CudaBackend {
         let (dq, dy, q, o, l) =
             (self.ptr_mut(dqkv, 0), self.ptr(dout, 0), self.ptr(x.qkv, 0), self.ptr(out, 0), self.ptr(saved, 0));
         // 16-byte loads where the head size and the pointers allow them.
-        let per = bwd_d8_threads(hs).filter(|_| dy.is_multiple_of(16) && o.is_multiple_of(16));
-        let (name, grid) = match per {
-            Some(per) => (BWD_D8, (rows * per).div_ceil(256)),
-            None => (BWD_D, rows.div_ceil(8)),
-        };
-        let f = self.f(name)?;
-        let mut lb = self.stream.launch_builder(f);
-        lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
-        // SAFETY: one warp (attn_bwd_d8: HS / 8 threads) per (b, t, h) row, rows < B*T*NH; D
-        // holds that many floats.
-        unsafe { lb.launch(cfg((grid as u32, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err(name, e))?;
+        let aligned = dy.is_multiple_of(16) && o.is_multiple_of(16);
+        // The wgmma dQ pass computes D itself where it can load 16 bytes at a time (and then
+        // runs first: the dK/dV pass reads D); otherwise D's own kernel runs first.
+        let d_in_dq = wg && aligned;
+        if !d_in_dq {
+            let per = bwd_d8_threads(hs).filter(|_| aligned);
+            let (name, grid) = match per {
+                Some(per) => (BWD_D8, (rows * per).div_ceil(256)),
+                None => (BWD_D, rows.div_ceil(8)),
+            };
+            let f = self.f(name)?;
+            let mut lb = self.stream.launch_builder(f);
+            lb.arg(&d).arg(&dy).arg(&o).arg(&bi).arg(&ti).arg(&nhi).arg(&hsi);
+            // SAFETY: one warp (attn_bwd_d8: HS / 8 threads) per (b, t, h) row, rows < B*T*NH; D
+            // holds that many floats.
+            unsafe { lb.launch(cfg((grid as u32, 1, 1), (256, 1, 1), 0)) }.map_err(|e| self.launch_err(name, e))?;
+        }
+        {
+            let name = kernel_name(Pass::Dq, v, masked);
+            let f = self.f(name)?;
+            let mut lb = self.stream.launch_builder(f);
+            let o_for_d: u64 = if d_in_dq { o } else { 0 };
+            lb.arg(&dq).arg(&dy);
+            if wg {
+                lb.arg(&o_for_d);
+            }
+            lb.arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
+            if wg {
+                lb.arg(&am);
+            }
+            if masked {
+                lb.arg(&docs);
+            }
+            let (threads, smem) = Self::attn_launch(v, Pass::Dq, masked);
+            let grid = (nt as u32, s.nh as u32, s.b as u32);
+            // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv; with
+            // o_for_d the kernel writes D's B*NH*T floats (the scratch holds them).
+            unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
+        }
         {
             let f = self.f(dkv_name)?;
             let mut lb = self.stream.launch_builder(f);
@@ -463,20 +491,6 @@ impl AttentionOps for CudaBackend {
             // dK/dV columns of dqkv (checked above).
             unsafe { lb.launch(cfg((grid, 1, 1), (BLOCK, 1, 1), 0)) }.map_err(|e| self.launch_err(DKV_REDUCE, e))?;
         }
-        let name = kernel_name(Pass::Dq, v, masked);
-        let f = self.f(name)?;
-        let mut lb = self.stream.launch_builder(f);
-        lb.arg(&dq).arg(&dy).arg(&q).arg(&l).arg(&d).arg(&ti).arg(&nhi).arg(&nkvi).arg(&scale);
-        if wg {
-            lb.arg(&am);
-        }
-        if masked {
-            lb.arg(&docs);
-        }
-        let (threads, smem) = Self::attn_launch(v, Pass::Dq, masked);
-        let grid = (nt as u32, s.nh as u32, s.b as u32);
-        // SAFETY: ranges checked above; dK/dV and dQ are disjoint columns of dqkv.
-        unsafe { lb.launch(cfg(grid, (threads, 1, 1), smem)) }.map_err(|e| self.launch_err(name, e))?;
         match amax {
             Some(sink) if !fused => self.fp8_amax_into_sink(dq, n * w, sink),
             _ => Ok(()),

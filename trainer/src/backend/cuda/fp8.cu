@@ -86,8 +86,8 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale (found as `mode` says). rows and cols are multiples of
 // 16 (fp8::eligible); q and qt are 16-byte aligned. Any 1-D grid: block b takes tiles
-// b, b + gridDim.x, ... of the (ceil(cols/64) × ceil(rows/128)) tiles in row-major order;
-// 256 threads.
+// b, b + gridDim.x, ... of the (ceil(cols/64) × ceil(rows/128)) tiles in row-major order
+// (with `reverse`, counted from the last); 256 threads.
 // What is cast, from what is read (each rounded to bf16 as the op named writes it), by `op`:
 // - FP8_OP_GELU: x is a pre-activation and the values cast are GELU(x) (gelu_fwd's): the MLP's
 //   output layer's input, never written;
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(256)
                             float* __restrict__ colsum, int op, const float* __restrict__ ln_mean,
                             const float* __restrict__ ln_rstd, const bf16_t* __restrict__ ln_w,
                             const bf16_t* __restrict__ ln_b, const bf16_t* __restrict__ aux, int mode,
-                            unsigned* pred, const unsigned* ref) {
+                            unsigned* pred, const unsigned* ref, int reverse) {
     __shared__ Fp8TileWords t;
     __shared__ float sums[FP8_TILE_C][FP8_TILE_R / 4 + 1];  // sums[c][g]: column c over rows 4g..4g+3
     __shared__ unsigned warp_max[8];
@@ -159,7 +159,11 @@ extern "C" __global__ void __launch_bounds__(256)
     // cols % 16 == 0 put a group's rows and a thread's columns all in or all out.
     const int cg = threadIdx.x & 7, g = threadIdx.x >> 3;
     unsigned m = 0;  // FP8_SCALE_PREDICTED: the amax of this thread's values
-    for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (long long it = blockIdx.x; it < tiles; it += gridDim.x) {
+        // With `reverse` the blocks take the tiles from the last: what the kernel before just
+        // wrote last (the rows a GEMM's or attention's last blocks wrote) is then read while
+        // it is still in L2 (fp8.rs: `fp8_cast_colsum`).
+        const long long tile = reverse ? tiles - 1 - it : it;
         const int tr = (int)(tile / tiles_c), r0 = tr * FP8_TILE_R, c0 = (int)(tile % tiles_c) * FP8_TILE_C;
         const int gr = r0 + 4 * g, gc = c0 + 8 * cg;
         if (gr < rows && gc < cols) {

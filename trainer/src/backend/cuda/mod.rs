@@ -84,6 +84,9 @@ pub struct CudaBackend {
     /// FP8 forward GEMMs with cuBLASLt's fast accumulation (`SHARDTRAIN_FP8_FAST_ACCUM`,
     /// default on; the backward's never use it).
     fp8_fast_accum: bool,
+    /// The transposing casts read their tiles from the last (`SHARDTRAIN_FP8_CAST_REVERSE`,
+    /// on unless `0`: the same bits, to measure it).
+    fp8_cast_reverse: bool,
     /// Reused scratch (partial sums, the attention's D, the embedding plan). One op at a
     /// time uses each, in stream order, so sharing them is safe.
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
@@ -216,6 +219,7 @@ impl CudaBackend {
             compute_capability,
             fp8_ws: RefCell::new(None),
             fp8_fast_accum: fp8::fast_accum_from_env()?,
+            fp8_cast_reverse: crate::model::env_switch("SHARDTRAIN_FP8_CAST_REVERSE").map_err(launch::bad)?,
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
             plan_bytes: Cell::new(0),
