@@ -36,6 +36,12 @@
 //! `gpu-timing fp8-algos [COUNT [B [T]]]`: the `fp8` table (without the other recipes), each
 //! layer's GEMMs, bf16 and FP8, then timed again with each of cuBLASLt's first COUNT (default
 //! 32) heuristic algorithms: does timed tuning's eight miss a faster FP8 kernel?
+//!
+//! `gpu-timing fp8-search [CAP [B [T]]]`: the same layers, each FP8 GEMM then timed over
+//! cuBLASLt's whole algorithm space (every algorithm id's tiles, stages, cluster shapes,
+//! custom options and swizzles that `cublasLtMatmulAlgoCheck` accepts, at most CAP, default
+//! 4000, timed briefly, the fastest five again): does a configuration the heuristic never
+//! offers beat timed tuning's pick?
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -55,7 +61,11 @@ struct Timer<'a> {
     rows: Vec<(String, f64, String)>,
     /// `gemm-algos COUNT`: after each GEMM row, time cuBLASLt's first COUNT candidates.
     algos: Option<usize>,
-    /// Per GEMM: (the heuristic's first, the fastest candidate) in ms.
+    /// `fp8-search CAP`: after each layer, time every GEMM over cuBLASLt's algorithm space
+    /// (at most CAP configurations each).
+    search: Option<usize>,
+    /// Per GEMM: (the heuristic's first, the fastest candidate) in ms; with `fp8-search`
+    /// (timed tuning's pick, the fastest configuration found).
     algo_sums: Vec<(f64, f64)>,
 }
 
@@ -110,6 +120,9 @@ impl Timer<'_> {
     /// With `gemm-algos`: every GEMM run since the last call (its buffers still live),
     /// timed again with each of cuBLASLt's first candidates; #0 is the trainer's.
     fn sweep(&mut self) {
+        if let Some(cap) = self.search {
+            self.search(cap);
+        }
         let Some(count) = self.algos else { return };
         match self.be.gemm_sweep(count, 20) {
             Ok(rows) => {
@@ -127,9 +140,46 @@ impl Timer<'_> {
         }
     }
 
+    /// With `fp8-search`: every GEMM run since the last call timed over cuBLASLt's
+    /// algorithm space: the heuristic's first, timed tuning's pick (the fastest of the
+    /// heuristic's first eight), and the fastest configurations found.
+    fn search(&mut self, cap: usize) {
+        match self.be.gemm_search(cap, true) {
+            Ok(rows) => {
+                for r in rows {
+                    let tf = |ms: f64| r.flop / (ms * 1e-3) / 1e12;
+                    println!("    GEMM {}", r.gemm);
+                    println!(
+                        "      heuristic's first {:.4} ms ({:.1} TFLOP/s), timed tuning's pick {:.4} ms ({:.1} TFLOP/s); \
+                         {} configurations built, {} accepted, {} timed",
+                        r.heuristic_first_ms,
+                        tf(r.heuristic_first_ms),
+                        r.heuristic_best_ms,
+                        tf(r.heuristic_best_ms),
+                        r.configs_built,
+                        r.configs_valid,
+                        r.configs_timed
+                    );
+                    for (cfg, ms) in &r.best {
+                        println!("      found {ms:>8.4} ms {:>6.1} TFLOP/s  {cfg}", tf(*ms));
+                    }
+                    let found = r.best.first().map_or(f64::INFINITY, |b| b.1);
+                    self.algo_sums.push((r.heuristic_best_ms, found.min(r.heuristic_best_ms)));
+                }
+            }
+            Err(e) => println!("    GEMM search failed: {e}"),
+        }
+    }
+
     /// With `gemm-algos`/`fp8-algos`: every swept GEMM once, the heuristic's first choices
-    /// against the fastest candidates.
+    /// against the fastest candidates; with `fp8-search`, timed tuning's picks against the
+    /// fastest configurations found.
     fn sweep_summary(&self) {
+        if self.search.is_some() {
+            let (pick, best) = self.algo_sums.iter().fold((0.0, 0.0), |(a, b), (f, x)| (a + f, b + x));
+            println!("\nGEMMs above, once each: timed tuning's picks {pick:.3} ms, the fastest configurations found {best:.3} ms");
+            return;
+        }
         if self.algos.is_none() {
             return;
         }
@@ -236,7 +286,7 @@ fn timing(be: &CudaBackend, algos: Option<usize>) -> BResult<()> {
     let mut gtok = be.alloc_tokens(n, TokenRole::Inputs)?;
     be.upload_tokens(&toks, &mut gtok)?;
     let emb = EmbedLocs { wte: Loc::new(0, v * c), wpe: Some(Loc::new(v * c, t * c)) };
-    let mut tm = Timer { be, rows: Vec::new(), algos, algo_sums: Vec::new() };
+    let mut tm = Timer { be, rows: Vec::new(), algos, search: None, algo_sums: Vec::new() };
     let bc2 = (n * c * 2) as f64;
 
     tm.time("encoder_fwd", 3, 20, gbps(2.0 * bc2), || {
@@ -480,7 +530,7 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize,
             }
             None => None,
         };
-        let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+        let mut tm = Timer { be, rows: Vec::new(), algos: None, search: None, algo_sums: Vec::new() };
         let plain = AttnInputs { qkv: &qkv, docs: None };
         // Time `call` plain, then (with DOC) within documents, and print the speed-up.
         let both =
@@ -528,7 +578,7 @@ fn attention_timing(be: &CudaBackend, t: usize, b: usize, nh: usize, nkv: usize,
 fn layernorm_timing(be: &CudaBackend) -> BResult<()> {
     let chunk = randn(1, 1 << 22, 1.0);
     let small = randn(2, 1 << 22, 0.02);
-    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    let mut tm = Timer { be, rows: Vec::new(), algos: None, search: None, algo_sums: Vec::new() };
     for (n, c) in [(16384usize, 768usize), (8192, 1600), (4096, 4096)] {
         println!("\nLayerNorm at N={n} C={c} (median of event-timed repeats)");
         let (x, mut y, mut dres) =
@@ -573,7 +623,7 @@ fn llama_timing(be: &CudaBackend, b: usize, t: usize) -> BResult<()> {
     let chunk = randn(1, 1 << 22, 1.0);
     let small = randn(2, 1 << 22, 0.02);
     let n = b * t;
-    let mut tm = Timer { be, rows: Vec::new(), algos: None, algo_sums: Vec::new() };
+    let mut tm = Timer { be, rows: Vec::new(), algos: None, search: None, algo_sums: Vec::new() };
     for &LlamaShape { name, c, f, nh, nkv } in &LLAMA_SHAPES {
         let s = AttnShape { b, t, c, nh, nkv };
         let hs = s.hs();
@@ -671,7 +721,7 @@ fn recipe_name(b: Fp8Backward) -> String {
 }
 
 /// `gpu-timing fp8 [B [T]]` (see the top of the file).
-fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BResult<()> {
+fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>, search: Option<usize>) -> BResult<()> {
     if let Err(why) = be.fp8_support() {
         println!("FP8 GEMMs unavailable: {why}");
         return Ok(());
@@ -679,7 +729,7 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BRe
     let chunk = randn(1, 1 << 22, 1.0);
     let small = randn(2, 1 << 22, 0.02);
     let n = b * t;
-    let mut tm = Timer { be, rows: Vec::new(), algos, algo_sums: Vec::new() };
+    let mut tm = Timer { be, rows: Vec::new(), algos, search, algo_sums: Vec::new() };
     for shapes in &FP8_SHAPES {
         println!(
             "\n{} linear layers at B={b} T={t} (N={n}), bf16 beside FP8 (median of event-timed repeats)",
@@ -798,7 +848,8 @@ fn fp8_timing(be: &CudaBackend, b: usize, t: usize, algos: Option<usize>) -> BRe
             // The backward's other recipes on the cached path (a forward first leaves the
             // input scale the backward reuses), then the default again for the next layer.
             // (Not with `fp8-algos`: their GEMMs would be swept after their workspace is gone.)
-            let recipes = if tm.algos.is_some() { &[][..] } else { &Fp8Backward::ALTERNATIVES[..] };
+            let recipes =
+                if tm.algos.is_some() || tm.search.is_some() { &[][..] } else { &Fp8Backward::ALTERNATIVES[..] };
             for (r, &backward) in recipes.iter().enumerate() {
                 let name = recipe_name(backward);
                 be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1).with_backward(backward))?;
@@ -904,11 +955,15 @@ fn main() -> ExitCode {
         }
         Some("fp8") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
-            fp8_timing(&be, arg(2, 8), arg(3, 1024), None)
+            fp8_timing(&be, arg(2, 8), arg(3, 1024), None, None)
         }
         Some("fp8-algos") => {
             let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
-            fp8_timing(&be, arg(3, 8), arg(4, 1024), Some(arg(2, 32)))
+            fp8_timing(&be, arg(3, 8), arg(4, 1024), Some(arg(2, 32)), None)
+        }
+        Some("fp8-search") => {
+            let arg = |i: usize, default: usize| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(default);
+            fp8_timing(&be, arg(3, 8), arg(4, 1024), None, Some(arg(2, 4000)))
         }
         Some("gemm-algos") => timing(&be, Some(args.get(2).and_then(|v| v.parse().ok()).unwrap_or(8))),
         _ => timing(&be, None),

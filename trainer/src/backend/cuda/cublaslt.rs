@@ -219,6 +219,45 @@ pub struct GemmSweep {
     pub candidates: Vec<(String, f64)>,
 }
 
+/// The thread-block cluster shapes `Lt::search` tries (cuBLASLt lists 51, most of them
+/// longer than the 8 blocks a Hopper cluster may portably hold, or odd): its own choice, and
+/// clusters of 1, 2 and 4 blocks along either dimension.
+const CLUSTERS: [sys::cublasLtClusterShape_t; 7] = {
+    use sys::cublasLtClusterShape_t as S;
+    [
+        S::CUBLASLT_CLUSTER_SHAPE_AUTO,
+        S::CUBLASLT_CLUSTER_SHAPE_1x1x1,
+        S::CUBLASLT_CLUSTER_SHAPE_2x1x1,
+        S::CUBLASLT_CLUSTER_SHAPE_4x1x1,
+        S::CUBLASLT_CLUSTER_SHAPE_1x2x1,
+        S::CUBLASLT_CLUSTER_SHAPE_2x2x1,
+        S::CUBLASLT_CLUSTER_SHAPE_1x4x1,
+    ]
+};
+
+/// One GEMM timed over cuBLASLt's algorithm space (`Lt::search`): the heuristic's
+/// candidates as timed tuning sees them, then every configuration of every algorithm id
+/// cuBLASLt accepts for the GEMM.
+#[derive(Debug, Clone)]
+pub struct GemmSearch {
+    /// Its shape, transposes, output type and epilogue.
+    pub gemm: String,
+    /// 2·m·n·k.
+    pub flop: f64,
+    /// The heuristic's first algorithm (what runs without tuning) and the fastest of its
+    /// first `TUNE_CANDIDATES` (what timed tuning picks from), in ms.
+    pub heuristic_first_ms: f64,
+    pub heuristic_best_ms: f64,
+    /// Configurations built, those `cublasLtMatmulAlgoCheck` accepted within the workspace,
+    /// and of those the ones timed (at most the search's cap).
+    pub configs_built: usize,
+    pub configs_valid: usize,
+    pub configs_timed: usize,
+    /// The fastest configurations found, each timed again as timed tuning times: its
+    /// configuration and ms, fastest first.
+    pub best: Vec<(String, f64)>,
+}
+
 /// A GEMM in words: its shape, transposes, output type, epilogue and beta.
 fn describe(key: &Key, g: &Gemm) -> String {
     let fp8 = match key.fp8 {
@@ -663,6 +702,197 @@ impl Lt {
             out.push(row);
         }
         Ok(out)
+    }
+
+    /// Every GEMM run since the last call (its buffers still live, as for [`Lt::sweep`]),
+    /// timed over cuBLASLt's algorithm space: the heuristic's first `TUNE_CANDIDATES`, then
+    /// every configuration [`Lt::configurations`] builds, each timed once briefly (at most
+    /// `cap` of them), the fastest five again as timed tuning times. A measurement, for
+    /// `gpu-timing fp8-search`: whether a configuration the heuristic does not offer beats
+    /// what timed tuning picks. With `fp8_only`, the FP8 GEMMs alone (the others stay
+    /// unswept). Outputs are overwritten: for timing tools only.
+    pub fn search(&self, stream: sys::cudaStream_t, cap: usize, fp8_only: bool) -> BResult<Vec<GemmSearch>> {
+        let mut plans = self.plans.borrow_mut();
+        let mut keys: Vec<Key> =
+            plans.iter().filter(|(k, p)| p.last.is_some() && (!fp8_only || k.fp8.is_some())).map(|(k, _)| *k).collect();
+        keys.sort_by_key(|k| format!("{k:?}"));
+        let mut out = Vec::new();
+        for key in &keys {
+            let Some(plan) = plans.get_mut(key) else { continue };
+            let Some(g) = plan.last.take() else { continue };
+            let plan = &*plan;
+            let time = |algo: &sys::cublasLtMatmulAlgo_t, reps: Option<usize>, rounds: usize| {
+                self.time_algo(plan, &g, algo, stream, reps, rounds).unwrap_or(f64::INFINITY)
+            };
+            let heur: Vec<f64> =
+                self.heuristics(plan, key, TUNE_CANDIDATES)?.iter().map(|c| time(&c.algo, None, 3)).collect();
+            let (built, valid) = self.configurations(plan, key);
+            let mut quick: Vec<(f64, usize)> =
+                valid.iter().take(cap).enumerate().map(|(i, c)| (time(&c.algo, Some(3), 1), i)).collect();
+            quick.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut best: Vec<(String, f64)> = quick
+                .iter()
+                .take(5)
+                .filter(|q| q.0.is_finite())
+                .map(|&(_, i)| {
+                    let c = &valid[i];
+                    (algo_config(&c.algo, c.workspaceSize, c.wavesCount), time(&c.algo, None, 3))
+                })
+                .collect();
+            best.sort_by(|a, b| a.1.total_cmp(&b.1));
+            out.push(GemmSearch {
+                gemm: describe(key, &g),
+                flop: 2.0 * (key.m * key.n * key.k) as f64,
+                heuristic_first_ms: heur.first().copied().unwrap_or(f64::INFINITY),
+                heuristic_best_ms: heur.iter().copied().fold(f64::INFINITY, f64::min),
+                configs_built: built,
+                configs_valid: valid.len(),
+                configs_timed: quick.len(),
+                best,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every configuration of every algorithm id cuBLASLt has for `key`'s types (fp32
+    /// compute and scales): each tile, stage count, custom option and CTA swizzle the
+    /// algorithm reports it supports, with each of [`CLUSTERS`], without split-K, kept where
+    /// `cublasLtMatmulAlgoCheck` accepts it for `plan` within the workspace. Returns how
+    /// many were built and the accepted ones.
+    fn configurations(&self, plan: &Plan, key: &Key) -> (usize, Vec<sys::cublasLtMatmulHeuristicResult_t>) {
+        use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
+        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+        let fp8_type = |f: Fp8Format| match f {
+            Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+            Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
+        };
+        let (at, bt) = match key.fp8 {
+            Some((a, b, _)) => (fp8_type(a), fp8_type(b)),
+            None => (bf16, bf16),
+        };
+        let dt = match key.out {
+            OutType::Bf16 => bf16,
+            OutType::F32 => sys::cudaDataType::CUDA_R_32F,
+        };
+        let (compute, scale) = (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F);
+        let ok = |st: sys::cublasStatus_t| st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+        // An algorithm's list capability (ids of i32), or `[0]` (undefined: the algorithm's
+        // own choice) where it has none.
+        let list = |algo: &sys::cublasLtMatmulAlgo_t, cap: Cap| -> Vec<i32> {
+            let mut written = 0usize;
+            // SAFETY: a size query (null buffer), then a buffer of the size it reported.
+            unsafe {
+                if !ok(sys::cublasLtMatmulAlgoCapGetAttribute(algo, cap, std::ptr::null_mut(), 0, &mut written)) {
+                    return vec![0];
+                }
+                let mut v = vec![0i32; written / size_of::<i32>()];
+                if v.is_empty()
+                    || !ok(sys::cublasLtMatmulAlgoCapGetAttribute(
+                        algo,
+                        cap,
+                        v.as_mut_ptr() as *mut c_void,
+                        v.len() * size_of::<i32>(),
+                        &mut written,
+                    ))
+                {
+                    return vec![0];
+                }
+                v
+            }
+        };
+        let scalar = |algo: &sys::cublasLtMatmulAlgo_t, cap: Cap| -> i32 {
+            let (mut v, mut written) = (0i32, 0usize);
+            // SAFETY: one i32, as the attribute is documented.
+            let st = unsafe {
+                sys::cublasLtMatmulAlgoCapGetAttribute(
+                    algo,
+                    cap,
+                    &mut v as *mut i32 as *mut c_void,
+                    size_of::<i32>(),
+                    &mut written,
+                )
+            };
+            if ok(st) {
+                v
+            } else {
+                0
+            }
+        };
+        let mut ids = vec![0i32; 256];
+        let mut n = 0i32;
+        // SAFETY: `ids` has room for the 256 requested.
+        let st = unsafe {
+            sys::cublasLtMatmulAlgoGetIds(self.handle, compute, scale, at, bt, dt, dt, 256, ids.as_mut_ptr(), &mut n)
+        };
+        if !ok(st) {
+            return (0, Vec::new());
+        }
+        ids.truncate(n.max(0) as usize);
+        let (mut built, mut valid) = (0usize, Vec::new());
+        let ws = self.workspace.len();
+        for id in ids {
+            // SAFETY: zeroed storage for cuBLASLt to initialise.
+            let mut algo: sys::cublasLtMatmulAlgo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: the handle is live; `algo` is written by the call.
+            if !ok(unsafe { sys::cublasLtMatmulAlgoInit(self.handle, compute, scale, at, bt, dt, dt, id, &mut algo) }) {
+                continue;
+            }
+            let (tiles, stages) =
+                (list(&algo, Cap::CUBLASLT_ALGO_CAP_TILE_IDS), list(&algo, Cap::CUBLASLT_ALGO_CAP_STAGES_IDS));
+            let custom_max = scalar(&algo, Cap::CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX).max(0);
+            let swizzle_max = scalar(&algo, Cap::CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT).clamp(0, 1);
+            for &tile in &tiles {
+                for &stage in &stages {
+                    for cluster in CLUSTERS.map(|c| c as u16) {
+                        for custom in 0..=custom_max {
+                            for swizzle in 0..=swizzle_max {
+                                let mut a = algo;
+                                let set = |a: &mut sys::cublasLtMatmulAlgo_t, attr: Cfg, p: *const c_void, n: usize| {
+                                    // SAFETY: `p` points at a value of the attribute's documented size `n`.
+                                    ok(unsafe { sys::cublasLtMatmulAlgoConfigSetAttribute(a, attr, p, n) })
+                                };
+                                let i32p = |v: &i32| v as *const i32 as *const c_void;
+                                let all = set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_TILE_ID, i32p(&tile), 4)
+                                    && set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID, i32p(&stage), 4)
+                                    && set(
+                                        &mut a,
+                                        Cfg::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                        &cluster as *const u16 as *const c_void,
+                                        2,
+                                    )
+                                    && set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, i32p(&custom), 4)
+                                    && set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, i32p(&swizzle), 4);
+                                if !all {
+                                    continue;
+                                }
+                                built += 1;
+                                // SAFETY: zeroed storage the check writes.
+                                let mut r: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+                                // SAFETY: the plan's descriptors are live (C is D, as every run passes them).
+                                let st = unsafe {
+                                    sys::cublasLtMatmulAlgoCheck(
+                                        self.handle,
+                                        plan.desc,
+                                        plan.a,
+                                        plan.b,
+                                        plan.d,
+                                        plan.d,
+                                        &a,
+                                        &mut r,
+                                    )
+                                };
+                                if ok(st) && r.workspaceSize <= ws {
+                                    r.algo = a;
+                                    valid.push(r);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (built, valid)
     }
 
     /// `GemmTuning::Timed`: time the heuristic's first candidates on `g` itself and record

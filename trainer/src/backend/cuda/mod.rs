@@ -42,7 +42,7 @@ mod staging;
 mod transfer;
 
 pub use attention::AttentionImpl;
-pub use cublaslt::GemmSweep;
+pub use cublaslt::{GemmSearch, GemmSweep};
 pub use fp8::{CachedWeightRead, CheckedPrediction, Fp8Cast, Fp8Casts, PredictedInput, COLSUM_ROWS as FP8_COLSUM_ROWS};
 pub use kernels::compile_all;
 
@@ -272,6 +272,14 @@ impl CudaBackend {
     pub fn gemm_sweep(&self, count: usize, reps: usize) -> BResult<Vec<GemmSweep>> {
         self.ctx.bind_to_thread().map_err(|e| BackendError::Device(format!("binding the context: {e}")))?;
         self.lt.sweep(self.stream.cu_stream() as _, count, reps)
+    }
+
+    /// Every GEMM run since the last sweep or search (its buffers still live; with
+    /// `fp8_only` the FP8 ones) timed over cuBLASLt's algorithm space, at most `cap`
+    /// configurations each (`Lt::search`; timing tools only: outputs are overwritten).
+    pub fn gemm_search(&self, cap: usize, fp8_only: bool) -> BResult<Vec<GemmSearch>> {
+        self.ctx.bind_to_thread().map_err(|e| BackendError::Device(format!("binding the context: {e}")))?;
+        self.lt.search(self.stream.cu_stream() as _, cap, fp8_only)
     }
 
     /// The attention kernels in use.
