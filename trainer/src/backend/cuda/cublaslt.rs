@@ -707,7 +707,7 @@ impl Lt {
     /// Every GEMM run since the last call (its buffers still live, as for [`Lt::sweep`]),
     /// timed over cuBLASLt's algorithm space: the heuristic's first `TUNE_CANDIDATES`, then
     /// every configuration [`Lt::configurations`] builds, each timed once briefly (at most
-    /// `cap` of them), the fastest five again as timed tuning times. A measurement, for
+    /// `cap` of them, spread evenly), the fastest five again as timed tuning times. A measurement, for
     /// `gpu-timing fp8-search`: whether a configuration the heuristic does not offer beats
     /// what timed tuning picks. With `fp8_only`, the FP8 GEMMs alone (the others stay
     /// unswept). Outputs are overwritten: for timing tools only.
@@ -727,8 +727,10 @@ impl Lt {
             let heur: Vec<f64> =
                 self.heuristics(plan, key, TUNE_CANDIDATES)?.iter().map(|c| time(&c.algo, None, 3)).collect();
             let (built, valid) = self.configurations(plan, key);
+            // At most `cap`, spread evenly over the accepted ones (they come algorithm id by id).
+            let stride = valid.len().div_ceil(cap.max(1)).max(1);
             let mut quick: Vec<(f64, usize)> =
-                valid.iter().take(cap).enumerate().map(|(i, c)| (time(&c.algo, Some(3), 1), i)).collect();
+                (0..valid.len()).step_by(stride).map(|i| (time(&valid[i].algo, Some(3), 1), i)).collect();
             quick.sort_by(|a, b| a.0.total_cmp(&b.0));
             let mut best: Vec<(String, f64)> = quick
                 .iter()
