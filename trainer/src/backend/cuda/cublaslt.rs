@@ -235,6 +235,10 @@ const CLUSTERS: [sys::cublasLtClusterShape_t; 7] = {
     ]
 };
 
+/// At most this many configurations a GEMM `Lt::search` checks (each a host call to
+/// `cublasLtMatmulAlgoCheck`), in algorithm id order: a bound on the search's time.
+const MAX_BUILT: usize = 200_000;
+
 /// One GEMM timed over cuBLASLt's algorithm space (`Lt::search`): the heuristic's
 /// candidates as timed tuning sees them, then every configuration of every algorithm id
 /// cuBLASLt accepts for the GEMM.
@@ -759,8 +763,8 @@ impl Lt {
     /// Every configuration of every algorithm id cuBLASLt has for `key`'s types (fp32
     /// compute and scales): each tile, stage count, custom option and CTA swizzle the
     /// algorithm reports it supports, with each of [`CLUSTERS`], without split-K, kept where
-    /// `cublasLtMatmulAlgoCheck` accepts it for `plan` within the workspace. Returns how
-    /// many were built and the accepted ones.
+    /// `cublasLtMatmulAlgoCheck` accepts it for `plan` within the workspace, up to
+    /// [`MAX_BUILT`] built. Returns how many were built and the accepted ones.
     fn configurations(&self, plan: &Plan, key: &Key) -> (usize, Vec<sys::cublasLtMatmulHeuristicResult_t>) {
         use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
         use sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
@@ -833,7 +837,7 @@ impl Lt {
         ids.truncate(n.max(0) as usize);
         let (mut built, mut valid) = (0usize, Vec::new());
         let ws = self.workspace.len();
-        for id in ids {
+        'ids: for id in ids {
             // SAFETY: zeroed storage for cuBLASLt to initialise.
             let mut algo: sys::cublasLtMatmulAlgo_t = unsafe { std::mem::zeroed() };
             // SAFETY: the handle is live; `algo` is written by the call.
@@ -867,6 +871,9 @@ impl Lt {
                                     && set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, i32p(&swizzle), 4);
                                 if !all {
                                     continue;
+                                }
+                                if built == MAX_BUILT {
+                                    break 'ids;
                                 }
                                 built += 1;
                                 // SAFETY: zeroed storage the check writes.
