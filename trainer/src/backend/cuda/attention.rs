@@ -95,8 +95,10 @@ const TABLE: [(Pass, Variant, &str, &str); 27] = [
     (Pass::Dq, Variant::Wg(128), "attn_bwd_dq_wg128", "attn_bwd_dq_wg128_docs"),
 ];
 
-/// D = rowsum(dO ⊙ O), the backward's first kernel (shared by every variant): a warp a row,
-/// or (`BWD_D8`, where the head size allows: [`bwd_d8_threads`]) 8 values a thread.
+/// D = rowsum(dO ⊙ O), the backward's first kernel (the mma.sync and SIMT variants', and the
+/// wgmma one's where dO or O is not 16-byte aligned; otherwise its dQ pass computes D, to
+/// the bit, in `attention.cu`'s `d_row_quad`): a warp a row, or (`BWD_D8`, where the head
+/// size allows: [`bwd_d8_threads`]) 8 values a thread.
 const BWD_D: &str = "attn_bwd_d";
 const BWD_D8: &str = "attn_bwd_d8";
 /// The sum of a split grouped dK/dV pass's partial sums (shared by every variant).
