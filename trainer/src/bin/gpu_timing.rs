@@ -144,7 +144,7 @@ impl Timer<'_> {
     /// algorithm space: the heuristic's first, timed tuning's pick (the fastest of the
     /// heuristic's first eight), and the fastest configurations found.
     fn search(&mut self, cap: usize) {
-        match self.be.gemm_search(cap, true) {
+        match self.be.fp8_gemm_search(cap) {
             Ok(rows) => {
                 for r in rows {
                     let tf = |ms: f64| r.flop / (ms * 1e-3) / 1e12;

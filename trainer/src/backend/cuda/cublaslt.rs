@@ -125,6 +125,27 @@ struct Key {
     align: [u32; 6],
 }
 
+impl Key {
+    /// cuBLASLt's element types of A, B and D (C is D) for this GEMM: what its layouts are
+    /// made with, and what its algorithm space is enumerated for (`Lt::configurations`).
+    fn data_types(&self) -> (sys::cudaDataType, sys::cudaDataType, sys::cudaDataType) {
+        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+        let fp8_type = |f: Fp8Format| match f {
+            Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+            Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
+        };
+        let (a, b) = match self.fp8 {
+            Some((a, b, _)) => (fp8_type(a), fp8_type(b)),
+            None => (bf16, bf16),
+        };
+        let d = match self.out {
+            OutType::Bf16 => bf16,
+            OutType::F32 => sys::cudaDataType::CUDA_R_32F,
+        };
+        (a, b, d)
+    }
+}
+
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
@@ -708,17 +729,17 @@ impl Lt {
         Ok(out)
     }
 
-    /// Every GEMM run since the last call (its buffers still live, as for [`Lt::sweep`]),
-    /// timed over cuBLASLt's algorithm space: the heuristic's first `TUNE_CANDIDATES`, then
-    /// every configuration [`Lt::configurations`] builds, each timed once briefly (at most
-    /// `cap` of them, spread evenly), the fastest five again as timed tuning times. A measurement, for
-    /// `gpu-timing fp8-search`: whether a configuration the heuristic does not offer beats
-    /// what timed tuning picks. With `fp8_only`, the FP8 GEMMs alone (the others stay
-    /// unswept). Outputs are overwritten: for timing tools only.
-    pub fn search(&self, stream: sys::cudaStream_t, cap: usize, fp8_only: bool) -> BResult<Vec<GemmSearch>> {
+    /// Every FP8 GEMM run since the last call (its buffers still live, as for
+    /// [`Lt::sweep`]; the others stay unswept), timed over cuBLASLt's algorithm space: the
+    /// heuristic's first `TUNE_CANDIDATES`, then every configuration [`Lt::configurations`]
+    /// builds, each timed once briefly (at most `cap` of them, spread evenly), the fastest
+    /// five again as timed tuning times. A measurement, for `gpu-timing fp8-search`: whether
+    /// a configuration the heuristic does not offer beats what timed tuning picks. Outputs
+    /// are overwritten: for timing tools only.
+    pub fn search(&self, stream: sys::cudaStream_t, cap: usize) -> BResult<Vec<GemmSearch>> {
         let mut plans = self.plans.borrow_mut();
         let mut keys: Vec<Key> =
-            plans.iter().filter(|(k, p)| p.last.is_some() && (!fp8_only || k.fp8.is_some())).map(|(k, _)| *k).collect();
+            plans.iter().filter(|(k, p)| p.last.is_some() && k.fp8.is_some()).map(|(k, _)| *k).collect();
         keys.sort_by_key(|k| format!("{k:?}"));
         let mut out = Vec::new();
         for key in &keys {
@@ -768,19 +789,7 @@ impl Lt {
     fn configurations(&self, plan: &Plan, key: &Key) -> (usize, Vec<sys::cublasLtMatmulHeuristicResult_t>) {
         use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
         use sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
-        let bf16 = sys::cudaDataType::CUDA_R_16BF;
-        let fp8_type = |f: Fp8Format| match f {
-            Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
-            Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
-        };
-        let (at, bt) = match key.fp8 {
-            Some((a, b, _)) => (fp8_type(a), fp8_type(b)),
-            None => (bf16, bf16),
-        };
-        let dt = match key.out {
-            OutType::Bf16 => bf16,
-            OutType::F32 => sys::cudaDataType::CUDA_R_32F,
-        };
+        let (at, bt, dt) = key.data_types();
         let (compute, scale) = (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F);
         let ok = |st: sys::cublasStatus_t| st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
         // An algorithm's list capability (ids of i32), or `[0]` (undefined: the algorithm's
@@ -835,6 +844,13 @@ impl Lt {
             return (0, Vec::new());
         }
         ids.truncate(n.max(0) as usize);
+        // One configuration attribute set on an algorithm; `p` points at a value of the
+        // attribute's documented size `n`.
+        let set = |a: &mut sys::cublasLtMatmulAlgo_t, attr: Cfg, p: *const c_void, n: usize| {
+            // SAFETY: as said above.
+            ok(unsafe { sys::cublasLtMatmulAlgoConfigSetAttribute(a, attr, p, n) })
+        };
+        let i32p = |v: &i32| v as *const i32 as *const c_void;
         let (mut built, mut valid) = (0usize, Vec::new());
         let ws = self.workspace.len();
         'ids: for id in ids {
@@ -854,11 +870,6 @@ impl Lt {
                         for custom in 0..=custom_max {
                             for swizzle in 0..=swizzle_max {
                                 let mut a = algo;
-                                let set = |a: &mut sys::cublasLtMatmulAlgo_t, attr: Cfg, p: *const c_void, n: usize| {
-                                    // SAFETY: `p` points at a value of the attribute's documented size `n`.
-                                    ok(unsafe { sys::cublasLtMatmulAlgoConfigSetAttribute(a, attr, p, n) })
-                                };
-                                let i32p = |v: &i32| v as *const i32 as *const c_void;
                                 let all = set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_TILE_ID, i32p(&tile), 4)
                                     && set(&mut a, Cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID, i32p(&stage), 4)
                                     && set(
@@ -1036,10 +1047,7 @@ impl Lt {
     /// no algorithm yet.
     fn descriptors(&self, key: &Key, scales: Option<(u64, u64)>) -> BResult<Plan> {
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
-        let dtype = match key.out {
-            OutType::Bf16 => bf16,
-            OutType::F32 => sys::cudaDataType::CUDA_R_32F,
-        };
+        let (at, bt, dtype) = key.data_types();
         let (ar, ac) = if key.transa { (key.k, key.m) } else { (key.m, key.k) };
         let (br, bc) = if key.transb { (key.n, key.k) } else { (key.k, key.n) };
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
@@ -1053,14 +1061,6 @@ impl Lt {
             algo: unsafe { std::mem::zeroed() },
             last: None,
             settled: false,
-        };
-        let fp8_type = |f: Fp8Format| match f {
-            Fp8Format::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
-            Fp8Format::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
-        };
-        let (at, bt) = match key.fp8 {
-            Some((a, b, _)) => (fp8_type(a), fp8_type(b)),
-            None => (bf16, bf16),
         };
         plan.a =
             lt::create_matrix_layout(at, ar as u64, ac as u64, key.lda as i64).map_err(|e| lt_err("layout A", e))?;

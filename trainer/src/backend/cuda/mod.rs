@@ -274,12 +274,12 @@ impl CudaBackend {
         self.lt.sweep(self.stream.cu_stream() as _, count, reps)
     }
 
-    /// Every GEMM run since the last sweep or search (its buffers still live; with
-    /// `fp8_only` the FP8 ones) timed over cuBLASLt's algorithm space, at most `cap`
-    /// configurations each (`Lt::search`; timing tools only: outputs are overwritten).
-    pub fn gemm_search(&self, cap: usize, fp8_only: bool) -> BResult<Vec<GemmSearch>> {
+    /// Every FP8 GEMM run since the last sweep or search (its buffers still live) timed over
+    /// cuBLASLt's algorithm space, at most `cap` configurations each (`Lt::search`; timing
+    /// tools only: outputs are overwritten).
+    pub fn fp8_gemm_search(&self, cap: usize) -> BResult<Vec<GemmSearch>> {
         self.ctx.bind_to_thread().map_err(|e| BackendError::Device(format!("binding the context: {e}")))?;
-        self.lt.search(self.stream.cu_stream() as _, cap, fp8_only)
+        self.lt.search(self.stream.cu_stream() as _, cap)
     }
 
     /// The attention kernels in use.
