@@ -11,7 +11,11 @@
 #
 # CONFIG (default configs/gpt2-1.5b.toml), ARGS (default: ZeRO-1, micro-batch 8, fp8, 60
 # steps), OUT (default /tmp/ab-speed) and A_ENV/B_ENV (VAR=VALUE ..., exported for that
-# side's rows) are read from the environment.
+# side's rows) are read from the environment. To compare two ways of tuning (the one thing
+# stored algorithms cannot share), B_TUNING (a train.gemm_tuning value, e.g. timed while
+# A_TUNING is searched; both default to timed) gives B a first row b0 of its own, whose
+# algorithms B's rows then run:
+#   A=.carry/launcher B=.carry/launcher A_TUNING=searched scripts/ab-speed.sh 3
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -35,11 +39,18 @@ h = hashlib.md5(str([r["loss"] for r in recs]).encode()).hexdigest()[:8]
 print(f"{sys.argv[2]:<12} {ms:8.2f} ms  last loss {recs[-1]['loss']:.4f}  losses {h}")
 PY
 }
-# The first row times the algorithms (train.gemm_tuning = "timed") and stores them.
-row a0 "$A" "${A_ENV:-}" --set 'train.gemm_tuning="timed"'
+# The first row times the algorithms (train.gemm_tuning = A_TUNING) and stores them.
+A_TUNING=${A_TUNING:-timed}
+B_TUNING=${B_TUNING:-timed}
+row a0 "$A" "${A_ENV:-}" --set "train.gemm_tuning=\"$A_TUNING\""
 tuned="train.gemm_tuning_from=\"$OUT/a0\""
+b_tuned=$tuned
+if [[ $B_TUNING != "$A_TUNING" ]]; then
+    row b0 "$B" "${B_ENV:-}" --set "train.gemm_tuning=\"$B_TUNING\""
+    b_tuned="train.gemm_tuning_from=\"$OUT/b0\""
+fi
 for i in $(seq 1 "$K"); do
-    row "b$i" "$B" "${B_ENV:-}" --set "$tuned"
+    row "b$i" "$B" "${B_ENV:-}" --set "$b_tuned"
     row "a$i" "$A" "${A_ENV:-}" --set "$tuned"
 done
 python3 - "$OUT" "$K" <<'PY'

@@ -508,37 +508,69 @@ struct CpuStep {
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
 fn timed_gemm_tuning_matches_the_cpu() {
-    use trainer::backend::{GemmTuning, MatmulOps};
+    gemm_tuning_matches_the_cpu(trainer::backend::GemmTuning::Timed, trainer::backend::Precision::Bf16);
+}
+
+/// `train.gemm_tuning = "searched"`: as timed, with the configurations found near the
+/// heuristic's candidates timed too (and a found one picked only where its output agrees
+/// with the heuristic's), in bf16 and (on Hopper) FP8, whose GEMMs the search is for.
+#[test]
+#[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+fn searched_gemm_tuning_matches_the_cpu() {
+    use trainer::backend::{GemmTuning, Precision};
+    gemm_tuning_matches_the_cpu(GemmTuning::Searched, Precision::Bf16);
+    gemm_tuning_matches_the_cpu(GemmTuning::Searched, Precision::Fp8);
+}
+
+/// One step with GEMM tuning `mode` against the CPU (FP8: its simulation, at
+/// `one_fp8_training_step_matches_the_cpu`'s tolerances), then on the picks as stored
+/// with a run, twice, with the same bits.
+fn gemm_tuning_matches_the_cpu(mode: trainer::backend::GemmTuning, precision: trainer::backend::Precision) {
+    use trainer::backend::{GemmTuning, MatmulOps, Precision};
     gpu::check(|be, rng, rep| {
+        if precision == Precision::Fp8 {
+            if let Err(why) = be.fp8_support() {
+                rep.check("fp8 GEMM tuning", "skipped", true, &why);
+                return Ok(());
+            }
+        }
+        // (loss, gradients, parameters) tolerances: bf16's, or FP8's against its simulation.
+        let (tol_loss, tol_grad, tol_param) = match precision {
+            Precision::Fp8 => (1e-2, 0.125, 2e-2),
+            _ => (5e-3, 3e-2, TOL_BF16),
+        };
         let cfg = small_gpt(1024);
         let (b, seed) = (4usize, 7u64);
         let n = b * cfg.seq_len;
         let layout = ModelLayout::new(&cfg);
+        let opts = ModelOptions { precision, ..ModelOptions::batch(b) };
         let (inputs, targets) = (rng.below(n, cfg.vocab_size as u32), rng.below(n, cfg.vocab_size as u32));
         let CpuStep { loss: closs, grads: cgrads, params: cparams } =
-            cpu_step(&cfg, b, &mut gpt2_init(&layout, seed), &inputs, &targets)?;
+            cpu_step_with(&cfg, &opts, &mut gpt2_init(&layout, seed), &inputs, &targets)?;
 
-        be.set_gemm_tuning(GemmTuning::Timed);
-        let tag = "model step, timed GEMM tuning (GPT L2 C128 V1024 T256 B4)";
+        be.set_gemm_tuning(mode);
+        let what = format!("{mode:?} GEMM tuning, {precision:?} (GPT L2 C128 V1024 T256 B4)");
+        let tag = format!("model step, {what}");
+        let tag = tag.as_str();
         let id = nccl_unique_id().map_err(dev)?;
         let mut comm = NcclComm::new(be.stream().clone(), 0, 1, &id).map_err(dev)?;
         let mut eng =
             Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
                 .map_err(dev)?;
-        let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
+        let mut m = cfg.family.build(be, &layout, &opts, &mut eng.ledger)?;
         eng.begin_step(be)?;
         let scale = Some(1.0 / n as f32);
         let loss = step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale)
             .map_err(dev)?;
-        rep.cmp(tag, "loss", &[loss as f32], &[closs as f32], 5e-3);
+        rep.cmp(tag, "loss", &[loss as f32], &[closs as f32], tol_loss);
         for (u, cg) in cgrads.iter().enumerate() {
             let gg = eng.local_grads_host(be, u).map_err(dev)?;
-            rep.cmp(tag, &format!("grad unit {u}"), &gg, cg, 3e-2);
+            rep.cmp(tag, &format!("grad unit {u}"), &gg, cg, tol_grad);
         }
         eng.step(be, &mut comm, HYPER, 1).map_err(dev)?;
         for (u, cp) in cparams.iter().enumerate() {
             let gp = eng.full_params_host(be, &mut comm, u).map_err(dev)?;
-            rep.cmp(tag, &format!("params unit {u}"), &gp, cp, TOL_BF16);
+            rep.cmp(tag, &format!("params unit {u}"), &gp, cp, tol_param);
         }
         let tuned = be.gemm_tuning_report();
         let accumulating = tuned.iter().filter(|t| t.candidates >= 2 && !t.gemm.ends_with("beta=0")).count();
@@ -552,6 +584,22 @@ fn timed_gemm_tuning_matches_the_cpu() {
                 tuned.len()
             ),
         );
+        if mode == GemmTuning::Searched {
+            let searched = tuned.iter().filter(|t| t.searched > 0).count();
+            let found = tuned.iter().filter(|t| t.chosen >= t.candidates).count();
+            let disagreed = tuned.iter().filter(|t| t.disagreed).count();
+            let (configs, seconds) = tuned.iter().fold((0, 0.0), |(n, s), t| (n + t.searched, s + t.seconds));
+            rep.check(
+                tag,
+                "shapes searched",
+                searched > 0,
+                &format!(
+                    "{searched} of {} searched ({configs} configurations, {seconds:.1} s), {found} picked a found \
+                     configuration, {disagreed} disagreed",
+                    tuned.len()
+                ),
+            );
+        }
 
         // The picks as stored with a run, read back from their JSON, then in use: every
         // algorithm passes cuBLASLt's check, and a step on them matches the CPU too, with
@@ -567,13 +615,14 @@ fn timed_gemm_tuning_matches_the_cpu() {
             used == table.gemms.len() && used > 0,
             &format!("{used} of {} in use", table.gemms.len()),
         );
-        let tag = "model step, stored GEMM choices (GPT L2 C128 V1024 T256 B4)";
+        let tag = format!("model step, stored choices of {what}");
+        let tag = tag.as_str();
         let mut runs: Vec<(f64, Vec<Vec<f32>>)> = Vec::new();
         for _ in 0..2 {
             let mut eng =
                 Engine::new(be, layout.clone(), EngineOptions::stage(0), 0, 1, Some(&mut gpt2_init(&layout, seed)))
                     .map_err(dev)?;
-            let mut m = cfg.family.build(be, &layout, &ModelOptions::batch(b), &mut eng.ledger)?;
+            let mut m = cfg.family.build(be, &layout, &opts, &mut eng.ledger)?;
             eng.begin_step(be)?;
             let loss =
                 step_micro_loss(m.as_mut(), be, &mut eng, &mut comm, &MicroBatch::plain(&inputs, &targets), scale)
@@ -581,9 +630,9 @@ fn timed_gemm_tuning_matches_the_cpu() {
             let grads = (0..cgrads.len()).map(|u| eng.local_grads_host(be, u)).collect::<Result<Vec<_>, _>>();
             runs.push((loss, grads.map_err(dev)?));
         }
-        rep.cmp(tag, "loss", &[runs[0].0 as f32], &[closs as f32], 5e-3);
+        rep.cmp(tag, "loss", &[runs[0].0 as f32], &[closs as f32], tol_loss);
         for (u, cg) in cgrads.iter().enumerate() {
-            rep.cmp(tag, &format!("grad unit {u}"), &runs[0].1[u], cg, 3e-2);
+            rep.cmp(tag, &format!("grad unit {u}"), &runs[0].1[u], cg, tol_grad);
             rep.same_bits(tag, &format!("grad unit {u}, second run"), &runs[1].1[u], &runs[0].1[u]);
         }
         rep.check(

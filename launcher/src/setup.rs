@@ -463,7 +463,7 @@ fn resolve_addr(hp: &crate::cluster::HostPort) -> Result<SocketAddr, SetupError>
 /// and cuBLASLt is checked by the ranks, which know them).
 fn check_gemm_tuning_from(cfg: &Config) -> Result<(), SetupError> {
     match (&cfg.train.gemm_tuning_from, cfg.train.gemm_tuning) {
-        (Some(path), trainer::backend::GemmTuning::Timed) => trainer::backend::GemmTuningTable::load(path)
+        (Some(path), m) if m.times() => trainer::backend::GemmTuningTable::load(path)
             .map(|_| ())
             .map_err(|e| SetupError(format!("config key `train.gemm_tuning_from`: {e}"))),
         _ => Ok(()),

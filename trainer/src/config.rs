@@ -162,11 +162,12 @@ pub struct TrainConfig {
     /// default): the fastest of the heuristic's first 8, timed during the first step (which
     /// runs the heuristic's), rank 0's picks used by every rank from the second step on and
     /// stored with the run (`OUTPUT_DIR/gemm_tuning.json`, every checkpoint), so a resume or
-    /// a run given `gemm_tuning_from` gets the same bits. `heuristic`: the heuristic's first,
-    /// the same bits on every run without storing anything. The CPU reference has one way
-    /// to multiply.
+    /// a run given `gemm_tuning_from` gets the same bits. `searched`: as `timed`, over
+    /// every configuration cuBLASLt accepts for the heuristic's algorithms (a longer first
+    /// step). `heuristic`: the heuristic's first, the same bits on every run without storing
+    /// anything. The CPU reference has one way to multiply.
     pub gemm_tuning: GemmTuning,
-    /// With `gemm_tuning = "timed"`: use the choices stored by an earlier run instead of
+    /// With `gemm_tuning = "timed"` or `"searched"`: use the choices stored by an earlier run instead of
     /// timing (its `gemm_tuning.json`, its output.dir, or one of its checkpoints), from the
     /// second step on as that run did; refused when timed on another GPU or cuBLASLt.
     pub gemm_tuning_from: Option<PathBuf>,
@@ -921,8 +922,8 @@ impl Config {
             return Err(bad(
                 "train.gemm_tuning_from",
                 p.display(),
-                "applies to train.gemm_tuning = \"timed\" (stored timed choices), and \"heuristic\" picks no \
-                 stored algorithm; set train.gemm_tuning = \"timed\" or drop gemm_tuning_from",
+                "applies to train.gemm_tuning = \"timed\" or \"searched\" (stored timed choices), and \
+                 \"heuristic\" picks no stored algorithm; set train.gemm_tuning = \"timed\" or drop gemm_tuning_from",
             ));
         }
         if self.offload.params && self.zero.stage != 3 {
@@ -1259,12 +1260,20 @@ mod tests {
     }
 
     #[test]
-    fn gemm_tuning_takes_its_two_values_and_names_a_wrong_one() {
+    fn gemm_tuning_takes_its_three_values_and_names_a_wrong_one() {
         assert_eq!(load_str(BASE, &[]).expect("valid").train.gemm_tuning, GemmTuning::Timed);
         let c = load_str(BASE, &["train.gemm_tuning=\"heuristic\""]).expect("valid");
         assert_eq!(c.train.gemm_tuning, GemmTuning::Heuristic);
+        let c = load_str(BASE, &["train.gemm_tuning=\"searched\""]).expect("valid");
+        assert_eq!(c.train.gemm_tuning, GemmTuning::Searched);
+        let c =
+            load_str(BASE, &["train.gemm_tuning=\"searched\"", "train.gemm_tuning_from=\"runs/a\""]).expect("valid");
+        assert_eq!(c.train.gemm_tuning_from, Some(PathBuf::from("runs/a")));
         let e = load_str(BASE, &["train.gemm_tuning=\"fast\""]).unwrap_err().to_string();
-        assert!(e.contains("gemm_tuning") && e.contains("heuristic") && e.contains("timed"), "{e}");
+        assert!(
+            e.contains("gemm_tuning") && e.contains("heuristic") && e.contains("timed") && e.contains("searched"),
+            "{e}"
+        );
         // Stored choices are timed ones: asking for them with the heuristic is a contradiction.
         let c = load_str(BASE, &["train.gemm_tuning_from=\"runs/a\""]).expect("valid");
         assert_eq!(c.train.gemm_tuning_from, Some(PathBuf::from("runs/a")));

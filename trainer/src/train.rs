@@ -545,23 +545,38 @@ impl<B: Backend> Trainer<B> {
 }
 
 /// After the first step (every GEMM shape has run once): what `train.gemm_tuning =
-/// "timed"` picked, in one line, and per shape with `SHARDTRAIN_PROFILE`.
+/// "timed"` (or `"searched"`) picked, in one line, and per shape with `SHARDTRAIN_PROFILE`.
 fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
     if tuned.is_empty() {
         return;
     }
     let changed = tuned.iter().filter(|t| t.chosen != 0).count();
     let (h, c) = tuned.iter().fold((0.0, 0.0), |(h, c), t| (h + t.heuristic_ms, c + t.chosen_ms));
+    let searched: usize = tuned.iter().map(|t| t.searched).sum();
+    let seconds: f64 = tuned.iter().map(|t| t.seconds).sum();
+    let (mode, how) = if searched > 0 {
+        let found = tuned.iter().filter(|t| t.chosen >= t.candidates).count();
+        let disagreed = tuned.iter().filter(|t| t.disagreed).count();
+        let disagreed = if disagreed > 0 {
+            format!(", {disagreed} fastest found one(s) set aside: output off the heuristic's")
+        } else {
+            String::new()
+        };
+        ("searched", format!(" beside {searched} configurations found near them ({found} picked{disagreed})"))
+    } else {
+        ("timed", String::new())
+    };
     crate::log_line!(
-        "rank 0: train.gemm_tuning = timed: {} GEMM shapes timed in the first step (which ran the heuristic's \
-         algorithms), {changed} picked another cuBLASLt algorithm than the heuristic's first ({h:.3} -> {c:.3} ms \
-         for one call of each); every rank runs rank 0's picks from the second step on",
+        "rank 0: train.gemm_tuning = {mode}: {} GEMM shapes timed in the first step (which ran the heuristic's \
+         algorithms) in {seconds:.1} s{how}, {changed} picked another cuBLASLt algorithm than the heuristic's \
+         first ({h:.3} -> {c:.3} ms for one call of each); every rank runs rank 0's picks from the second step on",
         tuned.len()
     );
     if per_shape {
         for t in tuned {
+            let found = if t.searched > 0 { format!(" (+{} found)", t.searched) } else { String::new() };
             crate::log_line!(
-                "  {}: candidate {} of {}, {:.4} -> {:.4} ms",
+                "  {}: candidate {} of {}{found}, {:.4} -> {:.4} ms",
                 t.gemm,
                 t.chosen,
                 t.candidates,

@@ -1,4 +1,5 @@
-//! The run's GEMM algorithm choices over its life (`train.gemm_tuning = "timed"`): where
+//! The run's GEMM algorithm choices over its life (`train.gemm_tuning = "timed"` or
+//! `"searched"`, which differ only in how many candidates a shape's timing tries): where
 //! they come from, when they take effect, how every rank gets the same ones, and where they
 //! are stored. The table itself and its matching rules are `backend/gemm_tuning.rs`.
 //!
@@ -58,7 +59,7 @@ impl RunTuning {
     pub fn new<B: Backend>(cfg: &Config, be: &B) -> Result<RunTuning, TrainError> {
         let mode = cfg.train.gemm_tuning;
         let waiting = match (&cfg.train.gemm_tuning_from, mode) {
-            (Some(path), GemmTuning::Timed) => Some(Waiting {
+            (Some(path), m) if m.times() => Some(Waiting {
                 table: GemmTuningTable::load(path)
                     .map_err(|e| config_err(path.display().to_string(), e.to_string()))?,
                 origin: format!("train.gemm_tuning_from = {}", path.display()),
@@ -85,14 +86,14 @@ impl RunTuning {
             measuring_since: 0,
             out_file: cfg.output.dir.join(TABLE_FILE),
         };
-        t.measure(be, t.mode == GemmTuning::Timed && t.waiting.is_none());
+        t.measure(be, t.waiting.is_none());
         Ok(t)
     }
 
     /// A resume from checkpoint `dir` holding `table` (its run's choices): used from the
     /// first step here, unless `train.gemm_tuning_from` names another table.
     pub fn resuming<B: Backend>(&mut self, be: &B, table: Option<GemmTuningTable>, dir: &Path) {
-        if self.mode != GemmTuning::Timed || self.waiting.is_some() {
+        if !self.mode.times() || self.waiting.is_some() {
             return;
         }
         if let Some(table) = table {
@@ -107,8 +108,9 @@ impl RunTuning {
         self.applied.as_ref()
     }
 
+    /// Time (in the configured mode) the shapes first run from here on, or not.
     fn measure<B: Backend>(&self, be: &B, on: bool) {
-        be.set_gemm_tuning(if on { GemmTuning::Timed } else { GemmTuning::Heuristic });
+        be.set_gemm_tuning(if on { self.mode } else { GemmTuning::Heuristic });
     }
 
     /// Called on every rank before and after every step, with `step` the optimizer steps

@@ -29,6 +29,20 @@ pub enum GemmTuning {
     /// time may pick differently where candidates are within the timing noise.
     #[default]
     Timed,
+    /// `Timed`, over a wider choice: beside the heuristic's first candidates, every tile,
+    /// thread-block cluster shape, kernel option and CTA swizzle cuBLASLt accepts for the
+    /// heuristic's algorithms (as many as a time budget per shape allows), each checked
+    /// against the heuristic's result before it may be picked. The heuristic offers few
+    /// FP8 configurations and misjudges some fused epilogues. The first step takes longer;
+    /// picks are shared, stored and reused as with `Timed`.
+    Searched,
+}
+
+impl GemmTuning {
+    /// Whether GEMMs are timed in the first step (and the picks shared and stored).
+    pub fn times(self) -> bool {
+        self != GemmTuning::Heuristic
+    }
 }
 
 /// The precision a linear layer's GEMMs run in (`train.precision`). Only the operands
@@ -192,11 +206,19 @@ pub struct TunedGemm {
     pub gemm: String,
     /// Candidates timed (the heuristic's first ones, in its order).
     pub candidates: usize,
-    /// The one picked (0 = the heuristic's first).
+    /// `GemmTuning::Searched`: configurations found near them and timed briefly (the
+    /// fastest few then as the candidates, numbered after them).
+    pub searched: usize,
+    /// Whether the fastest found configuration's output disagreed with the heuristic's
+    /// (so it was not picked).
+    pub disagreed: bool,
+    /// The one picked (0 = the heuristic's first; `candidates` and on: found ones).
     pub chosen: usize,
     /// Mean ms of one call with the heuristic's first, and with the one kept.
     pub heuristic_ms: f64,
     pub chosen_ms: f64,
+    /// Wall seconds this shape's timing took.
+    pub seconds: f64,
 }
 
 /// `n` rows of `c` inputs to `oc` outputs.

@@ -43,6 +43,23 @@ const TUNE_CANDIDATES: usize = 8;
 /// ... and how much faster than the heuristic's first another must be to be picked, so
 /// that a tie within the timing noise keeps the heuristic's choice.
 const TUNE_MARGIN: f64 = 0.01;
+/// `GemmTuning::Searched`: the GPU time a shape's brief runs over the configurations found
+/// near the candidates may take (a warm-up and two timed runs each; a GEMM too long for all
+/// of them gets a sample spread evenly over them), at least `SEARCH_MIN` runs...
+const SEARCH_BUDGET_MS: f64 = 1500.0;
+const SEARCH_MIN: usize = 64;
+/// ... within this many wall seconds a shape (checks and runs; the host's calls dominate at
+/// small shapes) ...
+const SEARCH_SECONDS: f64 = 3.0;
+/// ... how many of the fastest are then timed as the candidates are ...
+const SEARCH_FINALISTS: usize = 5;
+/// ... at most how many configurations a shape checks (`cublasLtMatmulAlgoCheck`, a host
+/// call each) ...
+const SEARCH_MAX_BUILT: usize = 50_000;
+/// ... and how close (to the largest output's magnitude) a found one's output must be to
+/// the heuristic's to be picked: different tilings sum in other orders (and FP8's fast
+/// accumulation promotes at other points), a wrong kernel is off by the output itself.
+const SEARCH_AGREEMENT: f64 = 1.0 / 64.0;
 
 fn lt_err(what: &str, e: lt::CublasError) -> BackendError {
     BackendError::Device(format!("cuBLASLt {what}: {:?}", e.0))
@@ -126,6 +143,15 @@ struct Key {
 }
 
 impl Key {
+    /// Bytes D spans (n columns of ldd elements, the last m long).
+    fn d_bytes(&self) -> usize {
+        let elem = match self.out {
+            OutType::Bf16 => 2,
+            OutType::F32 => 4,
+        };
+        (self.ldd * (self.n - 1) + self.m) * elem
+    }
+
     /// cuBLASLt's element types of A, B and D (C is D) for this GEMM: what its layouts are
     /// made with, and what its algorithm space is enumerated for (`Lt::configurations`).
     fn data_types(&self) -> (sys::cudaDataType, sys::cudaDataType, sys::cudaDataType) {
@@ -305,24 +331,44 @@ fn describe(key: &Key, g: &Gemm) -> String {
 
 /// An algorithm's configuration as cuBLASLt reports it (ids of its tile, stages, cluster
 /// shape and so on; their meaning is in cublasLt.h's enums).
+/// 0..n in an order whose every prefix is spread over the whole range: steps of the
+/// largest stride near n/φ (the golden ratio) coprime with n.
+fn spread_order(n: usize) -> impl Iterator<Item = usize> {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let mut stride = ((n as f64 / 1.618_034).round() as usize).max(1);
+    while n > 1 && gcd(stride, n) != 1 {
+        stride -= 1;
+    }
+    (0..n).map(move |k| (k * stride) % n.max(1))
+}
+
+/// One configuration attribute of an initialised algorithm (`size` bytes: 2 or 4), or -1.
+fn config_attr(algo: &sys::cublasLtMatmulAlgo_t, attr: sys::cublasLtMatmulAlgoConfigAttributes_t, size: usize) -> i64 {
+    let mut v = 0u64;
+    let mut written = 0usize;
+    // SAFETY: `algo` is an initialised algorithm; `v` has room for `size` <= 8 bytes.
+    let st = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut v as *mut u64 as *mut c_void, size, &mut written)
+    };
+    if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        match size {
+            2 => v as u16 as i64,
+            _ => v as u32 as i32 as i64,
+        }
+    } else {
+        -1
+    }
+}
+
 fn algo_config(algo: &sys::cublasLtMatmulAlgo_t, workspace: usize, waves: f32) -> String {
     use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
-    let get = |attr: A, size: usize| -> i64 {
-        let mut v = 0u64;
-        let mut written = 0usize;
-        // SAFETY: `algo` is an initialised algorithm; `v` has room for `size` <= 8 bytes.
-        let st = unsafe {
-            sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut v as *mut u64 as *mut c_void, size, &mut written)
-        };
-        if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            match size {
-                2 => v as u16 as i64,
-                _ => v as u32 as i32 as i64,
-            }
-        } else {
-            -1
-        }
-    };
+    let get = |attr: A, size: usize| config_attr(algo, attr, size);
     format!(
         "id {} tile {} stages {} splitk {} red {} swizzle {} custom {} inner {} cluster {} ws {} KiB waves {:.2}",
         get(A::CUBLASLT_ALGO_CONFIG_ID, 4),
@@ -612,7 +658,7 @@ impl Lt {
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key, g).map_err(other)?),
         };
         if !plan.settled {
-            if self.tuning.get() == GemmTuning::Timed {
+            if self.tuning.get().times() {
                 self.tune(plan, &key, g, stream).map_err(other)?;
             }
             plan.settled = true;
@@ -751,7 +797,7 @@ impl Lt {
             };
             let heur: Vec<f64> =
                 self.heuristics(plan, key, TUNE_CANDIDATES)?.iter().map(|c| time(&c.algo, None, 3)).collect();
-            let (built, valid) = self.configurations(plan, key);
+            let (built, valid) = self.configurations(plan, key, None, MAX_BUILT, None);
             // At most `cap`, spread evenly over the accepted ones (they come algorithm id by id).
             let stride = valid.len().div_ceil(cap.max(1)).max(1);
             let mut quick: Vec<(f64, usize)> =
@@ -785,8 +831,18 @@ impl Lt {
     /// compute and scales): each tile, stage count, custom option and CTA swizzle the
     /// algorithm reports it supports, with each of [`CLUSTERS`], without split-K, kept where
     /// `cublasLtMatmulAlgoCheck` accepts it for `plan` within the workspace, up to
-    /// [`MAX_BUILT`] built. Returns how many were built and the accepted ones.
-    fn configurations(&self, plan: &Plan, key: &Key) -> (usize, Vec<sys::cublasLtMatmulHeuristicResult_t>) {
+    /// `max_built` built or until `deadline`. With `near` (the heuristic's candidates), only
+    /// their algorithm ids (in the heuristic's order) and stage counts: the space timed
+    /// tuning searches (`GemmTuning::Searched`), thousands of checks rather than hundreds of
+    /// thousands. Returns how many were built and the accepted ones.
+    fn configurations(
+        &self,
+        plan: &Plan,
+        key: &Key,
+        near: Option<&[sys::cublasLtMatmulHeuristicResult_t]>,
+        max_built: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> (usize, Vec<sys::cublasLtMatmulHeuristicResult_t>) {
         use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
         use sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
         let (at, bt, dt) = key.data_types();
@@ -844,6 +900,27 @@ impl Lt {
             return (0, Vec::new());
         }
         ids.truncate(n.max(0) as usize);
+        // The candidates' ids and stage counts, when searching near them.
+        let of_near = |attr: Cfg| -> Option<Vec<i32>> {
+            near.map(|c| {
+                let mut v: Vec<i32> = c.iter().map(|c| config_attr(&c.algo, attr, 4) as i32).collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+        };
+        let near_stages = of_near(Cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID);
+        if let Some(c) = near {
+            // The candidates' ids in the heuristic's order (its best first, should the
+            // deadline cut the enumeration short).
+            let mut order: Vec<i32> = Vec::new();
+            for id in c.iter().map(|c| config_attr(&c.algo, Cfg::CUBLASLT_ALGO_CONFIG_ID, 4) as i32) {
+                if ids.contains(&id) && !order.contains(&id) {
+                    order.push(id);
+                }
+            }
+            ids = order;
+        }
         // One configuration attribute set on an algorithm; `p` points at a value of the
         // attribute's documented size `n`.
         let set = |a: &mut sys::cublasLtMatmulAlgo_t, attr: Cfg, p: *const c_void, n: usize| {
@@ -860,8 +937,14 @@ impl Lt {
             if !ok(unsafe { sys::cublasLtMatmulAlgoInit(self.handle, compute, scale, at, bt, dt, dt, id, &mut algo) }) {
                 continue;
             }
-            let (tiles, stages) =
+            let (tiles, mut stages) =
                 (list(&algo, Cap::CUBLASLT_ALGO_CAP_TILE_IDS), list(&algo, Cap::CUBLASLT_ALGO_CAP_STAGES_IDS));
+            if let Some(keep) = &near_stages {
+                stages.retain(|s| keep.contains(s));
+                if stages.is_empty() {
+                    stages.clone_from(keep); // the algorithm lists none of them: the candidates' own
+                }
+            }
             let custom_max = scalar(&algo, Cap::CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX).max(0);
             let swizzle_max = scalar(&algo, Cap::CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT).clamp(0, 1);
             for &tile in &tiles {
@@ -883,7 +966,9 @@ impl Lt {
                                 if !all {
                                     continue;
                                 }
-                                if built == MAX_BUILT {
+                                if built == max_built
+                                    || (built % 256 == 0 && deadline.is_some_and(|d| std::time::Instant::now() > d))
+                                {
                                     break 'ids;
                                 }
                                 built += 1;
@@ -915,14 +1000,20 @@ impl Lt {
         (built, valid)
     }
 
-    /// `GemmTuning::Timed`: time the heuristic's first candidates on `g` itself and record
-    /// the fastest as this shape's pick (the heuristic's first unless another is
-    /// `TUNE_MARGIN` faster); `plan` keeps running the heuristic's until the trainer hands
-    /// the picks back ([`Lt::use_choices`]). A GEMM that reads D (beta ≠ 0 with C = D: a gradient accumulating) has D
-    /// copied to the host first and put back after, so the call that follows computes
-    /// from the same D as an untuned one; any other output is rewritten by that call. No
-    /// device memory is allocated. A stream being captured into a CUDA graph cannot be
-    /// timed: a shape first seen there keeps the heuristic's choice.
+    /// Timed tuning (`GemmTuning::Timed`): time the heuristic's first candidates on `g`
+    /// itself and record the fastest as this shape's pick (the heuristic's first unless
+    /// another is `TUNE_MARGIN` faster); `plan` keeps running the heuristic's until the
+    /// trainer hands the picks back ([`Lt::use_choices`]). `GemmTuning::Searched` adds the
+    /// configurations [`Lt::configurations`] finds near the candidates: each timed once
+    /// briefly (a sample spread evenly where more than `SEARCH_BUDGET_MS` of runs), the
+    /// fastest `SEARCH_FINALISTS` timed again as the candidates are; one of those is picked
+    /// only if its output agrees with the heuristic's ([`Lt::outputs_agree`]).
+    ///
+    /// A GEMM that reads D (beta ≠ 0 with C = D: a gradient accumulating) has D copied to
+    /// the host first and put back after, so the call that follows computes from the same D
+    /// as an untuned one; any other output is rewritten by that call. No device memory is
+    /// allocated. A stream being captured into a CUDA graph cannot be timed: a shape first
+    /// seen there keeps the heuristic's choice.
     fn tune(&self, plan: &Plan, key: &Key, g: &Gemm, stream: sys::cudaStream_t) -> BResult<()> {
         let cs = stream as dsys::CUstream;
         let err =
@@ -932,16 +1023,14 @@ impl Lt {
         if status != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             return Ok(());
         }
-        let cands = self.heuristics(plan, key, TUNE_CANDIDATES)?;
-        if cands.len() < 2 {
+        let searching = self.tuning.get() == GemmTuning::Searched;
+        let started = std::time::Instant::now();
+        let mut cands = self.heuristics(plan, key, TUNE_CANDIDATES)?;
+        if cands.len() < 2 && !searching {
             return Ok(());
         }
         let saved = if g.beta != 0.0 && g.c.is_none_or(|c| c == g.d) {
-            let elem = match key.out {
-                OutType::Bf16 => 2,
-                OutType::F32 => 4,
-            };
-            let mut host = vec![0u8; (key.ldd * (key.n - 1) + key.m) * elem];
+            let mut host = vec![0u8; key.d_bytes()];
             // SAFETY: D spans these bytes (its layout: n columns of ldd, the last m long);
             // the stream is synchronised before `host` is read or dropped.
             unsafe {
@@ -952,24 +1041,69 @@ impl Lt {
         } else {
             None
         };
-        let mut times = Vec::with_capacity(cands.len());
-        for cand in &cands {
-            // A candidate cuBLASLt offers but then refuses to run is skipped.
-            times.push(self.time_algo(plan, g, &cand.algo, stream, None, 3).unwrap_or(f64::INFINITY));
-        }
-        if let Some(host) = saved {
-            // SAFETY: as above; the copy completes before `host` is dropped.
-            unsafe {
-                dr::memcpy_htod_async(g.d, &host, cs).map_err(|e| err("restoring D", e))?;
-                dr::stream::synchronize(cs).map_err(|e| err("restoring D", e))?;
+        let restore = |saved: Option<&[u8]>| -> BResult<()> {
+            if let Some(host) = saved {
+                // SAFETY: as above; the copy completes before `host` can be dropped.
+                unsafe {
+                    dr::memcpy_htod_async(g.d, host, cs).map_err(|e| err("restoring D", e))?;
+                    dr::stream::synchronize(cs).map_err(|e| err("restoring D", e))?;
+                }
             }
-        }
+            Ok(())
+        };
+        // A candidate cuBLASLt offers but then refuses to run is skipped.
+        let time = |algo: &sys::cublasLtMatmulAlgo_t, reps: Option<usize>, rounds: usize| {
+            self.time_algo(plan, g, algo, stream, reps, rounds).unwrap_or(f64::INFINITY)
+        };
+        let mut times: Vec<f64> = cands.iter().map(|c| time(&c.algo, None, 3)).collect();
         if !times[0].is_finite() {
             // The heuristic's own choice did not run: the call that follows says why.
-            return Ok(());
+            return restore(saved.as_deref());
         }
-        let (fastest, t) = times.iter().enumerate().fold((0, times[0]), |b, (i, &t)| if t < b.1 { (i, t) } else { b });
-        let chosen = if t < times[0] * (1.0 - TUNE_MARGIN) { fastest } else { 0 };
+        let offered = cands.len();
+        let mut searched = 0;
+        if searching {
+            let deadline = started + std::time::Duration::from_secs_f64(SEARCH_SECONDS);
+            let (_, found) = self.configurations(plan, key, Some(&cands), SEARCH_MAX_BUILT, Some(deadline));
+            let found: Vec<_> =
+                found.into_iter().filter(|f| !cands.iter().any(|c| c.algo.data == f.algo.data)).collect();
+            // A warm-up and two timed runs each, within the GPU time budget and the deadline,
+            // visited in an order any prefix of which is spread over all of them.
+            let n = ((SEARCH_BUDGET_MS / (3.0 * times[0])) as usize).clamp(SEARCH_MIN, found.len().max(SEARCH_MIN));
+            let mut quick: Vec<(f64, usize)> = Vec::new();
+            for i in spread_order(found.len()).take(n) {
+                if std::time::Instant::now() > deadline {
+                    break;
+                }
+                quick.push((time(&found[i].algo, Some(2), 1), i));
+            }
+            searched = quick.len();
+            quick.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for &(_, i) in quick.iter().take(SEARCH_FINALISTS).filter(|q| q.0.is_finite()) {
+                times.push(time(&found[i].algo, None, 3));
+                cands.push(found[i]);
+            }
+        }
+        // The fastest of `times[..upto]`, or the heuristic's first within the margin.
+        let pick = |upto: usize| {
+            let (fastest, t) =
+                times[..upto].iter().enumerate().fold((0, times[0]), |b, (i, &t)| if t < b.1 { (i, t) } else { b });
+            if t < times[0] * (1.0 - TUNE_MARGIN) {
+                fastest
+            } else {
+                0
+            }
+        };
+        let mut chosen = pick(times.len());
+        let mut disagreed = false;
+        if chosen >= offered {
+            restore(saved.as_deref())?;
+            if !self.outputs_agree(plan, key, g, (&cands[0].algo, &cands[chosen].algo), saved.as_deref(), stream)? {
+                disagreed = true;
+                chosen = pick(offered);
+            }
+        }
+        restore(saved.as_deref())?;
         let c = &cands[chosen];
         self.picks.borrow_mut().push(Pick {
             key: *key,
@@ -977,13 +1111,62 @@ impl Lt {
             config: algo_config(&c.algo, c.workspaceSize, c.wavesCount),
             report: TunedGemm {
                 gemm: describe(key, g),
-                candidates: cands.len(),
+                candidates: offered,
+                searched,
+                disagreed,
                 chosen,
                 heuristic_ms: times[0],
                 chosen_ms: times[chosen],
+                seconds: started.elapsed().as_secs_f64(),
             },
         });
         Ok(())
+    }
+
+    /// Whether `g` run with `algos.1` writes what it writes with `algos.0` (the heuristic's
+    /// first), to within `SEARCH_AGREEMENT` of the largest output: a searched configuration
+    /// cuBLASLt accepted is still checked before it is picked. Each run starts from
+    /// `saved` D where D is read (accumulating); NaN where the other has none disagrees.
+    fn outputs_agree(
+        &self,
+        plan: &Plan,
+        key: &Key,
+        g: &Gemm,
+        algos: (&sys::cublasLtMatmulAlgo_t, &sys::cublasLtMatmulAlgo_t),
+        saved: Option<&[u8]>,
+        stream: sys::cudaStream_t,
+    ) -> BResult<bool> {
+        let cs = stream as dsys::CUstream;
+        let err = |e: cudarc::driver::DriverError| BackendError::Device(format!("GEMM tuning: checking D: {e}"));
+        let output = |algo: &sys::cublasLtMatmulAlgo_t| -> BResult<Vec<f32>> {
+            let mut host = vec![0u8; key.d_bytes()];
+            // SAFETY: D spans these bytes; each copy completes before the next use of `host`
+            // (the stream is synchronised).
+            unsafe {
+                if let Some(d) = saved {
+                    dr::memcpy_htod_async(g.d, d, cs).map_err(err)?;
+                }
+                self.run(plan, g, algo, stream)?;
+                dr::memcpy_dtoh_async(&mut host, g.d, cs).map_err(err)?;
+                dr::stream::synchronize(cs).map_err(err)?;
+            }
+            Ok(match key.out {
+                OutType::Bf16 => {
+                    host.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                }
+                OutType::F32 => host.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            })
+        };
+        let (want, got) = (output(algos.0)?, output(algos.1)?);
+        let largest = want.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
+        let tol = SEARCH_AGREEMENT * largest as f64;
+        Ok(want.iter().zip(&got).all(|(&w, &o)| {
+            if w.is_finite() && o.is_finite() {
+                ((w - o).abs() as f64) <= tol
+            } else {
+                w.is_nan() == o.is_nan() && (w.is_nan() || w == o)
+            }
+        }))
     }
 
     /// Mean ms of one run of `g` with `algo`: after one warm-up, the least over `rounds`
@@ -1214,5 +1397,29 @@ impl Lt {
                 e,
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread_order;
+
+    #[test]
+    fn spread_order_visits_each_once_and_its_prefixes_spread() {
+        for n in [0usize, 1, 2, 3, 10, 64, 3744, 4096] {
+            let order: Vec<usize> = spread_order(n).collect();
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n = {n}");
+            if n >= 64 {
+                // The first quarter touches every eighth of the range (visiting them in
+                // order would not: its first quarter is the range's first quarter).
+                let mut hit = [false; 8];
+                for &i in &order[..n / 4] {
+                    hit[i * 8 / n] = true;
+                }
+                assert!(hit.iter().all(|&h| h), "n = {n}: {hit:?}");
+            }
+        }
     }
 }
