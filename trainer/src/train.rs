@@ -281,7 +281,7 @@ impl<B: Backend> Trainer<B> {
         }
         let step_time_s = t0.elapsed().as_secs_f64();
         if self.steps_here == 0 && rank == 0 {
-            report_gemm_tuning(&be.gemm_tuning_report(), profile);
+            report_gemm_tuning(&be.gemm_tuning_report(), tc.gemm_tuning, profile);
             report_unfused_gemms(&be.unfused_gemms());
         }
         self.sampler.end_step();
@@ -546,7 +546,7 @@ impl<B: Backend> Trainer<B> {
 
 /// After the first step (every GEMM shape has run once): what `train.gemm_tuning =
 /// "timed"` (or `"searched"`) picked, in one line, and per shape with `SHARDTRAIN_PROFILE`.
-fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
+fn report_gemm_tuning(tuned: &[TunedGemm], mode: crate::backend::GemmTuning, per_shape: bool) {
     if tuned.is_empty() {
         return;
     }
@@ -554,7 +554,7 @@ fn report_gemm_tuning(tuned: &[TunedGemm], per_shape: bool) {
     let (h, c) = tuned.iter().fold((0.0, 0.0), |(h, c), t| (h + t.heuristic_ms, c + t.chosen_ms));
     let searched: usize = tuned.iter().map(|t| t.searched).sum();
     let seconds: f64 = tuned.iter().map(|t| t.seconds).sum();
-    let (mode, how) = if searched > 0 {
+    let (mode, how) = if mode == crate::backend::GemmTuning::Searched {
         let found = tuned.iter().filter(|t| t.chosen >= t.candidates).count();
         let disagreed = tuned.iter().filter(|t| t.disagreed).count();
         let disagreed = if disagreed > 0 {
