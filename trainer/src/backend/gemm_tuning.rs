@@ -1,5 +1,5 @@
 //! Stored GEMM tuning: the cuBLASLt algorithm timed tuning chose for each GEMM of a run
-//! (`train.gemm_tuning = "timed"`), written with the run (`OUTPUT_DIR/gemm_tuning.json`, and
+//! (`train.gemm_tuning = "timed"` or `"searched"`), written with the run (`OUTPUT_DIR/gemm_tuning.json`, and
 //! in every checkpoint's manifest) so that a rerun (`train.gemm_tuning_from`) or a resume runs
 //! exactly those algorithms and gets the same bits, without timing anything.
 //!

@@ -53,7 +53,7 @@ pub struct Manifest {
     /// the data; absent in checkpoints saved before it, whose data position was their step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<data::LoaderState>,
-    /// The GEMM algorithms the run used (`train.gemm_tuning = "timed"`, see `tuning.rs`): a
+    /// The GEMM algorithms the run used (`train.gemm_tuning = "timed"` or `"searched"`, see `tuning.rs`): a
     /// resume runs the same ones. Absent for heuristic runs, CPU runs and older checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_tuning: Option<crate::backend::GemmTuningTable>,

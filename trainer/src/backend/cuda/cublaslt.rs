@@ -15,6 +15,9 @@
 //! picks, or a stored run's, see `backend/gemm_tuning.rs`), whose algorithms then replace
 //! the heuristic's for their shapes. Picking and using are apart so that every rank runs the
 //! same algorithms, and a rerun given the table runs exactly what the first run did.
+//! Searched tuning (`GemmTuning::Searched`) also times the configurations cuBLASLt accepts
+//! near the heuristic's candidates (`Lt::configurations`: the heuristic offers few FP8 ones),
+//! within a time bound per shape, and checks a found one's output before picking it.
 //!
 //! FP8 GEMMs (`Gemm::fp8`, `train.precision = "fp8"`, see `fp8.rs`) take e4m3/e5m2 A and B
 //! in the "TN" layout Hopper requires, with their inverse scales as device pointers
