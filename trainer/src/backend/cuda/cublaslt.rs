@@ -756,24 +756,39 @@ impl Lt {
     /// and its output (and a gradient it accumulates into) is overwritten: for timing
     /// tools only.
     pub fn sweep(&self, stream: sys::cudaStream_t, count: usize, reps: usize) -> BResult<Vec<GemmSweep>> {
+        self.each_last_run(
+            |_| true,
+            |key, plan, g| {
+                let mut row = GemmSweep {
+                    gemm: describe(key, g),
+                    flop: 2.0 * (key.m * key.n * key.k) as f64,
+                    candidates: Vec::new(),
+                };
+                for cand in self.heuristics(plan, key, count)? {
+                    let ms = self.time_algo(plan, g, &cand.algo, stream, Some(reps), 1)?;
+                    row.candidates.push((algo_config(&cand.algo, cand.workspaceSize, cand.wavesCount), ms));
+                }
+                Ok(row)
+            },
+        )
+    }
+
+    /// `each` over every plan whose key `keep` accepts and that ran since the last call, in
+    /// a fixed order, with the GEMM it last ran (taken: a later call sees only newer runs).
+    /// What the timing tools ([`Lt::sweep`], [`Lt::search`]) rerun.
+    fn each_last_run<T>(
+        &self,
+        keep: impl Fn(&Key) -> bool,
+        mut each: impl FnMut(&Key, &Plan, &Gemm) -> BResult<T>,
+    ) -> BResult<Vec<T>> {
         let mut plans = self.plans.borrow_mut();
-        let mut keys: Vec<Key> = plans.iter().filter(|(_, p)| p.last.is_some()).map(|(k, _)| *k).collect();
+        let mut keys: Vec<Key> = plans.iter().filter(|(k, p)| p.last.is_some() && keep(k)).map(|(k, _)| *k).collect();
         keys.sort_by_key(|k| format!("{k:?}"));
         let mut out = Vec::new();
         for key in &keys {
             let Some(plan) = plans.get_mut(key) else { continue };
             let Some(g) = plan.last.take() else { continue };
-            let plan = &*plan;
-            let mut row = GemmSweep {
-                gemm: describe(key, &g),
-                flop: 2.0 * (key.m * key.n * key.k) as f64,
-                candidates: Vec::new(),
-            };
-            for cand in self.heuristics(plan, key, count)? {
-                let ms = self.time_algo(plan, &g, &cand.algo, stream, Some(reps), 1)?;
-                row.candidates.push((algo_config(&cand.algo, cand.workspaceSize, cand.wavesCount), ms));
-            }
-            out.push(row);
+            out.push(each(key, plan, &g)?);
         }
         Ok(out)
     }
@@ -786,48 +801,42 @@ impl Lt {
     /// a configuration the heuristic does not offer beats what timed tuning picks. Outputs
     /// are overwritten: for timing tools only.
     pub fn search(&self, stream: sys::cudaStream_t, cap: usize) -> BResult<Vec<GemmSearch>> {
-        let mut plans = self.plans.borrow_mut();
-        let mut keys: Vec<Key> =
-            plans.iter().filter(|(k, p)| p.last.is_some() && k.fp8.is_some()).map(|(k, _)| *k).collect();
-        keys.sort_by_key(|k| format!("{k:?}"));
-        let mut out = Vec::new();
-        for key in &keys {
-            let Some(plan) = plans.get_mut(key) else { continue };
-            let Some(g) = plan.last.take() else { continue };
-            let plan = &*plan;
-            let time = |algo: &sys::cublasLtMatmulAlgo_t, reps: Option<usize>, rounds: usize| {
-                self.time_algo(plan, &g, algo, stream, reps, rounds).unwrap_or(f64::INFINITY)
-            };
-            let heur: Vec<f64> =
-                self.heuristics(plan, key, TUNE_CANDIDATES)?.iter().map(|c| time(&c.algo, None, 3)).collect();
-            let (built, valid) = self.configurations(plan, key, None, MAX_BUILT, None);
-            // At most `cap`, spread evenly over the accepted ones (they come algorithm id by id).
-            let stride = valid.len().div_ceil(cap.max(1)).max(1);
-            let mut quick: Vec<(f64, usize)> =
-                (0..valid.len()).step_by(stride).map(|i| (time(&valid[i].algo, Some(3), 1), i)).collect();
-            quick.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let mut best: Vec<(String, f64)> = quick
-                .iter()
-                .take(5)
-                .filter(|q| q.0.is_finite())
-                .map(|&(_, i)| {
-                    let c = &valid[i];
-                    (algo_config(&c.algo, c.workspaceSize, c.wavesCount), time(&c.algo, None, 3))
+        self.each_last_run(
+            |k| k.fp8.is_some(),
+            |key, plan, g| {
+                let time = |algo: &sys::cublasLtMatmulAlgo_t, reps: Option<usize>, rounds: usize| {
+                    self.time_algo(plan, g, algo, stream, reps, rounds).unwrap_or(f64::INFINITY)
+                };
+                let heur: Vec<f64> =
+                    self.heuristics(plan, key, TUNE_CANDIDATES)?.iter().map(|c| time(&c.algo, None, 3)).collect();
+                let (built, valid) = self.configurations(plan, key, None, MAX_BUILT, None);
+                // At most `cap`, spread evenly over the accepted ones (they come algorithm id by id).
+                let stride = valid.len().div_ceil(cap.max(1)).max(1);
+                let mut quick: Vec<(f64, usize)> =
+                    (0..valid.len()).step_by(stride).map(|i| (time(&valid[i].algo, Some(3), 1), i)).collect();
+                quick.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let mut best: Vec<(String, f64)> = quick
+                    .iter()
+                    .take(5)
+                    .filter(|q| q.0.is_finite())
+                    .map(|&(_, i)| {
+                        let c = &valid[i];
+                        (algo_config(&c.algo, c.workspaceSize, c.wavesCount), time(&c.algo, None, 3))
+                    })
+                    .collect();
+                best.sort_by(|a, b| a.1.total_cmp(&b.1));
+                Ok(GemmSearch {
+                    gemm: describe(key, g),
+                    flop: 2.0 * (key.m * key.n * key.k) as f64,
+                    heuristic_first_ms: heur.first().copied().unwrap_or(f64::INFINITY),
+                    heuristic_best_ms: heur.iter().copied().fold(f64::INFINITY, f64::min),
+                    configs_built: built,
+                    configs_valid: valid.len(),
+                    configs_timed: quick.len(),
+                    best,
                 })
-                .collect();
-            best.sort_by(|a, b| a.1.total_cmp(&b.1));
-            out.push(GemmSearch {
-                gemm: describe(key, &g),
-                flop: 2.0 * (key.m * key.n * key.k) as f64,
-                heuristic_first_ms: heur.first().copied().unwrap_or(f64::INFINITY),
-                heuristic_best_ms: heur.iter().copied().fold(f64::INFINITY, f64::min),
-                configs_built: built,
-                configs_valid: valid.len(),
-                configs_timed: quick.len(),
-                best,
-            });
-        }
-        Ok(out)
+            },
+        )
     }
 
     /// Every configuration of every algorithm id cuBLASLt has for `key`'s types (fp32
@@ -903,16 +912,14 @@ impl Lt {
             return (0, Vec::new());
         }
         ids.truncate(n.max(0) as usize);
-        // The candidates' ids and stage counts, when searching near them.
-        let of_near = |attr: Cfg| -> Option<Vec<i32>> {
-            near.map(|c| {
-                let mut v: Vec<i32> = c.iter().map(|c| config_attr(&c.algo, attr, 4) as i32).collect();
-                v.sort_unstable();
-                v.dedup();
-                v
-            })
-        };
-        let near_stages = of_near(Cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID);
+        // The candidates' stage counts and ids, when searching near them.
+        let near_stages: Option<Vec<i32>> = near.map(|c| {
+            let mut v: Vec<i32> =
+                c.iter().map(|c| config_attr(&c.algo, Cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID, 4) as i32).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        });
         if let Some(c) = near {
             // The candidates' ids in the heuristic's order (its best first, should the
             // deadline cut the enumeration short).
@@ -1099,12 +1106,12 @@ impl Lt {
         };
         let mut chosen = pick(times.len());
         let mut disagreed = false;
-        if chosen >= offered {
-            restore(saved.as_deref())?;
-            if !self.outputs_agree(plan, key, g, (&cands[0].algo, &cands[chosen].algo), saved.as_deref(), stream)? {
-                disagreed = true;
-                chosen = pick(offered);
-            }
+        // A found one: its output checked first (each run from the saved D).
+        if chosen >= offered
+            && !self.outputs_agree(plan, key, g, (&cands[0].algo, &cands[chosen].algo), saved.as_deref(), stream)?
+        {
+            disagreed = true;
+            chosen = pick(offered);
         }
         restore(saved.as_deref())?;
         let c = &cands[chosen];
