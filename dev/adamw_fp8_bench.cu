@@ -10,7 +10,7 @@
 // Each variant starts once from the same state and must write the same parameters, master
 // weights and codes as base (printed as checksums; "codes" predicts nothing the first time and
 // casts again, then its timed runs predict right), then runs 30 times (median printed).
-// Built by scripts/adamw-fp8-variants.sh; the kernels are the trainer's own files. (The commit
+// Built by dev/adamw-fp8-variants.sh; the kernels are the trainer's own files. (The commit
 // before this file's current form also timed an update by tiles writing both layouts itself:
 // BENCHMARKS.md run 26.)
 #include <cstring>
