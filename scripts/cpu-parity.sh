@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 EXE=${1:?usage: scripts/cpu-parity.sh LAUNCHER}
 STEPS=${STEPS:-20}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 for cfg in tiny tiny-llama; do
     for prec in bf16 fp8; do
         for stage in 0 1 2 3; do
