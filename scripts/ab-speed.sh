@@ -7,7 +7,6 @@
 # and a hash of all its losses (the same bits or not), then each side's median of its rows.
 #
 #   A=.carry/launcher B=.carry/old/launcher scripts/ab-speed.sh [K]
-#   A=.carry/launcher B=.carry/launcher B_ENV='SHARDTRAIN_FP8_CAST_REVERSE=0' scripts/ab-speed.sh 3
 #
 # CONFIG (default configs/gpt2-1.5b.toml), ARGS (default: ZeRO-1, micro-batch 8, fp8, 60
 # steps), OUT (default /tmp/ab-speed) and A_ENV/B_ENV (VAR=VALUE ..., exported for that

@@ -6,18 +6,9 @@
 #       # expects .carry/launcher, .carry/gpu-timing, .carry/fsdp_gpt2.py and, for parity,
 #       # the real-text shards .carry/text/shards (scripts/build-gpu.sh builds the rest)
 #
-# speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 without the
-#         kept input codes: speed-1.5b-fp8-nokept; without the optimizer step's weight amaxes:
-#         speed-1.5b-fp8-nostepamax; without the norms in the casts: speed-1.5b-fp8-nonormcast;
-#         finding GELU's amaxes first instead of predicting scales: speed-1.5b-fp8-nopredicted;
-#         casting the cached weights after the step instead of the step writing their codes:
-#         speed-1.5b-fp8-nostepcodes; the norms finding their outputs' amaxes instead of the
-#         casts that apply them predicting their scales: speed-{1.5b,llama-1b}-fp8-nonormpred;
-#         the casts reading their tiles from the first: speed-1.5b-fp8-noreverse;
-#         with gemm_tuning = "searched" (the best flags): speed-1.5b-fp8-searched;
-#         Llama's SwiGLU casts predicting (opt-in; slower in run 26): speed-llama-{8b,1b}-fp8-swiglupred;
-#         fp8 with the attention projection kept in
-#         bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
+# speed:  GPT-2 1.5B 8×1024 (ZeRO-1, gemm_tuning = "timed") bf16 and fp8 (and fp8 with
+#         gemm_tuning = "searched", the best flags: speed-1.5b-fp8-searched; fp8 with the
+#         attention projection kept in bf16: speed-1.5b-fp8-bf16proj), beside PyTorch
 #         eager and torch.compile (fsdp_gpt2.py --mode single) and torch.compile with torchao's
 #         float8 layers (scripts/torchao_fp8_ref.py, tensorwise; needs .carry/torchao-*.whl); the 6.65B (configs/gpt-7b.toml,
 #         4×1024, checkpointing + keep_attention, ZeRO-1) bf16 and fp8; the Llama-3-8B shape
@@ -37,13 +28,9 @@
 #         gpu-timing fp8 (each linear layer alone, then as the model calls it, with its
 #         residual/GELU/GELU' epilogues, naming those cuBLASLt has no FP8 algorithm for); the
 #         step time's slope per block (6 and 18 blocks, bf16 and fp8: what one block costs in a
-#         real step, beside the layers' sums); 18 blocks in fp8 without the amax sinks
-#         (SHARDTRAIN_FP8_AMAX_SINKS=0: same losses, the sinks' saving); the fused epilogues each
-#         run logged as composed;
+#         real step, beside the layers' sums); the fused epilogues each run logged as composed;
 #         and, where ncu can read the GPU, every kernel of 3 steps of a 2-block model, bf16 and
-#         fp8, summed by kernel name ($OUT/gap-kernels.txt), and fp8 with the layers' inputs'
-#         codes kept from forward to backward against without (gap-kept: $OUT/gap-kept.txt)
-#         and with the optimizer step's weight amaxes against without (gap-stepamax).
+#         fp8, summed by kernel name ($OUT/gap-kernels.txt).
 #
 # ONLY=REGEX runs the matching rows (e.g. ONLY='1.5b' or ONLY='parity-124m'); each row is a
 # separate launch, so a device call's 10 minutes can take the rows a few at a time with the
@@ -93,16 +80,6 @@ speed() { # name config extra...: STEPS steps, both precisions (and the OLD bina
         if [[ -n ${OLD:-} ]]; then run_ours "$OLD" "speed-old-$name-$p" "${args[@]}"; fi
     done
 }
-fp8_1_5b_without() { # name SWITCH: GPT-2 1.5B's fp8 speed row with SWITCH=0 (speed-1.5b-fp8-name),
-    # on the fp8 row's stored algorithms: the same losses, bit for bit; what SWITCH saves.
-    local name=$1 switch=$2
-    (
-        export "$switch=0"
-        ours "speed-1.5b-fp8-$name" configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
-            --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-            --set "train.gemm_tuning_from=\"$OUT/speed-1.5b-fp8\""
-    )
-}
 ncu_2blocks() { # name metrics launcher-args...: ncu's METRICS for every kernel of 3 steps of a
     # 2-block model of GPT-2 1.5B's width (8×1024, ZeRO-1) into $OUT/name.csv. Eager (no CUDA
     # graphs) so ncu sees each kernel; the heuristic's algorithms (no timing launches); no
@@ -147,35 +124,6 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     ours speed-1.5b-fp8-searched configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
         --set train.gemm_tuning='"searched"' --set train.steps="$STEPS" --set train.warmup_steps=5 \
         --set 'train.precision="fp8"'
-    # The same fp8 row casting each layer's input again in the backward instead of keeping its
-    # codes from the forward (SHARDTRAIN_FP8_KEPT_INPUTS=0), on the fp8 row's stored algorithms:
-    # the same losses, bit for bit; the kept codes' saving.
-    fp8_1_5b_without nokept SHARDTRAIN_FP8_KEPT_INPUTS
-    # The same fp8 row measuring each weight's amax at its first use in a step instead of
-    # taking the one the optimizer step left (SHARDTRAIN_FP8_STEP_AMAX=0), on the fp8 row's
-    # stored algorithms: the same losses, bit for bit; the step's amaxes' saving.
-    fp8_1_5b_without nostepamax SHARDTRAIN_FP8_STEP_AMAX
-    # The same fp8 row writing the LayerNorms' outputs and casting them instead of applying the
-    # norms in qkv's and fc's casts (SHARDTRAIN_FP8_NORM_IN_CAST=0), on the fp8 row's stored
-    # algorithms: the same losses, bit for bit; the saving of never writing them.
-    fp8_1_5b_without nonormcast SHARDTRAIN_FP8_NORM_IN_CAST
-    # The same fp8 row finding the amaxes of GELU's output and gradient before their casts
-    # instead of predicting their scales (SHARDTRAIN_FP8_PREDICTED_SCALES=0: a GELU amax pass
-    # in the forward, GELU's gradient written in bf16 and cast), on the fp8 row's stored
-    # algorithms: the same losses, bit for bit; the predicted scales' saving.
-    fp8_1_5b_without nopredicted SHARDTRAIN_FP8_PREDICTED_SCALES
-    # The same fp8 row casting each cached weight after the optimizer step instead of having
-    # the step write its codes (SHARDTRAIN_FP8_STEP_CODES=0), on the fp8 row's stored
-    # algorithms: the same losses, bit for bit; the step's codes' saving.
-    fp8_1_5b_without nostepcodes SHARDTRAIN_FP8_STEP_CODES
-    # The same fp8 row with the LayerNorms finding their outputs' amaxes for the casts that
-    # apply them (SHARDTRAIN_FP8_PREDICTED_NORMS=0) instead of those casts predicting their
-    # scales, on the fp8 row's stored algorithms: the same losses, bit for bit; the saving.
-    fp8_1_5b_without nonormpred SHARDTRAIN_FP8_PREDICTED_NORMS
-    # ... with the transposing casts reading their tiles from the first instead of the last
-    # (SHARDTRAIN_FP8_CAST_REVERSE=0): the same losses; what reading the just-written rows
-    # first (from L2) saves.
-    fp8_1_5b_without noreverse SHARDTRAIN_FP8_CAST_REVERSE
     # The attention projection kept in bf16 (train.fp8_bf16_layers): at 1600 wide its FP8 GEMMs
     # gain nothing before their casts (BENCHMARKS.md run 21's gpu-timing).
     ours speed-1.5b-fp8-bf16proj configs/gpt2-1.5b.toml --set zero.stage=1 --set train.micro_batch=8 \
@@ -193,23 +141,8 @@ if [[ $WHAT == speed || $WHAT == all ]]; then
     ours speed-llama-8b-fp8-percast configs/llama-3-8b.toml --set train.grad_accum=1 --set train.steps="$STEPS" \
         --set train.warmup_steps=5 --set 'train.precision="fp8"' --set train.fp8_weight_cache=false \
         --set "train.gemm_tuning_from=\"$OUT/speed-llama-8b-fp8\""
-    # The same fp8 row with Llama's SwiGLU casts predicting their scales (opt-in:
-    # SHARDTRAIN_FP8_PREDICTED_SWIGLU=1; the 8B is checkpointed: gate/up's backward only), on
-    # the speed row's stored algorithms: the same losses, bit for bit; whether it is faster.
-    SHARDTRAIN_FP8_PREDICTED_SWIGLU=1 ours speed-llama-8b-fp8-swiglupred configs/llama-3-8b.toml \
-        --set train.grad_accum=1 --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-llama-8b-fp8\""
     # The Llama-3.2-1B shape at 8×2048, ZeRO-1 (its bf16 row beside HF + torch.compile: run 15).
     speed llama-1b configs/llama-3.2-1b.toml
-    # ... and with the RMSNorms finding their outputs' amaxes (SHARDTRAIN_FP8_PREDICTED_NORMS=0).
-    SHARDTRAIN_FP8_PREDICTED_NORMS=0 ours speed-llama-1b-fp8-nonormpred configs/llama-3.2-1b.toml \
-        --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-llama-1b-fp8\""
-    # ... and with the SwiGLU casts predicting (keep_gelu kept: down's forward cast and
-    # gate/up's backward's).
-    SHARDTRAIN_FP8_PREDICTED_SWIGLU=1 ours speed-llama-1b-fp8-swiglupred configs/llama-3.2-1b.toml \
-        --set train.steps="$STEPS" --set train.warmup_steps=5 --set 'train.precision="fp8"' \
-        --set "train.gemm_tuning_from=\"$OUT/speed-llama-1b-fp8\""
 fi
 if [[ $WHAT == gemm || $WHAT == all ]] && wanted gemm; then
     "$BIN/gpu-timing" fp8 8 1024 > "$OUT/gemm.log" 2>&1 || echo "gpu-timing fp8 failed: see $OUT/gemm.log"
@@ -227,51 +160,7 @@ if [[ $WHAT == gap ]]; then
                 --set train.gemm_tuning='"timed"' --set "train.precision=\"$p\""
         done
     done
-    # The amax sinks' share: the same 18 blocks with every FP8 GEMM taking its own amax passes,
-    # on the algorithms the sinks' run picked (so the losses must be the same bits).
-    SHARDTRAIN_FP8_AMAX_SINKS=0 ours "gap-L18-fp8-nosinks" configs/gpt2-1.5b.toml --set model.n_layer=18 \
-        --set train.steps=12 --set train.warmup_steps=2 --set zero.stage=1 --set train.micro_batch=8 \
-        --set "train.gemm_tuning_from=\"$OUT/gap-L18-fp8\"" --set 'train.precision="fp8"'
     grep -h -A8 "no cuBLASLt algorithm" "$OUT"/gap-L*-fp8.log 2>/dev/null | sort -u | head -20
-    # Two FP8 savings, kernel by kernel: fp8 with each and without (its switch at 0), keep_gelu
-    # on, each kernel's time and DRAM bytes: the layers' inputs' codes kept from forward to
-    # backward (gap-kept: SHARDTRAIN_FP8_KEPT_INPUTS) and the weights' amaxes the optimizer
-    # step leaves (gap-stepamax: SHARDTRAIN_FP8_STEP_AMAX).
-    for ab in kept:SHARDTRAIN_FP8_KEPT_INPUTS stepamax:SHARDTRAIN_FP8_STEP_AMAX; do
-        name=${ab%%:*} switch=${ab#*:}
-        command -v ncu > /dev/null && wanted "gap-$name" || continue
-        for v in on off; do
-            k=1; [[ $v == off ]] && k=0
-            (export "$switch=$k"; ncu_2blocks "gap-$name-$v" gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-                --set checkpointing.keep_gelu=true --set 'train.precision="fp8"')
-        done
-        python3 - "$OUT" "$name" <<'PY' | tee "$OUT/gap-$name.txt"
-import collections, csv, sys
-out, name = sys.argv[1], sys.argv[2]
-def load(v):
-    t, b, n = collections.Counter(), collections.Counter(), collections.Counter()
-    try:
-        lines = [l for l in open(f"{out}/gap-{name}-{v}.csv") if l.startswith('"')]
-    except OSError:
-        return t, b, n
-    for row in csv.DictReader(lines):
-        k = row["Kernel Name"].split("(")[0][:70]
-        x = float(row["Metric Value"].replace(",", ""))
-        if row["Metric Name"] == "gpu__time_duration.sum":
-            t[k] += x / 1e6 / 3
-            n[k] += 1
-        else:
-            b[k] += x / 3
-    return t, b, n
-(ta, ba, na), (tb, bb, nb) = load("on"), load("off")
-print(f"{name}: with it (on) against without (off), 3 steps of 2 blocks")
-print(f"{'kernel (per step, 2 blocks)':72} {'on ms':>8} {'off':>8} {'diff':>7} {'GB on/off':>12} {'calls on/off':>9}")
-for k in sorted(set(ta) | set(tb), key=lambda k: -abs(ta[k] - tb[k])):
-    if abs(ta[k] - tb[k]) >= 0.002:
-        print(f"{k:72} {ta[k]:8.3f} {tb[k]:8.3f} {ta[k]-tb[k]:7.3f} {ba[k]/1e9:5.2f}/{bb[k]/1e9:<5.2f} {na[k]//3:>4}/{nb[k]//3:<4}")
-print(f"{'total':72} {sum(ta.values()):8.3f} {sum(tb.values()):8.3f} {sum(ta.values())-sum(tb.values()):7.3f}")
-PY
-    done
     if command -v ncu > /dev/null && wanted gap-ncu; then
         for p in bf16 fp8; do
             ncu_2blocks "gap-ncu-$p" gpu__time_duration.sum --set "train.precision=\"$p\""
@@ -401,11 +290,6 @@ for p in ("bf16", "fp8"):
 if len(slope) == 2:
     print(f"gap: one block in a real step, bf16 {slope['bf16']:.3f} ms, fp8 {slope['fp8']:.3f} ms "
           f"({slope['bf16'] / slope['fp8']:.2f}x); compare gpu-timing's sums in gap-gemm.log")
-sinks, nosinks = gap_run("gap-L18-fp8"), gap_run("gap-L18-fp8-nosinks")
-if sinks and nosinks:
-    same = sinks[1] == nosinks[1]
-    print(f"gap: 18 blocks fp8 {sinks[0]:.1f} ms with the amax sinks, {nosinks[0]:.1f} ms without "
-          f"({nosinks[0] - sinks[0]:+.1f} ms); last losses {'identical' if same else 'DIFFER'}")
 for m in ("124m", "1.5b", "llama1b"):
     curves = {}
     for f in sorted(glob.glob(f"{out}/parity-{m}-*/metrics.jsonl")):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # prepare-data's tokenisation throughput against the Python `tokenizers` package's
 # `Tokenizer.encode_batch`, on the same input, with the same tokenizer.json, on this machine
-# (BENCHMARKS.md, "Data preparation — this build machine").
+# (docs/bench-log/2026-11-25-data-preparation.md).
 #
 #   scripts/bench-prepare.sh [MB]        (default 40 MB of text; needs python3 and pip)
 #

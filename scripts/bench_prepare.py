@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Inputs and the reference side of `scripts/bench-prepare.sh` (BENCHMARKS.md, "Data
-preparation, this build machine").
+"""Inputs and the reference side of `scripts/bench-prepare.sh`
+(docs/bench-log/2026-11-25-data-preparation.md).
 
   bench_prepare.py tokenizer OUT.json   GPT-2's tokenizer.json, built with the `tokenizers`
                                         package from GPT-2's own vocabulary and merges

@@ -3,7 +3,7 @@
 // CUDA graph, launched plainly and with cudaLaunchAttributeProgrammaticStreamSerialization
 // (each kernel then waits on its predecessor with griddepcontrol.wait and lets its successor
 // launch with griddepcontrol.launch_dependents), at the sizes the step's small kernels have.
-// Prints the time per kernel each way and the saving per boundary. Build (scripts/ holds
+// Prints the time per kernel each way and the saving per boundary. Build (dev/ holds
 // bench_util.cuh): nvcc -arch=sm_90 -O3 -std=c++17 pdl_bench.cu -o pdl_bench. On an H200
 // (BENCHMARKS.md run 27) it saved 0.07-0.23 µs a boundary at best and lost up to 0.7 µs at
 // some sizes, so the trainer does not use PDL.

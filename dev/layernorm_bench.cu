@@ -10,7 +10,7 @@
 //   8 to 64 rows a block, and 8 warps a block of one chunk a thread.
 // Prints the median of 30 runs and, per variant, the largest difference from the trainer's
 // statistics, amax, dx and dw/db (0 where it gives the same bits).
-// Built by scripts/layernorm-variants.sh.
+// Built by dev/layernorm-variants.sh.
 #include <cmath>
 #include "bench_util.cuh"
 #include "common.cuh"

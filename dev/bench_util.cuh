@@ -1,4 +1,4 @@
-// What the standalone CUDA benches (scripts/*_bench.cu) share: error checks, deterministic
+// What the standalone CUDA benches (dev/*_bench.cu) share: error checks, deterministic
 // fill values, checksums of device memory, and medians of timed runs.
 #pragma once
 #include <algorithm>

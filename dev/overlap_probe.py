@@ -5,7 +5,7 @@
 # streams. "hidden" is the share of the cast's time the concurrent pair saves against running
 # them one after the other: 100% = the cast is free beside the GEMM, 0% = no overlap. A probe
 # for the lever BENCHMARKS.md run 22 names (a second stream in the FP8 backward), before
-# building it. Usage: python3 scripts/overlap_probe.py [N]
+# building it. Usage: python3 dev/overlap_probe.py [N]
 import sys
 import torch
 from torch_timed import timed  # (this script's directory is on sys.path)

@@ -1,7 +1,7 @@
 # PyTorch's GEMMs (cuBLAS through F.linear and its backward) at the shapes `gpu-timing` times
 # ours: x [N, cin] bf16, W [cout, cin], bias; forward y = x W^T + b; backward dX = dY W,
 # dW = dY^T X, db = sum(dY) — the same FLOP convention (2 N cin cout per GEMM). Usage:
-#   python3 scripts/gemm_timing.py N C     (124M: 16384 768; 1.5B: 8192 1600)
+#   python3 dev/gemm_timing.py N C     (124M: 16384 768; 1.5B: 8192 1600)
 import sys, torch
 import torch.nn.functional as F
 N, C = int(sys.argv[1]), int(sys.argv[2])

@@ -1,16 +1,16 @@
 // The optimizer step of one GPT-2 1.5B block's four FP8 weights (qkv 4800×1600, proj
 // 1600×1600, fc 6400×1600, fc2 1600×6400), timed outside the trainer on the GPU machine's nvcc:
 //   base      adamw4 (the flat update, leaving each weight's amax), then the transposing cast
-//             of each weight into its cached codes (what a step costs with
-//             SHARDTRAIN_FP8_STEP_CODES=0)
+//             of each weight into its cached codes (what a step cost before the step wrote
+//             the codes: BENCHMARKS.md's "Decided")
 //   flat      adamw4 alone (the floor: the update without any codes)
 //   codes     adamw4 writing the codes as laid out too (a predicted scale), then fp8_step_codes
 //             over the four weights (the check, and the transposed codes from them): the
-//             trainer's step with SHARDTRAIN_FP8_STEP_CODES on
+//             trainer's step
 // Each variant starts once from the same state and must write the same parameters, master
 // weights and codes as base (printed as checksums; "codes" predicts nothing the first time and
 // casts again, then its timed runs predict right), then runs 30 times (median printed).
-// Built by scripts/adamw-fp8-variants.sh; the kernels are the trainer's own files. (The commit
+// Built by dev/adamw-fp8-variants.sh; the kernels are the trainer's own files. (The commit
 // before this file's current form also timed an update by tiles writing both layouts itself:
 // BENCHMARKS.md run 26.)
 #include <cstring>

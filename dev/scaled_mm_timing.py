@@ -4,7 +4,7 @@
 # as ours accumulates into the fp32 gradient), each with promoted sums (use_fast_accum=False,
 # shardtrain's default) and with fast accumulation. The operands are laid out as _scaled_mm
 # wants them (A row-major, B column-major: the transposed copies our casts make). Same FLOP
-# convention as gpu-timing (2 N cin cout per GEMM). Usage: python3 scripts/scaled_mm_timing.py [N]
+# convention as gpu-timing (2 N cin cout per GEMM). Usage: python3 dev/scaled_mm_timing.py [N]
 import sys
 import torch
 from torch_timed import timed  # (this script's directory is on sys.path)

@@ -2,7 +2,7 @@
 // rows), timed outside the trainer on the GPU machine's nvcc, as the trainer launches it (one
 // tile a block) and at grids of 2-8 blocks an SM: the bytes it must move, its median time of 50,
 // the TB/s, and a checksum of its codes that every grid of a row must share. A device-to-device
-// copy gives the machine's bandwidth beside it. Built by scripts/fp8-cast-variants.sh. (The
+// copy gives the machine's bandwidth beside it. Built by dev/fp8-cast-variants.sh. (The
 // commit that added this file also timed a variant loading each block's next tile ahead: no
 // gain, BENCHMARKS.md run 26; 5b49108 timed the output gradients' bias sums added up by the
 // cast itself against a reduce launch after it: slower at every shape, run 27.)

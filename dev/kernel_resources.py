@@ -1,6 +1,6 @@
 # Registers, spills and shared memory of every kernel in a CUDA kernel file, without a GPU:
 # NVRTC (libnvrtc, as the trainer compiles) to PTX, then ptxas -v for the target.
-#   python3 scripts/kernel_resources.py attention [sm_90a] [-DNAME=VALUE ...] [--sass=KERNEL]
+#   python3 dev/kernel_resources.py attention [sm_90a] [-DNAME=VALUE ...] [--sass=KERNEL]
 # Needs libnvrtc.so.13 on LD_LIBRARY_PATH and ptxas on PATH (PyPI: nvidia-cuda-nvrtc and
 # nvidia-cuda-nvcc 13.0 carry both). Defines default to what the trainer passes. --sass=KERNEL
 # also prints that kernel's SASS and its instruction mix (cuobjdump on PATH: PyPI's
