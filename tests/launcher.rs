@@ -1917,12 +1917,13 @@ fn a_full_disk_during_a_save_stops_the_job_with_code_2() {
     assert!(first.contains("checkpoint.dir") || first.contains("ulimit -f"), "what to do:\n{first}");
 }
 
-/// The README's table of exit codes: every code it lists, and each case it names, is
+/// The table of exit codes (docs/reference/commands.md): every code it lists, and each case it names, is
 /// produced here or by the named test. Cases cheap enough run here.
 #[test]
 fn exit_codes_are_those_of_the_readme_table() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
-    let section = readme.split("### Exit codes").nth(1).expect("README has an `### Exit codes` section");
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/commands.md"))
+        .expect("docs/reference/commands.md");
+    let section = readme.split("### Exit codes").nth(1).expect("commands.md has an `### Exit codes` section");
     let rows: Vec<(i32, &str)> = section
         .lines()
         .skip_while(|l| !l.starts_with("| code"))
@@ -1939,7 +1940,7 @@ fn exit_codes_are_those_of_the_readme_table() {
         for t in tests.split(',').map(|t| t.trim().trim_matches('`')).filter(|t| !t.is_empty()) {
             assert!(
                 here.contains(&format!("fn {t}()")),
-                "exit code {code}: the README names test `{t}`, which does not exist"
+                "exit code {code}: the table names test `{t}`, which does not exist"
             );
         }
     }
