@@ -1639,7 +1639,7 @@ fn a_memory_size_that_is_not_positive_is_refused() {
 }
 
 // ---- Nothing lost, ever (issue 28): memory checked for CPU ranks, signals named, nodes that
-// ---- say why, exit codes as the README's table says, Hugging Face folders.
+// ---- say why, exit codes as the table in docs/reference/commands.md says, Hugging Face folders.
 
 /// This machine has a CUDA driver (GPU-only behaviour is tested by the GPU scripts there).
 fn cuda_here() -> bool {
@@ -1875,7 +1875,7 @@ fn a_node_says_what_it_waits_for_until_node_0_is_up() {
 }
 
 /// A checkpoint save that finds the disk full stops the job with exit code 2 (a checkpoint
-/// problem, as the README's table says), naming the file and the OS error once. The full disk
+/// problem, as the exit-code table says), naming the file and the OS error once. The full disk
 /// is a 64 KiB tmpfs mounted on checkpoint.dir in a namespace of the launcher's own; where
 /// that is not allowed, a file-size limit with SIGXFSZ ignored makes the same write fail
 /// (EFBIG) on the same path.
