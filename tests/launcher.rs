@@ -1639,7 +1639,7 @@ fn a_memory_size_that_is_not_positive_is_refused() {
 }
 
 // ---- Nothing lost, ever (issue 28): memory checked for CPU ranks, signals named, nodes that
-// ---- say why, exit codes as the README's table says, Hugging Face folders.
+// ---- say why, exit codes as the table in docs/reference/commands.md says, Hugging Face folders.
 
 /// This machine has a CUDA driver (GPU-only behaviour is tested by the GPU scripts there).
 fn cuda_here() -> bool {
@@ -1875,7 +1875,7 @@ fn a_node_says_what_it_waits_for_until_node_0_is_up() {
 }
 
 /// A checkpoint save that finds the disk full stops the job with exit code 2 (a checkpoint
-/// problem, as the README's table says), naming the file and the OS error once. The full disk
+/// problem, as the exit-code table says), naming the file and the OS error once. The full disk
 /// is a 64 KiB tmpfs mounted on checkpoint.dir in a namespace of the launcher's own; where
 /// that is not allowed, a file-size limit with SIGXFSZ ignored makes the same write fail
 /// (EFBIG) on the same path.
@@ -1917,12 +1917,13 @@ fn a_full_disk_during_a_save_stops_the_job_with_code_2() {
     assert!(first.contains("checkpoint.dir") || first.contains("ulimit -f"), "what to do:\n{first}");
 }
 
-/// The README's table of exit codes: every code it lists, and each case it names, is
+/// The table of exit codes (docs/reference/commands.md): every code it lists, and each case it names, is
 /// produced here or by the named test. Cases cheap enough run here.
 #[test]
 fn exit_codes_are_those_of_the_readme_table() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
-    let section = readme.split("### Exit codes").nth(1).expect("README has an `### Exit codes` section");
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/commands.md"))
+        .expect("docs/reference/commands.md");
+    let section = readme.split("### Exit codes").nth(1).expect("commands.md has an `### Exit codes` section");
     let rows: Vec<(i32, &str)> = section
         .lines()
         .skip_while(|l| !l.starts_with("| code"))
@@ -1939,7 +1940,7 @@ fn exit_codes_are_those_of_the_readme_table() {
         for t in tests.split(',').map(|t| t.trim().trim_matches('`')).filter(|t| !t.is_empty()) {
             assert!(
                 here.contains(&format!("fn {t}()")),
-                "exit code {code}: the README names test `{t}`, which does not exist"
+                "exit code {code}: the table names test `{t}`, which does not exist"
             );
         }
     }
