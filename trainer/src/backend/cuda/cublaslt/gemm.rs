@@ -1,8 +1,8 @@
 //! The GEMM call: whether cuBLASLt runs a GEMM (its plan made and cached), and enqueueing
 //! it with the plan's algorithm, telling a refusal of a fused epilogue from a failure.
 
-use super::*;
 use super::key::describe;
+use super::*;
 
 impl Lt {
     /// Whether cuBLASLt has an algorithm for `g`'s shape and epilogue (the plan is cached).

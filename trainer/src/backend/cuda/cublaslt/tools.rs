@@ -1,10 +1,10 @@
 //! The timing tools' entry points (`gpu-timing gemm-algos`, `gemm-search`): the GEMMs run
 //! since the last call, run again over the heuristic's candidates or the searched space.
 
-use super::*;
 use super::key::describe;
 use super::space::algo_config;
 use super::tuning::TUNE_CANDIDATES;
+use super::*;
 
 /// One GEMM and the heuristic's candidates for it, timed (`Lt::sweep`).
 #[derive(Debug, Clone)]

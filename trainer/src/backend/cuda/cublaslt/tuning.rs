@@ -2,9 +2,9 @@
 //! candidates timed at its first call, the fastest recorded as a pick, and the table of
 //! choices the trainer hands back ([`Lt::use_choices`]) run from then on.
 
-use super::*;
 use super::key::{describe, key_of, shape_of};
 use super::space::{algo_config, spread_order};
+use super::*;
 
 /// `GemmTuning::Timed`: how many of the heuristic's candidates to time. The eight cover
 /// the fastest at every GPT-2 shape `gpu-timing gemm-algos` measured on an H200.
