@@ -69,9 +69,13 @@ impl<'de> Deserialize<'de> for ActivationCheckpointing {
     }
 }
 
+/// Activation checkpointing: which blocks keep only their input and recompute their
+/// forward during backward, and what they keep besides.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointingConfig {
+    /// `"none"` (keep every activation), `"every_layer"`, or k: the blocks whose index is a
+    /// multiple of k.
     pub activations: ActivationCheckpointing,
     /// Checkpointed blocks also keep their attention output and softmax statistics
     /// (C + n_head/2 values per token per block, about 1/4 of a block's full activations),

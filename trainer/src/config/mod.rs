@@ -29,6 +29,8 @@ mod watchdog;
 mod zero;
 
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
 
 pub use checkpoint::CheckpointConfig;

@@ -13,8 +13,11 @@ pub struct ModelConfig {
     /// The model family (`"gpt2"`, `"llama"`); an unknown name is an error listing the known ones.
     #[serde(default)]
     pub family: ModelFamily,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Attention (query) heads; divides `n_embd` (head size = n_embd / n_head).
     pub n_head: usize,
+    /// The residual stream's width C.
     pub n_embd: usize,
     /// Rows of the token embedding / LM head. May exceed the tokenizer's 50257
     /// (e.g. 50304) for faster matmuls; extra rows are never targets.
@@ -30,7 +33,9 @@ pub struct ModelConfig {
     /// RoPE base. Unset: 10000 (transformers' default; Llama 3 uses 500000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
-    /// Llama 3.1's RoPE frequency scaling; unset: none.
+    /// Llama 3.1's RoPE frequency scaling (transformers' `rope_scaling` with `rope_type =
+    /// "llama3"`), a table of `factor`, `low_freq_factor`, `high_freq_factor` and
+    /// `original_max_position_embeddings`; unset: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScaling>,
     /// RMSNorm epsilon. Unset: 1e-6 (transformers' default; Llama 3 uses 1e-5).

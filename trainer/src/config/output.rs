@@ -4,6 +4,7 @@ use super::{bad, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// Where a run writes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutputConfig {

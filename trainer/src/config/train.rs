@@ -16,15 +16,23 @@ pub struct TrainConfig {
     pub grad_accum: usize,
     /// Optimizer steps to run.
     pub steps: usize,
+    /// The peak learning rate, reached at the end of the warmup.
     pub lr: f32,
+    /// The learning rate the cosine decay reaches at the last step (between 0 and `lr`).
     pub min_lr: f32,
+    /// Steps of linear warmup to `lr`; then cosine decay to `min_lr` at the last step.
     pub warmup_steps: usize,
+    /// AdamW's decoupled weight decay (the matrices only).
     pub weight_decay: f32,
+    /// AdamW's first-moment decay, in [0, 1).
     pub beta1: f32,
+    /// AdamW's second-moment decay, in [0, 1).
     pub beta2: f32,
+    /// AdamW's epsilon (added to the second moment's square root).
     pub eps: f32,
     /// Global gradient-norm clip; 0 disables clipping.
     pub grad_clip: f32,
+    /// The seed of the random initial weights and of the data's order.
     pub seed: u64,
     /// Evaluate validation loss every this many steps (0 = never).
     pub eval_every: usize,
