@@ -1,6 +1,8 @@
 //! `gpu-timing fp8`, `fp8-algos` and `fp8-search`: every linear layer in bf16 beside FP8.
 
 use crate::timer::*;
+use cudarc::driver::CudaSlice;
+use half::bf16;
 use trainer::backend::cuda::CudaBackend;
 use trainer::backend::cuda::Fp8Casts;
 use trainer::backend::*;
@@ -167,22 +169,7 @@ pub(crate) fn fp8_timing(
             // `fp8-algos`: every GEMM above with each of cuBLASLt's candidates, while its
             // buffers (and the FP8 workspace the recipes below re-make) are live.
             tm.sweep();
-            // The FP8 rows' casts alone (the rest of an FP8 row is its GEMMs), in bytes moved:
-            // an amax pass reads 2 per element, a cast reads 2 and writes 1 per layout.
-            let (x, w, g) = ((n * c) as f64, (oc * c) as f64, (n * oc) as f64);
-            let rows = [
-                ("fwd casts, per use", Fp8Casts::Forward, (x + w) * 5.0),
-                ("bwd casts, per use", Fp8Casts::Backward, g * 6.0 + (w + x) * 5.0),
-                ("fwd casts, cached", Fp8Casts::ForwardCached, x * 5.0),
-                ("bwd casts, cached", Fp8Casts::BackwardCached, g * 6.0 + x * 3.0),
-                ("weight cache fill (once a step)", Fp8Casts::WeightCache, w * 6.0),
-            ];
-            for (what, which, bytes) in rows {
-                tm.time(&format!("{layer} fp8  {what}"), 3, 20, gbps(bytes), || {
-                    be.fp8_casts_only(&inp, &dout, (&params, 0), s, which)
-                });
-            }
-            fill += tm.rows.last().map_or(0.0, |r| r.1);
+            fill += time_casts(&mut tm, layer, &inp, &dout, &params, s);
             // The backward's other recipes on the cached path (a forward first leaves the
             // input scale the backward reuses), then the default again for the next layer.
             // (Not with `fp8-algos`: their GEMMs would be swept after their workspace is gone.)
@@ -206,45 +193,85 @@ pub(crate) fn fp8_timing(
             }
             be.prepare_fp8(&Fp8Layers::blocks(n, &linears, 1, 1))?;
         }
-        let recipes: Vec<String> = Fp8Backward::ALTERNATIVES
-            .into_iter()
-            .enumerate()
-            .filter(|_| tm.algos.is_none())
-            .map(|(r, b)| {
-                format!("{} {:.3} ms ({:.2}x)", recipe_name(b), bwd_sums[2 + r], bwd_sums[0] / bwd_sums[2 + r])
-            })
-            .collect();
-        println!(
-            "  {}: the four layers' backward alone: bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x){}",
-            shapes.name,
-            bwd_sums[0],
-            bwd_sums[1],
-            bwd_sums[0] / bwd_sums[1],
-            recipes.iter().map(|r| format!("; {r}")).collect::<String>()
-        );
-        println!(
-            "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 per use {:.3} ms ({:.2}x), \
-             fp8 cached {:.3} ms ({:.2}x; + {:.3} ms once a step to fill the weight cache)",
-            shapes.name,
-            sums[0],
-            sums[1],
-            sums[0] / sums[1],
-            sums[2],
-            sums[0] / sums[2],
-            fill
-        );
-        println!(
-            "  {}: as the model runs them (residual, GELU and GELU' epilogues where the model fuses them): \
-             bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x)",
-            shapes.name,
-            as_run[0],
-            as_run[1],
-            as_run[0] / as_run[1]
-        );
+        print_sums(&tm, shapes.name, sums, &bwd_sums, as_run, fill);
     }
-    // The amax sinks' slot clears: a 16-byte memset before each producer that leaves an amax
-    // (with FP8 about 12 a block a step: 8 sinks, 4 weights' amax passes), 100 of them
-    // replayed as a CUDA graph, as a step runs them.
+    time_sink_clears(&mut tm)?;
+    tm.sweep_summary();
+    Ok(())
+}
+
+/// The FP8 rows' casts alone (the rest of an FP8 row is its GEMMs), in bytes moved: an amax
+/// pass reads 2 per element, a cast reads 2 and writes 1 per layout. Returns the last row's
+/// ms (the weight cache's fill).
+fn time_casts(
+    tm: &mut Timer<'_>,
+    layer: &str,
+    inp: &CudaSlice<bf16>,
+    dout: &CudaSlice<bf16>,
+    params: &CudaSlice<bf16>,
+    s: MatShape,
+) -> f64 {
+    let be = tm.be;
+    let (n, c, oc) = (s.n, s.c, s.oc);
+    let (x, w, g) = ((n * c) as f64, (oc * c) as f64, (n * oc) as f64);
+    let rows = [
+        ("fwd casts, per use", Fp8Casts::Forward, (x + w) * 5.0),
+        ("bwd casts, per use", Fp8Casts::Backward, g * 6.0 + (w + x) * 5.0),
+        ("fwd casts, cached", Fp8Casts::ForwardCached, x * 5.0),
+        ("bwd casts, cached", Fp8Casts::BackwardCached, g * 6.0 + x * 3.0),
+        ("weight cache fill (once a step)", Fp8Casts::WeightCache, w * 6.0),
+    ];
+    for (what, which, bytes) in rows {
+        tm.time(&format!("{layer} fp8  {what}"), 3, 20, gbps(bytes), || {
+            be.fp8_casts_only(inp, dout, (params, 0), s, which)
+        });
+    }
+    tm.rows.last().map_or(0.0, |r| r.1)
+}
+
+/// One model's sums: the backward alone under each recipe, forward + backward, and as the
+/// model runs them.
+fn print_sums(tm: &Timer<'_>, name: &str, sums: [f64; 3], bwd_sums: &[f64], as_run: [f64; 2], fill: f64) {
+    let recipes: Vec<String> = Fp8Backward::ALTERNATIVES
+        .into_iter()
+        .enumerate()
+        .filter(|_| tm.algos.is_none())
+        .map(|(r, b)| format!("{} {:.3} ms ({:.2}x)", recipe_name(b), bwd_sums[2 + r], bwd_sums[0] / bwd_sums[2 + r]))
+        .collect();
+    println!(
+        "  {}: the four layers' backward alone: bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x){}",
+        name,
+        bwd_sums[0],
+        bwd_sums[1],
+        bwd_sums[0] / bwd_sums[1],
+        recipes.iter().map(|r| format!("; {r}")).collect::<String>()
+    );
+    println!(
+        "  {}: the four layers' forward + backward: bf16 {:.3} ms, fp8 per use {:.3} ms ({:.2}x), \
+         fp8 cached {:.3} ms ({:.2}x; + {:.3} ms once a step to fill the weight cache)",
+        name,
+        sums[0],
+        sums[1],
+        sums[0] / sums[1],
+        sums[2],
+        sums[0] / sums[2],
+        fill
+    );
+    println!(
+        "  {}: as the model runs them (residual, GELU and GELU' epilogues where the model fuses them): \
+         bf16 {:.3} ms, fp8 cached {:.3} ms ({:.2}x)",
+        name,
+        as_run[0],
+        as_run[1],
+        as_run[0] / as_run[1]
+    );
+}
+
+/// The amax sinks' slot clears: a 16-byte memset before each producer that leaves an amax
+/// (with FP8 about 12 a block a step: 8 sinks, 4 weights' amax passes), 100 of them
+/// replayed as a CUDA graph, as a step runs them.
+fn time_sink_clears(tm: &mut Timer<'_>) -> BResult<()> {
+    let be = tm.be;
     if be.graphs_supported() {
         println!();
         be.begin_capture()?;
@@ -259,6 +286,5 @@ pub(crate) fn fp8_timing(
             || be.replay(&graph),
         );
     }
-    tm.sweep_summary();
     Ok(())
 }
