@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .carry
-cargo build --release -p launcher -p trainer --features trainer/cuda --bins
+cargo build --release -p launcher -p gpu-tools --features trainer/cuda --bins
 for b in launcher gpu-timing gpu-nccl; do
     strip -o ".carry/$b" "target/release/$b"
 done

@@ -10,7 +10,7 @@
 //! as reusable with the same library version only, and another GPU runs other kernels), the
 //! decision when a stored table does not fit ([`OnMismatch`]), and the packing that carries a
 //! table from rank 0 to every rank over the host collectives. The CUDA backend
-//! (`cuda/cublaslt.rs`) turns a [`GemmShape`] into its plan key and an algorithm's 64 bytes
+//! (`cuda/cublaslt/`) turns a [`GemmShape`] into its plan key and an algorithm's 64 bytes
 //! into `cublasLtMatmulAlgo_t`.
 
 use serde::{Deserialize, Serialize};

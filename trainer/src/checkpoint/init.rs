@@ -6,11 +6,13 @@
 //! of ranks and any ZeRO stage.
 //!
 //! The source also says what model it holds ([`source_model`]): a folder's `config.json`
-//! or a checkpoint's manifest, which the config's `[model]` section may leave out.
+//! or a checkpoint's manifest, which the config's `[model]` section may leave out. So
+//! [`Config::load`] lives here, above `config/` (which imports nothing above `backend`):
+//! it is [`Config::load_with`] given this reader.
 
 use super::hf::{HfWeights, CONFIG_FILE};
 use super::{CheckpointError, CheckpointReader};
-use crate::config::ModelConfig;
+use crate::config::{Config, ConfigError, ModelConfig};
 use crate::model::{ModelFamily, ModelLayout};
 use crate::TrainError;
 use std::ops::Range;
@@ -82,6 +84,14 @@ impl InitSource {
 
 fn init_err(path: &Path, problem: String) -> TrainError {
     CheckpointError::Init { path: path.to_path_buf(), problem }.into()
+}
+
+impl Config {
+    /// Read a file, apply `--set` overrides, fill `[model]` from `train.init_from`'s model
+    /// ([`source_model`]), validate.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Config, ConfigError> {
+        Config::load_with(path, overrides, source_model)
+    }
 }
 
 /// The model `path` holds, if it says: a checkpoint's manifest, or a Hugging Face folder's

@@ -11,8 +11,9 @@
 //! - `gpt2/`: the GPT-2 family (layout, blocks, Hugging Face names);
 //! - `llama/`: the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention).
 //!
-//! [`ModelFamily`] is `model.family` in the config; adding a family means a folder beside
-//! `gpt2/`, a variant here, and its arms in `ModelFamily`'s methods.
+//! [`ModelFamily`] is `model.family` in the config (`config/family.rs` names the families
+//! and checks their keys); adding a family means a folder beside `gpt2/`, a variant there,
+//! and its arms in `ModelFamily`'s methods here and there.
 
 pub mod batch;
 pub mod checkpointing;
@@ -23,64 +24,23 @@ pub mod llama;
 pub mod schedule;
 pub mod units;
 
+pub use crate::config::ModelFamily;
 pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, LinearLocs, Loc, MatShape, Precision};
-use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
+use crate::config::{CheckpointingConfig, Config, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
-use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
-/// A model family (`model.family` in the config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ModelFamily {
-    /// GPT-2: learned positions, LayerNorm, GELU MLP, tied LM head.
-    #[default]
-    Gpt2,
-    /// Llama (2, 3, 3.1, 3.2 and models of its shape): RoPE, RMSNorm, SwiGLU MLP,
-    /// grouped-query attention, no biases, tied or untied LM head.
-    Llama,
-}
-
+/// The families' layouts, blocks and Hugging Face names (the config names the family:
+/// `config/family.rs`).
 impl ModelFamily {
-    /// Every family with its config name.
-    pub const ALL: [(&'static str, ModelFamily); 2] = [("gpt2", ModelFamily::Gpt2), ("llama", ModelFamily::Llama)];
-
-    pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(_, f)| *f == self).map(|(n, _)| *n).expect("every family is listed in ALL")
-    }
-
-    /// The family called `name`, or an error listing the known ones.
-    pub fn from_name(name: &str) -> Result<ModelFamily, String> {
-        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, f)| *f).ok_or_else(|| {
-            let known: Vec<String> = Self::ALL.iter().map(|(n, _)| format!("\"{n}\"")).collect();
-            format!("unknown model.family \"{name}\": the families built in are {}", known.join(", "))
-        })
-    }
-
-    /// The block's linear layers by name, in FP8 layer order (`train.fp8_bf16_layers`
-    /// names them; `BlockLocs::linears` lists them in this order).
-    pub fn linear_names(self) -> [&'static str; 4] {
-        match self {
-            ModelFamily::Gpt2 => ["qkv", "proj", "fc", "fc2"],
-            ModelFamily::Llama => ["qkv", "o", "gate_up", "down"],
-        }
-    }
-
     /// Which of the block's linear layers (FP8 order) `names` keeps in bf16.
     pub fn bf16_layers(self, names: &[String]) -> Bf16Layers {
         self.linear_names().map(|n| names.iter().any(|m| m == n))
-    }
-
-    /// Refuse `cfg`'s keys that this family does not use or cannot take, naming the key.
-    pub fn validate(self, cfg: &ModelConfig) -> Result<(), ConfigError> {
-        match self {
-            ModelFamily::Gpt2 => gpt2::layout::validate(cfg),
-            ModelFamily::Llama => llama::layout::validate(cfg),
-        }
     }
 
     /// The parameter layout of `cfg`'s model.
@@ -486,19 +446,6 @@ pub(crate) fn prepare_precision<B: Backend>(
         ledger.alloc(Category::Activations, got.kept_inputs);
     }
     Ok(())
-}
-
-impl Serialize for ModelFamily {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> Deserialize<'de> for ModelFamily {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        ModelFamily::from_name(&name).map_err(serde::de::Error::custom)
-    }
 }
 
 /// How a family's tensors map to Hugging Face transformers' names and layouts (export to

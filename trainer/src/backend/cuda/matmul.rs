@@ -1,5 +1,5 @@
 //! Linear layers on the GPU (twin of cpu/matmul.rs): the GEMMs are cuBLASLt
-//! (`cublaslt.rs`), the bias gradient and the operand staging are kernels in matmul.cu.
+//! (`cublaslt/`), the bias gradient and the operand staging are kernels in matmul.cu.
 //!
 //! Row-major `X[r, c]` is column-major `Xᵀ` with leading dimension `c`, so with
 //! `W[oc, c]`, `inp[n, c]`, `dout[n, oc]` (all row-major):

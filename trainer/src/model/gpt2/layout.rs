@@ -4,7 +4,7 @@
 //! weights are stored `[out, in]` (`hf.rs` transposes to Hugging Face's `Conv1D`).
 
 use crate::backend::{EmbedLocs, LinearLocs, Loc, NormLocs, Precision};
-use crate::config::{ConfigError, ModelConfig};
+use crate::config::ModelConfig;
 use crate::model::init::InitRule;
 use crate::model::{Bf16Layers, ModelLayout, TensorSpec, UnitLayout};
 
@@ -67,29 +67,6 @@ impl BlockLocs {
 pub struct Gpt2Locs {
     pub embed: EmbedUnitLocs,
     pub block: BlockLocs,
-}
-
-/// GPT-2 has one shape of block: the Llama family's keys are refused, naming the key.
-pub fn validate(cfg: &ModelConfig) -> Result<(), ConfigError> {
-    let set = [
-        ("model.n_kv_head", cfg.n_kv_head.is_some()),
-        ("model.intermediate_size", cfg.intermediate_size.is_some()),
-        ("model.rope_theta", cfg.rope_theta.is_some()),
-        ("model.rope_scaling", cfg.rope_scaling.is_some()),
-        ("model.rms_norm_eps", cfg.rms_norm_eps.is_some()),
-        ("model.tie_embeddings", cfg.tie_embeddings.is_some()),
-    ];
-    match set.iter().find(|(_, on)| *on) {
-        Some((key, _)) => Err(ConfigError::Invalid {
-            key,
-            value: "set".into(),
-            message: "applies to model.family = \"llama\"; GPT-2 (the default family) has multi-head attention, \
-                      a 4·n_embd GELU MLP, learned positions, LayerNorm and a tied head: delete the key or set \
-                      model.family = \"llama\""
-                .into(),
-        }),
-        None => Ok(()),
-    }
 }
 
 /// GPT-2's rule: biases 0, LayerNorm weights 1, residual projections (`c_proj`) the

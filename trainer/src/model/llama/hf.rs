@@ -210,7 +210,7 @@ mod tests {
         assert_eq!((m.intermediate_size, m.vocab_size, m.seq_len), (Some(8192), 128256, 2048));
         assert_eq!((m.rope_theta, m.rms_norm_eps, m.tied()), (Some(500000.0), Some(1e-5), true));
         assert_eq!(m.rope_scaling.map(|s| (s.factor, s.original_max_position_embeddings)), Some((32.0, 8192)));
-        crate::model::llama::layout::validate(&m).expect("valid");
+        m.validate().expect("valid");
         // transformers 5 writes the RoPE settings as `rope_parameters`.
         let mut v5 = v4.clone();
         let o = v5.as_object_mut().expect("object");

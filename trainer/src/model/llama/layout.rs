@@ -9,7 +9,7 @@
 //! `qkv` row. Likewise `gate_proj` and `up_proj` form one `[2F, C]` matrix.
 
 use crate::backend::{EmbedLocs, LinearLocs, Loc, Precision};
-use crate::config::{ConfigError, ModelConfig};
+use crate::config::ModelConfig;
 use crate::model::init::InitRule;
 use crate::model::{Bf16Layers, ModelLayout, TensorSpec, UnitLayout};
 
@@ -83,66 +83,6 @@ impl BlockLocs {
 pub struct LlamaLocs {
     pub embed: EmbedUnitLocs,
     pub block: BlockLocs,
-}
-
-fn bad(key: &'static str, value: impl ToString, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key, value: value.to_string(), message: message.into() }
-}
-
-/// The Llama keys' values a model can be built from, each refusal naming the key.
-pub fn validate(cfg: &ModelConfig) -> Result<(), ConfigError> {
-    let f = cfg.intermediate_size.ok_or_else(|| {
-        bad(
-            "model.intermediate_size",
-            "unset",
-            "a Llama needs its MLP width (transformers' intermediate_size; Llama 3.2 1B: 8192, Llama 3 8B: 14336)",
-        )
-    })?;
-    if f == 0 {
-        return Err(bad("model.intermediate_size", f, "must be at least 1"));
-    }
-    let nkv = cfg.kv_heads();
-    if nkv == 0 || !cfg.n_head.is_multiple_of(nkv) {
-        return Err(bad(
-            "model.n_kv_head",
-            nkv,
-            format!(
-                "must divide model.n_head = {} (each key/value head serves n_head / n_kv_head query heads)",
-                cfg.n_head
-            ),
-        ));
-    }
-    if !cfg.head_size().is_multiple_of(2) {
-        return Err(bad(
-            "model.n_embd",
-            cfg.n_embd,
-            format!("gives an odd head size {} (n_embd / n_head); RoPE rotates pairs of dimensions", cfg.head_size()),
-        ));
-    }
-    let theta = cfg.rope_theta();
-    if !(theta.is_finite() && theta > 1.0) {
-        return Err(bad("model.rope_theta", theta, "must be a number > 1 (Llama 3: 500000)"));
-    }
-    let eps = cfg.rms_norm_eps();
-    if !(eps.is_finite() && eps > 0.0) {
-        return Err(bad("model.rms_norm_eps", eps, "must be > 0 (Llama 3: 1e-5)"));
-    }
-    if let Some(sc) = cfg.rope_scaling {
-        let ok = sc.factor.is_finite()
-            && sc.factor >= 1.0
-            && sc.low_freq_factor > 0.0
-            && sc.high_freq_factor > sc.low_freq_factor
-            && sc.original_max_position_embeddings > 0;
-        if !ok {
-            return Err(bad(
-                "model.rope_scaling",
-                format!("{sc:?}"),
-                "needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0 \
-                 (Llama 3.1: factor 8, low 1, high 4, original 8192)",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Llama's initialisation: RMSNorm weights 1; the residual projections (`o_proj`,
@@ -272,19 +212,6 @@ mod tests {
         assert_eq!((l.units.len(), l.head_unit), (3, 0));
         assert_eq!(locs.embed.head.w, locs.embed.tokens.wte);
         assert_eq!(l.units[0].tensors[1].name, "model.norm.weight");
-    }
-
-    #[test]
-    fn keys_that_cannot_build_a_llama_are_named() {
-        let e = validate(&ModelConfig { intermediate_size: None, ..cfg(false) }).unwrap_err().to_string();
-        assert!(e.contains("model.intermediate_size"), "{e}");
-        let e = validate(&ModelConfig { n_kv_head: Some(3), ..cfg(false) }).unwrap_err().to_string();
-        assert!(e.contains("model.n_kv_head") && e.contains("divide"), "{e}");
-        let e = validate(&ModelConfig { rope_theta: Some(0.5), ..cfg(false) }).unwrap_err().to_string();
-        assert!(e.contains("model.rope_theta"), "{e}");
-        let e = validate(&ModelConfig { n_embd: 12, n_head: 4, ..cfg(false) }).unwrap_err().to_string();
-        assert!(e.contains("odd head size"), "{e}");
-        validate(&cfg(true)).expect("valid");
     }
 
     #[test]

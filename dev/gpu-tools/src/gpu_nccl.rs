@@ -76,6 +76,10 @@ fn s<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
+/// Small integers: exact in bf16 and in any summation order.
+fn val(r: usize, i: usize) -> f32 {
+    ((r * 7 + i) % 61) as f32
+}
 fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
     let t0 = Instant::now();
     let be = CudaBackend::new(rank).map_err(s)?;
@@ -87,19 +91,32 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
         nccl_version().unwrap_or_default()
     );
     let mut rep = NcclReport { rank, failed: 0 };
+    check_device_collectives(&be, &mut comm, &mut rep, rank, world);
+    check_host_collectives(&be, &mut comm, &mut rep, rank, world);
+    check_graph_collectives(&be, &mut comm, &mut rep, rank, world);
+    let bench = bandwidth(&be, &mut comm, rank, world);
+    match bench {
+        Ok(t) => print!("{t}"),
+        Err(e) => println!("rank {rank}: bandwidth run failed: {e}"),
+    }
+    comm.barrier().map_err(s)?;
+    Ok(rep.failed)
+}
+
+/// The device collectives against expected values: all-gather (bf16, f32), reduce-scatter
+/// (f32 sum/avg/max, bf16 sum), all-reduce and broadcast, at odd sizes.
+fn check_device_collectives(be: &CudaBackend, comm: &mut NcclComm, rep: &mut NcclReport, rank: usize, world: usize) {
     let wf = world as f32;
-    // Small integers: exact in bf16 and in any summation order.
-    let val = |r: usize, i: usize| ((r * 7 + i) % 61) as f32;
 
     for &n in &[1000usize, 13, 1] {
         rep.check(
             &format!("all_gather bf16, {n} per rank"),
             (|| {
                 let send: Vec<f32> = (0..n).map(|i| val(rank, i)).collect();
-                let sb = up_buf(&be, &send).map_err(s)?;
+                let sb = up_buf(be, &send).map_err(s)?;
                 let mut rb = be.alloc_buf(n * world, "").map_err(s)?;
-                poison_buf(&be, &mut rb, n * world).map_err(s)?;
-                Communicator::<CudaSlice<bf16>>::all_gather(&mut comm, &sb, &mut rb).map_err(s)?;
+                poison_buf(be, &mut rb, n * world).map_err(s)?;
+                Communicator::<CudaSlice<bf16>>::all_gather(&mut *comm, &sb, &mut rb).map_err(s)?;
                 let got = be.download_buf(&rb, Loc::all(n * world)).map_err(s)?;
                 Ok((0..world).all(|r| (0..n).all(|i| got[r * n + i] == val(r, i))))
             })(),
@@ -110,9 +127,9 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
             &format!("all_gather f32, {n} per rank"),
             (|| {
                 let send: Vec<f32> = (0..n).map(|i| val(rank, i) + 0.25).collect();
-                let sb = up_f32(&be, &send).map_err(s)?;
+                let sb = up_f32(be, &send).map_err(s)?;
                 let mut rb = be.alloc_grad(n * world, "").map_err(s)?;
-                Communicator::<CudaSlice<f32>>::all_gather(&mut comm, &sb, &mut rb).map_err(s)?;
+                Communicator::<CudaSlice<f32>>::all_gather(&mut *comm, &sb, &mut rb).map_err(s)?;
                 let got = be.download_grad(&rb, Loc::all(n * world)).map_err(s)?;
                 Ok((0..world).all(|r| (0..n).all(|i| got[r * n + i] == val(r, i) + 0.25)))
             })(),
@@ -124,9 +141,9 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
                 &format!("reduce_scatter f32 {op:?}, {n} per rank"),
                 (|| {
                     let send: Vec<f32> = (0..n * world).map(|j| val(rank, j)).collect();
-                    let sb = up_f32(&be, &send).map_err(s)?;
+                    let sb = up_f32(be, &send).map_err(s)?;
                     let mut rb = be.alloc_grad(n, "").map_err(s)?;
-                    Communicator::<CudaSlice<f32>>::reduce_scatter(&mut comm, &sb, &mut rb, op).map_err(s)?;
+                    Communicator::<CudaSlice<f32>>::reduce_scatter(&mut *comm, &sb, &mut rb, op).map_err(s)?;
                     let got = be.download_grad(&rb, Loc::all(n)).map_err(s)?;
                     Ok((0..n).all(|i| {
                         let j = rank * n + i;
@@ -147,9 +164,9 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
         (|| {
             let n = 13;
             let send: Vec<f32> = (0..n * world).map(|j| val(rank, j)).collect();
-            let sb = up_buf(&be, &send).map_err(s)?;
+            let sb = up_buf(be, &send).map_err(s)?;
             let mut rb = be.alloc_buf(n, "").map_err(s)?;
-            Communicator::<CudaSlice<bf16>>::reduce_scatter(&mut comm, &sb, &mut rb, ReduceOp::Sum).map_err(s)?;
+            Communicator::<CudaSlice<bf16>>::reduce_scatter(&mut *comm, &sb, &mut rb, ReduceOp::Sum).map_err(s)?;
             let got = be.download_buf(&rb, Loc::all(n)).map_err(s)?;
             Ok((0..n).all(|i| got[i] == (0..world).map(|r| val(r, rank * n + i)).sum::<f32>()))
         })(),
@@ -160,8 +177,8 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
             (|| {
                 let n = 1_000_003;
                 let send: Vec<f32> = (0..n).map(|i| val(rank, i)).collect();
-                let mut b = up_f32(&be, &send).map_err(s)?;
-                Communicator::<CudaSlice<f32>>::all_reduce(&mut comm, &mut b, op).map_err(s)?;
+                let mut b = up_f32(be, &send).map_err(s)?;
+                Communicator::<CudaSlice<f32>>::all_reduce(&mut *comm, &mut b, op).map_err(s)?;
                 let got = be.download_f32(&b, Loc::all(n)).map_err(s)?;
                 Ok((0..n).all(|i| {
                     let vals = (0..world).map(|r| val(r, i));
@@ -181,34 +198,38 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
             (|| {
                 let n = 999;
                 let mine: Vec<f32> = (0..n).map(|i| val(rank, i)).collect();
-                let mut b = up_f32(&be, &mine).map_err(s)?;
-                Communicator::<CudaSlice<f32>>::broadcast(&mut comm, &mut b, root).map_err(s)?;
-                let mut h = up_buf(&be, &mine).map_err(s)?;
-                Communicator::<CudaSlice<bf16>>::broadcast(&mut comm, &mut h, root).map_err(s)?;
+                let mut b = up_f32(be, &mine).map_err(s)?;
+                Communicator::<CudaSlice<f32>>::broadcast(&mut *comm, &mut b, root).map_err(s)?;
+                let mut h = up_buf(be, &mine).map_err(s)?;
+                Communicator::<CudaSlice<bf16>>::broadcast(&mut *comm, &mut h, root).map_err(s)?;
                 let g1 = be.download_f32(&b, Loc::all(n)).map_err(s)?;
                 let g2 = be.download_buf(&h, Loc::all(n)).map_err(s)?;
                 Ok((0..n).all(|i| g1[i] == val(root, i) && g2[i] == val(root, i)))
             })(),
         );
     }
+}
+
+/// The host-scalar collectives the engine uses, and size mismatches refused.
+fn check_host_collectives(be: &CudaBackend, comm: &mut NcclComm, rep: &mut NcclReport, rank: usize, world: usize) {
     // Host scalars, as the engine uses them (all_reduce_f64's two words, losses).
     rep.check(
         "host [f32] all_reduce / all_gather / reduce_scatter / broadcast",
         (|| {
             let x = 1.0 + rank as f64 * 1e-9;
-            let got = trainer::zero::engine::all_reduce_f64(&mut comm, x).map_err(s)?;
+            let got = trainer::zero::engine::all_reduce_f64(&mut *comm, x).map_err(s)?;
             let want: f64 = (0..world).map(|r| 1.0 + r as f64 * 1e-9).sum();
             let ok1 = (got - want).abs() < 1e-12;
             let send = [rank as f32, 10.0 + rank as f32, 0.5];
             let mut recv = vec![0.0f32; 3 * world];
-            Communicator::<[f32]>::all_gather(&mut comm, &send, &mut recv).map_err(s)?;
+            Communicator::<[f32]>::all_gather(&mut *comm, &send, &mut recv).map_err(s)?;
             let ok2 = (0..world).all(|r| recv[3 * r..3 * r + 3] == [r as f32, 10.0 + r as f32, 0.5]);
             let send: Vec<f32> = (0..2 * world).map(|j| (rank * 100 + j) as f32).collect();
             let mut recv = [0.0f32; 2];
-            Communicator::<[f32]>::reduce_scatter(&mut comm, &send, &mut recv, ReduceOp::Sum).map_err(s)?;
+            Communicator::<[f32]>::reduce_scatter(&mut *comm, &send, &mut recv, ReduceOp::Sum).map_err(s)?;
             let ok3 = (0..2).all(|i| recv[i] == (0..world).map(|r| (r * 100 + rank * 2 + i) as f32).sum::<f32>());
             let mut b = [rank as f32 + 3.0; 5];
-            Communicator::<[f32]>::broadcast(&mut comm, &mut b, world - 1).map_err(s)?;
+            Communicator::<[f32]>::broadcast(&mut *comm, &mut b, world - 1).map_err(s)?;
             let ok4 = b.iter().all(|&v| v == (world - 1) as f32 + 3.0);
             comm.barrier().map_err(s)?;
             Ok(ok1 && ok2 && ok3 && ok4)
@@ -219,19 +240,22 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
         (|| {
             let sb = be.alloc_buf(10, "").map_err(s)?;
             let mut rb = be.alloc_buf(10 * world + 1, "").map_err(s)?;
-            let e1 = Communicator::<CudaSlice<bf16>>::all_gather(&mut comm, &sb, &mut rb);
+            let e1 = Communicator::<CudaSlice<bf16>>::all_gather(&mut *comm, &sb, &mut rb);
             let mut small = be.alloc_grad(3, "").map_err(s)?;
             let big = be.alloc_grad(3 * world + 2, "").map_err(s)?;
-            let e2 = Communicator::<CudaSlice<f32>>::reduce_scatter(&mut comm, &big, &mut small, ReduceOp::Sum);
+            let e2 = Communicator::<CudaSlice<f32>>::reduce_scatter(&mut *comm, &big, &mut small, ReduceOp::Sum);
             let mut h = [0.0f32; 2];
-            let e3 = Communicator::<[f32]>::broadcast(&mut comm, &mut h[..], world);
+            let e3 = Communicator::<[f32]>::broadcast(&mut *comm, &mut h[..], world);
             Ok([e1, e2, e3].iter().all(|e| matches!(e, Err(CommError::BadSize { .. }))))
         })(),
     );
-    // Started collectives inside a CUDA graph, as `train.cuda_graphs` records them on
-    // several GPUs: the communication stream forks from the recorded compute stream and
-    // joins it at each wait. Replayed with new inputs each time (same buffers): results as
-    // eager, and the compute after a wait sees the collective's output.
+}
+
+/// Started collectives inside a CUDA graph, as `train.cuda_graphs` records them on
+/// several GPUs: the communication stream forks from the recorded compute stream and
+/// joins it at each wait. Replayed with new inputs each time (same buffers): results as
+/// eager, and the compute after a wait sees the collective's output.
+fn check_graph_collectives(be: &CudaBackend, comm: &mut NcclComm, rep: &mut NcclReport, rank: usize, world: usize) {
     rep.check(
         "reduce_scatter + all_gather_in_place recorded in a CUDA graph, replayed 3 times",
         (|| {
@@ -242,9 +266,10 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
             let mut p = be.alloc_buf(n * world, "").map_err(s)?;
             be.begin_capture().map_err(s)?;
             let recorded = (|| -> Result<(), String> {
-                let a = Communicator::<CudaSlice<f32>>::reduce_scatter_start(&mut comm, &g, &mut sh, ReduceOp::Sum)
+                let a = Communicator::<CudaSlice<f32>>::reduce_scatter_start(&mut *comm, &g, &mut sh, ReduceOp::Sum)
                     .map_err(s)?;
-                let b = AllGatherInPlace::<CudaSlice<bf16>>::all_gather_in_place_start(&mut comm, &mut p).map_err(s)?;
+                let b =
+                    AllGatherInPlace::<CudaSlice<bf16>>::all_gather_in_place_start(&mut *comm, &mut p).map_err(s)?;
                 comm.wait(a).map_err(s)?;
                 be.add_grad(&mut t, 0, &sh, Loc::all(n)).map_err(s)?;
                 comm.wait(b).map_err(s)
@@ -272,54 +297,50 @@ fn nccl_rank(rank: usize, world: usize, id: &[u8]) -> Result<usize, String> {
             Ok(ok)
         })(),
     );
-    // Bandwidth at GPT-2 124M sizes: one block unit (7.09M parameters) per collective.
-    let bench = (|| -> Result<String, String> {
-        if world == 1 {
-            return Ok(format!("rank {rank}: no bandwidth figures on a world of one\n"));
-        }
-        let unit = 7_087_872usize.div_ceil(8 * world) * 8 * world;
-        let shard = unit / world;
-        let ps = up_buf(&be, &vec![1.0; shard]).map_err(s)?;
-        let mut pf = be.alloc_buf(unit, "").map_err(s)?;
-        let gf = up_f32(&be, &vec![1.0; unit]).map_err(s)?;
-        let mut gs = be.alloc_grad(shard, "").map_err(s)?;
-        let ctx = be.context();
-        let mut out = String::new();
-        for which in ["all_gather bf16", "reduce_scatter f32"] {
-            let mut ts = Vec::new();
-            for i in 0..25 {
-                let a = ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(s)?;
-                let b = ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(s)?;
-                a.record(be.stream()).map_err(s)?;
-                if which.starts_with("all_gather") {
-                    Communicator::<CudaSlice<bf16>>::all_gather(&mut comm, &ps, &mut pf).map_err(s)?;
-                } else {
-                    Communicator::<CudaSlice<f32>>::reduce_scatter(&mut comm, &gf, &mut gs, ReduceOp::Sum)
-                        .map_err(s)?;
-                }
-                b.record(be.stream()).map_err(s)?;
-                b.synchronize().map_err(s)?;
-                if i >= 5 {
-                    ts.push(a.elapsed_ms(&b).map_err(s)? as f64);
-                }
-            }
-            ts.sort_by(|a, b| a.total_cmp(b));
-            let ms = ts[ts.len() / 2];
-            let bytes = (unit * if which.ends_with("bf16") { 2 } else { 4 }) as f64;
-            // Bus bandwidth as nccl-tests defines it for these two: bytes*(w-1)/w / time.
-            out.push_str(&format!(
-                "rank {rank}: {which} of {unit} elements: {ms:.3} ms median, bus bandwidth {:.0} GB/s\n",
-                bytes * (wf as f64 - 1.0) / wf as f64 / (ms * 1e-3) / 1e9
-            ));
-        }
-        Ok(out)
-    })();
-    match bench {
-        Ok(t) => print!("{t}"),
-        Err(e) => println!("rank {rank}: bandwidth run failed: {e}"),
+}
+
+/// Bandwidth at GPT-2 124M sizes: one block unit (7.09M parameters) per collective: the
+/// table's lines, or why it could not run.
+fn bandwidth(be: &CudaBackend, comm: &mut NcclComm, rank: usize, world: usize) -> Result<String, String> {
+    let wf = world as f32;
+    if world == 1 {
+        return Ok(format!("rank {rank}: no bandwidth figures on a world of one\n"));
     }
-    comm.barrier().map_err(s)?;
-    Ok(rep.failed)
+    let unit = 7_087_872usize.div_ceil(8 * world) * 8 * world;
+    let shard = unit / world;
+    let ps = up_buf(be, &vec![1.0; shard]).map_err(s)?;
+    let mut pf = be.alloc_buf(unit, "").map_err(s)?;
+    let gf = up_f32(be, &vec![1.0; unit]).map_err(s)?;
+    let mut gs = be.alloc_grad(shard, "").map_err(s)?;
+    let ctx = be.context();
+    let mut out = String::new();
+    for which in ["all_gather bf16", "reduce_scatter f32"] {
+        let mut ts = Vec::new();
+        for i in 0..25 {
+            let a = ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(s)?;
+            let b = ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(s)?;
+            a.record(be.stream()).map_err(s)?;
+            if which.starts_with("all_gather") {
+                Communicator::<CudaSlice<bf16>>::all_gather(&mut *comm, &ps, &mut pf).map_err(s)?;
+            } else {
+                Communicator::<CudaSlice<f32>>::reduce_scatter(&mut *comm, &gf, &mut gs, ReduceOp::Sum).map_err(s)?;
+            }
+            b.record(be.stream()).map_err(s)?;
+            b.synchronize().map_err(s)?;
+            if i >= 5 {
+                ts.push(a.elapsed_ms(&b).map_err(s)? as f64);
+            }
+        }
+        ts.sort_by(|a, b| a.total_cmp(b));
+        let ms = ts[ts.len() / 2];
+        let bytes = (unit * if which.ends_with("bf16") { 2 } else { 4 }) as f64;
+        // Bus bandwidth as nccl-tests defines it for these two: bytes*(w-1)/w / time.
+        out.push_str(&format!(
+            "rank {rank}: {which} of {unit} elements: {ms:.3} ms median, bus bandwidth {:.0} GB/s\n",
+            bytes * (wf as f64 - 1.0) / wf as f64 / (ms * 1e-3) / 1e9
+        ));
+    }
+    Ok(out)
 }
 
 fn nccl_main(args: &[String]) -> ExitCode {
