@@ -253,10 +253,7 @@ fn too_many_arguments_allowed_in_at_most_4_places() {
     );
     let findings = if sites.len() > MAX_TOO_MANY_ARGUMENTS { sites.clone() } else { Vec::new() };
     report(
-        &format!(
-            "`allow(clippy::too_many_arguments)` in {} places (at most {MAX_TOO_MANY_ARGUMENTS})",
-            sites.len()
-        ),
+        &format!("`allow(clippy::too_many_arguments)` in {} places (at most {MAX_TOO_MANY_ARGUMENTS})", sites.len()),
         "pass the arguments that travel together as one struct (as the backend's op groups do: a shape \
          struct and the tensors), then drop the allow",
         &findings,
@@ -381,7 +378,11 @@ fn read_module(c: &mut Crate, file: &Path, module: Vec<String>) {
                     if matches!(toks.get(i + 2), Some(Tok::Punct(';'))) {
                         let mut m = here.clone();
                         m.push(name.clone());
-                        let base = if stack.len() == 1 { child_dir.clone() } else { dir.join(&here[module.len()..].join("/")) };
+                        let base = if stack.len() == 1 {
+                            child_dir.clone()
+                        } else {
+                            dir.join(&here[module.len()..].join("/"))
+                        };
                         let f = [base.join(format!("{name}.rs")), base.join(name).join("mod.rs")]
                             .into_iter()
                             .find(|p| p.exists());
@@ -518,7 +519,8 @@ fn import_graphs() -> Vec<(String, BTreeMap<String, BTreeSet<String>>)> {
     manifests.retain(|p| p.file_name().is_some_and(|n| n == "Cargo.toml") && p.parent() != Some(&root));
     for m in manifests {
         let src = m.parent().unwrap().join("src");
-        let mut roots: Vec<PathBuf> = ["lib.rs", "main.rs"].iter().map(|f| src.join(f)).filter(|p| p.exists()).collect();
+        let mut roots: Vec<PathBuf> =
+            ["lib.rs", "main.rs"].iter().map(|f| src.join(f)).filter(|p| p.exists()).collect();
         if let Ok(bins) = fs::read_dir(src.join("bin")) {
             roots.extend(bins.flatten().map(|e| e.path()).filter(|p| has_ext(p, &["rs"])));
         }
@@ -530,8 +532,11 @@ fn import_graphs() -> Vec<(String, BTreeMap<String, BTreeSet<String>>)> {
                 edges.entry(rel(f)).or_default();
             }
             for (file, from, path) in &c.uses {
+                // A module's own ancestors (`super::`, the crate root) declared it and
+                // make one unit with it: using their names is not an edge.
+                let ancestors: Vec<&PathBuf> = (0..from.len()).filter_map(|k| c.modules.get(&from[..k])).collect();
                 if let Some(to) = c.resolve(from, path, 0) {
-                    if &to != file {
+                    if &to != file && !ancestors.contains(&&to) {
                         edges.entry(rel(file)).or_default().insert(rel(&to));
                     }
                 }
@@ -582,7 +587,8 @@ fn circles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
             t.out.push(comp);
         }
     }
-    let mut t = T { g, index: HashMap::new(), low: HashMap::new(), stack: Vec::new(), on: BTreeSet::new(), out: Vec::new() };
+    let mut t =
+        T { g, index: HashMap::new(), low: HashMap::new(), stack: Vec::new(), on: BTreeSet::new(), out: Vec::new() };
     for v in g.keys() {
         if !t.index.contains_key(v.as_str()) {
             visit(&mut t, v);
@@ -619,7 +625,11 @@ fn readme_and_benchmarks_are_short() {
     let mut findings = Vec::new();
     for (file, max, fix) in [
         ("README.md", MAX_README_LINES, "what it is, the two commands, today's results; the rest links into docs/"),
-        ("BENCHMARKS.md", MAX_BENCHMARKS_LINES, "how we measure and current results; each run's log in docs/bench-log/"),
+        (
+            "BENCHMARKS.md",
+            MAX_BENCHMARKS_LINES,
+            "how we measure and current results; each run's log in docs/bench-log/",
+        ),
     ] {
         let n = read(&root().join(file)).lines().count();
         if n > max {
@@ -723,11 +733,8 @@ fn environment_table_lists_every_variable_read() {
         .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`').map(str::to_string))
         .filter(|n| n.starts_with("SHARDTRAIN_"))
         .collect();
-    let missing: Vec<String> = read_names
-        .iter()
-        .filter(|(n, _)| !rows.contains(*n))
-        .map(|(n, at)| format!("{n} (read at {at})"))
-        .collect();
+    let missing: Vec<String> =
+        read_names.iter().filter(|(n, _)| !rows.contains(*n)).map(|(n, at)| format!("{n} (read at {at})")).collect();
     report(
         &format!("variables the code reads that {ENV_TABLE} does not list"),
         &format!("add a row to {ENV_TABLE} (first column the name in backticks: what it does, its default)"),

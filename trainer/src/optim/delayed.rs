@@ -9,13 +9,8 @@
 use std::sync::{Arc, MutexGuard, PoisonError};
 
 use super::host_adamw::HostAdamW;
-use super::optimizer::{HostUnit, UnitCell};
-use crate::backend::{AdamWSegment, AdamWStep, Backend, BackendError, HostRead, HostWait, HostWrite};
-
-/// The error the driving thread reports when the update thread died holding a unit.
-pub(super) fn thread_failed() -> BackendError {
-    BackendError::Device("the delayed host optimizer thread failed while updating a unit".into())
-}
+use super::unit::{HostUnit, UnitCell};
+use crate::backend::{AdamWSegment, AdamWStep, Backend, HostRead, HostWait, HostWrite};
 
 /// Update every unit (`segs[u]`: its segments, rounded weights from 0), each once the
 /// previous update's copy of its rounded weights (`uploads[u]`) has left the buffer; hands

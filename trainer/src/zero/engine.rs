@@ -445,7 +445,8 @@ impl<B: Backend> Engine<B> {
         let rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
         opt.allocate_staging(be, &mut host_mem)?;
         let shard_copy = if opts.checkpoint_copy {
-            Some(super::snapshot::ShardCopy::allocate(be, &layout, &units, rank, &mut host_mem)?)
+            let ranges: Vec<(usize, usize)> = units.iter().map(|u| (u.shard, u.numel)).collect();
+            Some(super::snapshot::ShardCopy::allocate(be, &layout, &ranges, rank, &mut host_mem)?)
         } else {
             None
         };
