@@ -261,6 +261,13 @@ fn too_many_arguments_allowed_in_at_most_4_places() {
 }
 
 // ---------------------------------------------------------------- c. import circles
+//
+// Edges are file to file inside one crate (its lib, its main, each bin): every path that
+// starts with `crate::`, `super::`, `self::` or a child module's name, in `use` lines and
+// in code, goes to the file that defines what it names; a `pub use` is followed to the
+// file it re-exports from (a facade is not an edge of its own). `mod` lines place the
+// files; a module's use of its own ancestors (`super::` up to the crate root: they
+// declared it) is not an edge.
 
 /// One module of a crate: the file it lives in, and its own (inline) children.
 #[derive(Default)]
@@ -378,11 +385,8 @@ fn read_module(c: &mut Crate, file: &Path, module: Vec<String>) {
                     if matches!(toks.get(i + 2), Some(Tok::Punct(';'))) {
                         let mut m = here.clone();
                         m.push(name.clone());
-                        let base = if stack.len() == 1 {
-                            child_dir.clone()
-                        } else {
-                            dir.join(&here[module.len()..].join("/"))
-                        };
+                        let base =
+                            if stack.len() == 1 { child_dir.clone() } else { dir.join(here[module.len()..].join("/")) };
                         let f = [base.join(format!("{name}.rs")), base.join(name).join("mod.rs")]
                             .into_iter()
                             .find(|p| p.exists());
@@ -733,17 +737,20 @@ fn environment_table_lists_every_variable_read() {
         .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`').map(str::to_string))
         .filter(|n| n.starts_with("SHARDTRAIN_"))
         .collect();
-    let missing: Vec<String> =
-        read_names.iter().filter(|(n, _)| !rows.contains(*n)).map(|(n, at)| format!("{n} (read at {at})")).collect();
+    let mut findings: Vec<String> = read_names
+        .iter()
+        .filter(|(n, _)| !rows.contains(*n))
+        .map(|(n, at)| format!("{n}: read at {at}, not in the table: add its row (what it does, its default)"))
+        .collect();
+    findings.extend(rows.iter().filter(|n| !read_names.contains_key(*n)).map(|n| {
+        format!(
+            "{n}: a row of the table that no source of {} reads: delete it (or fix its spelling)",
+            ENV_CRATES.join(", ")
+        )
+    }));
     report(
-        &format!("variables the code reads that {ENV_TABLE} does not list"),
-        &format!("add a row to {ENV_TABLE} (first column the name in backticks: what it does, its default)"),
-        &missing,
-    );
-    let stale: Vec<String> = rows.iter().filter(|n| !read_names.contains_key(*n)).cloned().collect();
-    report(
-        &format!("rows of {ENV_TABLE} that no source of {} reads", ENV_CRATES.join(", ")),
-        "delete the row (the variable is gone) or fix its spelling",
-        &stale,
+        &format!("{ENV_TABLE} out of step with the SHARDTRAIN_* names the code reads"),
+        &format!("one row per variable, the name in backticks in the first column of {ENV_TABLE}"),
+        &findings,
     );
 }

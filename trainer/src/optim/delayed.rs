@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, MutexGuard, PoisonError};
 
-use super::host_adamw::HostAdamW;
+use super::host_adamw::{HostAdamW, HostState};
 use super::unit::{HostUnit, UnitCell};
 use crate::backend::{AdamWSegment, AdamWStep, Backend, HostRead, HostWait, HostWrite};
 
@@ -34,7 +34,7 @@ pub(super) fn update_units<B: Backend>(
                 if let Some(e) = uploads.get(u).and_then(Option::as_ref) {
                     e.wait_host()?;
                 }
-                adamw.step(master, m, v, st.grads.values()?, Some(st.out.values_mut()?), &segs[u], h);
+                adamw.step(HostState { master, m, v }, st.grads.values()?, Some(st.out.values_mut()?), &segs[u], h);
                 st.pending = false;
             }
             drop(guard);

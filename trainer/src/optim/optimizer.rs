@@ -34,7 +34,7 @@ use crate::backend::{
 };
 use crate::model::TensorSpec;
 use crate::optim::delayed;
-use crate::optim::host_adamw::{HostAdamW, HostAdamWStats};
+use crate::optim::host_adamw::{HostAdamW, HostAdamWStats, HostState};
 use crate::optim::unit::{thread_failed, HostUnit, Staged, UnitCell};
 use crate::zero::{Category, HostMemory, MemoryLedger};
 
@@ -388,7 +388,7 @@ impl<B: Backend> Optimizer<B> {
             };
             if let Some(adamw) = hs.adamw.as_mut() {
                 let g = be.host_f32(&hs.grad_slots[slot])?;
-                adamw.step(&mut unit.master, &mut unit.m, &mut unit.v, g, out, &segs, h);
+                adamw.step(HostState { master: &mut unit.master, m: &mut unit.m, v: &mut unit.v }, g, out, &segs, h);
             }
             if unit.params.is_none() {
                 if let Some((dst, base)) = updates[i].params.as_mut() {
