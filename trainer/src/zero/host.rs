@@ -1,7 +1,8 @@
 //! Host-side access to the [`Engine`]'s state, off the hot path: full parameters and local
 //! gradients downloaded for tests and export, the ranges a rank saves and holds, optimizer
-//! state read for checkpoints and loaded back (then published as a step would), and the
-//! memory reports.
+//! state read for checkpoints and loaded back (then published as a step would), the host
+//! copy of the checkpoint shard lent to a background save (`snapshot.rs`), and the memory
+//! reports.
 
 use super::engine::{Engine, EngineComm};
 use super::gather::Travel;
