@@ -1631,6 +1631,7 @@ fn fp8_predicted_casts() {
 /// bf16 GEMM's by more than that (the layer really ran in FP8).
 #[test]
 #[ignore = "needs a CUDA GPU: run on one with --include-ignored (scripts/gpu-test.sh)"]
+#[allow(clippy::too_many_lines)] // a test: every FP8 GEMM path checked in turn, read top to bottom
 fn matmul_fp8() {
     gpu::check(|be, rng, rep| {
         if let Err(why) = be.fp8_support() {

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::shard::{HEADER_BYTES, MAGIC, MAGIC_U32};
+use crate::header::{HEADER_BYTES, MAGIC, MAGIC_U32};
 
 /// Everything that can go wrong reading, writing, sampling or preparing token data.
 #[derive(Debug, thiserror::Error)]

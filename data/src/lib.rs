@@ -24,6 +24,7 @@ pub mod docindex;
 pub mod documents;
 pub mod epoch;
 pub mod error;
+pub mod header;
 pub mod ids;
 pub mod inputs;
 pub mod mixture;

@@ -504,7 +504,8 @@ fn run_pipeline(
             }
             let _ = tx.send(Ok((batch, disk.load(Ordering::Relaxed))));
         });
-        let result = consume(rx, opts, tokenizer, progress, &mut val, &mut train, &mut bad, &mut text_bytes);
+        let out = Written { val: &mut val, train: &mut train, bad: &mut bad, text_bytes: &mut text_bytes };
+        let result = consume(rx, opts, tokenizer, progress, out);
         // Dropping the receiver (inside `consume`) makes a blocked reader stop.
         if reader.join().is_err() {
             return Err(DataError::Tokenizer(
@@ -528,17 +529,23 @@ fn run_pipeline(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where `consume` puts what it reads: the two splits' writers, the bad-record report and
+/// the count of text bytes.
+struct Written<'a> {
+    val: &'a mut SplitWriter,
+    train: &'a mut SplitWriter,
+    bad: &'a mut BadReport,
+    text_bytes: &'a mut u64,
+}
+
 fn consume(
     rx: Receiver<Batch>,
     opts: &PrepareOptions,
     tokenizer: &Tokenizer,
     progress: &PrepareProgress,
-    val: &mut SplitWriter,
-    train: &mut SplitWriter,
-    bad: &mut BadReport,
-    text_bytes: &mut u64,
+    out: Written<'_>,
 ) -> Result<()> {
+    let Written { val, train, bad, text_bytes } = out;
     let eot = [tokenizer.stamp().eot_id];
     let mut index = 0u64;
     for batch in rx {

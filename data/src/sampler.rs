@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 use crate::dataset::{fill_row, Dataset};
 use crate::epoch::EpochOrder;
 use crate::error::{DataError, Result};
+use crate::header::HEADER_BYTES;
 use crate::mixture::Mixture;
-use crate::shard::HEADER_BYTES;
 
 /// One dataset of a mixture.
 #[derive(Debug)]

@@ -22,6 +22,7 @@ use memmap2::Mmap;
 
 use crate::docindex::{idx_path, write_idx, DocIndex};
 use crate::error::{io_err, DataError, Result};
+use crate::header::{HEADER_BYTES, HEADER_INTS, MAGIC, MAGIC_U32, VERSION, VERSION_U32};
 use crate::ids::{Ids, Width};
 
 // Tokens are viewed in place as `u16`/`u32`; that is only correct on little-endian hosts.
@@ -29,19 +30,6 @@ use crate::ids::{Ids, Width};
 compile_error!(
     "the data crate reads llm.c shards (little-endian token ids) in place: big-endian hosts are unsupported"
 );
-
-/// Header magic number of an llm.c shard of `u16` ids (GPT-2).
-pub const MAGIC: i32 = 20240520;
-/// Header version of `u16` shards.
-pub const VERSION: i32 = 1;
-/// Header magic number of an llm.c shard of `u32` ids (Llama 3).
-pub const MAGIC_U32: i32 = 20240801;
-/// Header version of `u32` shards.
-pub const VERSION_U32: i32 = 7;
-/// Number of `i32` in the header.
-pub const HEADER_INTS: usize = 256;
-/// Header size in bytes (1024: keeps the payload aligned for `u16` and `u32`).
-pub const HEADER_BYTES: usize = HEADER_INTS * 4;
 
 /// Slot 3 of a header that carries [`ShardInfo`] ("STK1"); llm.c leaves it 0.
 const INFO_MARKER: i32 = 0x5354_4B31;

@@ -90,7 +90,6 @@ pub trait LayerNormOps: Device {
     /// [`LayerNormOps::rmsnorm_fwd`] without its output: `rstd`, and where `amax` is set the
     /// amax of the output it would write, for an FP8 GEMM that applies the norm in the cast of
     /// its input ([`MatmulOps::matmul_fwd_of_norm`](super::MatmulOps::matmul_fwd_of_norm)).
-    #[allow(clippy::too_many_arguments)] // the norm's own five, and where its output's amax goes
     fn rmsnorm_stats(
         &self,
         rstd: &mut Self::F32,

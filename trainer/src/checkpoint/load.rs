@@ -1,7 +1,6 @@
 //! Reading checkpoints: validation before training, resharding reads, `latest` lookup.
 
-use super::manifest::{Manifest, FORMAT_VERSION};
-use super::save::file_crc;
+use super::manifest::{file_crc, Manifest, FORMAT_VERSION};
 use super::{io_err, CheckpointError};
 use crate::config::ModelConfig;
 use crate::TrainError;

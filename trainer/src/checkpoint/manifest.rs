@@ -1,7 +1,11 @@
 //! The checkpoint manifest: what was saved, by whom, and how to check it.
 
+use super::{io_err, CheckpointError};
 use crate::config::ModelConfig;
 use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io::Read;
+use std::path::Path;
 
 /// Bumped when the on-disk format changes incompatibly.
 pub const FORMAT_VERSION: u32 = 1;
@@ -57,4 +61,21 @@ pub struct Manifest {
     /// resume runs the same ones. Absent for heuristic runs, CPU runs and older checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_tuning: Option<crate::backend::GemmTuningTable>,
+}
+
+/// Size and CRC-32 of a file, streamed.
+pub(crate) fn file_crc(path: &Path) -> Result<(u64, u32), CheckpointError> {
+    let mut f = fs::File::open(path).map_err(io_err(path))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, h.finalize()))
 }

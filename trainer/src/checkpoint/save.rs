@@ -2,7 +2,7 @@
 //! pieces (`make_partial`, `write_shard`, `publish`) serve the synchronous save here,
 //! which runs them between barriers, and the background one (`background.rs`).
 
-use super::manifest::{FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
+use super::manifest::{file_crc, FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
 use super::owner::{belongs_to, run_id_of_checkpoint, run_id_of_dir};
 use super::stream::{write_streamed, ReadFn};
 use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
@@ -13,7 +13,7 @@ use crate::TrainError;
 use collectives::Group;
 use std::borrow::Cow;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What a checkpoint holds besides the engine's state.
@@ -248,21 +248,4 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointEr
 
 fn fsync_dir(dir: &Path) -> Result<(), CheckpointError> {
     fs::File::open(dir).and_then(|f| f.sync_all()).map_err(io_err(dir))
-}
-
-/// Size and CRC-32 of a file, streamed.
-pub(crate) fn file_crc(path: &Path) -> Result<(u64, u32), CheckpointError> {
-    let mut f = fs::File::open(path).map_err(io_err(path))?;
-    let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        total += n as u64;
-    }
-    Ok((total, h.finalize()))
 }

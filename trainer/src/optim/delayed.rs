@@ -8,14 +8,9 @@
 
 use std::sync::{Arc, MutexGuard, PoisonError};
 
-use super::host_adamw::HostAdamW;
-use super::optimizer::{HostUnit, UnitCell};
-use crate::backend::{AdamWSegment, AdamWStep, Backend, BackendError, HostRead, HostWait, HostWrite};
-
-/// The error the driving thread reports when the update thread died holding a unit.
-pub(super) fn thread_failed() -> BackendError {
-    BackendError::Device("the delayed host optimizer thread failed while updating a unit".into())
-}
+use super::host_adamw::{HostAdamW, HostState};
+use super::unit::{HostUnit, UnitCell};
+use crate::backend::{AdamWSegment, AdamWStep, Backend, HostRead, HostWait, HostWrite};
 
 /// Update every unit (`segs[u]`: its segments, rounded weights from 0), each once the
 /// previous update's copy of its rounded weights (`uploads[u]`) has left the buffer; hands
@@ -39,7 +34,7 @@ pub(super) fn update_units<B: Backend>(
                 if let Some(e) = uploads.get(u).and_then(Option::as_ref) {
                     e.wait_host()?;
                 }
-                adamw.step(master, m, v, st.grads.values()?, Some(st.out.values_mut()?), &segs[u], h);
+                adamw.step(HostState { master, m, v }, st.grads.values()?, Some(st.out.values_mut()?), &segs[u], h);
                 st.pending = false;
             }
             drop(guard);

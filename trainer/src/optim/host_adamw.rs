@@ -132,6 +132,14 @@ impl HostAdamWStats {
     }
 }
 
+/// One unit's optimizer state on the host, the three arrays indexed alike: fp32 master
+/// weights and AdamW's moments.
+pub struct HostState<'a> {
+    pub master: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub v: &'a mut [f32],
+}
+
 impl HostAdamW {
     /// `threads` workers (0: the rank's share of the cores, `MATMUL_NUM_THREADS` as the
     /// launcher sets it, else all, less `reserve` of them), pinned to the first cores of the
@@ -169,19 +177,17 @@ impl HostAdamW {
         self.threads
     }
 
-    /// AdamW over `segs` of one unit's state: `master`, `m`, `v` and `grads` are indexed by
+    /// AdamW over `segs` of one unit's state: `state` and `grads` are indexed by
     /// `moff`/`goff`, the rounded copy (if any) by `poff`.
-    #[allow(clippy::too_many_arguments)] // the update's four arrays, its output, segments and step
     pub fn step(
         &mut self,
-        master: &mut [f32],
-        m: &mut [f32],
-        v: &mut [f32],
+        state: HostState<'_>,
         grads: &[f32],
         mut out: Option<HostValues<'_>>,
         segs: &[AdamWSegment],
         h: AdamWStep,
     ) {
+        let HostState { master, m, v } = state;
         let t0 = Instant::now();
         let (bc1, bc2) = h.bias_corrections();
         let base = Consts {
@@ -270,7 +276,13 @@ mod tests {
             let mut opt = HostAdamW::new(threads, 0, false, 0).expect("pool");
             let (mut w, mut m, mut v) = (w0.clone(), m0.clone(), v0.clone());
             let mut out = vec![0u16; n + 3];
-            opt.step(&mut w, &mut m, &mut v, &g, Some(HostValues::Bf16(&mut out)), &segs, h);
+            opt.step(
+                HostState { master: &mut w, m: &mut m, v: &mut v },
+                &g,
+                Some(HostValues::Bf16(&mut out)),
+                &segs,
+                h,
+            );
             assert!(m.iter().zip(&rm).all(|(a, b)| a.to_bits() == b.to_bits()), "m differs");
             assert!(v.iter().zip(&rv).all(|(a, b)| a.to_bits() == b.to_bits()), "v differs");
             if let Some(i) = (0..n).find(|&i| w[i].to_bits() != rw[i].to_bits()) {
@@ -285,7 +297,13 @@ mod tests {
             // f32 output: the copy is the master value.
             let (mut w2, mut m2, mut v2) = (w0.clone(), m0.clone(), v0.clone());
             let mut out32 = vec![0f32; n + 3];
-            opt.step(&mut w2, &mut m2, &mut v2, &g, Some(HostValues::F32(&mut out32)), &segs, h);
+            opt.step(
+                HostState { master: &mut w2, m: &mut m2, v: &mut v2 },
+                &g,
+                Some(HostValues::F32(&mut out32)),
+                &segs,
+                h,
+            );
             assert_eq!(&out32[3..], &w2[..]);
             assert_eq!(w2, w, "the same update twice gives the same bits");
         }

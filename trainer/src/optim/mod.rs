@@ -9,6 +9,7 @@ mod delayed;
 pub mod host_adamw;
 pub mod optimizer;
 pub mod schedule;
+mod unit;
 
 pub use host_adamw::{HostAdamW, HostAdamWStats, HostValues};
 pub use optimizer::{Hyper, Optimizer};

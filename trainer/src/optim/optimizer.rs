@@ -34,7 +34,8 @@ use crate::backend::{
 };
 use crate::model::TensorSpec;
 use crate::optim::delayed;
-use crate::optim::host_adamw::{HostAdamW, HostAdamWStats};
+use crate::optim::host_adamw::{HostAdamW, HostAdamWStats, HostState};
+use crate::optim::unit::{thread_failed, HostUnit, Staged, UnitCell};
 use crate::zero::{Category, HostMemory, MemoryLedger};
 
 /// Optimizer hyper-parameters for one step.
@@ -75,41 +76,6 @@ struct DeviceUnit<B: Backend> {
     v: B::F32,
     off: usize,
     len: usize,
-}
-
-/// One unit's host state (empty vectors on a backend that holds no values: the planner).
-pub(super) struct HostUnit<B: Backend> {
-    pub master: Vec<f32>,
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
-    /// `offload.params`: the rounded parameters of the held elements, page-locked.
-    pub params: Option<B::HostBuf>,
-    /// Delayed update: this unit's own page-locked buffers.
-    pub staged: Option<Staged<B>>,
-}
-
-/// A unit's buffers for the delayed update.
-pub(super) struct Staged<B: Backend> {
-    /// The step's reduced gradient of the held elements.
-    pub grads: B::HostF32,
-    /// The update's rounded weights, for the device.
-    pub out: B::HostBuf,
-    /// The update thread has yet to update the unit from `grads`: they must not be
-    /// overwritten, nor `out` read, until it has.
-    pub pending: bool,
-}
-
-/// A unit's host state, shared with the delayed update's thread: it locks the unit while it
-/// updates it and signals `updated` when done.
-pub(super) struct UnitCell<B: Backend> {
-    pub state: Mutex<HostUnit<B>>,
-    pub updated: Condvar,
-}
-
-impl<B: Backend> UnitCell<B> {
-    fn lock(&self) -> BResult<MutexGuard<'_, HostUnit<B>>> {
-        self.state.lock().map_err(|_| delayed::thread_failed())
-    }
 }
 
 /// The delayed update's bookkeeping on the driving thread.
@@ -422,7 +388,7 @@ impl<B: Backend> Optimizer<B> {
             };
             if let Some(adamw) = hs.adamw.as_mut() {
                 let g = be.host_f32(&hs.grad_slots[slot])?;
-                adamw.step(&mut unit.master, &mut unit.m, &mut unit.v, g, out, &segs, h);
+                adamw.step(HostState { master: &mut unit.master, m: &mut unit.m, v: &mut unit.v }, g, out, &segs, h);
             }
             if unit.params.is_none() {
                 if let Some((dst, base)) = updates[i].params.as_mut() {
@@ -465,7 +431,7 @@ impl<B: Backend> Optimizer<B> {
         // The update thread goes from the last unit to the first, the order in which the
         // backward finishes them, so this rarely waits.
         while unit.staged.as_ref().is_some_and(|s| s.pending) {
-            unit = cell.updated.wait(unit).map_err(|_| delayed::thread_failed())?;
+            unit = cell.updated.wait(unit).map_err(|_| thread_failed())?;
         }
         let st = unit.staged.as_mut().expect("the delayed update stages every unit");
         d.downloads[u] = Some(be.grad_to_host(grads, Loc::all(hs.ranges[u].1), &mut st.grads)?);

@@ -286,6 +286,28 @@ fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
 }
 
+/// Unit `ui`'s initial values over `range` (of its `numel` elements; what lies past them is
+/// zero padding), from `init`.
+fn initial_values(
+    init: &mut InitFn<'_>,
+    ui: usize,
+    name: &str,
+    numel: usize,
+    range: std::ops::Range<usize>,
+) -> Result<Vec<f32>, TrainError> {
+    let (lo, hi) = (range.start.min(numel), range.end.min(numel));
+    let mut v = init(ui, lo..hi)?;
+    if v.len() != hi - lo {
+        return Err(TrainError::Invalid(format!(
+            "initial values of unit {name} over {lo}..{hi} have {} elements, expected {}",
+            v.len(),
+            hi - lo
+        )));
+    }
+    v.resize(range.len(), 0.0);
+    Ok(v)
+}
+
 impl<B: Backend> Engine<B> {
     /// Build every unit's state. `init(u, range)` gives unit `u`'s initial values over an
     /// element range; only the range this rank holds is asked for (stage 3: its shard).
@@ -341,20 +363,7 @@ impl<B: Backend> Engine<B> {
             // hold the whole unit. `host` covers `base..base + len`, zero-padded.
             let (base, len) = if policy.shard_params { (rank * shard, shard) } else { (0, padded) };
             let host = match init.as_mut() {
-                Some(f) => {
-                    let (lo, hi) = (base.min(numel), (base + len).min(numel));
-                    let mut v = f(ui, lo..hi)?;
-                    if v.len() != hi - lo {
-                        return Err(TrainError::Invalid(format!(
-                            "initial values of unit {} over {lo}..{hi} have {} elements, expected {}",
-                            ul.name,
-                            v.len(),
-                            hi - lo
-                        )));
-                    }
-                    v.resize(len, 0.0);
-                    Some(v)
-                }
+                Some(f) => Some(initial_values(f, ui, &ul.name, numel, base..base + len)?),
                 None => None,
             };
             let (opt_off, opt_len) = if policy.shard_optimizer { (rank * shard, shard) } else { (0, padded) };
@@ -445,7 +454,8 @@ impl<B: Backend> Engine<B> {
         let rs_scratch: Vec<(usize, B::Grad)> = Vec::new();
         opt.allocate_staging(be, &mut host_mem)?;
         let shard_copy = if opts.checkpoint_copy {
-            Some(super::snapshot::ShardCopy::allocate(be, &layout, &units, rank, &mut host_mem)?)
+            let ranges: Vec<(usize, usize)> = units.iter().map(|u| (u.shard, u.numel)).collect();
+            Some(super::snapshot::ShardCopy::allocate(be, &layout, &ranges, rank, &mut host_mem)?)
         } else {
             None
         };

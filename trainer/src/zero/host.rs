@@ -1,16 +1,19 @@
 //! Host-side access to the [`Engine`]'s state, off the hot path: full parameters and local
 //! gradients downloaded for tests and export, the ranges a rank saves and holds, optimizer
-//! state read for checkpoints and loaded back (then published as a step would), and the
-//! memory reports.
+//! state read for checkpoints and loaded back (then published as a step would), the host
+//! copy of the checkpoint shard lent to a background save (`snapshot.rs`), and the memory
+//! reports.
 
 use super::engine::{Engine, EngineComm};
 use super::gather::Travel;
 use super::memory::MemoryReport;
+use super::snapshot::ShardCopy;
 use crate::backend::{Backend, Loc};
 use crate::optim::HostAdamWStats;
 use crate::zero::HostMemory;
 use crate::TrainError;
 use collectives::AllGatherInPlace;
+use std::sync::Arc;
 
 impl<B: Backend> Engine<B> {
     /// Unit `i`'s full parameters on the host (unpadded), gathering if sharded (at compute
@@ -164,5 +167,40 @@ impl<B: Backend> Engine<B> {
     /// What the host optimizer did since the last call (`None` with the optimizer on the device).
     pub fn take_host_optimizer_stats(&mut self) -> Option<HostAdamWStats> {
         self.opt.take_host_stats()
+    }
+}
+
+/// The host copy of the checkpoint shard (`snapshot.rs`), lent to a background save.
+impl<B: Backend> Engine<B> {
+    /// Copy this rank's checkpoint shard (master weights, m, v of its range of every unit) to
+    /// the host copy and lend it out. Host state is copied before this returns; device state
+    /// is queued ([`ShardCopy::wait_filled`] before reading it) and the next update of it is
+    /// ordered after the copy. Settle a delayed update first (`Engine::settle`).
+    pub fn lend_shard_copy(&mut self, be: &B) -> Result<ShardCopy<B>, TrainError> {
+        let mut copy = self.shard_copy.take().ok_or_else(|| {
+            TrainError::Invalid(
+                "no host copy of the checkpoint shard to fill: it was not allocated (checkpoint.async is off) or a \
+                 background save still holds it (a bug: please report it)"
+                    .into(),
+            )
+        })?;
+        let mut last = None;
+        for part in copy.units.iter_mut() {
+            // One copy stream, in queue order: the last event covers every copy.
+            if let Some(e) = self.opt.copy_to_host(be, part.unit, part.lo, part.hi, &mut part.buf)? {
+                last = Some(e);
+            }
+        }
+        if let Some(e) = last {
+            let done = Arc::new(e);
+            self.opt.copying_until(done.clone());
+            copy.ready = Some(done);
+        }
+        Ok(copy)
+    }
+
+    /// The copy a background save lent is free again.
+    pub fn return_shard_copy(&mut self, copy: ShardCopy<B>) {
+        self.shard_copy = Some(copy);
     }
 }

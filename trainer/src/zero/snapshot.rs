@@ -15,12 +15,13 @@
 //! training thread.
 //!
 //! [`Optimizer::copying_until`]: crate::optim::Optimizer::copying_until
+//! [`Engine::checkpoint_range`]: crate::zero::Engine::checkpoint_range
+//! [`Engine::lend_shard_copy`]: crate::zero::Engine::lend_shard_copy
+//! [`Engine::return_shard_copy`]: crate::zero::Engine::return_shard_copy
 
-use super::engine::{Engine, Unit};
 use super::HostMemory;
 use crate::backend::{BResult, Backend, HostRead, HostWait};
 use crate::model::ModelLayout;
-use crate::TrainError;
 use std::sync::Arc;
 
 /// The range `[lo, hi)` of a unit of `numel` elements, padded to `shard` per rank, that
@@ -34,7 +35,7 @@ pub struct CopiedUnit<B: Backend> {
     pub unit: usize,
     pub lo: usize,
     pub hi: usize,
-    buf: B::HostF32,
+    pub(super) buf: B::HostF32,
 }
 
 impl<B: Backend> CopiedUnit<B> {
@@ -56,21 +57,22 @@ impl<B: Backend> CopiedUnit<B> {
 pub struct ShardCopy<B: Backend> {
     pub units: Vec<CopiedUnit<B>>,
     /// The last queued copy into it (device state): complete before the values are read.
-    ready: Option<Arc<B::Event>>,
+    pub(super) ready: Option<Arc<B::Event>>,
 }
 
 impl<B: Backend> ShardCopy<B> {
-    /// Buffers for every unit's checkpoint range of `rank`; their bytes go to `host.checkpoint`.
+    /// Buffers for every unit's checkpoint range of `rank` (`units`: each unit's elements per
+    /// rank and its unpadded length); their bytes go to `host.checkpoint`.
     pub(super) fn allocate(
         be: &B,
         layout: &ModelLayout,
-        units: &[Unit<B>],
+        units: &[(usize, usize)],
         rank: usize,
         host: &mut HostMemory,
     ) -> BResult<ShardCopy<B>> {
         let mut parts = Vec::new();
-        for (i, u) in units.iter().enumerate() {
-            let (lo, hi) = checkpoint_range(rank, u.shard, u.numel);
+        for (i, &(shard, numel)) in units.iter().enumerate() {
+            let (lo, hi) = checkpoint_range(rank, shard, numel);
             if hi <= lo {
                 continue;
             }
@@ -93,39 +95,5 @@ impl<B: Backend> ShardCopy<B> {
     /// Bytes of optimizer state in the copy.
     pub fn bytes(&self) -> u64 {
         self.units.iter().map(|u| 3 * (u.hi - u.lo) as u64 * 4).sum()
-    }
-}
-
-impl<B: Backend> Engine<B> {
-    /// Copy this rank's checkpoint shard (master weights, m, v of its range of every unit) to
-    /// the host copy and lend it out. Host state is copied before this returns; device state
-    /// is queued ([`ShardCopy::wait_filled`] before reading it) and the next update of it is
-    /// ordered after the copy. Settle a delayed update first (`Engine::settle`).
-    pub fn lend_shard_copy(&mut self, be: &B) -> Result<ShardCopy<B>, TrainError> {
-        let mut copy = self.shard_copy.take().ok_or_else(|| {
-            TrainError::Invalid(
-                "no host copy of the checkpoint shard to fill: it was not allocated (checkpoint.async is off) or a \
-                 background save still holds it (a bug: please report it)"
-                    .into(),
-            )
-        })?;
-        let mut last = None;
-        for part in copy.units.iter_mut() {
-            // One copy stream, in queue order: the last event covers every copy.
-            if let Some(e) = self.opt.copy_to_host(be, part.unit, part.lo, part.hi, &mut part.buf)? {
-                last = Some(e);
-            }
-        }
-        if let Some(e) = last {
-            let done = Arc::new(e);
-            self.opt.copying_until(done.clone());
-            copy.ready = Some(done);
-        }
-        Ok(copy)
-    }
-
-    /// The copy a background save lent is free again.
-    pub fn return_shard_copy(&mut self, copy: ShardCopy<B>) {
-        self.shard_copy = Some(copy);
     }
 }

@@ -45,21 +45,6 @@ pub(super) fn no_defines() -> Vec<(&'static str, String)> {
     Vec::new()
 }
 
-/// Every kernel file of the backend.
-const FILES: &[&KernelFile] = &[
-    &super::memory::KERNELS,
-    &super::encoder::KERNELS,
-    &super::layernorm::KERNELS,
-    &super::matmul::KERNELS,
-    &super::fp8::KERNELS,
-    &super::attention::KERNELS,
-    &super::rope::KERNELS,
-    &super::activation::KERNELS,
-    &super::cross_entropy::KERNELS,
-    &super::reduce::KERNELS,
-    &super::adamw::KERNELS,
-];
-
 /// Every loaded kernel by name, and what went wrong with the ones that did not load.
 pub(super) struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
@@ -91,8 +76,8 @@ impl Kernels {
     }
 }
 
-/// Compile (or fetch from the cache) and load every kernel for `ctx`'s device.
-pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
+/// Compile (or fetch from the cache) and load every kernel of `files` for `ctx`'s device.
+pub(super) fn load_all(ctx: &Arc<CudaContext>, files: &[&KernelFile]) -> BResult<Kernels> {
     let (major, minor) =
         ctx.compute_capability().map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
     // Hopper (compute capability 9.0) builds for sm_90a, which adds wgmma (the attention
@@ -104,7 +89,7 @@ pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
         ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| BackendError::Device(format!("reading the shared-memory limit: {e}")))? as usize;
     let mut k = Kernels { functions: HashMap::new(), failed: HashMap::new(), max_smem, wgmma };
-    for s in FILES {
+    for s in files {
         match load_source(ctx, s, &arch, &nvrtc) {
             Ok(funcs) => {
                 for (name, f) in funcs {
@@ -133,15 +118,15 @@ pub(super) fn load_all(ctx: &Arc<CudaContext>) -> BResult<Kernels> {
 /// A kernel file's name and its CUBIN size, or NVRTC's log.
 pub type CompileResult = (&'static str, Result<usize, String>);
 
-/// Compile every kernel file for `arch` (e.g. `"sm_90"`) with NVRTC alone, no GPU or
-/// driver needed: each file's name with its CUBIN size, or the compiler's log. `Err` when
-/// libnvrtc cannot be loaded. For checking kernels on a machine without a GPU.
-pub fn compile_all(arch: &str) -> Result<Vec<CompileResult>, String> {
+/// Compile every kernel file of `files` for `arch` (e.g. `"sm_90"`) with NVRTC alone, no
+/// GPU or driver needed: each file's name with its CUBIN size, or the compiler's log. `Err`
+/// when libnvrtc cannot be loaded. For checking kernels on a machine without a GPU.
+pub(super) fn compile_all(arch: &str, files: &[&KernelFile]) -> Result<Vec<CompileResult>, String> {
     // SAFETY: only asks the dynamic loader whether the library opens.
     if !unsafe { nvrtc_sys::is_culib_present() } {
         return Err(format!("libnvrtc is not loadable (tried {:?})", cudarc::get_lib_name_candidates("nvrtc")));
     }
-    Ok(FILES
+    Ok(files
         .iter()
         .map(|s| {
             let full = format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", s.name, s.src);

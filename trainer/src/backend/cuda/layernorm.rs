@@ -220,7 +220,7 @@ impl LayerNormOps for CudaBackend {
     ) -> BResult<()> {
         check("layernorm_fwd out", out.len(), 0, r.n * r.c)?;
         let o = self.ptr_mut(out, 0);
-        self.ln_fwd(o, stats, inp, p, r, amax)
+        self.ln_fwd(NormOut { o, amax }, stats, inp, p, r)
     }
 
     fn layernorm_stats(
@@ -232,7 +232,7 @@ impl LayerNormOps for CudaBackend {
         amax: Option<AmaxSink>,
     ) -> BResult<()> {
         // layernorm_fwd's kernel with no output: the statistics (and the amax) only.
-        self.ln_fwd(0, stats, inp, p, r, amax)
+        self.ln_fwd(NormOut { o: 0, amax }, stats, inp, p, r)
     }
 
     fn layernorm_bwd(
@@ -287,7 +287,7 @@ impl LayerNormOps for CudaBackend {
     ) -> BResult<()> {
         check("rmsnorm_fwd out", out.len(), 0, r.n * r.c)?;
         let o = self.ptr_mut(out, 0);
-        self.rms_fwd(o, rstd, inp, p, r, eps, amax)
+        self.rms_fwd(NormOut { o, amax }, rstd, inp, p, r, eps)
     }
 
     fn rmsnorm_stats(
@@ -301,7 +301,7 @@ impl LayerNormOps for CudaBackend {
     ) -> BResult<()> {
         // rmsnorm_fwd's kernels with no output: rstd (and the amax) only (a null output is
         // 16-byte aligned: the same kernel as with the output, so the same rstd).
-        self.rms_fwd(0, rstd, inp, p, r, eps, amax)
+        self.rms_fwd(NormOut { o: 0, amax }, rstd, inp, p, r, eps)
     }
 
     fn rmsnorm_bwd(
@@ -346,6 +346,13 @@ impl LayerNormOps for CudaBackend {
     }
 }
 
+/// Where a norm's forward writes: its output's device address (0: none, only the row
+/// statistics), and where the output's amax goes.
+struct NormOut {
+    o: u64,
+    amax: Option<AmaxSink>,
+}
+
 /// Which norm backward kernel runs, and its launch shape.
 struct LnBwdKernel {
     name: &'static str,
@@ -358,18 +365,17 @@ struct LnBwdKernel {
 }
 
 impl CudaBackend {
-    /// LayerNorm's forward into the output at `o` (0: none, only the statistics and the
+    /// LayerNorm's forward into the output at `out.o` (0: none, only the statistics and the
     /// amax: `layernorm_stats`).
-    #[allow(clippy::too_many_arguments)] // layernorm_fwd's, the output as a pointer
     fn ln_fwd(
         &self,
-        o: u64,
+        out: NormOut,
         stats: LnStats<'_, Self>,
         inp: &<Self as Device>::Buf,
         p: Weights<'_, Self, NormLocs>,
         r: Rows,
-        amax: Option<AmaxSink>,
     ) -> BResult<()> {
+        let NormOut { o, amax } = out;
         let (Rows { n, c }, LnStats { mean, rstd }, (params, NormLocs { w, b: bias })) = (r, stats, (p.buf, p.at));
         check("layernorm_fwd inp", inp.len(), 0, n * c)?;
         check("layernorm_fwd mean", mean.len(), 0, n)?;
@@ -411,19 +417,18 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// RMSNorm's forward into the output at `o` (0: none, only `rstd` and the amax), the
+    /// RMSNorm's forward into the output at `out.o` (0: none, only `rstd` and the amax), the
     /// kernel picked by the shape and alignment (the same with and without an output).
-    #[allow(clippy::too_many_arguments)] // rmsnorm_fwd's, the output as a pointer
     fn rms_fwd(
         &self,
-        o: u64,
+        out: NormOut,
         rstd: &mut <Self as Device>::F32,
         inp: &<Self as Device>::Buf,
         p: Weights<'_, Self, Loc>,
         r: Rows,
         eps: f32,
-        amax: Option<AmaxSink>,
     ) -> BResult<()> {
+        let NormOut { o, amax } = out;
         let (Rows { n, c }, (params, w)) = (r, (p.buf, p.at));
         check("rmsnorm_fwd inp", inp.len(), 0, n * c)?;
         check("rmsnorm_fwd rstd", rstd.len(), 0, n)?;

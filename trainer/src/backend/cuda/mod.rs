@@ -37,6 +37,7 @@ mod layernorm;
 mod matmul;
 mod memory;
 mod reduce;
+mod registry;
 mod rope;
 mod staging;
 mod transfer;
@@ -44,7 +45,7 @@ mod transfer;
 pub use attention::AttentionImpl;
 pub use cublaslt::{GemmSearch, GemmSweep};
 pub use fp8::{CachedWeightRead, CheckedPrediction, Fp8Cast, Fp8Casts, PredictedInput, COLSUM_ROWS as FP8_COLSUM_ROWS};
-pub use kernels::compile_all;
+pub use registry::compile_all;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -196,7 +197,7 @@ impl CudaBackend {
         let sm_count = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| BackendError::Device(format!("reading the SM count: {e}")))? as usize;
-        let kernels = kernels::load_all(&ctx)?;
+        let kernels = registry::load_all(&ctx)?;
         let compute_capability = ctx
             .compute_capability()
             .map_err(|e| BackendError::Device(format!("reading the compute capability: {e}")))?;
