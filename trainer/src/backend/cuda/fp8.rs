@@ -6,7 +6,10 @@
 //! Hopper's FP8 GEMMs take A transposed and B not ("TN": both with the inner dimension
 //! contiguous). With row-major `X[n, c]`, `W[oc, c]`, `dY[n, oc]` (see `matmul.rs`):
 //! - forward `Yᵀ(oc×n) = W·Xᵀ`: A = W `[oc, c]`, B = X `[n, c]`, both as they are (e4m3 ×
-//!   e4m3; sums promoted to fp32 unless `SHARDTRAIN_FP8_FAST_ACCUM=1`), bias, GELU (aux bf16) or residual (C) in the epilogue;
+//!   e4m3; sums promoted to fp32, never cuBLASLt's fast accumulation: at GPT-2 1.5B it was
+//!   about 1% faster but lost the loss, +2.1% after 500 steps against bf16 where promoted
+//!   sums gave -0.04%, BENCHMARKS.md run 17), bias, GELU (aux bf16) or residual (C) in the
+//!   epilogue;
 //! - `dXᵀ(c×n) = Wᵀ·dYᵀ`: A = Wᵀ `[c, oc]` (a transposed cast of the weight), B = dY
 //!   `[n, oc]` (e4m3 × e5m2), GELU' in the epilogue where cuBLASLt has it;
 //! - `dWᵀ(c×oc) = Xᵀ·dY`: A = Xᵀ `[c, n]`, B = dYᵀ `[oc, n]` (both transposed casts,
@@ -57,8 +60,8 @@
 //! (`matmul_fwd_of_norm`: the norm's output is never written), as fc2 may apply GELU, and
 //! fc's backward GELU' to the gradient fc2's backward wrote (`matmul_bwd_of_dgelu`).
 //!
-//! Those two GELU casts, and the casts that apply a norm where the norm left no amax
-//! (`ModelOptions::fp8_predicted_norms`: its kernel then finds only its statistics),
+//! Those two GELU casts, and the casts that apply a norm (the norm's kernel then finds only
+//! its statistics, no amax of the output it never writes),
 //! *predict* their scale (`Cast::predicted`; `fp8.cu`:
 //! `FP8_SCALE_PREDICTED`): no amax of what they make exists before they make it, so each casts
 //! with the scale of a predicted amax (the tensor's last one, or for the gradient that times
@@ -66,10 +69,9 @@
 //! goes, and a check pass (`FP8_SCALE_CHECK`) casts again with the true scale where the two
 //! differ: the codes of current scaling always, an amax pass (or a bf16 tensor written and
 //! read) saved where the power-of-two scale held. The predictions and their right/wrong
-//! counts persist in the workspace (`CudaFp8Workspace::prediction`). Llama's SwiGLU casts
-//! (down's of SwiGLU's output, gate/up's backward's of SwiGLU's input gradient:
-//! `CastOp::Swiglu`, `CastOp::Dswiglu`) do the same where the model asks
-//! (`ModelOptions::fp8_predicted_swiglu`, opt-in).
+//! counts persist in the workspace (`CudaFp8Workspace::prediction`). Llama's SwiGLU output
+//! and input gradient are written, with their amaxes, as any producer's (casts that applied
+//! SwiGLU with a predicted scale measured slower there: BENCHMARKS.md run 26).
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -141,19 +143,6 @@ struct StepCodesTable {
 
 // SAFETY: plain numbers in C layout, as the kernel declares them.
 unsafe impl cudarc::driver::DeviceRepr for StepCodesTable {}
-
-/// `SHARDTRAIN_FP8_FAST_ACCUM`: `0` (or unset) has the FP8 forward GEMMs promote their partial
-/// sums to fp32 like the backward's; `1` lets them use cuBLASLt's fast accumulation (as
-/// Transformer Engine's and torchao's defaults do): about 1% faster at GPT-2 1.5B, but there
-/// it lost the loss (+2.1% after 500 steps against bf16, where promoted sums gave -0.04%:
-/// BENCHMARKS.md run 17); any other value is an error.
-pub(super) fn fast_accum_from_env() -> BResult<bool> {
-    match std::env::var("SHARDTRAIN_FP8_FAST_ACCUM").as_deref() {
-        Err(_) | Ok("") | Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok(v) => Err(bad(format!("SHARDTRAIN_FP8_FAST_ACCUM = {v:?}: expected 0 or 1 (or leave it unset)"))),
-    }
-}
 
 /// The FP8 layers' device state: the operand workspace (with the per-op and per-layer scale
 /// slots), what it was sized for, and the cached weights.
@@ -304,11 +293,6 @@ pub(super) enum CastOp {
     Gelu,
     /// GELU'(pre)·x, x the gradient of GELU's output (`gelu_bwd`'s).
     Dgelu { pre: u64 },
-    /// silu(gate)·up, x being rows `[gate | up]` twice the cast's columns (`swiglu_fwd`'s).
-    Swiglu,
-    /// SwiGLU's input gradient `[dgate | dup]`, x being its input `[gate | up]` and `dact`
-    /// (`[rows, cols / 2]`) its output's gradient (`swiglu_bwd`'s).
-    Dswiglu { dact: u64 },
 }
 
 impl CastOp {
@@ -318,8 +302,6 @@ impl CastOp {
             CastOp::None => (0, 0),
             CastOp::Gelu => (1, 0),
             CastOp::Dgelu { pre } => (2, pre),
-            CastOp::Swiglu => (3, 0),
-            CastOp::Dswiglu { dact } => (4, dact),
         }
     }
 }
@@ -391,9 +373,8 @@ pub(super) struct FwdEpilogue {
     pub bias: Option<u64>,
     /// Added to the product (cuBLASLt's C, beta 1).
     pub residual: Option<u64>,
-    /// The input is what the layer's activation reads (a pre-activation whose GELU, or rows
-    /// `[gate | up]` whose SwiGLU, the layer multiplies): its cast applies it (`CastOp::Gelu`,
-    /// `CastOp::Swiglu`; the layer keeps its input's codes, and the amax of the activation's
+    /// The input is what the layer's activation reads (a pre-activation whose GELU the layer
+    /// multiplies): its cast applies it (`CastOp::Gelu`; the layer keeps its input's codes, and the amax of the activation's
     /// output was left in its input slot, or the cast predicts its scale). `CastOp::None`: the
     /// input is what the layer multiplies.
     pub input_op: CastOp,
@@ -963,11 +944,6 @@ impl CudaBackend {
                 let tiles = u32::try_from(tiles)
                     .map_err(|_| bad(format!("FP8 transposing cast: {rows} × {cols} has too many tiles")))?;
                 let (op_i, aux) = op.args();
-                if matches!(op, CastOp::Dswiglu { .. }) && !cols.is_multiple_of(16) {
-                    return Err(bad(format!(
-                        "an FP8 cast of SwiGLU's gradient of {cols} columns, not 2·F with F % 8 == 0 (a bug)"
-                    )));
-                }
                 let NormPtrs { mean, rstd, w, b } = norm.unwrap_or(NormPtrs { mean: 0, rstd: 0, w: 0, b: 0 });
                 let Prediction { at: pred, reference } = predicted.unwrap_or(Prediction { at: 0, reference: 0 });
                 // A predicted cast (one tile a block), then its check: most often it finds the
@@ -982,17 +958,15 @@ impl CudaBackend {
                 // rest streams (GPT-2 1.5B: 0.35-0.45 ms a step in two calls of three, BENCHMARKS.md
                 // run 28). A check that casts again reads from the first: what the predicted pass
                 // read last.
-                let reverse = i32::from(self.fp8_cast_reverse);
                 for &(mode, grid) in passes {
-                    let reverse = if mode == SCALE_CHECK { 0 } else { reverse };
+                    let reverse: i32 = if mode == SCALE_CHECK { 0 } else { 1 };
                     let f = self.f("fp8_cast_transpose_bf16")?;
                     let mut lb = self.stream.launch_builder(f);
                     lb.arg(&q).arg(&qt).arg(&x).arg(&ri).arg(&ci).arg(&slot).arg(&fmt_i).arg(&colsum).arg(&op_i);
                     lb.arg(&mean).arg(&rstd).arg(&w).arg(&b).arg(&aux).arg(&mode).arg(&pred).arg(&reference);
                     lb.arg(&reverse);
-                    // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16 (SwiGLU's
-                    // forward twice as many), aux (a pre-activation, rows·cols, or SwiGLU's
-                    // output gradient, half) its bf16; the slot and the prediction four words;
+                    // SAFETY: q (unless 0) and qt hold rows·cols bytes, x as many bf16, aux (a
+                    // pre-activation, rows·cols) its bf16; the slot and the prediction four words;
                     // colsum (unless 0) a float per column and tile of rows; a norm's
                     // statistics a float per row, its weight and bias a bf16 per column.
                     unsafe { lb.launch(cfg((grid, 1, 1), (256, 1, 1), 0)) }
@@ -1059,7 +1033,7 @@ impl CudaBackend {
                 b: Fp8Format::E4M3,
                 a_scale: w_slot,
                 b_scale: in_slot,
-                fast_accum: self.fp8_fast_accum,
+                fast_accum: false,
             }),
         };
         let fused = epi.residual.is_some();
@@ -1193,7 +1167,7 @@ impl CudaBackend {
         // dY's transposed codes only for an FP8 dW.
         let gt = dw_fp8.then(|| ws.gt());
         // dY made by its cast from an activation's output gradient (`BwdPtrs::dy_op`): only
-        // where the cast is transposing (it alone applies GELU' or SwiGLU's backward), and with
+        // where the cast is transposing (it alone applies GELU'), and with
         // its scale predicted where no amax of dY was left (there is no dY to take one of).
         let predicted = match (ptr.dy_op, layer) {
             (CastOp::None, _) => None,
@@ -1559,9 +1533,7 @@ impl CudaBackend {
 
     /// `rows × cols` bf16 of `x` (from element 0) quantized to `fmt` by one transposing cast
     /// that predicts its scale (`Cast::predicted`: the predicted pass, then its check) as
-    /// `prediction` says, of what `made` says (x itself, GELU of x, GELU'(pre)·x, SwiGLU of x's
-    /// rows `[gate | up]` (x then `rows × 2·cols`), or SwiGLU's input gradient from x = its
-    /// input and its output's gradient (`rows × cols / 2`)), with
+    /// `prediction` says, of what `made` says (x itself, GELU of x, or GELU'(pre)·x), with
     /// column sums, and read back: the amax it found, the inverse scale, both layouts' codes
     /// (`codes_beside_t`, `codes_t`; `codes` empty) and the sums, then the prediction's four
     /// words after (the amax found, right count, wrong count, the reference's amax). What
@@ -1576,8 +1548,7 @@ impl CudaBackend {
         prediction: CheckedPrediction,
     ) -> BResult<(Fp8Cast, [u32; 4])> {
         let n = rows * cols;
-        let x_len = if matches!(made, PredictedInput::Swiglu) { 2 * n } else { n };
-        super::launch::check("fp8_predicted_cast_check x", x.len(), 0, x_len)?;
+        super::launch::check("fp8_predicted_cast_check x", x.len(), 0, n)?;
         if !(rows.is_multiple_of(16) && cols.is_multiple_of(16)) {
             return Err(bad(format!("fp8_predicted_cast_check: {rows} × {cols} is not a multiple of 16 both ways")));
         }
@@ -1587,11 +1558,6 @@ impl CudaBackend {
             PredictedInput::Dgelu(pre) => {
                 super::launch::check("fp8_predicted_cast_check pre", pre.len(), 0, n)?;
                 CastOp::Dgelu { pre: self.ptr(pre, 0) }
-            }
-            PredictedInput::Swiglu => CastOp::Swiglu,
-            PredictedInput::Dswiglu(dact) => {
-                super::launch::check("fp8_predicted_cast_check dact", dact.len(), 0, n / 2)?;
-                CastOp::Dswiglu { dact: self.ptr(dact, 0) }
             }
         };
         let mut slot = self.alloc::<u32>(4, "FP8 check slot")?;
@@ -1661,8 +1627,4 @@ pub enum PredictedInput<'a> {
     Gelu,
     /// GELU'(pre)·it (the gradient of GELU's output), with the pre-activation.
     Dgelu(&'a CudaSlice<half::bf16>),
-    /// silu(gate)·up of its rows `[gate | up]`.
-    Swiglu,
-    /// SwiGLU's input gradient, it being SwiGLU's input, with its output's gradient.
-    Dswiglu(&'a CudaSlice<half::bf16>),
 }

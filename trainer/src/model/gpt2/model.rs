@@ -23,7 +23,7 @@ use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
     clear_block_sinks, fp8_kept_inputs, keeps_codes, mlp_out_keeps_codes, no_norm_output, norm_in_cast,
-    norm_in_cast_planned, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
+    prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
 
@@ -108,15 +108,6 @@ pub struct Gpt2<B: Backend> {
     act_slot: Vec<usize>,
     /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
     fp8_kept: Vec<bool>,
-    /// FP8 layers that keep their input's codes and read a LayerNorm's output (qkv, fc) take
-    /// it from the norm's input, the norm applied by their cast (`ModelOptions::fp8_norm_in_cast`).
-    norm_in_cast: bool,
-    /// FP8 casts of the MLP's GELU output (into fc2) and of GELU's gradient (into fc's
-    /// backward) predict their scale (`ModelOptions::fp8_predicted_scales`).
-    predicted_scales: bool,
-    /// FP8 casts that apply a LayerNorm predict their scale: the norm finds only its
-    /// statistics (`ModelOptions::fp8_predicted_norms`).
-    predicted_norms: bool,
     /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -169,14 +160,13 @@ impl<B: Backend> Gpt2<B> {
         // Where each block's qkv and fc apply their norm in their cast (`model::norm_in_cast`;
         // fc only where fc2 takes GELU from the pre-activation), that norm's output is never
         // written.
-        let norm_cast = |layer: usize, k: usize| {
-            norm_in_cast_planned(opts, &fp8_kept, layer, k) && (k == 0 || keeps_codes(&fp8_kept, layer, 3))
-        };
+        let norm_cast =
+            |layer: usize, k: usize| keeps_codes(&fp8_kept, layer, k) && (k == 0 || keeps_codes(&fp8_kept, layer, 3));
         let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         // fc2 takes GELU from the pre-activation (`Block::forward`'s `of_pre`) where it keeps
-        // its input's codes, the sinks are on and fc runs in FP8; elsewhere GELU's output is
-        // written, into the block's kept copy or this scratch.
-        let of_pre = |layer: usize| opts.fp8_amax_sinks && keeps_codes(&fp8_kept, layer, 3) && !opts.fp8_bf16_layers[2];
+        // its input's codes and fc runs in FP8; elsewhere GELU's output is written, into the
+        // block's kept copy or this scratch.
+        let of_pre = |layer: usize| keeps_codes(&fp8_kept, layer, 3) && !opts.fp8_bf16_layers[2];
         let gelu_out = if (0..l).all(of_pre) {
             None
         } else {
@@ -221,16 +211,13 @@ impl<B: Backend> Gpt2<B> {
         prepare_precision(be, opts, n, &linears, l, &fp8_kept, ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
-            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
+            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers),
             shape,
             ckpt,
             resid,
             acts,
             act_slot: slots.slot,
             fp8_kept,
-            norm_in_cast: opts.fp8_norm_in_cast,
-            predicted_scales: opts.fp8_predicted_scales,
-            predicted_norms: opts.fp8_predicted_scales && opts.fp8_predicted_norms,
             kept,
             scratch,
             lnf,
@@ -275,17 +262,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block {
-            be,
-            p,
-            k,
-            s: self.shape,
-            docs: self.tokens.docs.as_ref(),
-            dres_sink: None,
-            norm_in_cast: self.norm_in_cast,
-            predicted_scales: self.predicted_scales,
-            predicted_norms: self.predicted_norms,
-        };
+        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink: None };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -314,10 +291,7 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
         let (k, dres_sink) = (&self.locs(layer), self.fc2_grad_sink(layer.checked_sub(1)));
-        let (norm_in_cast, predicted_scales, predicted_norms) =
-            (self.norm_in_cast, self.predicted_scales, self.predicted_norms);
-        let docs = self.tokens.docs.as_ref();
-        let blk = Block { be, p, k, s: self.shape, docs, dres_sink, norm_in_cast, predicted_scales, predicted_norms };
+        let blk = Block { be, p, k, s: self.shape, docs: self.tokens.docs.as_ref(), dres_sink };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -366,12 +340,6 @@ struct Block<'a, B: Backend> {
     /// Where ln1's backward leaves the amax of the gradient it writes (the block below's fc2
     /// reads it first: `Gpt2::fc2_grad_sink`); `None` for block 0 and in the forward.
     dres_sink: Option<AmaxSink>,
-    /// `Gpt2::norm_in_cast`.
-    norm_in_cast: bool,
-    /// `Gpt2::predicted_scales`.
-    predicted_scales: bool,
-    /// `Gpt2::predicted_norms`.
-    predicted_norms: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -379,15 +347,10 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
-    /// `model::norm_in_cast` with this model's switch.
-    fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
-        norm_in_cast(self.norm_in_cast, lin, s)
-    }
-
     /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
-    /// layer that keeps its input's codes, the norm's statistics (and its output's amax, unless
-    /// the cast predicts its scale: `predicted_norms`) only, the norm applied by the layer's
-    /// cast (`matmul_fwd_of_norm`: the same bits, one pass less).
+    /// layer that keeps its input's codes, the norm's statistics only (the cast predicts its
+    /// scale: no amax of the output), the norm applied by the layer's cast
+    /// (`matmul_fwd_of_norm`: the same bits, one pass less).
     fn norm_then_linear(
         &self,
         (ln, stats, norm): (Option<&mut B::Buf>, &mut NormStats<B>, NormLocs),
@@ -398,14 +361,13 @@ impl<B: Backend> Block<'_, B> {
     ) -> BResult<()> {
         let (be, r) = (self.be, Rows { n: s.n, c: s.c });
         let sink = lin.input_sink(s);
-        match sink.filter(|_| self.norm_in_cast(lin, s)) {
-            Some(sk) => {
-                // Where the cast predicts its scale, the norm leaves no amax.
-                let amax = Some(sk).filter(|_| !self.predicted_norms);
-                be.layernorm_stats(stats.out(), x, self.w(norm), r, amax)?;
-                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(amax)), s)
+        match norm_in_cast(lin, s) {
+            true => {
+                // The cast predicts its scale: the norm leaves no amax.
+                be.layernorm_stats(stats.out(), x, self.w(norm), r, None)?;
+                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(None)), s)
             }
-            None => {
+            false => {
                 let ln = ln.ok_or_else(|| no_norm_output("GPT-2"))?;
                 be.layernorm_fwd(ln, stats.out(), x, self.w(norm), r, sink)?;
                 be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
@@ -439,15 +401,10 @@ impl<B: Backend> Block<'_, B> {
         // composed FP8 fc forward is this GEMM, then GELU).
         let of_pre = gelu_sink.filter(|_| k.fc2.keeps_input(fc2) && k.fc.fp8(fc));
         let pass = match (of_pre, pass) {
-            (Some(gs), Pass::Full(out)) => {
+            (Some(_), Pass::Full(out)) => {
                 self.norm_then_linear((a.ln2.as_mut(), &mut a.ln2_stats, k.ln2), &a.resid2, &mut a.fch, k.fc, fc)?;
-                // With predicted scales fc2's cast finds GELU's amax itself: no pass before it.
-                let fc2_at = if self.predicted_scales {
-                    k.fc2.input_amax_from(None)
-                } else {
-                    be.gelu_amax(&a.fch, n * 4 * c, gs)?;
-                    k.fc2.input_amax_from(gelu_sink)
-                };
+                // fc2's cast predicts its scale and finds GELU's amax itself: no pass before it.
+                let fc2_at = k.fc2.input_amax_from(None);
                 return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.w(fc2_at), fc2, &mut sc.tmp);
             }
             (_, pass) => pass,
@@ -504,11 +461,11 @@ impl<B: Backend> Block<'_, B> {
         // dres's amax: left by the norm backward above (the head's, or the next block's ln1).
         let fc2_at = fc2_at.grad_amax_from(k.fc2.grad_sink(fc2));
         // Where ln2's output was never written (applied in fc's cast), fc's codes serve.
-        let fc_inp = match self.norm_in_cast(k.fc, fc) {
+        let fc_inp = match norm_in_cast(k.fc, fc) {
             true => None,
             false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?),
         };
-        if self.predicted_scales && sink.is_some() {
+        if sink.is_some() {
             // GELU' belongs to fc's backward, whose dY cast applies it (with a predicted
             // scale): fc2's backward writes the gradient of GELU's output, and dpre is never
             // written (`MatmulOps::matmul_bwd_of_dgelu`).
@@ -538,7 +495,7 @@ impl<B: Backend> Block<'_, B> {
         let sink = k.qkv.grad_sink(qkv);
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s, sink)?;
         let qkv_at = k.qkv.grad_amax_from(sink);
-        if self.norm_in_cast(k.qkv, qkv) {
+        if norm_in_cast(k.qkv, qkv) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(qkv_at), &g.dqkv, self.w(qkv_at), qkv)?;
         } else {
             let ln1 = a.ln1.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?;

@@ -24,7 +24,7 @@ use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
-    clear_block_sinks, fp8_kept_inputs, mlp_out_keeps_codes, no_norm_output, norm_in_cast, norm_in_cast_planned,
+    clear_block_sinks, fp8_kept_inputs, keeps_codes, mlp_out_keeps_codes, no_norm_output, norm_in_cast,
     prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
@@ -88,17 +88,6 @@ pub struct Llama<B: Backend> {
     act_slot: Vec<usize>,
     /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
     fp8_kept: Vec<bool>,
-    /// FP8 layers that keep their input's codes and read an RMSNorm's output (qkv, gate/up)
-    /// take it from the norm's input, the norm applied by their cast
-    /// (`ModelOptions::fp8_norm_in_cast`).
-    norm_in_cast: bool,
-    /// FP8 casts of SwiGLU's output (into down) and of its input gradient (into gate/up's
-    /// backward) predict their scale (`ModelOptions::fp8_predicted_swiglu`, with
-    /// `fp8_predicted_scales`).
-    predicted_scales: bool,
-    /// FP8 casts that apply an RMSNorm predict their scale: the norm finds only rstd
-    /// (`ModelOptions::fp8_predicted_norms`).
-    predicted_norms: bool,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
@@ -152,7 +141,7 @@ impl<B: Backend> Llama<B> {
         // Where each block's qkv and gate/up apply their norm in their cast (`model::norm_in_cast`:
         // the layer keeps its input's codes and its producer leaves the amax), that norm's
         // output is never written.
-        let norm_cast = |layer: usize, k: usize| norm_in_cast_planned(opts, &fp8_kept, layer, k);
+        let norm_cast = |layer: usize, k: usize| keeps_codes(&fp8_kept, layer, k);
         let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
@@ -196,7 +185,7 @@ impl<B: Backend> Llama<B> {
         prepare_precision(be, opts, n, &linears, l, &fp8_kept, ledger)?;
         Ok(Llama {
             embed: locs.embed,
-            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
+            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers),
             s: Shapes { attn, f, eps: cfg.rms_norm_eps() as f32 },
             tied: cfg.tied(),
             ckpt,
@@ -204,9 +193,6 @@ impl<B: Backend> Llama<B> {
             acts,
             act_slot: slots.slot,
             fp8_kept,
-            norm_in_cast: opts.fp8_norm_in_cast,
-            predicted_scales: opts.fp8_predicted_scales && opts.fp8_predicted_swiglu,
-            predicted_norms: opts.fp8_predicted_scales && opts.fp8_predicted_norms,
             kept,
             scratch,
             rope,
@@ -270,18 +256,7 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block {
-            be,
-            p,
-            k,
-            s: self.s,
-            rope: &self.rope,
-            docs: self.tokens.docs.as_ref(),
-            dres_sink: None,
-            norm_in_cast: self.norm_in_cast,
-            predicted_scales: self.predicted_scales,
-            predicted_norms: self.predicted_norms,
-        };
+        let blk = Block { be, p, k, s: self.s, rope: &self.rope, docs: self.tokens.docs.as_ref(), dres_sink: None };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -316,9 +291,6 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
             rope: &self.rope,
             docs: self.tokens.docs.as_ref(),
             dres_sink: self.down_grad_sink(layer.checked_sub(1)),
-            norm_in_cast: self.norm_in_cast,
-            predicted_scales: self.predicted_scales,
-            predicted_norms: self.predicted_norms,
         };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -367,12 +339,6 @@ struct Block<'a, B: Backend> {
     /// Where rms1's backward leaves the amax of the gradient it writes (the block below's down
     /// projection reads it first: `Llama::down_grad_sink`); `None` for block 0 and in the forward.
     dres_sink: Option<AmaxSink>,
-    /// `Llama::norm_in_cast`.
-    norm_in_cast: bool,
-    /// `Llama::predicted_scales`.
-    predicted_scales: bool,
-    /// `Llama::predicted_norms`.
-    predicted_norms: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
@@ -380,15 +346,10 @@ impl<B: Backend> Block<'_, B> {
         Weights::new(self.p, at)
     }
 
-    /// `model::norm_in_cast` with this model's switch.
-    fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
-        norm_in_cast(self.norm_in_cast, lin, s)
-    }
-
     /// `out = RMSNorm(x) · Wᵀ`: the norm's output written, then the layer; or, for an FP8
-    /// layer that keeps its input's codes, the norm's rstd (and its output's amax, unless the
-    /// cast predicts its scale: `predicted_norms`) only, the norm applied by the layer's cast
-    /// (`matmul_fwd_of_norm`: the same bits, one pass less).
+    /// layer that keeps its input's codes, the norm's rstd only (the cast predicts its scale:
+    /// no amax of the output), the norm applied by the layer's cast (`matmul_fwd_of_norm`: the
+    /// same bits, one pass less).
     fn norm_then_linear(
         &self,
         (ln, rstd, norm): (Option<&mut B::Buf>, &mut B::F32, Loc),
@@ -399,15 +360,14 @@ impl<B: Backend> Block<'_, B> {
     ) -> BResult<()> {
         let (be, r, eps) = (self.be, Rows { n: s.n, c: s.c }, self.s.eps);
         let sink = lin.input_sink(s);
-        match sink.filter(|_| self.norm_in_cast(lin, s)) {
-            Some(sk) => {
-                // Where the cast predicts its scale, the norm leaves no amax.
-                let amax = Some(sk).filter(|_| !self.predicted_norms);
-                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, amax)?;
+        match norm_in_cast(lin, s) {
+            true => {
+                // The cast predicts its scale: the norm leaves no amax.
+                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, None)?;
                 let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
-                be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(amax)), s)
+                be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(None)), s)
             }
-            None => {
+            false => {
                 let ln = ln.ok_or_else(|| no_norm_output("Llama"))?;
                 be.rmsnorm_fwd(ln, rstd, x, self.w(norm), r, eps, sink)?;
                 be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
@@ -437,12 +397,6 @@ impl<B: Backend> Block<'_, B> {
         let Pass::Full(out) = pass else { return Ok(()) };
         let down = MatShape { n, c: f, oc: c };
         let sink = k.down.input_sink(down);
-        if self.predicted_scales && sink.is_some() && k.down.keeps_input(down) && a.act.is_none() {
-            // down keeps its input's codes: its cast applies SwiGLU as it reads gate_up, with a
-            // predicted scale, so SwiGLU's output is never written.
-            let down_at = k.down.input_amax_from(None);
-            return be.matmul_residual_fwd_of_swiglu(out, &a.resid2, &a.gate_up, self.w(down_at), down, &mut sc.tmp);
-        }
         let act = a.act.as_mut().unwrap_or(&mut sc.act);
         be.swiglu_fwd(act, &a.gate_up, Rows { n, c: f }, sink)?;
         let act = a.act.as_ref().unwrap_or(&sc.act);
@@ -479,24 +433,14 @@ impl<B: Backend> Block<'_, B> {
         matmul_bwd_or_kept(be, &mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?;
         // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
-        let sink = k.gate_up.grad_sink(gu);
         // Where rms2's output was never written (applied in gate/up's cast), its codes serve.
-        let gu_inp = match self.norm_in_cast(k.gate_up, gu) {
+        let gu_inp = match norm_in_cast(k.gate_up, gu) {
             true => None,
             false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("Llama"))?),
         };
-        // With predicted scales, gate/up's dY cast applies SwiGLU's backward to dact as it reads
-        // gate_up (with a predicted scale whose reference is dres's amax, which down's
-        // output-gradient slot holds): dY is never written (`MatmulOps::matmul_bwd_of_dswiglu`).
-        // Otherwise the composition: SwiGLU's backward writes dY and its amax, then the layer.
-        let scale_ref = k.down.grad_sink(down);
-        let swiglu = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, scale_ref, dy: &mut g.dgate_up };
-        let (gu_g, gu_w) = (gr.first(k.gate_up), self.w(k.gate_up));
-        if self.predicted_scales && sink.is_some() {
-            be.matmul_bwd_of_dswiglu(&mut g.dln, gu_g, &g.dact, swiglu, gu_w, gu)?;
-        } else {
-            dswiglu_then_bwd(be, &mut g.dln, gu_g, &g.dact, swiglu, gu_w, gu)?;
-        }
+        // SwiGLU's backward writes dY and its amax, then the layer.
+        let swiglu = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, dy: &mut g.dgate_up };
+        dswiglu_then_bwd(be, &mut g.dln, gr.first(k.gate_up), &g.dact, swiglu, self.w(k.gate_up), gu)?;
         // dres += through rms2 (the residual branch already carries dres itself), leaving its
         // amax for o's FP8 backward.
         let o = MatShape { n, c, oc: c };
@@ -511,7 +455,7 @@ impl<B: Backend> Block<'_, B> {
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at, None)?;
         be.rope_bwd(&mut g.dqkv, self.rope, self.docs, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
-        if self.norm_in_cast(k.qkv, qkv) {
+        if norm_in_cast(k.qkv, qkv) {
             be.matmul_bwd_kept(&mut g.dln, gr.first(k.qkv), &g.dqkv, self.w(k.qkv), qkv)?;
         } else {
             let ln1 = a.ln1.as_ref().ok_or_else(|| no_norm_output("Llama"))?;
