@@ -6,6 +6,8 @@
 //!   reduce);
 //! - `batch.rs`: one micro-batch (ids, targets, document starts) and its device buffers;
 //! - `head.rs`: the LM head and the loss, in chunks of rows (every family's);
+//! - `block.rs`: what both families' blocks share (their context, the norm before a linear
+//!   layer, which an FP8 layer may apply in its cast);
 //! - `checkpointing.rs`: activation checkpointing's saved sets, passes and kept attention;
 //! - `init.rs`: random initialisation, per tensor as the family's rule says;
 //! - `gpt2/`: the GPT-2 family (layout, blocks, Hugging Face names);
@@ -15,6 +17,7 @@
 //! `gpt2/`, a variant here, and its arms in `ModelFamily`'s methods.
 
 pub mod batch;
+mod block;
 pub mod checkpointing;
 pub mod gpt2;
 pub mod head;
@@ -27,7 +30,7 @@ pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, LinearLocs, Loc, MatShape, Precision};
+use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, Loc, MatShape, Precision};
 use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
@@ -274,24 +277,6 @@ pub(crate) const LINEARS_PER_BLOCK: usize = 4;
 /// Whether block `layer`'s FP8 layer `k` keeps its input's codes (`kept`: [`fp8_kept_inputs`]).
 pub(crate) fn keeps_codes(kept: &[bool], layer: usize, k: usize) -> bool {
     kept.get(layer * LINEARS_PER_BLOCK + k).copied().unwrap_or(false)
-}
-
-/// Whether the layer `lin` (at shape `s`), which reads a norm's output, takes it from the
-/// norm's input, the norm applied in its cast: an FP8 layer that keeps its input's codes and
-/// whose producer leaves its amax. Then the norm's output is never written (a family's
-/// constructor allocates none where [`keeps_codes`] says so), and the layer's backward reads
-/// the codes it kept.
-pub(crate) fn norm_in_cast(lin: LinearLocs, s: MatShape) -> bool {
-    lin.keeps_input(s) && lin.input_sink(s).is_some()
-}
-
-/// The error of a `family` block that would write or read a norm's output its constructor
-/// did not allocate ([`keeps_codes`] and [`norm_in_cast`] disagree: a bug).
-pub(crate) fn no_norm_output(family: &str) -> crate::backend::BackendError {
-    crate::backend::BackendError::Device(format!(
-        "a {family} block writes or reads a norm's output that was not allocated because its FP8 layer applies the \
-         norm in its cast (a bug: the model's constructor and its blocks disagree on model::norm_in_cast)"
-    ))
 }
 
 /// Before block `layer`'s forward (not a recompute): its FP8 layers' amax sinks zeroed
