@@ -328,7 +328,7 @@ fn fp8_prediction_equals_measured_ledger_and_models_the_cuda_workspace_and_weigh
     let kept_codes: Vec<usize> = (0..8).map(|i| if i % 4 == 3 { 0 } else { 2 * 16 * c }).collect();
     let kept = CudaFp8KeptInputs::new(&kept_codes).bytes as u64;
     assert_eq!(kept, 2 * 3 * 32 * 32);
-    // qkv applies ln1 in its cast (`ModelOptions::fp8_norm_in_cast`): no block allocates ln1's
+    // qkv applies ln1 in its cast (`model::norm_in_cast`): no block allocates ln1's
     // output (bf16, 32 × C a block); ln2's stays (fc2 keeps no codes without keep_gelu).
     let ln1 = 2 * 2 * 16 * c as u64 * 2;
     for stage in 0..=3u8 {

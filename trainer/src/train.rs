@@ -102,7 +102,7 @@ impl<B: Backend> Trainer<B> {
             })?;
         }
         let layout = ModelLayout::new(&cfg.model);
-        let opts = EngineOptions::from_config_and_env(cfg).map_err(TrainError::Invalid)?;
+        let opts = EngineOptions::from_config(cfg);
         let (family, l2) = (cfg.model.family, layout.clone());
         let mut engine = match &cfg.train.init_from {
             None => {
@@ -117,7 +117,7 @@ impl<B: Backend> Trainer<B> {
                 Engine::new(be, layout, opts, rank, world, Some(&mut |u, r| src.values(&l2, u, r)))?
             }
         };
-        let mopts = ModelOptions::from_config_and_env(cfg).map_err(TrainError::Invalid)?;
+        let mopts = ModelOptions::from_config(cfg);
         let model = family
             .build(be, &engine.layout, &mopts, &mut engine.ledger)
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;

@@ -6,10 +6,6 @@ pub trait ActivationOps: Device {
     /// GELU (tanh approximation); the amax of `out` left in `amax` where set (for the FP8
     /// GEMM that reads it next).
     fn gelu_fwd(&self, out: &mut Self::Buf, inp: &Self::Buf, n: usize, amax: Option<AmaxSink>) -> BResult<()>;
-    /// The amax of GELU(`inp`) left in `amax`, the output not written: for an FP8 layer that
-    /// quantizes GELU's output as its cast reads the pre-activation
-    /// ([`MatmulOps::matmul_residual_fwd_of_gelu`](super::MatmulOps::matmul_residual_fwd_of_gelu)).
-    fn gelu_amax(&self, inp: &Self::Buf, n: usize, amax: AmaxSink) -> BResult<()>;
     /// `d = gelu'(inp) · d`, in place: the gradient arrives in the buffer it leaves in (the
     /// MLP's composed backward writes `dout · W` there first), so no copy follows. Leaves
     /// the amax of the result in `amax` where set (for the FP8 GEMM whose output gradient

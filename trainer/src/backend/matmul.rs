@@ -73,21 +73,12 @@ pub struct LinearLocs {
     /// Where an FP8 layer keeps its input scale and cached weight (`None`: every operand
     /// quantized at every use).
     pub fp8: Option<Fp8Layer>,
-    /// Whether the ops writing this layer's operands may leave their amaxes ([`AmaxSink`]);
-    /// off, every FP8 GEMM of the layer takes its own amax passes (the same values:
-    /// `SHARDTRAIN_FP8_AMAX_SINKS=0`, to tell the two apart on a GPU).
-    pub amax_sinks: bool,
 }
 
 impl LinearLocs {
     /// A layer at `w` (and `b`), in bf16.
     pub const fn new(w: Loc, b: Option<Loc>) -> LinearLocs {
-        LinearLocs { w, b, precision: Precision::Bf16, fp8: None, amax_sinks: true }
-    }
-
-    /// The same layer, its producers leaving amaxes (`on`) or not.
-    pub const fn with_amax_sinks(self, on: bool) -> LinearLocs {
-        LinearLocs { amax_sinks: on, ..self }
+        LinearLocs { w, b, precision: Precision::Bf16, fp8: None }
     }
 
     /// The same layer in precision `p`.
@@ -131,9 +122,8 @@ impl LinearLocs {
     }
 
     /// `Ok` where the layer at shape `s` may have its input made by the cast that quantizes it
-    /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; SwiGLU of
-    /// gate/up's output: [`MatmulOps::matmul_residual_fwd_of_swiglu`]; a norm of the norm's
-    /// input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes (the amax of the
+    /// (GELU of fc's pre-activation: [`MatmulOps::matmul_residual_fwd_of_gelu`]; a norm of the
+    /// norm's input: [`MatmulOps::matmul_fwd_of_norm`]): it keeps its input's codes (the amax of the
     /// input so made may have been left for it, or the op finds it: CUDA predicts the scale);
     /// else the model bug, named after `what`.
     pub fn check_input_made_in_cast(&self, s: MatShape, what: InputMadeInCast) -> BResult<()> {
@@ -142,7 +132,6 @@ impl LinearLocs {
         }
         let (of, from) = match what {
             InputMadeInCast::Gelu => ("GELU's output", "its pre-activation"),
-            InputMadeInCast::Swiglu => ("SwiGLU's output", "its input"),
             InputMadeInCast::Norm => ("the norm's output", "the norm's input"),
         };
         Err(super::BackendError::Device(format!(
@@ -166,13 +155,13 @@ impl LinearLocs {
     /// Where the op writing this layer's forward input at shape `s` can leave its amax:
     /// where the layer runs in FP8 with state of its own (else `None`, and nothing to leave).
     pub fn input_sink(&self, s: MatShape) -> Option<AmaxSink> {
-        self.fp8.filter(|_| self.amax_sinks && self.fp8(s)).map(|l| AmaxSink::Input(l.index))
+        self.fp8.filter(|_| self.fp8(s)).map(|l| AmaxSink::Input(l.index))
     }
 
     /// Where the op writing this layer's backward output gradient at shape `s` can leave
     /// its amax (as [`LinearLocs::input_sink`]).
     pub fn grad_sink(&self, s: MatShape) -> Option<AmaxSink> {
-        self.fp8.filter(|_| self.amax_sinks && self.fp8(s)).map(|l| AmaxSink::Grad(l.index))
+        self.fp8.filter(|_| self.fp8(s)).map(|l| AmaxSink::Grad(l.index))
     }
 
     /// The same layer, its forward input's amax left by its producer where `sink` is set
@@ -235,8 +224,6 @@ pub struct MatShape {
 pub enum InputMadeInCast {
     /// GELU of the MLP's pre-activation (GPT-2's fc2).
     Gelu,
-    /// SwiGLU of the MLP's `[gate | up]` (Llama's down).
-    Swiglu,
     /// A norm's output from the norm's input (qkv, GPT-2's fc, Llama's gate/up).
     Norm,
 }
@@ -362,8 +349,8 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// producer that could not fuse it (a cuBLASLt epilogue), so the consumer finds it there.
     fn fp8_amax_into(&self, x: &Self::Buf, n: usize, sink: AmaxSink) -> BResult<()>;
 
-    /// How often the FP8 casts that predict their scale (the MLP's: `ModelOptions::
-    /// fp8_predicted_scales`) predicted it right and wrong so far, over every layer; `None`
+    /// How often the FP8 casts that predict their scale (GPT-2's GELU casts, the casts that
+    /// apply a norm) predicted it right and wrong so far, over every layer; `None`
     /// where no cast predicts (the CPU: its casts find every amax first).
     fn fp8_prediction_counts(&self) -> BResult<Option<Fp8Predictions>> {
         Ok(None)
@@ -468,9 +455,8 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// `out = res + GELU(pre) · Wᵀ + bias`, GELU applied by the cast that quantizes the
     /// layer's input as it reads `pre`, so GELU's output is never written (`tmp`, n·oc, is
     /// scratch where the residual cannot be fused). Only for a layer that keeps its input's
-    /// codes ([`LinearLocs::keeps_input`]). Where GELU's amax was left
-    /// ([`ActivationOps::gelu_amax`] into [`LinearLocs::input_sink`]) the cast uses it;
-    /// otherwise the op finds it (CUDA: the cast predicts its scale, see `cuda/fp8.rs`): the
+    /// codes ([`LinearLocs::keeps_input`]). Where GELU's amax was left (into
+    /// [`LinearLocs::input_sink`]) the cast uses it; otherwise the op finds it (CUDA: the cast predicts its scale, see `cuda/fp8.rs`): the
     /// same bits. Otherwise, and on a backend without it (the default), an error: the model
     /// composes `gelu_fwd` and [`MatmulOps::matmul_residual_fwd`] instead.
     fn matmul_residual_fwd_of_gelu(
@@ -485,29 +471,6 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         Err(super::BackendError::Device(format!(
             "an FP8 GEMM of GELU's output from its pre-activation (layer {:?}), which this backend does not run (a \
              bug)",
-            p.at.fp8.map(|f| f.index)
-        )))
-    }
-
-    /// Llama's MLP output layer from gate/up's output, in FP8: `out = res + SwiGLU(gate_up) ·
-    /// Wᵀ` (`gate_up` rows `[gate | up]`, `s.c` = F), SwiGLU applied by the cast that quantizes
-    /// the layer's input as it reads `gate_up`, with the amax found by the op (CUDA: a
-    /// predicted scale), so SwiGLU's output is never written (`tmp`, n·oc, is scratch where
-    /// the residual cannot be fused). The same bits as `swiglu_fwd` then
-    /// [`MatmulOps::matmul_residual_fwd`]. Only for a layer that keeps its input's codes;
-    /// otherwise, and on a backend without it (the default), an error: the model composes the
-    /// two instead.
-    fn matmul_residual_fwd_of_swiglu(
-        &self,
-        _out: &mut Self::Buf,
-        _res: &Self::Buf,
-        _gate_up: &Self::Buf,
-        p: Weights<'_, Self, LinearLocs>,
-        _s: MatShape,
-        _tmp: &mut Self::Buf,
-    ) -> BResult<()> {
-        Err(super::BackendError::Device(format!(
-            "an FP8 GEMM of SwiGLU's output from its input (layer {:?}), which this backend does not run (a bug)",
             p.at.fp8.map(|f| f.index)
         )))
     }
@@ -582,7 +545,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// overwritten. The default writes `dpre` over `dact` with `gelu_bwd` (its amax into the
     /// layer's [`LinearLocs::grad_sink`]) and runs the backward: [`dgelu_then_bwd`]. CUDA, for
     /// an FP8 layer, makes `dpre` in dY's transposing cast instead, with a predicted scale, so
-    /// `dpre` is never written (`ModelOptions::fp8_predicted_scales`): the same bits.
+    /// `dpre` is never written: the same bits.
     fn matmul_bwd_of_dgelu(
         &self,
         dinp: &mut Self::Buf,
@@ -593,25 +556,6 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
         s: MatShape,
     ) -> BResult<()> {
         dgelu_then_bwd(self, dinp, g, dact, x, p, s)
-    }
-
-    /// Backward of Llama's gate/up layer from the gradient of SwiGLU's output `dact` (what
-    /// down's backward wrote) and SwiGLU's input `x.gate_up` (this layer's output):
-    /// `dY = [dgate | dup]` (SwiGLU's backward), then this layer's backward with `dout = dY`.
-    /// The default writes dY into `x.dy` with `swiglu_bwd` (its amax into the layer's
-    /// [`LinearLocs::grad_sink`]) and runs the backward: [`dswiglu_then_bwd`]. CUDA, for an FP8
-    /// layer, makes dY in its transposing cast instead, with a predicted scale, so dY is never
-    /// written (`ModelOptions::fp8_predicted_swiglu`): the same bits.
-    fn matmul_bwd_of_dswiglu(
-        &self,
-        dinp: &mut Self::Buf,
-        g: WeightGrads<'_, Self, LinearLocs>,
-        dact: &Self::Buf,
-        x: DswigluOf<'_, Self>,
-        p: Weights<'_, Self, LinearLocs>,
-        s: MatShape,
-    ) -> BResult<()> {
-        dswiglu_then_bwd(self, dinp, g, dact, x, p, s)
     }
 
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
@@ -676,21 +620,20 @@ pub fn matmul_bwd_or_kept<B: MatmulOps + ?Sized>(
     }
 }
 
-/// What [`MatmulOps::matmul_bwd_of_dswiglu`] reads besides SwiGLU's output gradient:
-/// SwiGLU's input (`[n, 2F]`, rows `[gate | up]`), the layer's input (`None` where it kept
-/// its input's codes), where an amax of this step lies that dY's scales with (`scale_ref`,
-/// as [`DgeluOf::scale_ref`]), and where the composition writes dY (`[n, 2F]`; a backend
-/// that makes dY in its cast leaves it untouched).
+/// What [`dswiglu_then_bwd`] reads besides SwiGLU's output gradient: SwiGLU's input
+/// (`[n, 2F]`, rows `[gate | up]`), the layer's input (`None` where it kept its input's
+/// codes), and where it writes dY (`[n, 2F]`).
 pub struct DswigluOf<'a, B: Device + ?Sized> {
     pub gate_up: &'a B::Buf,
     pub inp: Option<&'a B::Buf>,
-    pub scale_ref: Option<AmaxSink>,
     pub dy: &'a mut B::Buf,
 }
 
-/// [`MatmulOps::matmul_bwd_of_dswiglu`] composed: `swiglu_bwd` into `x.dy` (leaving its amax
-/// for the layer's backward where the layer has a sink), then `matmul_bwd` (or, without an
-/// input, `matmul_bwd_kept`).
+/// Backward of Llama's gate/up layer from the gradient of SwiGLU's output `dact` (what
+/// down's backward wrote) and SwiGLU's input `x.gate_up` (this layer's output):
+/// `swiglu_bwd` writes `dY = [dgate | dup]` into `x.dy` (leaving its amax for the layer's
+/// backward where the layer has a sink), then `matmul_bwd` (or, without an input,
+/// `matmul_bwd_kept`) with `dout = dY`.
 pub fn dswiglu_then_bwd<B: MatmulOps + ?Sized>(
     be: &B,
     dinp: &mut B::Buf,

@@ -259,17 +259,6 @@ impl MatmulOps for MetaBackend {
     ) -> BResult<()> {
         Ok(())
     }
-    fn matmul_residual_fwd_of_swiglu(
-        &self,
-        _: &mut MetaBuf,
-        _: &MetaBuf,
-        _: &MetaBuf,
-        _: Weights<'_, Self, LinearLocs>,
-        _: MatShape,
-        _: &mut MetaBuf,
-    ) -> BResult<()> {
-        Ok(())
-    }
     fn matmul_bwd_kept(
         &self,
         _: &mut MetaBuf,
@@ -337,9 +326,6 @@ impl AttentionOps for MetaBackend {
 
 impl ActivationOps for MetaBackend {
     fn gelu_fwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize, _: Option<AmaxSink>) -> BResult<()> {
-        Ok(())
-    }
-    fn gelu_amax(&self, _: &MetaBuf, _: usize, _: AmaxSink) -> BResult<()> {
         Ok(())
     }
     fn gelu_bwd(&self, _: &mut MetaBuf, _: &MetaBuf, _: usize, _: Option<AmaxSink>) -> BResult<()> {

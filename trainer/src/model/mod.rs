@@ -6,6 +6,8 @@
 //!   reduce);
 //! - `batch.rs`: one micro-batch (ids, targets, document starts) and its device buffers;
 //! - `head.rs`: the LM head and the loss, in chunks of rows (every family's);
+//! - `block.rs`: what both families' blocks share (their context, the norm before a linear
+//!   layer, which an FP8 layer may apply in its cast);
 //! - `checkpointing.rs`: activation checkpointing's saved sets, passes and kept attention;
 //! - `init.rs`: random initialisation, per tensor as the family's rule says;
 //! - `gpt2/`: the GPT-2 family (layout, blocks, Hugging Face names);
@@ -16,6 +18,7 @@
 //! and its arms in `ModelFamily`'s methods here and there.
 
 pub mod batch;
+mod block;
 pub mod checkpointing;
 pub mod gpt2;
 pub mod head;
@@ -30,7 +33,7 @@ pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
 pub use units::{ModelLayout, TensorSpec, UnitLayout};
 
 use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, LinearLocs, Loc, MatShape, Precision};
-use crate::config::{CheckpointingConfig, Config, InitScheme, ModelConfig};
+use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
 use std::ops::Range;
@@ -188,80 +191,9 @@ pub struct ModelOptions {
     pub fp8_backward: Fp8Backward,
     /// FP8: the block's linear layers kept in bf16 (`train.fp8_bf16_layers`, FP8 order).
     pub fp8_bf16_layers: Bf16Layers,
-    /// FP8: the ops that write a linear layer's operands leave their amaxes for its GEMMs
-    /// (`AmaxSink`), which then skip their own amax passes; false (`SHARDTRAIN_FP8_AMAX_SINKS=0`)
-    /// gives every GEMM its own passes: the same bits, to measure or rule out the sinks.
-    pub fp8_amax_sinks: bool,
-    /// FP8: the layers of blocks that are not checkpointed keep their input's codes from the
-    /// forward for the backward's weight gradient (`fp8_kept_inputs`), which then casts its
-    /// input no more; false (`SHARDTRAIN_FP8_KEPT_INPUTS=0`) casts it again in the backward:
-    /// the same bits, to measure or rule the kept codes out.
-    pub fp8_kept_inputs: bool,
-    /// FP8: a layer that keeps its input's codes and reads a LayerNorm's output (GPT-2's qkv
-    /// and fc) takes it from the norm's input, the norm applied by its cast, so the norm's
-    /// output is never written (`MatmulOps::matmul_fwd_of_norm`); false
-    /// (`SHARDTRAIN_FP8_NORM_IN_CAST=0`) writes it and casts it: the same bits, to measure or
-    /// rule it out.
-    pub fp8_norm_in_cast: bool,
-    /// FP8: the casts of GPT-2's GELU output into fc2 and of GELU's gradient into fc's
-    /// backward, which make what they cast from what they read, predict their scale (the one
-    /// the tensor had the last time) instead of having its amax found first, then check it
-    /// and cast again where it moved (CUDA; see `cuda/fp8.rs`): no amax pass over GELU's
-    /// output, and GELU's gradient never written in bf16. False
-    /// (`SHARDTRAIN_FP8_PREDICTED_SCALES=0`) finds each amax first: the same bits, to measure
-    /// or rule it out.
-    pub fp8_predicted_scales: bool,
-    /// FP8: the same for Llama's SwiGLU casts, down's of SwiGLU's output and gate/up's
-    /// backward's of SwiGLU's input gradient (never written in bf16), with
-    /// `fp8_predicted_scales`. Opt-in (`SHARDTRAIN_FP8_PREDICTED_SWIGLU=1`): tested to give the
-    /// same bits (CPU and GPU), but measured slower (Llama-3.2-1B +2.3–2.7% a step, Llama-3-8B
-    /// +1.3%: BENCHMARKS.md run 26), unlike GPT-2's GELU casts.
-    pub fp8_predicted_swiglu: bool,
-    /// FP8: the casts that apply a norm as they read its input (`fp8_norm_in_cast`: GPT-2's
-    /// qkv and fc, Llama's qkv and gate/up) predict their scale too, with
-    /// `fp8_predicted_scales`, so the norm's kernel finds only its statistics, not the amax of
-    /// the output it never writes (the output's computation, a third of that kernel's work
-    /// at C = 1600); false (`SHARDTRAIN_FP8_PREDICTED_NORMS=0`) has the norm find it: the
-    /// same bits, to measure or rule it out.
-    pub fp8_predicted_norms: bool,
-    /// FP8: where the optimizer step writes a cached layer's whole weight, it writes the
-    /// cache's codes too (CUDA: with a predicted scale, then a check that makes the transposed
-    /// codes from them; see `cuda/adamw.rs`), and the version casts that weight no more; false
-    /// (`SHARDTRAIN_FP8_STEP_CODES=0`) casts it at its first use: the same bits, to measure or
-    /// rule it out.
-    pub fp8_step_codes: bool,
     /// Attention and positions within documents (`data.document_mask`): every micro-batch
     /// then brings its document starts ([`MicroBatch::docs`]), kept in a buffer of their own.
     pub document_mask: bool,
-}
-
-/// The on/off switch `name` from the environment (`switch_setting`: `0` off, `1` or empty or unset on).
-pub fn env_switch(name: &str) -> Result<bool, String> {
-    switch_setting(name, std::env::var(name).ok().as_deref())
-}
-
-/// The opt-in switch `name` from the environment: `1` or empty on, `0` or unset off, anything
-/// else an error naming it.
-pub fn env_opt_in(name: &str) -> Result<bool, String> {
-    opt_in_setting(name, std::env::var(name).ok().as_deref())
-}
-
-/// An opt-in switch's value (`None`: unset, off): otherwise as [`switch_setting`].
-fn opt_in_setting(name: &str, v: Option<&str>) -> Result<bool, String> {
-    match v {
-        None => Ok(false),
-        v => switch_setting(name, v),
-    }
-}
-
-/// An on/off switch's value (`None`: unset, on): `0` off, `1` or empty on, anything else an
-/// error naming `name`.
-fn switch_setting(name: &str, v: Option<&str>) -> Result<bool, String> {
-    match v {
-        None | Some("") | Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(v) => Err(format!("{name} = {v:?}: expected 0 or 1 (or leave it unset)")),
-    }
 }
 
 impl ModelOptions {
@@ -274,44 +206,8 @@ impl ModelOptions {
             fp8_cached_blocks: cfg.train.fp8_weight_cache.cached_blocks(cfg.model.n_layer, cfg.zero.stage),
             fp8_backward: Fp8Backward { grad: cfg.train.fp8_grad_format, weight_grad: cfg.train.fp8_weight_grad },
             fp8_bf16_layers: cfg.model.family.bf16_layers(&cfg.train.fp8_bf16_layers),
-            fp8_amax_sinks: true,
-            fp8_kept_inputs: true,
-            fp8_norm_in_cast: true,
-            fp8_predicted_scales: true,
-            fp8_predicted_swiglu: false,
-            fp8_predicted_norms: true,
-            fp8_step_codes: true,
             document_mask: cfg.data.document_mask,
         }
-    }
-
-    /// [`ModelOptions::from_config`], with `SHARDTRAIN_FP8_AMAX_SINKS`,
-    /// `SHARDTRAIN_FP8_KEPT_INPUTS`, `SHARDTRAIN_FP8_NORM_IN_CAST`,
-    /// `SHARDTRAIN_FP8_PREDICTED_SCALES`, `SHARDTRAIN_FP8_PREDICTED_NORMS` and
-    /// `SHARDTRAIN_FP8_STEP_CODES` read: unset, empty or `1` keep the sinks (the kept inputs,
-    /// the norms in the casts, the predicted scales, the norms' predicted scales, the step's
-    /// codes), `0` turns them off; and the
-    /// opt-in `SHARDTRAIN_FP8_PREDICTED_SWIGLU` (`1` on, unset or `0` off); any
-    /// other value is an error. The planner reads them too,
-    /// so its prediction is the run's.
-    pub fn from_config_and_env(cfg: &Config) -> Result<ModelOptions, String> {
-        let fp8_amax_sinks = env_switch("SHARDTRAIN_FP8_AMAX_SINKS")?;
-        let fp8_kept_inputs = env_switch("SHARDTRAIN_FP8_KEPT_INPUTS")?;
-        let fp8_norm_in_cast = env_switch("SHARDTRAIN_FP8_NORM_IN_CAST")?;
-        let fp8_predicted_scales = env_switch("SHARDTRAIN_FP8_PREDICTED_SCALES")?;
-        let fp8_predicted_swiglu = env_opt_in("SHARDTRAIN_FP8_PREDICTED_SWIGLU")?;
-        let fp8_predicted_norms = env_switch("SHARDTRAIN_FP8_PREDICTED_NORMS")?;
-        let fp8_step_codes = env_switch("SHARDTRAIN_FP8_STEP_CODES")?;
-        Ok(ModelOptions {
-            fp8_amax_sinks,
-            fp8_kept_inputs,
-            fp8_norm_in_cast,
-            fp8_predicted_scales,
-            fp8_predicted_swiglu,
-            fp8_predicted_norms,
-            fp8_step_codes,
-            ..ModelOptions::from_config(cfg)
-        })
     }
 
     /// Micro-batch `b` with the defaults otherwise (no checkpointing, automatic chunks, bf16,
@@ -325,13 +221,6 @@ impl ModelOptions {
             fp8_cached_blocks: 0,
             fp8_backward: Fp8Backward::default(),
             fp8_bf16_layers: [false; 4],
-            fp8_amax_sinks: true,
-            fp8_kept_inputs: true,
-            fp8_norm_in_cast: true,
-            fp8_predicted_scales: true,
-            fp8_predicted_swiglu: false,
-            fp8_predicted_norms: true,
-            fp8_step_codes: true,
             document_mask: false,
         }
     }
@@ -350,29 +239,6 @@ pub(crate) fn keeps_codes(kept: &[bool], layer: usize, k: usize) -> bool {
     kept.get(layer * LINEARS_PER_BLOCK + k).copied().unwrap_or(false)
 }
 
-/// Whether block `layer`'s FP8 layer `k`, which reads a norm's output, applies the norm in its
-/// input's cast, as a family's constructor plans it ([`norm_in_cast`] at run time): the
-/// switch and the amax sinks on, and the layer keeping its input's codes.
-pub(crate) fn norm_in_cast_planned(opts: &ModelOptions, kept: &[bool], layer: usize, k: usize) -> bool {
-    opts.fp8_norm_in_cast && opts.fp8_amax_sinks && keeps_codes(kept, layer, k)
-}
-
-/// Whether the layer `lin` (at shape `s`), which reads a norm's output, takes it from the
-/// norm's input, the norm applied in its cast (`on`: `ModelOptions::fp8_norm_in_cast`): then
-/// the norm's output is never written, and the layer's backward reads the codes it kept.
-pub(crate) fn norm_in_cast(on: bool, lin: LinearLocs, s: MatShape) -> bool {
-    on && lin.keeps_input(s) && lin.input_sink(s).is_some()
-}
-
-/// The error of a `family` block that would write or read a norm's output its constructor
-/// did not allocate ([`norm_in_cast_planned`] and [`norm_in_cast`] disagree: a bug).
-pub(crate) fn no_norm_output(family: &str) -> crate::backend::BackendError {
-    crate::backend::BackendError::Device(format!(
-        "a {family} block writes or reads a norm's output that was not allocated because its FP8 layer applies the \
-         norm in its cast (a bug: the model's constructor and its blocks disagree on model::norm_in_cast)"
-    ))
-}
-
 /// Before block `layer`'s forward (not a recompute): its FP8 layers' amax sinks zeroed
 /// together (`MatmulOps::fp8_clear_sinks`) instead of one by one by their producers.
 pub(crate) fn clear_block_sinks<B: Backend>(be: &B, layer: usize) -> BResult<()> {
@@ -385,7 +251,7 @@ pub(crate) fn clear_block_sinks<B: Backend>(be: &B, layer: usize) -> BResult<()>
 /// ([`crate::backend::Fp8Layer::keeps_input`]): every layer in FP8 at an eligible shape of a
 /// block that is not checkpointed (its backward always follows its own forward; a
 /// checkpointed block's recompute stops before its last layer), with the FP8 dW
-/// (`train.fp8_weight_grad = "fp8"`), unless `opts.fp8_kept_inputs` is off. The MLP's last
+/// (`train.fp8_weight_grad = "fp8"`). The MLP's last
 /// layer only where `checkpointing.keep_gelu` keeps its input: in FP8 the codes are what is
 /// kept (a byte a value instead of the bf16 activation's two), else the backward recomputes
 /// the activation as in bf16.
@@ -395,7 +261,7 @@ pub(crate) fn fp8_kept_inputs(
     linears: &[(usize, usize)],
     n_layer: usize,
 ) -> Vec<bool> {
-    let on = opts.precision == Precision::Fp8 && opts.fp8_kept_inputs && opts.fp8_backward.weight_grad_in_fp8();
+    let on = opts.precision == Precision::Fp8 && opts.fp8_backward.weight_grad_in_fp8();
     (0..n_layer)
         .flat_map(|l| {
             linears.iter().enumerate().map(move |(k, &(c, oc))| {
@@ -439,7 +305,7 @@ pub(crate) fn prepare_precision<B: Backend>(
         let layers = Fp8Layers::blocks(rows, &linears, n_layer, opts.fp8_cached_blocks)
             .with_backward(opts.fp8_backward)
             .with_kept_inputs(kept.to_vec())
-            .with_step_codes(opts.fp8_step_codes);
+            .with_step_codes(true);
         let got = be.prepare_fp8(&layers)?;
         ledger.alloc(Category::Workspace, got.workspace);
         ledger.alloc(Category::Params, got.weight_cache);
@@ -473,28 +339,4 @@ pub trait HfFormat: Sync {
     /// A Hugging Face tensor of shape `shape` → our values for `t`, or what is wrong with
     /// it (naming the config key to change).
     fn import_hf(&self, t: &TensorSpec, values: &[f32], shape: &[usize]) -> Result<Vec<f32>, String>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{opt_in_setting, switch_setting};
-
-    #[test]
-    fn the_fp8_switches_take_0_or_1_and_name_anything_else() {
-        let amax_sinks_setting = |v| switch_setting("SHARDTRAIN_FP8_AMAX_SINKS", v);
-        assert_eq!(amax_sinks_setting(None), Ok(true));
-        assert_eq!(amax_sinks_setting(Some("")), Ok(true));
-        assert_eq!(amax_sinks_setting(Some("1")), Ok(true));
-        assert_eq!(amax_sinks_setting(Some("0")), Ok(false));
-        let e = amax_sinks_setting(Some("off")).unwrap_err();
-        assert!(e.contains("SHARDTRAIN_FP8_AMAX_SINKS") && e.contains("\"off\"") && e.contains("0 or 1"), "{e}");
-        // An opt-in switch is off unset, and otherwise reads the same.
-        let swiglu = |v| opt_in_setting("SHARDTRAIN_FP8_PREDICTED_SWIGLU", v);
-        assert_eq!(swiglu(None), Ok(false));
-        assert_eq!(swiglu(Some("0")), Ok(false));
-        assert_eq!(swiglu(Some("1")), Ok(true));
-        assert_eq!(swiglu(Some("")), Ok(true));
-        let e = swiglu(Some("yes")).unwrap_err();
-        assert!(e.contains("SHARDTRAIN_FP8_PREDICTED_SWIGLU") && e.contains("0 or 1"), "{e}");
-    }
 }

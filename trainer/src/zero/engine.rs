@@ -70,9 +70,8 @@ pub struct EngineOptions {
     /// `train.precision = "fp8"`: the optimizer step leaves the amax of each FP8 weight it
     /// writes whole (stages 0-2, the optimizer on the device: `AdamWSegment::fp8_layer`),
     /// so the next parameter version's casts run no amax pass over it; the rows of a
-    /// micro-batch and the layers kept in bf16, which decide the FP8 weights. `None`
-    /// (`SHARDTRAIN_FP8_STEP_AMAX=0`): each weight's amax is found at its first use in a
-    /// version, the same value.
+    /// micro-batch and the layers kept in bf16, which decide the FP8 weights. `None` (bf16):
+    /// nothing to leave.
     pub fp8_step_amax: Option<(usize, crate::model::Bf16Layers)>,
 }
 
@@ -100,16 +99,6 @@ impl EngineOptions {
             fp8_gather: (fp8 && cfg.zero.stage == 3 && cfg.zero.fp8_gather).then_some(weights),
             fp8_step_amax: fp8.then_some(weights),
         }
-    }
-
-    /// [`EngineOptions::from_config`] with `SHARDTRAIN_FP8_STEP_AMAX` read: unset, empty
-    /// or `1` let the optimizer step leave the FP8 weights' amaxes, `0` has each weight's
-    /// found at its first use (the same bits, to measure or rule it out); any other value
-    /// is an error.
-    pub fn from_config_and_env(cfg: &Config) -> Result<EngineOptions, String> {
-        let on = crate::model::env_switch("SHARDTRAIN_FP8_STEP_AMAX")?;
-        let o = EngineOptions::from_config(cfg);
-        Ok(EngineOptions { fp8_step_amax: o.fp8_step_amax.filter(|_| on), ..o })
     }
 
     /// Stage `stage` with the default prefetch, the optimizer on the device (tests, tools).

@@ -64,8 +64,7 @@ pub fn dry_run(
     // No initial values: the meta backend holds none, and making them would cost host
     // memory and time that grow with the model.
     let mut eng = Engine::new(&be, layout, EngineOptions::from_config(cfg), rank, world, None)?;
-    // The switches the ranks read from the environment too: the prediction is their run's.
-    let opts = ModelOptions::from_config_and_env(cfg).map_err(TrainError::Invalid)?;
+    let opts = ModelOptions::from_config(cfg);
     let mut model = cfg.model.family.build(&be, &eng.layout, &opts, &mut eng.ledger)?;
     let n = cfg.train.micro_batch * cfg.model.seq_len;
     let toks = vec![0u32; n];

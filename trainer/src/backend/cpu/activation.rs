@@ -62,11 +62,6 @@ impl ActivationOps for CpuBackend {
         gelu_forward(&mut out[..n], &inp[..n]);
         self.leave_amax(amax, &out[..n])
     }
-    fn gelu_amax(&self, inp: &Vec<f32>, n: usize, amax: AmaxSink) -> BResult<()> {
-        let mut out = vec![0.0; n];
-        gelu_forward(&mut out, &inp[..n]);
-        self.leave_amax(Some(amax), &out)
-    }
     fn gelu_bwd(&self, d: &mut Vec<f32>, inp: &Vec<f32>, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         gelu_backward(&mut d[..n], &inp[..n]);
         self.leave_amax(amax, &d[..n])

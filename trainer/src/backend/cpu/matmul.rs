@@ -29,7 +29,7 @@ use std::borrow::Cow;
 
 use super::{at, two_mut, CpuBackend};
 use crate::backend::fp8::{amax, cpu_reserved, fake_quant_into, Fp8Format};
-use crate::backend::{dgelu_then_bwd, dswiglu_then_bwd, DgeluOf, DswigluOf, Rows, WeightGrads, Weights};
+use crate::backend::{dgelu_then_bwd, DgeluOf, WeightGrads, Weights};
 use crate::backend::{
     AmaxSink, BResult, BackendError, Fp8Backward, Fp8Bytes, Fp8Layer, Fp8Layers, InputMadeInCast, LinearLocs, MatShape,
     MatmulOps, NormOfInput,
@@ -505,41 +505,6 @@ impl MatmulOps for CpuBackend {
         }
         self.fp8.borrow_mut().norms_in_casts += 1;
         self.matmul_fwd(out, &y, p, s)
-    }
-
-    fn matmul_residual_fwd_of_swiglu(
-        &self,
-        out: &mut Vec<f32>,
-        res: &Vec<f32>,
-        gate_up: &Vec<f32>,
-        p: Weights<'_, Self, LinearLocs>,
-        s: MatShape,
-        tmp: &mut Vec<f32>,
-    ) -> BResult<()> {
-        let MatShape { n, c, .. } = s;
-        p.at.check_input_made_in_cast(s, InputMadeInCast::Swiglu)?;
-        self.fp8.borrow_mut().casts_without_amax += 1;
-        // The GPU never writes SwiGLU's output; here it is per-call scratch, quantized (with
-        // its amax found here) as any FP8 input is.
-        let mut act = vec![0.0; n * c];
-        super::activation::swiglu_forward(&mut act, &gate_up[..2 * n * c], Rows { n, c });
-        self.matmul_residual_fwd(out, res, &act, p, s, tmp)
-    }
-
-    fn matmul_bwd_of_dswiglu(
-        &self,
-        dinp: &mut Vec<f32>,
-        g: WeightGrads<'_, Self, LinearLocs>,
-        dact: &Vec<f32>,
-        x: DswigluOf<'_, Self>,
-        p: Weights<'_, Self, LinearLocs>,
-        s: MatShape,
-    ) -> BResult<()> {
-        // The composition (SwiGLU's backward written, its amax left) is what CUDA's cast computes.
-        if p.at.fp8(s) && p.at.fp8.is_some() {
-            self.fp8.borrow_mut().casts_without_amax += 1;
-        }
-        dswiglu_then_bwd(self, dinp, g, dact, x, p, s)
     }
 
     fn matmul_bwd_of_dgelu(

@@ -6,17 +6,9 @@
 
 // gelu_grad and dgelu8: common.cuh.
 
-// The amax of out into *amax where it is not null (an FP8 amax sink). A null out writes
-// nothing: the amax alone, for an FP8 cast that applies GELU as it reads inp (fp8.cu).
+// The amax of out into *amax where it is not null (an FP8 amax sink).
 extern "C" __global__ void gelu_fwd(bf16_t* out, const bf16_t* inp, unsigned* amax, long long n) {
     unsigned m = 0;
-    if (!out) {
-        grid_stride_reads<8, 4>(
-            n, aligned16(inp), [&](long long i) { m = max_abs8(gelu8(((const uint4*)inp)[i]), m); },
-            [&](long long i) { m = max(m, abs_bits(f2bf(gelu_f(bf2f(inp[i]))))); });
-        warp_amax_out(amax, m);
-        return;
-    }
     grid_stride<8>(
         n, aligned16(out) && aligned16(inp),
         [&](long long i) {

@@ -30,17 +30,6 @@ impl ActivationOps for CudaBackend {
         // SAFETY: ranges checked above; the sink is a scale slot's amax word, or 0.
         unsafe { self.launch_elementwise("gelu_fwd", &ptrs, n, PER_THREAD) }
     }
-    fn gelu_amax(&self, inp: &Self::Buf, n: usize, amax: AmaxSink) -> BResult<()> {
-        check("gelu_amax inp", inp.len(), 0, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        // gelu_fwd with no output: its amax alone.
-        let ptrs = [0u64, self.ptr(inp, 0), self.fp8_sink(Some(amax))?];
-        // SAFETY: the range checked above; a null output is written nothing; the sink is a
-        // scale slot's amax word.
-        unsafe { self.launch_elementwise("gelu_fwd", &ptrs, n, PER_THREAD) }
-    }
     fn gelu_bwd(&self, d: &mut Self::Buf, inp: &Self::Buf, n: usize, amax: Option<AmaxSink>) -> BResult<()> {
         check("gelu_bwd d", d.len(), 0, n)?;
         check("gelu_bwd inp", inp.len(), 0, n)?;

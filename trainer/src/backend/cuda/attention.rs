@@ -1,4 +1,7 @@
-//! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu):
+//! Causal self-attention on the GPU (twin of cpu/attention.rs; kernels in attention.cu and
+//! one file per generation, `attention_simt.cu`, `attention_mma.cu`, `attention_wgmma.cu`,
+//! each its own NVRTC module with `attention.cuh` (and the tensor-core ones
+//! `attention_mma.cuh`) prepended: [`KERNELS`] and the three after it):
 //! flash style, saving only the per-row log-sum-exp. Three families of kernels compute the
 //! same function and save the same state: tensor-core (mma.sync) kernels for head sizes
 //! 64, 80, 96 and 128; on Hopper (kernels built for sm_90a) wgmma kernels for 64 and 128;
@@ -33,7 +36,7 @@ pub enum AttentionImpl {
 }
 
 /// Query/key rows per tile, threads per SIMT block, and the padded row length (floats) of
-/// a SIMT score tile: `TILE`, `NTHREADS`, `LDP` in attention.cu.
+/// a SIMT score tile: `TILE`, `NTHREADS`, `LDP` in the kernel files (`defines`).
 const TILE: usize = 64;
 const SIMT_THREADS: usize = 256;
 const LDP: usize = 80;
@@ -56,6 +59,22 @@ enum Variant {
     /// The wgmma kernels (sm_90a).
     Wg(usize),
 }
+
+impl Variant {
+    /// The kernel file of the family (`GEN_SIMT`, `GEN_MMA`, `GEN_WG`).
+    const fn generation(self) -> usize {
+        match self {
+            Variant::Simt(_) => GEN_SIMT,
+            Variant::Mma(_) => GEN_MMA,
+            Variant::Wg(_) => GEN_WG,
+        }
+    }
+}
+
+/// The kernel generations, one file each.
+const GEN_SIMT: usize = 0;
+const GEN_MMA: usize = 1;
+const GEN_WG: usize = 2;
 
 /// Head sizes of each family.
 const SIMT_HEAD_SIZES: [usize; 3] = [32, 64, 128];
@@ -97,26 +116,32 @@ const TABLE: [(Pass, Variant, &str, &str); 27] = [
 
 /// D = rowsum(dO ⊙ O), the backward's first kernel (the mma.sync and SIMT variants', and the
 /// wgmma one's where dO or O is not 16-byte aligned; otherwise its dQ pass computes D, to
-/// the bit, in `attention.cu`'s `d_row_quad`): a warp a row, or (`BWD_D8`, where the head
+/// the bit, in `attention_wgmma.cu`'s `d_row_quad`): a warp a row, or (`BWD_D8`, where the head
 /// size allows: [`bwd_d8_threads`]) 8 values a thread.
 const BWD_D: &str = "attn_bwd_d";
 const BWD_D8: &str = "attn_bwd_d8";
 /// The sum of a split grouped dK/dV pass's partial sums (shared by every variant).
 const DKV_REDUCE: &str = "attn_dkv_reduce";
 
-const fn function_names() -> [&'static str; 2 * TABLE.len() + 3] {
-    let mut out = [BWD_D; 2 * TABLE.len() + 3];
-    out[1] = DKV_REDUCE;
-    out[2] = BWD_D8;
-    let mut i = 0;
+/// The kernels of generation `generation` in `TABLE`, plain and within documents (`N`: twice
+/// their count).
+const fn function_names<const N: usize>(generation: usize) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut k) = (0, 0);
     while i < TABLE.len() {
-        out[2 * i + 3] = TABLE[i].2;
-        out[2 * i + 4] = TABLE[i].3;
+        if TABLE[i].1.generation() == generation {
+            out[k] = TABLE[i].2;
+            out[k + 1] = TABLE[i].3;
+            k += 2;
+        }
         i += 1;
     }
+    assert!(k == N, "every kernel of the generation named once");
     out
 }
-const FUNCTIONS: [&str; 2 * TABLE.len() + 3] = function_names();
+const SIMT_FUNCTIONS: [&str; 18] = function_names(GEN_SIMT);
+const MMA_FUNCTIONS: [&str; 24] = function_names(GEN_MMA);
+const WG_FUNCTIONS: [&str; 12] = function_names(GEN_WG);
 
 /// Threads per (b, t, h) row of `attn_bwd_d8` (8 values each, 16-byte loads, the row's sum
 /// by shuffles within a warp), where head size `hs` allows it: a multiple of 8 whose eighth
@@ -132,12 +157,69 @@ fn big_smem(name: &str) -> bool {
     TABLE.iter().any(|&(_, _, n, nd)| n == name || nd == name)
 }
 
+/// The constants the kernels share with this file.
+fn defines() -> Vec<(&'static str, String)> {
+    vec![("TILE", TILE.to_string()), ("NTHREADS", SIMT_THREADS.to_string()), ("LDP", LDP.to_string())]
+}
+
+/// The kernels every generation launches (D's, the split dK/dV pass's sum).
 pub(super) const KERNELS: KernelFile = KernelFile {
     name: "attention",
-    src: include_str!("attention.cu"),
-    functions: &FUNCTIONS,
+    src: concat!(
+        "#line 1 \"attention.cuh\"\n",
+        include_str!("attention.cuh"),
+        "#line 1 \"attention.cu\"\n",
+        include_str!("attention.cu")
+    ),
+    functions: &[BWD_D, DKV_REDUCE, BWD_D8],
     big_smem,
-    defines: || vec![("TILE", TILE.to_string()), ("NTHREADS", SIMT_THREADS.to_string()), ("LDP", LDP.to_string())],
+    defines,
+};
+
+/// The fp32 SIMT kernels.
+pub(super) const SIMT_KERNELS: KernelFile = KernelFile {
+    name: "attention_simt",
+    src: concat!(
+        "#line 1 \"attention.cuh\"\n",
+        include_str!("attention.cuh"),
+        "#line 1 \"attention_simt.cu\"\n",
+        include_str!("attention_simt.cu")
+    ),
+    functions: &SIMT_FUNCTIONS,
+    big_smem,
+    defines,
+};
+
+/// The tensor-core kernels on mma.sync.
+pub(super) const MMA_KERNELS: KernelFile = KernelFile {
+    name: "attention_mma",
+    src: concat!(
+        "#line 1 \"attention.cuh\"\n",
+        include_str!("attention.cuh"),
+        "#line 1 \"attention_mma.cuh\"\n",
+        include_str!("attention_mma.cuh"),
+        "#line 1 \"attention_mma.cu\"\n",
+        include_str!("attention_mma.cu")
+    ),
+    functions: &MMA_FUNCTIONS,
+    big_smem,
+    defines,
+};
+
+/// The Hopper kernels on wgmma (built for sm_90a; elsewhere entry points that trap).
+pub(super) const WGMMA_KERNELS: KernelFile = KernelFile {
+    name: "attention_wgmma",
+    src: concat!(
+        "#line 1 \"attention.cuh\"\n",
+        include_str!("attention.cuh"),
+        "#line 1 \"attention_mma.cuh\"\n",
+        include_str!("attention_mma.cuh"),
+        "#line 1 \"attention_wgmma.cu\"\n",
+        include_str!("attention_wgmma.cu")
+    ),
+    functions: &WG_FUNCTIONS,
+    big_smem,
+    defines,
 };
 
 /// The kernel of a pass and variant, plain or within documents.
@@ -149,7 +231,7 @@ fn kernel_name(pass: Pass, v: Variant, docs: bool) -> &'static str {
         .expect("every variant has every pass")
 }
 
-/// m-tiles of 16 query rows per warp in the tensor-core forward (`FWD_MT` in attention.cu):
+/// m-tiles of 16 query rows per warp in the tensor-core forward (`FWD_MT` in attention_mma.cuh):
 /// a block is 4 warps, 64 * this many query rows.
 fn fwd_m_tiles(hs: usize) -> usize {
     if hs <= 64 {
@@ -160,7 +242,7 @@ fn fwd_m_tiles(hs: usize) -> usize {
 }
 
 /// Dynamic shared memory of a tensor-core kernel: its 64-row bf16 tiles, rows padded to
-/// `hs + 8` (`Mg<HS>` in attention.cu). Four double-buffered stream tiles; each kernel
+/// `hs + 8` (`Mg<HS>` in attention_mma.cuh). Four double-buffered stream tiles; each kernel
 /// keeps its own rows (the forward's query tiles, the backward's key or query tile) in
 /// tiles of their own where their fragments do not fit in registers (`FWD_Q_IN_REGS`:
 /// one m-tile per warp, or head size 80 and below; `OWN_IN_REGS`: 64 and below). The
@@ -194,7 +276,7 @@ fn simt_smem(hs: usize, pass: Pass, docs: bool) -> usize {
 ///
 /// A grouped block does `g` times the work of a multi-head one (key tile `kt` of `nt` meets
 /// `g (nt - kt)` query tiles) and there are `g` times fewer blocks: `pairs` (key/value
-/// heads × batch) per key tile. Launched longest first (attention.cu: `dkv_block`) onto
+/// heads × batch) per key tile. Launched longest first (attention.cuh: `dkv_block`) onto
 /// `slots` blocks at once (SMs × blocks per SM), the kernel takes about the longer of its
 /// longest block, `g nt / s` query tiles, and the ideal `g pairs nt (nt + 1) / 2 / slots`.
 /// Llama 3.2 1B shapes on an H100/H200 (T = 2048, B = 8, 8 key/value heads of 64, g = 4,
@@ -399,7 +481,7 @@ impl AttentionOps for CudaBackend {
         }
         let (bi, ti, nhi, nkvi, hsi) =
             (to_i32("B", s.b)?, to_i32("T", s.t)?, to_i32("NH", s.nh)?, to_i32("NKV", s.nkv)?, hs as i32);
-        // The dK/dV grid (attention.cu: dkv_block): multi-head as the other passes; grouped
+        // The dK/dV grid (attention.cuh: dkv_block): multi-head as the other passes; grouped
         // with the key tile slowest (longest blocks first), split `splits` ways per shape.
         let nt = s.t.div_ceil(TILE);
         let (dkv_threads, dkv_smem) = Self::attn_launch(v, Pass::Dkv, masked);

@@ -74,8 +74,7 @@ __device__ __forceinline__ float gelu_grad(float x) {
     return s + 2.f * x * s * (1.f - s) * GELU_K * (1.f + 3.f * 0.044715f * x * x);
 }
 
-// SwiGLU (activation.cu's swiglu_fwd/swiglu_bwd and the FP8 casts that apply them, fp8.cu:
-// one expression each, so the same bits). sigmoid through __expf: its error (a few ulp of
+// SwiGLU (activation.cu's swiglu_fwd/swiglu_bwd: one expression each). sigmoid through __expf: its error (a few ulp of
 // fp32) is far below the bf16 output's. exp(-x) overflowing (x < -88) gives sigmoid 0 and
 // silu -0, as the exact function rounds.
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }

@@ -80,8 +80,6 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 #define FP8_OP_NONE 0
 #define FP8_OP_GELU 1
 #define FP8_OP_DGELU 2
-#define FP8_OP_SWIGLU 3
-#define FP8_OP_DSWIGLU 4
 
 // x [rows, cols] bf16 → qt [cols, rows] FP8 (its transpose), and q [rows, cols] too unless q
 // is null, scaled by the slot's scale (found as `mode` says). rows and cols are multiples of
@@ -94,18 +92,10 @@ extern "C" __global__ void fp8_cast_bf16(unsigned char* q, const bf16_t* x, long
 // - FP8_OP_DGELU: x is the gradient of GELU's output and the values cast are GELU'(aux)·x,
 //   aux the pre-activation (gelu_bwd's): the MLP's input layer's output gradient, never
 //   written;
-// - FP8_OP_SWIGLU: x is [rows, 2·cols], rows of [gate | up], and the values cast are
-//   silu(gate)·up (swiglu_fwd's): Llama's down's input, never written;
-// - FP8_OP_DSWIGLU: x is [rows, cols] of [gate | up] (cols = 2F), aux [rows, F] the gradient
-//   of SwiGLU's output, and the values cast are SwiGLU's input gradient [dgate | dup]
-//   (swiglu_bwd's): Llama's gate/up's output gradient, never written (F % 8 == 0);
 // - with ln_rstd set (op FP8_OP_NONE), x is a norm's input and the values cast are its
 //   output: a LayerNorm's (ln_mean and ln_b set), (x - mean[row])·rstd[row]·w[col] + b[col]
 //   as layernorm_fwd computes it, or an RMSNorm's (ln_mean null), x·rstd[row]·w[col] as
 //   rmsnorm_fwd computes it: a norm's output, never written.
-// (FP8_OP_DSWIGLU loads each thread's x patch, then both halves it needs: the first load reads
-// the address of one of the two after it, which then hit in L1; kept to leave the common path
-// one shape.)
 // (The same expressions as those ops', so the same bits; the slot holds their amax, or the
 // predicted cast finds it.)
 // Unless colsum is null, also the column sums of the values cast per tile, colsum[tile row,
@@ -150,9 +140,7 @@ extern "C" __global__ void __launch_bounds__(256)
         s = slot_scale(slot, e5m2);
     }
     const bool aligned = aligned16(x), aux_aligned = aligned16(aux);
-    // x's row length: SwiGLU's forward reads rows of [gate | up] for cols outputs.
-    const long long ld = op == FP8_OP_SWIGLU ? 2ll * cols : (long long)cols;
-    const int half = cols / 2;  // FP8_OP_DSWIGLU: F
+    const long long ld = cols;
     const int tiles_c = (cols + FP8_TILE_C - 1) / FP8_TILE_C;
     const long long tiles = (long long)tiles_c * ((rows + FP8_TILE_R - 1) / FP8_TILE_R);
     // The 8 threads of a row group read its rows' 128 contiguous bytes; rows % 16 == 0 and
@@ -177,31 +165,6 @@ extern "C" __global__ void __launch_bounds__(256)
             } else if (op == FP8_OP_DGELU) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) v[i] = dgelu8(load8(aux + at + (long long)i * cols, aux_aligned), v[i]);
-            } else if (op == FP8_OP_SWIGLU) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    float a[8], u[8];
-                    unpack8(v[i], a);
-                    unpack8(load8(x + xat + (long long)i * ld + cols, aligned), u);
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) a[k] = swiglu_f(a[k], u[k]);
-                    v[i] = pack8(a);
-                }
-            } else if (op == FP8_OP_DSWIGLU) {
-                // This thread's 8 columns lie in one half (F % 8 == 0): gate's (dgate) or up's.
-                const bool gate = gc < half;
-                const int j = gate ? gc : gc - half;  // the column of SwiGLU's output
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    float a[8], u[8], dy[8], dg[8], du[8];
-                    const long long row = (long long)(gr + i) * cols;
-                    unpack8(load8(x + row + j, aligned), a);
-                    unpack8(load8(x + row + half + j, aligned), u);
-                    unpack8(load8(aux + (long long)(gr + i) * half + j, aux_aligned), dy);
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) swiglu_grads(a[k], u[k], dy[k], dg[k], du[k]);
-                    v[i] = pack8(gate ? dg : du);
-                }
             }
             if (ln_rstd) {
                 float ww[8], bb[8];

@@ -23,9 +23,9 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    dgelu_then_bwd, dswiglu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, DswigluOf, Fp8Bytes, Fp8Layers,
-    Fp8Predictions, GemmEnvironment, GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape,
-    MatmulOps, NormOfInput, OnMismatch, TunedGemm, WeightGrads, Weights,
+    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, Fp8Predictions, GemmEnvironment,
+    GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch,
+    TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -67,8 +67,7 @@ pub(super) struct BwdPtrs {
     pub w: u64,
     /// An FP8 layer after an activation: dY is made by dY's cast (and never written) from
     /// `dout` and what this names: GELU'(pre)·dout (`matmul_bwd_of_dgelu`: `dout` is the
-    /// gradient of GELU's output) or SwiGLU's input gradient (`matmul_bwd_of_dswiglu`: `dout`
-    /// is SwiGLU's input). `CastOp::None`: `dout` is dY.
+    /// gradient of GELU's output). `CastOp::None`: `dout` is dY.
     pub dy_op: CastOp,
     /// With `dy_op`: the sink holding an amax of this step dY's scales with (`scale_ref`),
     /// for its predicted scale.
@@ -300,7 +299,7 @@ impl CudaBackend {
         })
     }
 
-    /// `matmul_residual_fwd_of_gelu` / `_of_swiglu` on checked buffers: `out = res +
+    /// `matmul_residual_fwd_of_gelu` on checked buffers: `out = res +
     /// act(x) · Wᵀ + bias` in FP8, the activation `op` applied by the input's cast as it reads
     /// `x` (the residual in the GEMM's epilogue, or where cuBLASLt has no FP8 algorithm for
     /// that, the GEMM into `tmp` and the add).
@@ -329,7 +328,7 @@ impl CudaBackend {
     }
 
     /// Whether a layer at shape `s` has dY made by its backward's cast
-    /// (`matmul_bwd_of_dgelu`, `_of_dswiglu`): an FP8 layer with its state whose dW is in
+    /// (`matmul_bwd_of_dgelu`): an FP8 layer with its state whose dW is in
     /// FP8 (the cast alone applies the activation's backward; a bf16 dW would need dY written).
     fn fp8_dy_in_cast(&self, at: LinearLocs, s: MatShape) -> bool {
         at.fp8.is_some() && at.fp8(s) && self.fp8_weight_grad_in_fp8()
@@ -493,24 +492,6 @@ impl MatmulOps for CudaBackend {
 
     fn fp8_prediction_counts(&self) -> BResult<Option<Fp8Predictions>> {
         self.fp8_prediction_counts()
-    }
-
-    fn matmul_bwd_of_dswiglu(
-        &self,
-        dinp: &mut Self::Buf,
-        g: WeightGrads<'_, Self, LinearLocs>,
-        dact: &Self::Buf,
-        x: DswigluOf<'_, Self>,
-        p: Weights<'_, Self, LinearLocs>,
-        s: MatShape,
-    ) -> BResult<()> {
-        // dY = [dgate | dup] made by its transposing cast from SwiGLU's input and dact.
-        if !self.fp8_dy_in_cast(p.at, s) {
-            return dswiglu_then_bwd(self, dinp, g, dact, x, p, s);
-        }
-        check("matmul_bwd_of_dswiglu dact", dact.len(), 0, s.n * s.oc / 2)?;
-        let dy_op = CastOp::Dswiglu { dact: self.ptr(dact, 0) };
-        self.fp8_bwd_of_act(dinp, g, (x.gate_up, dy_op, x.scale_ref), x.inp, p, s)
     }
 
     fn matmul_bwd_of_dgelu(
@@ -711,25 +692,6 @@ impl MatmulOps for CudaBackend {
         check_linear("matmul_residual_fwd_of_gelu", p.buf.len(), p.at, s)?;
         p.at.check_input_made_in_cast(s, InputMadeInCast::Gelu)?;
         self.fp8_residual_fwd_of_act((out, res, pre, tmp), CastOp::Gelu, p, s)
-    }
-
-    fn matmul_residual_fwd_of_swiglu(
-        &self,
-        out: &mut Self::Buf,
-        res: &Self::Buf,
-        gate_up: &Self::Buf,
-        p: Weights<'_, Self, LinearLocs>,
-        s: MatShape,
-        tmp: &mut Self::Buf,
-    ) -> BResult<()> {
-        let MatShape { n, c, oc } = s;
-        check("matmul_residual_fwd_of_swiglu out", out.len(), 0, n * oc)?;
-        check("matmul_residual_fwd_of_swiglu res", res.len(), 0, n * oc)?;
-        check("matmul_residual_fwd_of_swiglu gate_up", gate_up.len(), 0, 2 * n * c)?;
-        check("matmul_residual_fwd_of_swiglu tmp", tmp.len(), 0, n * oc)?;
-        check_linear("matmul_residual_fwd_of_swiglu", p.buf.len(), p.at, s)?;
-        p.at.check_input_made_in_cast(s, InputMadeInCast::Swiglu)?;
-        self.fp8_residual_fwd_of_act((out, res, gate_up, tmp), CastOp::Swiglu, p, s)
     }
 
     fn matmul_fwd_of_norm(

@@ -82,12 +82,6 @@ pub struct CudaBackend {
     /// The FP8 GEMMs' operands (`MatmulOps::prepare_fp8`; counted in the ledger, not in
     /// the scratch).
     fp8_ws: RefCell<Option<fp8::Fp8Ws>>,
-    /// FP8 forward GEMMs with cuBLASLt's fast accumulation (`SHARDTRAIN_FP8_FAST_ACCUM`,
-    /// default on; the backward's never use it).
-    fp8_fast_accum: bool,
-    /// The transposing casts read their tiles from the last (`SHARDTRAIN_FP8_CAST_REVERSE`,
-    /// on unless `0`: the same bits, to measure it).
-    fp8_cast_reverse: bool,
     /// Reused scratch (partial sums, the attention's D, the embedding plan). One op at a
     /// time uses each, in stream order, so sharing them is safe.
     scratch_f32: RefCell<Option<CudaSlice<f32>>>,
@@ -219,15 +213,13 @@ impl CudaBackend {
             sm_count,
             compute_capability,
             fp8_ws: RefCell::new(None),
-            fp8_fast_accum: fp8::fast_accum_from_env()?,
-            fp8_cast_reverse: crate::model::env_switch("SHARDTRAIN_FP8_CAST_REVERSE").map_err(launch::bad)?,
             scratch_f32: RefCell::new(None),
             scratch_f64: RefCell::new(None),
             plan_bytes: Cell::new(0),
             scratch_bf16: RefCell::new(None),
             scratch_bf16_w: RefCell::new(None),
             scratch_bias: RefCell::new(None),
-            attention: Cell::new(attention_from_env()?),
+            attention: Cell::new(AttentionImpl::TensorCore),
             attention_fallback_noted: Cell::new(false),
             attention_dkv_split: Cell::new(None),
             attention_dkv_per_sm: RefCell::new(Vec::new()),
@@ -251,9 +243,10 @@ impl CudaBackend {
         self.kernels.failures()
     }
 
-    /// Choose the attention kernels (default: [`AttentionImpl::TensorCore`], or
-    /// `SHARDTRAIN_ATTENTION=simt|mma|tc` in the environment). All compute the same function
-    /// and save the same state, so forward and backward may even use different ones.
+    /// Choose the attention kernels (default: [`AttentionImpl::TensorCore`]; the others for
+    /// tests and timing tools that compare the kernels against each other). All compute the
+    /// same function and save the same state, so forward and backward may even use different
+    /// ones.
     pub fn set_attention_impl(&self, which: AttentionImpl) {
         self.attention.set(which);
     }
@@ -367,22 +360,6 @@ impl CudaBackend {
 
     fn scratch_f32(&self, n: usize) -> BResult<u64> {
         self.scratch(&self.scratch_f32, n, "fp32 scratch")
-    }
-}
-
-/// The attention kernels `SHARDTRAIN_ATTENTION` asks for: `tc` (or unset) the default,
-/// `mma` the mma.sync kernels even on Hopper, `simt` the fp32 cross-check.
-fn attention_from_env() -> BResult<AttentionImpl> {
-    match std::env::var("SHARDTRAIN_ATTENTION") {
-        Err(_) => Ok(AttentionImpl::TensorCore),
-        Ok(v) => match v.as_str() {
-            "" | "tc" => Ok(AttentionImpl::TensorCore),
-            "mma" => Ok(AttentionImpl::MmaSync),
-            "simt" => Ok(AttentionImpl::Simt),
-            _ => {
-                Err(launch::bad(format!("SHARDTRAIN_ATTENTION = {v:?}: expected tc, mma or simt (or leave it unset)")))
-            }
-        },
     }
 }
 

@@ -37,12 +37,6 @@ impl BlockLocs {
         BlockLocs { qkv, proj, fc: self.fc.with_precision(p[2]), fc2: self.fc2.with_precision(p[3]), ..self }
     }
 
-    /// The block with its linear layers' producers leaving FP8 amaxes (`on`) or not.
-    pub fn with_amax_sinks(self, on: bool) -> BlockLocs {
-        let (qkv, proj) = (self.qkv.with_amax_sinks(on), self.proj.with_amax_sinks(on));
-        BlockLocs { qkv, proj, fc: self.fc.with_amax_sinks(on), fc2: self.fc2.with_amax_sinks(on), ..self }
-    }
-
     /// The block's linear layers in FP8 layer order (qkv, proj, fc, fc2; see
     /// [`BlockLocs::for_layer`]): each weight with its `(inputs, outputs)`.
     pub fn linears(&self, cfg: &ModelConfig) -> [(Loc, usize, usize); 4] {

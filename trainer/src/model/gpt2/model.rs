@@ -14,16 +14,17 @@
 
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
-    matmul_bwd_or_kept, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DgeluOf, GeluInput, LinearLocs,
-    LnSaved, LnStats, Loc, MatShape, NormLocs, NormOfInput, Rows, SeqShape, UnitGrads, Weights,
+    matmul_bwd_or_kept, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device, DgeluOf, GeluInput, LnSaved,
+    LnStats, Loc, MatShape, NormLocs, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
+use crate::model::block::{no_norm_output, norm_in_cast, BlockCtx, BlockNorm};
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
-    clear_block_sinks, fp8_kept_inputs, keeps_codes, mlp_out_keeps_codes, no_norm_output, norm_in_cast,
-    norm_in_cast_planned, prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
+    clear_block_sinks, fp8_kept_inputs, keeps_codes, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch,
+    ModelLayout, ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
 
@@ -37,9 +38,10 @@ impl<B: Device> NormStats<B> {
     fn out(&mut self) -> LnStats<'_, B> {
         LnStats { mean: &mut self.mean, rstd: &mut self.rstd }
     }
-    /// The norm of `at` as an FP8 layer's input, applied by its cast (`matmul_fwd_of_norm`).
-    fn of_input(&self, at: NormLocs) -> NormOfInput<'_, B> {
-        NormOfInput::LayerNorm { mean: &self.mean, rstd: &self.rstd, at }
+    /// The norm at `at` writing `out` (where allocated) and these statistics, before a linear
+    /// layer (`BlockCtx::norm_then_linear`).
+    fn before<'a>(&'a mut self, out: Option<&'a mut B::Buf>, at: NormLocs) -> BlockNorm<'a, B> {
+        BlockNorm::LayerNorm { out, mean: &mut self.mean, rstd: &mut self.rstd, at }
     }
     fn saved<'a>(&'a self, inp: &'a B::Buf) -> LnSaved<'a, B> {
         LnSaved { inp, mean: &self.mean, rstd: &self.rstd }
@@ -108,15 +110,6 @@ pub struct Gpt2<B: Backend> {
     act_slot: Vec<usize>,
     /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
     fp8_kept: Vec<bool>,
-    /// FP8 layers that keep their input's codes and read a LayerNorm's output (qkv, fc) take
-    /// it from the norm's input, the norm applied by their cast (`ModelOptions::fp8_norm_in_cast`).
-    norm_in_cast: bool,
-    /// FP8 casts of the MLP's GELU output (into fc2) and of GELU's gradient (into fc's
-    /// backward) predict their scale (`ModelOptions::fp8_predicted_scales`).
-    predicted_scales: bool,
-    /// FP8 casts that apply a LayerNorm predict their scale: the norm finds only its
-    /// statistics (`ModelOptions::fp8_predicted_norms`).
-    predicted_norms: bool,
     /// Per block: its kept attention (checkpointed blocks with `keep_attention`).
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
@@ -169,14 +162,13 @@ impl<B: Backend> Gpt2<B> {
         // Where each block's qkv and fc apply their norm in their cast (`model::norm_in_cast`;
         // fc only where fc2 takes GELU from the pre-activation), that norm's output is never
         // written.
-        let norm_cast = |layer: usize, k: usize| {
-            norm_in_cast_planned(opts, &fp8_kept, layer, k) && (k == 0 || keeps_codes(&fp8_kept, layer, 3))
-        };
+        let norm_cast =
+            |layer: usize, k: usize| keeps_codes(&fp8_kept, layer, k) && (k == 0 || keeps_codes(&fp8_kept, layer, 3));
         let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         // fc2 takes GELU from the pre-activation (`Block::forward`'s `of_pre`) where it keeps
-        // its input's codes, the sinks are on and fc runs in FP8; elsewhere GELU's output is
-        // written, into the block's kept copy or this scratch.
-        let of_pre = |layer: usize| opts.fp8_amax_sinks && keeps_codes(&fp8_kept, layer, 3) && !opts.fp8_bf16_layers[2];
+        // its input's codes and fc runs in FP8; elsewhere GELU's output is written, into the
+        // block's kept copy or this scratch.
+        let of_pre = |layer: usize| keeps_codes(&fp8_kept, layer, 3) && !opts.fp8_bf16_layers[2];
         let gelu_out = if (0..l).all(of_pre) {
             None
         } else {
@@ -221,16 +213,13 @@ impl<B: Backend> Gpt2<B> {
         prepare_precision(be, opts, n, &linears, l, &fp8_kept, ledger)?;
         Ok(Gpt2 {
             embed: locs.embed,
-            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
+            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers),
             shape,
             ckpt,
             resid,
             acts,
             act_slot: slots.slot,
             fp8_kept,
-            norm_in_cast: opts.fp8_norm_in_cast,
-            predicted_scales: opts.fp8_predicted_scales,
-            predicted_norms: opts.fp8_predicted_scales && opts.fp8_predicted_norms,
             kept,
             scratch,
             lnf,
@@ -275,17 +264,8 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block {
-            be,
-            p,
-            k,
-            s: self.shape,
-            docs: self.tokens.docs.as_ref(),
-            dres_sink: None,
-            norm_in_cast: self.norm_in_cast,
-            predicted_scales: self.predicted_scales,
-            predicted_norms: self.predicted_norms,
-        };
+        let c = BlockCtx { be, p, docs: self.tokens.docs.as_ref(), dres_sink: None, family: "GPT-2" };
+        let blk = Block { c, k, s: self.shape };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -314,10 +294,8 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
         let (k, dres_sink) = (&self.locs(layer), self.fc2_grad_sink(layer.checked_sub(1)));
-        let (norm_in_cast, predicted_scales, predicted_norms) =
-            (self.norm_in_cast, self.predicted_scales, self.predicted_norms);
-        let docs = self.tokens.docs.as_ref();
-        let blk = Block { be, p, k, s: self.shape, docs, dres_sink, norm_in_cast, predicted_scales, predicted_norms };
+        let c = BlockCtx { be, p, docs: self.tokens.docs.as_ref(), dres_sink, family: "GPT-2" };
+        let blk = Block { c, k, s: self.shape };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -354,82 +332,33 @@ impl<B: Backend> DecoderModel<B> for Gpt2<B> {
     }
 }
 
-/// One block's computations: the backend, the block's gathered parameters and where
-/// its tensors are, the shapes, and where documents start.
+/// One block's computations: its context (the backend, its gathered parameters, where
+/// documents start, where its input gradient's amax goes), where its tensors are, and the
+/// shapes.
 struct Block<'a, B: Backend> {
-    be: &'a B,
-    p: &'a B::Buf,
+    c: BlockCtx<'a, B>,
     k: &'a BlockLocs,
     s: AttnShape,
-    /// Each row's document start (`data.document_mask`), for attention.
-    docs: Option<&'a B::Tokens>,
-    /// Where ln1's backward leaves the amax of the gradient it writes (the block below's fc2
-    /// reads it first: `Gpt2::fc2_grad_sink`); `None` for block 0 and in the forward.
-    dres_sink: Option<AmaxSink>,
-    /// `Gpt2::norm_in_cast`.
-    norm_in_cast: bool,
-    /// `Gpt2::predicted_scales`.
-    predicted_scales: bool,
-    /// `Gpt2::predicted_norms`.
-    predicted_norms: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
-    fn w<L>(&self, at: L) -> Weights<'_, B, L> {
-        Weights::new(self.p, at)
-    }
-
-    /// `model::norm_in_cast` with this model's switch.
-    fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
-        norm_in_cast(self.norm_in_cast, lin, s)
-    }
-
-    /// `out = LN(x) · Wᵀ + b`: the norm's output written, then the layer; or, for an FP8
-    /// layer that keeps its input's codes, the norm's statistics (and its output's amax, unless
-    /// the cast predicts its scale: `predicted_norms`) only, the norm applied by the layer's
-    /// cast (`matmul_fwd_of_norm`: the same bits, one pass less).
-    fn norm_then_linear(
-        &self,
-        (ln, stats, norm): (Option<&mut B::Buf>, &mut NormStats<B>, NormLocs),
-        x: &B::Buf,
-        out: &mut B::Buf,
-        lin: LinearLocs,
-        s: MatShape,
-    ) -> BResult<()> {
-        let (be, r) = (self.be, Rows { n: s.n, c: s.c });
-        let sink = lin.input_sink(s);
-        match sink.filter(|_| self.norm_in_cast(lin, s)) {
-            Some(sk) => {
-                // Where the cast predicts its scale, the norm leaves no amax.
-                let amax = Some(sk).filter(|_| !self.predicted_norms);
-                be.layernorm_stats(stats.out(), x, self.w(norm), r, amax)?;
-                be.matmul_fwd_of_norm(out, x, stats.of_input(norm), self.w(lin.input_amax_from(amax)), s)
-            }
-            None => {
-                let ln = ln.ok_or_else(|| no_norm_output("GPT-2"))?;
-                be.layernorm_fwd(ln, stats.out(), x, self.w(norm), r, sink)?;
-                be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
-            }
-        }
-    }
-
     /// Forward: `out = x + attn(ln1(x)) + mlp(ln2(..))`, or what `pass` says of it.
     fn forward(&self, x: &B::Buf, pass: Pass<'_, B>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
-        let (be, k, s) = (self.be, self.k, self.s);
+        let (be, k, s) = (self.c.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
         // The norms leave their outputs' amaxes for the FP8 GEMMs that read them next.
         let qkv = MatShape { n, c, oc: 3 * c };
-        self.norm_then_linear((a.ln1.as_mut(), &mut a.ln1_stats, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
+        self.c.norm_then_linear(a.ln1_stats.before(a.ln1.as_mut(), k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
         // Attention leaves its output's amax for proj (where it runs in this pass: a kept
         // output is not rewritten, and proj then takes its own amax of it).
         let proj = MatShape { n, c, oc: c };
         let sink = if pass.runs_attention() { k.proj.input_sink(proj) } else { None };
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, s, sink)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.c.docs }, s, sink)?;
         }
         let proj_at = k.proj.input_amax_from(sink);
-        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(proj_at), proj, &mut sc.tmp)?;
+        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.c.w(proj_at), proj, &mut sc.tmp)?;
         let fc = MatShape { n, c, oc: 4 * c };
         // The GELU output's amax for fc2, where fc2 runs in this pass.
         let fc2 = MatShape { n, c: 4 * c, oc: c };
@@ -439,34 +368,30 @@ impl<B: Backend> Block<'_, B> {
         // composed FP8 fc forward is this GEMM, then GELU).
         let of_pre = gelu_sink.filter(|_| k.fc2.keeps_input(fc2) && k.fc.fp8(fc));
         let pass = match (of_pre, pass) {
-            (Some(gs), Pass::Full(out)) => {
-                self.norm_then_linear((a.ln2.as_mut(), &mut a.ln2_stats, k.ln2), &a.resid2, &mut a.fch, k.fc, fc)?;
-                // With predicted scales fc2's cast finds GELU's amax itself: no pass before it.
-                let fc2_at = if self.predicted_scales {
-                    k.fc2.input_amax_from(None)
-                } else {
-                    be.gelu_amax(&a.fch, n * 4 * c, gs)?;
-                    k.fc2.input_amax_from(gelu_sink)
-                };
-                return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.w(fc2_at), fc2, &mut sc.tmp);
+            (Some(_), Pass::Full(out)) => {
+                let ln2 = a.ln2_stats.before(a.ln2.as_mut(), k.ln2);
+                self.c.norm_then_linear(ln2, &a.resid2, &mut a.fch, k.fc, fc)?;
+                // fc2's cast predicts its scale and finds GELU's amax itself: no pass before it.
+                let fc2_at = k.fc2.input_amax_from(None);
+                return be.matmul_residual_fwd_of_gelu(out, &a.resid2, &a.fch, self.c.w(fc2_at), fc2, &mut sc.tmp);
             }
             (_, pass) => pass,
         };
         let sink = k.fc.input_sink(fc);
         let ln2 = a.ln2.as_mut().ok_or_else(|| no_norm_output("GPT-2"))?;
-        be.layernorm_fwd(ln2, a.ln2_stats.out(), &a.resid2, self.w(k.ln2), r, sink)?;
+        be.layernorm_fwd(ln2, a.ln2_stats.out(), &a.resid2, self.c.w(k.ln2), r, sink)?;
         let fc_at = k.fc.input_amax_from(sink);
         let gelu = match a.gelu.as_mut() {
             Some(kept) => kept,
             None => sc.gelu_out.as_mut().ok_or_else(no_gelu_output)?,
         };
-        be.matmul_gelu_fwd(&mut a.fch, gelu, ln2, self.w(fc_at), fc, gelu_sink)?;
+        be.matmul_gelu_fwd(&mut a.fch, gelu, ln2, self.c.w(fc_at), fc, gelu_sink)?;
         let Pass::Full(out) = pass else { return Ok(()) };
         let gelu = match a.gelu.as_ref() {
             Some(kept) => kept,
             None => sc.gelu_out.as_ref().ok_or_else(no_gelu_output)?,
         };
-        be.matmul_residual_fwd(out, &a.resid2, gelu, self.w(k.fc2.input_amax_from(gelu_sink)), fc2, &mut sc.tmp)?;
+        be.matmul_residual_fwd(out, &a.resid2, gelu, self.c.w(k.fc2.input_amax_from(gelu_sink)), fc2, &mut sc.tmp)?;
         Ok(())
     }
 
@@ -480,7 +405,7 @@ impl<B: Backend> Block<'_, B> {
         a: &mut BlockActs<B>,
         g: &mut GradScratch<B>,
     ) -> BResult<()> {
-        let (be, k, s) = (self.be, self.k, self.s);
+        let (be, k, s) = (self.c.be, self.k, self.s);
         let (n, c) = (s.b * s.t, s.c);
         let r = Rows { n, c };
         // MLP: GELU(fch), kept (in FP8 as fc2's codes of it), or else recomputed into dbig2
@@ -504,47 +429,47 @@ impl<B: Backend> Block<'_, B> {
         // dres's amax: left by the norm backward above (the head's, or the next block's ln1).
         let fc2_at = fc2_at.grad_amax_from(k.fc2.grad_sink(fc2));
         // Where ln2's output was never written (applied in fc's cast), fc's codes serve.
-        let fc_inp = match self.norm_in_cast(k.fc, fc) {
+        let fc_inp = match norm_in_cast(k.fc, fc) {
             true => None,
             false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?),
         };
-        if self.predicted_scales && sink.is_some() {
+        if sink.is_some() {
             // GELU' belongs to fc's backward, whose dY cast applies it (with a predicted
             // scale): fc2's backward writes the gradient of GELU's output, and dpre is never
             // written (`MatmulOps::matmul_bwd_of_dgelu`).
-            matmul_bwd_or_kept(be, &mut g.dbig1, gr.first(fc2_at), &g.dres, act, self.w(fc2_at), fc2)?;
+            matmul_bwd_or_kept(be, &mut g.dbig1, gr.first(fc2_at), &g.dres, act, self.c.w(fc2_at), fc2)?;
             // dpre = GELU'(pre)·(dres·W2): its scale moves with dres's, whose amax fc2's
             // output-gradient slot holds (left by the norm backward above).
             let x = DgeluOf { pre: &a.fch, inp: fc_inp, scale_ref: k.fc2.grad_sink(fc2) };
-            be.matmul_bwd_of_dgelu(&mut g.dln, gr.first(k.fc), &mut g.dbig1, x, self.w(k.fc), fc)?;
+            be.matmul_bwd_of_dgelu(&mut g.dln, gr.first(k.fc), &mut g.dbig1, x, self.c.w(k.fc), fc)?;
         } else {
             let gelu = GeluInput { act, pre: &a.fch, dpre_amax: sink };
-            be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.w(fc2_at), fc2)?;
+            be.matmul_bwd_dgelu(&mut g.dbig1, gr.first(fc2_at), &g.dres, gelu, self.c.w(fc2_at), fc2)?;
             let fc_at = k.fc.grad_amax_from(sink);
-            matmul_bwd_or_kept(be, &mut g.dln, gr.first(k.fc), &g.dbig1, fc_inp, self.w(fc_at), fc)?;
+            matmul_bwd_or_kept(be, &mut g.dln, gr.first(k.fc), &g.dbig1, fc_inp, self.c.w(fc_at), fc)?;
         }
         // dres += through ln2 (the residual branch already carries dres itself), leaving its
         // amax for proj's FP8 backward.
         let proj = MatShape { n, c, oc: c };
         let sink = k.proj.grad_sink(proj);
         let saved = a.ln2_stats.saved(&a.resid2);
-        be.layernorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r, sink)?;
+        be.layernorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.c.w(k.ln2), r, sink)?;
         // attention
         let proj_at = k.proj.grad_amax_from(sink);
-        be.matmul_bwd(&mut g.dln, gr.first(proj_at), &g.dres, &a.atty, self.w(proj_at), proj)?;
-        let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
+        be.matmul_bwd(&mut g.dln, gr.first(proj_at), &g.dres, &a.atty, self.c.w(proj_at), proj)?;
+        let att_in = AttnInputs { qkv: &a.qkv, docs: self.c.docs };
         // Attention's backward leaves dqkv's amax for qkv's FP8 backward.
         let qkv = MatShape { n, c, oc: 3 * c };
         let sink = k.qkv.grad_sink(qkv);
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, s, sink)?;
         let qkv_at = k.qkv.grad_amax_from(sink);
-        if self.norm_in_cast(k.qkv, qkv) {
-            be.matmul_bwd_kept(&mut g.dln, gr.first(qkv_at), &g.dqkv, self.w(qkv_at), qkv)?;
+        if norm_in_cast(k.qkv, qkv) {
+            be.matmul_bwd_kept(&mut g.dln, gr.first(qkv_at), &g.dqkv, self.c.w(qkv_at), qkv)?;
         } else {
             let ln1 = a.ln1.as_ref().ok_or_else(|| no_norm_output("GPT-2"))?;
-            be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, ln1, self.w(qkv_at), qkv)?;
+            be.matmul_bwd(&mut g.dln, gr.first(qkv_at), &g.dqkv, ln1, self.c.w(qkv_at), qkv)?;
         }
         let saved = a.ln1_stats.saved(x);
-        be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
+        be.layernorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.c.w(k.ln1), r, self.c.dres_sink)
     }
 }

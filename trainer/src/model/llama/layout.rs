@@ -45,12 +45,6 @@ impl BlockLocs {
         BlockLocs { qkv, o, gate_up: self.gate_up.with_precision(p[2]), down: self.down.with_precision(p[3]), ..self }
     }
 
-    /// The block with its linear layers' producers leaving FP8 amaxes (`on`) or not.
-    pub fn with_amax_sinks(self, on: bool) -> BlockLocs {
-        let (qkv, o) = (self.qkv.with_amax_sinks(on), self.o.with_amax_sinks(on));
-        BlockLocs { qkv, o, gate_up: self.gate_up.with_amax_sinks(on), down: self.down.with_amax_sinks(on), ..self }
-    }
-
     /// The block's linear layers in FP8 layer order (qkv, o, gate_up, down; see
     /// [`BlockLocs::for_layer`]): each weight with its `(inputs, outputs)` (o's input: the
     /// query heads' width).

@@ -17,15 +17,16 @@
 use super::layout::{BlockLocs, EmbedUnitLocs};
 use crate::backend::{
     dswiglu_then_bwd, matmul_bwd_or_kept, rope_table, AmaxSink, AttnInputs, AttnShape, BResult, Backend, Device,
-    DswigluOf, LinearLocs, Loc, MatShape, NormOfInput, RmsSaved, Rows, SeqShape, UnitGrads, Weights,
+    DswigluOf, Loc, MatShape, RmsSaved, Rows, SeqShape, UnitGrads, Weights,
 };
 use crate::config::ActivationCheckpointing;
+use crate::model::block::{no_norm_output, norm_in_cast, BlockCtx, BlockNorm};
 use crate::model::checkpointing::{ActSlots, KeptAttention, Pass};
 use crate::model::head::LossHead;
 use crate::model::schedule::DecoderModel;
 use crate::model::{
-    clear_block_sinks, fp8_kept_inputs, mlp_out_keeps_codes, no_norm_output, norm_in_cast, norm_in_cast_planned,
-    prepare_precision, BatchTokens, MicroBatch, ModelLayout, ModelOptions,
+    clear_block_sinks, fp8_kept_inputs, keeps_codes, mlp_out_keeps_codes, prepare_precision, BatchTokens, MicroBatch,
+    ModelLayout, ModelOptions,
 };
 use crate::zero::{Category, MemoryLedger};
 
@@ -88,17 +89,6 @@ pub struct Llama<B: Backend> {
     act_slot: Vec<usize>,
     /// Per FP8 layer: whether its forward keeps its input's codes (`model::fp8_kept_inputs`).
     fp8_kept: Vec<bool>,
-    /// FP8 layers that keep their input's codes and read an RMSNorm's output (qkv, gate/up)
-    /// take it from the norm's input, the norm applied by their cast
-    /// (`ModelOptions::fp8_norm_in_cast`).
-    norm_in_cast: bool,
-    /// FP8 casts of SwiGLU's output (into down) and of its input gradient (into gate/up's
-    /// backward) predict their scale (`ModelOptions::fp8_predicted_swiglu`, with
-    /// `fp8_predicted_scales`).
-    predicted_scales: bool,
-    /// FP8 casts that apply an RMSNorm predict their scale: the norm finds only rstd
-    /// (`ModelOptions::fp8_predicted_norms`).
-    predicted_norms: bool,
     kept: Vec<Option<KeptAttention<B>>>,
     scratch: Scratch<B>,
     /// RoPE's cosines and sines for positions `0..T` ([`rope_table`]).
@@ -152,7 +142,7 @@ impl<B: Backend> Llama<B> {
         // Where each block's qkv and gate/up apply their norm in their cast (`model::norm_in_cast`:
         // the layer keeps its input's codes and its producer leaves the amax), that norm's
         // output is never written.
-        let norm_cast = |layer: usize, k: usize| norm_in_cast_planned(opts, &fp8_kept, layer, k);
+        let norm_cast = |layer: usize, k: usize| keeps_codes(&fp8_kept, layer, k);
         let set_needs = |set: usize, k: usize| (0..l).any(|layer| slots.slot[layer] == set && !norm_cast(layer, k));
         let mut acts = Vec::with_capacity(slots.sets);
         for set in 0..slots.sets {
@@ -196,7 +186,7 @@ impl<B: Backend> Llama<B> {
         prepare_precision(be, opts, n, &linears, l, &fp8_kept, ledger)?;
         Ok(Llama {
             embed: locs.embed,
-            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers).with_amax_sinks(opts.fp8_amax_sinks),
+            block: locs.block.with_precision(opts.precision, opts.fp8_bf16_layers),
             s: Shapes { attn, f, eps: cfg.rms_norm_eps() as f32 },
             tied: cfg.tied(),
             ckpt,
@@ -204,9 +194,6 @@ impl<B: Backend> Llama<B> {
             acts,
             act_slot: slots.slot,
             fp8_kept,
-            norm_in_cast: opts.fp8_norm_in_cast,
-            predicted_scales: opts.fp8_predicted_scales && opts.fp8_predicted_swiglu,
-            predicted_norms: opts.fp8_predicted_scales && opts.fp8_predicted_norms,
             kept,
             scratch,
             rope,
@@ -270,18 +257,8 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
         let k = &self.locs(layer);
         let (x, rest) = self.resid.split_at_mut(layer + 1);
         let acts = &mut self.acts[self.act_slot[layer]];
-        let blk = Block {
-            be,
-            p,
-            k,
-            s: self.s,
-            rope: &self.rope,
-            docs: self.tokens.docs.as_ref(),
-            dres_sink: None,
-            norm_in_cast: self.norm_in_cast,
-            predicted_scales: self.predicted_scales,
-            predicted_norms: self.predicted_norms,
-        };
+        let c = BlockCtx { be, p, docs: self.tokens.docs.as_ref(), dres_sink: None, family: "Llama" };
+        let blk = Block { c, k, s: self.s, rope: &self.rope };
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let r = blk.forward(&x[layer], Pass::Full(&mut rest[0]), acts, &mut self.scratch);
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
@@ -308,18 +285,9 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
 
     fn block_bwd(&mut self, be: &B, layer: usize, p: &B::Buf, gr: UnitGrads<'_, B>) -> BResult<()> {
         let slot = self.act_slot[layer];
-        let blk = Block {
-            be,
-            p,
-            k: &self.locs(layer),
-            s: self.s,
-            rope: &self.rope,
-            docs: self.tokens.docs.as_ref(),
-            dres_sink: self.down_grad_sink(layer.checked_sub(1)),
-            norm_in_cast: self.norm_in_cast,
-            predicted_scales: self.predicted_scales,
-            predicted_norms: self.predicted_norms,
-        };
+        let dres_sink = self.down_grad_sink(layer.checked_sub(1));
+        let c = BlockCtx { be, p, docs: self.tokens.docs.as_ref(), dres_sink, family: "Llama" };
+        let blk = Block { c, k: &self.locs(layer), s: self.s, rope: &self.rope };
         let acts = &mut self.acts[slot];
         KeptAttention::swap(self.kept[layer].as_mut(), &mut acts.atty, &mut acts.att_saved);
         let mut r = Ok(());
@@ -354,99 +322,50 @@ impl<B: Backend> DecoderModel<B> for Llama<B> {
     }
 }
 
-/// One block's computations: the backend, the block's gathered parameters and where its
-/// tensors are, the shapes, the RoPE table, and where documents start.
+/// One block's computations: its context (the backend, its gathered parameters, where
+/// documents start, where its input gradient's amax goes), where its tensors are, the
+/// shapes, and the RoPE table.
 struct Block<'a, B: Backend> {
-    be: &'a B,
-    p: &'a B::Buf,
+    c: BlockCtx<'a, B>,
     k: &'a BlockLocs,
     s: Shapes,
     rope: &'a B::F32,
-    /// Each row's document start (`data.document_mask`), for RoPE and attention.
-    docs: Option<&'a B::Tokens>,
-    /// Where rms1's backward leaves the amax of the gradient it writes (the block below's down
-    /// projection reads it first: `Llama::down_grad_sink`); `None` for block 0 and in the forward.
-    dres_sink: Option<AmaxSink>,
-    /// `Llama::norm_in_cast`.
-    norm_in_cast: bool,
-    /// `Llama::predicted_scales`.
-    predicted_scales: bool,
-    /// `Llama::predicted_norms`.
-    predicted_norms: bool,
 }
 
 impl<B: Backend> Block<'_, B> {
-    fn w<L>(&self, at: L) -> Weights<'_, B, L> {
-        Weights::new(self.p, at)
-    }
-
-    /// `model::norm_in_cast` with this model's switch.
-    fn norm_in_cast(&self, lin: LinearLocs, s: MatShape) -> bool {
-        norm_in_cast(self.norm_in_cast, lin, s)
-    }
-
-    /// `out = RMSNorm(x) · Wᵀ`: the norm's output written, then the layer; or, for an FP8
-    /// layer that keeps its input's codes, the norm's rstd (and its output's amax, unless the
-    /// cast predicts its scale: `predicted_norms`) only, the norm applied by the layer's cast
-    /// (`matmul_fwd_of_norm`: the same bits, one pass less).
-    fn norm_then_linear(
-        &self,
-        (ln, rstd, norm): (Option<&mut B::Buf>, &mut B::F32, Loc),
-        x: &B::Buf,
-        out: &mut B::Buf,
-        lin: LinearLocs,
-        s: MatShape,
-    ) -> BResult<()> {
-        let (be, r, eps) = (self.be, Rows { n: s.n, c: s.c }, self.s.eps);
-        let sink = lin.input_sink(s);
-        match sink.filter(|_| self.norm_in_cast(lin, s)) {
-            Some(sk) => {
-                // Where the cast predicts its scale, the norm leaves no amax.
-                let amax = Some(sk).filter(|_| !self.predicted_norms);
-                be.rmsnorm_stats(rstd, x, self.w(norm), r, eps, amax)?;
-                let of = NormOfInput::RmsNorm { rstd, w: norm, eps };
-                be.matmul_fwd_of_norm(out, x, of, self.w(lin.input_amax_from(amax)), s)
-            }
-            None => {
-                let ln = ln.ok_or_else(|| no_norm_output("Llama"))?;
-                be.rmsnorm_fwd(ln, rstd, x, self.w(norm), r, eps, sink)?;
-                be.matmul_fwd(out, ln, self.w(lin.input_amax_from(sink)), s)
-            }
-        }
+    /// The RMSNorm at `w` writing `out` (where allocated) and `rstd`, before a linear layer
+    /// (`BlockCtx::norm_then_linear`).
+    fn rms<'a>(&self, out: Option<&'a mut B::Buf>, rstd: &'a mut B::F32, w: Loc) -> BlockNorm<'a, B> {
+        BlockNorm::RmsNorm { out, rstd, w, eps: self.s.eps }
     }
 
     /// Forward, or what `pass` says of it.
     fn forward(&self, x: &B::Buf, pass: Pass<'_, B>, a: &mut BlockActs<B>, sc: &mut Scratch<B>) -> BResult<()> {
-        let (be, k, s) = (self.be, self.k, self.s);
+        let (be, k, s) = (self.c.be, self.k, self.s);
         let at = s.attn;
         let (n, c, f) = (at.b * at.t, at.c, s.f);
         // The norms and SwiGLU leave their outputs' amaxes for the FP8 GEMMs that read them next.
         let qkv = MatShape { n, c, oc: at.qkv_width() };
-        self.norm_then_linear((a.ln1.as_mut(), &mut a.rstd1, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
-        be.rope_fwd(&mut a.qkv, self.rope, self.docs, at)?;
+        self.c.norm_then_linear(self.rms(a.ln1.as_mut(), &mut a.rstd1, k.ln1), x, &mut a.qkv, k.qkv, qkv)?;
+        be.rope_fwd(&mut a.qkv, self.rope, self.c.docs, at)?;
         // Attention leaves its output's amax for o (where it runs in this pass: a kept output
         // is not rewritten, and o then takes its own amax of it).
         let o = MatShape { n, c, oc: c };
         let sink = if pass.runs_attention() { k.o.input_sink(o) } else { None };
         if pass.runs_attention() {
-            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.docs }, at, sink)?;
+            be.attention_fwd(&mut a.atty, &mut a.att_saved, AttnInputs { qkv: &a.qkv, docs: self.c.docs }, at, sink)?;
         }
-        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.w(k.o.input_amax_from(sink)), o, &mut sc.tmp)?;
+        be.matmul_residual_fwd(&mut a.resid2, x, &a.atty, self.c.w(k.o.input_amax_from(sink)), o, &mut sc.tmp)?;
         let gu = MatShape { n, c, oc: 2 * f };
-        self.norm_then_linear((a.ln2.as_mut(), &mut a.rstd2, k.ln2), &a.resid2, &mut a.gate_up, k.gate_up, gu)?;
+        let rms2 = self.rms(a.ln2.as_mut(), &mut a.rstd2, k.ln2);
+        self.c.norm_then_linear(rms2, &a.resid2, &mut a.gate_up, k.gate_up, gu)?;
         let Pass::Full(out) = pass else { return Ok(()) };
         let down = MatShape { n, c: f, oc: c };
         let sink = k.down.input_sink(down);
-        if self.predicted_scales && sink.is_some() && k.down.keeps_input(down) && a.act.is_none() {
-            // down keeps its input's codes: its cast applies SwiGLU as it reads gate_up, with a
-            // predicted scale, so SwiGLU's output is never written.
-            let down_at = k.down.input_amax_from(None);
-            return be.matmul_residual_fwd_of_swiglu(out, &a.resid2, &a.gate_up, self.w(down_at), down, &mut sc.tmp);
-        }
         let act = a.act.as_mut().unwrap_or(&mut sc.act);
         be.swiglu_fwd(act, &a.gate_up, Rows { n, c: f }, sink)?;
         let act = a.act.as_ref().unwrap_or(&sc.act);
-        be.matmul_residual_fwd(out, &a.resid2, act, self.w(k.down.input_amax_from(sink)), down, &mut sc.tmp)
+        be.matmul_residual_fwd(out, &a.resid2, act, self.c.w(k.down.input_amax_from(sink)), down, &mut sc.tmp)
     }
 
     /// Backward: on entry `g.dres` holds dL/d(out); on exit dL/d(x). Every tensor of the
@@ -459,7 +378,7 @@ impl<B: Backend> Block<'_, B> {
         sc: &mut Scratch<B>,
         g: &mut GradScratch<B>,
     ) -> BResult<()> {
-        let (be, k, s) = (self.be, self.k, self.s);
+        let (be, k, s) = (self.c.be, self.k, self.s);
         let at = s.attn;
         let (n, c, f) = (at.b * at.t, at.c, s.f);
         let r = Rows { n, c };
@@ -476,48 +395,38 @@ impl<B: Backend> Block<'_, B> {
                 Some(&sc.act)
             }
         };
-        matmul_bwd_or_kept(be, &mut g.dact, gr.first(down_at), &g.dres, act, self.w(down_at), down)?;
+        matmul_bwd_or_kept(be, &mut g.dact, gr.first(down_at), &g.dres, act, self.c.w(down_at), down)?;
         // SwiGLU's backward leaves its gradient's amax for gate_up's FP8 backward.
         let gu = MatShape { n, c, oc: 2 * f };
-        let sink = k.gate_up.grad_sink(gu);
         // Where rms2's output was never written (applied in gate/up's cast), its codes serve.
-        let gu_inp = match self.norm_in_cast(k.gate_up, gu) {
+        let gu_inp = match norm_in_cast(k.gate_up, gu) {
             true => None,
             false => Some(a.ln2.as_ref().ok_or_else(|| no_norm_output("Llama"))?),
         };
-        // With predicted scales, gate/up's dY cast applies SwiGLU's backward to dact as it reads
-        // gate_up (with a predicted scale whose reference is dres's amax, which down's
-        // output-gradient slot holds): dY is never written (`MatmulOps::matmul_bwd_of_dswiglu`).
-        // Otherwise the composition: SwiGLU's backward writes dY and its amax, then the layer.
-        let scale_ref = k.down.grad_sink(down);
-        let swiglu = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, scale_ref, dy: &mut g.dgate_up };
-        let (gu_g, gu_w) = (gr.first(k.gate_up), self.w(k.gate_up));
-        if self.predicted_scales && sink.is_some() {
-            be.matmul_bwd_of_dswiglu(&mut g.dln, gu_g, &g.dact, swiglu, gu_w, gu)?;
-        } else {
-            dswiglu_then_bwd(be, &mut g.dln, gu_g, &g.dact, swiglu, gu_w, gu)?;
-        }
+        // SwiGLU's backward writes dY and its amax, then the layer.
+        let swiglu = DswigluOf { gate_up: &a.gate_up, inp: gu_inp, dy: &mut g.dgate_up };
+        dswiglu_then_bwd(be, &mut g.dln, gr.first(k.gate_up), &g.dact, swiglu, self.c.w(k.gate_up), gu)?;
         // dres += through rms2 (the residual branch already carries dres itself), leaving its
         // amax for o's FP8 backward.
         let o = MatShape { n, c, oc: c };
         let sink = k.o.grad_sink(o);
         let saved = RmsSaved { inp: &a.resid2, rstd: &a.rstd2 };
-        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.w(k.ln2), r, sink)?;
+        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln2), &g.dln, saved, self.c.w(k.ln2), r, sink)?;
         // attention
         let o_at = k.o.grad_amax_from(sink);
-        be.matmul_bwd(&mut g.dln, gr.first(o_at), &g.dres, &a.atty, self.w(o_at), o)?;
-        let att_in = AttnInputs { qkv: &a.qkv, docs: self.docs };
+        be.matmul_bwd(&mut g.dln, gr.first(o_at), &g.dres, &a.atty, self.c.w(o_at), o)?;
+        let att_in = AttnInputs { qkv: &a.qkv, docs: self.c.docs };
         // (No amax sink: RoPE's backward rewrites the query and key gradients after it.)
         be.attention_bwd(&mut g.dqkv, &g.dln, att_in, &a.atty, &a.att_saved, at, None)?;
-        be.rope_bwd(&mut g.dqkv, self.rope, self.docs, at)?;
+        be.rope_bwd(&mut g.dqkv, self.rope, self.c.docs, at)?;
         let qkv = MatShape { n, c, oc: at.qkv_width() };
-        if self.norm_in_cast(k.qkv, qkv) {
-            be.matmul_bwd_kept(&mut g.dln, gr.first(k.qkv), &g.dqkv, self.w(k.qkv), qkv)?;
+        if norm_in_cast(k.qkv, qkv) {
+            be.matmul_bwd_kept(&mut g.dln, gr.first(k.qkv), &g.dqkv, self.c.w(k.qkv), qkv)?;
         } else {
             let ln1 = a.ln1.as_ref().ok_or_else(|| no_norm_output("Llama"))?;
-            be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, ln1, self.w(k.qkv), qkv)?;
+            be.matmul_bwd(&mut g.dln, gr.first(k.qkv), &g.dqkv, ln1, self.c.w(k.qkv), qkv)?;
         }
         let saved = RmsSaved { inp: x, rstd: &a.rstd1 };
-        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.w(k.ln1), r, self.dres_sink)
+        be.rmsnorm_bwd(&mut g.dres, gr.first(k.ln1), &g.dln, saved, self.c.w(k.ln1), r, self.c.dres_sink)
     }
 }
