@@ -41,9 +41,10 @@ pub struct LaunchArgs {
     /// where memory is plugged in as it is used).
     #[arg(long)]
     pub skip_fit_check: bool,
-    /// Every rank waits for the device between the phases of each step and prints their
-    /// times (forward+backward, reductions, optimizer; and each GEMM shape's tuned algorithm)
-    /// to its log. The waits perturb the overlap a little: for finding where time goes.
+    /// Every rank waits for the device between the phases of each step (zeroing gradients,
+    /// forward+backward, optimizer, loss) and prints their times to its log; rank 0 also lists
+    /// per shape the GEMM algorithms `train.gemm_tuning` picked. The waits perturb the overlap
+    /// a little: for finding where time goes.
     #[arg(long)]
     pub profile: bool,
 }

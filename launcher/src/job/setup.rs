@@ -1,8 +1,8 @@
 //! Everything checked and prepared before any rank is spawned: the device and the GPU of
 //! each rank, the node layout (from the flags, else from a scheduler's environment:
 //! `cluster.rs`), the job token, the config (loaded and validated once, here),
-//! (node 0) the run directory's lock and owner (`runlock`, `rundir`: a directory holds one
-//! run), the checkpoint to resume from (`resume`), the data (both splits against the vocabulary,
+//! (node 0) the run directory's lock and owner (`rundir::runlock`, `rundir::owner`: a
+//! directory holds one run), the checkpoint to resume from (`rundir::resume`), the data (both splits against the vocabulary,
 //! the shards' tokenizer against `train.init_from`'s),
 //! `train.init_from`, the checkpoint directory (writable; half-written `.step_*.partial`
 //! directories of a crashed save removed), the run directory, the node's fingerprint and the
