@@ -4,7 +4,7 @@
 #   scripts/gpu-doctor.sh        # expects .carry/launcher (scripts/build-gpu.sh)
 #
 # 1. one GPU: the check starts and says there is nothing to judge (exit 0);
-# 2. two ranks sharing GPU 0 (SHARDTRAIN_GPU_MAP=0,0: NCCL's network transport, slow by
+# 2. two ranks sharing GPU 0 (--gpu-map 0,0: NCCL's network transport, slow by
 #    design): NCCL all-reduce / all-gather at 1M-1G and the pair test run, the report prints
 #    what the driver and sysfs say (PCIe link; NVLink needs two GPUs), and --expect-gbps 0.01
 #    makes the verdict about the plumbing, not the shared GPU's speed (exit 0);
@@ -27,7 +27,7 @@ check() { # name expected-code args...
     echo
 }
 check one-gpu 0 "$BIN/launcher" doctor --gpus 1 --out "$OUT/one"
-check shared-gpu 0 env SHARDTRAIN_GPU_MAP=0,0 "$BIN/launcher" doctor --gpus 2 --expect-gbps 0.01 \
+check shared-gpu 0 "$BIN/launcher" doctor --gpus 2 --gpu-map 0,0 --expect-gbps 0.01 \
     --json "$OUT/shared.json" --out "$OUT/shared"
 if ((NGPU > 1)); then
     "$BIN/launcher" doctor --gpus "$NGPU" --json "$OUT/all.json" --out "$OUT/all" 2>&1 | tee "$OUT/all-gpus.log"

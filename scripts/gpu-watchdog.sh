@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-watchdog.sh        # expects $BIN/launcher (BIN defaults to .carry; BIN=target/release works too)
 #
-# Two GPU ranks share GPU 0 (SHARDTRAIN_GPU_MAP=0,0: the launcher gives each its own NCCL_HOSTID,
+# Two GPU ranks share GPU 0 (--gpu-map 0,0: the launcher gives each its own NCCL_HOSTID,
 # so NCCL accepts them and connects them through its socket transport; loopback here). Once the
 # job trains, rank 1 is stopped with SIGSTOP: rank 0 then waits in an NCCL collective forever.
 # Passes when the job ends with the watchdog's exit code (3) within the timeout plus a margin,
@@ -15,7 +15,6 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Two "hosts" on one machine: sockets over loopback, no InfiniBand loopback needed.
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
-export SHARDTRAIN_GPU_MAP=0,0
 OUT=${OUT:-gpu-watchdog-out}
 BIN=${BIN:-.carry}
 TIMEOUT=${TIMEOUT:-20}
@@ -24,7 +23,7 @@ fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
 
 # A small GPT (head size 64, as the GPU tests use) on the built-in corpus.
-"$BIN/launcher" --gpus 2 configs/gpt2-124m.toml \
+"$BIN/launcher" --gpus 2 --gpu-map 0,0 configs/gpt2-124m.toml \
     --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=256 --set model.seq_len=256 \
     --set train.micro_batch=4 --set train.steps=1000000 --set train.eval_every=0 --set checkpoint.every=0 \
     --set "watchdog.timeout_s=$TIMEOUT" --set "output.dir=\"$OUT/run\"" \

@@ -1670,12 +1670,15 @@ fn cpu_plans_that_do_not_fit_the_host_are_refused_before_launch() {
     let run = job.run(2, &["--host-mem", "0.01"], &[]);
     assert_eq!(run.code(), Some(2), "{}", run.stderr());
     assert!(
-        run.stderr().contains("does not fit the host") && run.stderr().contains("SHARDTRAIN_SKIP_FIT_CHECK"),
+        run.stderr().contains("does not fit the host") && run.stderr().contains("--skip-fit-check"),
         "{}",
         run.stderr()
     );
     assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
-    job.run(2, &["--host-mem", "0.01"], &[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]).assert_success();
+    // The old environment switch is not read: only the flag launches anyway.
+    let run = job.run(2, &["--host-mem", "0.01"], &[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]);
+    assert_eq!(run.code(), Some(2), "{}", run.stderr());
+    job.run(2, &["--host-mem", "0.01", "--skip-fit-check"], &[]).assert_success();
     // Without a capacity to compare with, never "fits": a GPU plan on a machine without a GPU.
     if !cuda_here() {
         let gpu = launcher(&["memory", &config, "--ranks", "2", "--device", "gpu"]);
@@ -1714,6 +1717,20 @@ fn an_absurd_model_is_refused_at_once() {
 }
 
 #[test]
+fn profile_reaches_every_rank() {
+    let job = Job::new();
+    job.run(2, &["--set", "train.steps=2", "--profile"], &[]).assert_success();
+    for r in 0..2 {
+        let log = std::fs::read_to_string(job.out().join(format!("logs/rank{r}.log"))).expect("rank log");
+        assert!(log.contains(&format!("profile: rank {r} step 1: ")), "{log}");
+    }
+    // Without the flag (the old environment switch is not read), no phase times.
+    job.run(2, &["--set", "train.steps=2", "--overwrite"], &[("SHARDTRAIN_PROFILE", "1")]).assert_success();
+    let log = std::fs::read_to_string(job.out().join("logs/rank0.log")).expect("rank log");
+    assert!(!log.contains("profile: rank 0"), "{log}");
+}
+
+#[test]
 fn too_many_cpu_ranks_are_refused_in_one_short_line() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let job = Job::new();
@@ -1724,9 +1741,7 @@ fn too_many_cpu_ranks_are_refused_in_one_short_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.len() < 1000, "one short line, not 44 KB: {} bytes", stderr.len());
     assert!(
-        stderr.contains(&format!("--cpus {too_many}"))
-            && stderr.contains("core")
-            && stderr.contains("SHARDTRAIN_OVERSUBSCRIBE"),
+        stderr.contains(&format!("--cpus {too_many}")) && stderr.contains("core") && stderr.contains("--oversubscribe"),
         "{stderr}"
     );
     assert!(!job.out().join("logs/rank0.log").exists(), "no rank may start");
@@ -1799,23 +1814,19 @@ fn a_rank_the_oom_killer_ends_is_named_out_of_memory() {
         "--set",
         "train.steps=3",
     ];
-    let in_cgroup = |env: &[(&str, &str)]| {
+    let in_cgroup = |flags: &[&str]| {
         let mut args =
             vec!["-c".to_string(), "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"".into(), cg.0.display().to_string()];
         args.push(env!("CARGO_BIN_EXE_launcher").into());
         args.extend(launch_args(1, &job, &big));
-        scrubbed(&mut Command::new("sh"))
-            .args(&args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .expect("sh")
+        args.extend(flags.iter().map(|f| f.to_string()));
+        scrubbed(&mut Command::new("sh")).args(&args).stdin(Stdio::null()).output().expect("sh")
     };
     let refused = in_cgroup(&[]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("does not fit the host") && stderr.contains("memory cgroup's limit"), "{stderr}");
-    let killed = in_cgroup(&[("SHARDTRAIN_SKIP_FIT_CHECK", "1")]);
+    let killed = in_cgroup(&["--skip-fit-check"]);
     let stderr = String::from_utf8_lossy(&killed.stderr);
     assert_eq!(killed.status.code(), Some(1), "{stderr}");
     assert!(

@@ -29,9 +29,35 @@ pub fn warn(line: &str) {
     write_line(std::io::stderr().lock(), &STDERR_GONE, line);
 }
 
+/// Ranks as short as a list of 1000 can be: runs of consecutive ones as `first-last`.
+pub fn rank_list(ranks: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => ranks[i].to_string(),
+            1 => format!("{}, {}", ranks[i], ranks[j]),
+            _ => format!("{}-{}", ranks[i], ranks[j]),
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_lists_stay_short() {
+        assert_eq!(rank_list(&[0, 1, 2, 3, 5, 7, 8, 10]), "0-3, 5, 7, 8, 10");
+        assert_eq!(rank_list(&(0..1000).collect::<Vec<_>>()), "0-999");
+        assert_eq!(rank_list(&[]), "");
+    }
 
     /// A writer whose reader has gone away.
     struct Closed;

@@ -1,6 +1,10 @@
 //! Signals by name: the one place that turns a signal number into `SIGXFSZ` (never
 //! "signal 25") and, where the signal says something about the cause, a hint at what to do.
 //! Every report of a process killed by a signal goes through [`describe`].
+//!
+//! Also a rank's stop order: the hooks it runs before it exits ([`on_stop`]: a GPU rank's NCCL
+//! abort, registered where the communicator is made) and the bounded exit ([`stop_now`]).
+//! A leaf: it imports nothing of the crate.
 
 /// Linux's signal numbers (x86-64 and aarch64 share them) with their names.
 const NAMES: [(i32, &str); 31] = [
@@ -80,6 +84,35 @@ pub fn describe(sig: i32) -> String {
         Some(h) => format!("{} (signal {sig}: {h})", name(sig)),
         None => format!("{} (signal {sig})", name(sig)),
     }
+}
+
+/// What to run before this process exits on a stop order (e.g. abort the NCCL communicator,
+/// so a thread blocked in a collective is released and the GPU freed promptly).
+type StopHook = Box<dyn FnOnce() + Send>;
+static STOP_HOOKS: std::sync::Mutex<Vec<StopHook>> = std::sync::Mutex::new(Vec::new());
+
+/// Register `f` to run when this rank is stopped (see [`stop_now`]). GPU ranks register
+/// their NCCL abort (a build without `cuda` has nothing to register).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn on_stop(f: impl FnOnce() + Send + 'static) {
+    STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
+}
+
+/// How long the stop hooks may take before the rank exits without them.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Run the stop hooks (aborting communicators) and exit with `code`, within [`STOP_GRACE`].
+pub fn stop_now(code: u8) -> ! {
+    let _ = std::thread::Builder::new().name("stop-grace".into()).spawn(move || {
+        std::thread::sleep(STOP_GRACE);
+        trainer::log_line!("stopping took longer than {STOP_GRACE:?} (a communicator abort hung): exiting anyway");
+        std::process::exit(i32::from(code))
+    });
+    let hooks: Vec<StopHook> = std::mem::take(&mut *STOP_HOOKS.lock().unwrap_or_else(|p| p.into_inner()));
+    for h in hooks {
+        h();
+    }
+    std::process::exit(i32::from(code))
 }
 
 #[cfg(test)]

@@ -55,9 +55,10 @@ pub struct Trainer<B: Backend> {
     docs: DocumentMask,
     /// Optimizer steps taken so far.
     pub step: usize,
-    /// `SHARDTRAIN_PROFILE` set: wait for the device between the phases of every step and
-    /// print their times (perturbs the overlap a little; for finding where time goes).
-    profile: bool,
+    /// The launcher's `--profile` ([`train_from`]'s `profile`): wait for the device between
+    /// the phases of every step and print their times (perturbs the overlap a little; for
+    /// finding where time goes). Off from [`Trainer::new`].
+    pub profile: bool,
     /// `train.cuda_graphs` applies: a backend that records, the optimizer on the device.
     graphs: bool,
     /// The recorded micro-steps, one per kind, each made the first time its kind comes
@@ -123,7 +124,6 @@ impl<B: Backend> Trainer<B> {
             .map_err(|e| with_memory(e.into(), &engine.memory()))?;
         let n = cfg.train.micro_batch * cfg.model.seq_len;
         let tuning = RunTuning::new(cfg, be)?;
-        let profile = std::env::var_os("SHARDTRAIN_PROFILE").is_some();
         // The host optimizer's copies and waits between units cannot be recorded.
         let graphs = cfg.train.cuda_graphs && be.graphs_supported() && !cfg.offload.optimizer;
         if cfg.zero.fp8_gather && rank == 0 {
@@ -158,7 +158,7 @@ impl<B: Backend> Trainer<B> {
             targets: vec![0; n],
             docs,
             step: 0,
-            profile,
+            profile: false,
             graphs,
             graphs_recorded: Vec::new(),
             steps_here: 0,
@@ -545,7 +545,7 @@ impl<B: Backend> Trainer<B> {
 }
 
 /// After the first step (every GEMM shape has run once): what `train.gemm_tuning =
-/// "timed"` (or `"searched"`) picked, in one line, and per shape with `SHARDTRAIN_PROFILE`.
+/// "timed"` (or `"searched"`) picked, in one line, and per shape with `profile` (the launcher's `--profile`).
 fn report_gemm_tuning(tuned: &[TunedGemm], mode: crate::backend::GemmTuning, per_shape: bool) {
     if tuned.is_empty() {
         return;
@@ -709,22 +709,25 @@ pub fn train<B: Backend, C: EngineComm<B> + Group>(
     data_path: &Path,
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
 ) -> Result<TrainSummary, TrainError> {
-    train_from(cfg, be, comm, data_path, None, on_step)
+    train_from(cfg, be, comm, data_path, None, false, on_step)
 }
 
-/// As [`train`], optionally resuming from a checkpoint directory first. Saves a
-/// checkpoint every `checkpoint.every` steps and after the last step.
+/// As [`train`], optionally resuming from a checkpoint directory first, and with `profile`
+/// timing the phases of every step ([`Trainer::profile`]). Saves a checkpoint every
+/// `checkpoint.every` steps and after the last step.
 pub fn train_from<B: Backend, C: EngineComm<B> + Group>(
     cfg: &Config,
     be: &B,
     comm: &mut C,
     data_path: &Path,
     resume: Option<&Path>,
+    profile: bool,
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
 ) -> Result<TrainSummary, TrainError> {
     let (rank, world) = (comm.rank(), comm.world());
     let t0 = Instant::now();
     let mut trainer = Trainer::new(cfg, be, rank, world, data_path)?;
+    trainer.profile = profile;
     if let Some(dir) = resume {
         trainer.resume(be, comm, dir)?;
     }

@@ -9,7 +9,7 @@
 mod imp {
     use super::super::hardware::{nvlink_of, pcie_gbps, GpuLinks};
     use super::super::measure::{self, Measured, Net};
-    use super::super::Spec;
+    use super::super::spec::Spec;
     use collectives::nccl::{NcclAbort, NcclComm};
     use collectives::progress::Progress;
     use collectives::{Communicator, Group, ReduceOp};
@@ -119,7 +119,7 @@ mod imp {
         let stream = ctx.default_stream();
         let abort = NcclAbort::new();
         let on_stop = abort.clone();
-        crate::worker::on_stop(move || {
+        crate::signals::on_stop(move || {
             let _ = on_stop.abort();
         });
         let comm = NcclComm::new_abortable(stream.clone(), rank, world, id, &abort).map_err(err)?;
@@ -135,7 +135,7 @@ mod imp {
 mod imp {
     use super::super::hardware::GpuLinks;
     use super::super::measure::Measured;
-    use super::super::Spec;
+    use super::super::spec::Spec;
     use collectives::progress::Progress;
     use std::sync::Arc;
 

@@ -69,13 +69,13 @@ pub struct Nic {
 }
 
 impl Hardware {
-    /// This node as a rank of `gpu` (its ordinal; `None` for CPU ranks) sees it.
-    pub fn of_this_rank(gpu: Option<usize>) -> Hardware {
+    /// This node as a rank sees it, with its GPU's links (`gpu::links_of`; `None` for CPU ranks).
+    pub fn of_this_rank(gpu: Option<GpuLinks>) -> Hardware {
         let host =
             std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
         let mut nics = infiniband_ports(Path::new("/sys/class/infiniband"));
         nics.extend(net_interfaces(Path::new("/sys/class/net")));
-        Hardware { host, gpu: gpu.and_then(super::gpu::links_of), nics }
+        Hardware { host, gpu, nics }
     }
 
     /// The node's total over its active InfiniBand ports, else its fastest interface: what

@@ -11,7 +11,7 @@
 //!   rank slows its own links and no other.
 
 use super::report::{Collective, LinkTiming, Timing};
-use super::Spec;
+use super::spec::Spec;
 use collectives::progress::Progress;
 use std::time::{Duration, Instant};
 

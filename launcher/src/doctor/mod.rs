@@ -1,7 +1,7 @@
 //! `launcher doctor`: a pre-flight check of the network a job will train over. It starts
 //! the job's ranks exactly as training would (`--cpus N` / `--gpus N`, `--nnodes`,
 //! `--node-rank`, `--master-addr`, `--one-rank`, the Slurm and torchrun-style environments:
-//! `setup::place`), and instead of training each rank
+//! `job::setup::place`), and instead of training each rank
 //! - times all-reduce and all-gather over the whole job at a few sizes (`measure.rs`);
 //! - times every pair of ranks on its own, in rounds of disjoint pairs exchanging both ways at
 //!   once, so one slow rank or link shows up as itself (`measure.rs`);
@@ -14,18 +14,19 @@
 //! link below `--threshold` of the best link of its kind. That catches a mis-configured
 //! network (a job running across nodes at a fraction of the NICs' speed, a GPU on a narrow PCIe
 //! link, a node on the wrong interface) before a long run.
+//!
+//! The command (its flags, and the run) is `commands/doctor.rs`; here is what the ranks
+//! measure (`spec.rs` says what, `measure.rs`, `gpu.rs` and `hardware.rs` do it) and how node
+//! 0 judges it (`report.rs`). May import only the leaves (`signals`): the job's layout
+//! (`job/`), the supervisor (`run/`) and the rank (`rank/`) call into it, never the reverse.
 
 pub mod gpu;
 pub mod hardware;
 pub mod measure;
 pub mod report;
+pub mod spec;
 
-use crate::cli::JobArgs;
-use crate::device::Device;
-use anyhow::Context;
-use clap::Args;
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+pub use spec::{read_spec, Spec};
 
 /// Exit code of a doctor run that found the network slower than the threshold.
 pub const SLOW_EXIT: u8 = 4;
@@ -33,142 +34,6 @@ pub const SLOW_EXIT: u8 = 4;
 /// The config the ranks of a doctor run read: only its watchdog and flight-recorder
 /// settings matter (no model is built, no data read).
 pub const CONFIG: &str = "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nvocab_size = 64\nseq_len = 8\n";
-
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-
-/// `launcher doctor`'s command line: the job's layout as for training, and what to measure.
-#[derive(Debug, Args)]
-pub struct DoctorArgs {
-    /// The job's ranks and nodes, as for training.
-    #[command(flatten)]
-    pub job: JobArgs,
-    /// Message sizes for the all-reduce and all-gather, e.g. `1M,64M,1G` (suffixes K, M, G:
-    /// powers of 1024). Default 1M,16M,256M,1G on GPUs, 64K,1M,16M on CPU ranks. The verdict
-    /// judges the largest; the others show how latency weighs at smaller sizes.
-    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_size)]
-    pub sizes: Vec<u64>,
-    /// Bytes each pair of ranks exchanges each way in the link test (default 256M on GPUs,
-    /// 16M on CPU ranks).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub link_size: Option<u64>,
-    /// What the links should give, in GB/s (per direction; for the collectives, bus
-    /// bandwidth): overrides what the hardware says (or stands in where it says nothing, as for
-    /// CPU ranks on one node).
-    #[arg(long, value_name = "GB/S", value_parser = parse_gbps)]
-    pub expect_gbps: Option<f64>,
-    /// A measurement below this fraction of what is expected is a failure (exit code 4); so
-    /// is a link below this fraction of the best link of its kind (within a node, or across
-    /// nodes).
-    #[arg(long, value_name = "FRACTION", default_value_t = 0.5, value_parser = parse_fraction)]
-    pub threshold: f64,
-    /// Where the ranks' logs go (default: a fresh directory under the system's temp dir).
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Also write node 0's report as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-}
-
-/// What every rank measures (the launcher writes it for its ranks; nodes must agree).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Spec {
-    /// All-reduce and all-gather sizes in bytes (all-gather: the gathered buffer).
-    pub sizes: Vec<u64>,
-    /// Bytes each way per pair in the link test.
-    pub link_bytes: u64,
-    pub expect_gbps: Option<f64>,
-    pub threshold: f64,
-    /// `--json FILE`: node 0 also writes its report there.
-    pub json: Option<PathBuf>,
-}
-
-impl Spec {
-    fn of(args: &DoctorArgs, device: Device) -> Spec {
-        let gpu = device == Device::Gpu;
-        let mut sizes = if args.sizes.is_empty() {
-            if gpu {
-                vec![MIB, 16 * MIB, 256 * MIB, GIB]
-            } else {
-                vec![64 * KIB, MIB, 16 * MIB]
-            }
-        } else {
-            args.sizes.clone()
-        };
-        sizes.sort_unstable();
-        sizes.dedup();
-        let link_bytes = args.link_size.unwrap_or(if gpu { 256 * MIB } else { 16 * MIB });
-        Spec { sizes, link_bytes, expect_gbps: args.expect_gbps, threshold: args.threshold, json: args.json.clone() }
-    }
-}
-
-/// `1M`, `64K`, `1G`, `4096`: bytes, a positive multiple of 4 (f32 elements) up to 16 GiB.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => (&t[..i], &t[i..]),
-        None => (t, ""),
-    };
-    let mult = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-        "" => 1,
-        "K" => KIB,
-        "M" => MIB,
-        "G" => GIB,
-        _ => return Err(format!("{s:?} is not a size: use bytes or a K, M or G suffix, e.g. 64K, 16M, 1G")),
-    };
-    let n: u64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size: e.g. 64K, 16M, 1G"))?;
-    let bytes = n.checked_mul(mult).filter(|&b| b > 0 && b <= 16 * GIB);
-    match bytes {
-        Some(b) if b % 4 == 0 => Ok(b),
-        Some(_) => Err(format!("{s:?}: sizes are whole f32 elements, a multiple of 4 bytes")),
-        None => Err(format!("{s:?}: give a size between 4 bytes and 16G")),
-    }
-}
-
-fn parse_gbps(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(g) if g.is_finite() && g > 0.0 => Ok(g),
-        _ => Err(format!("{s:?} is not a bandwidth: give GB/s as a positive number, e.g. 25 or 400")),
-    }
-}
-
-fn parse_fraction(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
-        _ => Err(format!("{s:?} is not a fraction: give a number in (0, 1], e.g. 0.5")),
-    }
-}
-
-/// Run the check: place the ranks as training would, start them, print node 0's report.
-pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
-    let (device, _) = args.job.device().map_err(crate::setup::SetupError)?;
-    let spec = Spec::of(args, device);
-    let out = match &args.out {
-        Some(d) => d.clone(),
-        None => {
-            let d = std::env::temp_dir().join(format!("shardtrain-doctor-{}", std::process::id()));
-            std::fs::create_dir_all(&d).with_context(|| {
-                format!("cannot make {} for the ranks' logs: give a directory with --out DIR", d.display())
-            })?;
-            d
-        }
-    };
-    let plan = crate::setup::plan_doctor(&args.job, spec, &out)?;
-    crate::out::say(&format!(
-        "launcher doctor: {} {} rank(s) on {} of {}; logs in {}",
-        plan.local_ranks,
-        plan.device.name().to_uppercase(),
-        plan.launcher_name(plan.node_rank),
-        plan.world / plan.local_ranks.max(1),
-        plan.logs_dir.display()
-    ));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the launcher's async runtime: {e}"))?;
-    runtime.block_on(crate::supervise::run(&plan))
-}
 
 /// The node of each rank: its launcher's (`local_ranks` per node), or with `--one-rank` (a
 /// launcher per rank) the ranks sharing a host name.
@@ -189,16 +54,11 @@ pub fn nodes_of(reports: &[report::RankReport], local_ranks: usize, one_rank: bo
         .collect()
 }
 
-/// A rank's doctor plan, as its launcher wrote it.
-pub fn read_spec(path: &std::path::Path) -> Result<Spec, String> {
-    let text = std::fs::read(path).map_err(|e| format!("cannot read the doctor's plan {}: {e}", path.display()))?;
-    serde_json::from_slice(&text).map_err(|e| format!("the doctor's plan {} is unreadable: {e}", path.display()))
-}
-
 /// What a rank needs to measure.
 pub struct RankRun<'a> {
     pub spec: &'a Spec,
-    pub device: Device,
+    /// GPU ranks measure over NCCL on `gpu`; CPU ranks over `comm`.
+    pub on_gpu: bool,
     /// The job's TCP group (CPU ranks measure over it; GPU ranks keep it open, unused, as
     /// in training).
     pub comm: collectives::tcp::TcpComm,
@@ -213,8 +73,8 @@ pub struct RankRun<'a> {
 
 /// One rank's measurements and its hardware.
 pub fn rank(run: RankRun) -> Result<report::RankReport, String> {
-    let gpu = run.device == Device::Gpu;
-    let hardware = hardware::Hardware::of_this_rank(gpu.then_some(run.gpu));
+    let gpu = run.on_gpu;
+    let hardware = hardware::Hardware::of_this_rank(gpu.then_some(run.gpu).and_then(self::gpu::links_of));
     let measured = if run.world < 2 {
         // Nothing crosses a link: no communicator to make (the report says so).
         measure::Measured::default()
@@ -234,22 +94,4 @@ pub fn rank(run: RankRun) -> Result<report::RankReport, String> {
         measured.links.len()
     );
     Ok(report::RankReport { hardware, collectives: measured.collectives, links: measured.links })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_with_suffixes_and_refuse_nonsense() {
-        assert_eq!(parse_size("64K"), Ok(64 * 1024));
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("3").unwrap_err().contains("multiple of 4"));
-        assert!(parse_size("1T").unwrap_err().contains("K, M or G"));
-        assert!(parse_size("0").is_err() && parse_size("-1M").is_err() && parse_size("32G").is_err());
-        assert!(parse_fraction("0").is_err() && parse_fraction("1.5").is_err() && parse_fraction("0.25").is_ok());
-        assert!(parse_gbps("0").is_err() && parse_gbps("nan").is_err() && parse_gbps("12.5").is_ok());
-    }
 }

@@ -14,7 +14,7 @@
 //! are bound by latency).
 
 use super::hardware::Hardware;
-use super::Spec;
+use super::spec::Spec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
