@@ -17,7 +17,7 @@
 //! code), `signals` (signals by name, a rank's stop hooks), `out` (output that never stops a
 //! job when stdout is closed) and `time` (UTC dates).
 //!
-//! Exit codes (the README's table): 0 finished; 1 the job failed while it ran (a rank
+//! Exit codes (docs/reference/commands.md's table): 0 finished; 1 the job failed while it ran (a rank
 //! crashed, was killed or erred, or the launcher could not run it); 2 it never started (bad
 //! arguments, config, data, checkpoint or `train.init_from`, a run directory that holds
 //! another run or is in use, a plan that does not fit memory, too

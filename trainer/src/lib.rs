@@ -1,7 +1,7 @@
 //! shardtrain's trainer: decoder models written once over a device backend, and the
 //! ZeRO engine (stages 0–3) that shards them across ranks.
 //!
-//! Where things are (`docs/architecture.md` has the map):
+//! Where things are (`docs/development/architecture.md` has the map):
 //! - `config`: the TOML schema and validation;
 //! - `backend`: the device interface as op groups, one file per group; `backend::cpu` is
 //!   the f32 reference, `backend::cuda` the GPU, `backend::meta` the memory planner's;

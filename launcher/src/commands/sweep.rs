@@ -139,7 +139,8 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
                 Ok(_) => predicted_peak(&c, n, mdev),
                 Err(_) => None,
             };
-            let row = run_one(&exe, args, device, n, stage, &run_dir, &runs.join(format!("{name}.log")), predicted);
+            let combo = Combo { n, stage, run_dir: &run_dir, log: &runs.join(format!("{name}.log")), predicted };
+            let row = run_one(&exe, args, device, &combo);
             crate::out::say(&describe(&row));
             rows.push(row);
         }
@@ -215,18 +216,19 @@ fn predicted_peak(cfg: &Config, world: usize, device: MemoryDevice) -> Option<u6
     peaks?.into_iter().max()
 }
 
-/// Run one combination as an ordinary launch of this launcher and read its results.
-#[allow(clippy::too_many_arguments)]
-fn run_one(
-    exe: &Path,
-    args: &SweepArgs,
-    device: Device,
+/// One combination of a sweep: `n` ranks at ZeRO `stage`, its run directory and log, and the
+/// planner's peak per rank for it.
+struct Combo<'a> {
     n: usize,
     stage: u8,
-    run_dir: &Path,
-    log: &Path,
+    run_dir: &'a Path,
+    log: &'a Path,
     predicted: Option<u64>,
-) -> SweepRow {
+}
+
+/// Run one combination as an ordinary launch of this launcher and read its results.
+fn run_one(exe: &Path, args: &SweepArgs, device: Device, combo: &Combo<'_>) -> SweepRow {
+    let &Combo { n, stage, run_dir, log, predicted } = combo;
     let mut row = SweepRow {
         ranks: n,
         stage,

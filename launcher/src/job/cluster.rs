@@ -164,7 +164,7 @@ fn slurm(get: &dyn Fn(&str) -> Option<String>, req: Request) -> Result<Option<Fr
             "SLURM_STEP_ID is not set: this is Slurm job {job}'s batch script itself, not a task of a job step (there \
              SLURM_NODEID reads 0 whatever the node, so every node would claim to be node 0). Start the launcher \
              with srun: `srun --ntasks-per-node=1 launcher --gpus G CONFIG` (a launcher per node) or `srun \
-             --ntasks-per-node=G launcher --one-rank CONFIG` (one per GPU); docs/slurm.md has an sbatch script"
+             --ntasks-per-node=G launcher --one-rank CONFIG` (one per GPU); docs/user-guide/clusters.md has an sbatch script"
         ));
     };
     let source = format!("the Slurm environment (job {job}, step {step})");

@@ -4,6 +4,22 @@
 //! Built with the `cuda` feature (the default). cudarc loads every CUDA library at run
 //! time, so this compiles on machines without CUDA and fails there with a clear message.
 
+/// One GPU rank of a job: what [`train_rank`] trains, on which GPU, in which NCCL group.
+pub struct GpuRank<'a> {
+    pub cfg: &'a trainer::Config,
+    pub data_path: &'a std::path::Path,
+    /// The checkpoint to resume from, if any.
+    pub resume: Option<&'a std::path::Path>,
+    /// `--profile`: time the phases of every step.
+    pub profile: bool,
+    pub rank: usize,
+    pub world: usize,
+    /// The CUDA device this rank uses.
+    pub gpu: usize,
+    /// The NCCL unique id the launcher handed out.
+    pub nccl_id: &'a [u8],
+}
+
 #[cfg(feature = "cuda")]
 mod imp {
     use collectives::local::LocalGpuComm;
@@ -102,19 +118,12 @@ mod imp {
     /// collective recorded in `progress`. The communicator is abortable from the moment it
     /// is being made: a stop order from the launcher aborts it (`ncclCommAbort`), so a
     /// rank stuck in a collective (or in the join) is released.
-    #[allow(clippy::too_many_arguments)]
     pub fn train_rank(
-        cfg: &Config,
-        data_path: &Path,
-        resume: Option<&Path>,
-        profile: bool,
-        rank: usize,
-        world: usize,
-        gpu: usize,
-        id: &[u8],
+        job: super::GpuRank<'_>,
         progress: &Arc<Progress>,
         on_step: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
     ) -> Result<TrainSummary, TrainError> {
+        let super::GpuRank { cfg, data_path, resume, profile, rank, world, gpu, nccl_id: id } = job;
         let be = CudaBackend::new(gpu)?;
         trainer::log_line!("rank {rank}: {be:?} on GPU {gpu}");
         if world == 1 {
@@ -179,16 +188,8 @@ mod imp {
     pub fn total_memory() -> Option<u64> {
         None
     }
-    #[allow(clippy::too_many_arguments)]
     pub fn train_rank(
-        _: &Config,
-        _: &Path,
-        _: Option<&Path>,
-        _: bool,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: &[u8],
+        _: super::GpuRank<'_>,
         _: &Arc<Progress>,
         _: &mut dyn FnMut(&StepMetrics) -> Result<(), TrainError>,
     ) -> Result<TrainSummary, TrainError> {

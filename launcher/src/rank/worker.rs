@@ -441,18 +441,17 @@ fn run_connected(
             let _host_group = comm;
             let id = nccl_id.ok_or_else(|| "the launcher sent no NCCL id for a GPU job".to_string())?;
             let gpu = args.gpu.unwrap_or(args.local_rank) as usize;
-            crate::job::gpu::train_rank(
-                &cfg,
-                &data_path,
+            let job = crate::job::gpu::GpuRank {
+                cfg: &cfg,
+                data_path: &data_path,
                 resume,
-                args.profile,
+                profile: args.profile,
                 rank,
                 world,
                 gpu,
-                &id,
-                &progress,
-                &mut on_step,
-            )
+                nccl_id: &id,
+            };
+            crate::job::gpu::train_rank(job, &progress, &mut on_step)
         }
     };
     finished.store(true, Ordering::SeqCst);

@@ -12,7 +12,7 @@
 
 use super::fp8::{AmaxSink, Fp8Bytes, Fp8Layer, Fp8Layers};
 use super::gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
-use super::{ActivationOps, BResult, Device, Loc, MemoryOps, WeightGrads, Weights};
+use super::{ActivationOps, BResult, Device, Loc, MatShape, MemoryOps, WeightGrads, Weights};
 
 /// How a backend with a choice of GEMM algorithms picks one for each GEMM shape
 /// (`train.gemm_tuning`). The CPU reference has one way to multiply and nothing to pick.
@@ -210,14 +210,6 @@ pub struct TunedGemm {
     pub seconds: f64,
 }
 
-/// `n` rows of `c` inputs to `oc` outputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MatShape {
-    pub n: usize,
-    pub c: usize,
-    pub oc: usize,
-}
-
 /// What an FP8 layer's input cast makes of what it reads
 /// ([`LinearLocs::check_input_made_in_cast`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,6 +257,13 @@ pub struct GeluInput<'a, B: Device + ?Sized> {
     pub act: Option<&'a B::Buf>,
     pub pre: &'a B::Buf,
     pub dpre_amax: Option<AmaxSink>,
+}
+
+/// Both halves of a GELU a fused backward reads ([`MatmulOps::fused_matmul_bwd_dgelu`]): its
+/// output `act` (the layer's input) and its input `pre`.
+pub struct GeluActs<'a, B: Device + ?Sized> {
+    pub act: &'a B::Buf,
+    pub pre: &'a B::Buf,
 }
 
 impl<B: Device + ?Sized, L: Copy> WeightGrads<'_, B, L> {
@@ -528,7 +527,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
             self.matmul_bwd_kept(dpre, g, dout, p, s)?;
             return self.gelu_bwd(dpre, x.pre, s.n * s.c, x.dpre_amax);
         };
-        if self.fused_matmul_bwd_dgelu(dpre, g.reborrow(), dout, act, x.pre, p, s)? {
+        if self.fused_matmul_bwd_dgelu(dpre, g.reborrow(), dout, GeluActs { act, pre: x.pre }, p, s)? {
             // GELU' ran in the GEMM's epilogue, which cannot leave an amax: a pass of its own.
             if let Some(sink) = x.dpre_amax {
                 self.fp8_amax_into(dpre, s.n * s.c, sink)?;
@@ -560,14 +559,12 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
 
     /// [`MatmulOps::matmul_bwd_dgelu`] as one fused operation where the backend has one for
     /// these shapes; `Ok(false)` (the default) runs matmul_bwd and gelu_bwd instead.
-    #[allow(clippy::too_many_arguments)] // the one hook with both halves of a GeluInput apart
     fn fused_matmul_bwd_dgelu(
         &self,
         _dpre: &mut Self::Buf,
         _g: WeightGrads<'_, Self, LinearLocs>,
         _dout: &Self::Buf,
-        _act: &Self::Buf,
-        _pre: &Self::Buf,
+        _x: GeluActs<'_, Self>,
         _p: Weights<'_, Self, LinearLocs>,
         _s: MatShape,
     ) -> BResult<bool> {

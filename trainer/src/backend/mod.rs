@@ -56,6 +56,7 @@ pub mod matmul;
 pub mod memory;
 pub mod meta;
 pub mod reduce;
+pub mod shape;
 pub mod transfer;
 
 pub use activation::ActivationOps;
@@ -73,11 +74,12 @@ pub use gemm_tuning::{GemmEnvironment, GemmTuningTable, OnMismatch};
 pub use graph::GraphOps;
 pub use layernorm::{LayerNormOps, LnSaved, LnStats, NormLocs, RmsSaved, Rows};
 pub use matmul::{
-    dgelu_then_bwd, dswiglu_then_bwd, matmul_bwd_or_kept, DgeluOf, DswigluOf, Fp8Predictions, GeluInput, GemmTuning,
-    InputMadeInCast, LinearLocs, MatShape, MatmulOps, NormOfInput, Precision, TunedGemm,
+    dgelu_then_bwd, dswiglu_then_bwd, matmul_bwd_or_kept, DgeluOf, DswigluOf, Fp8Predictions, GeluActs, GeluInput,
+    GemmTuning, InputMadeInCast, LinearLocs, MatmulOps, NormOfInput, Precision, TunedGemm,
 };
 pub use memory::{MemoryOps, TokenRole};
 pub use reduce::ReduceOps;
+pub use shape::MatShape;
 pub use transfer::{HostRead, HostValues, HostWait, HostWrite, TransferOps};
 
 use thiserror::Error;

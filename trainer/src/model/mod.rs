@@ -30,10 +30,10 @@ pub mod units;
 pub use crate::config::ModelFamily;
 pub use batch::{BatchTokens, MicroBatch};
 pub use schedule::{run_micro, step_micro, step_micro_loss, DecoderModel};
-pub use units::{ModelLayout, TensorSpec, UnitLayout};
+pub use units::{Bf16Layers, ModelLayout, TensorSpec, UnitLayout};
 
-use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, LinearLocs, Loc, MatShape, Precision};
-use crate::config::{CheckpointingConfig, Config, ConfigError, InitScheme, ModelConfig};
+use crate::backend::{fp8, BResult, Backend, Fp8Backward, Fp8Layers, Loc, MatShape, Precision};
+use crate::config::{CheckpointingConfig, Config, InitScheme, ModelConfig};
 use crate::zero::{Category, MemoryLedger};
 use init::InitRule;
 use std::ops::Range;
@@ -166,10 +166,6 @@ impl ModelFamily {
         }
     }
 }
-
-/// The block's linear layers kept in bf16 under `train.precision = "fp8"`, in FP8 layer order
-/// ([`ModelFamily::linear_names`]).
-pub type Bf16Layers = [bool; 4];
 
 /// What sizes a model's activations besides its shape: the micro-batch, activation
 /// checkpointing, and the LM head's chunks.

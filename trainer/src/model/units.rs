@@ -78,3 +78,7 @@ impl ModelLayout {
         self.cfg.family.flops_per_token(self)
     }
 }
+
+/// The block's linear layers kept in bf16 under `train.precision = "fp8"`, in FP8 layer order
+/// ([`crate::model::ModelFamily::linear_names`]).
+pub type Bf16Layers = [bool; 4];

@@ -66,13 +66,13 @@ pub struct EngineOptions {
     /// decide the GEMM shapes that run in FP8, and the block's layers kept in bf16
     /// (`train.fp8_bf16_layers`, gathered at full precision). Only where more than one rank
     /// gathers.
-    pub fp8_gather: Option<(usize, crate::model::Bf16Layers)>,
+    pub fp8_gather: Option<(usize, crate::model::units::Bf16Layers)>,
     /// `train.precision = "fp8"`: the optimizer step leaves the amax of each FP8 weight it
     /// writes whole (stages 0-2, the optimizer on the device: `AdamWSegment::fp8_layer`),
     /// so the next parameter version's casts run no amax pass over it; the rows of a
     /// micro-batch and the layers kept in bf16, which decide the FP8 weights. `None` (bf16):
     /// nothing to leave.
-    pub fp8_step_amax: Option<(usize, crate::model::Bf16Layers)>,
+    pub fp8_step_amax: Option<(usize, crate::model::units::Bf16Layers)>,
 }
 
 impl EngineOptions {

@@ -23,9 +23,9 @@ use super::launch::{bad, cfg, check, check_loc, to_i32};
 use super::reduce::Split;
 use super::CudaBackend;
 use crate::backend::{
-    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, Fp8Predictions, GemmEnvironment,
-    GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput, OnMismatch,
-    TunedGemm, WeightGrads, Weights,
+    dgelu_then_bwd, AmaxSink, BResult, BackendError, DgeluOf, Fp8Bytes, Fp8Layers, Fp8Predictions, GeluActs,
+    GemmEnvironment, GemmTuning, GemmTuningTable, InputMadeInCast, LinearLocs, Loc, MatShape, MatmulOps, NormOfInput,
+    OnMismatch, TunedGemm, WeightGrads, Weights,
 };
 
 pub(super) const KERNELS: KernelFile = KernelFile {
@@ -745,11 +745,11 @@ impl MatmulOps for CudaBackend {
         dpre: &mut Self::Buf,
         g: WeightGrads<'_, Self, LinearLocs>,
         dout: &Self::Buf,
-        act: &Self::Buf,
-        pre: &Self::Buf,
+        x: GeluActs<'_, Self>,
         p: Weights<'_, Self, LinearLocs>,
         s: MatShape,
     ) -> BResult<bool> {
+        let GeluActs { act, pre } = x;
         let MatShape { n, c, oc } = s;
         check("matmul_bwd_dgelu pre", pre.len(), 0, n * c)?;
         check("matmul_bwd_dgelu dpre", dpre.len(), 0, n * c)?;
