@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU test suite, run on a GPU machine (see README "GPU quick start"):
+# The GPU test suite, run on a GPU machine (see docs/development/gpu-workflow.md):
 #
 #   scripts/build-gpu.sh           # here: builds .carry/{launcher,gpu-kernels,gpu-model,gpu-nccl}
 #   scripts/gpu-test.sh            # there, with .carry carried (and .carry/text/shards)

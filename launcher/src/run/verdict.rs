@@ -1,5 +1,5 @@
 //! How a job ended, in words and an exit code: the rank that failed first and why, with its
-//! log's tail (`failure_report`: where the judgement of `supervise.rs` is explained), the
+//! log's tail (`failure_report`: where the judgement of `supervise.rs` (beside it) is explained), the
 //! hang watchdog's report, the ranks that never said hello, a doctor run's verdict, the
 //! flight recorders compared, and the log lines the ranks could not write.
 

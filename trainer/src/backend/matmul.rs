@@ -455,7 +455,7 @@ pub trait MatmulOps: ActivationOps + MemoryOps {
     /// layer's input as it reads `pre`, so GELU's output is never written (`tmp`, n·oc, is
     /// scratch where the residual cannot be fused). Only for a layer that keeps its input's
     /// codes ([`LinearLocs::keeps_input`]). Where GELU's amax was left (into
-    /// [`LinearLocs::input_sink`]) the cast uses it; otherwise the op finds it (CUDA: the cast predicts its scale, see `cuda/fp8.rs`): the
+    /// [`LinearLocs::input_sink`]) the cast uses it; otherwise the op finds it (CUDA: the cast predicts its scale, see `cuda/fp8/`): the
     /// same bits. Otherwise, and on a backend without it (the default), an error: the model
     /// composes `gelu_fwd` and [`MatmulOps::matmul_residual_fwd`] instead.
     fn matmul_residual_fwd_of_gelu(

@@ -10,7 +10,7 @@ use trainer::backend::*;
 /// Attention alone at every tensor-core head size: fwd and bwd TFLOP/s (causal: half of
 /// the T x T products per query head; forward 2 GEMMs, backward 5 of which 2 recompute), the
 /// default kernels beside the mma.sync ones. B x NH = 4 x 16 unless given (a model's shape,
-/// e.g. GPT-2 124M: `attention 1024 16 12`; `scripts/sdpa_timing.py` takes the same
+/// e.g. GPT-2 124M: `attention 1024 16 12`; `dev/sdpa_timing.py` takes the same
 /// arguments). With NKV < NH (grouped-query) the backward is timed twice: with the dK/dV
 /// split it picks per shape, and with the other choice (unsplit, or split once per query
 /// head of a group: `CudaBackend::set_attention_dkv_split`). With DOC (document-aware

@@ -7,7 +7,7 @@
 //! every tensor-core head size (64, 80, 96, 128), B×NH query heads (default 4×16) of length T
 //! (default 1024) sharing NKV key/value heads (grouped-query; default NKV = NH), in TFLOP/s,
 //! the default kernels beside the mma.sync ones — the same shapes
-//! `scripts/sdpa_timing.py T B NH [NKV]` times with PyTorch's SDPA. Llama 3.2 1B:
+//! `dev/sdpa_timing.py T B NH [NKV]` times with PyTorch's SDPA. Llama 3.2 1B:
 //! `attention 2048 8 32 8` (its head size is 64), Llama 3.1 8B: `attention 4096 1 32 8` (128).
 //! DOC: each call also within documents of DOC tokens (`data.document_mask`), with its
 //! speed-up over the plain call (e.g. `attention 2048 8 32 8 512`).

@@ -87,7 +87,7 @@ __device__ __forceinline__ void layernorm_fwd_regs(bf16_t* o, float* mean, float
 // (from L1 after the first). Each at most the registers that let its blocks fill an SM: the
 // compiler gave one kernel holding every width 96 registers (2 blocks an SM), and GPT-2
 // 1.5B's 8192 × 1600 took 23.0 µs without the output and 28.1 with it, where the 64-register
-// r8 takes 18.5–20.0 and 23.6–24.4 (scripts/layernorm-variants.sh, BENCHMARKS.md run 27): the
+// r8 takes 18.5–20.0 and 23.6–24.4 (dev/layernorm-variants.sh, BENCHMARKS.md run 27): the
 // same code, the same bits.
 #define LN_FWD_REGS(NV, MIN_BLOCKS)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)                                            \

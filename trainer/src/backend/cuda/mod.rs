@@ -12,7 +12,7 @@
 //! of `layernorm.cu` (twin: `cpu/layernorm.rs`), and so on (one op has a pair of its own
 //! inside its group: RoPE, `rope.rs` + `rope.cu`, of the attention group). `launch.rs` has what every
 //! launch shares, `kernels.rs` compiles the `.cu` files with NVRTC at start-up (cached on
-//! disk), `cublaslt.rs` wraps cuBLASLt for the GEMMs. Every kernel runs in order on one
+//! disk), `cublaslt/` wraps cuBLASLt for the GEMMs. Every kernel runs in order on one
 //! compute stream (`CudaBackend::stream`); the NCCL communicator orders its own
 //! communication stream against it with explicit events, so cudarc's per-buffer event
 //! tracking is switched off.

@@ -1,7 +1,7 @@
 //! FP8 linear layers on the GPU (`train.precision = "fp8"`; twin of the FP8 path of
 //! `cpu/matmul.rs`, numerics in `backend/fp8.rs`): the operand workspace, the layers' kept
 //! scales and cached weights, the casts of `fp8.cu`, and the three GEMMs of a linear layer
-//! through cuBLASLt (`cublaslt.rs`).
+//! through cuBLASLt (`cublaslt/`).
 //!
 //! Hopper's FP8 GEMMs take A transposed and B not ("TN": both with the inner dimension
 //! contiguous). With row-major `X[n, c]`, `W[oc, c]`, `dY[n, oc]` (see `matmul.rs`):
