@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Check every relative link (and #anchor) in README.md and docs/**/*.md resolves.
-Usage: check_links.py REPO_ROOT [EXPECTED_MISSING...]  (paths relative to the root)."""
+"""Check every relative link (and #anchor) in README.md, BENCHMARKS.md, dev/README.md and
+docs/**/*.md (the run logs in docs/bench-log/ aside: they are kept as written) resolves.
+CI runs it. Usage: check_links.py REPO_ROOT [EXPECTED_MISSING...]  (paths relative to the root)."""
 import os, re, sys
 root = os.path.abspath(sys.argv[1]); expected = set(sys.argv[2:])
 link = re.compile(r'(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)')
@@ -19,7 +20,7 @@ def anchors(path):
             n = seen.get(s, 0); seen[s] = n + 1
             out.add(s if n == 0 else f'{s}-{n}')
     return out
-files = [os.path.join(root, 'README.md')]
+files = [os.path.join(root, f) for f in ('README.md', 'BENCHMARKS.md', 'dev/README.md')]
 for d, _, fs in os.walk(os.path.join(root, 'docs')):
     if '/docs/bench-log' in d + '/': continue
     files += [os.path.join(d, f) for f in fs if f.endswith('.md')]
