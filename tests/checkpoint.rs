@@ -129,6 +129,34 @@ fn corruption_is_detected_and_named() {
     assert!(e.contains("no checkpoint is intact"), "{e}");
 }
 
+/// Edit `dir`'s manifest.json as JSON (the way a hand edit or a mixed-up file would).
+fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+    edit(&mut m);
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).expect("json")).expect("write");
+}
+
+#[test]
+fn a_segment_bound_off_by_one_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ck, _) = saved_checkpoint(dir.path());
+    let step2 = ck.join("step_00000002");
+    // Rank 0 holds the first half of unit 0: one more value is still inside the unit (so the
+    // launcher's manifest check passes) but beyond what the shard file holds.
+    edit_manifest(&step2, |m| {
+        let seg = &mut m["files"][0]["segments"][0];
+        assert_eq!(seg["lo"], 0);
+        seg["hi"] = (seg["hi"].as_u64().expect("hi") + 1).into();
+    });
+    for verify in [false, true] {
+        let e = CheckpointReader::open(&step2, verify).err().expect("must be refused").to_string();
+        assert!(e.contains("rank00000.safetensors") && e.contains("manifest.json") && e.contains("--resume"), "{e}");
+    }
+    let e = find_latest(&ck).expect_err("newest is damaged").to_string();
+    assert!(e.contains("rank00000.safetensors") && e.contains("step_00000001"), "{e}");
+}
+
 #[test]
 fn another_model_shape_is_refused_before_training() {
     let dir = tempfile::tempdir().expect("tmp");

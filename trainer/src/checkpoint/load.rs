@@ -63,8 +63,16 @@ impl CheckpointReader {
             // SAFETY: checkpoint files are written once and never modified in place
             // (saves go to a new directory that is renamed into place).
             let map = unsafe { Mmap::map(&file) }.map_err(io_err(&p))?;
-            SafeTensors::deserialize(&map)
+            let st = SafeTensors::deserialize(&map)
                 .map_err(|e| bad(format!("shard file {} is not valid safetensors: {e}", f.name)))?;
+            check_segments(&manifest, f, &st).map_err(|problem| {
+                bad(format!(
+                    "manifest.json and shard file {} disagree: {problem}; the checkpoint is damaged (an edited or \
+                     mixed-up manifest.json): resume from another checkpoint, e.g. --resume latest for the newest \
+                     intact one or --resume DIR with an earlier step_* directory",
+                    f.name
+                ))
+            })?;
             maps.push(map);
         }
         Ok(CheckpointReader { dir: dir.to_path_buf(), manifest, maps })
@@ -114,7 +122,18 @@ impl CheckpointReader {
                 let st = SafeTensors::deserialize(&self.maps[fi]).map_err(|e| self.bad(&f.name, e.to_string()))?;
                 for (k, tag) in ["master", "m", "v"].iter().enumerate() {
                     let t = st.tensor(&format!("{name}.{tag}")).map_err(|e| self.bad(&f.name, e.to_string()))?;
-                    let bytes = &t.data()[(a - s.lo) * 4..(b - s.lo) * 4];
+                    let bytes = t.data().get((a - s.lo) * 4..(b - s.lo) * 4).ok_or_else(|| {
+                        self.bad(
+                            &f.name,
+                            format!(
+                                "tensor {name}.{tag} holds {} values, not the {}..{} of its segment in manifest.json \
+                                 (the checkpoint is damaged: resume from another one)",
+                                t.data().len() / 4,
+                                s.lo,
+                                s.hi
+                            ),
+                        )
+                    })?;
                     for (dst, src) in out[k][a - lo..b - lo].iter_mut().zip(bytes.chunks_exact(4)) {
                         *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
                     }
@@ -134,6 +153,40 @@ impl CheckpointReader {
     fn bad(&self, file: &str, e: String) -> TrainError {
         TrainError::Checkpoint(CheckpointError::Invalid { dir: self.dir.clone(), problem: format!("{file}: {e}") })
     }
+}
+
+/// Every segment `f` lists must lie inside its unit and match the tensors of the shard
+/// file: `master`, `m` and `v` of the unit, little-endian f32, exactly `hi - lo` values each
+/// (a bound off by one would otherwise slice out of range on a rank).
+fn check_segments(m: &Manifest, f: &super::FileEntry, st: &SafeTensors) -> Result<(), String> {
+    for s in &f.segments {
+        let unit = m
+            .units
+            .get(s.unit)
+            .ok_or_else(|| format!("a segment is of unit {} but the model has {} units", s.unit, m.units.len()))?;
+        if s.lo > s.hi || s.hi > unit.numel {
+            return Err(format!(
+                "the segment {}..{} of unit {} is outside its {} values",
+                s.lo, s.hi, unit.name, unit.numel
+            ));
+        }
+        for tag in ["master", "m", "v"] {
+            let name = format!("{}.{tag}", unit.name);
+            let t = st.tensor(&name).map_err(|e| format!("tensor {name} of segment {}..{}: {e}", s.lo, s.hi))?;
+            let held = t.data().len() / 4;
+            if t.dtype() != safetensors::Dtype::F32 || t.data().len() % 4 != 0 || held != s.hi - s.lo {
+                return Err(format!(
+                    "the segment {}..{} of unit {} is {} values but tensor {name} holds {held} ({:?})",
+                    s.lo,
+                    s.hi,
+                    unit.name,
+                    s.hi - s.lo,
+                    t.dtype()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `dir` (which has no manifest) is what a save leaves: a `step_*` or
