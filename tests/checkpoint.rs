@@ -149,12 +149,41 @@ fn a_segment_bound_off_by_one_is_refused_naming_the_file() {
         assert_eq!(seg["lo"], 0);
         seg["hi"] = (seg["hi"].as_u64().expect("hi") + 1).into();
     });
+    // Without its checksum file (as a checkpoint saved before manifest checksums), so the
+    // bounds themselves are what is checked.
+    std::fs::remove_file(step2.join("manifest.json.crc32")).expect("rm checksum");
     for verify in [false, true] {
         let e = CheckpointReader::open(&step2, verify).err().expect("must be refused").to_string();
         assert!(e.contains("rank00000.safetensors") && e.contains("manifest.json") && e.contains("--resume"), "{e}");
     }
     let e = find_latest(&ck).expect_err("newest is damaged").to_string();
     assert!(e.contains("rank00000.safetensors") && e.contains("step_00000001"), "{e}");
+}
+
+#[test]
+fn an_edited_manifest_fails_its_checksum_and_older_checkpoints_without_one_load() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (ck, _) = saved_checkpoint(dir.path());
+    let step2 = ck.join("step_00000002");
+    assert!(step2.join("manifest.json.crc32").is_file());
+    let original = std::fs::read(step2.join("manifest.json")).expect("read");
+    // A one-digit edit of the data position (still valid JSON and a consistent manifest).
+    edit_manifest(&step2, |m| {
+        let rows = &mut m["data"]["sources"][0]["rows"];
+        *rows = (rows.as_u64().expect("rows") + 10).into();
+    });
+    for verify in [false, true] {
+        let e = CheckpointReader::open(&step2, verify).err().expect("must be refused").to_string();
+        assert!(e.contains("step_00000002") && e.contains("manifest.json fails its checksum"), "{e}");
+        assert!(e.contains("--resume"), "{e}");
+    }
+    let e = find_latest(&ck).expect_err("newest is edited").to_string();
+    assert!(e.contains("manifest.json fails its checksum") && e.contains("step_00000001"), "{e}");
+    // A checkpoint saved before manifest checksums (no checksum file) still loads.
+    std::fs::write(step2.join("manifest.json"), original).expect("restore");
+    std::fs::remove_file(step2.join("manifest.json.crc32")).expect("rm checksum");
+    assert!(CheckpointReader::open(&step2, true).is_ok());
+    assert_eq!(find_latest(&ck).expect("latest"), step2);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Reading checkpoints: validation before training, resharding reads, `latest` lookup.
 
-use super::manifest::{file_crc, Manifest, FORMAT_VERSION};
+use super::manifest::{file_crc, manifest_crc_line, Manifest, FORMAT_VERSION, MANIFEST_CRC};
 use super::{io_err, CheckpointError};
 use crate::config::ModelConfig;
 use crate::TrainError;
@@ -32,6 +32,7 @@ impl CheckpointReader {
             }));
         }
         let text = fs::read(&mpath).map_err(io_err(&mpath))?;
+        check_manifest_crc(dir, &text, verify_checksums).map_err(bad)?;
         let manifest: Manifest =
             serde_json::from_slice(&text).map_err(|e| bad(format!("manifest.json does not parse: {e}")))?;
         if manifest.format != FORMAT_VERSION {
@@ -153,6 +154,37 @@ impl CheckpointReader {
     fn bad(&self, file: &str, e: String) -> TrainError {
         TrainError::Checkpoint(CheckpointError::Invalid { dir: self.dir.clone(), problem: format!("{file}: {e}") })
     }
+}
+
+/// manifest.json must match its checksum file ([`MANIFEST_CRC`]); a checkpoint saved before
+/// manifest checksums has none and is read unchecked (said once per full validation, `log`).
+fn check_manifest_crc(dir: &Path, text: &[u8], log: bool) -> Result<(), String> {
+    let path = dir.join(MANIFEST_CRC);
+    let saved = match fs::read_to_string(&path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if log {
+                eprintln!(
+                    "checkpoint {}: no {MANIFEST_CRC} (saved before manifests had a checksum): its manifest.json \
+                     is used unchecked",
+                    dir.display()
+                );
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(format!("{MANIFEST_CRC} cannot be read: {e}")),
+    };
+    let now = manifest_crc_line(text);
+    if saved.trim() != now.trim() {
+        return Err(format!(
+            "manifest.json fails its checksum (CRC-32 {}, {MANIFEST_CRC} says {}): manifest.json was edited or is \
+             corrupt; resume from another checkpoint, e.g. --resume latest for the newest intact one or --resume DIR \
+             with an earlier step_* directory",
+            now.trim(),
+            saved.trim()
+        ));
+    }
+    Ok(())
 }
 
 /// Every segment `f` lists must lie inside its unit and match the tensors of the shard

@@ -63,6 +63,16 @@ pub struct Manifest {
     pub gemm_tuning: Option<crate::backend::GemmTuningTable>,
 }
 
+/// The manifest's own checksum: the CRC-32 of manifest.json's bytes, in hex, in this file
+/// next to it (written after it, inside the directory that is renamed into place). Absent in
+/// checkpoints saved before it, whose manifest is then read unchecked.
+pub const MANIFEST_CRC: &str = "manifest.json.crc32";
+
+/// The contents of [`MANIFEST_CRC`] for manifest bytes `text`.
+pub(crate) fn manifest_crc_line(text: &[u8]) -> String {
+    format!("{:08x}\n", crc32fast::hash(text))
+}
+
 /// Size and CRC-32 of a file, streamed.
 pub(crate) fn file_crc(path: &Path) -> Result<(u64, u32), CheckpointError> {
     let mut f = fs::File::open(path).map_err(io_err(path))?;

@@ -2,7 +2,9 @@
 //! pieces (`make_partial`, `write_shard`, `publish`) serve the synchronous save here,
 //! which runs them between barriers, and the background one (`background.rs`).
 
-use super::manifest::{file_crc, FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION};
+use super::manifest::{
+    file_crc, manifest_crc_line, FileEntry, Manifest, Segment, UnitEntry, FORMAT_VERSION, MANIFEST_CRC,
+};
 use super::owner::{belongs_to, run_id_of_checkpoint, run_id_of_dir};
 use super::stream::{write_streamed, ReadFn};
 use super::{io_err, shard_file_name, step_dir_name, CheckpointError};
@@ -197,6 +199,7 @@ pub(crate) fn publish(dirs: &SaveDirs, base: &ManifestBase) -> Result<(), TrainE
     };
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| TrainError::Invalid(e.to_string()))?;
     write_atomic(&tmp_dir.join("manifest.json"), &text)?;
+    write_atomic(&tmp_dir.join(MANIFEST_CRC), manifest_crc_line(&text).as_bytes())?;
     fsync_dir(tmp_dir)?;
     if final_dir.exists() {
         // Only this run's own checkpoint of this step is replaced (the launcher keeps other
