@@ -805,8 +805,9 @@ fn a_crash_in_the_middle_of_an_asynchronous_save_leaves_the_previous_checkpoint(
     }
 }
 
-/// A background write that fails (as on a full disk) stops the job with that error, naming
-/// the rank and the checkpoint, and leaves the previous checkpoint the newest complete one; a
+/// A background write that fails on a full disk stops the job with that error and exit code 2,
+/// as a synchronous save's would (the exit-code table), naming the rank, the checkpoint, the
+/// shard file and what to do, and leaves the previous checkpoint the newest complete one; a
 /// synchronous save's stall is on its step's line too.
 #[test]
 fn a_failed_background_write_stops_the_job_and_names_the_checkpoint() {
@@ -814,12 +815,16 @@ fn a_failed_background_write_stops_the_job_and_names_the_checkpoint() {
     let set = ["--set", "checkpoint.every=2", "--set", "checkpoint.async=true", "--set", "train.steps=8"];
     let run = job.run(2, &set, &[("SHARDTRAIN_FAULT", "1:4:fail-mid-save")]);
     let stderr = run.stderr();
-    assert_ne!(run.code(), Some(0), "{stderr}");
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    let first = stderr.lines().find(|l| l.starts_with("error:")).unwrap_or_default();
     assert!(
-        stderr.contains("rank 1: writing checkpoint step 4 in the background failed")
-            && stderr.contains("injected write failure"),
+        first.contains("rank 1: writing checkpoint step 4 in the background failed")
+            && first.contains("injected write failure")
+            && first.contains("checkpoint I/O on")
+            && first.contains("rank00001.safetensors"),
         "{stderr}"
     );
+    assert!(first.contains("point checkpoint.dir at a larger disk"), "what to do:\n{first}");
     let ck = job.out().join("checkpoints");
     assert!(ck.join("step_00000002/manifest.json").is_file(), "the previous checkpoint is complete");
     assert!(!ck.join("step_00000004").exists(), "the failed checkpoint never appeared");

@@ -12,8 +12,8 @@
 //!   records show what the rank really called;
 //! - `kind = abort-mid-save`: that rank aborts while its background writer is in the middle
 //!   of the shard of the checkpoint of that step (`checkpoint.async`; after the file's first
-//!   tensor): a crash mid-write; `fail-mid-save`: the write fails there instead (as on a
-//!   full disk), and training must stop with that error;
+//!   tensor): a crash mid-write; `fail-mid-save`: the write fails there instead with a
+//!   full disk's error (ENOSPC's kind), and training must stop with that error, code 2;
 //! - `kind = throttle` (the step is not used): in `launcher doctor`, that rank's traffic is
 //!   held to [`THROTTLE_BYTES_PER_S`], a slow rank the report must name.
 //!
@@ -128,7 +128,10 @@ impl Fault {
                 return Ok(());
             }
             if kind == FaultKind::FailMidSave {
-                return Err(format!("{FAULT_ENV}: injected write failure in the middle of the shard"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!("{FAULT_ENV}: injected write failure in the middle of the shard (no space left on device)"),
+                ));
             }
             trainer::log_line!(
                 "rank {rank}: {FAULT_ENV}: aborting while writing checkpoint step {step} (injected crash)"

@@ -9,7 +9,9 @@
 //! holds each step once, in order (`rundir::owner::start_file`).
 //!
 //! A line that cannot be written (disk full, the file removed) loses only that line: the
-//! record still counts for the run summary, which then says how many lines are missing.
+//! record still counts for the run summary, which then says how many lines are missing. A line
+//! lands whole or not at all: the part of one a full disk cut short is cut off the file again,
+//! so the file never holds a torn line.
 
 use anyhow::Context;
 use serde::Serialize;
@@ -206,7 +208,7 @@ impl MetricsLog {
         let rec = StepRecord::join(reports);
         let mut line = serde_json::to_string(&rec).context("cannot encode a metrics record")?;
         line.push('\n');
-        if let Err(e) = self.file.write_all(line.as_bytes()).and_then(|()| self.file.flush()) {
+        if let Err(e) = append_whole(&mut self.file, line.as_bytes()) {
             self.unwritten += 1;
             self.first_write_error.get_or_insert((rec.step, e.to_string()));
         }
@@ -339,6 +341,31 @@ impl MetricsLog {
     }
 }
 
+/// Append `line` to `file` (opened to append) with one write call; a short write (a disk that
+/// fills during it) is completed or, when the rest fails, undone: the file is cut back to its
+/// length before the line, and the error of the failed write returned.
+fn append_whole(file: &mut std::fs::File, line: &[u8]) -> std::io::Result<()> {
+    let before = file.metadata()?.len();
+    let written = loop {
+        match file.write(line) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    if written == line.len() {
+        return Ok(());
+    }
+    // The rest, to learn why the write stopped (a full disk's error); whole after all if it goes.
+    let rest = file.write_all(&line[written..]);
+    if rest.is_err() {
+        // The error of the write is what the summary reports; a file that cannot be cut back
+        // keeps the torn part, as nothing more can be done about it.
+        let _ = file.set_len(before);
+    }
+    rest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +454,40 @@ mod tests {
         assert!(summary.starts_with("steps: 30\n"), "{summary}");
         assert!(summary.contains("30 of the 30 step records are missing"), "{summary}");
         assert!(summary.contains("2000 tokens/s"), "{summary}");
+    }
+
+    /// The child of [`a_line_a_full_disk_cuts_short_is_not_left_torn`]: the file it writes.
+    const TORN_CHILD: &str = "SHARDTRAIN_TEST_METRICS_FSIZE_CHILD";
+
+    #[test]
+    fn a_line_a_full_disk_cuts_short_is_not_left_torn() {
+        if let Some(path) = std::env::var_os(TORN_CHILD) {
+            // In a child under a 1-block file-size limit with SIGXFSZ ignored: a write that
+            // crosses the limit writes what fits (a short write) and the next one fails, as on
+            // a disk that fills in the middle of a line.
+            let mut log = MetricsLog::open(Path::new(&path), 1).expect("open");
+            for step in 1..=20 {
+                log.add(0, report(step, 0.5, 10)).expect("add").expect("complete");
+            }
+            assert!(log.write_error().is_some(), "the limit was never reached");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("metrics.jsonl");
+        let name = "run::metrics::tests::a_line_a_full_disk_cuts_short_is_not_left_torn";
+        let out = std::process::Command::new("sh")
+            .args(["-c", "trap '' XFSZ; ulimit -f 1 && exec \"$@\"", "sh"])
+            .arg(std::env::current_exe().expect("test binary"))
+            .args([name, "--exact", "--test-threads=1"])
+            .env(TORN_CHILD, &path)
+            .output()
+            .expect("run the child");
+        assert!(out.status.success(), "child: {}", String::from_utf8_lossy(&out.stdout));
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(!text.is_empty() && text.ends_with('\n'), "a torn last line: {text:?}");
+        for line in text.lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        }
     }
 
     #[test]

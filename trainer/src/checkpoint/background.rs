@@ -20,6 +20,7 @@
 use super::manifest::Segment;
 use super::save::{make_partial, publish, write_shard, ManifestBase, SaveDirs, SaveMeta, TAGS};
 use super::stream::ReadFn;
+use super::{shard_file_name, CheckpointError};
 use crate::backend::Backend;
 use crate::zero::snapshot::ShardCopy;
 use crate::zero::{Engine, EngineComm};
@@ -80,14 +81,22 @@ impl<B: Backend> BackgroundSaves<B> {
             TrainError::Invalid(format!("the background writer of checkpoint step {} panicked", f.step))
         })?;
         eng.return_shard_copy(copy);
-        result.map_err(|e| {
-            TrainError::Invalid(format!(
+        let root = f.dir.parent().map_or_else(|| f.dir.clone(), Path::to_path_buf);
+        result.map_err(|e| match e {
+            // A checkpoint problem (a full disk) stays one, as in a synchronous save (exit code 2).
+            TrainError::Checkpoint(error) => TrainError::Checkpoint(CheckpointError::Background {
+                rank: eng.rank,
+                step: f.step,
+                root,
+                error: Box::new(error),
+            }),
+            e => TrainError::Invalid(format!(
                 "rank {}: writing checkpoint step {} in the background failed ({e}); the newest complete \
                  checkpoint in {} is the one to resume from",
                 eng.rank,
                 f.step,
-                f.dir.parent().map_or_else(|| f.dir.display().to_string(), |p| p.display().to_string())
-            ))
+                root.display()
+            )),
         })?;
         Ok(Some(f.dir))
     }
@@ -194,7 +203,8 @@ fn write_from_copy<B: Backend>(
             let first = tensors.is_empty();
             let read: ReadFn = Box::new(move || {
                 if !first {
-                    mid_write(rank, step).map_err(TrainError::Invalid)?;
+                    let path = dirs.tmp.join(format!("{}.partial", shard_file_name(rank)));
+                    mid_write(rank, step).map_err(|source| CheckpointError::Io { path, source })?;
                 }
                 part.tensor(which).map(Cow::Borrowed).map_err(TrainError::Invalid)
             });
@@ -225,17 +235,17 @@ fn await_summaries(dirs: &SaveDirs, world: usize, abandon: &AtomicBool) -> Resul
 
 /// TEST-ONLY: called by a background writer after the first tensor of its shard is in the
 /// file (the launcher's `SHARDTRAIN_FAULT=rank:step:abort-mid-save` aborts the process there,
-/// a crash mid-write; `fail-mid-save` returns an error, a write that fails like a full disk).
-/// Nothing else sets it.
-type MidWriteHook = Box<dyn Fn(usize, u64) -> Result<(), String> + Send + Sync>;
+/// a crash mid-write; `fail-mid-save` returns an error, a write that fails like a full disk,
+/// reported as a failed write of the shard file). Nothing else sets it.
+type MidWriteHook = Box<dyn Fn(usize, u64) -> std::io::Result<()> + Send + Sync>;
 static MID_WRITE_HOOK: OnceLock<MidWriteHook> = OnceLock::new();
 
 /// Install the test-only hook (once per process).
-pub fn set_mid_write_hook(f: impl Fn(usize, u64) -> Result<(), String> + Send + Sync + 'static) {
+pub fn set_mid_write_hook(f: impl Fn(usize, u64) -> std::io::Result<()> + Send + Sync + 'static) {
     let _ = MID_WRITE_HOOK.set(Box::new(f));
 }
 
-fn mid_write(rank: usize, step: u64) -> Result<(), String> {
+fn mid_write(rank: usize, step: u64) -> std::io::Result<()> {
     match MID_WRITE_HOOK.get() {
         Some(f) => f(rank, step),
         None => Ok(()),

@@ -54,6 +54,14 @@ pub enum CheckpointError {
     /// `train.init_from` (Hugging Face weights or a checkpoint) cannot be used.
     #[error("train.init_from = {}: {problem}", path.display())]
     Init { path: PathBuf, problem: String },
+    /// A `checkpoint.async` save whose background write failed (a full disk): the error of
+    /// that write, with the step and the directory to resume from.
+    #[error(
+        "rank {rank}: writing checkpoint step {step} in the background failed ({error}); the newest complete \
+         checkpoint in {} is the one to resume from",
+        root.display()
+    )]
+    Background { rank: usize, step: u64, root: PathBuf, error: Box<CheckpointError> },
 }
 
 /// What to do about an I/O error that has a usual cause.
